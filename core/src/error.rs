@@ -1,0 +1,123 @@
+//! The one error type every store returns.
+
+use crate::Key;
+
+/// A boxed error from a driver or the operating system, kept as the `source` of [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias used throughout `dedup`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything a [`DedupStore`](crate::DedupStore) operation can fail with.
+///
+/// A duplicate delivery is never an error: it is a [`Claim::InFlight`](crate::Claim::InFlight)
+/// or [`Claim::Completed`](crate::Claim::Completed) outcome. Errors are for bad input, for a
+/// lease that is no longer yours, and for the storage failing. Driver errors are kept as the
+/// [`source`](std::error::Error::source) (never flattened to a string), and
+/// [`Error::is_retryable`] says whether trying the same operation again can help.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller passed something the contract rejects (empty or oversized ids, NUL bytes,
+    /// an oversized outcome, a zero lease, an unsafe table or prefix name, ...).
+    /// Nothing was written.
+    #[error("invalid {what}: {reason}")]
+    InvalidInput {
+        /// Which argument was rejected (`"consumer"`, `"message id"`, `"outcome"`, ...).
+        what: &'static str,
+        /// Why, in words a user can act on.
+        reason: String,
+    },
+
+    /// The lease is no longer the live lease of its key: another worker took it over after
+    /// it expired, or the record was completed by another token, or purged. The operation
+    /// changed nothing. Work done under this lease must not be made permanent.
+    #[error(
+        "lease lost for {key}: the record was taken over, completed by another worker or purged"
+    )]
+    LeaseLost {
+        /// The key whose lease was lost.
+        key: Key,
+    },
+
+    /// The key was claimed with a payload fingerprint different from the one stored with
+    /// its record: the same message id is being reused for a different payload. Nothing
+    /// was written.
+    #[error("fingerprint mismatch for {key}: the message id was reused with a different payload")]
+    FingerprintMismatch {
+        /// The key whose stored fingerprint differs.
+        key: Key,
+    },
+
+    /// The store does not implement this operation (see
+    /// [`Capabilities`](crate::Capabilities)).
+    #[error("unsupported by this store: {0}")]
+    Unsupported(&'static str),
+
+    /// A stored value could not be read back as a dedup record (for example a foreign value
+    /// of the wrong type under one of the store's keys). Nothing was written.
+    #[error("corrupt record for {key}: {detail}")]
+    Corrupt {
+        /// The key whose record is unreadable.
+        key: Key,
+        /// What was wrong with it.
+        detail: String,
+    },
+
+    /// The storage failed (connection dropped, server restarted, disk full, lock timeout,
+    /// serialization failure...). `source` is the driver's own error.
+    #[error("{backend} backend error{}", if *.retryable { " (retryable)" } else { "" })]
+    Backend {
+        /// Which backend (`"sqlite"`, `"postgres"`, `"redis"`, ...).
+        backend: &'static str,
+        /// Whether repeating the operation can succeed (transient failures).
+        retryable: bool,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidInput`].
+    pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            what,
+            reason: reason.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Backend`].
+    pub fn backend(backend: &'static str, retryable: bool, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            backend,
+            retryable,
+            source: source.into(),
+        }
+    }
+
+    /// Whether repeating the same operation may succeed.
+    ///
+    /// True only for transient backend failures. A claim whose reply was lost may have
+    /// taken effect: retrying it then returns `InFlight` for your own earlier claim, which
+    /// is safe (nothing runs twice); the key becomes claimable again when that lease expires.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Backend {
+                retryable: true,
+                ..
+            }
+        )
+    }
+
+    /// Whether this is [`Error::LeaseLost`].
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, Error::LeaseLost { .. })
+    }
+
+    /// Whether this is [`Error::InvalidInput`].
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Error::InvalidInput { .. })
+    }
+}

@@ -1,0 +1,24 @@
+#![doc = include_str!("../README.md")]
+
+mod error;
+mod inbox;
+mod key;
+mod memory;
+pub mod names;
+mod store;
+mod time;
+pub mod transition;
+mod types;
+
+pub use error::{BoxError, Error, Result};
+pub use inbox::{Handled, Inbox, InboxConfig, InboxError};
+pub use key::Key;
+pub use memory::MemoryStore;
+pub use store::{DedupStore, ItemResult, validate_claim_batch, validate_commit_batch};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis};
+pub use types::{
+    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Fingerprint, Lease, LeaseToken,
+    MAX_BATCH_LEN, MAX_FINGERPRINT_LEN, MAX_LEASE, MAX_OUTCOME_LEN, MIN_LEASE, PurgeOptions,
+    PurgeReport, Record, RecordState, idempotency_key, validate_batch_len, validate_lease,
+    validate_outcome,
+};

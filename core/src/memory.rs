@@ -1,0 +1,206 @@
+//! [`MemoryStore`]: the reference implementation of the contract.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::store::{ItemResult, validate_claim_batch, validate_commit_batch};
+use crate::transition::{self, Purgeable, Write};
+use crate::{
+    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, Key, Lease,
+    LeaseToken, PurgeOptions, PurgeReport, Record, Result, SystemClock, Timestamp, validate_lease,
+    validate_outcome,
+};
+
+/// An in-process store: a map under a mutex, following [`transition`] exactly.
+///
+/// It is the model the conformance suite compares every backend against, and a fine store
+/// for tests and single-process tools. It is not persistent and not shared between
+/// processes: a restart forgets every record, so duplicates after a restart are processed
+/// again.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    clock: Arc<dyn Clock>,
+    records: Mutex<BTreeMap<Key, Record>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// An empty store on `clock`.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                clock,
+                records: Mutex::new(BTreeMap::new()),
+            }),
+        }
+    }
+
+    /// How many records are stored (any state).
+    pub fn len(&self) -> usize {
+        self.records().len()
+    }
+
+    /// Whether no record is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every stored record, ordered by key (for tests and model comparison).
+    pub fn snapshot(&self) -> Vec<Record> {
+        self.records().values().cloned().collect()
+    }
+
+    fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    fn records(&self) -> MutexGuard<'_, BTreeMap<Key, Record>> {
+        // A panic while holding the lock cannot leave a record half-written (every write is
+        // one insert), so a poisoned lock is still consistent.
+        self.inner
+            .records
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn apply(map: &mut BTreeMap<Key, Record>, key: &Key, write: Write) {
+        if let Write::Put(record) = write {
+            map.insert(key.clone(), record);
+        }
+    }
+
+    fn claim_locked(
+        map: &mut BTreeMap<Key, Record>,
+        key: &Key,
+        options: &ClaimOptions,
+        now: Timestamp,
+    ) -> Result<Claim> {
+        let (claim, write) =
+            transition::claim(map.get(key), key, options, now, LeaseToken::random())?;
+        Self::apply(map, key, write);
+        Ok(claim)
+    }
+
+    fn commit_locked(
+        map: &mut BTreeMap<Key, Record>,
+        lease: &Lease,
+        outcome: Option<&[u8]>,
+        now: Timestamp,
+    ) -> Result<()> {
+        let write = transition::commit(map.get(&lease.key), lease, outcome, now)?;
+        Self::apply(map, &lease.key, write);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DedupStore for MemoryStore {
+    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+        options.validate()?;
+        let now = self.now();
+        Self::claim_locked(&mut self.records(), key, options, now)
+    }
+
+    async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
+        validate_claim_batch(requests)?;
+        let now = self.now();
+        let mut map = self.records();
+        Ok(requests
+            .iter()
+            .map(|r| Self::claim_locked(&mut map, &r.key, &r.options, now))
+            .collect())
+    }
+
+    async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
+        validate_lease(extend_by)?;
+        let now = self.now();
+        let mut map = self.records();
+        let (renewed, write) = transition::renew(map.get(&lease.key), lease, extend_by, now)?;
+        Self::apply(&mut map, &lease.key, write);
+        Ok(renewed)
+    }
+
+    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        validate_outcome(outcome)?;
+        let now = self.now();
+        Self::commit_locked(&mut self.records(), lease, outcome, now)
+    }
+
+    async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
+        validate_commit_batch(requests)?;
+        let now = self.now();
+        let mut map = self.records();
+        Ok(requests
+            .iter()
+            .map(|r| Self::commit_locked(&mut map, &r.lease, r.outcome.as_deref(), now))
+            .collect())
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let now = self.now();
+        let mut map = self.records();
+        let write = transition::release(map.get(&lease.key), lease, now)?;
+        Self::apply(&mut map, &lease.key, write);
+        Ok(())
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        Ok(self.records().get(key).cloned())
+    }
+
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        options.validate()?;
+        let mut report = PurgeReport::default();
+        loop {
+            if options.max_batches.is_some_and(|max| report.batches >= max) {
+                break;
+            }
+            let now = self.now();
+            let mut map = self.records();
+            let doomed: Vec<(Key, Purgeable)> = map
+                .values()
+                .filter_map(|r| {
+                    transition::purgeable(r, now, options.retention).map(|p| (r.key.clone(), p))
+                })
+                .take(options.batch_size)
+                .collect();
+            report.batches += 1;
+            for (key, why) in &doomed {
+                map.remove(key);
+                match why {
+                    Purgeable::Completed => report.completed += 1,
+                    Purgeable::Expired => report.expired += 1,
+                }
+            }
+            if doomed.len() < options.batch_size {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_batch: true,
+            ..Capabilities::default()
+        }
+    }
+}

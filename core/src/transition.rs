@@ -1,0 +1,189 @@
+//! The contract as pure functions: given a key's record (or none) and "now", what an
+//! operation returns and what the record becomes.
+//!
+//! [`MemoryStore`](crate::MemoryStore) is these functions over a map. Backends that can read
+//! and write a record under one lock (SQLite inside an immediate transaction) may use them
+//! directly instead of restating the contract; backends that must express it in SQL or Lua
+//! are checked against them by the conformance suite's model-based test.
+
+use std::time::Duration;
+
+use crate::{
+    Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, RecordState, Result, Timestamp,
+};
+
+/// What an operation does to the stored record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Leave the record as it is.
+    Unchanged,
+    /// Store this record (insert or replace).
+    Put(Record),
+}
+
+/// Why a record may be purged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purgeable {
+    /// Completed longer ago than the retention.
+    Completed,
+    /// In flight, with a lease that expired longer ago than the retention.
+    Expired,
+}
+
+/// `claim(key, options)` at `now`; `token` is the token a new lease gets.
+pub fn claim(
+    record: Option<&Record>,
+    key: &Key,
+    options: &ClaimOptions,
+    now: Timestamp,
+    token: LeaseToken,
+) -> Result<(Claim, Write)> {
+    if let (Some(rec), Some(fp)) = (record, &options.fingerprint)
+        && rec.fingerprint.as_ref().is_some_and(|stored| stored != fp)
+    {
+        return Err(Error::FingerprintMismatch { key: key.clone() });
+    }
+    let expires_at = now.saturating_add(options.lease);
+    let (fence, attempt, fingerprint) = match record {
+        None => (1, 1, options.fingerprint.clone()),
+        Some(rec) => match &rec.state {
+            RecordState::Completed {
+                processed_at,
+                outcome,
+                ..
+            } => {
+                let claim = Claim::Completed {
+                    processed_at: *processed_at,
+                    outcome: outcome.clone(),
+                };
+                return Ok((claim, Write::Unchanged));
+            }
+            RecordState::InFlight { expires_at, .. } if now < *expires_at => {
+                let claim = Claim::InFlight {
+                    expires_at: *expires_at,
+                    attempt: rec.attempt,
+                };
+                return Ok((claim, Write::Unchanged));
+            }
+            RecordState::InFlight { .. } => (
+                rec.fence + 1,
+                rec.attempt.saturating_add(1),
+                options
+                    .fingerprint
+                    .clone()
+                    .or_else(|| rec.fingerprint.clone()),
+            ),
+        },
+    };
+    let lease = Lease {
+        key: key.clone(),
+        token,
+        fence,
+        attempt,
+        expires_at,
+    };
+    let record = Record {
+        key: key.clone(),
+        fence,
+        attempt,
+        fingerprint,
+        state: RecordState::InFlight { token, expires_at },
+    };
+    Ok((Claim::Acquired(lease), Write::Put(record)))
+}
+
+fn held_by<'r>(record: Option<&'r Record>, lease: &Lease) -> Option<(&'r Record, Timestamp)> {
+    match record {
+        Some(rec) => match &rec.state {
+            RecordState::InFlight { token, expires_at } if *token == lease.token => {
+                Some((rec, *expires_at))
+            }
+            _ => None,
+        },
+        None => None,
+    }
+}
+
+fn lost(lease: &Lease) -> Error {
+    Error::LeaseLost {
+        key: lease.key.clone(),
+    }
+}
+
+/// `commit(lease, outcome)` at `now`.
+pub fn commit(
+    record: Option<&Record>,
+    lease: &Lease,
+    outcome: Option<&[u8]>,
+    now: Timestamp,
+) -> Result<Write> {
+    if let Some((rec, _)) = held_by(record, lease) {
+        return Ok(Write::Put(Record {
+            state: RecordState::Completed {
+                token: Some(lease.token),
+                processed_at: now,
+                outcome: outcome.map(<[u8]>::to_vec),
+            },
+            ..rec.clone()
+        }));
+    }
+    match record.map(|r| &r.state) {
+        Some(RecordState::Completed { token, .. }) if *token == Some(lease.token) => {
+            Ok(Write::Unchanged)
+        }
+        _ => Err(lost(lease)),
+    }
+}
+
+/// `renew(lease, extend_by)` at `now`.
+pub fn renew(
+    record: Option<&Record>,
+    lease: &Lease,
+    extend_by: Duration,
+    now: Timestamp,
+) -> Result<(Lease, Write)> {
+    let (rec, _) = held_by(record, lease).ok_or_else(|| lost(lease))?;
+    let expires_at = now.saturating_add(extend_by);
+    let renewed = Lease {
+        key: rec.key.clone(),
+        token: lease.token,
+        fence: rec.fence,
+        attempt: rec.attempt,
+        expires_at,
+    };
+    let record = Record {
+        state: RecordState::InFlight {
+            token: lease.token,
+            expires_at,
+        },
+        ..rec.clone()
+    };
+    Ok((renewed, Write::Put(record)))
+}
+
+/// `release(lease)` at `now`.
+pub fn release(record: Option<&Record>, lease: &Lease, now: Timestamp) -> Result<Write> {
+    let (rec, expires_at) = held_by(record, lease).ok_or_else(|| lost(lease))?;
+    Ok(Write::Put(Record {
+        state: RecordState::InFlight {
+            token: lease.token,
+            expires_at: expires_at.min(now),
+        },
+        ..rec.clone()
+    }))
+}
+
+/// Whether `purge(retention)` at `now` removes `record`.
+pub fn purgeable(record: &Record, now: Timestamp, retention: Duration) -> Option<Purgeable> {
+    let cutoff = now.saturating_sub(retention);
+    match &record.state {
+        RecordState::Completed { processed_at, .. } if *processed_at < cutoff => {
+            Some(Purgeable::Completed)
+        }
+        // A live lease has expires_at > now >= cutoff, so it is never purgeable.
+        RecordState::InFlight { expires_at, .. } if *expires_at < cutoff && *expires_at <= now => {
+            Some(Purgeable::Expired)
+        }
+        _ => None,
+    }
+}
