@@ -19,6 +19,6 @@ pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis};
 pub use types::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Fingerprint, Lease, LeaseToken,
     MAX_BATCH_LEN, MAX_FINGERPRINT_LEN, MAX_LEASE, MAX_OUTCOME_LEN, MIN_LEASE, PurgeOptions,
-    PurgeReport, Record, RecordState, idempotency_key, validate_batch_len, validate_lease,
+    PurgeReport, Record, RecordState, TxClaim, idempotency_key, validate_batch_len, validate_lease,
     validate_outcome,
 };

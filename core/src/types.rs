@@ -406,3 +406,32 @@ pub struct Capabilities {
     /// Lease time comes from the server's clock by default.
     pub server_clock: bool,
 }
+
+/// The result of claiming a key inside the caller's own SQL transaction (the SQL backends'
+/// transactional extension). The inbox row commits or rolls back with the caller's
+/// business rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxClaim {
+    /// The key is yours inside this transaction: a completed record was written (or an
+    /// expired lease-mode record taken over, fence+1) and becomes visible when the
+    /// transaction commits. Do the work in the same transaction. On rollback no record
+    /// is left and the next delivery claims normally.
+    Claimed {
+        /// The fence of this acquisition.
+        fence: u64,
+    },
+    /// Another worker's live lease-mode claim holds the key.
+    InFlight {
+        /// When that lease expires.
+        expires_at: Timestamp,
+        /// Its attempt number.
+        attempt: u32,
+    },
+    /// Already processed (by a committed transaction or a lease-mode commit).
+    Completed {
+        /// When.
+        processed_at: Timestamp,
+        /// The stored outcome.
+        outcome: Option<Vec<u8>>,
+    },
+}
