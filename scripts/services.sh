@@ -1,0 +1,683 @@
+#!/usr/bin/env bash
+# Start and stop the real servers the tests use: PostgreSQL, Redis, a 3-node Redis Cluster
+# and RabbitMQ, as plain processes on 127.0.0.1, with ports and data folders of their own.
+# No Docker, no systemd: the Debian packages are installed when missing and the servers are
+# started directly.
+#
+# Usage:
+#   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq]   (none = all four)
+#   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
+#   scripts/services.sh status   # which services of this state dir answer
+#   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
+#   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
+#
+# Everything lives in one state dir (data, logs, pid files, the `env` file):
+#   ${DEDUP_SERVICES_DIR:-/tmp/dedup-services-<hash of the repository path>}
+# Ports are picked among the free ones at start, never the servers' default ports, so
+# parallel runs (each with its own state dir) and a developer's own servers do not collide.
+# `start` on an already running state dir only starts what is missing; `stop` works even
+# after a start that failed halfway.
+set -euo pipefail
+
+readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq)
+readonly HOST=127.0.0.1
+# Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
+readonly WAIT_SECONDS=${DEDUP_SERVICES_WAIT:-30}
+readonly RABBITMQ_WAIT=${DEDUP_RABBITMQ_WAIT:-120}
+# Ports are picked in [PORT_LOW, PORT_HIGH). Redis Cluster also binds port+10000 (cluster bus)
+# and the RabbitMQ CLI uses dist port+10000..+10010; the range keeps both below Linux's
+# ephemeral range (32768+), where outgoing connections could take them.
+readonly PORT_LOW=15000 PORT_HIGH=22700
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+readonly REPO_ROOT
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+short_hash() { printf '%s' "$1" | sha1sum | cut -c1-8; }
+
+STATE_DIR=${DEDUP_SERVICES_DIR:-/tmp/dedup-services-$(short_hash "$REPO_ROOT")}
+[[ $STATE_DIR == /* ]] || STATE_DIR=$PWD/$STATE_DIR
+STATE_DIR=${STATE_DIR%/}
+readonly STATE_DIR
+# Marks a folder as ours, so `stop` never deletes a folder it did not create.
+readonly MARKER=.dedup-services
+
+is_root() { [[ $EUID -eq 0 ]]; }
+
+# Run a command as a system user. PostgreSQL's initdb/postgres refuse to run as root, so as
+# root we drop to the `postgres` user with runuser (no PAM session or password needed, unlike
+# su). As a normal user we simply run the command as ourselves. `cd /` first: the target
+# user may not be allowed into the caller's working directory (e.g. /root).
+as_user() {
+    local user=$1
+    shift
+    if is_root; then
+        (cd / && runuser -u "$user" -- "$@")
+    else
+        (cd / && "$@")
+    fi
+}
+
+# Give a folder to a system user (only meaningful as root).
+give_to() {
+    local user=$1
+    shift
+    if is_root; then chown -R "$user:$user" "$@"; fi
+}
+
+# Elapsed seconds since a start time taken from $EPOCHREALTIME, e.g. "2.4".
+elapsed_since() {
+    local start_us=${1/./} now_us=${EPOCHREALTIME/./}
+    local tenths=$(((now_us - start_us) / 100000))
+    printf '%d.%d' $((tenths / 10)) $((tenths % 10))
+}
+
+# ---------------------------------------------------------------------------------------
+# Packages
+
+pg_bindir() {
+    local dirs=()
+    shopt -s nullglob
+    dirs=(/usr/lib/postgresql/*/bin)
+    shopt -u nullglob
+    ((${#dirs[@]})) || return 1
+    # Newest major version wins when several are installed.
+    printf '%s\n' "${dirs[@]}" | sort -V | tail -n 1
+}
+
+rabbitmq_installed() { [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]]; }
+
+# Install Debian packages. `apt-get update` only runs when the first attempt fails (e.g.
+# stale or empty package lists). A temporary policy-rc.d (exit code 101 = "action
+# forbidden") keeps the packages' postinst from starting default servers via invoke-rc.d;
+# RabbitMQ's postinst even fails the install when that start fails.
+apt_install() {
+    local sudo=()
+    if ! is_root; then
+        have sudo || die "installing $* needs root (or sudo); install them yourself and retry"
+        sudo=(sudo)
+    fi
+    local policy=/usr/sbin/policy-rc.d made_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\n# temporary, from dedup scripts/services.sh\nexit 101\n' |
+            "${sudo[@]}" tee "$policy" >/dev/null
+        "${sudo[@]}" chmod 755 "$policy"
+        made_policy=1
+    fi
+    local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300)
+    local ok=0
+    log "installing Debian packages: $*"
+    # apt's chatter goes to stderr: stdout of this script is kept for machine-readable output.
+    if "${apt[@]}" install -y --no-install-recommends "$@" >&2; then
+        ok=1
+    else
+        log "install failed; running apt-get update and retrying"
+        if "${apt[@]}" update >&2 && "${apt[@]}" install -y --no-install-recommends "$@" >&2; then
+            ok=1
+        fi
+    fi
+    if ((made_policy)); then "${sudo[@]}" rm -f "$policy"; fi
+    ((ok)) || die "could not install: $*"
+}
+
+ensure_packages() {
+    local svc pkgs=()
+    for svc in "$@"; do
+        case $svc in
+            postgres) pg_bindir >/dev/null || pkgs+=(postgresql) ;;
+            redis | redis-cluster) { have redis-server && have redis-cli; } || pkgs+=(redis-server) ;;
+            rabbitmq) rabbitmq_installed || pkgs+=(rabbitmq-server) ;;
+        esac
+    done
+    # redis and redis-cluster both ask for redis-server.
+    mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u | sed '/^$/d')
+    if ((${#pkgs[@]})); then apt_install "${pkgs[@]}"; fi
+    # The packages create these users; make sure they exist even on unusual installs.
+    if is_root; then
+        local svc user
+        for svc in "$@"; do
+            case $svc in postgres) user=postgres ;; rabbitmq) user=rabbitmq ;; *) continue ;; esac
+            id -u "$user" >/dev/null 2>&1 || useradd --system --user-group --no-create-home "$user"
+        done
+    fi
+}
+
+# ---------------------------------------------------------------------------------------
+# Ports
+
+# Print N free TCP ports on 127.0.0.1, one per line, starting from a random point of the
+# range so that parallel runs rarely race for the same port. With OFFSET > 0, port+OFFSET
+# must be free too (Redis Cluster's bus port). The ports of one call are held bound
+# together while checking, so they are distinct; callers start each server before asking
+# for the next ports, so a port we already use is never handed out twice.
+free_ports() {
+    local count=$1 offset=${2:-0} python
+    python=$(command -v /usr/bin/python3 || command -v python3 || true)
+    if [[ -n $python ]]; then
+        "$python" - "$count" "$offset" "$PORT_LOW" "$PORT_HIGH" <<'PY'
+import random, socket, sys
+
+count, offset, low, high = map(int, sys.argv[1:])
+
+def try_bind(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+held, found = [], []
+start = random.randrange(low, high)
+for i in range(high - low):
+    port = low + (start - low + i) % (high - low)
+    socks = [try_bind(port)] + ([try_bind(port + offset)] if offset else [])
+    if all(socks):
+        held += socks
+        found.append(port)
+        if len(found) == count:
+            break
+    else:
+        for s in socks:
+            if s:
+                s.close()
+if len(found) < count:
+    sys.exit("no free ports in range")
+print("\n".join(map(str, found)))
+PY
+    else
+        # No python: a port nobody accepts connections on counts as free.
+        local found=() port tries=0
+        while ((${#found[@]} < count)); do
+            ((tries++ < 2000)) || die "no free ports in range"
+            port=$((PORT_LOW + RANDOM % (PORT_HIGH - PORT_LOW)))
+            [[ " ${found[*]} " == *" $port "* ]] && continue
+            port_in_use "$port" && continue
+            ((offset)) && port_in_use $((port + offset)) && continue
+            found+=("$port")
+        done
+        printf '%s\n' "${found[@]}"
+    fi
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
+# ---------------------------------------------------------------------------------------
+# State dir
+
+init_state_dir() {
+    if [[ -d $STATE_DIR && ! -e $STATE_DIR/$MARKER ]] && [[ -n $(ls -A "$STATE_DIR") ]]; then
+        die "$STATE_DIR exists, is not empty and was not created by this script; pick another DEDUP_SERVICES_DIR"
+    fi
+    mkdir -p "$STATE_DIR"
+    # The servers run as other users (postgres, rabbitmq) and must be able to reach their
+    # own folders inside.
+    chmod 755 "$STATE_DIR"
+    touch "$STATE_DIR/$MARKER"
+}
+
+# A service's URL lines live in <service>/url.env once it answers; the top-level `env` file
+# is rebuilt from them so it only ever lists running services.
+write_url() {
+    local svc=$1 name=$2 value=$3
+    # Single quotes: the values are URLs without quotes, and stay readable for non-shell readers.
+    [[ $value != *"'"* ]] || die "unexpected quote in $name"
+    printf "export %s='%s'\n" "$name" "$value" >"$STATE_DIR/$svc/url.env"
+}
+
+rebuild_env_file() {
+    local svc
+    : >"$STATE_DIR/env.tmp"
+    for svc in "${ALL_SERVICES[@]}"; do
+        if [[ -f $STATE_DIR/$svc/url.env ]]; then cat "$STATE_DIR/$svc/url.env" >>"$STATE_DIR/env.tmp"; fi
+    done
+    mv "$STATE_DIR/env.tmp" "$STATE_DIR/env"
+}
+
+# Print the last lines of a log to help explain a failed start.
+show_log() {
+    local file=$1
+    [[ -f $file ]] || return 0
+    log "last lines of $file:"
+    tail -n 30 "$file" >&2 || true
+}
+
+# Send TERM to a pid (if alive), wait up to 10 s, then KILL.
+kill_pid() {
+    local pid=$1 i
+    [[ $pid =~ ^[0-9]+$ ]] || return 0
+    kill -0 "$pid" 2>/dev/null || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+# Print PID and all its descendants (read from one `ps` snapshot).
+process_tree() {
+    local root=$1
+    [[ $root =~ ^[0-9]+$ ]] || return 0
+    ps -eo pid=,ppid= | awk -v root="$root" '
+        { parent[$1] = $2; pids[NR] = $1 }
+        END {
+            keep[root] = 1; print root
+            do {
+                added = 0
+                for (i in pids) { p = pids[i]; if (!(p in keep) && (parent[p] in keep)) { keep[p] = 1; print p; added = 1 } }
+            } while (added)
+        }'
+}
+
+kill_pidfile() {
+    local file=$1
+    [[ -f $file ]] || return 0
+    kill_pid "$(head -n 1 "$file" 2>/dev/null || true)"
+}
+
+# ---------------------------------------------------------------------------------------
+# PostgreSQL
+
+postgres_alive() {
+    local dir=$STATE_DIR/postgres bin
+    [[ -f $dir/port ]] && bin=$(pg_bindir) || return 1
+    "$bin/pg_isready" -q -h "$HOST" -p "$(<"$dir/port")"
+}
+
+start_postgres() {
+    local dir=$STATE_DIR/postgres bin port i
+    bin=$(pg_bindir) || die "PostgreSQL binaries not found under /usr/lib/postgresql/*/bin"
+    mkdir -p "$dir/run"
+    port=$(free_ports 1)
+    echo "$port" >"$dir/port"
+    # The data dir must belong to the user the server runs as.
+    give_to postgres "$dir"
+    # Trust auth is fine: the server only listens on loopback and a socket in our state dir.
+    as_user postgres "$bin/initdb" -D "$dir/data" -U postgres --auth-local=trust --auth-host=trust \
+        --encoding=UTF8 --no-locale --no-sync >"$dir/initdb.log" 2>&1 ||
+        { show_log "$dir/initdb.log"; die "initdb failed"; }
+    cat >>"$dir/data/postgresql.conf" <<EOF
+
+# --- dedup scripts/services.sh ---
+listen_addresses = '$HOST'
+port = $port
+unix_socket_directories = '$dir/run'
+max_connections = 300
+# Test data is thrown away afterwards: durability is not needed, speed is.
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+EOF
+    # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
+    as_user postgres setsid "$bin/pg_ctl" -D "$dir/data" -l "$dir/data/server.log" -W start >/dev/null
+    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+        "$bin/pg_isready" -q -h "$HOST" -p "$port" && break
+        sleep 0.2
+    done
+    "$bin/pg_isready" -q -h "$HOST" -p "$port" ||
+        { show_log "$dir/data/server.log"; die "PostgreSQL did not become ready on port $port"; }
+    "$bin/createdb" -h "$HOST" -p "$port" -U postgres dedup
+    write_url postgres DEDUP_POSTGRES_URL "postgres://postgres@$HOST:$port/dedup"
+}
+
+stop_postgres() {
+    local dir=$STATE_DIR/postgres bin
+    [[ -d $dir/data ]] || return 0
+    if [[ -f $dir/data/postmaster.pid ]] && bin=$(pg_bindir); then
+        as_user postgres "$bin/pg_ctl" -D "$dir/data" -m fast -t 30 stop >/dev/null 2>&1 || true
+    fi
+    kill_pidfile "$dir/data/postmaster.pid"
+}
+
+# ---------------------------------------------------------------------------------------
+# Redis (standalone and cluster nodes)
+
+redis_ping() { [[ $(redis-cli -h "$HOST" -p "$1" ping 2>/dev/null) == PONG ]]; }
+
+# start_redis_node DIR PORT [extra redis-server options...]
+start_redis_node() {
+    local dir=$1 port=$2 i
+    shift 2
+    mkdir -p "$dir"
+    echo "$port" >"$dir/port"
+    # daemonize: redis-server forks into its own session and writes its pidfile.
+    redis-server --port "$port" --bind "$HOST" --protected-mode no --daemonize yes \
+        --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
+        --save '' --appendonly no "$@" ||
+        { show_log "$dir/redis.log"; die "redis-server failed to start on port $port"; }
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        redis_ping "$port" && return 0
+        sleep 0.1
+    done
+    show_log "$dir/redis.log"
+    die "Redis did not answer PING on port $port"
+}
+
+stop_redis_node() {
+    local dir=$1
+    [[ -f $dir/port ]] || return 0
+    redis-cli -h "$HOST" -p "$(<"$dir/port")" shutdown nosave >/dev/null 2>&1 || true
+    kill_pidfile "$dir/redis.pid"
+}
+
+redis_alive() { [[ -f $STATE_DIR/redis/port ]] && redis_ping "$(<"$STATE_DIR/redis/port")"; }
+
+start_redis() {
+    local dir=$STATE_DIR/redis port
+    port=$(free_ports 1)
+    start_redis_node "$dir" "$port"
+    write_url redis DEDUP_REDIS_URL "redis://$HOST:$port/"
+}
+
+stop_redis() { stop_redis_node "$STATE_DIR/redis"; }
+
+cluster_nodes() {
+    shopt -s nullglob
+    local d=("$STATE_DIR"/redis-cluster/node-*)
+    shopt -u nullglob
+    ((${#d[@]})) && printf '%s\n' "${d[@]}"
+    return 0
+}
+
+cluster_ok() { redis-cli -h "$HOST" -p "$1" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; }
+
+redis_cluster_alive() {
+    local node any=0
+    while read -r node; do
+        any=1
+        [[ -f $node/port ]] && redis_ping "$(<"$node/port")" && cluster_ok "$(<"$node/port")" || return 1
+    done < <(cluster_nodes)
+    ((any))
+}
+
+# Three masters, no replicas: enough for keys to spread over slots and nodes (MOVED,
+# cross-slot errors), cheap to start.
+start_redis_cluster() {
+    local dir=$STATE_DIR/redis-cluster ports=() port i addrs=() urls=()
+    mapfile -t ports < <(free_ports 3 10000)
+    ((${#ports[@]} == 3)) || die "could not find free ports for Redis Cluster"
+    for i in 0 1 2; do
+        port=${ports[$i]}
+        start_redis_node "$dir/node-$((i + 1))" "$port" \
+            --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
+        addrs+=("$HOST:$port")
+        urls+=("redis://$HOST:$port/")
+    done
+    redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$dir/create.log" 2>&1 ||
+        { show_log "$dir/create.log"; die "redis-cli --cluster create failed"; }
+    # Slots are assigned at once, but every node must agree before clients see a healthy
+    # cluster.
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        redis_cluster_alive && break
+        sleep 0.1
+    done
+    redis_cluster_alive || { show_log "$dir/create.log"; die "Redis Cluster did not reach cluster_state:ok"; }
+    local IFS=,
+    write_url redis-cluster DEDUP_REDIS_CLUSTER_URLS "${urls[*]}"
+}
+
+stop_redis_cluster() {
+    local node
+    while read -r node; do stop_redis_node "$node"; done < <(cluster_nodes)
+}
+
+# ---------------------------------------------------------------------------------------
+# RabbitMQ
+#
+# The Debian wrappers (/usr/sbin/rabbitmq-server, /usr/sbin/rabbitmqctl) switch to the
+# `rabbitmq` user with `su` when run as root; su keeps our RABBITMQ_* variables. The server
+# and rabbitmqctl then both run as `rabbitmq` with HOME=/var/lib/rabbitmq, so they read the
+# same Erlang cookie (/var/lib/rabbitmq/.erlang.cookie, made by the package) and the CLI
+# may talk to the node. As a normal user we call the real scripts under
+# /usr/lib/rabbitmq/bin directly with HOME inside the state dir, where Erlang creates a
+# cookie that server and CLI again share.
+#
+# Every state dir gets its own epmd (Erlang's node name server) on its own port
+# (ERL_EPMD_PORT), started by us, so `stop` can end it without disturbing other Erlang
+# nodes, and its own range of CLI distribution ports.
+
+rabbitmq_bin() {
+    if is_root; then echo "/usr/sbin/$1"; else echo "/usr/lib/rabbitmq/bin/$1"; fi
+}
+
+# Run a command with this state dir's RabbitMQ environment.
+with_rabbitmq_env() {
+    (
+        set -a
+        # shellcheck source=/dev/null
+        . "$STATE_DIR/rabbitmq/rabbitmq.env"
+        set +a
+        "$@"
+    )
+}
+
+# rabbitmqctl_ SECONDS ARGS...: rabbitmqctl against our node, killed after SECONDS.
+rabbitmqctl_() {
+    local limit=$1 node
+    shift
+    node=$(<"$STATE_DIR/rabbitmq/node")
+    with_rabbitmq_env timeout "$limit" "$(rabbitmq_bin rabbitmqctl)" -n "$node" "$@"
+}
+
+rabbitmq_alive() {
+    [[ -f $STATE_DIR/rabbitmq/node ]] && rabbitmqctl_ 30 -q ping >/dev/null 2>&1
+}
+
+write_rabbitmq_env() {
+    local dir=$1 node=$2 amqp=$3 dist=$4 epmd=$5
+    # Erlang distribution (server and CLI) listens on all interfaces unless told otherwise.
+    local loopback_only="-kernel inet_dist_use_interface {${HOST//./,}}"
+    {
+        printf '%s=%q\n' \
+            RABBITMQ_NODENAME "$node" \
+            RABBITMQ_NODE_IP_ADDRESS "$HOST" \
+            RABBITMQ_NODE_PORT "$amqp" \
+            RABBITMQ_DIST_PORT "$dist" \
+            RABBITMQ_CTL_DIST_PORT_MIN $((dist + 10000)) \
+            RABBITMQ_CTL_DIST_PORT_MAX $((dist + 10010)) \
+            RABBITMQ_MNESIA_BASE "$dir/mnesia" \
+            RABBITMQ_LOG_BASE "$dir/log" \
+            RABBITMQ_PID_FILE "$dir/rabbitmq.pid" \
+            RABBITMQ_ENABLED_PLUGINS_FILE "$dir/enabled_plugins" \
+            RABBITMQ_CONFIG_FILE "$dir/rabbitmq.conf" \
+            RABBITMQ_ADVANCED_CONFIG_FILE "$dir/advanced.config" \
+            RABBITMQ_CONF_ENV_FILE "$dir/rabbitmq-env.conf" \
+            ERL_EPMD_PORT "$epmd" \
+            ERL_EPMD_ADDRESS "$HOST" \
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS "$loopback_only" \
+            RABBITMQ_CTL_ERL_ARGS "$loopback_only"
+        if ! is_root; then printf 'HOME=%q\n' "$dir/home"; fi
+    } >"$dir/rabbitmq.env"
+}
+
+start_rabbitmq() {
+    local dir=$STATE_DIR/rabbitmq node amqp dist epmd ports=() i
+    rabbitmq_installed || die "RabbitMQ is not installed"
+    node=dedup-$(short_hash "$STATE_DIR")@localhost
+    mkdir -p "$dir/mnesia" "$dir/log"
+    if ! is_root; then mkdir -p "$dir/home"; fi
+    echo "$node" >"$dir/node"
+    # No plugins (no management UI): plain AMQP 0-9-1 is all the tests need, and the node
+    # boots faster. The config files exist so no system-wide /etc/rabbitmq file applies.
+    echo '[].' >"$dir/enabled_plugins"
+    echo '[].' >"$dir/advanced.config"
+    : >"$dir/rabbitmq-env.conf"
+    printf '# guest/guest may only log in from loopback, which is where the tests connect from.\nloopback_users.guest = true\n' >"$dir/rabbitmq.conf"
+
+    mapfile -t ports < <(free_ports 3)
+    ((${#ports[@]} == 3)) || die "could not find free ports for RabbitMQ"
+    amqp=${ports[0]} dist=${ports[1]} epmd=${ports[2]}
+    write_rabbitmq_env "$dir" "$node" "$amqp" "$dist" "$epmd"
+    echo "$amqp" >"$dir/port"
+    # The server runs as `rabbitmq` (see above) and writes into these folders.
+    give_to rabbitmq "$dir"
+
+    # Our own epmd, started before the node so the node registers with it instead of
+    # spawning a daemon we could not track.
+    setsid nohup epmd -port "$epmd" -address "$HOST" >"$dir/log/epmd.out" 2>&1 </dev/null &
+    echo $! >"$dir/epmd.pid"
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        epmd -port "$epmd" -names >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+
+    # setsid: a Ctrl-C in the calling terminal must not reach the node before `stop` runs.
+    # shellcheck disable=SC2016 # $1/$2 are expanded by the inner bash
+    setsid nohup bash -c 'set -a; . "$1"; set +a; exec "$2"' \
+        _ "$dir/rabbitmq.env" "$(rabbitmq_bin rabbitmq-server)" \
+        >"$dir/log/server.out" 2>&1 </dev/null &
+    echo $! >"$dir/server.pid"
+
+    # `await_startup` fails at once while the node is not registered yet, and every
+    # rabbitmqctl call boots an Erlang VM (~1 s). So first poll cheaply until the AMQP port
+    # accepts connections (the listener opens at the end of the boot), then let
+    # `await_startup` confirm that the rabbit application finished booting.
+    local deadline=$((SECONDS + RABBITMQ_WAIT)) server_pid
+    server_pid=$(<"$dir/server.pid")
+    until port_in_use "$amqp"; do
+        if ! kill -0 "$server_pid" 2>/dev/null; then
+            show_log "$dir/log/server.out"
+            die "rabbitmq-server exited during startup"
+        fi
+        if ((SECONDS >= deadline)); then
+            show_log "$dir/log/server.out"
+            die "RabbitMQ did not listen on $HOST:$amqp within ${RABBITMQ_WAIT}s"
+        fi
+        sleep 0.2
+    done
+    rabbitmqctl_ "$RABBITMQ_WAIT" -q await_startup >/dev/null ||
+        { show_log "$dir/log/server.out"; die "RabbitMQ did not finish booting"; }
+    write_url rabbitmq DEDUP_AMQP_URL "amqp://guest:guest@$HOST:$amqp/%2f"
+}
+
+stop_rabbitmq() {
+    local dir=$STATE_DIR/rabbitmq
+    [[ -d $dir ]] || return 0
+    if [[ -f $dir/node && -f $dir/rabbitmq.env ]]; then
+        rabbitmqctl_ 60 -q stop >/dev/null 2>&1 || true
+    fi
+    # Whatever is left, e.g. after a start that failed before RabbitMQ wrote its pid file:
+    # the wrapper we started and everything below it. su puts its child in a new session,
+    # so a process group kill would miss the Erlang VM; walk the process tree instead.
+    local pid
+    if [[ -f $dir/server.pid ]]; then
+        for pid in $(process_tree "$(<"$dir/server.pid")"); do kill_pid "$pid"; done
+    fi
+    kill_pidfile "$dir/rabbitmq.pid"
+    kill_pidfile "$dir/epmd.pid"
+}
+
+# ---------------------------------------------------------------------------------------
+# Commands
+
+service_fn() { echo "${1//-/_}"; }
+
+# On a failed start, say where the logs are; the services that did start keep running
+# and stay listed in the env file until `stop`.
+STARTING=
+on_start_exit() {
+    local rc=$?
+    ((rc == 0)) && return 0
+    [[ -d $STATE_DIR ]] && rebuild_env_file
+    if [[ -n $STARTING ]]; then
+        log "$STARTING failed to start; logs are in $STATE_DIR/$STARTING"
+    fi
+    log "run '$0 stop' to clean up"
+}
+
+cmd_start() {
+    local services=("$@") svc fn t
+    ((${#services[@]})) || services=("${ALL_SERVICES[@]}")
+    for svc in "${services[@]}"; do
+        [[ " ${ALL_SERVICES[*]} " == *" $svc "* ]] || die "unknown service '$svc' (known: ${ALL_SERVICES[*]})"
+    done
+    ensure_packages "${services[@]}"
+    init_state_dir
+    trap on_start_exit EXIT
+    for svc in "${services[@]}"; do
+        fn=$(service_fn "$svc")
+        t=$EPOCHREALTIME
+        if [[ -f $STATE_DIR/$svc/url.env ]] && "${fn}_alive"; then
+            log "$svc already running"
+            continue
+        fi
+        # Leftovers of an earlier run that died or failed halfway.
+        "stop_$fn"
+        rm -rf "${STATE_DIR:?}/$svc"
+        mkdir -p "$STATE_DIR/$svc"
+        # Called plainly (not in `if`), so `set -e` stays in force inside start_*.
+        STARTING=$svc
+        "start_$fn"
+        STARTING=
+        rebuild_env_file
+        log "$svc ready in $(elapsed_since "$t")s"
+    done
+    log "state dir: $STATE_DIR"
+    log "use them with: eval \"\$($0 env)\""
+}
+
+cmd_env() {
+    [[ -s $STATE_DIR/env ]] || die "no services running in $STATE_DIR; run '$0 start' first"
+    cat "$STATE_DIR/env"
+}
+
+cmd_status() {
+    local svc fn state
+    for svc in "${ALL_SERVICES[@]}"; do
+        fn=$(service_fn "$svc")
+        state="not started"
+        if [[ -d $STATE_DIR/$svc ]]; then
+            if "${fn}_alive"; then state=running; else state="not answering"; fi
+        fi
+        printf '%-14s %s\n' "$svc" "$state"
+    done
+}
+
+# rabbitmqctl needs this state dir's epmd port and node name; a bare `rabbitmqctl` would
+# look for a node on the default epmd (and start one there).
+cmd_rabbitmqctl() {
+    [[ -f $STATE_DIR/rabbitmq/node ]] || die "RabbitMQ is not running in $STATE_DIR"
+    rabbitmqctl_ 120 "$@"
+}
+
+cmd_stop() {
+    if [[ ! -d $STATE_DIR ]]; then
+        log "nothing to stop ($STATE_DIR does not exist)"
+        return 0
+    fi
+    [[ -e $STATE_DIR/$MARKER ]] || die "$STATE_DIR was not created by this script; not touching it"
+    local svc
+    for svc in "${ALL_SERVICES[@]}"; do
+        if [[ -d $STATE_DIR/$svc ]]; then
+            log "stopping $svc"
+            "stop_$(service_fn "$svc")" || true
+        fi
+    done
+    rm -rf "${STATE_DIR:?}"
+    log "stopped; removed $STATE_DIR"
+}
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+}
+
+main() {
+    local cmd=${1:-}
+    [[ $# -gt 0 ]] && shift
+    case $cmd in
+        start) cmd_start "$@" ;;
+        stop) cmd_stop ;;
+        env) cmd_env ;;
+        status) cmd_status ;;
+        rabbitmqctl) cmd_rabbitmqctl "$@" ;;
+        -h | --help | help) usage ;;
+        *) usage ;;
+    esac
+}
+
+main "$@"
