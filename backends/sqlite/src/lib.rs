@@ -1,1 +1,17 @@
 #![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod pool;
+mod queries;
+mod row;
+mod schema;
+mod store;
+mod tx;
+
+pub use config::{DEFAULT_TABLE, SCHEMA_VERSIONS_TABLE, SqliteConfig, Synchronous};
+pub use store::SqliteStore;
+
+/// The rusqlite this crate is built against, for the caller's transactions
+/// ([`SqliteStore::claim_in_tx`] takes a `rusqlite::Transaction`).
+pub use rusqlite;

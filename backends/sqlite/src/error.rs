@@ -1,0 +1,131 @@
+//! Mapping rusqlite errors onto [`dedup_core::Error`], keeping the driver error as source.
+
+use std::fmt;
+
+use dedup_core::Error;
+use rusqlite::ErrorCode;
+
+/// The backend name in [`Error::Backend`].
+pub(crate) const BACKEND: &str = "sqlite";
+
+/// A rusqlite error as [`Error::Backend`], retryable when waiting can help.
+pub(crate) fn backend(err: rusqlite::Error) -> Error {
+    let retryable = is_transient(&err);
+    Error::backend(BACKEND, retryable, err)
+}
+
+/// Whether `err` is a lock or I/O condition that a later attempt may not hit: busy / locked
+/// (another connection or process holds the lock), a WAL locking-protocol hiccup, an I/O
+/// error.
+fn is_transient(err: &rusqlite::Error) -> bool {
+    matches!(
+        err.sqlite_error_code(),
+        Some(
+            ErrorCode::DatabaseBusy
+                | ErrorCode::DatabaseLocked
+                | ErrorCode::FileLockingProtocolFailed
+                | ErrorCode::SystemIoFailure
+        )
+    )
+}
+
+/// Whether `err` says another connection holds a lock this operation needs (SQLITE_BUSY,
+/// SQLITE_LOCKED, SQLITE_PROTOCOL): the operation changed nothing and can simply run again.
+pub(crate) fn is_busy(err: &Error) -> bool {
+    let Error::Backend { source, .. } = err else {
+        return false;
+    };
+    source
+        .downcast_ref::<rusqlite::Error>()
+        .and_then(rusqlite::Error::sqlite_error_code)
+        .is_some_and(|code| {
+            matches!(
+                code,
+                ErrorCode::DatabaseBusy
+                    | ErrorCode::DatabaseLocked
+                    | ErrorCode::FileLockingProtocolFailed
+            )
+        })
+}
+
+/// A problem with the store's own schema or setup that SQLite did not report as an error.
+#[derive(Debug)]
+pub(crate) enum SetupError {
+    /// The table was created by a newer `dedup-sqlite`.
+    SchemaTooNew {
+        table: String,
+        found: i64,
+        known: i64,
+    },
+    /// The file could not be switched to WAL mode.
+    NotWal { mode: String },
+    /// The in-memory store's one connection went missing (a panic while it was in use).
+    ConnectionLost,
+    /// A blocking task failed (panicked or was cancelled at shutdown).
+    TaskFailed(tokio::task::JoinError),
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SetupError::SchemaTooNew {
+                table,
+                found,
+                known,
+            } => write!(
+                f,
+                "table {table} has schema version {found}, this dedup-sqlite knows versions up \
+                 to {known}: upgrade dedup-sqlite"
+            ),
+            SetupError::NotWal { mode } => write!(
+                f,
+                "could not switch the database to WAL mode (journal_mode is {mode:?}); the \
+                 file must be on a local file system that supports shared memory"
+            ),
+            SetupError::ConnectionLost => {
+                write!(f, "the in-memory database's connection was lost")
+            }
+            SetupError::TaskFailed(e) => write!(f, "blocking SQLite task failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SetupError::TaskFailed(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<SetupError> for Error {
+    fn from(e: SetupError) -> Self {
+        Error::backend(BACKEND, false, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sqlite_error(code: i32) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None)
+    }
+
+    #[test]
+    fn busy_is_retryable_and_keeps_its_source() {
+        let err = backend(sqlite_error(rusqlite::ffi::SQLITE_BUSY));
+        assert!(err.is_retryable());
+        assert!(is_busy(&err));
+        let source = std::error::Error::source(&err).expect("source kept");
+        assert!(source.downcast_ref::<rusqlite::Error>().is_some());
+    }
+
+    #[test]
+    fn constraint_is_not_retryable() {
+        let err = backend(sqlite_error(rusqlite::ffi::SQLITE_CONSTRAINT));
+        assert!(!err.is_retryable());
+        assert!(!is_busy(&err));
+    }
+}

@@ -1,0 +1,206 @@
+//! Connections: opening and configuring them, a small pool, retrying busy operations.
+//!
+//! Every SQLite call blocks, so the store only touches connections on tokio's blocking
+//! threads (`spawn_blocking`); the pool's semaphore bounds how many run at once, and a
+//! connection is checked out by exactly one blocking task at a time.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dedup_core::Result;
+use rusqlite::Connection;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::{SqliteConfig, Synchronous};
+use crate::error::{SetupError, backend, is_busy};
+
+/// Where the database lives.
+#[derive(Clone, Debug)]
+pub(crate) enum Location {
+    /// A database file (WAL mode, shareable with other connections and processes).
+    File(PathBuf),
+    /// A private in-memory database on one connection.
+    Memory,
+}
+
+/// The settings every connection of a store is opened with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnectionSettings {
+    pub(crate) synchronous: Synchronous,
+    pub(crate) busy_timeout: Duration,
+}
+
+impl ConnectionSettings {
+    pub(crate) fn of(config: &SqliteConfig) -> Self {
+        ConnectionSettings {
+            synchronous: config.synchronous,
+            busy_timeout: config.busy_timeout,
+        }
+    }
+
+    /// Open a connection to the file at `path`: busy timeout, WAL, synchronous. Retries
+    /// while another process holds a lock the setup needs (switching to WAL), within the
+    /// busy timeout. Blocking.
+    pub(crate) fn open_file(&self, path: &Path) -> Result<Connection> {
+        retry_busy(self.busy_timeout, || {
+            let conn = Connection::open(path).map_err(backend)?;
+            conn.busy_timeout(self.busy_timeout).map_err(backend)?;
+            let mode: String = conn
+                .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+                .map_err(backend)?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(SetupError::NotWal { mode }.into());
+            }
+            self.finish(conn)
+        })
+    }
+
+    /// Open a private in-memory database. Blocking (briefly).
+    pub(crate) fn open_memory(&self) -> Result<Connection> {
+        let conn = Connection::open_in_memory().map_err(backend)?;
+        self.finish(conn)
+    }
+
+    fn finish(&self, conn: Connection) -> Result<Connection> {
+        conn.pragma_update(None, "synchronous", self.synchronous.pragma())
+            .map_err(backend)?;
+        conn.set_prepared_statement_cache_capacity(32);
+        Ok(conn)
+    }
+}
+
+/// Run `op` again while it fails because another connection holds a lock (SQLITE_BUSY /
+/// LOCKED / PROTOCOL returned without, or before the end of, the busy handler's wait),
+/// until `timeout` has passed since the first try. Each try is a whole transaction that
+/// rolled back on the error, so running it again is safe. Blocking: call only on a
+/// blocking thread.
+pub(crate) fn retry_busy<T>(timeout: Duration, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match op() {
+            Err(e) if is_busy(&e) && Instant::now() + pause < deadline => {
+                thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// The connections of one store.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub(crate) location: Location,
+    pub(crate) settings: ConnectionSettings,
+    idle: Mutex<Vec<Connection>>,
+    permits: Arc<Semaphore>,
+}
+
+impl Pool {
+    /// A pool holding `first` (already open and migrated), allowing `size` connections
+    /// (one for an in-memory database, whose data lives in that one connection).
+    pub(crate) fn new(
+        location: Location,
+        settings: ConnectionSettings,
+        first: Connection,
+        size: usize,
+    ) -> Self {
+        let size = match location {
+            Location::File(_) => size,
+            Location::Memory => 1,
+        };
+        Pool {
+            location,
+            settings,
+            idle: Mutex::new(vec![first]),
+            permits: Arc::new(Semaphore::new(size)),
+        }
+    }
+
+    /// Wait (asynchronously) for the right to use one connection.
+    pub(crate) async fn permit(&self) -> OwnedSemaphorePermit {
+        // The semaphore is never closed.
+        match self.permits.clone().acquire_owned().await {
+            Ok(permit) => permit,
+            Err(_) => unreachable!("the pool's semaphore is never closed"),
+        }
+    }
+
+    /// Run `op` on a connection: an idle one, or a new one while the pool is below its
+    /// size. The caller holds a permit. Blocking.
+    pub(crate) fn with_connection<T>(&self, op: impl FnOnce(&mut Connection) -> T) -> Result<T> {
+        let idle = self.idle().pop();
+        let mut conn = match (idle, &self.location) {
+            (Some(conn), _) => conn,
+            (None, Location::File(path)) => self.settings.open_file(path)?,
+            (None, Location::Memory) => return Err(SetupError::ConnectionLost.into()),
+        };
+        let out = op(&mut conn);
+        self.check_in(conn);
+        Ok(out)
+    }
+
+    /// Return `conn` to the pool, unless it is stuck inside a transaction it cannot leave
+    /// (then a file connection is closed; the in-memory one is kept, it holds the data).
+    fn check_in(&self, conn: Connection) {
+        let usable = conn.is_autocommit()
+            || (conn.execute_batch("ROLLBACK").is_ok() && conn.is_autocommit());
+        if usable || matches!(self.location, Location::Memory) {
+            self.idle().push(conn);
+        }
+    }
+
+    fn idle(&self) -> MutexGuard<'_, Vec<Connection>> {
+        // Only push and pop happen under this lock: a panic cannot leave it inconsistent.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dedup_core::Error;
+
+    #[test]
+    fn retry_busy_retries_busy_errors_until_success() {
+        let mut tries = 0;
+        let out = retry_busy(Duration::from_secs(5), || {
+            tries += 1;
+            if tries < 3 {
+                Err(backend(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                    None,
+                )))
+            } else {
+                Ok(tries)
+            }
+        });
+        assert_eq!(out.unwrap(), 3);
+    }
+
+    #[test]
+    fn retry_busy_gives_up_at_the_timeout_and_never_retries_other_errors() {
+        let started = Instant::now();
+        let err = retry_busy(Duration::from_millis(30), || -> Result<()> {
+            Err(backend(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                None,
+            )))
+        })
+        .unwrap_err();
+        assert!(err.is_retryable());
+        assert!(started.elapsed() < Duration::from_secs(2));
+
+        let mut tries = 0;
+        let err = retry_busy(Duration::from_secs(5), || -> Result<()> {
+            tries += 1;
+            Err(Error::invalid("x", "no"))
+        })
+        .unwrap_err();
+        assert!(err.is_invalid_input());
+        assert_eq!(tries, 1);
+    }
+}

@@ -1,0 +1,83 @@
+//! The statements the store runs, rendered once for its table.
+//!
+//! The table name cannot be a bound parameter, so every template holds `{table}`, replaced
+//! by the validated name (see [`SqliteConfig::validate`](crate::SqliteConfig::validate)).
+
+/// The columns of a record, in the order [`crate::row`] reads and writes them.
+const COLUMNS: &str =
+    "state, token, fence, attempt, expires_at, processed_at, outcome, fingerprint";
+
+/// One key's record.
+const SELECT: &str = "SELECT {columns} FROM \"{table}\" WHERE consumer = ?1 AND message_id = ?2";
+
+/// Store a record as the reference model's `Write::Put` says: insert or replace every column.
+const PUT: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+     ON CONFLICT (consumer, message_id) DO UPDATE SET \
+     state = excluded.state, token = excluded.token, fence = excluded.fence, \
+     attempt = excluded.attempt, expires_at = excluded.expires_at, \
+     processed_at = excluded.processed_at, outcome = excluded.outcome, \
+     fingerprint = excluded.fingerprint";
+
+/// One purge batch: at most ?3 rows that `transition::purgeable` accepts at now ?2 with
+/// cutoff ?1 (= now - retention). Returns the state of every removed row.
+const PURGE_BATCH: &str = "DELETE FROM \"{table}\" WHERE rowid IN ( \
+     SELECT rowid FROM \"{table}\" WHERE state = 'completed' AND processed_at < ?1 \
+     UNION ALL \
+     SELECT rowid FROM \"{table}\" WHERE state = 'in_flight' AND expires_at < ?1 \
+       AND expires_at <= ?2 \
+     LIMIT ?3) \
+     RETURNING state";
+
+/// The transactional claim (?1 consumer, ?2 message id, ?3 now, ?4 fingerprint): insert a
+/// completed row, or take over an in-flight row whose lease expired at now, unless its
+/// fingerprint differs. Returns the fence when the key was claimed, no row otherwise (the
+/// caller then reads the record to tell in flight, completed and mismatch apart).
+///
+/// It writes before it reads, so even inside a deferred transaction it takes the write lock
+/// first (waiting for it under the busy timeout) instead of failing on a stale snapshot.
+const TX_CLAIM: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
+     VALUES (?1, ?2, 'completed', NULL, 1, 1, NULL, ?3, NULL, ?4) \
+     ON CONFLICT (consumer, message_id) DO UPDATE SET \
+     state = 'completed', token = NULL, fence = fence + 1, attempt = attempt + 1, \
+     expires_at = NULL, processed_at = excluded.processed_at, outcome = NULL, \
+     fingerprint = COALESCE(excluded.fingerprint, fingerprint) \
+     WHERE state = 'in_flight' AND expires_at <= excluded.processed_at \
+       AND (excluded.fingerprint IS NULL OR fingerprint IS NULL \
+            OR fingerprint = excluded.fingerprint) \
+     RETURNING fence";
+
+/// The transactional commit (?1 consumer, ?2 message id, ?3 token, ?4 now, ?5 outcome):
+/// complete the record if this token holds it in flight. Writes first for the same reason
+/// as [`TX_CLAIM`]; zero rows changed means "ask the model" (retry-safe commit or lost).
+const TX_COMMIT: &str = "UPDATE \"{table}\" SET state = 'completed', expires_at = NULL, \
+     processed_at = ?4, outcome = ?5 \
+     WHERE consumer = ?1 AND message_id = ?2 AND state = 'in_flight' AND token = ?3";
+
+/// The statements of one store, rendered for its table.
+#[derive(Debug)]
+pub(crate) struct Queries {
+    pub(crate) select: String,
+    pub(crate) put: String,
+    pub(crate) purge_batch: String,
+    pub(crate) tx_claim: String,
+    pub(crate) tx_commit: String,
+}
+
+impl Queries {
+    /// The statements for `table` (already validated as a safe identifier).
+    pub(crate) fn new(table: &str) -> Self {
+        let render = |template: &str| {
+            template
+                .replace("{columns}", COLUMNS)
+                .replace("{table}", table)
+        };
+        Queries {
+            select: render(SELECT),
+            put: render(PUT),
+            purge_batch: render(PURGE_BATCH),
+            tx_claim: render(TX_CLAIM),
+            tx_commit: render(TX_COMMIT),
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The store's schema and its migrations, versioned per table.
+//!
+//! `PRAGMA user_version` is one number per database *file*, and the transactional API is
+//! meant for a file the application shares with its own tables (and maybe its own
+//! migrations using `user_version`). So the version is kept per dedup table, in a small
+//! table of its own: `dedup_schema_versions(table_name, version)`. Several dedup tables
+//! can live in one file, each migrated on its own.
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+
+use crate::config::SCHEMA_VERSIONS_TABLE;
+use crate::error::{SetupError, backend};
+use dedup_core::Result;
+
+/// Migration `n` (1-based) brings a table from version `n - 1` to `n`. Never edit a
+/// released migration: append a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: the records table and the indexes purge scans.
+    "CREATE TABLE \"{table}\" (
+        consumer     TEXT    NOT NULL,
+        message_id   TEXT    NOT NULL,
+        state        TEXT    NOT NULL CHECK (state IN ('in_flight', 'completed')),
+        token        TEXT,
+        fence        INTEGER NOT NULL,
+        attempt      INTEGER NOT NULL,
+        expires_at   INTEGER,
+        processed_at INTEGER,
+        outcome      BLOB,
+        fingerprint  TEXT,
+        PRIMARY KEY (consumer, message_id)
+    );
+    CREATE INDEX \"{table}_purge_completed\" ON \"{table}\" (state, processed_at);
+    CREATE INDEX \"{table}_purge_expired\" ON \"{table}\" (state, expires_at);",
+];
+
+/// The schema version this build creates and understands.
+pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+const CREATE_VERSIONS: &str = "CREATE TABLE IF NOT EXISTS \"{versions}\" (
+    table_name TEXT PRIMARY KEY NOT NULL,
+    version    INTEGER NOT NULL
+)";
+const SELECT_VERSION: &str = "SELECT version FROM \"{versions}\" WHERE table_name = ?1";
+const SET_VERSION: &str = "INSERT INTO \"{versions}\" (table_name, version) VALUES (?1, ?2) \
+     ON CONFLICT (table_name) DO UPDATE SET version = excluded.version";
+
+fn versions_sql(template: &str) -> String {
+    template.replace("{versions}", SCHEMA_VERSIONS_TABLE)
+}
+
+/// Create or migrate `table` to [`CURRENT_VERSION`], in one immediate transaction (so
+/// processes opening the same file at once migrate it exactly once).
+///
+/// A table of that name that the store did not create makes version 1's `CREATE TABLE` fail
+/// instead of being silently adopted. A table at a newer version than this build knows is
+/// an error.
+pub(crate) fn migrate(conn: &mut Connection, table: &str) -> Result<()> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    tx.execute(&versions_sql(CREATE_VERSIONS), [])
+        .map_err(backend)?;
+    let found: i64 = tx
+        .query_row(&versions_sql(SELECT_VERSION), [table], |row| row.get(0))
+        .optional()
+        .map_err(backend)?
+        .unwrap_or(0);
+    if found > CURRENT_VERSION {
+        return Err(SetupError::SchemaTooNew {
+            table: table.to_owned(),
+            found,
+            known: CURRENT_VERSION,
+        }
+        .into());
+    }
+    if found == CURRENT_VERSION {
+        return Ok(()); // dropping tx rolls back the (empty) transaction
+    }
+    for migration in &MIGRATIONS[found as usize..] {
+        tx.execute_batch(&migration.replace("{table}", table))
+            .map_err(backend)?;
+    }
+    tx.execute(
+        &versions_sql(SET_VERSION),
+        rusqlite::params![table, CURRENT_VERSION],
+    )
+    .map_err(backend)?;
+    tx.commit().map_err(backend)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrating_twice_is_a_no_op_and_tables_are_versioned_separately() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn, "a").unwrap();
+        migrate(&mut conn, "a").unwrap();
+        migrate(&mut conn, "b").unwrap();
+        let versions: Vec<(String, i64)> = conn
+            .prepare("SELECT table_name, version FROM dedup_schema_versions ORDER BY 1")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            versions,
+            vec![("a".into(), CURRENT_VERSION), ("b".into(), CURRENT_VERSION)]
+        );
+        let user_version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(user_version, 0, "user_version belongs to the application");
+    }
+
+    #[test]
+    fn a_foreign_table_of_that_name_is_not_adopted() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute("CREATE TABLE mine (x INTEGER)", []).unwrap();
+        let err = migrate(&mut conn, "mine").unwrap_err();
+        assert!(!err.is_retryable(), "{err:?}");
+        let count: i64 = conn
+            .query_row("SELECT count(*) FROM dedup_schema_versions", [], |r| {
+                r.get(0)
+            })
+            .unwrap_or(0);
+        assert_eq!(count, 0, "the failed migration left no version behind");
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn, "t").unwrap();
+        conn.execute(
+            "UPDATE dedup_schema_versions SET version = 99 WHERE table_name = 't'",
+            [],
+        )
+        .unwrap();
+        let err = migrate(&mut conn, "t").unwrap_err();
+        assert!(err.to_string().contains("sqlite backend error"), "{err}");
+        let source = std::error::Error::source(&err).unwrap().to_string();
+        assert!(source.contains("schema version 99"), "{source}");
+    }
+}

@@ -1,0 +1,324 @@
+//! [`SqliteStore`]: the lease-mode contract over one SQLite database.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_core::transition::{self, Write};
+use dedup_core::{
+    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, ItemResult,
+    Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record, Result, SystemClock, Timestamp,
+    validate_claim_batch, validate_commit_batch, validate_lease, validate_outcome,
+};
+use rusqlite::{Connection, TransactionBehavior, params};
+
+use crate::config::SqliteConfig;
+use crate::error::{SetupError, backend};
+use crate::pool::{ConnectionSettings, Location, Pool, retry_busy};
+use crate::queries::Queries;
+use crate::row;
+use crate::schema;
+
+/// A [`DedupStore`] in a SQLite database file (or in memory), with the transactional
+/// extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
+/// [`commit_in_tx`](SqliteStore::commit_in_tx).
+///
+/// Cheap to clone (clones share the connections). Every lease-mode operation is one
+/// `BEGIN IMMEDIATE` transaction that reads the key's record, applies
+/// [`dedup_core::transition`] (the reference model) and writes the result, on a blocking
+/// thread. See the crate documentation for guarantees and configuration.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) table: String,
+    pub(crate) queries: Queries,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) pool: Pool,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("location", &self.inner.pool.location)
+            .field("table", &self.inner.table)
+            .field("settings", &self.inner.pool.settings)
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Open (creating it when missing) the database file at `path` with the default
+    /// configuration: table `dedup_inbox`, `synchronous = FULL`, 5 s busy timeout, system
+    /// clock. Creates or migrates the table.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, SqliteConfig::default()).await
+    }
+
+    /// Open (creating it when missing) the database file at `path` with `config`.
+    pub async fn open_with(path: impl AsRef<Path>, config: SqliteConfig) -> Result<Self> {
+        Self::start(Location::File(path.as_ref().to_path_buf()), config).await
+    }
+
+    /// A private in-memory database with the default configuration: not persistent, not
+    /// shared with other processes, and without the transactional extension (no other
+    /// connection can reach it). For tests and tools.
+    pub async fn open_in_memory() -> Result<Self> {
+        Self::open_in_memory_with(SqliteConfig::default()).await
+    }
+
+    /// A private in-memory database with `config`.
+    pub async fn open_in_memory_with(config: SqliteConfig) -> Result<Self> {
+        Self::start(Location::Memory, config).await
+    }
+
+    async fn start(location: Location, config: SqliteConfig) -> Result<Self> {
+        config.validate()?;
+        let settings = ConnectionSettings::of(&config);
+        let opened = tokio::task::spawn_blocking(move || -> Result<SqliteStore> {
+            let mut first = match &location {
+                Location::File(path) => settings.open_file(path)?,
+                Location::Memory => settings.open_memory()?,
+            };
+            retry_busy(settings.busy_timeout, || {
+                schema::migrate(&mut first, &config.table)
+            })?;
+            Ok(SqliteStore {
+                inner: Arc::new(Inner {
+                    queries: Queries::new(&config.table),
+                    clock: config.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+                    pool: Pool::new(location, settings, first, config.pool_size),
+                    table: config.table,
+                }),
+            })
+        });
+        opened.await.map_err(SetupError::TaskFailed)?
+    }
+
+    /// The table holding the records.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// The database file, or `None` for an in-memory store.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.inner.pool.location {
+            Location::File(path) => Some(path),
+            Location::Memory => None,
+        }
+    }
+
+    /// Run `op` on a pooled connection on a blocking thread, again while it fails busy
+    /// (within the busy timeout).
+    async fn run<T, F>(&self, mut op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Connection, &Inner) -> Result<T> + Send + 'static,
+    {
+        let permit = self.inner.pool.permit().await;
+        let inner = Arc::clone(&self.inner);
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let timeout = inner.pool.settings.busy_timeout;
+            inner
+                .pool
+                .with_connection(|conn| retry_busy(timeout, || op(conn, &inner)))?
+        });
+        task.await.map_err(SetupError::TaskFailed)?
+    }
+
+    /// Run `op` inside one `BEGIN IMMEDIATE` transaction, with "now" read once the write
+    /// lock is held; commit when `op` returns `Ok`, roll back otherwise.
+    async fn write<T, F>(&self, mut op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection, &Inner, Timestamp) -> Result<T> + Send + 'static,
+    {
+        self.run(move |conn, inner| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let now = inner.clock.now();
+            let out = op(&tx, inner, now)?;
+            tx.commit().map_err(backend)?;
+            Ok(out)
+        })
+        .await
+    }
+}
+
+impl Inner {
+    /// Store what the model decided.
+    pub(crate) fn apply(&self, conn: &Connection, write: Write) -> Result<()> {
+        match write {
+            Write::Unchanged => Ok(()),
+            Write::Put(record) => row::put(conn, &self.queries, &record),
+        }
+    }
+
+    /// One claim under the write lock. Storage failures are the outer error; the contract's
+    /// answer (including `FingerprintMismatch`) is the inner result.
+    fn claim_one(
+        &self,
+        conn: &Connection,
+        key: &Key,
+        options: &ClaimOptions,
+        now: Timestamp,
+    ) -> Result<ItemResult<Claim>> {
+        let record = row::select(conn, &self.queries, key)?;
+        match transition::claim(record.as_ref(), key, options, now, LeaseToken::random()) {
+            Ok((claim, write)) => self.apply(conn, write).map(|()| Ok(claim)),
+            Err(contract) => Ok(Err(contract)),
+        }
+    }
+
+    /// One commit under the write lock (outer: storage, inner: `LeaseLost`).
+    fn commit_one(
+        &self,
+        conn: &Connection,
+        lease: &Lease,
+        outcome: Option<&[u8]>,
+        now: Timestamp,
+    ) -> Result<ItemResult<()>> {
+        let record = row::select(conn, &self.queries, &lease.key)?;
+        match transition::commit(record.as_ref(), lease, outcome, now) {
+            Ok(write) => self.apply(conn, write).map(Ok),
+            Err(contract) => Ok(Err(contract)),
+        }
+    }
+
+    /// One purge batch: (completed removed, expired removed).
+    fn purge_batch(
+        &self,
+        conn: &Connection,
+        now: Timestamp,
+        retention: Duration,
+        batch_size: usize,
+    ) -> Result<(u64, u64)> {
+        let cutoff = now.saturating_sub(retention);
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let mut stmt = conn
+            .prepare_cached(&self.queries.purge_batch)
+            .map_err(backend)?;
+        let states = stmt
+            .query_map(params![cutoff.as_millis(), now.as_millis(), limit], |row| {
+                row.get::<_, String>(0)
+            })
+            .map_err(backend)?;
+        let mut removed = (0, 0);
+        for state in states {
+            if row::is_completed_state(&state.map_err(backend)?) {
+                removed.0 += 1;
+            } else {
+                removed.1 += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+#[async_trait]
+impl DedupStore for SqliteStore {
+    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+        options.validate()?;
+        let (key, options) = (key.clone(), options.clone());
+        self.write(move |conn, inner, now| inner.claim_one(conn, &key, &options, now)?)
+            .await
+    }
+
+    async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
+        validate_claim_batch(requests)?;
+        let requests = requests.to_vec();
+        self.write(move |conn, inner, now| {
+            requests
+                .iter()
+                .map(|r| inner.claim_one(conn, &r.key, &r.options, now))
+                .collect()
+        })
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
+        validate_lease(extend_by)?;
+        let lease = lease.clone();
+        self.write(move |conn, inner, now| {
+            let record = row::select(conn, &inner.queries, &lease.key)?;
+            let (renewed, write) = transition::renew(record.as_ref(), &lease, extend_by, now)?;
+            inner.apply(conn, write)?;
+            Ok(renewed)
+        })
+        .await
+    }
+
+    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        validate_outcome(outcome)?;
+        let (lease, outcome) = (lease.clone(), outcome.map(<[u8]>::to_vec));
+        self.write(move |conn, inner, now| {
+            inner.commit_one(conn, &lease, outcome.as_deref(), now)?
+        })
+        .await
+    }
+
+    async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
+        validate_commit_batch(requests)?;
+        let requests = requests.to_vec();
+        self.write(move |conn, inner, now| {
+            requests
+                .iter()
+                .map(|r| inner.commit_one(conn, &r.lease, r.outcome.as_deref(), now))
+                .collect()
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let lease = lease.clone();
+        self.write(move |conn, inner, now| {
+            let record = row::select(conn, &inner.queries, &lease.key)?;
+            let write = transition::release(record.as_ref(), &lease, now)?;
+            inner.apply(conn, write)
+        })
+        .await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        let key = key.clone();
+        self.run(move |conn, inner| row::select(conn, &inner.queries, &key))
+            .await
+    }
+
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        options.validate()?;
+        let (retention, batch_size) = (options.retention, options.batch_size);
+        let mut report = PurgeReport::default();
+        // One short transaction per batch, so claims interleave with a long purge.
+        while options.max_batches.is_none_or(|max| report.batches < max) {
+            let (completed, expired) = self
+                .write(move |conn, inner, now| inner.purge_batch(conn, now, retention, batch_size))
+                .await?;
+            report.batches += 1;
+            report.completed += completed;
+            report.expired += expired;
+            if completed + expired < batch_size as u64 {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let file = matches!(self.inner.pool.location, Location::File(_));
+        Capabilities {
+            persistent: file,
+            multi_process: file,
+            native_batch: true,
+            transactional: file,
+            ..Capabilities::default()
+        }
+    }
+}
