@@ -1,0 +1,290 @@
+//! Billing: the double-charged invoice.
+//!
+//! An `OrderPlaced` event (one message id) is delivered twice and picked up by two of four
+//! concurrent handlers; each handler calls a payment provider (200 ms, not idempotent) and
+//! writes an invoice. Variants, each on a fresh SQLite database:
+//!
+//! 1. naive: `SELECT` from a processed-messages table, pay, insert the invoice, mark
+//!    processed: both handlers see "not processed" and both charge.
+//! 2. dedup, lease mode: `Inbox::handle` claims the message id; the second handler gets
+//!    busy / duplicate and does nothing.
+//! 3. dedup, transactional: the claim is a row in the same SQLite transaction as the
+//!    invoice, so the inbox row and the invoice commit (or roll back) together.
+//! 4. the same order published twice under two different message ids: message-id dedup
+//!    cannot know they are the same order; a natural key (a unique order id on the invoice
+//!    table, insert-or-ignore before paying) catches it. Both layers are needed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use dedup_core::{Handled, Inbox, InboxConfig, Key, TxClaim};
+use dedup_examples::report::{print_json, print_table};
+use dedup_sqlite::SqliteStore;
+use dedup_sqlite::rusqlite::{self, Connection, TransactionBehavior, params};
+
+const PAYMENT: Duration = Duration::from_millis(200);
+const HANDLERS: usize = 4;
+const ORDER: &str = "order-1001";
+
+#[derive(serde::Serialize)]
+struct Row {
+    variant: &'static str,
+    deliveries: usize,
+    charges: u32,
+    invoices: i64,
+}
+
+/// One variant's world: a database file, a payment provider counter.
+struct World {
+    db: PathBuf,
+    charges: AtomicU32,
+}
+
+impl World {
+    fn new(dir: &Path, name: &str) -> Result<Arc<Self>, Box<dyn std::error::Error>> {
+        let db = dir.join(format!("{name}.db"));
+        let conn = connect(&db)?;
+        conn.execute_batch(
+            "CREATE TABLE invoices (order_id TEXT NOT NULL, amount_cents INTEGER NOT NULL);
+             CREATE TABLE processed_messages (message_id TEXT PRIMARY KEY);",
+        )?;
+        Ok(Arc::new(World {
+            db,
+            charges: AtomicU32::new(0),
+        }))
+    }
+
+    /// The payment provider: every call charges the card.
+    fn pay_blocking(&self) {
+        std::thread::sleep(PAYMENT);
+        self.charges.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn invoices(&self) -> rusqlite::Result<i64> {
+        connect(&self.db)?.query_row("SELECT count(*) FROM invoices", [], |r| r.get(0))
+    }
+
+    fn row(&self, variant: &'static str, deliveries: usize) -> rusqlite::Result<Row> {
+        Ok(Row {
+            variant,
+            deliveries,
+            charges: self.charges.load(Ordering::SeqCst),
+            invoices: self.invoices()?,
+        })
+    }
+}
+
+fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    Ok(conn)
+}
+
+/// Run `handler` for each delivery on a pool of [`HANDLERS`] concurrent workers.
+async fn deliver<F, Fut>(
+    deliveries: &[&'static str],
+    handler: F,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    F: Fn(&'static str) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send,
+{
+    let queue = Arc::new(std::sync::Mutex::new(deliveries.to_vec()));
+    let mut workers = Vec::new();
+    for _ in 0..HANDLERS {
+        let (queue, handler) = (Arc::clone(&queue), handler.clone());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let next = queue.lock().expect("lock").pop();
+                match next {
+                    Some(message_id) => handler(message_id).await?,
+                    None => return Ok::<(), Box<dyn std::error::Error + Send + Sync>>(()),
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await?.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+type BoxResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+async fn naive(dir: &Path) -> Result<Row, Box<dyn std::error::Error>> {
+    let world = World::new(dir, "naive")?;
+    let w = Arc::clone(&world);
+    deliver(&["msg-1", "msg-1"], move |message_id| {
+        let w = Arc::clone(&w);
+        async move {
+            tokio::task::spawn_blocking(move || -> BoxResult {
+                let conn = connect(&w.db)?;
+                let seen: i64 = conn.query_row(
+                    "SELECT count(*) FROM processed_messages WHERE message_id = ?1",
+                    [message_id],
+                    |r| r.get(0),
+                )?;
+                if seen == 0 {
+                    w.pay_blocking();
+                    conn.execute("INSERT INTO invoices VALUES (?1, 4999)", [ORDER])?;
+                    conn.execute(
+                        "INSERT OR IGNORE INTO processed_messages VALUES (?1)",
+                        [message_id],
+                    )?;
+                }
+                Ok(())
+            })
+            .await?
+        }
+    })
+    .await?;
+    Ok(world.row("naive check-then-act", 2)?)
+}
+
+async fn lease_mode(
+    dir: &Path,
+    deliveries: &[&'static str],
+    variant: &'static str,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let world = World::new(
+        dir,
+        &variant.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+    )?;
+    let store = SqliteStore::open(&world.db).await?;
+    let inbox = Inbox::new(store).with_config(InboxConfig {
+        lease: Duration::from_secs(30),
+        ..InboxConfig::default()
+    });
+    let w = Arc::clone(&world);
+    deliver(deliveries, move |message_id| {
+        let (w, inbox) = (Arc::clone(&w), inbox.clone());
+        async move {
+            let key = Key::new("billing", message_id)?;
+            let handled = inbox
+                .handle(&key, None, |_lease| {
+                    let w = Arc::clone(&w);
+                    async move {
+                        tokio::task::spawn_blocking(move || {
+                            w.pay_blocking();
+                            connect(&w.db)?
+                                .execute("INSERT INTO invoices VALUES (?1, 4999)", [ORDER])
+                        })
+                        .await?
+                        .map_err(std::io::Error::other)?;
+                        Ok::<_, std::io::Error>(Some(b"invoiced".to_vec()))
+                    }
+                })
+                .await?;
+            // Busy: a real consumer would nack and the broker redeliver; the redelivery
+            // then finds the key completed. Either way the handler does not run again.
+            if let Handled::Busy { .. } = handled {}
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(world.row(variant, deliveries.len())?)
+}
+
+/// Claim inside the transaction that writes the invoice. With `natural_key`, the invoice
+/// insert is an insert-or-ignore on the order id, done before paying.
+async fn transactional(
+    dir: &Path,
+    deliveries: &[&'static str],
+    natural_key: bool,
+    variant: &'static str,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let world = World::new(
+        dir,
+        &variant.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+    )?;
+    if natural_key {
+        connect(&world.db)?
+            .execute_batch("CREATE UNIQUE INDEX invoices_order ON invoices (order_id)")?;
+    }
+    let store = Arc::new(SqliteStore::open(&world.db).await?);
+    let w = Arc::clone(&world);
+    deliver(deliveries, move |message_id| {
+        let (w, store) = (Arc::clone(&w), Arc::clone(&store));
+        async move {
+            tokio::task::spawn_blocking(move || -> BoxResult {
+                let mut conn = connect(&w.db)?;
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let key = Key::new("billing", message_id)?;
+                if let TxClaim::Claimed { .. } = store.claim_in_tx(&tx, &key, None)? {
+                    let fresh_order = if natural_key {
+                        tx.execute(
+                            "INSERT OR IGNORE INTO invoices VALUES (?1, 4999)",
+                            params![ORDER],
+                        )? == 1
+                    } else {
+                        tx.execute("INSERT INTO invoices VALUES (?1, 4999)", params![ORDER])? == 1
+                    };
+                    if fresh_order {
+                        // The payment runs inside the transaction: if it fails, the
+                        // rollback removes the inbox row and the invoice together.
+                        w.pay_blocking();
+                    }
+                }
+                tx.commit()?;
+                Ok(())
+            })
+            .await?
+        }
+    })
+    .await?;
+    Ok(world.row(variant, deliveries.len())?)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    println!(
+        "OrderPlaced {ORDER} delivered twice, {HANDLERS} concurrent handlers, 200 ms payment call\n"
+    );
+    let rows = vec![
+        naive(dir).await?,
+        lease_mode(dir, &["msg-1", "msg-1"], "dedup, lease mode (Inbox)").await?,
+        transactional(
+            dir,
+            &["msg-1", "msg-1"],
+            false,
+            "dedup, claim in the invoice transaction",
+        )
+        .await?,
+        lease_mode(
+            dir,
+            &["msg-1", "msg-2"],
+            "two message ids, message-id dedup only",
+        )
+        .await?,
+        transactional(
+            dir,
+            &["msg-1", "msg-2"],
+            true,
+            "two message ids, + natural key (order id)",
+        )
+        .await?,
+    ];
+    print_table(
+        &["variant", "deliveries", "charges", "invoices"],
+        &rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.variant.to_string(),
+                    r.deliveries.to_string(),
+                    r.charges.to_string(),
+                    r.invoices.to_string(),
+                ]
+            })
+            .collect::<Vec<_>>(),
+    );
+    println!(
+        "\nThe message id catches redeliveries; only a natural key catches a re-publish under a new id."
+    );
+    rows.iter().for_each(print_json);
+    Ok(())
+}
