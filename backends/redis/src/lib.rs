@@ -1,1 +1,17 @@
 #![doc = include_str!("../README.md")]
+
+mod config;
+mod conn;
+mod error;
+mod layout;
+mod purge;
+mod reply;
+mod scripts;
+mod store;
+
+pub use config::{MAX_RETENTION, RedisConfig};
+pub use error::ReplicationShortfall;
+pub use store::RedisStore;
+
+/// The redis-rs version this crate is built on, for connection types and errors.
+pub use redis;

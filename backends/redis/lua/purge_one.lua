@@ -1,0 +1,29 @@
+-- purge(KEYS[1]): remove the record if purge(retention) at now removes it.
+-- ARGV: now ('' = server TIME), purge retention ms.
+-- Reply: 'c' completed record removed | 'e' expired in-flight record removed
+--      | 'g' record past the store's own retention (already absent): deleted, not counted
+--      | '' kept or nothing there | 'x' not a dedup record: left alone
+local key = KEYS[1]
+local now = now_ms(ARGV[1])
+if redis.call('EXISTS', key) == 0 then
+    return ''
+end
+local rec, err = load(key, now)
+if err then
+    return 'x'
+end
+if not rec then
+    redis.call('DEL', key)
+    return 'g'
+end
+local cutoff = now - tonumber(ARGV[2])
+if rec.state == 'c' and rec.processed_at < cutoff then
+    redis.call('DEL', key)
+    return 'c'
+end
+-- A live lease has expires_at > now >= cutoff: never removed.
+if rec.state == 'i' and rec.expires_at < cutoff and rec.expires_at <= now then
+    redis.call('DEL', key)
+    return 'e'
+end
+return ''

@@ -1,0 +1,304 @@
+//! The one connection the store logic talks through: a standalone server behind a
+//! [`ConnectionManager`] (multiplexed, reconnects by itself) or a Redis Cluster behind a
+//! [`ClusterConnection`] (multiplexed per node, follows slot moves and failovers).
+//!
+//! Everything the store does is an `EVALSHA` of one of [`crate::scripts`] on one key
+//! ([`Call`]), sent alone ([`Conn::eval`]) or as pipelines ([`Conn::eval_many`]: one
+//! pipeline per hash slot in cluster mode, all sent concurrently), plus `SCAN` for purge.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, ToRedisArgs, Value};
+
+use crate::error::is_noscript;
+use crate::layout;
+use crate::scripts::{self, Lua};
+
+/// One script invocation on one key.
+pub(crate) struct Call {
+    lua: &'static Lua,
+    key: Vec<u8>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    /// `lua` on `key`, no arguments yet.
+    pub(crate) fn new(lua: &'static Lua, key: impl Into<Vec<u8>>) -> Self {
+        Call {
+            lua,
+            key: key.into(),
+            args: Vec::with_capacity(6),
+        }
+    }
+
+    /// Append `ARGV[n]`.
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    fn cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.lua.sha).arg(1).arg(&self.key);
+        for a in &self.args {
+            cmd.arg(a);
+        }
+        cmd
+    }
+
+    fn slot(&self) -> Slot {
+        layout::slot(&self.key)
+    }
+}
+
+/// Where `SCAN` runs: the one server, or one cluster primary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ScanNode {
+    Standalone,
+    Primary { host: String, port: u16 },
+}
+
+/// What a batch of calls returned.
+pub(crate) struct BatchReply {
+    /// One reply per call, in call order.
+    pub(crate) values: Vec<Value>,
+    /// With a replica wait: the fewest replicas that acknowledged, over the nodes involved.
+    pub(crate) acknowledged: Option<i64>,
+}
+
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for Conn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Conn::Standalone(_) => "Standalone",
+            Conn::Cluster(_) => "Cluster",
+        })
+    }
+}
+
+impl Conn {
+    pub(crate) async fn standalone(
+        url: &str,
+        response_timeout: Option<Duration>,
+    ) -> RedisResult<Self> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new().set_response_timeout(response_timeout);
+        let manager = ConnectionManager::new_with_config(client, config).await?;
+        Ok(Conn::Standalone(manager))
+    }
+
+    pub(crate) async fn cluster(
+        urls: &[String],
+        response_timeout: Option<Duration>,
+    ) -> RedisResult<Self> {
+        let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
+        if let Some(t) = response_timeout {
+            builder = builder.response_timeout(t);
+        }
+        let connection = builder.build()?.get_async_connection().await?;
+        Ok(Conn::Cluster(connection))
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Send `pipe` (whose keyed commands share one slot) and return every reply, server
+    /// errors included as [`Value::ServerError`].
+    async fn query_pipeline(&self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Standalone(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// `SCRIPT LOAD` every script (on every node of a cluster).
+    pub(crate) async fn load_scripts(&self) -> RedisResult<()> {
+        for lua in scripts::all() {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(lua.code);
+            let _: Value = self.query(&cmd).await?;
+        }
+        Ok(())
+    }
+
+    /// Run one call; on `NOSCRIPT`, load the scripts and run it again.
+    pub(crate) async fn eval(&self, call: &Call) -> RedisResult<Value> {
+        let cmd = call.cmd();
+        match self.query(&cmd).await {
+            Err(e) if is_noscript(&e) => {
+                self.load_scripts().await?;
+                self.query(&cmd).await
+            }
+            other => other,
+        }
+    }
+
+    /// Run `calls` as pipelines: one for a standalone server, one per hash slot in cluster
+    /// mode (all sent concurrently), each followed by `WAIT` when `wait` is set. Calls on
+    /// one key keep their order (one key, one slot, one pipeline, one connection).
+    pub(crate) async fn eval_many(
+        &self,
+        calls: &[Call],
+        wait: Option<(u32, Duration)>,
+    ) -> RedisResult<BatchReply> {
+        let groups: Vec<Vec<usize>> = if self.is_cluster() {
+            let mut by_slot: HashMap<Slot, Vec<usize>> = HashMap::new();
+            for (i, call) in calls.iter().enumerate() {
+                by_slot.entry(call.slot()).or_default().push(i);
+            }
+            by_slot.into_values().collect()
+        } else if calls.is_empty() {
+            Vec::new()
+        } else {
+            vec![(0..calls.len()).collect()]
+        };
+        let replies = try_join_all(
+            groups
+                .iter()
+                .map(|group| self.eval_group(calls, group, wait)),
+        )
+        .await?;
+        let mut values = vec![Value::Nil; calls.len()];
+        let mut acknowledged: Option<i64> = None;
+        for (group, (group_values, acked)) in groups.iter().zip(replies) {
+            for (&i, v) in group.iter().zip(group_values) {
+                values[i] = v;
+            }
+            if let Some(a) = acked {
+                acknowledged = Some(acknowledged.map_or(a, |m| m.min(a)));
+            }
+        }
+        Ok(BatchReply {
+            values,
+            acknowledged,
+        })
+    }
+
+    async fn eval_group(
+        &self,
+        calls: &[Call],
+        group: &[usize],
+        wait: Option<(u32, Duration)>,
+    ) -> RedisResult<(Vec<Value>, Option<i64>)> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for &i in group {
+            pipe.add_command(calls[i].cmd());
+        }
+        if let Some(w) = wait {
+            pipe.add_command(wait_cmd(w));
+        }
+        let mut values = self.query_pipeline(&pipe).await?;
+        let mut acked = match wait {
+            Some(_) => Some(wait_reply(values.pop())?),
+            None => None,
+        };
+        // Items the server did not run: the script was unknown (NOSCRIPT) or the slot moved
+        // (MOVED / ASK / TRYAGAIN). They run again one by one, in order, through the paths
+        // that load scripts and follow redirections.
+        let mut rerun = false;
+        for (v, &i) in values.iter_mut().zip(group) {
+            if let Value::ServerError(se) = v {
+                let e = RedisError::from(se.clone());
+                if !(is_noscript(&e) || e.is_cluster_error()) {
+                    return Err(e);
+                }
+                *v = self.eval(&calls[i]).await?;
+                rerun = true;
+            }
+        }
+        if let (true, Some(w)) = (rerun, wait) {
+            // The pipeline's WAIT ran before the re-run writes: wait for those too.
+            let again = wait_reply(Some(self.query(&wait_cmd(w)).await?))?;
+            acked = Some(acked.map_or(again, |a| a.min(again)));
+        }
+        Ok((values, acked))
+    }
+
+    /// The nodes a full `SCAN` must visit: the server, or every cluster primary.
+    pub(crate) async fn scan_nodes(&self) -> RedisResult<Vec<ScanNode>> {
+        if !self.is_cluster() {
+            return Ok(vec![ScanNode::Standalone]);
+        }
+        let slots: Value = self
+            .query(&redis::cmd("CLUSTER").arg("SLOTS").clone())
+            .await?;
+        let mut nodes = Vec::new();
+        for range in array(slots)? {
+            // [start, end, [host, port, id, ...], replicas...]
+            let primary = array(array(range)?.into_iter().nth(2).unwrap_or(Value::Nil))?;
+            let mut it = primary.into_iter();
+            let host: String = FromRedisValue::from_redis_value(it.next().unwrap_or(Value::Nil))?;
+            let port: u16 = FromRedisValue::from_redis_value(it.next().unwrap_or(Value::Nil))?;
+            let node = ScanNode::Primary { host, port };
+            if !nodes.contains(&node) {
+                nodes.push(node);
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// One `SCAN cursor MATCH pattern COUNT count` step on `node`.
+    pub(crate) async fn scan(
+        &self,
+        node: &ScanNode,
+        cursor: u64,
+        pattern: &str,
+        count: usize,
+    ) -> RedisResult<(u64, Vec<Vec<u8>>)> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        match (self, node) {
+            (Conn::Cluster(c), ScanNode::Primary { host, port }) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                let value = c.clone().route_command(cmd, routing).await?;
+                Ok(FromRedisValue::from_redis_value(value.extract_error()?)?)
+            }
+            _ => self.query(&cmd).await,
+        }
+    }
+}
+
+fn wait_cmd((replicas, timeout): (u32, Duration)) -> Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas)
+        .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+    cmd
+}
+
+fn wait_reply(v: Option<Value>) -> RedisResult<i64> {
+    Ok(FromRedisValue::from_redis_value(
+        v.unwrap_or(Value::Nil).extract_error()?,
+    )?)
+}
+
+fn array(v: Value) -> RedisResult<Vec<Value>> {
+    Ok(FromRedisValue::from_redis_value(v)?)
+}

@@ -1,0 +1,318 @@
+//! Decoding the scripts' replies (see the `Reply:` line atop each `lua/*.lua`) into the
+//! contract's values. Anything unexpected is [`Error::Corrupt`], never a panic.
+
+use dedup_core::{
+    Claim, Error, Fingerprint, Key, Lease, LeaseToken, Record, RecordState, Result, Timestamp,
+};
+use redis::Value;
+
+/// A script's reply array, with the key it was about (for errors).
+struct Reply<'a> {
+    key: &'a Key,
+    items: Vec<Value>,
+}
+
+impl<'a> Reply<'a> {
+    fn new(key: &'a Key, value: Value) -> Result<Self> {
+        match value {
+            Value::Array(items) if !items.is_empty() => Ok(Reply { key, items }),
+            other => Err(corrupt(key, format!("unexpected script reply {other:?}"))),
+        }
+    }
+
+    fn corrupt(&self, detail: impl Into<String>) -> Error {
+        corrupt(self.key, detail)
+    }
+
+    fn tag(&self) -> Result<&str> {
+        self.text(0)?
+            .ok_or_else(|| self.corrupt("script reply without a tag"))
+    }
+
+    /// Item `i` as text; `None` when nil.
+    fn text(&self, i: usize) -> Result<Option<&str>> {
+        match self.items.get(i) {
+            Some(Value::BulkString(b)) => std::str::from_utf8(b)
+                .map(Some)
+                .map_err(|_| self.corrupt(format!("reply item {i} is not UTF-8"))),
+            Some(Value::SimpleString(s)) => Ok(Some(s)),
+            Some(Value::Nil | Value::Boolean(false)) => Ok(None),
+            other => Err(self.corrupt(format!("reply item {i} is {other:?}, expected text"))),
+        }
+    }
+
+    /// Item `i` as bytes; `None` when nil.
+    fn bytes(&self, i: usize) -> Result<Option<Vec<u8>>> {
+        match self.items.get(i) {
+            Some(Value::BulkString(b)) => Ok(Some(b.clone())),
+            Some(Value::SimpleString(s)) => Ok(Some(s.clone().into_bytes())),
+            Some(Value::Nil | Value::Boolean(false)) => Ok(None),
+            other => Err(self.corrupt(format!("reply item {i} is {other:?}, expected bytes"))),
+        }
+    }
+
+    fn int(&self, i: usize) -> Result<i64> {
+        match self.items.get(i) {
+            Some(Value::Int(n)) => Ok(*n),
+            Some(Value::BulkString(b)) => std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| self.corrupt(format!("reply item {i} is not an integer"))),
+            other => Err(self.corrupt(format!("reply item {i} is {other:?}, expected an integer"))),
+        }
+    }
+
+    fn fence(&self, i: usize) -> Result<u64> {
+        u64::try_from(self.int(i)?).map_err(|_| self.corrupt("negative fence"))
+    }
+
+    fn attempt(&self, i: usize) -> Result<u32> {
+        u32::try_from(self.int(i)?).map_err(|_| self.corrupt("attempt out of range"))
+    }
+
+    fn timestamp(&self, i: usize) -> Result<Timestamp> {
+        self.int(i).map(Timestamp::from_millis)
+    }
+
+    fn token(&self, i: usize) -> Result<Option<LeaseToken>> {
+        match self.text(i)? {
+            None => Ok(None),
+            Some(t) => LeaseToken::parse(t)
+                .map(Some)
+                .ok_or_else(|| self.corrupt(format!("token {t:?} is not a UUID"))),
+        }
+    }
+
+    fn fingerprint(&self, i: usize) -> Result<Option<Fingerprint>> {
+        self.text(i)?
+            .map(|f| {
+                Fingerprint::new(f).map_err(|e| self.corrupt(format!("stored fingerprint: {e}")))
+            })
+            .transpose()
+    }
+
+    /// The shared endings: `{'L'}` lease lost, `{'X', detail}` not a dedup record.
+    fn common(&self, tag: &str, lease: Option<&Lease>) -> Error {
+        match (tag, lease) {
+            ("L", Some(lease)) => Error::LeaseLost {
+                key: lease.key.clone(),
+            },
+            ("X", _) => {
+                let detail = self.text(1).ok().flatten().unwrap_or("unreadable record");
+                self.corrupt(detail.to_owned())
+            }
+            _ => self.corrupt(format!("unexpected script reply tag {tag:?}")),
+        }
+    }
+}
+
+pub(crate) fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
+    Error::Corrupt {
+        key: key.clone(),
+        detail: detail.into(),
+    }
+}
+
+/// `claim.lua`'s reply; `token` is the token the call proposed for a new lease.
+pub(crate) fn claim(key: &Key, token: LeaseToken, value: Value) -> Result<Claim> {
+    let r = Reply::new(key, value)?;
+    match r.tag()? {
+        "A" => Ok(Claim::Acquired(Lease {
+            key: key.clone(),
+            token,
+            fence: r.fence(1)?,
+            attempt: r.attempt(2)?,
+            expires_at: r.timestamp(3)?,
+        })),
+        "I" => Ok(Claim::InFlight {
+            expires_at: r.timestamp(1)?,
+            attempt: r.attempt(2)?,
+        }),
+        "C" => Ok(Claim::Completed {
+            processed_at: r.timestamp(1)?,
+            outcome: r.bytes(2)?,
+        }),
+        "F" => Err(Error::FingerprintMismatch { key: key.clone() }),
+        tag => Err(r.common(tag, None)),
+    }
+}
+
+/// `commit.lua`'s reply.
+pub(crate) fn commit(lease: &Lease, value: Value) -> Result<()> {
+    let r = Reply::new(&lease.key, value)?;
+    match r.tag()? {
+        "OK" | "D" => Ok(()),
+        tag => Err(r.common(tag, Some(lease))),
+    }
+}
+
+/// `renew.lua`'s reply.
+pub(crate) fn renew(lease: &Lease, value: Value) -> Result<Lease> {
+    let r = Reply::new(&lease.key, value)?;
+    match r.tag()? {
+        "OK" => Ok(Lease {
+            key: lease.key.clone(),
+            token: lease.token,
+            fence: r.fence(1)?,
+            attempt: r.attempt(2)?,
+            expires_at: r.timestamp(3)?,
+        }),
+        tag => Err(r.common(tag, Some(lease))),
+    }
+}
+
+/// `release.lua`'s reply.
+pub(crate) fn release(lease: &Lease, value: Value) -> Result<()> {
+    let r = Reply::new(&lease.key, value)?;
+    match r.tag()? {
+        "OK" => Ok(()),
+        tag => Err(r.common(tag, Some(lease))),
+    }
+}
+
+/// `get.lua`'s reply.
+pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
+    let r = Reply::new(key, value)?;
+    match r.tag()? {
+        "N" => Ok(None),
+        "R" => {
+            let state = match r.text(1)? {
+                Some("i") => RecordState::InFlight {
+                    token: r
+                        .token(2)?
+                        .ok_or_else(|| r.corrupt("in-flight record without a token"))?,
+                    expires_at: r.timestamp(5)?,
+                },
+                Some("c") => RecordState::Completed {
+                    token: r.token(2)?,
+                    processed_at: r.timestamp(6)?,
+                    outcome: r.bytes(7)?,
+                },
+                other => return Err(r.corrupt(format!("unknown state {other:?}"))),
+            };
+            Ok(Some(Record {
+                key: key.clone(),
+                fence: r.fence(3)?,
+                attempt: r.attempt(4)?,
+                fingerprint: r.fingerprint(8)?,
+                state,
+            }))
+        }
+        tag => Err(r.common(tag, None)),
+    }
+}
+
+/// What `purge_one.lua` did to one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Purged {
+    /// Removed a completed record.
+    Completed,
+    /// Removed an expired in-flight record.
+    Expired,
+    /// Nothing counted (kept, already gone, past the store's retention, or foreign).
+    Nothing,
+}
+
+/// `purge_one.lua`'s reply (a bare status letter).
+pub(crate) fn purged(value: &Value) -> Purged {
+    let tag: &[u8] = match value {
+        Value::BulkString(b) => b,
+        Value::SimpleString(s) => s.as_bytes(),
+        _ => b"",
+    };
+    match tag {
+        b"c" => Purged::Completed,
+        b"e" => Purged::Expired,
+        _ => Purged::Nothing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> Key {
+        Key::new("c", "m").unwrap()
+    }
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn garbage_replies_are_corrupt_not_panics() {
+        let lease = Lease {
+            key: key(),
+            token: LeaseToken::random(),
+            fence: 1,
+            attempt: 1,
+            expires_at: Timestamp::EPOCH,
+        };
+        let garbage = [
+            Value::Nil,
+            Value::Int(3),
+            Value::Array(vec![]),
+            Value::Array(vec![bulk("A")]),
+            Value::Array(vec![bulk("A"), bulk("x"), Value::Int(1), Value::Int(1)]),
+            Value::Array(vec![
+                bulk("A"),
+                Value::Int(-1),
+                Value::Int(1),
+                Value::Int(1),
+            ]),
+            Value::Array(vec![bulk("?")]),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::BulkString(vec![0xff])]),
+        ];
+        for g in garbage {
+            let e = claim(&key(), LeaseToken::random(), g.clone()).unwrap_err();
+            assert!(matches!(e, Error::Corrupt { .. }), "claim {g:?}: {e:?}");
+            let e = commit(&lease, g.clone()).unwrap_err();
+            assert!(matches!(e, Error::Corrupt { .. }), "commit {g:?}: {e:?}");
+            let e = renew(&lease, g.clone()).unwrap_err();
+            assert!(matches!(e, Error::Corrupt { .. }), "renew {g:?}: {e:?}");
+            let e = get(&key(), g.clone()).unwrap_err();
+            assert!(matches!(e, Error::Corrupt { .. }), "get {g:?}: {e:?}");
+        }
+        let x = Value::Array(vec![bulk("X"), bulk("the key holds a string")]);
+        match release(&lease, x).unwrap_err() {
+            Error::Corrupt { detail, .. } => assert_eq!(detail, "the key holds a string"),
+            other => panic!("{other:?}"),
+        }
+        let bad_token = Value::Array(vec![
+            bulk("R"),
+            bulk("i"),
+            bulk("not-a-uuid"),
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(5),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+        ]);
+        assert!(matches!(
+            get(&key(), bad_token).unwrap_err(),
+            Error::Corrupt { .. }
+        ));
+    }
+
+    #[test]
+    fn outcome_none_and_empty_differ() {
+        let none = Value::Array(vec![bulk("C"), Value::Int(7), Value::Nil]);
+        let empty = Value::Array(vec![bulk("C"), Value::Int(7), bulk("")]);
+        assert_eq!(
+            claim(&key(), LeaseToken::random(), none).unwrap(),
+            Claim::Completed {
+                processed_at: Timestamp::from_millis(7),
+                outcome: None
+            }
+        );
+        assert_eq!(
+            claim(&key(), LeaseToken::random(), empty).unwrap(),
+            Claim::Completed {
+                processed_at: Timestamp::from_millis(7),
+                outcome: Some(vec![])
+            }
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! The Lua scripts: every operation is one of them, run atomically by the server.
+//!
+//! Each script is `lua/record.lua` (the shared prelude: "now", the record layout, loading
+//! and validating a record) followed by the operation's own file. They are invoked with
+//! `EVALSHA`; a server that does not know a script (`NOSCRIPT`: restarted, failed over,
+//! `SCRIPT FLUSH`ed) gets them all loaded again with `SCRIPT LOAD` and the call is retried.
+
+use std::sync::LazyLock;
+
+/// One script: its source and SHA1.
+#[derive(Debug)]
+pub(crate) struct Lua {
+    /// Source, as sent by `SCRIPT LOAD`.
+    pub(crate) code: &'static str,
+    /// SHA1 of `code`, as `EVALSHA` wants it.
+    pub(crate) sha: String,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Lua {
+            code,
+            sha: redis::Script::new(code).get_hash().to_owned(),
+        }
+    }
+}
+
+macro_rules! lua {
+    ($name:ident, $file:literal) => {
+        pub(crate) static $name: LazyLock<Lua> = LazyLock::new(|| {
+            Lua::new(concat!(
+                include_str!("../lua/record.lua"),
+                "\n",
+                include_str!(concat!("../lua/", $file))
+            ))
+        });
+    };
+}
+
+lua!(CLAIM, "claim.lua");
+lua!(COMMIT, "commit.lua");
+lua!(RENEW, "renew.lua");
+lua!(RELEASE, "release.lua");
+lua!(GET, "get.lua");
+lua!(PURGE_ONE, "purge_one.lua");
+
+/// Every script, for `SCRIPT LOAD`.
+pub(crate) fn all() -> [&'static Lua; 6] {
+    [&CLAIM, &COMMIT, &RENEW, &RELEASE, &GET, &PURGE_ONE]
+}
