@@ -3,7 +3,11 @@
 pub mod clauses;
 mod harness;
 mod macros;
+mod memory_factory;
+pub mod model;
+mod support;
 
 pub use harness::{
     StoreFactory, TestContext, TransactionalFactory, TxEnd, server_url, should_run, strict,
 };
+pub use memory_factory::MemoryFactory;

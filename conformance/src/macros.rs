@@ -1,4 +1,10 @@
 //! `suite!` and `transactional_suite!`: one `#[tokio::test]` per clause.
+//!
+//! The clause lists live once, in `__lease_clause_names!` / `__transactional_clause_names!`,
+//! which hand them to `__clauses!`: as tests (`suite!`), or as a list of [`Clause`]s
+//! ([`lease_clauses`](crate::clauses::lease_clauses), for running clauses by hand).
+//!
+//! [`Clause`]: crate::clauses::Clause
 
 /// Expands to one `#[tokio::test]` per lease-mode clause (and the model-based test), each
 /// calling the clause with the factory expression. The calling crate needs `tokio` (with the
@@ -10,12 +16,7 @@
 #[macro_export]
 macro_rules! suite {
     ($factory:expr) => {
-        $crate::__clauses!($factory;
-            // claim
-            first_claim_acquires,
-            live_lease_gives_in_flight,
-            expired_lease_is_taken_over,
-        );
+        $crate::__lease_clause_names!(tests $factory);
     };
 }
 
@@ -24,15 +25,99 @@ macro_rules! suite {
 #[macro_export]
 macro_rules! transactional_suite {
     ($factory:expr) => {
-        $crate::__clauses!($factory;
-        );
+        $crate::__transactional_clause_names!(tests $factory);
+    };
+}
+
+/// The lease-mode clauses, in suite order, handed to `__clauses!` with the caller's arguments.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lease_clause_names {
+    ($($args:tt)*) => {
+        $crate::__clauses! { $($args)*;
+            // claim
+            first_claim_acquires,
+            live_lease_gives_in_flight,
+            expired_lease_is_taken_over,
+            consumers_are_isolated,
+            keys_are_distinct_byte_for_byte,
+            keys_at_the_size_limits_round_trip,
+            get_reports_the_record_faithfully,
+            // commit
+            commit_completes_the_key,
+            commit_is_retry_safe_for_the_same_lease,
+            an_expired_lease_not_taken_over_can_commit,
+            stale_commit_after_takeover_is_rejected,
+            commit_with_an_unknown_token_is_rejected,
+            // release / renew
+            release_lets_the_next_claim_acquire_at_once,
+            release_keeps_the_fence_growing,
+            release_is_idempotent,
+            stale_release_after_takeover_is_rejected,
+            stale_renew_after_takeover_is_rejected,
+            renew_extends_the_lease,
+            an_expired_lease_not_taken_over_can_be_renewed,
+            renew_and_release_after_commit_are_rejected,
+            // fingerprint / outcome
+            completed_key_gives_its_outcome_byte_for_byte,
+            fingerprint_mismatch_is_an_error_in_every_state,
+            a_takeover_stores_the_claims_fingerprint_or_keeps_the_stored_one,
+            fingerprints_round_trip_exactly,
+            // purge
+            purge_removes_only_what_is_past_retention,
+            purge_never_removes_a_live_lease,
+            purge_works_in_batches_and_reports_counts,
+            concurrent_purges_remove_each_record_once,
+            a_purged_key_starts_afresh_and_its_old_lease_is_lost,
+            // batch
+            claim_many_equals_the_claims_in_order,
+            commit_many_equals_the_commits_in_order,
+            a_key_repeated_in_one_batch_behaves_as_in_order,
+            empty_and_full_batches_are_accepted,
+            // input validation
+            invalid_lease_is_rejected_before_anything_is_written,
+            oversized_outcome_is_rejected_and_the_lease_stays_in_flight,
+            a_batch_with_one_invalid_item_writes_nothing,
+            invalid_purge_options_are_rejected,
+            // concurrency
+            concurrent_claims_of_one_key_acquire_exactly_once,
+            concurrent_takeovers_acquire_exactly_once,
+            redelivered_keys_are_completed_exactly_once,
+            concurrent_batches_acquire_each_key_once,
+            a_commit_racing_a_takeover_has_one_winner,
+            // persistence
+            a_committed_record_survives_reopening_the_store,
+            // model-based
+            model_based_histories_match_memory_store,
+        }
+    };
+}
+
+/// The transactional clauses, in suite order, handed to `__clauses!` with the caller's arguments.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __transactional_clause_names {
+    ($($args:tt)*) => {
+        $crate::__clauses! { $($args)*;
+            tx_claim_then_commit_completes_the_key_with_its_business_row,
+            tx_rollback_leaves_no_record_and_no_business_row,
+            tx_claim_of_a_completed_key_gives_completed_and_the_transaction_stays_usable,
+            tx_claim_of_a_live_lease_gives_in_flight,
+            tx_claim_takes_over_an_expired_lease,
+            concurrent_tx_claims_of_one_key_write_one_business_row,
+            a_tx_claim_waiting_on_a_rolled_back_one_claims,
+            commit_in_transaction_writes_the_business_row_and_the_completion_together,
+            commit_in_transaction_after_takeover_is_rejected_and_writes_nothing,
+            rolled_back_commit_in_transaction_leaves_the_lease_in_flight,
+            tx_fingerprint_mismatch_is_an_error_and_writes_nothing,
+        }
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __clauses {
-    ($factory:expr; $($clause:ident),* $(,)?) => {
+    (tests $factory:expr; $($clause:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $clause() {
@@ -42,5 +127,13 @@ macro_rules! __clauses {
                 }
             }
         )*
+    };
+    (list; $($clause:ident),* $(,)?) => {
+        vec![$(
+            $crate::clauses::Clause {
+                name: stringify!($clause),
+                run: |factory| Box::pin($crate::clauses::$clause(factory)),
+            }
+        ),*]
     };
 }

@@ -1,6 +1,56 @@
-//! The clauses: each a public generic async fn that panics when the store breaks the
-//! contract. Grouped by topic; all re-exported here so `suite!` can name them.
+//! The clauses: each a public generic async fn that panics, with a message naming the
+//! broken rule, when the store breaks the contract. Grouped by topic; all re-exported here
+//! so `suite!` can name them, and listed by [`lease_clauses`] / [`transactional_clauses`].
 
+mod batch;
 mod claim;
+mod commit;
+mod concurrency;
+mod fingerprint_outcome;
+mod persistence;
+mod purge;
+mod release_renew;
+mod transactional;
+mod validation;
 
+pub use crate::model::model_based_histories_match_memory_store;
+pub use crate::support::LEASE;
+pub use batch::*;
 pub use claim::*;
+pub use commit::*;
+pub use concurrency::*;
+pub use fingerprint_outcome::*;
+pub use persistence::*;
+pub use purge::*;
+pub use release_renew::*;
+pub use transactional::*;
+pub use validation::*;
+
+use futures::future::BoxFuture;
+
+use crate::{StoreFactory, TransactionalFactory};
+
+/// One clause, by name, runnable against a factory (see [`lease_clauses`]).
+pub struct Clause<F> {
+    /// The clause's function name.
+    pub name: &'static str,
+    /// Runs the clause; it panics when the store breaks the contract.
+    pub run: for<'a> fn(&'a F) -> BoxFuture<'a, ()>,
+}
+
+impl<F> std::fmt::Debug for Clause<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// Every clause `suite!` runs, in the same order: for running the suite some other way
+/// (the crate's own broken-store tests do).
+pub fn lease_clauses<F: StoreFactory>() -> Vec<Clause<F>> {
+    crate::__lease_clause_names!(list)
+}
+
+/// Every clause `transactional_suite!` runs, in the same order.
+pub fn transactional_clauses<F: TransactionalFactory>() -> Vec<Clause<F>> {
+    crate::__transactional_clause_names!(list)
+}
