@@ -16,6 +16,30 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::config::{SqliteConfig, Synchronous};
 use crate::error::{SetupError, backend, is_busy};
 
+/// How long SQLite's own busy handler waits on the store's pooled connections before
+/// [`retry_busy`] takes over.
+///
+/// SQLite's handler sleeps 1, 2, 5, 10, ... up to 100 ms between looks at the lock, so
+/// under steady write traffic a waiting process mostly sleeps through the short gaps
+/// between other writers' transactions and can starve until its timeout. The store keeps
+/// SQLite's wait short and retries the whole (rolled back) transaction itself every
+/// millisecond or so until the configured busy timeout.
+const POLL_WAIT: Duration = Duration::from_millis(5);
+
+/// Pause between two tries of [`retry_busy`].
+const RETRY_PAUSE: Duration = Duration::from_millis(1);
+
+/// Which busy wait a connection gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// The store's pooled connections: short SQLite wait, the store's [`retry_busy`] loop
+    /// around every operation.
+    Poll,
+    /// A connection handed to the caller: SQLite's busy handler waits the whole busy
+    /// timeout, since nothing retries the caller's transaction for it.
+    Full,
+}
+
 /// Where the database lives.
 #[derive(Clone, Debug)]
 pub(crate) enum Location {
@@ -40,13 +64,17 @@ impl ConnectionSettings {
         }
     }
 
-    /// Open a connection to the file at `path`: busy timeout, WAL, synchronous. Retries
-    /// while another process holds a lock the setup needs (switching to WAL), within the
-    /// busy timeout. Blocking.
-    pub(crate) fn open_file(&self, path: &Path) -> Result<Connection> {
+    /// Open a connection to the file at `path`: WAL, synchronous, and a busy timeout of
+    /// `wait` (SQLite's own busy handler). Retries while another process holds a lock the
+    /// setup needs (switching to WAL), within the configured busy timeout. Blocking.
+    pub(crate) fn open_file(&self, path: &Path, wait: Wait) -> Result<Connection> {
+        let busy_timeout = match wait {
+            Wait::Poll => self.busy_timeout.min(POLL_WAIT),
+            Wait::Full => self.busy_timeout,
+        };
         retry_busy(self.busy_timeout, || {
             let conn = Connection::open(path).map_err(backend)?;
-            conn.busy_timeout(self.busy_timeout).map_err(backend)?;
+            conn.busy_timeout(busy_timeout).map_err(backend)?;
             let mode: String = conn
                 .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
                 .map_err(backend)?;
@@ -72,18 +100,15 @@ impl ConnectionSettings {
 }
 
 /// Run `op` again while it fails because another connection holds a lock (SQLITE_BUSY /
-/// LOCKED / PROTOCOL returned without, or before the end of, the busy handler's wait),
-/// until `timeout` has passed since the first try. Each try is a whole transaction that
-/// rolled back on the error, so running it again is safe. Blocking: call only on a
-/// blocking thread.
+/// LOCKED / PROTOCOL), until `timeout` has passed since the first try; then the last
+/// (retryable) error is returned. Each try is a whole transaction that rolled back on the
+/// error, so running it again is safe. Blocking: call only on a blocking thread.
 pub(crate) fn retry_busy<T>(timeout: Duration, mut op: impl FnMut() -> Result<T>) -> Result<T> {
     let deadline = Instant::now() + timeout;
-    let mut pause = Duration::from_millis(1);
     loop {
         match op() {
-            Err(e) if is_busy(&e) && Instant::now() + pause < deadline => {
-                thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(50));
+            Err(e) if is_busy(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                thread::sleep(RETRY_PAUSE);
             }
             result => return result,
         }
@@ -135,7 +160,7 @@ impl Pool {
         let idle = self.idle().pop();
         let mut conn = match (idle, &self.location) {
             (Some(conn), _) => conn,
-            (None, Location::File(path)) => self.settings.open_file(path)?,
+            (None, Location::File(path)) => self.settings.open_file(path, Wait::Poll)?,
             (None, Location::Memory) => return Err(SetupError::ConnectionLost.into()),
         };
         let out = op(&mut conn);

@@ -81,3 +81,31 @@ impl Queries {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(conn: &rusqlite::Connection, sql: &str, params: impl rusqlite::Params) -> String {
+        conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(params, |row| row.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .unwrap()
+            .join("\n")
+    }
+
+    #[test]
+    fn purge_and_lookups_use_indexes_not_table_scans() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        crate::schema::migrate(&mut conn, "t").unwrap();
+        let q = Queries::new("t");
+        let purge = plan(&conn, &q.purge_batch, rusqlite::params![1, 2, 3]);
+        assert!(purge.contains("INDEX t_purge_completed"), "{purge}");
+        assert!(purge.contains("INDEX t_purge_expired"), "{purge}");
+        assert!(!purge.contains("SCAN"), "{purge}");
+        let select = plan(&conn, &q.select, rusqlite::params!["c", "m"]);
+        assert!(select.contains("INDEX sqlite_autoindex_t_1"), "{select}");
+    }
+}

@@ -16,7 +16,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 
 use crate::config::SqliteConfig;
 use crate::error::{SetupError, backend};
-use crate::pool::{ConnectionSettings, Location, Pool, retry_busy};
+use crate::pool::{ConnectionSettings, Location, Pool, Wait, retry_busy};
 use crate::queries::Queries;
 use crate::row;
 use crate::schema;
@@ -35,6 +35,11 @@ pub struct SqliteStore {
 }
 
 pub(crate) struct Inner {
+    /// Held by every write for its whole transaction: this store's writers queue here in
+    /// FIFO order instead of polling SQLite's lock in its busy handler (which is unfair and
+    /// can starve a waiter), leaving the busy handler to arbitrate only between processes
+    /// and the caller's own connections. SQLite runs one writer at a time anyway.
+    write_gate: Arc<tokio::sync::Mutex<()>>,
     pub(crate) table: String,
     pub(crate) queries: Queries,
     pub(crate) clock: Arc<dyn Clock>,
@@ -82,7 +87,7 @@ impl SqliteStore {
         let settings = ConnectionSettings::of(&config);
         let opened = tokio::task::spawn_blocking(move || -> Result<SqliteStore> {
             let mut first = match &location {
-                Location::File(path) => settings.open_file(path)?,
+                Location::File(path) => settings.open_file(path, Wait::Poll)?,
                 Location::Memory => settings.open_memory()?,
             };
             retry_busy(settings.busy_timeout, || {
@@ -90,6 +95,7 @@ impl SqliteStore {
             })?;
             Ok(SqliteStore {
                 inner: Arc::new(Inner {
+                    write_gate: Arc::default(),
                     queries: Queries::new(&config.table),
                     clock: config.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                     pool: Pool::new(location, settings, first, config.pool_size),
@@ -114,16 +120,20 @@ impl SqliteStore {
     }
 
     /// Run `op` on a pooled connection on a blocking thread, again while it fails busy
-    /// (within the busy timeout).
-    async fn run<T, F>(&self, mut op: F) -> Result<T>
+    /// (within the busy timeout). A `writer` first queues at the write gate.
+    async fn run<T, F>(&self, writer: bool, mut op: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&mut Connection, &Inner) -> Result<T> + Send + 'static,
     {
+        let gate = match writer {
+            true => Some(Arc::clone(&self.inner.write_gate).lock_owned().await),
+            false => None,
+        };
         let permit = self.inner.pool.permit().await;
         let inner = Arc::clone(&self.inner);
         let task = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
+            let _held = (gate, permit);
             let timeout = inner.pool.settings.busy_timeout;
             inner
                 .pool
@@ -139,7 +149,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnMut(&Connection, &Inner, Timestamp) -> Result<T> + Send + 'static,
     {
-        self.run(move |conn, inner| {
+        self.run(true, move |conn, inner| {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
@@ -288,8 +298,10 @@ impl DedupStore for SqliteStore {
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let key = key.clone();
-        self.run(move |conn, inner| row::select(conn, &inner.queries, &key))
-            .await
+        self.run(false, move |conn, inner| {
+            row::select(conn, &inner.queries, &key)
+        })
+        .await
     }
 
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {

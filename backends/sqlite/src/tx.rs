@@ -8,7 +8,7 @@ use dedup_core::{
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::error::backend;
-use crate::pool::Location;
+use crate::pool::{Location, Wait};
 use crate::row;
 use crate::store::SqliteStore;
 
@@ -123,7 +123,7 @@ impl SqliteStore {
     /// An in-memory store has no file to share: [`Error::Unsupported`].
     pub fn open_connection(&self) -> Result<Connection> {
         match &self.inner.pool.location {
-            Location::File(path) => self.inner.pool.settings.open_file(path),
+            Location::File(path) => self.inner.pool.settings.open_file(path, Wait::Full),
             Location::Memory => Err(Error::Unsupported(
                 "an in-memory SqliteStore cannot share its database with another connection",
             )),
