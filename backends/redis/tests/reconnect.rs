@@ -1,0 +1,145 @@
+//! The store survives its connections being killed (`CLIENT KILL`) and the server forgetting
+//! its scripts (`SCRIPT FLUSH`, as after a restart or failover). Standalone and cluster.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use common::{Target, config};
+use dedup_core::{Claim, ClaimOptions, ClaimRequest, DedupStore, Key, ManualClock};
+use dedup_redis::RedisStore;
+use dedup_redis::redis::{self, aio::MultiplexedConnection};
+
+/// A plain connection to each node of `target` (the cluster's masters, or the one server).
+async fn node_connections(target: &Target) -> Vec<MultiplexedConnection> {
+    let mut out = Vec::new();
+    for url in target.node_urls() {
+        out.push(
+            redis::Client::open(url.as_str())
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("node connection"),
+        );
+    }
+    out
+}
+
+/// The client ids connected to one node.
+async fn client_ids(conn: &mut MultiplexedConnection) -> HashSet<i64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter_map(|line| line.strip_prefix("id="))
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// After the kill, one operation may fail (retryably) while the store notices; the next one
+/// must succeed.
+async fn recovers(store: &RedisStore, key: &Key, target: &Target) {
+    match store.claim(key, &ClaimOptions::default()).await {
+        Ok(claim) => assert!(claim.is_acquired(), "{claim:?}"),
+        Err(e) => assert!(
+            e.is_retryable(),
+            "{}: the first operation after the kill may fail, but retryably: {e:?}",
+            target.name()
+        ),
+    }
+    let record = store.get(key).await.unwrap_or_else(|e| {
+        panic!(
+            "{}: the second operation must succeed: {e:?}",
+            target.name()
+        )
+    });
+    // Whether the first claim's reply was lost or not, a retry is safe.
+    match store.claim(key, &ClaimOptions::default()).await.unwrap() {
+        Claim::Acquired(_) => assert!(record.is_none(), "the first claim landed: {record:?}"),
+        Claim::InFlight { .. } => assert!(record.is_some()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_is_replaced() {
+    for target in Target::all("a_killed_connection_is_replaced") {
+        let clock = Arc::new(ManualClock::starting_now());
+        let mut nodes = node_connections(&target).await;
+        let mut before = Vec::new();
+        for n in &mut nodes {
+            before.push(client_ids(n).await);
+        }
+        let store = target.open(config("reconnect", &clock)).await;
+        let key = Key::new("reconnect", "m1").unwrap();
+        assert!(store.get(&key).await.unwrap().is_none());
+
+        let mut killed = 0;
+        for (n, old) in nodes.iter_mut().zip(&before) {
+            for id in client_ids(n).await.difference(old) {
+                let _: redis::Value = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("ID")
+                    .arg(*id)
+                    .query_async(n)
+                    .await
+                    .expect("CLIENT KILL");
+                killed += 1;
+            }
+        }
+        assert!(
+            killed >= 1,
+            "{}: found no connection of the store",
+            target.name()
+        );
+        recovers(&store, &key, &target).await;
+    }
+}
+
+async fn flush_scripts(nodes: &mut [MultiplexedConnection]) {
+    for n in nodes {
+        let _: redis::Value = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(n)
+            .await
+            .expect("SCRIPT FLUSH");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_scripts_are_loaded_again() {
+    for target in Target::all("flushed_scripts_are_loaded_again") {
+        let clock = Arc::new(ManualClock::starting_now());
+        let store = target.open(config("script_flush", &clock)).await;
+        let mut nodes = node_connections(&target).await;
+        // A single operation.
+        flush_scripts(&mut nodes).await;
+        let k1 = Key::new("flush", "single").unwrap();
+        assert!(
+            store
+                .claim(&k1, &ClaimOptions::default())
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+        // A batch (pipelines of EVALSHA).
+        flush_scripts(&mut nodes).await;
+        let requests: Vec<ClaimRequest> = (0..20)
+            .map(|i| {
+                ClaimRequest::new(
+                    Key::new("flush", format!("b{i}")).unwrap(),
+                    ClaimOptions::default(),
+                )
+            })
+            .collect();
+        let claims = store.claim_many(&requests).await.unwrap();
+        assert!(
+            claims.iter().all(|c| matches!(c, Ok(Claim::Acquired(_)))),
+            "{}: {claims:?}",
+            target.name()
+        );
+    }
+}
