@@ -1,1 +1,14 @@
 #![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod migrate;
+mod record;
+mod rounds;
+mod sql;
+mod store;
+mod tx;
+
+pub use config::PostgresConfig;
+pub use sqlx;
+pub use store::PostgresStore;

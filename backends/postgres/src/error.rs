@@ -1,0 +1,76 @@
+//! Mapping driver errors onto [`dedup_core::Error`].
+
+use dedup_core::Error;
+
+/// The backend name in [`Error::Backend`].
+pub(crate) const BACKEND: &str = "postgres";
+
+/// A driver error as [`Error::Backend`], keeping it as the source and saying whether a
+/// retry can help.
+pub(crate) fn backend(error: sqlx::Error) -> Error {
+    let retryable = is_retryable(&error);
+    Error::backend(BACKEND, retryable, error)
+}
+
+/// Transient failures: the connection (I/O, pool exhaustion, a server restart) or the
+/// server resolving a conflict by aborting us (serialization failure, deadlock, lock
+/// timeout).
+fn is_retryable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
+        _ => false,
+    }
+}
+
+/// SQLSTATEs worth retrying.
+fn retryable_sqlstate(code: &str) -> bool {
+    // Class 08: connection exceptions.
+    code.starts_with("08")
+        || matches!(
+            code,
+            "40001" // serialization_failure
+                | "40P01" // deadlock_detected
+                | "55P03" // lock_not_available (lock_timeout)
+                | "57P01" // admin_shutdown (also pg_terminate_backend)
+                | "57P02" // crash_shutdown
+                | "57P03" // cannot_connect_now (starting up / shutting down)
+                | "53300" // too_many_connections
+        )
+}
+
+/// A transient contract-level failure of our own (a statement kept racing concurrent
+/// writers): retryable, with a message as source.
+pub(crate) fn raced(what: &'static str) -> Error {
+    Error::backend(
+        BACKEND,
+        true,
+        format!("{what}: the record kept changing under concurrent writers; try again"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates() {
+        for code in ["08006", "08001", "40001", "40P01", "57P01", "53300"] {
+            assert!(retryable_sqlstate(code), "{code}");
+        }
+        for code in ["23505", "42P01", "22003", "25P02"] {
+            assert!(!retryable_sqlstate(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn io_and_pool_errors_are_retryable() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        let e = backend(io);
+        assert!(e.is_retryable());
+        assert!(std::error::Error::source(&e).is_some(), "source kept");
+        assert!(backend(sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(!backend(sqlx::Error::RowNotFound).is_retryable());
+        assert!(!backend(sqlx::Error::PoolClosed).is_retryable());
+    }
+}

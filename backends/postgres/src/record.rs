@@ -1,0 +1,109 @@
+//! Decoding stored rows into [`Record`]s.
+
+use std::collections::HashMap;
+
+use dedup_core::{Error, Fingerprint, Key, LeaseToken, Record, RecordState, Result, Timestamp};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::error::backend;
+
+/// One row of a claim / commit statement (see [`crate::sql`]).
+#[derive(Debug)]
+pub(crate) struct StatementRow {
+    /// Whether the statement wrote this record.
+    pub(crate) wrote: bool,
+    /// The record (after the write when `wrote`, else as of the statement's snapshot).
+    pub(crate) record: Record,
+}
+
+/// The rows of one claim / commit statement, by key. A key with a written row keeps that
+/// row (the statement also reads the pre-write version); rows for keys not asked for (the
+/// cross product of a multi-consumer batch) are dropped.
+#[derive(Debug, Default)]
+pub(crate) struct StatementRows {
+    /// The statement's "now" (`None` when no row came back).
+    pub(crate) now: Option<Timestamp>,
+    /// The row per requested key.
+    pub(crate) by_key: HashMap<Key, StatementRow>,
+}
+
+impl StatementRows {
+    /// Decode `rows`, keeping those whose key is among `keys`.
+    pub(crate) fn decode<'k>(
+        rows: &[PgRow],
+        keys: impl IntoIterator<Item = &'k Key>,
+    ) -> Result<Self> {
+        let wanted: HashMap<(&str, &str), &Key> = keys
+            .into_iter()
+            .map(|k| ((k.consumer(), k.message_id()), k))
+            .collect();
+        let mut out = StatementRows::default();
+        for row in rows {
+            let consumer: &str = row.try_get("consumer").map_err(backend)?;
+            let message_id: &str = row.try_get("message_id").map_err(backend)?;
+            let Some(key) = wanted.get(&(consumer, message_id)) else {
+                continue;
+            };
+            let wrote: bool = row.try_get("wrote").map_err(backend)?;
+            let now = Timestamp::from_millis(row.try_get("now_ms").map_err(backend)?);
+            out.now = Some(now);
+            if !wrote && out.by_key.contains_key(*key) {
+                continue;
+            }
+            let record = decode_record(row, key)?;
+            out.by_key
+                .insert((*key).clone(), StatementRow { wrote, record });
+        }
+        Ok(out)
+    }
+}
+
+fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
+    Error::Corrupt {
+        key: key.clone(),
+        detail: detail.into(),
+    }
+}
+
+/// The record columns of `row` (named as in [`crate::sql`]) as the record of `key`.
+pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
+    let token: Option<&str> = row.try_get("token").map_err(backend)?;
+    let fence: i64 = row.try_get("fence").map_err(backend)?;
+    let attempt: i32 = row.try_get("attempt").map_err(backend)?;
+    let expires_at: Option<i64> = row.try_get("expires_at").map_err(backend)?;
+    let processed_at: Option<i64> = row.try_get("processed_at").map_err(backend)?;
+    let outcome: Option<Vec<u8>> = row.try_get("outcome").map_err(backend)?;
+    let fingerprint: Option<String> = row.try_get("fingerprint").map_err(backend)?;
+
+    let token = token
+        .map(|t| LeaseToken::parse(t).ok_or_else(|| corrupt(key, format!("token {t:?}"))))
+        .transpose()?;
+    let state = match (processed_at, token, expires_at) {
+        (Some(processed_at), token, _) => RecordState::Completed {
+            token,
+            processed_at: Timestamp::from_millis(processed_at),
+            outcome,
+        },
+        (None, Some(token), Some(expires_at)) => RecordState::InFlight {
+            token,
+            expires_at: Timestamp::from_millis(expires_at),
+        },
+        (None, _, _) => return Err(corrupt(key, "in flight without a token or an expiry")),
+    };
+    Ok(Record {
+        key: key.clone(),
+        fence: u64::try_from(fence)
+            .ok()
+            .filter(|f| *f >= 1)
+            .ok_or_else(|| corrupt(key, format!("fence {fence}")))?,
+        attempt: u32::try_from(attempt)
+            .ok()
+            .filter(|a| *a >= 1)
+            .ok_or_else(|| corrupt(key, format!("attempt {attempt}")))?,
+        fingerprint: fingerprint
+            .map(|f| Fingerprint::new(f).map_err(|e| corrupt(key, format!("fingerprint: {e}"))))
+            .transpose()?,
+        state,
+    })
+}
