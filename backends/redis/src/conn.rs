@@ -94,7 +94,11 @@ impl Conn {
         response_timeout: Option<Duration>,
     ) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new().set_response_timeout(response_timeout);
+        // Reconnection backs off exponentially from 100 ms, capped at 1 s between attempts
+        // (6 attempts); every later request triggers a new round.
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(response_timeout)
+            .set_max_delay(Duration::from_secs(1));
         let manager = ConnectionManager::new_with_config(client, config).await?;
         Ok(Conn::Standalone(manager))
     }
@@ -109,6 +113,13 @@ impl Conn {
         }
         let connection = builder.build()?.get_async_connection().await?;
         Ok(Conn::Cluster(connection))
+    }
+
+    /// Whether the server behind a standalone connection runs in cluster mode (then only
+    /// its own slots would work: the caller wants [`Conn::cluster`]).
+    pub(crate) async fn is_cluster_node(&self) -> RedisResult<bool> {
+        let info: String = self.query(redis::cmd("INFO").arg("cluster")).await?;
+        Ok(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
     }
 
     pub(crate) fn is_cluster(&self) -> bool {

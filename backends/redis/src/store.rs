@@ -45,12 +45,19 @@ impl RedisStore {
         Self::connect_with(url, RedisConfig::default()).await
     }
 
-    /// Connect to a standalone server with `config`.
+    /// Connect to a standalone server with `config`. A Redis Cluster node is refused
+    /// ([`Error::InvalidInput`]): use [`connect_cluster`](Self::connect_cluster).
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self> {
         config.validate()?;
         let conn = Conn::standalone(url, config.response_timeout)
             .await
             .map_err(backend)?;
+        if conn.is_cluster_node().await.map_err(backend)? {
+            return Err(Error::invalid(
+                "redis url",
+                "the server is a Redis Cluster node: use RedisStore::connect_cluster",
+            ));
+        }
         Self::open(conn, config).await
     }
 

@@ -11,6 +11,10 @@ use dedup_core::{Claim, ClaimOptions, ClaimRequest, DedupStore, Key, ManualClock
 use dedup_redis::RedisStore;
 use dedup_redis::redis::{self, aio::MultiplexedConnection};
 
+/// The tests of this file run one at a time: the kill test kills every connection opened
+/// while it runs, which would include the other test's.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A plain connection to each node of `target` (the cluster's masters, or the one server).
 async fn node_connections(target: &Target) -> Vec<MultiplexedConnection> {
     let mut out = Vec::new();
@@ -42,7 +46,12 @@ async fn client_ids(conn: &mut MultiplexedConnection) -> HashSet<i64> {
 /// After the kill, one operation may fail (retryably) while the store notices; the next one
 /// must succeed.
 async fn recovers(store: &RedisStore, key: &Key, target: &Target) {
-    match store.claim(key, &ClaimOptions::default()).await {
+    let first = store.claim(key, &ClaimOptions::default()).await;
+    eprintln!(
+        "{}: first operation after the kill: {first:?}",
+        target.name()
+    );
+    match first {
         Ok(claim) => assert!(claim.is_acquired(), "{claim:?}"),
         Err(e) => assert!(
             e.is_retryable(),
@@ -66,6 +75,7 @@ async fn recovers(store: &RedisStore, key: &Key, target: &Target) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_is_replaced() {
+    let _serial = SERIAL.lock().await;
     for target in Target::all("a_killed_connection_is_replaced") {
         let clock = Arc::new(ManualClock::starting_now());
         let mut nodes = node_connections(&target).await;
@@ -111,6 +121,7 @@ async fn flush_scripts(nodes: &mut [MultiplexedConnection]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushed_scripts_are_loaded_again() {
+    let _serial = SERIAL.lock().await;
     for target in Target::all("flushed_scripts_are_loaded_again") {
         let clock = Arc::new(ManualClock::starting_now());
         let store = target.open(config("script_flush", &clock)).await;
