@@ -10,4 +10,4 @@ mod support;
 pub use harness::{
     StoreFactory, TestContext, TransactionalFactory, TxEnd, server_url, should_run, strict,
 };
-pub use memory_factory::MemoryFactory;
+pub use memory_factory::{MemoryFactory, Namespaces};

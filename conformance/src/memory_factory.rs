@@ -1,4 +1,5 @@
-//! [`MemoryFactory`]: the factory that runs the suite on [`MemoryStore`].
+//! [`MemoryFactory`]: the factory that runs the suite on [`MemoryStore`], and
+//! [`Namespaces`], the per-namespace registry in-process factories need.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -8,13 +9,39 @@ use dedup_core::MemoryStore;
 
 use crate::{StoreFactory, TestContext};
 
-/// Opens [`MemoryStore`]s: one per namespace, so opening a context twice gives a second
-/// handle on the same records (a clone sharing the map), as the harness requires.
-///
-/// It is also the smallest example of a factory.
+/// For factories of in-process stores: one store per namespace, so that opening a context
+/// twice gives a second handle on the same records (a clone sharing them), as
+/// [`StoreFactory::open`] requires.
+#[derive(Debug)]
+pub struct Namespaces<S> {
+    stores: Mutex<HashMap<String, S>>,
+}
+
+impl<S> Default for Namespaces<S> {
+    fn default() -> Self {
+        Namespaces {
+            stores: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<S: Clone> Namespaces<S> {
+    /// The store of `ctx.namespace`, made by `create` the first time.
+    pub fn open(&self, ctx: &TestContext, create: impl FnOnce() -> S) -> S {
+        self.stores
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(ctx.namespace.clone())
+            .or_insert_with(create)
+            .clone()
+    }
+}
+
+/// Opens [`MemoryStore`]s on the context's clock, one per namespace. It is also the
+/// smallest example of a factory.
 #[derive(Debug, Default)]
 pub struct MemoryFactory {
-    stores: Mutex<HashMap<String, MemoryStore>>,
+    stores: Namespaces<MemoryStore>,
 }
 
 #[async_trait]
@@ -22,13 +49,7 @@ impl StoreFactory for MemoryFactory {
     type Store = MemoryStore;
 
     async fn open(&self, ctx: &TestContext) -> MemoryStore {
-        let mut stores = self
-            .stores
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        stores
-            .entry(ctx.namespace.clone())
-            .or_insert_with(|| MemoryStore::with_clock(ctx.clock.clone()))
-            .clone()
+        self.stores
+            .open(ctx, || MemoryStore::with_clock(ctx.clock.clone()))
     }
 }

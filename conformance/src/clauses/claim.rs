@@ -188,29 +188,23 @@ pub async fn get_reports_the_record_faithfully<F: StoreFactory>(factory: &F) {
         fingerprint: Some(fp.clone()),
         state,
     };
+    let first_record = Some(expect(
+        1,
+        1,
+        RecordState::InFlight {
+            token: first.token,
+            expires_at: first.expires_at,
+        },
+    ));
     assert_eq!(
         record(&store, &k).await,
-        Some(expect(
-            1,
-            1,
-            RecordState::InFlight {
-                token: first.token,
-                expires_at: first.expires_at
-            }
-        )),
+        first_record,
         "in flight after the first claim"
     );
     ctx.clock.advance(LEASE * 2);
     assert_eq!(
         record(&store, &k).await,
-        Some(expect(
-            1,
-            1,
-            RecordState::InFlight {
-                token: first.token,
-                expires_at: first.expires_at
-            }
-        )),
+        first_record,
         "get reports an expired lease as stored (it does not hide it)"
     );
     let second = acquire_with(&store, &k, &opts()).await;
