@@ -176,3 +176,40 @@ impl TransactionalFactory for SqliteFactory {
 
 dedup_conformance::suite!(SqliteFactory::new());
 dedup_conformance::transactional_suite!(SqliteFactory::new());
+
+/// The lease-mode suite again on in-memory stores (one per namespace; opening a namespace
+/// again gives a clone on the same records, since nothing else can reach the database).
+mod in_memory {
+    use std::collections::HashMap;
+
+    use dedup_conformance::{StoreFactory, TestContext};
+    use dedup_sqlite::{SqliteConfig, SqliteStore};
+
+    #[derive(Default)]
+    struct InMemoryFactory {
+        stores: tokio::sync::Mutex<HashMap<String, SqliteStore>>,
+    }
+
+    #[async_trait::async_trait]
+    impl StoreFactory for InMemoryFactory {
+        type Store = SqliteStore;
+
+        async fn open(&self, ctx: &TestContext) -> SqliteStore {
+            let mut stores = self.stores.lock().await;
+            if let Some(store) = stores.get(&ctx.namespace) {
+                return store.clone();
+            }
+            let config = SqliteConfig {
+                clock: Some(ctx.clock.clone()),
+                ..SqliteConfig::default()
+            };
+            let store = SqliteStore::open_in_memory_with(config)
+                .await
+                .expect("open in-memory store");
+            stores.insert(ctx.namespace.clone(), store.clone());
+            store
+        }
+    }
+
+    dedup_conformance::suite!(InMemoryFactory::default());
+}
