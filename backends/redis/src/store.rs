@@ -13,7 +13,7 @@ use dedup_core::{
 
 use crate::conn::{BatchReply, Call, Conn};
 use crate::error::{ReplicationShortfall, backend};
-use crate::scripts::{CLAIM, COMMIT, GET, RELEASE, RENEW};
+use crate::scripts::{CLAIM, COMMIT, GET, Lua, RELEASE, RENEW};
 use crate::{RedisConfig, layout, reply};
 
 /// A [`DedupStore`] keeping one Redis hash per key, every operation one Lua script.
@@ -141,7 +141,7 @@ impl RedisStore {
             .arg(self.retention_ms())
     }
 
-    fn lease_call(&self, lua: &'static crate::scripts::Lua, lease: &Lease) -> Call {
+    fn lease_call(&self, lua: &'static Lua, lease: &Lease) -> Call {
         Call::new(lua, self.redis_key(&lease.key))
             .arg(self.now_arg())
             .arg(lease.token.to_string())
