@@ -100,16 +100,17 @@ impl ConnectionSettings {
 }
 
 /// Run `op` again while it fails because another connection holds a lock (SQLITE_BUSY /
-/// LOCKED / PROTOCOL), until `timeout` has passed since the first try; then the last
+/// LOCKED / PROTOCOL), until `timeout` has passed since the first try (so a busy
+/// operation fails after the whole timeout, a few milliseconds more at most); then the last
 /// (retryable) error is returned. Each try is a whole transaction that rolled back on the
 /// error, so running it again is safe. Blocking: call only on a blocking thread.
 pub(crate) fn retry_busy<T>(timeout: Duration, mut op: impl FnMut() -> Result<T>) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
-        match op() {
-            Err(e) if is_busy(&e) && Instant::now() + RETRY_PAUSE < deadline => {
-                thread::sleep(RETRY_PAUSE);
-            }
+        let result = op();
+        let left = deadline.saturating_duration_since(Instant::now());
+        match result {
+            Err(e) if is_busy(&e) && !left.is_zero() => thread::sleep(left.min(RETRY_PAUSE)),
             result => return result,
         }
     }
@@ -184,6 +185,18 @@ impl Pool {
     }
 }
 
+impl Drop for Pool {
+    /// Closing the last connection to a WAL database checkpoints it and removes the WAL
+    /// file: file I/O, so inside a tokio runtime it happens on a blocking thread rather
+    /// than on whichever executor thread dropped the last store handle.
+    fn drop(&mut self) {
+        let connections = std::mem::take(&mut *self.idle());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn_blocking(move || drop(connections)));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,7 +230,11 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.is_retryable());
-        assert!(started.elapsed() < Duration::from_secs(2));
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(30) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
 
         let mut tries = 0;
         let err = retry_busy(Duration::from_secs(5), || -> Result<()> {
