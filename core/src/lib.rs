@@ -3,6 +3,7 @@
 mod error;
 mod inbox;
 mod key;
+pub mod layers;
 mod memory;
 pub mod names;
 mod store;
