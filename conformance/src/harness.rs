@@ -61,6 +61,17 @@ pub trait StoreFactory: Send + Sync + 'static {
     fn available(&self) -> bool {
         true
     }
+
+    /// Try to open a store for `ctx` whose table, schema or key prefix is `name` instead of
+    /// one derived from `ctx.namespace`, and return what the store's constructor returned.
+    /// The clause `unsafe_names_are_rejected` passes names no backend may accept (empty,
+    /// spaces, braces, glob characters, non-ASCII, over 100 bytes) and requires
+    /// `Err(InvalidInput)`. Defaults to `None`: the store takes no such name (the clause
+    /// then says so and checks nothing).
+    async fn open_named(&self, ctx: &TestContext, name: &str) -> Option<Result<Self::Store>> {
+        let _ = (ctx, name);
+        None
+    }
 }
 
 /// How a transaction opened by [`TransactionalFactory`] ends.

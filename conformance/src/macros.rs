@@ -79,6 +79,7 @@ macro_rules! __lease_clause_names {
             oversized_outcome_is_rejected_and_the_lease_stays_in_flight,
             a_batch_with_one_invalid_item_writes_nothing,
             invalid_purge_options_are_rejected,
+            unsafe_names_are_rejected,
             // concurrency
             concurrent_claims_of_one_key_acquire_exactly_once,
             concurrent_takeovers_acquire_exactly_once,

@@ -104,6 +104,8 @@ broken_store_tests! {
         => consumers_are_isolated,
     renew_from_the_old_expiry_is_caught: RenewFromOldExpiry
         => renew_extends_the_lease,
+    unchecked_names_are_caught: NamesUnchecked
+        => unsafe_names_are_rejected,
 }
 
 /// The model-based clause on its own catches every fault a single sequential history can

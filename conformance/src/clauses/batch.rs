@@ -173,7 +173,7 @@ pub async fn commit_many_equals_the_commits_in_order<F: StoreFactory>(factory: &
 /// the first stored, two commits of one lease keep the first outcome, and a batch of
 /// claims of a completed key gives `Completed` for each.
 pub async fn a_key_repeated_in_one_batch_behaves_as_in_order<F: StoreFactory>(factory: &F) {
-    let (ctx, store) = setup(factory, "a_key_repeated_in_one_batch").await;
+    let (ctx, store) = setup(factory, "a_key_repeated_in_one_batch_behaves_as_in_order").await;
     let [k, f, t] = ["k", "f", "t"].map(key);
     let results = claim_many(&store, &[req(&k, opts()), req(&k, opts()), req(&k, opts())]).await;
     let until = ctx.now().saturating_add(LEASE);

@@ -92,7 +92,7 @@ fn exactly_one_acquired(
 /// 64 tasks on 4 handles claim one absent key at once: exactly one `Acquired` (fence 1),
 /// 63 `InFlight`, no errors, and the record holds the winner's lease.
 pub async fn concurrent_claims_of_one_key_acquire_exactly_once<F: StoreFactory>(factory: &F) {
-    let (ctx, store) = setup(factory, "concurrent_claims_of_one_key").await;
+    let (ctx, store) = setup(factory, "concurrent_claims_of_one_key_acquire_exactly_once").await;
     let k = key("hot");
     let results = racing_claims(factory, &ctx, &k, 64).await;
     let lease = exactly_one_acquired(results, 1, 1);
@@ -102,7 +102,7 @@ pub async fn concurrent_claims_of_one_key_acquire_exactly_once<F: StoreFactory>(
 /// 64 tasks on 4 handles claim one key whose lease just expired: exactly one takeover
 /// (fence 2, attempt 2), the rest `InFlight`, no errors.
 pub async fn concurrent_takeovers_acquire_exactly_once<F: StoreFactory>(factory: &F) {
-    let (ctx, store) = setup(factory, "concurrent_takeovers").await;
+    let (ctx, store) = setup(factory, "concurrent_takeovers_acquire_exactly_once").await;
     let k = key("hot");
     acquire(&store, &k).await;
     ctx.clock.advance(LEASE);
@@ -118,7 +118,7 @@ pub async fn concurrent_takeovers_acquire_exactly_once<F: StoreFactory>(factory:
 pub async fn redelivered_keys_are_completed_exactly_once<F: StoreFactory>(factory: &F) {
     const KEYS: usize = 40;
     const TASKS: usize = 16;
-    let (ctx, store) = setup(factory, "redelivered_keys_completed_once").await;
+    let (ctx, store) = setup(factory, "redelivered_keys_are_completed_exactly_once").await;
     let keys: Arc<Vec<Key>> = Arc::new((0..KEYS).map(|i| key(&format!("m{i}"))).collect());
     // Delivery j is key j / 3; task t handles deliveries t, t + 16, ...: the three
     // deliveries of a key run on three neighbouring tasks at about the same time.
@@ -166,7 +166,7 @@ pub async fn redelivered_keys_are_completed_exactly_once<F: StoreFactory>(factor
 /// item is `InFlight`, and nothing fails.
 pub async fn concurrent_batches_acquire_each_key_once<F: StoreFactory>(factory: &F) {
     const KEYS: usize = 20;
-    let (ctx, store) = setup(factory, "concurrent_batches").await;
+    let (ctx, store) = setup(factory, "concurrent_batches_acquire_each_key_once").await;
     let keys: Vec<Key> = (0..KEYS).map(|i| key(&format!("m{i}"))).collect();
     let batches = race(factory, &ctx, 8, |t, store| {
         let requests: Vec<ClaimRequest> = (0..KEYS)
@@ -208,7 +208,7 @@ pub async fn concurrent_batches_acquire_each_key_once<F: StoreFactory>(factory: 
 /// or the claim took over (fence 2) and the commit is `LeaseLost`; never both.
 pub async fn a_commit_racing_a_takeover_has_one_winner<F: StoreFactory>(factory: &F) {
     const KEYS: usize = 32;
-    let (ctx, store) = setup(factory, "a_commit_racing_a_takeover").await;
+    let (ctx, store) = setup(factory, "a_commit_racing_a_takeover_has_one_winner").await;
     let mut leases = Vec::with_capacity(KEYS);
     for i in 0..KEYS {
         leases.push(acquire(&store, &key(&format!("m{i}"))).await);

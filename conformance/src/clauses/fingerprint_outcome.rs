@@ -13,7 +13,7 @@ use crate::support::{
 /// different, binary bytes (every byte value, NUL, invalid UTF-8) and an outcome of
 /// exactly `MAX_OUTCOME_LEN` bytes come back byte for byte from claim and from `get`.
 pub async fn completed_key_gives_its_outcome_byte_for_byte<F: StoreFactory>(factory: &F) {
-    let (ctx, store) = setup(factory, "completed_key_gives_its_outcome").await;
+    let (ctx, store) = setup(factory, "completed_key_gives_its_outcome_byte_for_byte").await;
     let every_byte: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
     let large: Vec<u8> = (0..MAX_OUTCOME_LEN).map(|i| (i * 31 % 251) as u8).collect();
     let outcomes: [Option<&[u8]>; 6] = [
@@ -51,7 +51,7 @@ async fn mismatch<S: DedupStore + ?Sized>(store: &S, k: &Key, fp: &str, state: &
 /// changes nothing, whether the record is in flight (live), expired (no takeover
 /// happens), released or completed; the matching fingerprint keeps working throughout.
 pub async fn fingerprint_mismatch_is_an_error_in_every_state<F: StoreFactory>(factory: &F) {
-    let (ctx, store) = setup(factory, "fingerprint_mismatch_in_every_state").await;
+    let (ctx, store) = setup(factory, "fingerprint_mismatch_is_an_error_in_every_state").await;
     let k = key("m1");
     let lease = acquire_with(&store, &k, &opts_fp("v1")).await;
     mismatch(&store, &k, "v2", "a live lease").await;
@@ -79,7 +79,11 @@ pub async fn fingerprint_mismatch_is_an_error_in_every_state<F: StoreFactory>(fa
 pub async fn a_takeover_stores_the_claims_fingerprint_or_keeps_the_stored_one<F: StoreFactory>(
     factory: &F,
 ) {
-    let (ctx, store) = setup(factory, "a_takeover_stores_the_fingerprint").await;
+    let (ctx, store) = setup(
+        factory,
+        "a_takeover_stores_the_claims_fingerprint_or_keeps_the_stored_one",
+    )
+    .await;
     let stored = |k: Key| {
         let store = &store;
         async move { record(store, &k).await.and_then(|r| r.fingerprint) }

@@ -12,7 +12,7 @@ use crate::support::{acquire, assert_completed_by, assert_holds, commit_ok, comp
 /// record (outcome included) and an in-flight lease survive dropping every handle and
 /// opening the store again; for other stores that last part is reported and skipped.
 pub async fn a_committed_record_survives_reopening_the_store<F: StoreFactory>(factory: &F) {
-    let (ctx, first) = setup(factory, "a_committed_record_survives_reopening").await;
+    let (ctx, first) = setup(factory, "a_committed_record_survives_reopening_the_store").await;
     let done = complete(&first, &key("done"), Some(b"kept\0bytes")).await;
     let committed_at = ctx.now();
     let second = factory.open(&ctx).await;

@@ -219,7 +219,11 @@ pub async fn concurrent_purges_remove_each_record_once<F: StoreFactory>(factory:
 /// A purged key is forgotten: the old lease's commit, renew and release are `LeaseLost`
 /// and write nothing, and the next claim starts again at fence 1 (completed keys too).
 pub async fn a_purged_key_starts_afresh_and_its_old_lease_is_lost<F: StoreFactory>(factory: &F) {
-    let (ctx, store) = setup(factory, "a_purged_key_starts_afresh").await;
+    let (ctx, store) = setup(
+        factory,
+        "a_purged_key_starts_afresh_and_its_old_lease_is_lost",
+    )
+    .await;
     let k = key("expired");
     let stale = acquire(&store, &k).await;
     let done = key("done");

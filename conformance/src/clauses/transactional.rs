@@ -80,7 +80,11 @@ pub async fn tx_claim_then_commit_completes_the_key_with_its_business_row<
 >(
     factory: &F,
 ) {
-    let (ctx, store) = setup(factory, "tx_claim_then_commit").await;
+    let (ctx, store) = setup(
+        factory,
+        "tx_claim_then_commit_completes_the_key_with_its_business_row",
+    )
+    .await;
     let k = key("m1");
     let result = tx_claim(factory, &store, &k, Some("v1"), "row", TxEnd::Commit).await;
     assert_eq!(result.expect("tx claim"), TxClaim::Claimed { fence: 1 });
@@ -100,7 +104,7 @@ pub async fn tx_claim_then_commit_completes_the_key_with_its_business_row<
 pub async fn tx_rollback_leaves_no_record_and_no_business_row<F: TransactionalFactory>(
     factory: &F,
 ) {
-    let (_ctx, store) = setup(factory, "tx_rollback_leaves_no_record").await;
+    let (_ctx, store) = setup(factory, "tx_rollback_leaves_no_record_and_no_business_row").await;
     let k = key("m1");
     let result = tx_claim(factory, &store, &k, None, "row", TxEnd::Rollback).await;
     assert_eq!(result.expect("tx claim"), TxClaim::Claimed { fence: 1 });
@@ -122,7 +126,11 @@ pub async fn tx_claim_of_a_completed_key_gives_completed_and_the_transaction_sta
 >(
     factory: &F,
 ) {
-    let (ctx, store) = setup(factory, "tx_claim_of_a_completed_key").await;
+    let (ctx, store) = setup(
+        factory,
+        "tx_claim_of_a_completed_key_gives_completed_and_the_transaction_stays_usable",
+    )
+    .await;
     let k = key("by-tx");
     tx_claim(factory, &store, &k, None, "first", TxEnd::Commit)
         .await
@@ -161,7 +169,7 @@ pub async fn tx_claim_of_a_completed_key_gives_completed_and_the_transaction_sta
 /// A transactional claim of a key under a live lease-mode lease is `InFlight` with that
 /// lease's expiry and attempt, writes nothing, and leaves the lease usable.
 pub async fn tx_claim_of_a_live_lease_gives_in_flight<F: TransactionalFactory>(factory: &F) {
-    let (_ctx, store) = setup(factory, "tx_claim_of_a_live_lease").await;
+    let (_ctx, store) = setup(factory, "tx_claim_of_a_live_lease_gives_in_flight").await;
     let k = key("m1");
     let lease = acquire(&store, &k).await;
     let result = unchanged(
@@ -186,7 +194,7 @@ pub async fn tx_claim_of_a_live_lease_gives_in_flight<F: TransactionalFactory>(f
 /// the record becomes completed with fence 2 and attempt 2 (keeping the stored
 /// fingerprint), and the old lease's commit is `LeaseLost`.
 pub async fn tx_claim_takes_over_an_expired_lease<F: TransactionalFactory>(factory: &F) {
-    let (ctx, store) = setup(factory, "tx_claim_takes_over").await;
+    let (ctx, store) = setup(factory, "tx_claim_takes_over_an_expired_lease").await;
     let k = key("m1");
     let stale = acquire_with(&store, &k, &opts_fp("v1")).await;
     ctx.clock.advance(LEASE);
@@ -256,7 +264,11 @@ fn racing_tx_claims<F: TransactionalFactory>(
 pub async fn concurrent_tx_claims_of_one_key_write_one_business_row<F: TransactionalFactory>(
     factory: &F,
 ) {
-    let (ctx, store) = setup(factory, "concurrent_tx_claims").await;
+    let (ctx, store) = setup(
+        factory,
+        "concurrent_tx_claims_of_one_key_write_one_business_row",
+    )
+    .await;
     let k = key("m1");
     let (first, second) = racing_tx_claims(factory, &store, &k, TxEnd::Commit);
     assert_eq!(first.expect("first"), TxClaim::Claimed { fence: 1 });
@@ -274,7 +286,7 @@ pub async fn concurrent_tx_claims_of_one_key_write_one_business_row<F: Transacti
 /// Two transactions claim one key at once; the first rolls back after [`TX_HOLD`]: the
 /// second, which waited, then claims (fence 1) and its business row is the only one.
 pub async fn a_tx_claim_waiting_on_a_rolled_back_one_claims<F: TransactionalFactory>(factory: &F) {
-    let (ctx, store) = setup(factory, "a_tx_claim_waiting_on_rollback").await;
+    let (ctx, store) = setup(factory, "a_tx_claim_waiting_on_a_rolled_back_one_claims").await;
     let k = key("m1");
     let (first, second) = racing_tx_claims(factory, &store, &k, TxEnd::Rollback);
     assert_eq!(first.expect("first"), TxClaim::Claimed { fence: 1 });
@@ -300,7 +312,11 @@ pub async fn commit_in_transaction_writes_the_business_row_and_the_completion_to
 >(
     factory: &F,
 ) {
-    let (ctx, store) = setup(factory, "commit_in_transaction_writes").await;
+    let (ctx, store) = setup(
+        factory,
+        "commit_in_transaction_writes_the_business_row_and_the_completion_together",
+    )
+    .await;
     let k = key("m1");
     let lease = acquire(&store, &k).await;
     ctx.clock.advance(Duration::from_secs(2));
@@ -319,7 +335,11 @@ pub async fn commit_in_transaction_after_takeover_is_rejected_and_writes_nothing
 >(
     factory: &F,
 ) {
-    let (ctx, store) = setup(factory, "commit_in_transaction_after_takeover").await;
+    let (ctx, store) = setup(
+        factory,
+        "commit_in_transaction_after_takeover_is_rejected_and_writes_nothing",
+    )
+    .await;
     let k = key("m1");
     let (stale, current) = taken_over(&store, &ctx, &k).await;
     let lost = factory
@@ -337,7 +357,11 @@ pub async fn rolled_back_commit_in_transaction_leaves_the_lease_in_flight<
 >(
     factory: &F,
 ) {
-    let (_ctx, store) = setup(factory, "rolled_back_commit_in_transaction").await;
+    let (_ctx, store) = setup(
+        factory,
+        "rolled_back_commit_in_transaction_leaves_the_lease_in_flight",
+    )
+    .await;
     let k = key("m1");
     let lease = acquire(&store, &k).await;
     factory
@@ -354,7 +378,11 @@ pub async fn rolled_back_commit_in_transaction_leaves_the_lease_in_flight<
 pub async fn tx_fingerprint_mismatch_is_an_error_and_writes_nothing<F: TransactionalFactory>(
     factory: &F,
 ) {
-    let (_ctx, store) = setup(factory, "tx_fingerprint_mismatch").await;
+    let (_ctx, store) = setup(
+        factory,
+        "tx_fingerprint_mismatch_is_an_error_and_writes_nothing",
+    )
+    .await;
     let done = key("done");
     tx_claim(factory, &store, &done, Some("v1"), "first", TxEnd::Commit)
         .await

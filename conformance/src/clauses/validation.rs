@@ -1,9 +1,9 @@
 //! Input validation: invalid input is `InvalidInput`, checked before anything is written.
 //!
-//! Keys cannot be invalid here ([`Key`](dedup_core::Key) validates on construction), and
-//! unsafe table or key-prefix names are the backend's own constructor tests; what a store
-//! receives and must still check is lease and renewal durations, outcome sizes, batch
-//! lengths and purge options.
+//! Keys cannot be invalid here ([`Key`](dedup_core::Key) validates on construction); what a
+//! store receives and must still check is lease and renewal durations, outcome sizes, batch
+//! lengths and purge options, and, in its constructor, the table, schema or key-prefix
+//! name (through the factory's optional [`StoreFactory::open_named`]).
 
 use std::time::Duration;
 
@@ -26,7 +26,11 @@ fn too_long_lease() -> Duration {
 /// maximum) is `InvalidInput` and creates no record; the limits themselves are accepted.
 /// A renewal outside the limits is rejected the same way and leaves the lease as it was.
 pub async fn invalid_lease_is_rejected_before_anything_is_written<F: StoreFactory>(factory: &F) {
-    let (_ctx, store) = setup(factory, "invalid_lease_is_rejected").await;
+    let (_ctx, store) = setup(
+        factory,
+        "invalid_lease_is_rejected_before_anything_is_written",
+    )
+    .await;
     let k = key("m1");
     for lease in [Duration::ZERO, too_long_lease()] {
         let result = store.claim(&k, &ClaimOptions::lease(lease)).await;
@@ -56,7 +60,11 @@ pub async fn invalid_lease_is_rejected_before_anything_is_written<F: StoreFactor
 pub async fn oversized_outcome_is_rejected_and_the_lease_stays_in_flight<F: StoreFactory>(
     factory: &F,
 ) {
-    let (_ctx, store) = setup(factory, "oversized_outcome_is_rejected").await;
+    let (_ctx, store) = setup(
+        factory,
+        "oversized_outcome_is_rejected_and_the_lease_stays_in_flight",
+    )
+    .await;
     let lease = acquire(&store, &key("m1")).await;
     let too_big = vec![7u8; MAX_OUTCOME_LEN + 1];
     assert_invalid_input(
@@ -71,7 +79,7 @@ pub async fn oversized_outcome_is_rejected_and_the_lease_stays_in_flight<F: Stor
 /// `MAX_BATCH_LEN` items fails as a whole with `InvalidInput` and writes nothing, not even
 /// the valid items before the invalid one.
 pub async fn a_batch_with_one_invalid_item_writes_nothing<F: StoreFactory>(factory: &F) {
-    let (_ctx, store) = setup(factory, "a_batch_with_one_invalid_item").await;
+    let (_ctx, store) = setup(factory, "a_batch_with_one_invalid_item_writes_nothing").await;
     let [a, b, c] = ["a", "b", "c"].map(key);
     let requests = [
         ClaimRequest::new(a.clone(), opts()),
@@ -132,5 +140,34 @@ pub async fn invalid_purge_options_are_rejected<F: StoreFactory>(factory: &F) {
         let options = PurgeOptions::older_than(Duration::ZERO).batch_size(batch_size);
         let result = unchanged(&store, &k, "a rejected purge", store.purge(&options)).await;
         assert_invalid_input(result, &format!("purge with batch size {batch_size}"));
+    }
+}
+
+/// Names a store builds statements or keys from (table, schema, key prefix) that no
+/// backend may accept: each is `InvalidInput` from the store's constructor (through
+/// [`StoreFactory::open_named`]; a factory that does not implement it is reported and
+/// skipped).
+pub async fn unsafe_names_are_rejected<F: StoreFactory>(factory: &F) {
+    let ctx = crate::TestContext::new("unsafe_names_are_rejected");
+    let long = "n".repeat(101);
+    let names = [
+        "",
+        "x; drop table y",
+        "{tag}",
+        "p*",
+        "p?",
+        "p[1]",
+        "n\u{e9}",
+        "a\0b",
+        long.as_str(),
+    ];
+    for name in names {
+        match factory.open_named(&ctx, name).await {
+            None => {
+                eprintln!("unsafe_names_are_rejected: the factory opens no named stores; skipped");
+                return;
+            }
+            Some(result) => assert_invalid_input(result.map(|_| ()), &format!("name {name:?}")),
+        }
     }
 }

@@ -57,6 +57,8 @@ pub enum Fault {
     ConsumerIgnored,
     /// Renew extends from the old expiry instead of from now.
     RenewFromOldExpiry,
+    /// The constructor accepts any key prefix.
+    NamesUnchecked,
 }
 
 struct Inner {
@@ -432,6 +434,15 @@ impl StoreFactory for FaultyFactory {
     async fn open(&self, ctx: &TestContext) -> FaultyStore {
         self.stores
             .open(ctx, || FaultyStore::new(self.fault, ctx.clock.clone()))
+    }
+
+    /// The name is a key prefix, checked like the Redis store checks its own.
+    async fn open_named(&self, ctx: &TestContext, name: &str) -> Option<Result<FaultyStore>> {
+        let checked = match self.fault {
+            Fault::NamesUnchecked => Ok(()),
+            _ => dedup_core::names::key_prefix(name),
+        };
+        Some(checked.map(|()| FaultyStore::new(self.fault, ctx.clock.clone())))
     }
 }
 
