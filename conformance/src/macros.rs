@@ -129,6 +129,9 @@ macro_rules! __clauses {
             }
         )*
     };
+    (names; $($clause:ident),* $(,)?) => {
+        [$(stringify!($clause)),*]
+    };
     (list; $($clause:ident),* $(,)?) => {
         vec![$(
             $crate::clauses::Clause {

@@ -54,3 +54,37 @@ pub fn lease_clauses<F: StoreFactory>() -> Vec<Clause<F>> {
 pub fn transactional_clauses<F: TransactionalFactory>() -> Vec<Clause<F>> {
     crate::__transactional_clause_names!(list)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every public clause fn in the sources is listed (so `suite!` runs it), exactly once.
+    #[test]
+    fn every_clause_is_listed_once() {
+        let sources = [
+            include_str!("batch.rs"),
+            include_str!("claim.rs"),
+            include_str!("commit.rs"),
+            include_str!("concurrency.rs"),
+            include_str!("fingerprint_outcome.rs"),
+            include_str!("persistence.rs"),
+            include_str!("purge.rs"),
+            include_str!("release_renew.rs"),
+            include_str!("transactional.rs"),
+            include_str!("validation.rs"),
+            include_str!("../model.rs"),
+        ];
+        let mut defined: Vec<&str> = sources
+            .iter()
+            .flat_map(|s| s.lines())
+            .filter_map(|l| l.strip_prefix("pub async fn "))
+            .filter_map(|l| l.split('<').next())
+            .filter(|name| *name != "check_histories")
+            .collect();
+        let lease: &[&str] = &crate::__lease_clause_names!(names);
+        let transactional: &[&str] = &crate::__transactional_clause_names!(names);
+        let mut listed: Vec<&str> = [lease, transactional].concat();
+        defined.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(defined, listed);
+    }
+}
