@@ -234,9 +234,9 @@ fn racing_tx_claims<F: TransactionalFactory>(
                     factory.claim_in_transaction(store, k, None, "first", hold, first_end),
                 )
             });
-            holding_rx
-                .recv_timeout(Duration::from_secs(30))
-                .expect("the first transaction never reached its hold (its claim is stuck)");
+            holding_rx.recv_timeout(Duration::from_secs(30)).expect(
+                "the first transaction never reached its hold (its claim failed or is stuck)",
+            );
             let second = scope.spawn(|| {
                 let result =
                     handle.block_on(tx_claim(factory, store, k, None, "second", TxEnd::Commit));
