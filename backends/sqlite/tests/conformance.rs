@@ -75,6 +75,19 @@ impl StoreFactory for SqliteFactory {
         .expect("business table");
         store
     }
+
+    async fn open_named(
+        &self,
+        ctx: &TestContext,
+        name: &str,
+    ) -> Option<dedup_core::Result<SqliteStore>> {
+        let config = SqliteConfig {
+            table: name.to_string(),
+            clock: Some(ctx.clock.clone()),
+            ..SqliteConfig::default()
+        };
+        Some(SqliteStore::open_with(self.path(ctx), config).await)
+    }
 }
 
 fn insert_business_row(
