@@ -398,7 +398,8 @@ pub struct Capabilities {
     pub multi_process: bool,
     /// `claim_many` / `commit_many` run in one round trip rather than one per item.
     pub native_batch: bool,
-    /// The storage expires records by itself (Redis); `purge` then only reports.
+    /// The storage expires records by itself after the store's configured retention (Redis);
+    /// `purge` is then needed only for a retention shorter than that.
     pub native_ttl: bool,
     /// Claims can join the caller's database transaction (SQL backends, as an extension
     /// on the store type).

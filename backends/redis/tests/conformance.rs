@@ -38,6 +38,19 @@ mod standalone {
                 .unwrap_or_else(|e| panic!("connecting to {url}: {e:?}"))
         }
 
+        async fn open_named(
+            &self,
+            ctx: &TestContext,
+            name: &str,
+        ) -> Option<dedup_core::Result<RedisStore>> {
+            let url = server_url("DEDUP_REDIS_URL").expect("DEDUP_REDIS_URL");
+            let config = RedisConfig {
+                prefix: name.to_string(),
+                ..config(ctx)
+            };
+            Some(RedisStore::connect_with(&url, config).await)
+        }
+
         fn available(&self) -> bool {
             server_url("DEDUP_REDIS_URL").is_some()
         }
@@ -67,6 +80,19 @@ mod cluster {
                 .unwrap_or_else(|e| panic!("connecting to the cluster {urls:?}: {e:?}"));
             assert!(store.is_cluster());
             store
+        }
+
+        async fn open_named(
+            &self,
+            ctx: &TestContext,
+            name: &str,
+        ) -> Option<dedup_core::Result<RedisStore>> {
+            let urls = urls().expect("DEDUP_REDIS_CLUSTER_URLS");
+            let config = RedisConfig {
+                prefix: name.to_string(),
+                ..config(ctx)
+            };
+            Some(RedisStore::connect_cluster(&urls, config).await)
         }
 
         fn available(&self) -> bool {
