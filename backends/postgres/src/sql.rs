@@ -167,21 +167,26 @@ impl Statements {
             union("upd", &one_key)
         );
 
-        // `cur` reads every requested key's row (with its ctid); the update completes those
-        // still held by the request's token, reaching them by ctid. A row changed since the
-        // snapshot fails the ctid check on recheck and is reported from the snapshot, which
-        // the caller recognises as stale and runs again. Rows are locked in array order
-        // (sorted by key, see claim_many).
+        // `cur` reads every requested key's row (with its ctid) for the answer; `held` locks,
+        // in key order (see claim_many), those still held by the request's token, one TID
+        // lookup each; the update completes exactly those, again by ctid. A row changed
+        // since the snapshot fails the ctid check when `held` rechecks it, so it is left
+        // alone and reported from the snapshot, which the caller recognises as stale and
+        // runs again.
         let commit_many = format!(
             "WITH {NOW_CTE}, \
              req AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[]) \
                      WITH ORDINALITY AS q(consumer, message_id, req_token, req_outcome, ord)), \
              cur AS (SELECT q.req_token, q.req_outcome, x.* FROM {}), \
+             held AS (SELECT c.row_id, c.req_outcome FROM cur c CROSS JOIN LATERAL ( \
+                        SELECT 1 FROM {table} t WHERE t.ctid = c.row_id \
+                          AND t.token = c.req_token::uuid AND t.processed_at IS NULL \
+                        FOR UPDATE) l), \
              upd AS ( \
                UPDATE {table} r SET processed_at = (SELECT ms FROM now), expires_at = NULL, \
-                 outcome = c.req_outcome \
-               FROM cur c \
-               WHERE r.ctid = c.row_id AND r.token = c.req_token::uuid AND r.processed_at IS NULL \
+                 outcome = h.req_outcome \
+               FROM held h \
+               WHERE r.ctid = h.row_id AND r.ctid = ANY(ARRAY(SELECT row_id FROM held)) \
                RETURNING {r_cols}) {}",
             lookup(&format!("t.ctid AS row_id, {t_cols}")),
             union("upd", &format!("{cols} FROM cur"))
