@@ -3,6 +3,7 @@
 mod config;
 mod error;
 mod migrate;
+mod purge;
 mod record;
 mod rounds;
 mod sql;

@@ -209,21 +209,26 @@ impl Statements {
         let get = format!("SELECT {cols} FROM {table} WHERE consumer = $1 AND message_id = $2");
 
         // One bounded batch: the oldest completed rows by the completed index, then (to fill
-        // the batch) the longest-expired leases by the in-flight index. SKIP LOCKED passes
-        // over rows a claim or another purger holds, so purgers on many nodes split the work
-        // and never wait; the delete reaches the locked rows by ctid.
+        // the batch) the longest-expired leases by the in-flight index, each from its keyset
+        // position (`$4`, `$5`: the largest processed_at / expires_at the previous batch
+        // removed), so a long purge never rescans the index entries of the rows it already
+        // deleted. SKIP LOCKED passes over rows a claim or another purger holds, so purgers
+        // on many nodes split the work and never wait; the delete reaches the locked rows by
+        // ctid.
         let purge_batch = format!(
             "WITH {NOW_CTE}, \
              done AS (SELECT ctid AS row_id FROM {table} \
                       WHERE processed_at < (SELECT ms FROM now) - $2::bigint \
+                        AND processed_at >= $4::bigint \
                       ORDER BY processed_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED), \
              stale AS (SELECT ctid AS row_id FROM {table} \
                        WHERE processed_at IS NULL AND expires_at < (SELECT ms FROM now) - $2::bigint \
+                         AND expires_at >= $5::bigint \
                        ORDER BY expires_at LIMIT ($3::bigint - (SELECT count(*) FROM done)) \
                        FOR UPDATE SKIP LOCKED) \
              DELETE FROM {table} t USING (SELECT row_id FROM done UNION ALL SELECT row_id FROM stale) d \
              WHERE t.ctid = d.row_id \
-             RETURNING t.processed_at IS NOT NULL AS completed"
+             RETURNING t.processed_at, t.expires_at"
         );
 
         Statements {

@@ -215,23 +215,6 @@ impl PostgresStore {
         }
         Ok(rounds.finish())
     }
-
-    async fn purge_batch(&self, retention_ms: i64, batch_size: i64) -> Result<(u64, u64, usize)> {
-        let rows = sqlx::query(self.inner.sql.purge_batch.clone())
-            .bind(self.now_param())
-            .bind(retention_ms)
-            .bind(batch_size)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(backend)?;
-        let mut completed = 0;
-        for row in &rows {
-            if row.try_get::<bool, _>("completed").map_err(backend)? {
-                completed += 1;
-            }
-        }
-        Ok((completed, rows.len() as u64 - completed, rows.len()))
-    }
 }
 
 fn consumers<'k>(keys: &[&'k Key]) -> Vec<&'k str> {
@@ -341,20 +324,7 @@ impl DedupStore for PostgresStore {
 
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
         options.validate()?;
-        // Clamped so "now - retention" cannot overflow in SQL; no real retention is near.
-        let retention_ms = duration_millis(options.retention).min(i64::MAX / 4);
-        let batch_size = options.batch_size as i64;
-        let mut report = PurgeReport::default();
-        while options.max_batches.is_none_or(|max| report.batches < max) {
-            let (completed, expired, removed) = self.purge_batch(retention_ms, batch_size).await?;
-            report.batches += 1;
-            report.completed += completed;
-            report.expired += expired;
-            if removed < options.batch_size {
-                break;
-            }
-        }
-        Ok(report)
+        crate::purge::purge(self, options).await
     }
 
     fn capabilities(&self) -> Capabilities {
