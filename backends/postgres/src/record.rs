@@ -66,6 +66,20 @@ fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
     }
 }
 
+/// The stored fence and attempt of `key`'s record, checked (both start at 1).
+pub(crate) fn fence_and_attempt(key: &Key, fence: i64, attempt: i32) -> Result<(u64, u32)> {
+    Ok((
+        u64::try_from(fence)
+            .ok()
+            .filter(|f| *f >= 1)
+            .ok_or_else(|| corrupt(key, format!("fence {fence}")))?,
+        u32::try_from(attempt)
+            .ok()
+            .filter(|a| *a >= 1)
+            .ok_or_else(|| corrupt(key, format!("attempt {attempt}")))?,
+    ))
+}
+
 /// The record columns of `row` (named as in [`crate::sql`]) as the record of `key`.
 pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
     let token: Option<&str> = row.try_get("token").map_err(backend)?;
@@ -91,16 +105,11 @@ pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
         },
         (None, _, _) => return Err(corrupt(key, "in flight without a token or an expiry")),
     };
+    let (fence, attempt) = fence_and_attempt(key, fence, attempt)?;
     Ok(Record {
         key: key.clone(),
-        fence: u64::try_from(fence)
-            .ok()
-            .filter(|f| *f >= 1)
-            .ok_or_else(|| corrupt(key, format!("fence {fence}")))?,
-        attempt: u32::try_from(attempt)
-            .ok()
-            .filter(|a| *a >= 1)
-            .ok_or_else(|| corrupt(key, format!("attempt {attempt}")))?,
+        fence,
+        attempt,
         fingerprint: fingerprint
             .map(|f| Fingerprint::new(f).map_err(|e| corrupt(key, format!("fingerprint: {e}"))))
             .transpose()?,

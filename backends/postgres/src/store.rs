@@ -15,7 +15,7 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use crate::config::PostgresConfig;
 use crate::error::backend;
-use crate::record::{StatementRows, decode_record};
+use crate::record::{StatementRows, decode_record, fence_and_attempt};
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 use crate::sql::Statements;
 
@@ -261,21 +261,17 @@ impl DedupStore for PostgresStore {
             .await
             .map_err(backend)?
             .ok_or_else(|| lost(lease))?;
-        let record = (
-            row.try_get::<i64, _>("fence").map_err(backend)?,
-            row.try_get::<i32, _>("attempt").map_err(backend)?,
-            row.try_get::<i64, _>("expires_at").map_err(backend)?,
-        );
-        let corrupt = |what: &str| Error::Corrupt {
-            key: lease.key.clone(),
-            detail: what.to_owned(),
-        };
+        let (fence, attempt) = fence_and_attempt(
+            &lease.key,
+            row.try_get("fence").map_err(backend)?,
+            row.try_get("attempt").map_err(backend)?,
+        )?;
         Ok(Lease {
             key: lease.key.clone(),
             token: lease.token,
-            fence: u64::try_from(record.0).map_err(|_| corrupt("negative fence"))?,
-            attempt: u32::try_from(record.1).map_err(|_| corrupt("negative attempt"))?,
-            expires_at: Timestamp::from_millis(record.2),
+            fence,
+            attempt,
+            expires_at: Timestamp::from_millis(row.try_get("expires_at").map_err(backend)?),
         })
     }
 
