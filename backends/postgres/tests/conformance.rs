@@ -6,7 +6,7 @@ mod common;
 use async_trait::async_trait;
 use dedup_conformance::{StoreFactory, TestContext, TransactionalFactory, TxEnd};
 use dedup_core::{Fingerprint, Key, Lease, Result, TxClaim};
-use dedup_postgres::PostgresStore;
+use dedup_postgres::{PostgresConfig, PostgresStore};
 use futures::future::BoxFuture;
 
 /// One table per clause (the clause's namespace) in the test schema, on the clause's clock.
@@ -25,6 +25,17 @@ impl StoreFactory for PostgresFactory {
 
     fn available(&self) -> bool {
         common::url().is_some()
+    }
+
+    async fn open_named(&self, ctx: &TestContext, name: &str) -> Option<Result<PostgresStore>> {
+        let url = common::url().expect("available() checked the URL");
+        let config = PostgresConfig {
+            schema: common::SCHEMA.into(),
+            table: name.into(),
+            clock: Some(ctx.clock.clone()),
+            max_connections: 2,
+        };
+        Some(PostgresStore::connect_with(&url, config).await)
     }
 }
 
