@@ -1,0 +1,140 @@
+//! The benchmark behind `bench`: each backend's library path against the same work issued
+//! raw through its driver, batches against raw batches, and claim latency while a large
+//! purge runs against claim latency without it. Only ratios measured in one run on one
+//! machine are meant to be compared; absolute figures are printed as context.
+
+mod driver;
+mod measures;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod target;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use dedup_examples::StoreUrl;
+
+pub(crate) use dedup_core::BoxError;
+pub(crate) use measures::{Row, run};
+pub(crate) use target::Target;
+
+/// The bench's result type.
+pub(crate) type Result<T, E = BoxError> = std::result::Result<T, E>;
+
+/// How much work each measure does.
+#[derive(Clone, Debug)]
+pub(crate) struct Params {
+    /// Messages claimed and committed one by one (library, and again raw), and the length
+    /// of each latency stream of the purge measure.
+    pub(crate) messages: usize,
+    /// Concurrent tasks.
+    pub(crate) concurrency: usize,
+    /// Messages per batch.
+    pub(crate) batch: usize,
+    /// Messages of the batch measure (library, and again raw).
+    pub(crate) batch_messages: usize,
+    /// Completed records the purge deletes while claims run.
+    pub(crate) purge_rows: usize,
+    /// Records per purge batch.
+    pub(crate) purge_batch: usize,
+    /// How often each throughput measure runs (library and raw alternating); the best
+    /// run of each counts.
+    pub(crate) rounds: usize,
+    /// Keep repeating each throughput measure (up to [`MAX_ROUNDS`]) until library and raw
+    /// together ran this long: short measures on fast backends are noisy.
+    pub(crate) min_secs: f64,
+    /// Messages handled before each measured part, to open connections and warm caches.
+    pub(crate) warmup: usize,
+    /// Give the raw SQL tables the store's purge indexes too, to tell the cost of the
+    /// store's schema from the cost of its statements.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) raw_indexes: bool,
+}
+
+/// Most rounds a throughput measure runs (see [`Params::min_secs`]).
+pub(crate) const MAX_ROUNDS: usize = 10;
+
+/// The names one bench run creates: tables (SQL) or key prefixes (Redis), unique per run.
+#[derive(Clone, Debug)]
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) struct Names {
+    /// This run's id (8 hex digits).
+    pub(crate) run: String,
+    /// The store's table.
+    pub(crate) table: String,
+    /// The raw baseline's table.
+    pub(crate) raw_table: String,
+    /// The purge store's table.
+    pub(crate) purge_table: String,
+}
+
+impl Names {
+    /// Fresh names.
+    pub(crate) fn new() -> Self {
+        let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+        let table = format!("dedup_bench_{run}");
+        Names {
+            raw_table: format!("{table}_raw"),
+            purge_table: format!("{table}_purge"),
+            table,
+            run,
+        }
+    }
+
+    /// A Redis key prefix for `part` (none is a prefix of another: see `RedisConfig`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn redis_prefix(&self, part: &str) -> String {
+        format!("dedup-bench:{}:{part}:", self.run)
+    }
+}
+
+/// Open `url`'s backend for the bench.
+#[cfg_attr(
+    not(all(feature = "sqlite", feature = "postgres")),
+    allow(unused_variables)
+)]
+pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Target> {
+    match StoreUrl::parse(url)? {
+        #[cfg(feature = "sqlite")]
+        StoreUrl::Sqlite(Some(path)) => sqlite::open(Some(path), names, params).await,
+        StoreUrl::Sqlite(None) | StoreUrl::Memory => Err(format!(
+            "{url}: the bench needs a backend other processes could share (sqlite:PATH, \
+             postgres://, redis://)"
+        )
+        .into()),
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(url) => postgres::open(&url, names, params).await,
+        #[cfg(feature = "redis")]
+        StoreUrl::Redis(url) => redis::open(redis::Servers::Standalone(url), names).await,
+        #[cfg(feature = "redis")]
+        StoreUrl::RedisCluster(urls) => redis::open(redis::Servers::Cluster(urls), names).await,
+        #[allow(unreachable_patterns)]
+        other => Err(format!("this build has no {} backend", other.backend()).into()),
+    }
+}
+
+/// The embedded default: SQLite in a temporary file.
+#[cfg(feature = "sqlite")]
+pub(crate) async fn open_default_sqlite(names: &Names, params: &Params) -> Result<Target> {
+    sqlite::open(None, names, params).await
+}
+
+/// A random lease token, as text.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+    allow(dead_code)
+)]
+pub(crate) fn token() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Wall-clock milliseconds since the epoch.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

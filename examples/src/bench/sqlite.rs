@@ -1,0 +1,273 @@
+//! SQLite: the store on a database file, and the raw baseline on a plain table of the same
+//! shape in the same file, through rusqlite with the store's journal mode and synchronous
+//! setting, one connection per bench task.
+//!
+//! SQLite runs one writer at a time. The baseline's writers queue on a mutex for it, as
+//! the store's do on its write gate: left to SQLite's busy handler, which sleeps 1, 2, 5,
+//! 10, ... ms between looks at the lock, contending writers sleep while the lock is free,
+//! and the baseline swung fivefold between runs.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dedup_core::{Clock, ManualClock};
+use dedup_sqlite::rusqlite::{Connection, TransactionBehavior, params};
+use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore, Synchronous};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::target::{Raw, Target};
+use super::{Names, Params, Result, now_ms, token};
+
+/// Columns and primary key of the store's table (see dedup-sqlite's schema), without its
+/// purge indexes: the plain table the raw statements run on.
+const RAW_TABLE: &str = "CREATE TABLE \"{table}\" (
+    consumer     TEXT    NOT NULL,
+    message_id   TEXT    NOT NULL,
+    state        TEXT    NOT NULL,
+    token        TEXT,
+    fence        INTEGER NOT NULL,
+    attempt      INTEGER NOT NULL,
+    expires_at   INTEGER,
+    processed_at INTEGER,
+    outcome      BLOB,
+    fingerprint  TEXT,
+    PRIMARY KEY (consumer, message_id)
+)";
+
+/// The store's purge indexes, for `--raw-indexes`.
+const RAW_INDEXES: &str = "CREATE INDEX \"{table}_completed\" ON \"{table}\" (state, processed_at);
+    CREATE INDEX \"{table}_expired\" ON \"{table}\" (state, expires_at);";
+
+/// The raw claim: a fresh in-flight row.
+const INSERT: &str = "INSERT INTO \"{table}\" \
+     (consumer, message_id, state, token, fence, attempt, expires_at) \
+     VALUES (?1, ?2, 'in_flight', ?3, 1, 1, ?4)";
+
+/// The raw commit.
+const UPDATE: &str = "UPDATE \"{table}\" SET state = 'completed', expires_at = NULL, \
+     processed_at = ?3 WHERE consumer = ?1 AND message_id = ?2";
+
+const DROP: &str = "DROP TABLE IF EXISTS \"{table}\"";
+
+/// Open the store and the baseline on the file at `path` (a file in a new temporary
+/// folder when `None`).
+pub(crate) async fn open(path: Option<String>, names: &Names, params: &Params) -> Result<Target> {
+    let concurrency = params.concurrency;
+    let (path, tmp) = match path {
+        Some(p) => (PathBuf::from(p), None),
+        None => {
+            let tmp = tempfile::tempdir()?;
+            (tmp.path().join("bench.db"), Some(tmp))
+        }
+    };
+    let config = SqliteConfig::with_table(names.table.as_str());
+    let store = SqliteStore::open_with(&path, config.clone()).await?;
+    let clock = Arc::new(ManualClock::starting_now());
+    let purge_store = SqliteStore::open_with(
+        &path,
+        SqliteConfig {
+            table: names.purge_table.clone(),
+            clock: Some(Arc::clone(&clock) as Arc<dyn Clock>),
+            ..config.clone()
+        },
+    )
+    .await?;
+    let raw = SqliteRaw::open(&path, names, &config, concurrency, tmp)?;
+    raw.exec(0, &RAW_TABLE.replace("{table}", &names.raw_table))?;
+    if params.raw_indexes {
+        raw.exec(0, &RAW_INDEXES.replace("{table}", &names.raw_table))?;
+    }
+    let setup = format!(
+        "WAL, synchronous={:?}, store pool {}, raw {concurrency} connections{}",
+        config.synchronous,
+        config.pool_size,
+        if params.raw_indexes {
+            ", raw with the store's indexes"
+        } else {
+            ""
+        }
+    );
+    Ok(Target {
+        backend: "sqlite",
+        store: Arc::new(store),
+        purge_store: Arc::new(purge_store),
+        clock,
+        raw: Arc::new(raw),
+        setup,
+    })
+}
+
+/// The raw baseline: one connection per bench task.
+struct SqliteRaw {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connections: Vec<Mutex<Connection>>,
+    /// Held by every write transaction.
+    write_gate: Mutex<()>,
+    insert: String,
+    update: String,
+    /// Every table the bench made in this file, dropped at the end.
+    tables: Vec<String>,
+    /// The temporary folder holding the file, if the bench made it (removed on drop).
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl SqliteRaw {
+    fn open(
+        path: &Path,
+        names: &Names,
+        config: &SqliteConfig,
+        concurrency: usize,
+        tmp: Option<tempfile::TempDir>,
+    ) -> Result<Self> {
+        let connections = (0..concurrency.max(1))
+            .map(|_| connect(path, config).map(Mutex::new))
+            .collect::<Result<_>>()?;
+        let render = |sql: &str| sql.replace("{table}", &names.raw_table);
+        Ok(SqliteRaw {
+            inner: Arc::new(Inner {
+                connections,
+                write_gate: Mutex::new(()),
+                insert: render(INSERT),
+                update: render(UPDATE),
+                tables: vec![
+                    names.table.clone(),
+                    names.raw_table.clone(),
+                    names.purge_table.clone(),
+                ],
+                _tmp: tmp,
+            }),
+        })
+    }
+
+    fn exec(&self, worker: usize, sql: &str) -> Result<()> {
+        self.inner.connection(worker).execute_batch(sql)?;
+        Ok(())
+    }
+}
+
+/// A connection set up like the store's: WAL, the same synchronous setting and busy
+/// timeout.
+fn connect(path: &Path, config: &SqliteConfig) -> Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(config.busy_timeout)?;
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(format!("journal mode {mode}, expected wal").into());
+    }
+    let synchronous = match config.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", synchronous)?;
+    Ok(conn)
+}
+
+impl Inner {
+    fn connection(&self, worker: usize) -> MutexGuard<'_, Connection> {
+        lock(&self.connections[worker % self.connections.len()])
+    }
+
+    /// Wait for the right to write.
+    fn write_turn(&self) -> MutexGuard<'_, ()> {
+        lock(&self.write_gate)
+    }
+
+    fn insert(&self, conn: &Connection, consumer: &str, id: &str, now: i64) -> Result<()> {
+        let expires_at = now + Duration::from_secs(30).as_millis() as i64;
+        let n = conn.prepare_cached(&self.insert)?.execute(params![
+            consumer,
+            id,
+            token(),
+            expires_at
+        ])?;
+        expect_one("INSERT", n)
+    }
+
+    fn update(&self, conn: &Connection, consumer: &str, id: &str, now: i64) -> Result<()> {
+        let n = conn
+            .prepare_cached(&self.update)?
+            .execute(params![consumer, id, now])?;
+        expect_one("UPDATE", n)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn expect_one(what: &str, rows: usize) -> Result<()> {
+    match rows {
+        1 => Ok(()),
+        n => Err(format!("raw {what} changed {n} rows, expected 1").into()),
+    }
+}
+
+/// Run `op` on a blocking thread.
+fn blocking(op: impl FnOnce() -> Result<()> + Send + 'static) -> BoxFuture<'static, Result<()>> {
+    tokio::task::spawn_blocking(op)
+        .map(|joined| joined?)
+        .boxed()
+}
+
+impl Raw for SqliteRaw {
+    fn claim_commit(
+        &self,
+        worker: usize,
+        consumer: Arc<str>,
+        message_id: String,
+    ) -> BoxFuture<'static, Result<()>> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || {
+            let conn = inner.connection(worker);
+            // Each statement its own (autocommit) transaction, as the store's claim and
+            // commit are.
+            for step in [Inner::insert, Inner::update] {
+                let _turn = inner.write_turn();
+                step(&inner, &conn, &consumer, &message_id, now_ms())?;
+            }
+            Ok(())
+        })
+    }
+
+    fn batch(
+        &self,
+        worker: usize,
+        consumer: Arc<str>,
+        message_ids: Vec<String>,
+    ) -> BoxFuture<'static, Result<()>> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || {
+            let mut conn = inner.connection(worker);
+            for step in [Inner::insert, Inner::update] {
+                let _turn = inner.write_turn();
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let now = now_ms();
+                for id in &message_ids {
+                    step(&inner, &tx, &consumer, id, now)?;
+                }
+                tx.commit()?;
+            }
+            Ok(())
+        })
+    }
+
+    fn cleanup(&self) -> BoxFuture<'static, Result<()>> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || {
+            let conn = inner.connection(0);
+            for table in &inner.tables {
+                conn.execute_batch(&DROP.replace("{table}", table))?;
+            }
+            let forget = format!("DELETE FROM \"{SCHEMA_VERSIONS_TABLE}\" WHERE table_name = ?1");
+            for table in &inner.tables {
+                conn.execute(&forget, [table])?;
+            }
+            Ok(())
+        })
+    }
+}
