@@ -244,7 +244,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "OrderPlaced {ORDER} delivered twice, {HANDLERS} concurrent handlers, 200 ms payment call\n"
     );
-    let rows = vec![
+    let rows = [
         naive(dir).await?,
         lease_mode(dir, &["msg-1", "msg-1"], "dedup, lease mode (Inbox)").await?,
         transactional(
