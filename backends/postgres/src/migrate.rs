@@ -1,4 +1,4 @@
-//! The schema: one table and two partial indexes for purge, created idempotently.
+//! The schema: one table and one index for purge, created idempotently.
 
 use dedup_core::Result;
 use sqlx::{AssertSqlSafe, PgPool};
@@ -39,8 +39,7 @@ pub(crate) fn index_name(table: &str, suffix: &str) -> String {
 /// The DDL of the table and its indexes (idempotent: `IF NOT EXISTS`). Shown in the README.
 pub(crate) fn ddl(config: &PostgresConfig) -> String {
     let table = config.qualified_table();
-    let completed_idx = index_name(&config.table, "completed_idx");
-    let expiring_idx = index_name(&config.table, "expiring_idx");
+    let claimed_idx = index_name(&config.table, "claimed_idx");
     format!(
         r#"CREATE TABLE IF NOT EXISTS {table} (
     consumer     text    NOT NULL,
@@ -48,6 +47,7 @@ pub(crate) fn ddl(config: &PostgresConfig) -> String {
     token        uuid,             -- the lease's token; once completed, the committing token
     fence        bigint  NOT NULL, -- +1 each time the key changes hands
     attempt      integer NOT NULL,
+    claimed_at   bigint  NOT NULL, -- ms since the Unix epoch; set by claims only (purge index)
     expires_at   bigint,           -- ms since the Unix epoch; in flight only
     processed_at bigint,           -- ms since the Unix epoch; NULL while in flight
     outcome      bytea,
@@ -55,10 +55,7 @@ pub(crate) fn ddl(config: &PostgresConfig) -> String {
     PRIMARY KEY (consumer, message_id),
     CHECK (processed_at IS NOT NULL OR (token IS NOT NULL AND expires_at IS NOT NULL))
 );
-CREATE INDEX IF NOT EXISTS "{completed_idx}"
-    ON {table} (processed_at) WHERE processed_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS "{expiring_idx}"
-    ON {table} (expires_at) WHERE processed_at IS NULL;
+CREATE INDEX IF NOT EXISTS "{claimed_idx}" ON {table} (claimed_at);
 "#
     )
 }
@@ -105,21 +102,18 @@ mod tests {
     #[test]
     fn index_names_fit_and_stay_distinct() {
         assert_eq!(
-            index_name("dedup_inbox", "completed_idx"),
-            "dedup_inbox_completed_idx"
+            index_name("dedup_inbox", "claimed_idx"),
+            "dedup_inbox_claimed_idx"
         );
         let a = "a".repeat(63);
         let b = format!("{}b", "a".repeat(62));
-        for suffix in ["completed_idx", "expiring_idx"] {
+        for suffix in ["claimed_idx", "pkey"] {
             let (na, nb) = (index_name(&a, suffix), index_name(&b, suffix));
             assert!(na.len() <= MAX_IDENTIFIER && nb.len() <= MAX_IDENTIFIER);
             assert_ne!(na, nb);
             assert!(na.ends_with(suffix));
         }
-        assert_ne!(
-            index_name(&a, "completed_idx"),
-            index_name(&a, "expiring_idx")
-        );
+        assert_ne!(index_name(&a, "claimed_idx"), index_name(&a, "pkey"));
     }
 
     #[test]

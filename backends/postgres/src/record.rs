@@ -59,6 +59,17 @@ impl StatementRows {
     }
 }
 
+impl StatementRows {
+    /// Add the rows of the read that followed the statement: the records of the keys it did
+    /// not write, with that read's "now" (the time their records are as of).
+    pub(crate) fn merge(&mut self, read: StatementRows) {
+        self.now = read.now.or(self.now);
+        for (key, row) in read.by_key {
+            self.by_key.entry(key).or_insert(row);
+        }
+    }
+}
+
 fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
     Error::Corrupt {
         key: key.clone(),

@@ -6,16 +6,28 @@
 //! own clock (`clock_timestamp()`, not `now()`, which inside a caller's long transaction is
 //! the transaction's start).
 //!
-//! The row-returning statements (claims and commits) all return the same columns, decoded
-//! by [`crate::record`]: `wrote` (this statement changed the row), `now_ms` (the statement's
-//! "now"), the key, then the record. When a statement did not write, the row it returns is
-//! the key's record as of the statement's snapshot.
+//! The row-returning statements (claims, commits and the reads that follow them) all return
+//! the same columns, decoded by [`crate::record`]: `wrote` (this statement changed the row),
+//! `now_ms` (the statement's "now"), the key, then the record. A claim or commit returns
+//! only the rows it wrote (the usual case: one statement, no second lookup); for the keys it
+//! did not write, the store then reads the stored records with [`Statements::read_one`] /
+//! [`Statements::read_many`], as of that read's snapshot.
 
 use sqlx::{AssertSqlSafe, SqlStr};
 
-/// "Now" in milliseconds for every statement: the bound clock, else the server's clock.
-const NOW_CTE: &str = "now AS (SELECT coalesce($1::bigint, \
-     floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS ms)";
+/// "Now" in milliseconds: the bound clock, else the server's clock.
+const NOW_MS: &str =
+    "coalesce($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)";
+
+/// "Now" as a one-row relation `now(ms)`, for a FROM clause (cheaper than a CTE).
+fn now_row() -> String {
+    format!("(SELECT {NOW_MS} AS ms) now")
+}
+
+/// "Now" as a CTE `now(ms)`, for statements with CTEs of their own.
+fn now_cte() -> String {
+    format!("now AS (SELECT {NOW_MS} AS ms)")
+}
 
 /// The record's columns after the key, in the order [`crate::record`] decodes them.
 fn record_cols(alias: &str) -> String {
@@ -46,10 +58,11 @@ fn row_cols(alias: &str) -> String {
 }
 
 /// When an existing row may be taken over by a claim (`r` the stored row, `excluded` the
-/// proposed one): in flight, lease expired by "now", and no fingerprint mismatch. Anything
-/// else leaves the row alone and the statement reports the stored record instead.
+/// proposed one, whose `claimed_at` is "now"): in flight, lease expired by "now", and no
+/// fingerprint mismatch. Anything else leaves the row alone (the statement returns nothing
+/// for it, and the store reads the stored record).
 const TAKEOVER_WHERE: &str = "r.processed_at IS NULL \
-     AND r.expires_at <= (SELECT ms FROM now) \
+     AND r.expires_at <= excluded.claimed_at \
      AND (excluded.fingerprint IS NULL OR r.fingerprint IS NULL \
           OR r.fingerprint = excluded.fingerprint)";
 
@@ -72,6 +85,10 @@ pub(crate) struct Statements {
     pub(crate) release: SqlStr,
     /// Read one record.
     pub(crate) get: SqlStr,
+    /// Read one key's record after a claim / commit that did not write it.
+    pub(crate) read_one: SqlStr,
+    /// Read many keys' records after a batch that did not write them all.
+    pub(crate) read_many: SqlStr,
     /// Delete one batch of purgeable records.
     pub(crate) purge_batch: SqlStr,
 }
@@ -88,17 +105,12 @@ impl Statements {
         let cols = row_cols("");
         let r_cols = row_cols("r.");
         let t_cols = row_cols("t.");
-        // The tail of every claim / commit: the rows the `cte` wrote, then the stored rows
-        // (`read`: a select list and FROM clause).
-        let union = |cte: &str, read: &str| {
-            format!(
-                "SELECT true AS wrote, (SELECT ms FROM now) AS now_ms, {cte}.* FROM {cte} \
-                 UNION ALL \
-                 SELECT false, (SELECT ms FROM now), {read}"
-            )
+        let now_row = now_row();
+        let now_cte = now_cte();
+        // The rows a statement wrote, with "now".
+        let wrote = |now_ms: &str, cols: &str| {
+            format!("RETURNING true AS wrote, {now_ms} AS now_ms, {cols}")
         };
-        let one_key =
-            format!("{t_cols} FROM {table} t WHERE t.consumer = $2 AND t.message_id = $3");
         // Batches read each requested key's row by its primary key, one lookup per key: a
         // LATERAL subquery with LIMIT cannot be flattened into a join, so the planner cannot
         // pick a scan of the consumer's rows, which stale statistics (a new consumer, a
@@ -112,59 +124,61 @@ impl Statements {
         };
 
         let claim = format!(
-            "WITH {NOW_CTE}, ins AS ( \
-               INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, expires_at, fingerprint) \
-               SELECT $2, $3, $4::uuid, 1, 1, now.ms + $5::bigint, $6::text FROM now \
+            "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint) \
+               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text FROM {now_row} \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = excluded.token, fence = r.fence + 1, attempt = r.attempt + 1, \
-                 expires_at = excluded.expires_at, \
+                 claimed_at = excluded.claimed_at, expires_at = excluded.expires_at, \
                  fingerprint = coalesce(excluded.fingerprint, r.fingerprint) \
-               WHERE {TAKEOVER_WHERE} \
-               RETURNING {r_cols}) {}",
-            union("ins", &one_key)
+               WHERE {TAKEOVER_WHERE} {}",
+            wrote("r.claimed_at", &r_cols)
         );
 
         // Rows are inserted in array order, which the caller sorts by key (byte order, the
         // same as COLLATE "C"): concurrent batches lock shared keys in one order and cannot
         // deadlock each other.
         let claim_many = format!(
-            "WITH {NOW_CTE}, \
+            "WITH {now_cte}, \
              req AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[]) \
                      WITH ORDINALITY AS q(consumer, message_id, token, lease_ms, fingerprint, ord)), \
              ins AS ( \
-               INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, expires_at, fingerprint) \
-               SELECT q.consumer, q.message_id, q.token::uuid, 1, 1, (SELECT ms FROM now) + q.lease_ms, q.fingerprint \
-               FROM req q ORDER BY q.ord \
+               INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint) \
+               SELECT q.consumer, q.message_id, q.token::uuid, 1, 1, now.ms, now.ms + q.lease_ms, q.fingerprint \
+               FROM req q CROSS JOIN now ORDER BY q.ord \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = excluded.token, fence = r.fence + 1, attempt = r.attempt + 1, \
-                 expires_at = excluded.expires_at, \
+                 claimed_at = excluded.claimed_at, expires_at = excluded.expires_at, \
                  fingerprint = coalesce(excluded.fingerprint, r.fingerprint) \
                WHERE {TAKEOVER_WHERE} \
-               RETURNING {r_cols}) {}",
-            union("ins", &format!("x.* FROM {}", lookup(&t_cols)))
+               RETURNING {r_cols}) \
+             SELECT true AS wrote, (SELECT ms FROM now) AS now_ms, ins.* FROM ins"
         );
 
         // A completed row (no token, no lease, no outcome). An expired lease-mode record is
         // taken over the same way as in lease mode, and becomes completed.
         let claim_in_tx = format!(
-            "WITH {NOW_CTE}, ins AS ( \
-               INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, processed_at, fingerprint) \
-               SELECT $2, $3, NULL, 1, 1, now.ms, $4::text FROM now \
+            "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, processed_at, fingerprint) \
+               SELECT $2, $3, NULL, 1, 1, now.ms, now.ms, $4::text FROM {now_row} \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
-                 token = NULL, fence = r.fence + 1, attempt = r.attempt + 1, expires_at = NULL, \
+                 token = NULL, fence = r.fence + 1, attempt = r.attempt + 1, \
+                 claimed_at = excluded.claimed_at, expires_at = NULL, \
                  processed_at = excluded.processed_at, outcome = NULL, \
                  fingerprint = coalesce(excluded.fingerprint, r.fingerprint) \
-               WHERE {TAKEOVER_WHERE} \
-               RETURNING {r_cols}) {}",
-            union("ins", &one_key)
+               WHERE {TAKEOVER_WHERE} {}",
+            wrote("r.claimed_at", &r_cols)
         );
 
+        // Returns no outcome: the caller knows what it wrote, and a commit's answer never
+        // depends on the stored outcome (which can be 64 KiB).
         let commit = format!(
-            "WITH {NOW_CTE}, upd AS ( \
-               UPDATE {table} SET processed_at = (SELECT ms FROM now), expires_at = NULL, outcome = $5::bytea \
-               WHERE consumer = $2 AND message_id = $3 AND token = $4::uuid AND processed_at IS NULL \
-               RETURNING {cols}) {}",
-            union("upd", &one_key)
+            "UPDATE {table} AS r SET processed_at = now.ms, expires_at = NULL, outcome = $5::bytea \
+             FROM {now_row} \
+             WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
+               AND r.processed_at IS NULL {}",
+            wrote(
+                "r.processed_at",
+                &r_cols.replace("r.outcome AS outcome", "NULL::bytea AS outcome")
+            )
         );
 
         // `cur` reads every requested key's row (with its ctid) for the answer; `held` locks,
@@ -174,7 +188,7 @@ impl Statements {
         // alone and reported from the snapshot, which the caller recognises as stale and
         // runs again.
         let commit_many = format!(
-            "WITH {NOW_CTE}, \
+            "WITH {now_cte}, \
              req AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[]) \
                      WITH ORDINALITY AS q(consumer, message_id, req_token, req_outcome, ord)), \
              cur AS (SELECT q.req_token, q.req_outcome, x.* FROM {}), \
@@ -187,48 +201,61 @@ impl Statements {
                  outcome = h.req_outcome \
                FROM held h \
                WHERE r.ctid = h.row_id AND r.ctid = ANY(ARRAY(SELECT row_id FROM held)) \
-               RETURNING {r_cols}) {}",
-            lookup(&format!("t.ctid AS row_id, {t_cols}")),
-            union("upd", &format!("{cols} FROM cur"))
+               RETURNING {r_cols}) \
+             SELECT true AS wrote, (SELECT ms FROM now) AS now_ms, upd.* FROM upd \
+             UNION ALL \
+             SELECT false, (SELECT ms FROM now), {cols} FROM cur",
+            lookup(&format!("t.ctid AS row_id, {t_cols}"))
+        );
+
+        let read_one = format!(
+            "SELECT false AS wrote, now.ms AS now_ms, {t_cols} FROM {now_row} CROSS JOIN {table} t \
+             WHERE t.consumer = $2 AND t.message_id = $3"
+        );
+
+        let read_many = format!(
+            "WITH {now_cte}, \
+             req AS (SELECT * FROM unnest($2::text[], $3::text[]) AS q(consumer, message_id)) \
+             SELECT false AS wrote, (SELECT ms FROM now) AS now_ms, x.* FROM {}",
+            lookup(&t_cols)
         );
 
         let renew = format!(
-            "WITH {NOW_CTE} \
-             UPDATE {table} SET expires_at = (SELECT ms FROM now) + $5::bigint \
-             WHERE consumer = $2 AND message_id = $3 AND token = $4::uuid AND processed_at IS NULL \
-             RETURNING fence, attempt, expires_at"
+            "UPDATE {table} AS r SET expires_at = now.ms + $5::bigint FROM {now_row} \
+             WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
+               AND r.processed_at IS NULL \
+             RETURNING r.fence, r.attempt, r.expires_at"
         );
 
         let release = format!(
-            "WITH {NOW_CTE} \
-             UPDATE {table} SET expires_at = least(expires_at, (SELECT ms FROM now)) \
-             WHERE consumer = $2 AND message_id = $3 AND token = $4::uuid AND processed_at IS NULL \
-             RETURNING fence"
+            "UPDATE {table} AS r SET expires_at = least(r.expires_at, now.ms) FROM {now_row} \
+             WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
+               AND r.processed_at IS NULL \
+             RETURNING r.fence"
         );
 
         let get = format!("SELECT {cols} FROM {table} WHERE consumer = $1 AND message_id = $2");
 
-        // One bounded batch: the oldest completed rows by the completed index, then (to fill
-        // the batch) the longest-expired leases by the in-flight index, each from its keyset
-        // position (`$4`, `$5`: the largest processed_at / expires_at the previous batch
-        // removed), so a long purge never rescans the index entries of the rows it already
-        // deleted. SKIP LOCKED passes over rows a claim or another purger holds, so purgers
-        // on many nodes split the work and never wait; the delete reaches the locked rows by
-        // ctid.
+        // One bounded batch, by the claimed_at index: a record is claimed before it is
+        // completed or its lease expires (claimed_at <= processed_at, claimed_at <=
+        // expires_at), so every purgeable record has claimed_at < the cutoff, and the index
+        // walks them oldest claim first. Records claimed before the cutoff but not purgeable
+        // (still held, or completed / expired after the cutoff) are passed over. Each batch
+        // starts at the keyset position `$4` (the largest claimed_at the previous batch
+        // removed), so a long purge never rescans what it already passed. SKIP LOCKED passes
+        // over rows a claim or another purger holds, so purgers on many nodes split the work
+        // and never wait; the delete reaches the locked rows by ctid.
         let purge_batch = format!(
-            "WITH {NOW_CTE}, \
-             done AS (SELECT ctid AS row_id FROM {table} \
-                      WHERE processed_at < (SELECT ms FROM now) - $2::bigint \
-                        AND processed_at >= $4::bigint \
-                      ORDER BY processed_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED), \
-             stale AS (SELECT ctid AS row_id FROM {table} \
-                       WHERE processed_at IS NULL AND expires_at < (SELECT ms FROM now) - $2::bigint \
-                         AND expires_at >= $5::bigint \
-                       ORDER BY expires_at LIMIT ($3::bigint - (SELECT count(*) FROM done)) \
-                       FOR UPDATE SKIP LOCKED) \
-             DELETE FROM {table} t USING (SELECT row_id FROM done UNION ALL SELECT row_id FROM stale) d \
-             WHERE t.ctid = d.row_id \
-             RETURNING t.processed_at, t.expires_at"
+            "WITH {now_cte}, \
+             doomed AS (SELECT ctid AS row_id FROM {table} \
+                        WHERE claimed_at < (SELECT ms FROM now) - $2::bigint \
+                          AND claimed_at >= $4::bigint \
+                          AND (processed_at < (SELECT ms FROM now) - $2::bigint \
+                               OR (processed_at IS NULL \
+                                   AND expires_at < (SELECT ms FROM now) - $2::bigint)) \
+                        ORDER BY claimed_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED) \
+             DELETE FROM {table} t USING doomed d WHERE t.ctid = d.row_id \
+             RETURNING t.processed_at, t.claimed_at"
         );
 
         Statements {
@@ -240,6 +267,8 @@ impl Statements {
             renew: sql(renew),
             release: sql(release),
             get: sql(get),
+            read_one: sql(read_one),
+            read_many: sql(read_many),
             purge_batch: sql(purge_batch),
         }
     }

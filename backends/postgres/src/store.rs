@@ -11,6 +11,7 @@ use dedup_core::{
     duration_millis, validate_claim_batch, validate_commit_batch, validate_lease, validate_outcome,
 };
 use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 
 use crate::config::PostgresConfig;
@@ -120,6 +121,45 @@ impl PostgresStore {
         self.inner.pool.acquire().await.map_err(backend)
     }
 
+    /// The rows of a claim / commit statement (which returns the rows it wrote), plus the
+    /// stored records of the `keys` it did not write, read by a second statement on the same
+    /// connection (only when there are such keys: duplicates, lost leases).
+    pub(crate) async fn with_unwritten(
+        &self,
+        conn: &mut PgConnection,
+        rows: &[PgRow],
+        keys: &[&Key],
+    ) -> Result<StatementRows> {
+        let mut out = StatementRows::decode(rows, keys.iter().copied())?;
+        let missing: Vec<&Key> = keys
+            .iter()
+            .copied()
+            .filter(|k| !out.by_key.contains_key(*k))
+            .collect();
+        let read = match missing[..] {
+            [] => return Ok(out),
+            [one] => {
+                sqlx::query(self.inner.sql.read_one.clone())
+                    .bind(self.now_param())
+                    .bind(one.consumer())
+                    .bind(one.message_id())
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            _ => {
+                sqlx::query(self.inner.sql.read_many.clone())
+                    .bind(self.now_param())
+                    .bind(consumers(&missing))
+                    .bind(message_ids(&missing))
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+        }
+        .map_err(backend)?;
+        out.merge(StatementRows::decode(&read, missing)?);
+        Ok(out)
+    }
+
     /// Run lease-mode claims (see [`crate::rounds`]).
     async fn run_claims(
         &self,
@@ -169,7 +209,8 @@ impl PostgresStore {
                 }
             }
             .map_err(backend)?;
-            rounds.apply(StatementRows::decode(&rows, round.iter().map(|r| &r.key))?)?;
+            let keys: Vec<&Key> = round.iter().map(|r| &r.key).collect();
+            rounds.apply(self.with_unwritten(conn, &rows, &keys).await?)?;
         }
         Ok(rounds.finish())
     }
@@ -211,7 +252,7 @@ impl PostgresStore {
                 }
             }
             .map_err(backend)?;
-            rounds.apply(StatementRows::decode(&rows, keys)?)?;
+            rounds.apply(self.with_unwritten(conn, &rows, &keys).await?)?;
         }
         Ok(rounds.finish())
     }

@@ -5,7 +5,6 @@ use sqlx::PgConnection;
 
 use crate::PostgresStore;
 use crate::error::backend;
-use crate::record::StatementRows;
 use crate::rounds::{CommitRef, Rounds, TxClaimOp, TxClaimReq, only};
 
 impl PostgresStore {
@@ -46,7 +45,7 @@ impl PostgresStore {
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(backend)?;
-            rounds.apply(StatementRows::decode(&rows, [key])?)?;
+            rounds.apply(self.with_unwritten(conn, &rows, &[key]).await?)?;
         }
         only(rounds.finish())
     }

@@ -91,14 +91,7 @@ async fn migrate_from_eight_tasks_at_once_creates_one_schema() {
     .fetch_all(stores[0].pool())
     .await
     .expect("list indexes");
-    assert_eq!(
-        indexes,
-        [
-            "dedup_inbox_completed_idx",
-            "dedup_inbox_expiring_idx",
-            "dedup_inbox_pkey"
-        ]
-    );
+    assert_eq!(indexes, ["dedup_inbox_claimed_idx", "dedup_inbox_pkey"]);
     // Every handle works on the one table.
     let k = key("c", "m");
     assert!(
@@ -455,8 +448,8 @@ async fn batches_stay_index_driven_on_a_fresh_consumer() {
     // join against unnest scan all of the new consumer's rows for every batch.
     const OLD: i64 = 20_000;
     let prefill = format!(
-        "INSERT INTO {} (consumer, message_id, fence, attempt, processed_at) \
-         SELECT 'old-consumer', 'm' || g, 1, 1, 0 FROM generate_series(1, {OLD}) g",
+        "INSERT INTO {} (consumer, message_id, fence, attempt, claimed_at, processed_at) \
+         SELECT 'old-consumer', 'm' || g, 1, 1, 0, 0 FROM generate_series(1, {OLD}) g",
         store.table()
     );
     let analyze = format!("ANALYZE {}", store.table());
