@@ -168,6 +168,7 @@ impl Statements {
             wrote("r.claimed_at", &r_cols)
         );
 
+        let no_outcome = r_cols.replace("r.outcome AS outcome", "NULL::bytea AS outcome");
         // Returns no outcome: the caller knows what it wrote, and a commit's answer never
         // depends on the stored outcome (which can be 64 KiB).
         let commit = format!(
@@ -175,37 +176,30 @@ impl Statements {
              FROM {now_row} \
              WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
                AND r.processed_at IS NULL {}",
-            wrote(
-                "r.processed_at",
-                &r_cols.replace("r.outcome AS outcome", "NULL::bytea AS outcome")
-            )
+            wrote("r.processed_at", &no_outcome)
         );
 
-        // `cur` reads every requested key's row (with its ctid) for the answer; `held` locks,
-        // in key order (see claim_many), those still held by the request's token, one TID
-        // lookup each; the update completes exactly those, again by ctid. A row changed
-        // since the snapshot fails the ctid check when `held` rechecks it, so it is left
-        // alone and reported from the snapshot, which the caller recognises as stale and
-        // runs again.
+        // `held` locks, in key order (see claim_many), the rows still held by the request's
+        // token, one primary-key lookup each; the update completes exactly those, by ctid.
+        // A row changed since the statement's snapshot is left alone (the lock's recheck, or
+        // the update's, fails the token / ctid condition); the store then reads it afresh
+        // with the keys not written. Like the single commit, returns no outcome.
         let commit_many = format!(
             "WITH {now_cte}, \
              req AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[]) \
                      WITH ORDINALITY AS q(consumer, message_id, req_token, req_outcome, ord)), \
-             cur AS (SELECT q.req_token, q.req_outcome, x.* FROM {}), \
-             held AS (SELECT c.row_id, c.req_outcome FROM cur c CROSS JOIN LATERAL ( \
-                        SELECT 1 FROM {table} t WHERE t.ctid = c.row_id \
-                          AND t.token = c.req_token::uuid AND t.processed_at IS NULL \
-                        FOR UPDATE) l), \
+             held AS (SELECT x.row_id, q.req_outcome FROM req q CROSS JOIN LATERAL ( \
+                        SELECT t.ctid AS row_id FROM {table} t \
+                        WHERE t.consumer = q.consumer AND t.message_id = q.message_id \
+                          AND t.token = q.req_token::uuid AND t.processed_at IS NULL \
+                        LIMIT 1 FOR UPDATE) x), \
              upd AS ( \
                UPDATE {table} r SET processed_at = (SELECT ms FROM now), expires_at = NULL, \
                  outcome = h.req_outcome \
                FROM held h \
                WHERE r.ctid = h.row_id AND r.ctid = ANY(ARRAY(SELECT row_id FROM held)) \
-               RETURNING {r_cols}) \
-             SELECT true AS wrote, (SELECT ms FROM now) AS now_ms, upd.* FROM upd \
-             UNION ALL \
-             SELECT false, (SELECT ms FROM now), {cols} FROM cur",
-            lookup(&format!("t.ctid AS row_id, {t_cols}"))
+               RETURNING {no_outcome}) \
+             SELECT true AS wrote, (SELECT ms FROM now) AS now_ms, upd.* FROM upd"
         );
 
         let read_one = format!(
