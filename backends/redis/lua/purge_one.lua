@@ -5,12 +5,12 @@
 --      | '' kept or nothing there | 'x' not a dedup record: left alone
 local key = KEYS[1]
 local now = now_ms(ARGV[1])
-if redis.call('EXISTS', key) == 0 then
-    return ''
-end
-local rec, err = load(key, now)
+local rec, err, present = load(key, now)
 if err then
     return 'x'
+end
+if not present then
+    return ''
 end
 if not rec then
     redis.call('DEL', key)

@@ -40,17 +40,25 @@ local FIELDS = {
     'fingerprint', 'retain_until',
 }
 
--- The record at `key` as seen at `now`: (record), (nil) when absent or past its retention,
--- or (nil, detail) when the key holds something that is not a dedup record.
+-- The record at `key` as seen at `now`: (record, nil, true); (nil, nil, present) when absent
+-- (present false) or past its retention (present true); or (nil, detail) when the key holds
+-- something that is not a dedup record.
+--
+-- HMGET reads the fields at once. A key of another type answers WRONGTYPE (caught; TYPE then
+-- names the type for the detail). All fields nil means no key, or a hash of foreign fields
+-- only: only then does EXISTS tell the two apart. Nothing is written here.
 local function load(key, now)
-    local kind = redis.call('TYPE', key)['ok']
-    if kind == 'none' then
-        return nil
+    local v = redis.pcall('HMGET', key, unpack(FIELDS))
+    if v['err'] then
+        if string.find(v['err'], 'WRONGTYPE', 1, true) then
+            local kind = redis.call('TYPE', key)['ok']
+            return nil, 'the key holds a ' .. kind .. ', not a dedup record (hash)'
+        end
+        error(v)
     end
-    if kind ~= 'hash' then
-        return nil, 'the key holds a ' .. kind .. ', not a dedup record (hash)'
+    if not v[1] and redis.call('EXISTS', key) == 0 then
+        return nil, nil, false
     end
-    local v = redis.call('HMGET', key, unpack(FIELDS))
     local r = {
         state = v[1],
         token = v[2],
@@ -85,9 +93,9 @@ local function load(key, now)
         return nil, 'completed record without a numeric processed_at'
     end
     if r.retain_until <= now then
-        return nil
+        return nil, nil, true
     end
-    return r
+    return r, nil, true
 end
 
 -- Set the key's native expiry to the record's retain_until.

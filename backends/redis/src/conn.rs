@@ -73,6 +73,26 @@ pub(crate) struct BatchReply {
     pub(crate) acknowledged: Option<i64>,
 }
 
+impl BatchReply {
+    /// Put the groups' replies back in call order; the fewest acknowledgements count.
+    fn gather(len: usize, groups: &[Vec<usize>], replies: Vec<(Vec<Value>, Option<i64>)>) -> Self {
+        let mut values = vec![Value::Nil; len];
+        let mut acknowledged: Option<i64> = None;
+        for (group, (group_values, acked)) in groups.iter().zip(replies) {
+            for (&i, v) in group.iter().zip(group_values) {
+                values[i] = v;
+            }
+            if let Some(a) = acked {
+                acknowledged = Some(acknowledged.map_or(a, |m| m.min(a)));
+            }
+        }
+        BatchReply {
+            values,
+            acknowledged,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) enum Conn {
     Standalone(ConnectionManager),
@@ -154,11 +174,15 @@ impl Conn {
 
     /// Run one call; on `NOSCRIPT`, load the scripts and run it again.
     pub(crate) async fn eval(&self, call: &Call) -> RedisResult<Value> {
-        let cmd = call.cmd();
-        match self.query(&cmd).await {
+        self.eval_cmd(&call.cmd()).await
+    }
+
+    /// Run one `EVALSHA`; on `NOSCRIPT`, load the scripts and run it again.
+    async fn eval_cmd(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self.query(cmd).await {
             Err(e) if is_noscript(&e) => {
                 self.load_scripts().await?;
-                self.query(&cmd).await
+                self.query(cmd).await
             }
             other => other,
         }
@@ -172,7 +196,51 @@ impl Conn {
         calls: &[Call],
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<BatchReply> {
-        let groups: Vec<Vec<usize>> = if self.is_cluster() {
+        let groups = self.groups(calls);
+        let replies = try_join_all(groups.iter().map(|group| {
+            let cmds = group.iter().map(|&i| calls[i].cmd()).collect();
+            self.eval_group(cmds, wait)
+        }))
+        .await?;
+        Ok(BatchReply::gather(calls.len(), &groups, replies))
+    }
+
+    /// Run `calls` (all of one claim or commit script, all with the same first
+    /// [`SHARED_ARGS`] arguments) as one call of `many` (`lua/many.lua`: the same
+    /// operation on each key in order) per group: the whole batch on a standalone server,
+    /// one per hash slot in cluster mode (all sent concurrently), each followed by `WAIT`
+    /// when `wait` is set. Replies are per call, in call order, as if each call had run
+    /// alone, one after another.
+    pub(crate) async fn eval_batch(
+        &self,
+        many: &'static Lua,
+        calls: &[Call],
+        wait: Option<(u32, Duration)>,
+    ) -> RedisResult<BatchReply> {
+        let groups = self.groups(calls);
+        let replies = try_join_all(groups.iter().map(|group| async move {
+            let cmd = batch_cmd(many, calls, group);
+            let (mut values, acked) = self.eval_group(vec![cmd], wait).await?;
+            let items = match values.pop() {
+                Some(Value::Array(items)) if items.len() == group.len() => items,
+                other => {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "batch script reply",
+                        format!("expected {} replies, got {other:?}", group.len()),
+                    )));
+                }
+            };
+            Ok((items, acked))
+        }))
+        .await?;
+        Ok(BatchReply::gather(calls.len(), &groups, replies))
+    }
+
+    /// The indexes of `calls`, grouped: all together on a standalone server, by hash slot
+    /// in cluster mode (in call order within a group).
+    fn groups(&self, calls: &[Call]) -> Vec<Vec<usize>> {
+        if self.is_cluster() {
             let mut by_slot: HashMap<Slot, Vec<usize>> = HashMap::new();
             for (i, call) in calls.iter().enumerate() {
                 by_slot.entry(call.slot()).or_default().push(i);
@@ -182,39 +250,20 @@ impl Conn {
             Vec::new()
         } else {
             vec![(0..calls.len()).collect()]
-        };
-        let replies = try_join_all(
-            groups
-                .iter()
-                .map(|group| self.eval_group(calls, group, wait)),
-        )
-        .await?;
-        let mut values = vec![Value::Nil; calls.len()];
-        let mut acknowledged: Option<i64> = None;
-        for (group, (group_values, acked)) in groups.iter().zip(replies) {
-            for (&i, v) in group.iter().zip(group_values) {
-                values[i] = v;
-            }
-            if let Some(a) = acked {
-                acknowledged = Some(acknowledged.map_or(a, |m| m.min(a)));
-            }
         }
-        Ok(BatchReply {
-            values,
-            acknowledged,
-        })
     }
 
+    /// Send `cmds` (all on one slot) as one pipeline, followed by `WAIT` when `wait` is set;
+    /// one reply per command.
     async fn eval_group(
         &self,
-        calls: &[Call],
-        group: &[usize],
+        cmds: Vec<Cmd>,
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<(Vec<Value>, Option<i64>)> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for &i in group {
-            pipe.add_command(calls[i].cmd());
+        for cmd in &cmds {
+            pipe.add_command(cmd.clone());
         }
         if let Some(w) = wait {
             pipe.add_command(wait_cmd(w));
@@ -224,17 +273,17 @@ impl Conn {
             Some(_) => Some(wait_reply(values.pop())?),
             None => None,
         };
-        // Items the server did not run: the script was unknown (NOSCRIPT) or the slot moved
-        // (MOVED / ASK / TRYAGAIN). They run again one by one, in order, through the paths
-        // that load scripts and follow redirections.
+        // Commands the server did not run: the script was unknown (NOSCRIPT) or the slot
+        // moved (MOVED / ASK / TRYAGAIN). They run again one by one, in order, through the
+        // paths that load scripts and follow redirections.
         let mut rerun = false;
-        for (v, &i) in values.iter_mut().zip(group) {
+        for (v, cmd) in values.iter_mut().zip(&cmds) {
             if let Value::ServerError(se) = v {
                 let e = RedisError::from(se.clone());
                 if !(is_noscript(&e) || e.is_cluster_error()) {
                     return Err(e);
                 }
-                *v = self.eval(&calls[i]).await?;
+                *v = self.eval_cmd(cmd).await?;
                 rerun = true;
             }
         }
@@ -295,6 +344,37 @@ impl Conn {
             _ => self.query(&cmd).await,
         }
     }
+}
+
+/// How many leading arguments of a claim or commit [`Call`] every item of a batch shares
+/// (`now`, retention: see `lua/one.lua` and `lua/many.lua`); they are sent once.
+pub(crate) const SHARED_ARGS: usize = 2;
+
+/// `EVALSHA many` over the calls at `group`: their keys, the shared arguments once, then
+/// each call's own arguments in order.
+fn batch_cmd(many: &Lua, calls: &[Call], group: &[usize]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&many.sha).arg(group.len());
+    for &i in group {
+        cmd.arg(&calls[i].key);
+    }
+    if let Some(&first) = group.first() {
+        let shared = &calls[first].args[..SHARED_ARGS];
+        debug_assert!(
+            group
+                .iter()
+                .all(|&i| calls[i].args[..SHARED_ARGS] == *shared)
+        );
+        for a in shared {
+            cmd.arg(a);
+        }
+    }
+    for &i in group {
+        for a in &calls[i].args[SHARED_ARGS..] {
+            cmd.arg(a);
+        }
+    }
+    cmd
 }
 
 fn wait_cmd((replicas, timeout): (u32, Duration)) -> Cmd {

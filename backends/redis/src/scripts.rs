@@ -1,9 +1,11 @@
 //! The Lua scripts: every operation is one of them, run atomically by the server.
 //!
 //! Each script is `lua/record.lua` (the shared prelude: "now", the record layout, loading
-//! and validating a record) followed by the operation's own file. They are invoked with
-//! `EVALSHA`; a server that does not know a script (`NOSCRIPT`: restarted, failed over,
-//! `SCRIPT FLUSH`ed) gets them all loaded again with `SCRIPT LOAD` and the call is retried.
+//! and validating a record) followed by the operation's own file. Claim and commit are
+//! written once, as a function `op` (`lua/claim.lua`, `lua/commit.lua`), run on one key by
+//! `lua/one.lua` and on a whole batch by `lua/many.lua`. They are invoked with `EVALSHA`; a
+//! server that does not know a script (`NOSCRIPT`: restarted, failed over, `SCRIPT
+//! FLUSH`ed) gets them all loaded again with `SCRIPT LOAD` and the call is retried.
 
 use std::sync::LazyLock;
 
@@ -26,25 +28,35 @@ impl Lua {
 }
 
 macro_rules! lua {
-    ($name:ident, $file:literal) => {
+    ($name:ident, $($file:literal),+) => {
         pub(crate) static $name: LazyLock<Lua> = LazyLock::new(|| {
             Lua::new(concat!(
                 include_str!("../lua/record.lua"),
-                "\n",
-                include_str!(concat!("../lua/", $file))
+                $("\n", include_str!(concat!("../lua/", $file))),+
             ))
         });
     };
 }
 
-lua!(CLAIM, "claim.lua");
-lua!(COMMIT, "commit.lua");
+lua!(CLAIM, "claim.lua", "one.lua");
+lua!(CLAIM_MANY, "claim.lua", "many.lua");
+lua!(COMMIT, "commit.lua", "one.lua");
+lua!(COMMIT_MANY, "commit.lua", "many.lua");
 lua!(RENEW, "renew.lua");
 lua!(RELEASE, "release.lua");
 lua!(GET, "get.lua");
 lua!(PURGE_ONE, "purge_one.lua");
 
 /// Every script, for `SCRIPT LOAD`.
-pub(crate) fn all() -> [&'static Lua; 6] {
-    [&CLAIM, &COMMIT, &RENEW, &RELEASE, &GET, &PURGE_ONE]
+pub(crate) fn all() -> [&'static Lua; 8] {
+    [
+        &CLAIM,
+        &CLAIM_MANY,
+        &COMMIT,
+        &COMMIT_MANY,
+        &RENEW,
+        &RELEASE,
+        &GET,
+        &PURGE_ONE,
+    ]
 }

@@ -13,7 +13,7 @@ use dedup_core::{
 
 use crate::conn::{BatchReply, Call, Conn};
 use crate::error::{ReplicationShortfall, backend};
-use crate::scripts::{CLAIM, COMMIT, GET, Lua, RELEASE, RENEW};
+use crate::scripts::{CLAIM, CLAIM_MANY, COMMIT, COMMIT_MANY, GET, Lua, RELEASE, RENEW};
 use crate::{RedisConfig, layout, reply};
 
 /// A [`DedupStore`] keeping one Redis hash per key, every operation one Lua script.
@@ -123,22 +123,24 @@ impl RedisStore {
     fn claim_call(&self, key: &Key, options: &ClaimOptions, now: &str) -> (Call, LeaseToken) {
         let token = LeaseToken::random();
         let fingerprint = options.fingerprint.as_ref().map_or("", |f| f.as_str());
+        // lua/one.lua: the batch's shared arguments (conn::SHARED_ARGS) first.
         let call = Call::new(&CLAIM, self.redis_key(key))
             .arg(now)
+            .arg(self.retention_ms())
             .arg(token.to_string())
             .arg(duration_millis(options.lease))
-            .arg(fingerprint)
-            .arg(self.retention_ms());
+            .arg(fingerprint);
         (call, token)
     }
 
     fn commit_call(&self, lease: &Lease, outcome: Option<&[u8]>, now: &str) -> Call {
+        // lua/one.lua: the batch's shared arguments (conn::SHARED_ARGS) first.
         Call::new(&COMMIT, self.redis_key(&lease.key))
             .arg(now)
+            .arg(self.retention_ms())
             .arg(lease.token.to_string())
             .arg(if outcome.is_some() { "1" } else { "0" })
             .arg(outcome.unwrap_or_default())
-            .arg(self.retention_ms())
     }
 
     fn lease_call(&self, lua: &'static Lua, lease: &Lease) -> Call {
@@ -147,15 +149,16 @@ impl RedisStore {
             .arg(lease.token.to_string())
     }
 
-    /// Run commits with the configured replica wait; the shortfall check applies when at
-    /// least one commit succeeded (a lost lease wrote nothing to wait for).
+    /// Run commits (one script call per batch, or per slot group in a cluster) with the
+    /// configured replica wait; the shortfall check applies when at least one commit
+    /// succeeded (a lost lease wrote nothing to wait for).
     async fn run_commits(&self, calls: &[Call], leases: &[&Lease]) -> Result<Vec<Result<()>>> {
         let BatchReply {
             values,
             acknowledged,
         } = self
             .conn
-            .eval_many(calls, self.config.wait_for_replicas)
+            .eval_batch(&COMMIT_MANY, calls, self.config.wait_for_replicas)
             .await
             .map_err(backend)?;
         let results: Vec<Result<()>> = leases
@@ -193,7 +196,11 @@ impl DedupStore for RedisStore {
             .iter()
             .map(|r| self.claim_call(&r.key, &r.options, &now))
             .unzip();
-        let batch = self.conn.eval_many(&calls, None).await.map_err(backend)?;
+        let batch = self
+            .conn
+            .eval_batch(&CLAIM_MANY, &calls, None)
+            .await
+            .map_err(backend)?;
         Ok(requests
             .iter()
             .zip(tokens)

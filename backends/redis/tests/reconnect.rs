@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use common::{Target, config};
-use dedup_core::{Claim, ClaimOptions, ClaimRequest, DedupStore, Key, ManualClock};
+use dedup_core::{
+    Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, ManualClock, RecordState,
+};
 use dedup_redis::RedisStore;
 use dedup_redis::redis::{self, aio::MultiplexedConnection};
 
@@ -136,7 +138,7 @@ async fn flushed_scripts_are_loaded_again() {
                 .unwrap()
                 .is_acquired()
         );
-        // A batch (pipelines of EVALSHA).
+        // A batch (one EVALSHA per batch, or per slot group in a cluster).
         flush_scripts(&mut nodes).await;
         let requests: Vec<ClaimRequest> = (0..20)
             .map(|i| {
@@ -150,6 +152,33 @@ async fn flushed_scripts_are_loaded_again() {
         assert!(
             claims.iter().all(|c| matches!(c, Ok(Claim::Acquired(_)))),
             "{}: {claims:?}",
+            target.name()
+        );
+        // A batch of commits, its script flushed too.
+        flush_scripts(&mut nodes).await;
+        let commits: Vec<CommitRequest> = claims
+            .into_iter()
+            .map(|c| match c {
+                Ok(Claim::Acquired(lease)) => CommitRequest {
+                    lease,
+                    outcome: Some(b"done".to_vec()),
+                },
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let committed = store.commit_many(&commits).await.unwrap();
+        assert!(
+            committed.iter().all(Result::is_ok),
+            "{}: {committed:?}",
+            target.name()
+        );
+        let record = store.get(&commits[0].lease.key).await.unwrap();
+        assert!(
+            matches!(
+                record.map(|r| r.state),
+                Some(RecordState::Completed { outcome: Some(ref o), .. }) if o == b"done"
+            ),
+            "{}: the batch commit was not applied",
             target.name()
         );
     }
