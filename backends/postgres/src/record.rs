@@ -17,9 +17,8 @@ pub(crate) struct StatementRow {
     pub(crate) record: Record,
 }
 
-/// The rows of one claim / commit statement, by key. A key with a written row keeps that
-/// row (the statement also reads the pre-write version); rows for keys not asked for (the
-/// cross product of a multi-consumer batch) are dropped.
+/// The rows of one claim / commit statement (and of the read that may follow it), by key. A
+/// key with a written row keeps that row; rows for keys not asked for are dropped.
 #[derive(Debug, Default)]
 pub(crate) struct StatementRows {
     /// The statement's "now" (`None` when no row came back).

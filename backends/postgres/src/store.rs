@@ -22,8 +22,8 @@ use crate::sql::Statements;
 
 /// A [`DedupStore`] keeping its records in one PostgreSQL table.
 ///
-/// Cheap to clone (the clones share the pool). Every operation is one statement in the
-/// usual case (see the crate docs); lease time comes from the server's clock unless the
+/// Cheap to clone (the clones share the pool). Every write is one statement (an answer
+/// that writes nothing reads the record with a second one; see the crate docs); lease time comes from the server's clock unless the
 /// [`PostgresConfig`] injects one. [`claim_in_tx`](Self::claim_in_tx) and
 /// [`commit_in_tx`](Self::commit_in_tx) join the caller's own transaction.
 #[derive(Clone)]
