@@ -562,3 +562,56 @@ async fn purgers_on_many_nodes_split_the_work() {
         "live leases stay"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn commits_renewals_and_releases_are_hot_updates() {
+    let url = url_or_skip!();
+    let store = common::store(&url, "hot_updates", None).await;
+    // No index covers a column that commit, renew or release change, so PostgreSQL can
+    // update those rows in place (HOT: no index writes), given room on the page, which a
+    // commit right after its claim usually has.
+    const N: i64 = 300;
+    for i in 0..N {
+        let k = key("c", &format!("m{i}"));
+        let lease = store
+            .claim(&k, &lease(60))
+            .await
+            .expect("claim")
+            .into_lease()
+            .expect("acquired");
+        let lease = store
+            .renew(&lease, Duration::from_secs(60))
+            .await
+            .expect("renew");
+        if i % 2 == 0 {
+            store.release(&lease).await.expect("release");
+        } else {
+            store.commit(&lease, Some(b"ok")).await.expect("commit");
+        }
+    }
+    let sql = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+               WHERE schemaname = $1 AND relname = $2";
+    let started = Instant::now();
+    let (updated, hot): (i64, i64) = loop {
+        let (updated, hot): (i64, i64) = sqlx::query_as(sql)
+            .bind(common::SCHEMA)
+            .bind(&store.config().table)
+            .fetch_one(store.pool())
+            .await
+            .expect("pg_stat_user_tables");
+        if updated >= 2 * N {
+            break (updated, hot);
+        }
+        // Backends flush their statistics about a second after going idle.
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "statistics never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("{hot} of {updated} updates were HOT");
+    assert!(
+        hot * 10 >= updated * 9,
+        "{hot} of {updated} updates were HOT: an index covers a column they change"
+    );
+}
