@@ -263,7 +263,7 @@ impl DedupStore for RedisStore {
             multi_process: true,
             native_batch: true,
             native_ttl: true,
-            server_clock: true,
+            server_clock: self.config.clock.is_none(),
             ..Capabilities::default()
         }
     }

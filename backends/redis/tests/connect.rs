@@ -106,6 +106,12 @@ async fn a_store_describes_itself() {
                 transactional: false,
             }
         );
+        // With an injected clock the store no longer takes lease time from the server.
+        let clocked = RedisConfig {
+            clock: Some(std::sync::Arc::new(dedup_core::ManualClock::starting_now())),
+            ..config.clone()
+        };
+        assert!(!target.open(clocked).await.capabilities().server_clock);
         let debug = format!("{:?}", store.clone());
         assert!(
             debug.contains("RedisStore") && debug.contains(&config.prefix),
