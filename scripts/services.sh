@@ -9,6 +9,7 @@
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
+#   scripts/services.sh crash-restart postgres   # kill -9 style restart, data kept (tests)
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -661,6 +662,27 @@ cmd_stop() {
     log "stopped; removed $STATE_DIR"
 }
 
+# Restart a running service the way a crash would, keeping its data: PostgreSQL is stopped
+# in immediate mode (no shutdown checkpoint; WAL replay on start). For the server-restart
+# tests, which run their own state dir.
+cmd_crash_restart() {
+    local svc=${1:-} dir bin port i
+    [[ $svc == postgres ]] || die "crash-restart supports: postgres"
+    dir=$STATE_DIR/postgres
+    [[ -f $dir/port && -d $dir/data ]] || die "PostgreSQL is not running in $STATE_DIR"
+    bin=$(pg_bindir) || die "PostgreSQL binaries not found"
+    port=$(<"$dir/port")
+    as_user postgres "$bin/pg_ctl" -D "$dir/data" -m immediate -t 30 stop >/dev/null 2>&1 || true
+    as_user postgres setsid "$bin/pg_ctl" -D "$dir/data" -l "$dir/data/server.log" -W start >/dev/null
+    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+        "$bin/pg_isready" -q -h "$HOST" -p "$port" && break
+        sleep 0.2
+    done
+    "$bin/pg_isready" -q -h "$HOST" -p "$port" ||
+        { show_log "$dir/data/server.log"; die "PostgreSQL did not come back on port $port"; }
+    log "postgres crash-restarted"
+}
+
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
     exit 2
@@ -675,6 +697,7 @@ main() {
         env) cmd_env ;;
         status) cmd_status ;;
         rabbitmqctl) cmd_rabbitmqctl "$@" ;;
+        crash-restart) cmd_crash_restart "$@" ;;
         -h | --help | help) usage ;;
         *) usage ;;
     esac
