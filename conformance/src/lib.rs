@@ -5,6 +5,7 @@ mod harness;
 mod macros;
 mod memory_factory;
 pub mod model;
+pub mod restart;
 mod support;
 
 pub use harness::{

@@ -10,9 +10,8 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use dedup_core::{Claim, ClaimOptions, DedupStore, Key, Result};
+use dedup_conformance::restart::acknowledged_records_survive_a_restart;
 use dedup_postgres::{PostgresStore, sqlx};
 
 /// A private PostgreSQL from scripts/services.sh, stopped (and its folder removed) on drop.
@@ -73,34 +72,6 @@ impl Drop for Server {
     }
 }
 
-async fn until_reconnected<T, F, Fut>(mut op: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match op().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(
-                    e.is_retryable(),
-                    "a failure after a restart must be retryable: {e:?}"
-                );
-                assert!(
-                    Instant::now() < deadline,
-                    "the store did not reconnect: {e:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-fn key(i: usize) -> Key {
-    Key::new("billing", format!("order-{i}")).expect("key")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_and_restarted_server_keeps_every_acknowledged_commit_and_lease() {
     let Some(server) = Server::start() else {
@@ -121,46 +92,5 @@ async fn a_crashed_and_restarted_server_keeps_every_acknowledged_commit_and_leas
     admin.close().await;
 
     let store = PostgresStore::connect(&server.url).await.expect("connect");
-    let opts = ClaimOptions::lease(Duration::from_secs(120));
-    for i in 0..50 {
-        let lease = store
-            .claim(&key(i), &opts)
-            .await
-            .unwrap()
-            .into_lease()
-            .unwrap();
-        store
-            .commit(&lease, Some(format!("invoice-{i}").as_bytes()))
-            .await
-            .unwrap();
-    }
-    let live = store
-        .claim(&key(50), &opts)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-
-    server.crash_restart();
-
-    for i in 0..50 {
-        let k = key(i);
-        match until_reconnected(|| store.claim(&k, &opts)).await {
-            Claim::Completed { outcome, .. } => {
-                assert_eq!(outcome, Some(format!("invoice-{i}").into_bytes()))
-            }
-            other => panic!("order-{i} was committed before the crash, got {other:?}"),
-        }
-    }
-    let k = key(50);
-    match until_reconnected(|| store.claim(&k, &opts)).await {
-        Claim::InFlight {
-            expires_at,
-            attempt,
-        } => {
-            assert_eq!((expires_at, attempt), (live.expires_at, 1))
-        }
-        other => panic!("the live lease must survive, got {other:?}"),
-    }
-    until_reconnected(|| store.commit(&live, None)).await;
+    acknowledged_records_survive_a_restart(&store, || server.crash_restart()).await;
 }

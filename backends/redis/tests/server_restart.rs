@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dedup_core::{Claim, ClaimOptions, DedupStore, Key, Result};
+use dedup_conformance::restart::{acknowledged_records_survive_a_restart, until_reconnected};
+use dedup_core::{Claim, ClaimOptions, DedupStore, Key};
 use dedup_redis::{RedisStore, redis};
 
 /// A private redis-server, killed and removed on drop.
@@ -103,32 +104,6 @@ impl Drop for Server {
     }
 }
 
-/// The first operations after a restart may fail while the store reconnects; they must
-/// fail retryably, and succeed within a bounded time.
-async fn until_reconnected<T, F, Fut>(mut op: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match op().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(
-                    e.is_retryable(),
-                    "a failure after a restart must be retryable: {e:?}"
-                );
-                assert!(
-                    Instant::now() < deadline,
-                    "the store did not reconnect: {e:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
 fn key(i: usize) -> Key {
     Key::new("billing", format!("order-{i}")).expect("key")
 }
@@ -141,49 +116,11 @@ async fn aof_always_keeps_every_acknowledged_commit_and_lease_across_a_kill_and_
         return;
     };
     let store = RedisStore::connect(&server.url()).await.expect("connect");
-    let lease_opts = ClaimOptions::lease(Duration::from_secs(120));
-    for i in 0..50 {
-        let lease = store
-            .claim(&key(i), &lease_opts)
-            .await
-            .unwrap()
-            .into_lease()
-            .unwrap();
-        store
-            .commit(&lease, Some(format!("invoice-{i}").as_bytes()))
-            .await
-            .unwrap();
-    }
-    let live = store
-        .claim(&key(50), &lease_opts)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-
-    server.kill();
-    server.spawn().expect("restart redis-server");
-
-    for i in 0..50 {
-        let k = key(i);
-        match until_reconnected(|| store.claim(&k, &lease_opts)).await {
-            Claim::Completed { outcome, .. } => {
-                assert_eq!(outcome, Some(format!("invoice-{i}").into_bytes()))
-            }
-            other => panic!("order-{i} was committed before the kill, got {other:?}"),
-        }
-    }
-    match store.claim(&key(50), &lease_opts).await.unwrap() {
-        Claim::InFlight {
-            expires_at,
-            attempt,
-        } => {
-            assert_eq!((expires_at, attempt), (live.expires_at, 1));
-        }
-        other => panic!("the live lease must survive, got {other:?}"),
-    }
-    // The lease's owner can still finish its work.
-    store.commit(&live, None).await.unwrap();
+    acknowledged_records_survive_a_restart(&store, || {
+        server.kill();
+        server.spawn().expect("restart redis-server");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
