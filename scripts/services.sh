@@ -289,8 +289,18 @@ postgres_alive() {
     "$bin/pg_isready" -q -h "$HOST" -p "$(<"$dir/port")"
 }
 
+# Wait (bounded by WAIT_SECONDS) until PostgreSQL answers on $2; $1 is its bin dir.
+wait_postgres() {
+    local bin=$1 port=$2 i
+    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+        "$bin/pg_isready" -q -h "$HOST" -p "$port" && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
 start_postgres() {
-    local dir=$STATE_DIR/postgres bin port i
+    local dir=$STATE_DIR/postgres bin port
     bin=$(pg_bindir) || die "PostgreSQL binaries not found under /usr/lib/postgresql/*/bin"
     mkdir -p "$dir/run"
     port=$(free_ports 1)
@@ -315,11 +325,7 @@ full_page_writes = off
 EOF
     # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
     as_user postgres setsid "$bin/pg_ctl" -D "$dir/data" -l "$dir/data/server.log" -W start >/dev/null
-    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
-        "$bin/pg_isready" -q -h "$HOST" -p "$port" && break
-        sleep 0.2
-    done
-    "$bin/pg_isready" -q -h "$HOST" -p "$port" ||
+    wait_postgres "$bin" "$port" ||
         { show_log "$dir/data/server.log"; die "PostgreSQL did not become ready on port $port"; }
     "$bin/createdb" -h "$HOST" -p "$port" -U postgres dedup
     write_url postgres DEDUP_POSTGRES_URL "postgres://postgres@$HOST:$port/dedup"
@@ -666,7 +672,7 @@ cmd_stop() {
 # in immediate mode (no shutdown checkpoint; WAL replay on start). For the server-restart
 # tests, which run their own state dir.
 cmd_crash_restart() {
-    local svc=${1:-} dir bin port i
+    local svc=${1:-} dir bin port
     [[ $svc == postgres ]] || die "crash-restart supports: postgres"
     dir=$STATE_DIR/postgres
     [[ -f $dir/port && -d $dir/data ]] || die "PostgreSQL is not running in $STATE_DIR"
@@ -674,11 +680,7 @@ cmd_crash_restart() {
     port=$(<"$dir/port")
     as_user postgres "$bin/pg_ctl" -D "$dir/data" -m immediate -t 30 stop >/dev/null 2>&1 || true
     as_user postgres setsid "$bin/pg_ctl" -D "$dir/data" -l "$dir/data/server.log" -W start >/dev/null
-    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
-        "$bin/pg_isready" -q -h "$HOST" -p "$port" && break
-        sleep 0.2
-    done
-    "$bin/pg_isready" -q -h "$HOST" -p "$port" ||
+    wait_postgres "$bin" "$port" ||
         { show_log "$dir/data/server.log"; die "PostgreSQL did not come back on port $port"; }
     log "postgres crash-restarted"
 }
