@@ -8,4 +8,4 @@ pub mod rng;
 pub mod sim;
 pub mod store_url;
 
-pub use store_url::{StoreUrl, open_store, open_store_with_clock};
+pub use store_url::{StoreUrl, open_store, open_store_with_clock, url_or_temp_sqlite};

@@ -11,6 +11,7 @@
 //! Each backend is an optional dependency behind its feature (all on by default), so a
 //! service compiles only the backends it uses.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use dedup_core::{Clock, DedupStore, Error, MemoryStore, Result};
@@ -87,6 +88,12 @@ fn disabled(feature: &'static str) -> Error {
         "store url",
         format!("this build has no {feature} backend (enable the `{feature}` cargo feature)"),
     )
+}
+
+/// The store URL an example program uses: its `--store` argument when given, else an SQLite
+/// file named `file` in `dir` (a temporary folder the program owns: the embedded default).
+pub fn url_or_temp_sqlite(store: Option<String>, dir: &Path, file: &str) -> String {
+    store.unwrap_or_else(|| format!("sqlite:{}", dir.join(file).display()))
 }
 
 /// Open the store `url` names, ready to use (SQL schemas migrated), on its default clock

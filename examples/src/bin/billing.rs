@@ -43,7 +43,9 @@ struct World {
 }
 
 impl World {
-    fn new(dir: &Path, name: &str) -> Result<Arc<Self>, Box<dyn std::error::Error>> {
+    /// A fresh database for `variant` (its name, made file-safe, names the file).
+    fn new(dir: &Path, variant: &str) -> Result<Arc<Self>, Box<dyn std::error::Error>> {
+        let name = variant.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
         let db = dir.join(format!("{name}.db"));
         let conn = connect(&db)?;
         conn.execute_batch(
@@ -148,10 +150,7 @@ async fn lease_mode(
     deliveries: &[&'static str],
     variant: &'static str,
 ) -> Result<Row, Box<dyn std::error::Error>> {
-    let world = World::new(
-        dir,
-        &variant.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
-    )?;
+    let world = World::new(dir, variant)?;
     let store = SqliteStore::open(&world.db).await?;
     let inbox = Inbox::new(store).with_config(InboxConfig {
         lease: Duration::from_secs(30),
@@ -195,10 +194,7 @@ async fn transactional(
     natural_key: bool,
     variant: &'static str,
 ) -> Result<Row, Box<dyn std::error::Error>> {
-    let world = World::new(
-        dir,
-        &variant.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
-    )?;
+    let world = World::new(dir, variant)?;
     if natural_key {
         connect(&world.db)?
             .execute_batch("CREATE UNIQUE INDEX invoices_order ON invoices (order_id)")?;

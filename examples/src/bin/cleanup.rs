@@ -50,9 +50,7 @@ struct Outcome {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let tmp = tempfile::tempdir()?;
-    let url = args
-        .store
-        .unwrap_or_else(|| format!("sqlite:{}", tmp.path().join("cleanup.db").display()));
+    let url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "cleanup.db");
     let today = SystemClock.now();
     let clock = Arc::new(ManualClock::new(today));
     let store =

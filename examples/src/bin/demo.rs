@@ -64,10 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..SimConfig::default()
     };
     let tmp = tempfile::tempdir()?;
-    let url = match &args.store {
-        Some(u) => u.clone(),
-        None => format!("sqlite:{}", tmp.path().join("dedup-demo.db").display()),
-    };
+    let url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "dedup-demo.db");
     let store = dedup_examples::open_store(&url).await?;
     // A fresh consumer name per run, so re-running against a persistent store starts clean.
     let consumer_name = format!(

@@ -39,9 +39,7 @@ struct Row {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let tmp = tempfile::tempdir()?;
-    let url = args
-        .store
-        .unwrap_or_else(|| format!("sqlite:{}", tmp.path().join("parcel.db").display()));
+    let url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "parcel.db");
     let store = dedup_examples::open_store(&url).await?;
     let world = Arc::new(World::default());
     let event_id = format!("parcel-created-{}", uuid::Uuid::new_v4().simple());

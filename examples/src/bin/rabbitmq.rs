@@ -70,9 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let tmp = tempfile::tempdir()?;
-    let store_url = args
-        .store
-        .unwrap_or_else(|| format!("sqlite:{}", tmp.path().join("inbox.db").display()));
+    let store_url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "inbox.db");
     let ledger = tmp.path().join("ledger.db");
     Ledger::create(&ledger)?;
     let conn = Connection::connect(&amqp, ConnectionProperties::default()).await?;

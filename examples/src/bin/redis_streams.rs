@@ -57,9 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .or_else(|| std::env::var("DEDUP_REDIS_URL").ok())
         .unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
     let tmp = tempfile::tempdir()?;
-    let store_url = args
-        .store
-        .unwrap_or_else(|| format!("sqlite:{}", tmp.path().join("inbox.db").display()));
+    let store_url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "inbox.db");
     let inbox = Inbox::from_arc(
         dedup_examples::open_store(&store_url).await?,
         InboxConfig {
