@@ -8,7 +8,13 @@
 # The arguments go to the first `cargo test --workspace --all-targets` run; the doc tests
 # always run in full afterwards. The exit code is the tests' (non-zero if either run failed).
 #
+# Before the tests it checks formatting and the toolchain against the MSRV; after them it
+# runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples
+# with each backend feature alone. Any failure fails the run; every step still runs, and the
+# summary at the end names the steps that failed.
+#
 # Environment:
+#   DEDUP_CHECKS=0        skip fmt / MSRV / clippy / doc / feature checks (tests only)
 #   PROPTEST_CASES        cases per property test (default 256)
 #   DEDUP_SERVICES_DIR    where the servers keep their data (default: a fresh folder per run)
 set -euo pipefail
@@ -55,16 +61,49 @@ log "services started in $(elapsed_since "$t")s"
 export DEDUP_TEST_STRICT=1
 export PROPTEST_CASES=${PROPTEST_CASES:-256}
 
-status=0
-t=$EPOCHREALTIME
-# `|| status=$?` keeps `set -e` from exiting before the doc tests and the timing line.
-cargo test --workspace --all-targets "$@" || status=$?
-log "cargo test --all-targets finished in $(elapsed_since "$t")s (exit $status)"
+failed=()
+# Run one named step, timing it; a failure is recorded, not fatal.
+step() {
+    local name=$1 t=$EPOCHREALTIME rc=0
+    shift
+    log "$name: $*"
+    "$@" || rc=$?
+    log "$name finished in $(elapsed_since "$t")s (exit $rc)"
+    ((rc == 0)) || failed+=("$name")
+}
 
-t=$EPOCHREALTIME
-doc_status=0
-cargo test --workspace --doc || doc_status=$?
-log "cargo test --doc finished in $(elapsed_since "$t")s (exit $doc_status)"
+# The toolchain must be at least the workspace's rust-version (the MSRV we build with).
+check_msrv() {
+    local msrv have
+    msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+    have=$(rustc --version | awk '{print $2}')
+    if [[ $(printf '%s\n%s\n' "$msrv" "$have" | sort -V | head -n1) != "$msrv" ]]; then
+        log "error: rustc $have is older than the MSRV $msrv (Cargo.toml rust-version)"
+        return 1
+    fi
+    log "rustc $have, MSRV $msrv"
+}
 
-((status != 0)) || status=$doc_status
-exit "$status"
+checks=${DEDUP_CHECKS:-1}
+if [[ $checks != 0 ]]; then
+    step msrv check_msrv
+    step fmt cargo fmt --all --check
+fi
+
+step "cargo test" cargo test --workspace --all-targets "$@"
+step "doc tests" cargo test --workspace --doc
+
+if [[ $checks != 0 ]]; then
+    step clippy cargo clippy --workspace --all-targets -- -D warnings
+    step rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+    for feature in sqlite postgres redis; do
+        step "examples with only $feature" \
+            cargo check -p dedup-examples --bins --no-default-features --features "$feature"
+    done
+fi
+
+if ((${#failed[@]})); then
+    log "FAILED: ${failed[*]}"
+    exit 1
+fi
+log "all steps passed"

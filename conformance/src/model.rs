@@ -321,10 +321,17 @@ impl<'a, S: DedupStore + ?Sized> Side<'a, S> {
                 retention_ms,
                 batch_size,
             } => {
+                // Unpaced, so batch counts are exact (a paced batch of a multi-round-trip
+                // backend may stop early at its deadline).
                 let options = PurgeOptions::older_than(Duration::from_millis(*retention_ms))
-                    .batch_size(*batch_size);
+                    .batch_size(*batch_size)
+                    .unpaced();
                 vec![Seen::of(&self.store.purge(&options).await, |r| {
-                    Seen::Purged(*r)
+                    Seen::Purged {
+                        completed: r.completed,
+                        expired: r.expired,
+                        batches: r.batches,
+                    }
                 })]
             }
             Op::Advance { .. } | Op::Get { .. } => Vec::new(),

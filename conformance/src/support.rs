@@ -291,7 +291,14 @@ pub(crate) enum Seen {
         outcome: Option<Vec<u8>>,
     },
     /// A purge report.
-    Purged(dedup_core::PurgeReport),
+    Purged {
+        /// Completed records removed.
+        completed: u64,
+        /// Expired records removed.
+        expired: u64,
+        /// Batches run.
+        batches: u32,
+    },
     /// `Err(LeaseLost)` for this key.
     LeaseLost(Key),
     /// `Err(FingerprintMismatch)` for this key.

@@ -64,6 +64,22 @@ pub enum Error {
         detail: String,
     },
 
+    /// The store's table (or key space) was created or upgraded by a newer version of this
+    /// library, whose layout this version does not know. Nothing was changed: upgrade the
+    /// library on this node (every node must run a version that knows the schema).
+    #[error(
+        "{table} has schema version {found}; this version of dedup knows versions up to \
+         {known}: upgrade the dedup crates on this node"
+    )]
+    SchemaTooNew {
+        /// The table (as configured, schema-qualified where the backend has schemas).
+        table: String,
+        /// The version recorded with the table.
+        found: i64,
+        /// The newest version this library knows.
+        known: i64,
+    },
+
     /// The storage failed (connection dropped, server restarted, disk full, lock timeout,
     /// serialization failure...). `source` is the driver's own error.
     #[error("{backend} backend error{}", if *.retryable { " (retryable)" } else { "" })]
@@ -94,6 +110,19 @@ impl Error {
             retryable,
             source: source.into(),
         }
+    }
+
+    /// Shorthand for [`Error::Corrupt`].
+    pub fn corrupt(key: &Key, detail: impl Into<String>) -> Self {
+        Error::Corrupt {
+            key: key.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::LeaseLost`].
+    pub fn lease_lost(key: &Key) -> Self {
+        Error::LeaseLost { key: key.clone() }
     }
 
     /// Whether repeating the same operation may succeed.

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod backend;
 mod error;
 mod inbox;
 mod key;
@@ -15,11 +16,11 @@ pub use error::{BoxError, Error, Result};
 pub use inbox::{Handled, Inbox, InboxConfig, InboxError};
 pub use key::Key;
 pub use memory::MemoryStore;
-pub use store::{DedupStore, ItemResult, validate_claim_batch, validate_commit_batch};
+pub use store::{DedupStore, ItemResult};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis};
 pub use types::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Fingerprint, Lease, LeaseToken,
-    MAX_BATCH_LEN, MAX_FINGERPRINT_LEN, MAX_LEASE, MAX_OUTCOME_LEN, MIN_LEASE, PurgeOptions,
+    MAX_BATCH_LEN, MAX_FINGERPRINT_LEN, MAX_LEASE, MAX_OUTCOME_LEN, MIN_LEASE, Pace, PurgeOptions,
     PurgeReport, Record, RecordState, TxClaim, idempotency_key, validate_batch_len, validate_lease,
     validate_outcome,
 };

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::store::{ItemResult, validate_claim_batch, validate_commit_batch};
+use crate::backend::{PurgeBatch, PurgeBatches, PurgeStep, Storage};
+use crate::store::ItemResult;
 use crate::transition::{self, Purgeable, Write};
 use crate::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, Key, Lease,
-    LeaseToken, PurgeOptions, PurgeReport, Record, Result, SystemClock, Timestamp, validate_lease,
-    validate_outcome,
+    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, Key, Lease, LeaseToken,
+    Record, Result, SystemClock, Timestamp,
 };
 
 /// An in-process store: a map under a mutex, following [`transition`] exactly.
@@ -111,16 +111,16 @@ impl MemoryStore {
     }
 }
 
+crate::impl_dedup_store!(MemoryStore);
+
 #[async_trait]
-impl DedupStore for MemoryStore {
+impl Storage for MemoryStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        options.validate()?;
         let now = self.now();
         Self::claim_locked(&mut self.records(), key, options, now)
     }
 
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
-        validate_claim_batch(requests)?;
         let now = self.now();
         let mut map = self.records();
         Ok(requests
@@ -130,7 +130,6 @@ impl DedupStore for MemoryStore {
     }
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
-        validate_lease(extend_by)?;
         let now = self.now();
         let mut map = self.records();
         let (renewed, write) = transition::renew(map.get(&lease.key), lease, extend_by, now)?;
@@ -139,13 +138,11 @@ impl DedupStore for MemoryStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        validate_outcome(outcome)?;
         let now = self.now();
         Self::commit_locked(&mut self.records(), lease, outcome, now)
     }
 
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
-        validate_commit_batch(requests)?;
         let now = self.now();
         let mut map = self.records();
         Ok(requests
@@ -166,41 +163,39 @@ impl DedupStore for MemoryStore {
         Ok(self.records().get(key).cloned())
     }
 
-    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        options.validate()?;
-        let mut report = PurgeReport::default();
-        loop {
-            if options.max_batches.is_some_and(|max| report.batches >= max) {
-                break;
-            }
-            let now = self.now();
-            let mut map = self.records();
-            let doomed: Vec<(Key, Purgeable)> = map
-                .values()
-                .filter_map(|r| {
-                    transition::purgeable(r, now, options.retention).map(|p| (r.key.clone(), p))
-                })
-                .take(options.batch_size)
-                .collect();
-            report.batches += 1;
-            for (key, why) in &doomed {
-                map.remove(key);
-                match why {
-                    Purgeable::Completed => report.completed += 1,
-                    Purgeable::Expired => report.expired += 1,
-                }
-            }
-            if doomed.len() < options.batch_size {
-                break;
-            }
-        }
-        Ok(report)
-    }
-
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             native_batch: true,
             ..Capabilities::default()
         }
+    }
+}
+
+#[async_trait]
+impl PurgeBatches for MemoryStore {
+    type PurgeCursor = ();
+
+    async fn purge_batch(&self, step: &PurgeStep, _: &mut ()) -> Result<PurgeBatch> {
+        let now = self.now();
+        let mut map = self.records();
+        let doomed: Vec<(Key, Purgeable)> = map
+            .values()
+            .filter_map(|r| {
+                transition::purgeable(r, now, step.retention).map(|p| (r.key.clone(), p))
+            })
+            .take(step.limit)
+            .collect();
+        let mut batch = PurgeBatch {
+            exhausted: doomed.len() < step.limit,
+            ..PurgeBatch::default()
+        };
+        for (key, why) in doomed {
+            map.remove(&key);
+            match why {
+                Purgeable::Completed => batch.completed += 1,
+                Purgeable::Expired => batch.expired += 1,
+            }
+        }
+        Ok(batch)
     }
 }

@@ -132,17 +132,3 @@ macro_rules! forward_store {
 }
 
 forward_store!(Arc<S>, Box<S>, &S);
-
-/// Validate every request of a `claim_many` before anything is written.
-pub fn validate_claim_batch(requests: &[ClaimRequest]) -> Result<()> {
-    crate::validate_batch_len(requests.len())?;
-    requests.iter().try_for_each(|r| r.options.validate())
-}
-
-/// Validate every request of a `commit_many` before anything is written.
-pub fn validate_commit_batch(requests: &[CommitRequest]) -> Result<()> {
-    crate::validate_batch_len(requests.len())?;
-    requests
-        .iter()
-        .try_for_each(|r| crate::validate_outcome(r.outcome.as_deref()))
-}

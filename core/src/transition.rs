@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use crate::{
-    Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, RecordState, Result, Timestamp,
+    Claim, ClaimOptions, Error, Fingerprint, Key, Lease, LeaseToken, Record, RecordState, Result,
+    Timestamp, TxClaim,
 };
 
 /// What an operation does to the stored record.
@@ -105,9 +106,70 @@ fn held_by<'r>(record: Option<&'r Record>, lease: &Lease) -> Option<(&'r Record,
 }
 
 fn lost(lease: &Lease) -> Error {
-    Error::LeaseLost {
-        key: lease.key.clone(),
-    }
+    Error::lease_lost(&lease.key)
+}
+
+/// A claim inside the caller's SQL transaction (the SQL backends' transactional
+/// extension) at `now`: like [`claim`], but what it writes is a *completed* record (the
+/// transaction itself is the lease), with no token and no outcome.
+///
+/// Absent: `Claimed` at fence 1. In flight with an expired or released lease: taken over,
+/// `Claimed` at fence+1, attempt+1. In flight with a live lease: `InFlight`. Completed:
+/// `Completed`. A stored fingerprint other than `fingerprint`: `FingerprintMismatch`.
+/// Nothing is written in the last three cases.
+pub fn tx_claim(
+    record: Option<&Record>,
+    key: &Key,
+    fingerprint: Option<&Fingerprint>,
+    now: Timestamp,
+) -> Result<(TxClaim, Write)> {
+    let options = ClaimOptions {
+        lease: crate::MIN_LEASE,
+        fingerprint: fingerprint.cloned(),
+    };
+    let (claim, write) = claim(record, key, &options, now, LeaseToken::random())?;
+    Ok(match (claim, write) {
+        (Claim::Acquired(lease), Write::Put(record)) => (
+            TxClaim::Claimed { fence: lease.fence },
+            Write::Put(Record {
+                state: RecordState::Completed {
+                    token: None,
+                    processed_at: now,
+                    outcome: None,
+                },
+                ..record
+            }),
+        ),
+        (
+            Claim::InFlight {
+                expires_at,
+                attempt,
+            },
+            _,
+        ) => (
+            TxClaim::InFlight {
+                expires_at,
+                attempt,
+            },
+            Write::Unchanged,
+        ),
+        (
+            Claim::Completed {
+                processed_at,
+                outcome,
+            },
+            _,
+        ) => (
+            TxClaim::Completed {
+                processed_at,
+                outcome,
+            },
+            Write::Unchanged,
+        ),
+        (Claim::Acquired(_), Write::Unchanged) => {
+            unreachable!("transition::claim always writes an acquisition")
+        }
+    })
 }
 
 /// `commit(lease, outcome)` at `now`.

@@ -329,8 +329,9 @@ pub enum RecordState {
     },
 }
 
-/// How to purge.
+/// How to purge. Build it with [`PurgeOptions::older_than`] and the builder methods.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PurgeOptions {
     /// Remove completed records processed longer ago than this, and in-flight records whose
     /// lease expired longer ago than this. Live leases are never removed. Choose it longer
@@ -341,25 +342,74 @@ pub struct PurgeOptions {
     pub batch_size: usize,
     /// Stop after this many batches (`None`: until nothing is left to remove).
     pub max_batches: Option<u32>,
+    /// How the batches share the storage with live traffic (default: [`Pace::default`]).
+    pub pace: Pace,
+}
+
+/// How a purge shares the storage with live claims and commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pace {
+    /// Batches of `batch_size`, back to back: the fastest purge, for maintenance windows.
+    /// Claims may wait behind each whole batch.
+    Unpaced,
+    /// Background work: each batch is sized so it takes about `max_batch_time` at most
+    /// (the size adapts, never above `batch_size`), and the purge rests between batches
+    /// so it is busy at most `busy_percent` of the time.
+    Paced {
+        /// The time one batch should hold the storage at most.
+        max_batch_time: Duration,
+        /// The share of time (1 to 100) the purge may keep the storage busy.
+        busy_percent: u8,
+    },
+}
+
+impl Default for Pace {
+    /// Batches of about 2 ms at most, busy a quarter of the time.
+    fn default() -> Self {
+        Pace::Paced {
+            max_batch_time: Duration::from_millis(2),
+            busy_percent: 25,
+        }
+    }
 }
 
 impl PurgeOptions {
-    /// Purge everything older than `retention`, in batches of 1000.
+    /// Purge everything older than `retention`, in batches of at most 1000, paced
+    /// ([`Pace::default`]).
     pub fn older_than(retention: Duration) -> Self {
         PurgeOptions {
             retention,
             batch_size: 1000,
             max_batches: None,
+            pace: Pace::default(),
         }
     }
 
-    /// The same options with another batch size.
+    /// The same options with another (largest) batch size.
     pub fn batch_size(mut self, batch_size: usize) -> Self {
         self.batch_size = batch_size;
         self
     }
 
-    /// Check the options: batch size 1 to 100 000.
+    /// The same options, stopping after `max_batches` batches.
+    pub fn max_batches(mut self, max_batches: u32) -> Self {
+        self.max_batches = Some(max_batches);
+        self
+    }
+
+    /// The same options with another pace.
+    pub fn pace(mut self, pace: Pace) -> Self {
+        self.pace = pace;
+        self
+    }
+
+    /// The same options, unpaced ([`Pace::Unpaced`]): for maintenance windows.
+    pub fn unpaced(self) -> Self {
+        self.pace(Pace::Unpaced)
+    }
+
+    /// Check the options: batch size 1 to 100 000; a paced purge's batch time 1 µs to
+    /// 10 s and busy share 1 to 100 %.
     pub fn validate(&self) -> Result<()> {
         if self.batch_size == 0 || self.batch_size > 100_000 {
             return Err(Error::invalid(
@@ -367,12 +417,32 @@ impl PurgeOptions {
                 format!("{} is outside 1..=100000", self.batch_size),
             ));
         }
+        if let Pace::Paced {
+            max_batch_time,
+            busy_percent,
+        } = self.pace
+        {
+            if max_batch_time < Duration::from_micros(1) || max_batch_time > Duration::from_secs(10)
+            {
+                return Err(Error::invalid(
+                    "purge batch time",
+                    format!("{max_batch_time:?} is outside 1µs..=10s"),
+                ));
+            }
+            if !(1..=100).contains(&busy_percent) {
+                return Err(Error::invalid(
+                    "purge busy share",
+                    format!("{busy_percent}% is outside 1..=100"),
+                ));
+            }
+        }
         Ok(())
     }
 }
 
 /// What a purge removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PurgeReport {
     /// Completed records removed.
     pub completed: u64,
@@ -380,12 +450,22 @@ pub struct PurgeReport {
     pub expired: u64,
     /// Batches run (including the last one, which may have removed nothing).
     pub batches: u32,
+    /// How long the purge took, rests between paced batches included.
+    pub elapsed: Duration,
 }
 
 impl PurgeReport {
     /// Records removed in all.
     pub fn total(&self) -> u64 {
         self.completed + self.expired
+    }
+
+    /// Records removed per second (0 when nothing was removed or no time passed).
+    pub fn rate(&self) -> f64 {
+        match self.elapsed.as_secs_f64() {
+            secs if secs > 0.0 => self.total() as f64 / secs,
+            _ => 0.0,
+        }
     }
 }
 

@@ -1,7 +1,8 @@
-//! The schema: one table and one index for purge, created idempotently.
+//! The schema: one table and one index for purge, created or upgraded in order, its
+//! version recorded beside it.
 
-use dedup_core::Result;
-use sqlx::{AssertSqlSafe, PgPool};
+use dedup_core::{Error, Result};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 use crate::config::PostgresConfig;
 use crate::error::backend;
@@ -60,9 +61,59 @@ CREATE INDEX IF NOT EXISTS "{claimed_idx}" ON {table} (claimed_at);
     )
 }
 
-/// Create the schema (when missing), the table and its indexes, in one transaction under an
-/// advisory lock per schema: `CREATE ... IF NOT EXISTS` alone can still fail when two nodes
-/// race (a unique violation on the catalog), so concurrent migrators take turns instead.
+/// The schema version [`ddl`] creates. Version 1 was the first release's layout (two partial
+/// purge indexes, no `claimed_at`); version 2 added `claimed_at` and its index.
+pub(crate) const CURRENT_VERSION: i64 = 2;
+
+/// The table recording each store table's schema version, one per PostgreSQL schema.
+pub(crate) const VERSIONS_TABLE: &str = "dedup_schema_versions";
+
+/// The DDL of the versions table (idempotent).
+fn versions_ddl(schema: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS \"{schema}\".{VERSIONS_TABLE} (\n    \
+         table_name text PRIMARY KEY,\n    \
+         version    integer NOT NULL\n);\n"
+    )
+}
+
+/// Upgrade a version-1 table to version 2: add `claimed_at` (backfilled with the earliest
+/// time the row carries, so purge's `claimed_at < cutoff` bound never skips a purgeable
+/// row), index it, drop the two partial indexes it replaces.
+fn upgrade_1_to_2(config: &PostgresConfig) -> String {
+    let table = config.qualified_table();
+    let claimed_idx = index_name(&config.table, "claimed_idx");
+    let completed_idx = index_name(&config.table, "completed_idx");
+    let expiring_idx = index_name(&config.table, "expiring_idx");
+    let schema = &config.schema;
+    format!(
+        r#"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS claimed_at bigint;
+UPDATE {table} SET claimed_at = LEAST(expires_at, processed_at) WHERE claimed_at IS NULL;
+ALTER TABLE {table} ALTER COLUMN claimed_at SET NOT NULL;
+CREATE INDEX IF NOT EXISTS "{claimed_idx}" ON {table} (claimed_at);
+DROP INDEX IF EXISTS "{schema}"."{completed_idx}";
+DROP INDEX IF EXISTS "{schema}"."{expiring_idx}";
+"#
+    )
+}
+
+/// The upgrade from version `from` to `from + 1`.
+fn upgrade_from(from: i64, config: &PostgresConfig) -> Option<String> {
+    match from {
+        1 => Some(upgrade_1_to_2(config)),
+        _ => None,
+    }
+}
+
+/// Create or upgrade the store's table, in one transaction under an advisory lock per
+/// schema: `CREATE ... IF NOT EXISTS` alone can still fail when two nodes race (a unique
+/// violation on the catalog), so concurrent migrators take turns instead.
+///
+/// The table's version is kept in `"schema".dedup_schema_versions`. A missing table is
+/// created at [`CURRENT_VERSION`]; an older one is upgraded step by step; a table without
+/// a version row is adopted as version 1 or 2 by its columns (tables created before
+/// versions were recorded); a newer one is refused with [`Error::SchemaTooNew`] and nothing
+/// changes.
 pub(crate) async fn migrate(pool: &PgPool, config: &PostgresConfig) -> Result<()> {
     config.validate()?;
     let mut tx = pool.begin().await.map_err(backend)?;
@@ -79,20 +130,125 @@ pub(crate) async fn migrate(pool: &PgPool, config: &PostgresConfig) -> Result<()
             .fetch_one(&mut *tx)
             .await
             .map_err(backend)?;
-    let mut ddl = String::new();
+    let mut setup = String::new();
     if !schema_exists {
-        ddl.push_str(&format!(
+        setup.push_str(&format!(
             "CREATE SCHEMA IF NOT EXISTS \"{}\";\n",
             config.schema
         ));
     }
-    ddl.push_str(&self::ddl(config));
-    // Safe to splice: the names were validated above (ASCII letters, digits, '_').
+    setup.push_str(&versions_ddl(&config.schema));
+    execute(&mut tx, setup).await?;
+
+    let found = match recorded_version(&mut tx, config).await? {
+        Some(version) => version,
+        None => unrecorded_version(&mut tx, config).await?,
+    };
+    if found > CURRENT_VERSION {
+        return Err(Error::SchemaTooNew {
+            table: config.qualified_table(),
+            found,
+            known: CURRENT_VERSION,
+        });
+    }
+    let mut version = found;
+    if version == 0 {
+        execute(&mut tx, ddl(config)).await?;
+        version = CURRENT_VERSION;
+    }
+    while version < CURRENT_VERSION {
+        let step = upgrade_from(version, config).ok_or_else(|| Error::SchemaTooNew {
+            table: config.qualified_table(),
+            found: version,
+            known: CURRENT_VERSION,
+        })?;
+        execute(&mut tx, step).await?;
+        version += 1;
+    }
+    if version != found || recorded_version(&mut tx, config).await?.is_none() {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO \"{}\".{VERSIONS_TABLE} (table_name, version) VALUES ($1, $2) \
+             ON CONFLICT (table_name) DO UPDATE SET version = excluded.version",
+            config.schema
+        )))
+        .bind(&config.table)
+        .bind(i32::try_from(version).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+    }
+    tx.commit().await.map_err(backend)
+}
+
+/// Run DDL whose names were validated (ASCII letters, digits, '_'), so safe to splice.
+async fn execute(tx: &mut PgConnection, ddl: String) -> Result<()> {
     sqlx::raw_sql(AssertSqlSafe(ddl))
         .execute(&mut *tx)
         .await
         .map_err(backend)?;
-    tx.commit().await.map_err(backend)
+    Ok(())
+}
+
+/// The version recorded for the store's table, if any.
+async fn recorded_version(tx: &mut PgConnection, config: &PostgresConfig) -> Result<Option<i64>> {
+    let version: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT version FROM \"{}\".{VERSIONS_TABLE} WHERE table_name = $1",
+        config.schema
+    )))
+    .bind(&config.table)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(backend)?;
+    Ok(version.map(i64::from))
+}
+
+/// The columns every dedup-postgres layout has had (version 1 and later).
+const V1_COLUMNS: [&str; 9] = [
+    "consumer",
+    "message_id",
+    "token",
+    "fence",
+    "attempt",
+    "expires_at",
+    "processed_at",
+    "outcome",
+    "fingerprint",
+];
+
+/// The version of a table without a recorded version: 0 when it does not exist, else
+/// told by its columns (version 2 added `claimed_at`). A table that lacks the columns of
+/// every layout is someone else's: refused, and nothing is changed.
+async fn unrecorded_version(tx: &mut PgConnection, config: &PostgresConfig) -> Result<i64> {
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT column_name::text FROM information_schema.columns \
+         WHERE table_schema = $1 AND table_name = $2",
+    )
+    .bind(&config.schema)
+    .bind(&config.table)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(backend)?;
+    if columns.is_empty() {
+        return Ok(0);
+    }
+    if let Some(missing) = V1_COLUMNS
+        .iter()
+        .find(|c| !columns.iter().any(|have| have == *c))
+    {
+        return Err(Error::invalid(
+            "table",
+            format!(
+                "{} exists but is not a dedup table (it has no column {missing}); configure \
+                 another table name",
+                config.qualified_table()
+            ),
+        ));
+    }
+    Ok(if columns.iter().any(|c| c == "claimed_at") {
+        2
+    } else {
+        1
+    })
 }
 
 #[cfg(test)]

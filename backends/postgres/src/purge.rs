@@ -1,44 +1,60 @@
-//! Purge in bounded keyset batches.
+//! Purge batches: bounded keyset walks of the `claimed_at` index.
 
-use dedup_core::{PurgeOptions, PurgeReport, Result, duration_millis};
+use async_trait::async_trait;
+use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
+use dedup_core::{Result, duration_millis};
 use sqlx::Row;
 
 use crate::PostgresStore;
 use crate::error::backend;
 
-/// Run batches until one removes fewer than `batch_size` records or `max_batches` ran.
-pub(crate) async fn purge(store: &PostgresStore, options: &PurgeOptions) -> Result<PurgeReport> {
-    // Clamped so "now - retention" cannot overflow in SQL; no real retention is near.
-    let retention_ms = duration_millis(options.retention).min(i64::MAX / 4);
-    let batch_size = i64::try_from(options.batch_size).unwrap_or(i64::MAX);
-    // Where the next batch starts in the claimed_at index: at the largest claimed_at the
-    // previous batches removed. Rows a batch skipped because someone else held them, with
-    // earlier claims, are left to that holder (another purger deletes them) or to the next
-    // purge.
-    let mut claimed_from = i64::MIN;
-    let mut report = PurgeReport::default();
-    while options.max_batches.is_none_or(|max| report.batches < max) {
-        let rows = sqlx::query(store.statements().purge_batch.clone())
-            .bind(store.now_param())
+/// Where the next batch starts in the `claimed_at` index: the largest `claimed_at` the
+/// previous batches removed. Rows a batch skipped because another transaction held them
+/// (`SKIP LOCKED`), with earlier claims, are left to that holder (another purger deletes
+/// them) or to the next purge.
+#[derive(Debug)]
+pub struct Cursor {
+    claimed_from: i64,
+}
+
+impl Default for Cursor {
+    fn default() -> Self {
+        Cursor {
+            claimed_from: i64::MIN,
+        }
+    }
+}
+
+#[async_trait]
+impl PurgeBatches for PostgresStore {
+    type PurgeCursor = Cursor;
+
+    /// One statement deleting at most `step.limit` purgeable rows.
+    async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
+        // Clamped so "now - retention" cannot overflow in SQL; no real retention is near.
+        let retention_ms = duration_millis(step.retention).min(i64::MAX / 4);
+        let limit = i64::try_from(step.limit).unwrap_or(i64::MAX);
+        let rows = sqlx::query(self.statements().purge_batch.clone())
+            .bind(self.now_param())
             .bind(retention_ms)
-            .bind(batch_size)
-            .bind(claimed_from)
-            .fetch_all(store.pool())
+            .bind(limit)
+            .bind(cursor.claimed_from)
+            .fetch_all(self.pool())
             .await
             .map_err(backend)?;
-        report.batches += 1;
+        let mut batch = PurgeBatch {
+            exhausted: rows.len() < step.limit,
+            ..PurgeBatch::default()
+        };
         for row in &rows {
             let processed_at: Option<i64> = row.try_get("processed_at").map_err(backend)?;
             let claimed_at: i64 = row.try_get("claimed_at").map_err(backend)?;
-            claimed_from = claimed_from.max(claimed_at);
+            cursor.claimed_from = cursor.claimed_from.max(claimed_at);
             match processed_at {
-                Some(_) => report.completed += 1,
-                None => report.expired += 1,
+                Some(_) => batch.completed += 1,
+                None => batch.expired += 1,
             }
         }
-        if rows.len() < options.batch_size {
-            break;
-        }
+        Ok(batch)
     }
-    Ok(report)
 }

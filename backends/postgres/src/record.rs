@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 
-use dedup_core::{Error, Fingerprint, Key, LeaseToken, Record, RecordState, Result, Timestamp};
+use dedup_core::backend::{RawRecord, RawState};
+use dedup_core::{Key, Record, Result, Timestamp};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
@@ -69,60 +70,22 @@ impl StatementRows {
     }
 }
 
-fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
-    Error::Corrupt {
-        key: key.clone(),
-        detail: detail.into(),
-    }
-}
-
-/// The stored fence and attempt of `key`'s record, checked (both start at 1).
-pub(crate) fn fence_and_attempt(key: &Key, fence: i64, attempt: i32) -> Result<(u64, u32)> {
-    Ok((
-        u64::try_from(fence)
-            .ok()
-            .filter(|f| *f >= 1)
-            .ok_or_else(|| corrupt(key, format!("fence {fence}")))?,
-        u32::try_from(attempt)
-            .ok()
-            .filter(|a| *a >= 1)
-            .ok_or_else(|| corrupt(key, format!("attempt {attempt}")))?,
-    ))
-}
-
-/// The record columns of `row` (named as in [`crate::sql`]) as the record of `key`.
+/// The record columns of `row` (named as in [`crate::sql`]) as the record of `key`, checked
+/// by the shared decoder. The state is implied: a processing time means completed.
 pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
-    let token: Option<&str> = row.try_get("token").map_err(backend)?;
-    let fence: i64 = row.try_get("fence").map_err(backend)?;
-    let attempt: i32 = row.try_get("attempt").map_err(backend)?;
-    let expires_at: Option<i64> = row.try_get("expires_at").map_err(backend)?;
     let processed_at: Option<i64> = row.try_get("processed_at").map_err(backend)?;
-    let outcome: Option<Vec<u8>> = row.try_get("outcome").map_err(backend)?;
-    let fingerprint: Option<String> = row.try_get("fingerprint").map_err(backend)?;
-
-    let token = token
-        .map(|t| LeaseToken::parse(t).ok_or_else(|| corrupt(key, format!("token {t:?}"))))
-        .transpose()?;
-    let state = match (processed_at, token, expires_at) {
-        (Some(processed_at), token, _) => RecordState::Completed {
-            token,
-            processed_at: Timestamp::from_millis(processed_at),
-            outcome,
+    RawRecord {
+        state: match processed_at {
+            Some(_) => RawState::Completed,
+            None => RawState::InFlight,
         },
-        (None, Some(token), Some(expires_at)) => RecordState::InFlight {
-            token,
-            expires_at: Timestamp::from_millis(expires_at),
-        },
-        (None, _, _) => return Err(corrupt(key, "in flight without a token or an expiry")),
-    };
-    let (fence, attempt) = fence_and_attempt(key, fence, attempt)?;
-    Ok(Record {
-        key: key.clone(),
-        fence,
-        attempt,
-        fingerprint: fingerprint
-            .map(|f| Fingerprint::new(f).map_err(|e| corrupt(key, format!("fingerprint: {e}"))))
-            .transpose()?,
-        state,
-    })
+        token: row.try_get("token").map_err(backend)?,
+        fence: row.try_get("fence").map_err(backend)?,
+        attempt: row.try_get::<i32, _>("attempt").map_err(backend)?.into(),
+        expires_at: row.try_get("expires_at").map_err(backend)?,
+        processed_at,
+        outcome: row.try_get("outcome").map_err(backend)?,
+        fingerprint: row.try_get("fingerprint").map_err(backend)?,
+    }
+    .decode(key)
 }

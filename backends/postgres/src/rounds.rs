@@ -21,7 +21,7 @@ use std::marker::PhantomData;
 
 use dedup_core::transition::{self, Write};
 use dedup_core::{
-    Claim, ClaimRequest, CommitRequest, Error, Key, Lease, LeaseToken, MIN_LEASE, Record,
+    Claim, ClaimRequest, CommitRequest, Error, Fingerprint, Key, Lease, LeaseToken, Record,
     RecordState, Result, Timestamp, TxClaim,
 };
 
@@ -251,9 +251,10 @@ pub(crate) struct TxClaimOp;
 
 /// A transactional claim request: the key and the optional fingerprint.
 pub(crate) struct TxClaimReq {
-    /// As a lease-mode claim (the lease is unused: the contract's answer for an existing
-    /// record is the same).
-    pub(crate) claim: ClaimRequest,
+    /// The key to claim.
+    pub(crate) key: Key,
+    /// The payload's fingerprint, if the caller gave one.
+    pub(crate) fingerprint: Option<Fingerprint>,
 }
 
 impl Op for TxClaimOp {
@@ -262,7 +263,7 @@ impl Op for TxClaimOp {
     const NAME: &'static str = "transactional claim";
 
     fn key(req: &TxClaimReq) -> &Key {
-        &req.claim.key
+        &req.key
     }
 
     fn written(_: &TxClaimReq, record: &Record) -> Result<TxClaim> {
@@ -272,38 +273,11 @@ impl Op for TxClaimOp {
     }
 
     fn step(record: Option<&Record>, req: &TxClaimReq, now: Timestamp) -> Step<TxClaim> {
-        match ClaimOp::step(record, &req.claim, now) {
-            Step::Writes | Step::Done(Ok(Claim::Acquired(_))) => Step::Writes,
-            Step::Done(Ok(Claim::InFlight {
-                expires_at,
-                attempt,
-            })) => Step::Done(Ok(TxClaim::InFlight {
-                expires_at,
-                attempt,
-            })),
-            Step::Done(Ok(Claim::Completed {
-                processed_at,
-                outcome,
-            })) => Step::Done(Ok(TxClaim::Completed {
-                processed_at,
-                outcome,
-            })),
-            Step::Done(Err(e)) => Step::Done(Err(e)),
-        }
-    }
-}
-
-impl TxClaimReq {
-    /// A transactional claim of `key`.
-    pub(crate) fn new(key: &Key, fingerprint: Option<&dedup_core::Fingerprint>) -> Self {
-        TxClaimReq {
-            claim: ClaimRequest::new(
-                key.clone(),
-                dedup_core::ClaimOptions {
-                    lease: MIN_LEASE,
-                    fingerprint: fingerprint.cloned(),
-                },
-            ),
-        }
+        Step::from_transition(transition::tx_claim(
+            record,
+            &req.key,
+            req.fingerprint.as_ref(),
+            now,
+        ))
     }
 }

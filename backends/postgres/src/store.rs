@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dedup_core::backend::{Storage, attempt_from, fence_from};
 use dedup_core::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error, Fingerprint,
-    ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record, Result, Timestamp,
-    duration_millis, validate_claim_batch, validate_commit_batch, validate_lease, validate_outcome,
+    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Error, Fingerprint, ItemResult,
+    Key, Lease, LeaseToken, Record, Result, Timestamp, duration_millis,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::postgres::PgRow;
@@ -16,7 +16,7 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use crate::config::PostgresConfig;
 use crate::error::backend;
-use crate::record::{StatementRows, decode_record, fence_and_attempt};
+use crate::record::{StatementRows, decode_record};
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 use crate::sql::Statements;
 
@@ -267,22 +267,20 @@ fn message_ids<'k>(keys: &[&'k Key]) -> Vec<&'k str> {
 }
 
 fn lost(lease: &Lease) -> Error {
-    Error::LeaseLost {
-        key: lease.key.clone(),
-    }
+    Error::lease_lost(&lease.key)
 }
 
+dedup_core::impl_dedup_store!(PostgresStore);
+
 #[async_trait]
-impl DedupStore for PostgresStore {
+impl Storage for PostgresStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        options.validate()?;
         let request = [ClaimRequest::new(key.clone(), options.clone())];
         let mut conn = self.conn().await?;
         only(self.run_claims(&mut conn, &request).await?)
     }
 
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
-        validate_claim_batch(requests)?;
         if requests.is_empty() {
             return Ok(Vec::new());
         }
@@ -291,7 +289,6 @@ impl DedupStore for PostgresStore {
     }
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
-        validate_lease(extend_by)?;
         let row = sqlx::query(self.inner.sql.renew.clone())
             .bind(self.now_param())
             .bind(lease.key.consumer())
@@ -302,10 +299,10 @@ impl DedupStore for PostgresStore {
             .await
             .map_err(backend)?
             .ok_or_else(|| lost(lease))?;
-        let (fence, attempt) = fence_and_attempt(
+        let fence = fence_from(&lease.key, row.try_get("fence").map_err(backend)?)?;
+        let attempt = attempt_from(
             &lease.key,
-            row.try_get("fence").map_err(backend)?,
-            row.try_get("attempt").map_err(backend)?,
+            row.try_get::<i32, _>("attempt").map_err(backend)?.into(),
         )?;
         Ok(Lease {
             key: lease.key.clone(),
@@ -317,7 +314,6 @@ impl DedupStore for PostgresStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        validate_outcome(outcome)?;
         let mut conn = self.conn().await?;
         only(
             self.run_commits(&mut conn, &[CommitRef { lease, outcome }])
@@ -326,7 +322,6 @@ impl DedupStore for PostgresStore {
     }
 
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
-        validate_commit_batch(requests)?;
         if requests.is_empty() {
             return Ok(Vec::new());
         }
@@ -357,11 +352,6 @@ impl DedupStore for PostgresStore {
             .map_err(backend)?
             .map(|row| decode_record(&row, key))
             .transpose()
-    }
-
-    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        options.validate()?;
-        crate::purge::purge(self, options).await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -34,7 +34,10 @@ impl PostgresStore {
         key: &Key,
         fingerprint: Option<&Fingerprint>,
     ) -> Result<TxClaim> {
-        let request = [TxClaimReq::new(key, fingerprint)];
+        let request = [TxClaimReq {
+            key: key.clone(),
+            fingerprint: fingerprint.cloned(),
+        }];
         let mut rounds = Rounds::<TxClaimOp>::new(&request);
         while rounds.next_round().is_some() {
             let rows = sqlx::query(self.statements().claim_in_tx.clone())

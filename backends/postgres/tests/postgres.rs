@@ -444,7 +444,7 @@ async fn batches_stay_index_driven_on_a_fresh_consumer() {
     let url = url_or_skip!();
     let store = common::store(&url, "fresh_consumer", None).await;
     // A table whose statistics know only an old consumer: the rows of a new consumer grow
-    // from zero faster than autovacuum refreshes them (DESIGN.md), which made batches that
+    // from zero faster than autovacuum refreshes them, which made batches that
     // join against unnest scan all of the new consumer's rows for every batch.
     const OLD: i64 = 20_000;
     let prefill = format!(

@@ -1,82 +1,101 @@
-//! `purge`: `SCAN` every node for the prefix, run `purge_one.lua` on what it finds.
+//! Purge batches: `SCAN` every primary for the prefix, run `purge_one.lua` on what it finds.
 //!
 //! Redis already removes records by native expiry once they are past the store's
 //! retention; `purge` is for a shorter retention than the configured one (or records left
-//! behind by a store configured with a longer one). A batch is the purge of at most
-//! `batch_size` records: keys from `SCAN` are sent in pipelines sized to what the current
-//! batch may still remove, so no batch ever removes more than `batch_size`. Records past the
-//! store's own retention are deleted on sight but not counted (they were already absent);
-//! keys under the prefix that are not dedup records are left alone.
+//! behind by a store configured with a longer one). A batch removes at most `step.limit`
+//! records: keys from `SCAN` wait in the cursor and are sent in pipelines sized to what the
+//! batch may still remove. A paced batch also stops at its deadline, between round trips.
+//! Records past the store's own retention are deleted on sight but not counted (they were
+//! already absent); keys under the prefix that are not dedup records are left alone.
 
-use dedup_core::{PurgeOptions, PurgeReport, Result};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
+use dedup_core::{Result, duration_millis};
 
 use crate::RedisStore;
-use crate::conn::Call;
+use crate::conn::{Call, ScanNode};
 use crate::error::backend;
 use crate::reply::{self, Purged};
 use crate::scripts::PURGE_ONE;
 
-/// Keys asked of `SCAN` per step (a hint to the server, not a limit).
-const SCAN_COUNT: usize = 1000;
+/// Keys asked of one `SCAN` step, at most (a hint to the server, not a limit). `SCAN`
+/// walks the whole keyspace, not just the prefix, and blocks the server while it does:
+/// small steps keep every client of a shared server responsive.
+const MAX_SCAN_COUNT: usize = 1000;
+/// ... and at least.
+const MIN_SCAN_COUNT: usize = 100;
 
-pub(crate) async fn purge(store: &RedisStore, options: &PurgeOptions) -> Result<PurgeReport> {
-    options.validate()?;
-    let mut report = PurgeReport::default();
-    let limit_reached =
-        |report: &PurgeReport| options.max_batches.is_some_and(|max| report.batches >= max);
-    // Records removed so far by the current batch.
-    let mut removed_in_batch = 0;
-    if limit_reached(&report) {
-        return Ok(report);
-    }
-    let conn = store.conn();
-    let pattern = format!("{}*", store.config().prefix);
-    let retention_ms = dedup_core::duration_millis(options.retention);
-    for node in conn.scan_nodes().await.map_err(backend)? {
-        let mut cursor = 0;
+/// Where a purge is in its walk of the keyspace, between batches.
+#[derive(Debug, Default)]
+pub struct Cursor {
+    /// The primaries to scan (read at the first batch).
+    nodes: Option<Vec<ScanNode>>,
+    /// The node being scanned.
+    node: usize,
+    /// `SCAN`'s cursor on that node.
+    scan: u64,
+    /// Keys found and not yet looked at.
+    pending: VecDeque<Vec<u8>>,
+}
+
+#[async_trait]
+impl PurgeBatches for RedisStore {
+    type PurgeCursor = Cursor;
+
+    /// One batch: purge pending keys, scanning for more, until `step.limit` records were
+    /// removed, the keyspace is walked, or the deadline passed.
+    async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
+        let conn = self.conn();
+        if cursor.nodes.is_none() {
+            cursor.nodes = Some(conn.scan_nodes().await.map_err(backend)?);
+        }
+        let pattern = format!("{}*", self.config().prefix);
+        let retention_ms = duration_millis(step.retention);
+        let count = step.limit.clamp(MIN_SCAN_COUNT, MAX_SCAN_COUNT);
+        let mut batch = PurgeBatch::default();
         loop {
-            let (next, keys) = conn
-                .scan(&node, cursor, &pattern, SCAN_COUNT)
-                .await
-                .map_err(backend)?;
-            let mut rest = keys.as_slice();
-            while !rest.is_empty() {
-                let take = rest.len().min(options.batch_size - removed_in_batch);
-                let (chunk, tail) = rest.split_at(take);
-                rest = tail;
-                let now = store.now_arg();
-                let calls: Vec<Call> = chunk
-                    .iter()
-                    .map(|k| {
-                        Call::new(&PURGE_ONE, k.clone())
-                            .arg(now.as_str())
-                            .arg(retention_ms)
-                    })
+            let room = step.limit - usize::try_from(batch.total()).unwrap_or(usize::MAX);
+            if room == 0 {
+                return Ok(batch);
+            }
+            if !cursor.pending.is_empty() {
+                let take = cursor.pending.len().min(room);
+                let now = self.now_arg();
+                let calls: Vec<Call> = cursor
+                    .pending
+                    .drain(..take)
+                    .map(|k| Call::new(&PURGE_ONE, k).arg(now.as_str()).arg(retention_ms))
                     .collect();
                 let replies = conn.eval_many(&calls, None).await.map_err(backend)?;
                 for v in &replies.values {
                     match reply::purged(v) {
-                        Purged::Completed => report.completed += 1,
-                        Purged::Expired => report.expired += 1,
-                        Purged::Nothing => continue,
-                    }
-                    removed_in_batch += 1;
-                }
-                if removed_in_batch == options.batch_size {
-                    report.batches += 1;
-                    removed_in_batch = 0;
-                    if limit_reached(&report) {
-                        return Ok(report);
+                        Purged::Completed => batch.completed += 1,
+                        Purged::Expired => batch.expired += 1,
+                        Purged::Nothing => {}
                     }
                 }
+            } else {
+                let nodes = cursor.nodes.as_deref().unwrap_or_default();
+                let Some(node) = nodes.get(cursor.node) else {
+                    batch.exhausted = true;
+                    return Ok(batch);
+                };
+                let (next, keys) = conn
+                    .scan(node, cursor.scan, &pattern, count)
+                    .await
+                    .map_err(backend)?;
+                cursor.pending.extend(keys);
+                if next == 0 {
+                    cursor.node += 1;
+                }
+                cursor.scan = next;
             }
-            if next == 0 {
-                break;
+            if step.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(batch);
             }
-            cursor = next;
         }
     }
-    // The last batch, short (possibly empty): the scan found nothing more to remove.
-    report.batches += 1;
-    Ok(report)
 }

@@ -1,9 +1,8 @@
 //! Decoding the scripts' replies (see the `Reply:` line atop each `lua/*.lua`) into the
 //! contract's values. Anything unexpected is [`Error::Corrupt`], never a panic.
 
-use dedup_core::{
-    Claim, Error, Fingerprint, Key, Lease, LeaseToken, Record, RecordState, Result, Timestamp,
-};
+use dedup_core::backend::{RawRecord, RawState, attempt_from, fence_from};
+use dedup_core::{Claim, Error, Key, Lease, LeaseToken, Record, Result, Timestamp};
 use redis::Value;
 
 /// A script's reply array, with the key it was about (for errors).
@@ -63,32 +62,23 @@ impl<'a> Reply<'a> {
     }
 
     fn fence(&self, i: usize) -> Result<u64> {
-        u64::try_from(self.int(i)?).map_err(|_| self.corrupt("negative fence"))
+        fence_from(self.key, self.int(i)?)
     }
 
     fn attempt(&self, i: usize) -> Result<u32> {
-        u32::try_from(self.int(i)?).map_err(|_| self.corrupt("attempt out of range"))
+        attempt_from(self.key, self.int(i)?)
     }
 
     fn timestamp(&self, i: usize) -> Result<Timestamp> {
         self.int(i).map(Timestamp::from_millis)
     }
 
-    fn token(&self, i: usize) -> Result<Option<LeaseToken>> {
-        match self.text(i)? {
-            None => Ok(None),
-            Some(t) => LeaseToken::parse(t)
-                .map(Some)
-                .ok_or_else(|| self.corrupt(format!("token {t:?} is not a UUID"))),
+    /// Item `i` as an integer; `None` when nil.
+    fn optional_int(&self, i: usize) -> Result<Option<i64>> {
+        match self.items.get(i) {
+            Some(Value::Nil | Value::Boolean(false)) | None => Ok(None),
+            Some(_) => self.int(i).map(Some),
         }
-    }
-
-    fn fingerprint(&self, i: usize) -> Result<Option<Fingerprint>> {
-        self.text(i)?
-            .map(|f| {
-                Fingerprint::new(f).map_err(|e| self.corrupt(format!("stored fingerprint: {e}")))
-            })
-            .transpose()
     }
 
     /// The shared endings: `{'L'}` lease lost, `{'X', detail}` not a dedup record.
@@ -107,10 +97,7 @@ impl<'a> Reply<'a> {
 }
 
 pub(crate) fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
-    Error::Corrupt {
-        key: key.clone(),
-        detail: detail.into(),
-    }
+    Error::corrupt(key, detail)
 }
 
 /// `claim.lua`'s reply; `token` is the token the call proposed for a new lease.
@@ -177,26 +164,22 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
         "N" => Ok(None),
         "R" => {
             let state = match r.text(1)? {
-                Some("i") => RecordState::InFlight {
-                    token: r
-                        .token(2)?
-                        .ok_or_else(|| r.corrupt("in-flight record without a token"))?,
-                    expires_at: r.timestamp(5)?,
-                },
-                Some("c") => RecordState::Completed {
-                    token: r.token(2)?,
-                    processed_at: r.timestamp(6)?,
-                    outcome: r.bytes(7)?,
-                },
+                Some("i") => RawState::InFlight,
+                Some("c") => RawState::Completed,
                 other => return Err(r.corrupt(format!("unknown state {other:?}"))),
             };
-            Ok(Some(Record {
-                key: key.clone(),
-                fence: r.fence(3)?,
-                attempt: r.attempt(4)?,
-                fingerprint: r.fingerprint(8)?,
+            RawRecord {
                 state,
-            }))
+                token: r.text(2)?,
+                fence: r.int(3)?,
+                attempt: r.int(4)?,
+                expires_at: r.optional_int(5)?,
+                processed_at: r.optional_int(6)?,
+                outcome: r.bytes(7)?,
+                fingerprint: r.text(8)?,
+            }
+            .decode(key)
+            .map(Some)
         }
         tag => Err(r.common(tag, None)),
     }

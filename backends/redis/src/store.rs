@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dedup_core::backend::Storage;
 use dedup_core::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error, ItemResult,
-    Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record, Result, duration_millis,
-    validate_claim_batch, validate_commit_batch, validate_lease, validate_outcome,
+    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Error, ItemResult, Key, Lease,
+    LeaseToken, Record, Result, duration_millis,
 };
 
 use crate::conn::{BatchReply, Call, Conn};
@@ -180,17 +180,17 @@ impl RedisStore {
     }
 }
 
+dedup_core::impl_dedup_store!(RedisStore);
+
 #[async_trait]
-impl DedupStore for RedisStore {
+impl Storage for RedisStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        options.validate()?;
         let (call, token) = self.claim_call(key, options, &self.now_arg());
         let value = self.conn.eval(&call).await.map_err(backend)?;
         reply::claim(key, token, value)
     }
 
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
-        validate_claim_batch(requests)?;
         let now = self.now_arg();
         let (calls, tokens): (Vec<Call>, Vec<LeaseToken>) = requests
             .iter()
@@ -210,7 +210,6 @@ impl DedupStore for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
-        validate_lease(extend_by)?;
         let call = self
             .lease_call(&RENEW, lease)
             .arg(duration_millis(extend_by))
@@ -220,7 +219,6 @@ impl DedupStore for RedisStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        validate_outcome(outcome)?;
         let call = self.commit_call(lease, outcome, &self.now_arg());
         if self.config.wait_for_replicas.is_none() {
             let value = self.conn.eval(&call).await.map_err(backend)?;
@@ -231,7 +229,6 @@ impl DedupStore for RedisStore {
     }
 
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
-        validate_commit_batch(requests)?;
         let now = self.now_arg();
         let calls: Vec<Call> = requests
             .iter()
@@ -251,10 +248,6 @@ impl DedupStore for RedisStore {
         let call = Call::new(&GET, self.redis_key(key)).arg(self.now_arg());
         let value = self.conn.eval(&call).await.map_err(backend)?;
         reply::get(key, value)
-    }
-
-    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        crate::purge::purge(self, options).await
     }
 
     fn capabilities(&self) -> Capabilities {

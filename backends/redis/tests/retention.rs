@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use common::{Target, config};
 use dedup_core::{
-    Claim, ClaimOptions, Clock, DedupStore, Key, ManualClock, PurgeOptions, PurgeReport,
-    SystemClock,
+    Claim, ClaimOptions, Clock, DedupStore, Key, ManualClock, PurgeOptions, SystemClock,
 };
 use dedup_redis::redis::{self, Value};
 use dedup_redis::{RedisConfig, RedisStore};
@@ -173,13 +172,9 @@ async fn records_past_retention_are_absent_by_the_stores_clock() {
             .await
             .unwrap();
         assert_eq!(
-            report,
-            PurgeReport {
-                completed: 0,
-                expired: 0,
-                batches: 1
-            },
-            "{}",
+            (report.completed, report.expired, report.batches),
+            (0, 0, 1),
+            "{}: {report:?}",
             target.name()
         );
         assert!(!exists(&target, &store, &gone).await, "purge deleted it");

@@ -51,12 +51,6 @@ pub(crate) fn is_busy(err: &Error) -> bool {
 /// A problem with the store's own schema or setup that SQLite did not report as an error.
 #[derive(Debug)]
 pub(crate) enum SetupError {
-    /// The table was created by a newer `dedup-sqlite`.
-    SchemaTooNew {
-        table: String,
-        found: i64,
-        known: i64,
-    },
     /// The file could not be switched to WAL mode.
     NotWal { mode: String },
     /// The in-memory store's one connection went missing (a panic while it was in use).
@@ -68,15 +62,6 @@ pub(crate) enum SetupError {
 impl fmt::Display for SetupError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SetupError::SchemaTooNew {
-                table,
-                found,
-                known,
-            } => write!(
-                f,
-                "table {table} has schema version {found}, this dedup-sqlite knows versions up \
-                 to {known}: upgrade dedup-sqlite"
-            ),
             SetupError::NotWal { mode } => write!(
                 f,
                 "could not switch the database to WAL mode (journal_mode is {mode:?}); the \

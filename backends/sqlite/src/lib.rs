@@ -3,6 +3,7 @@
 mod config;
 mod error;
 mod pool;
+mod purge;
 mod queries;
 mod row;
 mod schema;

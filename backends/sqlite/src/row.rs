@@ -1,6 +1,7 @@
 //! Records as rows: reading a row into a [`Record`] and binding a [`Record`] as parameters.
 
-use dedup_core::{Error, Fingerprint, Key, LeaseToken, Record, RecordState, Result, Timestamp};
+use dedup_core::backend::{RawRecord, RawState};
+use dedup_core::{Error, Fingerprint, Key, Record, RecordState, Result};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::backend;
@@ -9,7 +10,7 @@ use crate::queries::Queries;
 const IN_FLIGHT: &str = "in_flight";
 const COMPLETED: &str = "completed";
 
-/// The raw column values of a record row, before validation.
+/// The column values of a record row, as stored.
 struct RawRow {
     state: String,
     token: Option<String>,
@@ -35,53 +36,24 @@ impl RawRow {
         })
     }
 
+    /// The record, checked by the shared decoder ([`RawRecord::decode`]).
     fn into_record(self, key: &Key) -> Result<Record> {
-        let corrupt = |detail: String| Error::Corrupt {
-            key: key.clone(),
-            detail,
+        let state = match self.state.as_str() {
+            IN_FLIGHT => RawState::InFlight,
+            COMPLETED => RawState::Completed,
+            other => return Err(Error::corrupt(key, format!("unknown state {other:?}"))),
         };
-        let fence = u64::try_from(self.fence)
-            .ok()
-            .filter(|f| *f >= 1)
-            .ok_or_else(|| corrupt(format!("fence {} is not a positive integer", self.fence)))?;
-        let attempt = u32::try_from(self.attempt)
-            .ok()
-            .filter(|a| *a >= 1)
-            .ok_or_else(|| corrupt(format!("attempt {} is out of range", self.attempt)))?;
-        let token = self
-            .token
-            .map(|t| LeaseToken::parse(&t).ok_or_else(|| corrupt(format!("token {t:?}"))))
-            .transpose()?;
-        let fingerprint = self
-            .fingerprint
-            .map(|f| Fingerprint::new(f).map_err(|e| corrupt(format!("fingerprint: {e}"))))
-            .transpose()?;
-        let state = match (self.state.as_str(), token) {
-            (IN_FLIGHT, Some(token)) => RecordState::InFlight {
-                token,
-                expires_at: Timestamp::from_millis(
-                    self.expires_at
-                        .ok_or_else(|| corrupt("in flight without expires_at".into()))?,
-                ),
-            },
-            (IN_FLIGHT, None) => return Err(corrupt("in flight without a token".into())),
-            (COMPLETED, token) => RecordState::Completed {
-                token,
-                processed_at: Timestamp::from_millis(
-                    self.processed_at
-                        .ok_or_else(|| corrupt("completed without processed_at".into()))?,
-                ),
-                outcome: self.outcome,
-            },
-            (other, _) => return Err(corrupt(format!("unknown state {other:?}"))),
-        };
-        Ok(Record {
-            key: key.clone(),
-            fence,
-            attempt,
-            fingerprint,
+        RawRecord {
             state,
-        })
+            token: self.token.as_deref(),
+            fence: self.fence,
+            attempt: self.attempt,
+            expires_at: self.expires_at,
+            processed_at: self.processed_at,
+            outcome: self.outcome,
+            fingerprint: self.fingerprint.as_deref(),
+        }
+        .decode(key)
     }
 }
 
@@ -99,9 +71,11 @@ pub(crate) fn select(conn: &Connection, queries: &Queries, key: &Key) -> Result<
 
 /// Insert or replace `record`.
 pub(crate) fn put(conn: &Connection, queries: &Queries, record: &Record) -> Result<()> {
-    let fence = i64::try_from(record.fence).map_err(|_| Error::Corrupt {
-        key: record.key.clone(),
-        detail: format!("fence {} does not fit SQLite's INTEGER", record.fence),
+    let fence = i64::try_from(record.fence).map_err(|_| {
+        Error::corrupt(
+            &record.key,
+            format!("fence {} does not fit SQLite's INTEGER", record.fence),
+        )
     })?;
     let (state, token, expires_at, processed_at, outcome) = match &record.state {
         RecordState::InFlight { token, expires_at } => (
@@ -150,6 +124,7 @@ pub(crate) fn is_completed_state(state: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dedup_core::LeaseToken;
 
     fn raw(state: &str) -> RawRow {
         RawRow {
@@ -164,47 +139,20 @@ mod tests {
         }
     }
 
+    /// The contract's checks are the shared decoder's (tested in dedup-core); this backend
+    /// adds its state column.
     #[test]
-    fn malformed_rows_are_corrupt_not_panics() {
+    fn states_map_and_unknown_states_are_corrupt() {
         let key = Key::new("c", "m").unwrap();
-        let cases = [
-            RawRow {
-                state: "weird".into(),
-                ..raw(IN_FLIGHT)
-            },
-            RawRow {
-                token: None,
-                ..raw(IN_FLIGHT)
-            },
-            RawRow {
-                token: Some("not a uuid".into()),
-                ..raw(IN_FLIGHT)
-            },
-            RawRow {
-                fence: -1,
-                ..raw(IN_FLIGHT)
-            },
-            RawRow {
-                attempt: i64::from(u32::MAX) + 1,
-                ..raw(IN_FLIGHT)
-            },
-            RawRow {
-                expires_at: None,
-                ..raw(IN_FLIGHT)
-            },
-            RawRow {
-                processed_at: None,
-                ..raw(COMPLETED)
-            },
-            RawRow {
-                fingerprint: Some(String::new()),
-                ..raw(COMPLETED)
-            },
-        ];
-        for case in cases {
-            let err = case.into_record(&key).unwrap_err();
-            assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+        let err = raw("weird").into_record(&key).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+        let err = RawRow {
+            fence: 0,
+            ..raw(IN_FLIGHT)
         }
+        .into_record(&key)
+        .unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
         assert!(raw(IN_FLIGHT).into_record(&key).is_ok());
         assert!(raw(COMPLETED).into_record(&key).is_ok());
     }

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dedup_core::backend::Storage;
 use dedup_core::transition::{self, Write};
 use dedup_core::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, ItemResult,
-    Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record, Result, SystemClock, Timestamp,
-    validate_claim_batch, validate_commit_batch, validate_lease, validate_outcome,
+    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, ItemResult, Key, Lease,
+    LeaseToken, Record, Result, SystemClock, Timestamp,
 };
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, TransactionBehavior};
 
 use crate::config::SqliteConfig;
 use crate::error::{SetupError, backend};
@@ -144,7 +144,7 @@ impl SqliteStore {
 
     /// Run `op` inside one `BEGIN IMMEDIATE` transaction, with "now" read once the write
     /// lock is held; commit when `op` returns `Ok`, roll back otherwise.
-    async fn write<T, F>(&self, mut op: F) -> Result<T>
+    pub(crate) async fn write<T, F>(&self, mut op: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&Connection, &Inner, Timestamp) -> Result<T> + Send + 'static,
@@ -201,48 +201,19 @@ impl Inner {
             Err(contract) => Ok(Err(contract)),
         }
     }
-
-    /// One purge batch: (completed removed, expired removed).
-    fn purge_batch(
-        &self,
-        conn: &Connection,
-        now: Timestamp,
-        retention: Duration,
-        batch_size: usize,
-    ) -> Result<(u64, u64)> {
-        let cutoff = now.saturating_sub(retention);
-        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        let mut stmt = conn
-            .prepare_cached(&self.queries.purge_batch)
-            .map_err(backend)?;
-        let states = stmt
-            .query_map(params![cutoff.as_millis(), now.as_millis(), limit], |row| {
-                row.get::<_, String>(0)
-            })
-            .map_err(backend)?;
-        let mut removed = (0, 0);
-        for state in states {
-            if row::is_completed_state(&state.map_err(backend)?) {
-                removed.0 += 1;
-            } else {
-                removed.1 += 1;
-            }
-        }
-        Ok(removed)
-    }
 }
 
+dedup_core::impl_dedup_store!(SqliteStore);
+
 #[async_trait]
-impl DedupStore for SqliteStore {
+impl Storage for SqliteStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        options.validate()?;
         let (key, options) = (key.clone(), options.clone());
         self.write(move |conn, inner, now| inner.claim_one(conn, &key, &options, now)?)
             .await
     }
 
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
-        validate_claim_batch(requests)?;
         let requests = requests.to_vec();
         self.write(move |conn, inner, now| {
             requests
@@ -254,7 +225,6 @@ impl DedupStore for SqliteStore {
     }
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
-        validate_lease(extend_by)?;
         let lease = lease.clone();
         self.write(move |conn, inner, now| {
             let record = row::select(conn, &inner.queries, &lease.key)?;
@@ -266,7 +236,6 @@ impl DedupStore for SqliteStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        validate_outcome(outcome)?;
         let (lease, outcome) = (lease.clone(), outcome.map(<[u8]>::to_vec));
         self.write(move |conn, inner, now| {
             inner.commit_one(conn, &lease, outcome.as_deref(), now)?
@@ -275,7 +244,6 @@ impl DedupStore for SqliteStore {
     }
 
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
-        validate_commit_batch(requests)?;
         let requests = requests.to_vec();
         self.write(move |conn, inner, now| {
             requests
@@ -302,25 +270,6 @@ impl DedupStore for SqliteStore {
             row::select(conn, &inner.queries, &key)
         })
         .await
-    }
-
-    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        options.validate()?;
-        let (retention, batch_size) = (options.retention, options.batch_size);
-        let mut report = PurgeReport::default();
-        // One short transaction per batch, so claims interleave with a long purge.
-        while options.max_batches.is_none_or(|max| report.batches < max) {
-            let (completed, expired) = self
-                .write(move |conn, inner, now| inner.purge_batch(conn, now, retention, batch_size))
-                .await?;
-            report.batches += 1;
-            report.completed += completed;
-            report.expired += expired;
-            if completed + expired < batch_size as u64 {
-                break;
-            }
-        }
-        Ok(report)
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -1,10 +1,8 @@
 //! The transactional extension: claiming and committing inside the caller's own rusqlite
 //! transaction, next to the caller's business writes.
 
-use dedup_core::transition;
-use dedup_core::{
-    Error, Fingerprint, Key, Lease, Record, RecordState, Result, TxClaim, validate_outcome,
-};
+use dedup_core::transition::{self, Write};
+use dedup_core::{Error, Fingerprint, Key, Lease, Result, TxClaim, validate_outcome};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::error::backend;
@@ -64,14 +62,18 @@ impl SqliteStore {
             })
             .map_err(backend)?;
         if let Some(fence) = claimed_fence {
-            let fence = u64::try_from(fence).map_err(|_| Error::Corrupt {
-                key: key.clone(),
-                detail: format!("fence {fence} is negative"),
-            })?;
+            let fence = dedup_core::backend::fence_from(key, fence)?;
             return Ok(TxClaim::Claimed { fence });
         }
+        // Nothing written: the contract says why, from the record under the lock.
         let record = row::select(tx, &inner.queries, key)?;
-        not_claimed(record, key, fingerprint)
+        match transition::tx_claim(record.as_ref(), key, fingerprint, now)? {
+            (_, Write::Put(_)) => Err(Error::corrupt(
+                key,
+                "the transactional claim wrote nothing where the contract says it should",
+            )),
+            (answer, Write::Unchanged) => Ok(answer),
+        }
     }
 
     /// Commit `lease` (from a lease-mode [`claim`](dedup_core::DedupStore::claim)) inside the
@@ -129,38 +131,4 @@ impl SqliteStore {
             )),
         }
     }
-}
-
-/// What a transactional claim that did not write says, from the record under the lock.
-fn not_claimed(
-    record: Option<Record>,
-    key: &Key,
-    fingerprint: Option<&Fingerprint>,
-) -> Result<TxClaim> {
-    let Some(record) = record else {
-        // The insert cannot have found a conflict without a row to conflict with.
-        return Err(Error::Corrupt {
-            key: key.clone(),
-            detail: "the transactional claim neither wrote nor found a record".into(),
-        });
-    };
-    if let (Some(stored), Some(given)) = (&record.fingerprint, fingerprint)
-        && stored != given
-    {
-        return Err(Error::FingerprintMismatch { key: key.clone() });
-    }
-    Ok(match record.state {
-        RecordState::InFlight { expires_at, .. } => TxClaim::InFlight {
-            expires_at,
-            attempt: record.attempt,
-        },
-        RecordState::Completed {
-            processed_at,
-            outcome,
-            ..
-        } => TxClaim::Completed {
-            processed_at,
-            outcome,
-        },
-    })
 }

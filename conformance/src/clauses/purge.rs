@@ -18,30 +18,37 @@ use crate::support::{
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
-/// Purge that must succeed.
+/// Purge that must succeed, unpaced (so every batch but the last removes exactly
+/// `batch_size`, and batch counts are exact); returns (completed, expired, batches).
 async fn purge<S: DedupStore + ?Sized>(
     store: &S,
     retention: Duration,
     batch_size: usize,
     max_batches: Option<u32>,
 ) -> PurgeReport {
-    let options = PurgeOptions {
-        retention,
-        batch_size,
-        max_batches,
-    };
+    let mut options = PurgeOptions::older_than(retention)
+        .batch_size(batch_size)
+        .unpaced();
+    if let Some(max) = max_batches {
+        options = options.max_batches(max);
+    }
+    run(store, &options).await
+}
+
+async fn run<S: DedupStore + ?Sized>(store: &S, options: &PurgeOptions) -> PurgeReport {
     store
-        .purge(&options)
+        .purge(options)
         .await
         .unwrap_or_else(|e| panic!("purge({options:?}) failed: {e:?}"))
 }
 
-fn report(completed: u64, expired: u64, batches: u32) -> PurgeReport {
-    PurgeReport {
-        completed,
-        expired,
-        batches,
-    }
+/// A report's counts: (completed, expired, batches).
+fn counts(r: PurgeReport) -> (u64, u64, u32) {
+    (r.completed, r.expired, r.batches)
+}
+
+fn report(completed: u64, expired: u64, batches: u32) -> (u64, u64, u32) {
+    (completed, expired, batches)
 }
 
 /// Claim `key` with a lease of `lease`, which must acquire.
@@ -113,7 +120,7 @@ pub async fn purge_removes_only_what_is_past_retention<F: StoreFactory>(factory:
         before.push(record(&store, k).await);
     }
     assert_eq!(
-        purge(&store, retention, 1000, None).await,
+        counts(purge(&store, retention, 1000, None).await),
         report(1, 2, 1),
         "removed: old-done (completed), old-expired and old-released (expired)"
     );
@@ -126,7 +133,7 @@ pub async fn purge_removes_only_what_is_past_retention<F: StoreFactory>(factory:
         assert_eq!(record(&store, k).await, rec, "{k} must survive the purge");
     }
     assert_eq!(
-        purge(&store, retention, 1000, None).await,
+        counts(purge(&store, retention, 1000, None).await),
         report(0, 0, 1),
         "a second purge removes nothing"
     );
@@ -147,7 +154,7 @@ pub async fn purge_never_removes_a_live_lease<F: StoreFactory>(factory: &F) {
         record(&store, &renewed.key).await,
     );
     assert_eq!(
-        purge(&store, Duration::ZERO, 1000, None).await,
+        counts(purge(&store, Duration::ZERO, 1000, None).await),
         report(0, 1, 1),
         "retention zero removes only the expired lease"
     );
@@ -229,7 +236,10 @@ pub async fn a_purged_key_starts_afresh_and_its_old_lease_is_lost<F: StoreFactor
     let done = key("done");
     complete(&store, &done, None).await;
     ctx.clock.advance(LEASE * 2);
-    assert_eq!(purge(&store, LEASE / 2, 1000, None).await, report(1, 1, 1));
+    assert_eq!(
+        counts(purge(&store, LEASE / 2, 1000, None).await),
+        report(1, 1, 1)
+    );
     assert_lease_lost(store.commit(&stale, None).await, &k, "commit after purge");
     assert_lease_lost(store.renew(&stale, LEASE).await, &k, "renew after purge");
     assert_lease_lost(store.release(&stale).await, &k, "release after purge");
@@ -242,4 +252,40 @@ pub async fn a_purged_key_starts_afresh_and_its_old_lease_is_lost<F: StoreFactor
         let fresh = acquire(&store, &k).await;
         assert_eq!((fresh.fence, fresh.attempt), (1, 1), "{k} starts afresh");
     }
+}
+
+/// A purge with the default options is paced: it starts with small batches (more than one
+/// batch for a backlog of 150), still removes every old record and nothing live, and
+/// reports how long it took.
+pub async fn a_default_purge_is_paced_and_removes_every_old_record<F: StoreFactory>(factory: &F) {
+    let (ctx, store) = setup(
+        factory,
+        "a_default_purge_is_paced_and_removes_every_old_record",
+    )
+    .await;
+    let keys = old_records(&store, "d", 100, 50).await;
+    ctx.clock.advance(2 * HOUR);
+    let live = key("live");
+    claim_for(&store, &live, 2 * HOUR).await;
+    let before = record(&store, &live).await;
+    let report = run(&store, &PurgeOptions::older_than(HOUR)).await;
+    assert_eq!(
+        (report.completed, report.expired),
+        (100, 50),
+        "every old record, counted by kind: {report:?}"
+    );
+    assert!(
+        report.batches >= 2,
+        "a paced purge starts with small batches: {report:?}"
+    );
+    assert!(
+        report.elapsed > Duration::ZERO,
+        "elapsed reported: {report:?}"
+    );
+    assert_all_absent(&store, &keys).await;
+    assert_eq!(
+        record(&store, &live).await,
+        before,
+        "the live lease is kept"
+    );
 }

@@ -13,12 +13,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_conformance::{Namespaces, StoreFactory, TestContext, TransactionalFactory, TxEnd};
+use dedup_core::backend::{
+    PurgeBatch, PurgeBatches, PurgeStep, validate_claim_batch, validate_commit_batch,
+};
 use dedup_core::transition::{self, Purgeable, Write};
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, Error,
     Fingerprint, ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record,
-    RecordState, Result, Timestamp, TxClaim, validate_claim_batch, validate_commit_batch,
-    validate_lease, validate_outcome,
+    RecordState, Result, Timestamp, TxClaim, validate_lease, validate_outcome,
 };
 use futures::future::BoxFuture;
 
@@ -365,42 +367,7 @@ impl DedupStore for FaultyStore {
     }
 
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        options.validate()?;
-        let batch_size = if self.is(Fault::PurgeIgnoresBatchSize) {
-            usize::MAX
-        } else {
-            options.batch_size
-        };
-        let mut report = PurgeReport::default();
-        while options.max_batches.is_none_or(|max| report.batches < max) {
-            let now = self.now();
-            let mut map = self.records();
-            let doomed: Vec<(Key, Purgeable)> = map
-                .iter()
-                .filter_map(|(slot, r)| {
-                    let why = match &r.state {
-                        RecordState::InFlight { .. } if self.is(Fault::PurgeRemovesLiveLeases) => {
-                            Some(Purgeable::Expired)
-                        }
-                        _ => transition::purgeable(r, now, options.retention),
-                    };
-                    why.map(|p| (slot.clone(), p))
-                })
-                .take(batch_size)
-                .collect();
-            report.batches += 1;
-            for (slot, why) in &doomed {
-                map.remove(slot);
-                match why {
-                    Purgeable::Completed => report.completed += 1,
-                    Purgeable::Expired => report.expired += 1,
-                }
-            }
-            if doomed.len() < batch_size {
-                break;
-            }
-        }
-        Ok(report)
+        dedup_core::backend::purge::run(self, options).await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -602,5 +569,46 @@ impl TransactionalFactory for FakeTxFactory {
             .get(key)
             .cloned()
             .unwrap_or_default()
+    }
+}
+
+/// The faulty store's purge batches, driven by the shared purge driver like every store's.
+#[async_trait]
+impl PurgeBatches for FaultyStore {
+    type PurgeCursor = ();
+
+    async fn purge_batch(&self, step: &PurgeStep, _: &mut ()) -> Result<PurgeBatch> {
+        let limit = if self.is(Fault::PurgeIgnoresBatchSize) {
+            usize::MAX
+        } else {
+            step.limit
+        };
+        let now = self.now();
+        let mut map = self.records();
+        let doomed: Vec<(Key, Purgeable)> = map
+            .iter()
+            .filter_map(|(slot, r)| {
+                let why = match &r.state {
+                    RecordState::InFlight { .. } if self.is(Fault::PurgeRemovesLiveLeases) => {
+                        Some(Purgeable::Expired)
+                    }
+                    _ => transition::purgeable(r, now, step.retention),
+                };
+                why.map(|p| (slot.clone(), p))
+            })
+            .take(limit)
+            .collect();
+        let mut batch = PurgeBatch {
+            exhausted: doomed.len() < limit,
+            ..PurgeBatch::default()
+        };
+        for (slot, why) in &doomed {
+            map.remove(slot);
+            match why {
+                Purgeable::Completed => batch.completed += 1,
+                Purgeable::Expired => batch.expired += 1,
+            }
+        }
+        Ok(batch)
     }
 }

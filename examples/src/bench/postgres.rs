@@ -47,8 +47,9 @@ const INSERT_MANY: &str = "INSERT INTO {table} (consumer, message_id, token, fen
      FROM unnest($2::text[], $3::text[]) AS u(message_id, token) \
      ON CONFLICT DO NOTHING";
 
-/// The raw commit of a batch ($1 consumer, $2 message ids, $3 now): index-driven, see
-/// DESIGN.md's note on joins against unnest.
+/// The raw commit of a batch ($1 consumer, $2 message ids, $3 now): index-driven (a join
+/// against `unnest` can scan all of a fresh consumer's rows per batch while the planner's
+/// statistics lag behind).
 const UPDATE_MANY: &str = "UPDATE {table} SET processed_at = $3, expires_at = NULL \
      WHERE consumer = $1 AND message_id = ANY($2)";
 

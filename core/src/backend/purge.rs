@@ -1,0 +1,181 @@
+//! The purge driver every store shares: batches, the batch limit, pacing and the report.
+//!
+//! A backend only knows how to remove one batch ([`PurgeBatches::purge_batch`]). The driver
+//! calls it until nothing purgeable is left or [`PurgeOptions::max_batches`] ran, and in
+//! between applies the [`Pace`]:
+//!
+//! - [`Pace::Unpaced`]: every batch asks for `batch_size` records, back to back (for
+//!   maintenance windows: fastest, and every batch but the last removes exactly
+//!   `batch_size`).
+//! - [`Pace::Paced`] (the default): the batch limit starts small and adapts so one batch
+//!   takes about `max_batch_time` at most (never more than `batch_size`), and after each
+//!   batch the purge rests so it is busy at most `busy_percent` of the time. Live traffic
+//!   therefore never waits behind more than one short batch, and gets the storage to itself
+//!   most of the time.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::{Pace, PurgeOptions, PurgeReport, Result};
+
+/// How a backend removes one batch of purgeable records; [`run`] drives the batches.
+#[async_trait]
+pub trait PurgeBatches: Send + Sync {
+    /// The backend's resume state between batches (a keyset position, a scan cursor);
+    /// `()` when each batch starts afresh.
+    type PurgeCursor: Default + Send;
+
+    /// Remove at most `step.limit` purgeable records (see
+    /// [`transition::purgeable`](crate::transition::purgeable)), continuing from `cursor`,
+    /// as one short unit of work (one statement, transaction or pipeline). A backend that
+    /// works in several round trips stops at `step.deadline` when it has one.
+    async fn purge_batch(
+        &self,
+        step: &PurgeStep,
+        cursor: &mut Self::PurgeCursor,
+    ) -> Result<PurgeBatch>;
+}
+
+/// Smallest batch the paced driver shrinks to.
+const MIN_PACED_LIMIT: usize = 16;
+
+/// What one batch may do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PurgeStep {
+    /// Remove records older than this (see [`PurgeOptions::retention`]).
+    pub retention: Duration,
+    /// Remove at most this many records.
+    pub limit: usize,
+    /// Stop at this instant if the batch takes several round trips (paced purges only).
+    pub deadline: Option<Instant>,
+}
+
+/// What one batch removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgeBatch {
+    /// Completed records removed.
+    pub completed: u64,
+    /// Expired in-flight records removed.
+    pub expired: u64,
+    /// Whether the backend found nothing more to remove (for a single-statement batch:
+    /// it removed fewer than `limit`).
+    pub exhausted: bool,
+}
+
+impl PurgeBatch {
+    /// Records removed.
+    pub fn total(&self) -> u64 {
+        self.completed + self.expired
+    }
+}
+
+/// Run a purge over `store`'s batches: validates `options`, then batches until the
+/// backend is exhausted or `max_batches` ran, paced as `options.pace` says.
+pub async fn run<S: PurgeBatches + ?Sized>(
+    store: &S,
+    options: &PurgeOptions,
+) -> Result<PurgeReport> {
+    options.validate()?;
+    let started = Instant::now();
+    let mut report = PurgeReport::default();
+    let mut cursor = S::PurgeCursor::default();
+    let mut limit = match options.pace {
+        Pace::Unpaced => options.batch_size,
+        Pace::Paced { .. } => options.batch_size.min(MIN_PACED_LIMIT * 4),
+    };
+    while options.max_batches.is_none_or(|max| report.batches < max) {
+        let batch_start = Instant::now();
+        let step = PurgeStep {
+            retention: options.retention,
+            limit,
+            deadline: match options.pace {
+                Pace::Unpaced => None,
+                Pace::Paced { max_batch_time, .. } => Some(batch_start + max_batch_time),
+            },
+        };
+        let batch = store.purge_batch(&step, &mut cursor).await?;
+        let took = batch_start.elapsed();
+        report.batches += 1;
+        report.completed += batch.completed;
+        report.expired += batch.expired;
+        if batch.exhausted {
+            break;
+        }
+        if let Pace::Paced {
+            max_batch_time,
+            busy_percent,
+        } = options.pace
+        {
+            limit = next_limit(
+                limit,
+                batch.total(),
+                took,
+                max_batch_time,
+                options.batch_size,
+            );
+            tokio::time::sleep(rest_after(took, busy_percent)).await;
+        }
+    }
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// The next paced batch limit: shrink in proportion when a batch overran the time bound,
+/// double when a full batch took less than half of it.
+fn next_limit(
+    limit: usize,
+    removed: u64,
+    took: Duration,
+    max_batch_time: Duration,
+    batch_size: usize,
+) -> usize {
+    let floor = MIN_PACED_LIMIT.min(batch_size);
+    if took > max_batch_time {
+        let scaled = limit as f64 * max_batch_time.as_secs_f64() / took.as_secs_f64();
+        (scaled as usize).clamp(floor, batch_size)
+    } else if took < max_batch_time / 2 && removed >= limit as u64 {
+        limit.saturating_mul(2).clamp(floor, batch_size)
+    } else {
+        limit
+    }
+}
+
+/// How long to rest after a batch that took `took`, so the purge is busy at most
+/// `busy_percent` of the time.
+fn rest_after(took: Duration, busy_percent: u8) -> Duration {
+    let busy = f64::from(busy_percent.clamp(1, 100)) / 100.0;
+    took.mul_f64((1.0 - busy) / busy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_slow_batch_shrinks_the_next_in_proportion() {
+        assert_eq!(next_limit(1000, 1000, 10 * MS, 2 * MS, 5000), 200);
+        // Never below the floor, never above batch_size.
+        assert_eq!(next_limit(20, 20, 100 * MS, 2 * MS, 5000), MIN_PACED_LIMIT);
+        assert_eq!(next_limit(8, 8, 100 * MS, 2 * MS, 8), 8);
+    }
+
+    #[test]
+    fn a_quick_full_batch_doubles_the_next_up_to_batch_size() {
+        assert_eq!(next_limit(100, 100, MS / 2, 2 * MS, 5000), 200);
+        assert_eq!(next_limit(4000, 4000, MS / 2, 2 * MS, 5000), 5000);
+        // A short batch (nothing more to take) or one near the bound keeps its limit.
+        assert_eq!(next_limit(100, 40, MS / 2, 2 * MS, 5000), 100);
+        assert_eq!(next_limit(100, 100, 3 * MS / 2, 2 * MS, 5000), 100);
+    }
+
+    #[test]
+    fn rest_keeps_the_busy_share() {
+        assert_eq!(rest_after(2 * MS, 25), 6 * MS);
+        assert_eq!(rest_after(2 * MS, 50), 2 * MS);
+        assert_eq!(rest_after(2 * MS, 100), Duration::ZERO);
+        assert_eq!(rest_after(2 * MS, 0), 198 * MS);
+    }
+}
