@@ -132,7 +132,17 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
-        Box::pin(async move { shared.serve(inner, request).await })
+        Box::pin(async move {
+            if !shared.config.methods.contains(request.method()) {
+                return pass_through(inner, request).await;
+            }
+            let key = match shared.key_header(&request) {
+                Ok(Some(key)) => key,
+                Ok(None) => return pass_through(inner, request).await,
+                Err((problem, detail)) => return Ok(shared.problem(problem, &detail).map(full)),
+            };
+            Ok(shared.guarded(inner, request, key).await?.map(full))
+        })
     }
 }
 
@@ -147,32 +157,9 @@ enum Failure<E> {
 }
 
 impl Shared {
-    async fn serve<S, B, ResBody>(
-        &self,
-        inner: S,
-        request: Request<B>,
-    ) -> Result<Response<OuterBody<ResBody>>, S::Error>
-    where
-        S: Service<Request<InnerBody<B>>, Response = Response<ResBody>>,
-        B: Body<Data = Bytes>,
-        B::Error: Into<BoxError>,
-        ResBody: Body<Data = Bytes>,
-        ResBody::Error: Into<BoxError>,
-    {
-        if !self.config.methods.contains(request.method()) {
-            return pass_through(inner, request).await;
-        }
-        let key = match self.key_header(&request) {
-            Ok(Some(key)) => key,
-            Ok(None) => return pass_through(inner, request).await,
-            Err(problem) => return Ok(problem.map(full)),
-        };
-        Ok(self.guarded(inner, request, key).await?.map(full))
-    }
-
     /// The key the request carries: `Ok(None)` when it carries none and none is required,
-    /// `Err` with the `400` answer when it is missing or invalid.
-    fn key_header<B>(&self, request: &Request<B>) -> Result<Option<String>, Response<Bytes>> {
+    /// `Err` with the `400` problem when it is missing or invalid.
+    fn key_header<B>(&self, request: &Request<B>) -> Result<Option<String>, (Problem, String)> {
         let config = &self.config;
         let mut values = request.headers().get_all(&config.header).iter();
         match (values.next(), values.next()) {
@@ -183,15 +170,15 @@ impl Shared {
                     request.method(),
                     config.header
                 );
-                Err(self.problem(Problem::KeyMissing, &detail))
+                Err((Problem::KeyMissing, detail))
             }
             (Some(_), Some(_)) => {
                 let detail = format!("send exactly one {} header", config.header);
-                Err(self.problem(Problem::KeyInvalid, &detail))
+                Err((Problem::KeyInvalid, detail))
             }
             (Some(value), None) => match parse_key(value) {
                 Ok(key) => Ok(Some(key)),
-                Err(e) => Err(self.problem(Problem::KeyInvalid, &e.to_string())),
+                Err(e) => Err((Problem::KeyInvalid, e.to_string())),
             },
         }
     }

@@ -44,7 +44,11 @@ impl Backend {
     /// A store isolated from every other test, or `None` (a skip, printed; a failure under
     /// `DEDUP_TEST_STRICT=1`) when the backend's server is not configured.
     pub async fn store(self, test: &str) -> Option<TestStore> {
-        let unique = format!("http_{}_{}", &test[..test.len().min(24)], &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let unique = format!(
+            "http_{}_{}",
+            &test[..test.len().min(24)],
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
         let (store, dir): (Arc<dyn DedupStore>, _) = match self {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().expect("temp dir");
@@ -126,17 +130,26 @@ async fn create_order(State(orders): State<Orders>, body: Bytes) -> Response {
     let item = request["item"].as_str().unwrap_or_default();
     if item.is_empty() {
         let error = r#"{"error":"item is required"}"#;
-        return (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], error)
+        return (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            error,
+        )
             .into_response();
     }
     let mut created = orders.created.lock().unwrap();
     let id = created.len() + 1;
-    let order = serde_json::json!({"id": id, "item": item, "nonce": uuid::Uuid::new_v4().to_string()}).to_string();
+    let order =
+        serde_json::json!({"id": id, "item": item, "nonce": uuid::Uuid::new_v4().to_string()})
+            .to_string();
     created.push(order.clone());
     let location = format!("/orders/{id}");
     (
         StatusCode::CREATED,
-        [(header::CONTENT_TYPE, "application/json".to_string()), (header::LOCATION, location)],
+        [
+            (header::CONTENT_TYPE, "application/json".to_string()),
+            (header::LOCATION, location),
+        ],
         order,
     )
         .into_response()
@@ -148,7 +161,11 @@ async fn count_orders(State(orders): State<Orders>) -> String {
 
 /// The application's authentication: `x-user` names the principal.
 async fn authenticate(mut request: Request, next: Next) -> Response {
-    let user = request.headers().get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let user = request
+        .headers()
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     if let Some(user) = user {
         request.extensions_mut().insert(Principal(user));
     }
@@ -188,7 +205,9 @@ pub struct Reply {
 impl Reply {
     /// Whether it carries `Idempotency-Replayed: true`.
     pub fn replayed(&self) -> bool {
-        self.headers.get("idempotency-replayed").is_some_and(|v| v == "true")
+        self.headers
+            .get("idempotency-replayed")
+            .is_some_and(|v| v == "true")
     }
 
     /// The body as JSON.
@@ -199,11 +218,21 @@ impl Reply {
     /// Assert it is an RFC 9457 problem with `status` and a `type` ending in `slug`.
     pub fn assert_problem(&self, status: StatusCode, slug: &str) {
         assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(self.headers[header::CONTENT_TYPE], "application/problem+json", "{self:?}");
+        assert_eq!(
+            self.headers[header::CONTENT_TYPE],
+            "application/problem+json",
+            "{self:?}"
+        );
         let doc = self.json();
         assert_eq!(doc["status"], status.as_u16(), "{doc}");
-        assert!(doc["type"].as_str().is_some_and(|t| t.ends_with(slug)), "{doc}");
-        assert!(doc["title"].is_string() && doc["detail"].is_string(), "{doc}");
+        assert!(
+            doc["type"].as_str().is_some_and(|t| t.ends_with(slug)),
+            "{doc}"
+        );
+        assert!(
+            doc["title"].is_string() && doc["detail"].is_string(),
+            "{doc}"
+        );
     }
 }
 
@@ -212,20 +241,34 @@ impl Server {
     pub async fn start(store: Arc<dyn DedupStore>, config: IdempotencyConfig) -> Server {
         let orders = Orders::default();
         let app = router(Arc::clone(&store), config, orders.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("address");
         tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Server { orders, store, addr, client }
+        Server {
+            orders,
+            store,
+            addr,
+            client,
+        }
     }
 
     /// `POST /orders` with `body`, the key (if any) and the user (if any).
     pub async fn post(&self, key: Option<&str>, user: Option<&str>, body: &str) -> Reply {
-        self.send("POST", key, user, Bytes::copy_from_slice(body.as_bytes())).await
+        self.send("POST", key, user, Bytes::copy_from_slice(body.as_bytes()))
+            .await
     }
 
     /// A request to `/orders`.
-    pub async fn send(&self, method: &str, key: Option<&str>, user: Option<&str>, body: Bytes) -> Reply {
+    pub async fn send(
+        &self,
+        method: &str,
+        key: Option<&str>,
+        user: Option<&str>,
+        body: Bytes,
+    ) -> Reply {
         let mut request = http::Request::builder()
             .method(method)
             .uri(format!("http://{}/orders", self.addr))
@@ -240,6 +283,10 @@ impl Server {
         let response = self.client.request(request).await.expect("HTTP exchange");
         let (head, body) = response.into_parts();
         let body = body.collect().await.expect("response body").to_bytes();
-        Reply { status: head.status, headers: head.headers, body }
+        Reply {
+            status: head.status,
+            headers: head.headers,
+            body,
+        }
     }
 }

@@ -18,13 +18,19 @@ async fn serve(store: Arc<dyn DedupStore>) -> Server {
 
 fn assert_created(reply: &Reply) {
     assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-    assert!(!reply.replayed(), "the first reply is not a replay: {reply:?}");
+    assert!(
+        !reply.replayed(),
+        "the first reply is not a replay: {reply:?}"
+    );
 }
 
 fn assert_replay_of(reply: &Reply, first: &Reply) {
     assert!(reply.replayed(), "replay header missing: {reply:?}");
     assert_eq!(reply.status, first.status);
-    assert_eq!(reply.body, first.body, "a replay is the first body byte for byte");
+    assert_eq!(
+        reply.body, first.body,
+        "a replay is the first body byte for byte"
+    );
     for name in [header::CONTENT_TYPE, header::LOCATION] {
         assert_eq!(reply.headers.get(&name), first.headers.get(&name), "{name}");
     }
@@ -40,9 +46,15 @@ pub async fn one_post_with_a_key_creates_one_order(store: Arc<dyn DedupStore>) {
     let retry = server.post(Some("order-1"), None, TEA).await;
     assert_replay_of(&retry, &first);
     assert_eq!((server.orders.count(), server.orders.calls()), (1, 1));
-    let record = server.store.get(&Key::new("http:POST /orders", "order-1").unwrap()).await;
+    let record = server
+        .store
+        .get(&Key::new("http:POST /orders", "order-1").unwrap())
+        .await;
     assert!(
-        matches!(record.unwrap().unwrap().state, RecordState::Completed { .. }),
+        matches!(
+            record.unwrap().unwrap().state,
+            RecordState::Completed { .. }
+        ),
         "the key is completed in the store"
     );
 }
@@ -56,11 +68,18 @@ pub async fn concurrent_retries_create_one_order(store: Arc<dyn DedupStore>) {
         tokio::spawn(async move { server.post(Some("burst"), None, TEA).await })
     }))
     .await;
-    let replies: Vec<Reply> = replies.into_iter().map(|r| r.expect("request task")).collect();
+    let replies: Vec<Reply> = replies
+        .into_iter()
+        .map(|r| r.expect("request task"))
+        .collect();
     let (originals, others): (Vec<_>, Vec<_>) = replies
         .iter()
         .partition(|r| r.status == StatusCode::CREATED && !r.replayed());
-    assert_eq!(originals.len(), 1, "exactly one request ran the handler: {replies:#?}");
+    assert_eq!(
+        originals.len(),
+        1,
+        "exactly one request ran the handler: {replies:#?}"
+    );
     let first = originals[0];
     let mut conflicts = 0;
     for reply in others {
@@ -72,7 +91,10 @@ pub async fn concurrent_retries_create_one_order(store: Arc<dyn DedupStore>) {
             assert_replay_of(reply, first);
         }
     }
-    assert!(conflicts > 0, "requests during the 300 ms handler see 409: {replies:#?}");
+    assert!(
+        conflicts > 0,
+        "requests during the 300 ms handler see 409: {replies:#?}"
+    );
     assert_replay_of(&server.post(Some("burst"), None, TEA).await, first);
     assert_eq!((server.orders.count(), server.orders.calls()), (1, 1));
 }
@@ -99,7 +121,11 @@ pub async fn missing_key_is_400(store: Arc<dyn DedupStore>) {
         .await
         .assert_problem(StatusCode::BAD_REQUEST, "idempotency-key-invalid");
     let count = server.send("GET", None, None, Default::default()).await;
-    assert_eq!((count.status, &count.body[..]), (StatusCode::OK, &b"0"[..]), "GET is not guarded");
+    assert_eq!(
+        (count.status, &count.body[..]),
+        (StatusCode::OK, &b"0"[..]),
+        "GET is not guarded"
+    );
     assert_eq!(server.orders.calls(), 0);
 }
 
@@ -122,7 +148,10 @@ pub async fn client_error_is_stored_and_replayed(store: Arc<dyn DedupStore>) {
     let server = serve(store).await;
     let bad = r#"{"item":""}"#;
     let first = server.post(Some("k4"), None, bad).await;
-    assert_eq!((first.status, first.replayed()), (StatusCode::BAD_REQUEST, false));
+    assert_eq!(
+        (first.status, first.replayed()),
+        (StatusCode::BAD_REQUEST, false)
+    );
     assert_replay_of(&server.post(Some("k4"), None, bad).await, &first);
     assert_eq!(server.orders.calls(), 1);
 }
@@ -135,7 +164,10 @@ pub async fn keys_of_two_principals_do_not_collide(store: Arc<dyn DedupStore>) {
     assert_created(&alice);
     assert_created(&bob);
     assert_ne!(alice.json()["id"], bob.json()["id"]);
-    assert_replay_of(&server.post(Some("shared"), Some("alice"), TEA).await, &alice);
+    assert_replay_of(
+        &server.post(Some("shared"), Some("alice"), TEA).await,
+        &alice,
+    );
     assert_replay_of(&server.post(Some("shared"), Some("bob"), TEA).await, &bob);
     assert_eq!((server.orders.count(), server.orders.calls()), (2, 2));
 }
@@ -152,7 +184,11 @@ pub async fn oversized_body_is_413_and_stores_nothing(store: Arc<dyn DedupStore>
     let reply = server.post(Some("big"), None, &big).await;
     reply.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "request-body-too-large");
     let key = Key::new("http:POST /orders", "big").unwrap();
-    assert_eq!(server.store.get(&key).await.unwrap(), None, "nothing stored");
+    assert_eq!(
+        server.store.get(&key).await.unwrap(),
+        None,
+        "nothing stored"
+    );
     assert_eq!(server.orders.calls(), 0);
     assert_created(&server.post(Some("big"), None, TEA).await);
 }
@@ -178,7 +214,11 @@ pub async fn long_handler_keeps_its_lease(store: Arc<dyn DedupStore>) {
     let during = server.post(Some("slow"), None, TEA).await;
     during.assert_problem(StatusCode::CONFLICT, "idempotency-key-in-flight");
     assert_created(&first.await.unwrap());
-    assert_eq!(server.orders.calls(), 1, "no takeover while the lease was renewed");
+    assert_eq!(
+        server.orders.calls(),
+        1,
+        "no takeover while the lease was renewed"
+    );
 }
 
 /// A request whose future is dropped mid-handler (the client went away, the server shut
@@ -196,7 +236,11 @@ pub async fn dropped_request_releases_the_key(store: Arc<dyn DedupStore>) {
             .unwrap()
     };
     let call = app.call(request());
-    assert!(tokio::time::timeout(Duration::from_millis(300), call).await.is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), call)
+            .await
+            .is_err()
+    );
     assert_eq!(orders.calls(), 1, "the handler had started");
     orders.delay_ms.store(0, Ordering::SeqCst);
     // The release runs in the background; the default lease (30 s) would hold the key far
