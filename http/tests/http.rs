@@ -37,7 +37,7 @@ macro_rules! every_backend {
             keys_of_two_principals_do_not_collide,
             oversized_body_is_413_and_stores_nothing,
             long_handler_keeps_its_lease,
-            dropped_request_releases_the_key,
+            client_hangup_releases_the_key,
         );
     )*};
 }

@@ -221,38 +221,29 @@ pub async fn long_handler_keeps_its_lease(store: Arc<dyn DedupStore>) {
     );
 }
 
-/// A request whose future is dropped mid-handler (the client went away, the server shut
-/// down) releases its key at once: the next request runs instead of waiting out the lease.
-/// Driven through the router as a tower service, where dropping the future is exact.
-pub async fn dropped_request_releases_the_key(store: Arc<dyn DedupStore>) {
-    use tower_service::Service;
-    let orders = super::Orders::default();
-    orders.delay_ms.store(10_000, Ordering::SeqCst);
-    let mut app = super::router(store, IdempotencyConfig::default(), orders.clone());
-    let request = || {
-        http::Request::post("/orders")
-            .header("idempotency-key", "dropped")
-            .body(axum::body::Body::from(TEA))
-            .unwrap()
-    };
-    let call = app.call(request());
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), call)
-            .await
-            .is_err()
-    );
-    assert_eq!(orders.calls(), 1, "the handler had started");
-    orders.delay_ms.store(0, Ordering::SeqCst);
-    // The release runs in the background; the default lease (30 s) would hold the key far
-    // longer than this loop waits.
-    let mut status = StatusCode::CONFLICT;
-    for _ in 0..50 {
-        status = app.call(request()).await.unwrap().status();
-        if status != StatusCode::CONFLICT {
+/// A client that hangs up mid-handler drops the request's future on the server, which
+/// releases the key at once: the retry runs instead of waiting out the 30 s lease.
+pub async fn client_hangup_releases_the_key(store: Arc<dyn DedupStore>) {
+    let server = serve(store).await;
+    server.orders.delay_ms.store(5_000, Ordering::SeqCst);
+    let hung = tokio::time::timeout(
+        Duration::from_millis(300),
+        server.post(Some("hang"), None, TEA),
+    )
+    .await;
+    assert!(hung.is_err(), "the client gave up");
+    assert_eq!(server.orders.calls(), 1, "the handler had started");
+    server.orders.delay_ms.store(0, Ordering::SeqCst);
+    // The release runs in the background once the server notices the closed connection.
+    let mut last = None;
+    for _ in 0..30 {
+        let reply = server.post(Some("hang"), None, TEA).await;
+        if reply.status != StatusCode::CONFLICT {
+            last = Some(reply);
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!((orders.count(), orders.calls()), (1, 2));
+    assert_created(&last.expect("released within 3 s"));
+    assert_eq!((server.orders.count(), server.orders.calls()), (1, 2));
 }
