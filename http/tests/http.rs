@@ -1,7 +1,7 @@
 //! The HTTP scenarios on every backend: a real axum server on a loopback port over SQLite,
-//! PostgreSQL and Redis, driven by a real HTTP client. Server-backed runs need
-//! `DEDUP_POSTGRES_URL` / `DEDUP_REDIS_URL` (skipped without them, failing under
-//! `DEDUP_TEST_STRICT=1`).
+//! PostgreSQL, Redis and Redis Cluster, driven by a real HTTP client. Server-backed runs
+//! need `DEDUP_POSTGRES_URL` / `DEDUP_REDIS_URL` / `DEDUP_REDIS_CLUSTER_URLS` (skipped
+//! without them, failing under `DEDUP_TEST_STRICT=1`).
 
 mod common;
 
@@ -42,4 +42,4 @@ macro_rules! every_backend {
     )*};
 }
 
-every_backend!(Sqlite, Postgres, Redis);
+every_backend!(Sqlite, Postgres, Redis, RedisCluster);

@@ -31,6 +31,8 @@ pub enum Backend {
     Postgres,
     /// A fresh key prefix on `DEDUP_REDIS_URL`.
     Redis,
+    /// A fresh key prefix on the Redis Cluster of `DEDUP_REDIS_CLUSTER_URLS`.
+    RedisCluster,
 }
 
 /// A store and whatever must live as long as it.
@@ -66,13 +68,19 @@ impl Backend {
                 let store = dedup_postgres::PostgresStore::connect_with(&url, config).await;
                 (Arc::new(store.expect("connect postgres")), None)
             }
-            Backend::Redis => {
-                let url = self.url("DEDUP_REDIS_URL", test)?;
+            Backend::Redis | Backend::RedisCluster => {
                 let config = dedup_redis::RedisConfig {
                     prefix: format!("{unique}:"),
                     ..Default::default()
                 };
-                let store = dedup_redis::RedisStore::connect_with(&url, config).await;
+                let store = if let Backend::Redis = self {
+                    let url = self.url("DEDUP_REDIS_URL", test)?;
+                    dedup_redis::RedisStore::connect_with(&url, config).await
+                } else {
+                    let urls = self.url("DEDUP_REDIS_CLUSTER_URLS", test)?;
+                    let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_owned()).collect();
+                    dedup_redis::RedisStore::connect_cluster(&urls, config).await
+                };
                 (Arc::new(store.expect("connect redis")), None)
             }
         };

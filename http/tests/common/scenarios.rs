@@ -62,7 +62,7 @@ pub async fn one_post_with_a_key_creates_one_order(store: Arc<dyn DedupStore>) {
 /// 20 concurrent requests with one key: one order; every other reply is the replay or `409`.
 pub async fn concurrent_retries_create_one_order(store: Arc<dyn DedupStore>) {
     let server = Arc::new(serve(store).await);
-    server.orders.delay_ms.store(300, Ordering::SeqCst);
+    server.orders.delay_ms.store(800, Ordering::SeqCst);
     let replies = futures::future::join_all((0..20).map(|_| {
         let server = Arc::clone(&server);
         tokio::spawn(async move { server.post(Some("burst"), None, TEA).await })
@@ -93,7 +93,7 @@ pub async fn concurrent_retries_create_one_order(store: Arc<dyn DedupStore>) {
     }
     assert!(
         conflicts > 0,
-        "requests during the 300 ms handler see 409: {replies:#?}"
+        "requests during the 800 ms handler see 409: {replies:#?}"
     );
     assert_replay_of(&server.post(Some("burst"), None, TEA).await, first);
     assert_eq!((server.orders.count(), server.orders.calls()), (1, 1));
@@ -198,19 +198,19 @@ pub async fn oversized_body_is_413_and_stores_nothing(store: Arc<dyn DedupStore>
 pub async fn long_handler_keeps_its_lease(store: Arc<dyn DedupStore>) {
     let config = IdempotencyConfig {
         lease: InboxConfig {
-            lease: Duration::from_millis(300),
-            renew_every: Some(Duration::from_millis(100)),
+            lease: Duration::from_millis(600),
+            renew_every: Some(Duration::from_millis(150)),
             ..InboxConfig::default()
         },
         ..IdempotencyConfig::default()
     };
     let server = Arc::new(Server::start(store, config).await);
-    server.orders.delay_ms.store(1200, Ordering::SeqCst);
+    server.orders.delay_ms.store(1800, Ordering::SeqCst);
     let first = tokio::spawn({
         let server = Arc::clone(&server);
         async move { server.post(Some("slow"), None, TEA).await }
     });
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let during = server.post(Some("slow"), None, TEA).await;
     during.assert_problem(StatusCode::CONFLICT, "idempotency-key-in-flight");
     assert_created(&first.await.unwrap());
