@@ -29,7 +29,8 @@ const BODY_OMITTED: u8 = 1;
 pub struct StoredResponse {
     /// The status code.
     pub status: StatusCode,
-    /// The headers chosen for storage, in the order they were sent.
+    /// The headers chosen for storage (in the configured order; the values of one name in
+    /// the order they were sent).
     pub headers: HeaderMap,
     /// The body, byte for byte; `None` when it was larger than the storage limit.
     pub body: Option<Bytes>,
