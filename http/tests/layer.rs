@@ -1,0 +1,258 @@
+//! The layer's configuration choices, through the tower `Service` interface (no socket: the
+//! protocol over real servers and backends is in `tests/http.rs`). The store is
+//! `MemoryStore`, the reference model every backend is proven against.
+
+use std::future::Ready;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode, header};
+use axum::routing::post;
+use bytes::Bytes;
+use dedup_core::{DedupStore, Key, MemoryStore};
+use dedup_http::{IdempotencyConfig, IdempotencyLayer, InnerBody, ReleasePolicy};
+use http_body_util::{BodyExt, Full};
+use tower_layer::Layer;
+use tower_service::Service;
+
+struct Reply {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn replayed(&self) -> bool {
+        self.headers.contains_key("idempotency-replayed")
+    }
+}
+
+async fn call<S, B>(
+    app: &mut S,
+    method: &str,
+    uri: &str,
+    key: Option<&str>,
+    body: &'static str,
+) -> Reply
+where
+    S: Service<Request<Body>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    futures::future::poll_fn(|cx| app.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = app
+        .call(request.body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Reply {
+        status: head.status,
+        headers: head.headers,
+        body,
+    }
+}
+
+fn memory() -> Arc<dyn DedupStore> {
+    Arc::new(MemoryStore::new())
+}
+
+/// A router whose one handler counts its runs and answers `status` with `body`.
+fn counting(
+    route: &str,
+    config: IdempotencyConfig,
+    store: Arc<dyn DedupStore>,
+    status: StatusCode,
+    body: &'static str,
+) -> (Router, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let handler = move || {
+        let counter = Arc::clone(&counter);
+        async move {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            let headers = [
+                (header::CONTENT_TYPE, "text/plain".to_string()),
+                (header::SET_COOKIE, format!("session={n}")),
+            ];
+            (status, headers, body)
+        }
+    };
+    let router = Router::new()
+        .route(route, post(handler.clone()).patch(handler))
+        .layer(IdempotencyLayer::with_config(store, config));
+    (router, calls)
+}
+
+#[tokio::test]
+async fn keys_are_scoped_by_the_route_template_and_the_path_is_fingerprinted() {
+    let store = memory();
+    let (mut app, calls) = counting(
+        "/orders/{id}",
+        Default::default(),
+        store.clone(),
+        StatusCode::OK,
+        "ok",
+    );
+    assert_eq!(
+        call(&mut app, "PATCH", "/orders/7", Some("k"), "{}")
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let key = Key::new("http:PATCH /orders/{id}", "k").unwrap();
+    assert!(
+        store.get(&key).await.unwrap().is_some(),
+        "scope is the route template"
+    );
+    let other = call(&mut app, "PATCH", "/orders/8", Some("k"), "{}").await;
+    assert_eq!(
+        other.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "same scope, another path"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn without_require_key_unkeyed_requests_pass_unguarded() {
+    let config = IdempotencyConfig {
+        require_key: false,
+        ..Default::default()
+    };
+    let (mut app, calls) = counting("/o", config, memory(), StatusCode::CREATED, "made");
+    for _ in 0..2 {
+        let reply = call(&mut app, "POST", "/o", None, "{}").await;
+        assert_eq!(
+            (reply.status, reply.replayed()),
+            (StatusCode::CREATED, false)
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn the_all_errors_policy_releases_client_errors_too() {
+    let config = IdempotencyConfig {
+        release: ReleasePolicy::AllErrors,
+        ..Default::default()
+    };
+    let (mut app, calls) = counting("/o", config, memory(), StatusCode::CONFLICT, "no");
+    for _ in 0..2 {
+        let reply = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+        assert_eq!(
+            (reply.status, reply.replayed()),
+            (StatusCode::CONFLICT, false)
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "each retry ran again");
+}
+
+#[tokio::test]
+async fn only_the_chosen_headers_are_stored_and_quoted_keys_equal_bare_ones() {
+    let (mut app, calls) = counting(
+        "/o",
+        Default::default(),
+        memory(),
+        StatusCode::CREATED,
+        "made",
+    );
+    let first = call(&mut app, "POST", "/o", Some("\"abc\""), "{}").await;
+    assert_eq!(first.headers[header::SET_COOKIE], "session=1");
+    let replay = call(&mut app, "POST", "/o", Some("abc"), "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(
+        (replay.status, &replay.body),
+        (StatusCode::CREATED, &first.body)
+    );
+    assert_eq!(replay.headers[header::CONTENT_TYPE], "text/plain");
+    assert!(
+        !replay.headers.contains_key(header::SET_COOKIE),
+        "set-cookie is not stored"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_response_too_large_to_store_reaches_the_first_caller_and_replays_as_a_problem() {
+    let config = IdempotencyConfig {
+        max_stored_body: 8,
+        ..Default::default()
+    };
+    let (mut app, calls) = counting("/o", config, memory(), StatusCode::CREATED, "a long body");
+    let first = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    assert_eq!(
+        (first.status, &first.body[..]),
+        (StatusCode::CREATED, &b"a long body"[..])
+    );
+    let replay = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.status, StatusCode::CREATED, "the original status");
+    assert_eq!(
+        replay.headers[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&replay.body).unwrap();
+    assert_eq!(doc["type"], "urn:dedup-http:response-not-stored");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A plain tower service (no axum) that fails once, then answers `201`.
+#[derive(Clone)]
+struct FlakyOnce(Arc<AtomicUsize>);
+
+impl Service<Request<InnerBody<Full<Bytes>>>> for FlakyOnce {
+    type Response = Response<Full<Bytes>>;
+    type Error = &'static str;
+    type Future = Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<InnerBody<Full<Bytes>>>) -> Self::Future {
+        assert!(
+            request.extensions().get::<dedup_core::Lease>().is_some(),
+            "the lease is passed on"
+        );
+        let result = match self.0.fetch_add(1, Ordering::SeqCst) {
+            0 => Err("connection to the ledger lost"),
+            _ => Ok(Response::builder()
+                .status(201)
+                .body(Full::new(Bytes::from("ok")))
+                .unwrap()),
+        };
+        std::future::ready(result)
+    }
+}
+
+#[tokio::test]
+async fn an_inner_service_error_is_returned_and_releases_the_key() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut service = IdempotencyLayer::new(memory()).layer(FlakyOnce(Arc::clone(&calls)));
+    let request = || {
+        Request::post("/o")
+            .header("idempotency-key", "k")
+            .body(Full::new(Bytes::from("{}")))
+            .unwrap()
+    };
+    assert_eq!(
+        service.call(request()).await.err(),
+        Some("connection to the ledger lost")
+    );
+    let retry = service.call(request()).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED, "the retry ran at once");
+    let replay = service.call(request()).await.unwrap();
+    assert!(replay.headers().contains_key("idempotency-replayed"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
