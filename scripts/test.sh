@@ -90,7 +90,7 @@ if [[ $checks != 0 ]]; then
     step fmt cargo fmt --all --check
 fi
 
-step "cargo test" cargo test --workspace --all-targets "$@"
+step "cargo test" cargo test --workspace --all-targets --no-fail-fast "$@"
 step "doc tests" cargo test --workspace --doc
 
 if [[ $checks != 0 ]]; then

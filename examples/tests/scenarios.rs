@@ -66,6 +66,18 @@ fn cleanup_purges_exactly_the_records_past_retention_in_batches() {
     assert_eq!(r["old_left"], 0, "{out}");
     assert_eq!(r["recent_kept"], 100, "{out}");
     assert_eq!(r["live_kept"], true, "{out}");
+    // Paced: small batches first (at most 64, then growing to at most 100), so at least 3.
+    assert_eq!(r["paced"], true, "{out}");
+    assert!(r["batches"].as_u64().unwrap() >= 3, "{out}");
+}
+
+#[test]
+fn cleanup_unpaced_runs_full_batches() {
+    let out = run_example("cleanup", &["--unpaced"]);
+    let r = &json_lines(&out)[0];
+    assert_eq!(r["purged_completed"], 250, "{out}");
+    assert_eq!(r["purged_expired"], 5, "{out}");
+    assert_eq!(r["paced"], false, "{out}");
     // 255 records in batches of 100: 100, 100, 55.
     assert_eq!(r["batches"], 3, "{out}");
 }

@@ -1,4 +1,4 @@
-//! [`PostgresStore`]: the [`DedupStore`] over a PostgreSQL table.
+//! [`PostgresStore`]: the [`DedupStore`](dedup_core::DedupStore) over a PostgreSQL table.
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use crate::record::{StatementRows, decode_record};
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 use crate::sql::Statements;
 
-/// A [`DedupStore`] keeping its records in one PostgreSQL table.
+/// A [`DedupStore`](dedup_core::DedupStore) keeping its records in one PostgreSQL table.
 ///
 /// Cheap to clone (the clones share the pool). Every write is one statement (an answer
 /// that writes nothing reads the record with a second one; see the crate docs); lease time comes from the server's clock unless the
@@ -266,10 +266,6 @@ fn message_ids<'k>(keys: &[&'k Key]) -> Vec<&'k str> {
     keys.iter().map(|k| k.message_id()).collect()
 }
 
-fn lost(lease: &Lease) -> Error {
-    Error::lease_lost(&lease.key)
-}
-
 dedup_core::impl_dedup_store!(PostgresStore);
 
 #[async_trait]
@@ -298,7 +294,7 @@ impl Storage for PostgresStore {
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(backend)?
-            .ok_or_else(|| lost(lease))?;
+            .ok_or_else(|| Error::lease_lost(&lease.key))?;
         let fence = fence_from(&lease.key, row.try_get("fence").map_err(backend)?)?;
         let attempt = attempt_from(
             &lease.key,
@@ -340,7 +336,7 @@ impl Storage for PostgresStore {
             .await
             .map_err(backend)?
             .map(|_| ())
-            .ok_or_else(|| lost(lease))
+            .ok_or_else(|| Error::lease_lost(&lease.key))
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {

@@ -15,12 +15,15 @@ impl<'a> Reply<'a> {
     fn new(key: &'a Key, value: Value) -> Result<Self> {
         match value {
             Value::Array(items) if !items.is_empty() => Ok(Reply { key, items }),
-            other => Err(corrupt(key, format!("unexpected script reply {other:?}"))),
+            other => Err(Error::corrupt(
+                key,
+                format!("unexpected script reply {other:?}"),
+            )),
         }
     }
 
     fn corrupt(&self, detail: impl Into<String>) -> Error {
-        corrupt(self.key, detail)
+        Error::corrupt(self.key, detail)
     }
 
     fn tag(&self) -> Result<&str> {
@@ -94,10 +97,6 @@ impl<'a> Reply<'a> {
             _ => self.corrupt(format!("unexpected script reply tag {tag:?}")),
         }
     }
-}
-
-pub(crate) fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
-    Error::corrupt(key, detail)
 }
 
 /// `claim.lua`'s reply; `token` is the token the call proposed for a new lease.

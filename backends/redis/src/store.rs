@@ -1,4 +1,4 @@
-//! [`RedisStore`]: the [`DedupStore`] over Redis (standalone or Cluster).
+//! [`RedisStore`]: the [`DedupStore`](dedup_core::DedupStore) over Redis (standalone or Cluster).
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use crate::error::{ReplicationShortfall, backend};
 use crate::scripts::{CLAIM, CLAIM_MANY, COMMIT, COMMIT_MANY, GET, Lua, RELEASE, RENEW};
 use crate::{RedisConfig, layout, reply};
 
-/// A [`DedupStore`] keeping one Redis hash per key, every operation one Lua script.
+/// A [`DedupStore`](dedup_core::DedupStore) keeping one Redis hash per key, every operation one Lua script.
 ///
 /// Works against a standalone server ([`connect`](Self::connect),
 /// [`connect_with`](Self::connect_with)) or a Redis Cluster

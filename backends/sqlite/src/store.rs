@@ -21,7 +21,7 @@ use crate::queries::Queries;
 use crate::row;
 use crate::schema;
 
-/// A [`DedupStore`] in a SQLite database file (or in memory), with the transactional
+/// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with the transactional
 /// extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
 /// [`commit_in_tx`](SqliteStore::commit_in_tx).
 ///

@@ -325,3 +325,71 @@ async fn deferred_caller_transactions_wait_for_each_other_and_see_the_outcome() 
         }
     }
 }
+
+/// A claim that arrives while a purge batch holds the write lock runs before the purge's
+/// next batch: the store's writers queue first come, first served, so a claim never waits
+/// behind more than one batch. Proven by a record the second batch would remove: the claim
+/// takes it over (fence 2) before that batch can run (it would otherwise find it gone and
+/// start at fence 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_waits_behind_at_most_one_purge_batch() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("pacing.db");
+    let clock = std::sync::Arc::new(dedup_core::ManualClock::starting_now());
+    let config = SqliteConfig {
+        clock: Some(clock.clone()),
+        ..SqliteConfig::default()
+    };
+    let store = SqliteStore::open_with(&db, config).await.expect("open");
+    // First batch: 100 completed records (the purge statement takes completed rows first).
+    for i in 0..100 {
+        let k = key(&format!("old-{i}"));
+        let lease = store
+            .claim(&k, &opts())
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        store.commit(&lease, None).await.unwrap();
+    }
+    // Second batch: one abandoned lease.
+    let victim = key("abandoned");
+    let short = ClaimOptions::lease(Duration::from_secs(1));
+    assert!(store.claim(&victim, &short).await.unwrap().is_acquired());
+    clock.advance(Duration::from_secs(7200));
+
+    let holder = LockHolder::hold(&db);
+    let purging = {
+        let store = store.clone();
+        let options = dedup_core::PurgeOptions::older_than(Duration::from_secs(3600))
+            .batch_size(100)
+            .unpaced();
+        tokio::spawn(async move { store.purge(&options).await })
+    };
+    // The first batch takes the store's write gate and waits for SQLite's lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let claiming = {
+        let store = store.clone();
+        let victim = victim.clone();
+        tokio::spawn(async move { store.claim(&victim, &opts()).await })
+    };
+    // The claim queues at the gate behind the first batch.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.release();
+
+    let claim = claiming.await.unwrap().expect("claim");
+    match claim {
+        Claim::Acquired(lease) => assert_eq!(
+            (lease.fence, lease.attempt),
+            (2, 2),
+            "the claim ran before the second purge batch"
+        ),
+        other => panic!("expected a takeover, got {other:?}"),
+    }
+    let report = purging.await.unwrap().expect("purge");
+    assert_eq!(
+        (report.completed, report.expired),
+        (100, 0),
+        "the taken-over lease is live again, so the second batch found nothing: {report:?}"
+    );
+}
