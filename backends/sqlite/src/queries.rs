@@ -47,10 +47,19 @@ const TX_CLAIM: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}
             OR fingerprint = excluded.fingerprint) \
      RETURNING fence";
 
-/// The transactional commit (?1 consumer, ?2 message id, ?3 token, ?4 now, ?5 outcome):
-/// complete the record if this token holds it in flight. Writes first for the same reason
-/// as [`TX_CLAIM`]; zero rows changed means "ask the model" (retry-safe commit or lost).
-const TX_COMMIT: &str = "UPDATE \"{table}\" SET state = 'completed', expires_at = NULL, \
+/// A claim of a key that has no record (?1 consumer, ?2 message id, ?3 token, ?4 expires at,
+/// ?5 fingerprint): the first acquisition, fence 1, attempt 1, in one statement. One row
+/// changed means acquired; none means a record exists and the model decides from it.
+const CLAIM_FRESH: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
+     VALUES (?1, ?2, 'in_flight', ?3, 1, 1, ?4, NULL, NULL, ?5) \
+     ON CONFLICT (consumer, message_id) DO NOTHING";
+
+/// The commit (?1 consumer, ?2 message id, ?3 token, ?4 now, ?5 outcome), in lease mode and
+/// inside the caller's transaction: complete the record if this token holds it in flight,
+/// as `transition::commit` would (the token stays as the committing token). Writes first
+/// for the same reason as [`TX_CLAIM`]; zero rows changed means "ask the model" (a retried
+/// commit, or a lost lease).
+const COMMIT: &str = "UPDATE \"{table}\" SET state = 'completed', expires_at = NULL, \
      processed_at = ?4, outcome = ?5 \
      WHERE consumer = ?1 AND message_id = ?2 AND state = 'in_flight' AND token = ?3";
 
@@ -61,7 +70,8 @@ pub(crate) struct Queries {
     pub(crate) put: String,
     pub(crate) purge_batch: String,
     pub(crate) tx_claim: String,
-    pub(crate) tx_commit: String,
+    pub(crate) claim_fresh: String,
+    pub(crate) commit: String,
 }
 
 impl Queries {
@@ -77,7 +87,8 @@ impl Queries {
             put: render(PUT),
             purge_batch: render(PURGE_BATCH),
             tx_claim: render(TX_CLAIM),
-            tx_commit: render(TX_COMMIT),
+            claim_fresh: render(CLAIM_FRESH),
+            commit: render(COMMIT),
         }
     }
 }

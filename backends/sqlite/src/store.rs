@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use dedup_core::backend::Storage;
 use dedup_core::transition::{self, Write};
 use dedup_core::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, ItemResult, Key, Lease,
-    LeaseToken, Record, Result, SystemClock, Timestamp,
+    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, Fingerprint, ItemResult,
+    Key, Lease, LeaseToken, Record, Result, SystemClock, Timestamp,
 };
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, TransactionBehavior, params};
 
 use crate::config::SqliteConfig;
 use crate::error::{SetupError, backend};
@@ -26,9 +26,11 @@ use crate::schema;
 /// [`commit_in_tx`](SqliteStore::commit_in_tx).
 ///
 /// Cheap to clone (clones share the connections). Every lease-mode operation is one
-/// `BEGIN IMMEDIATE` transaction that reads the key's record, applies
-/// [`dedup_core::transition`] (the reference model) and writes the result, on a blocking
-/// thread. See the crate documentation for guarantees and configuration.
+/// `BEGIN IMMEDIATE` transaction, on a blocking thread. The common cases are one statement
+/// (a claim of a key without a record is one insert; a commit by the lease holding the key
+/// is one update); every other case reads the key's record, applies
+/// [`dedup_core::transition`] (the reference model) and writes the result. See the crate
+/// documentation for guarantees and configuration.
 #[derive(Clone)]
 pub struct SqliteStore {
     pub(crate) inner: Arc<Inner>,
@@ -172,7 +174,8 @@ impl Inner {
     }
 
     /// One claim under the write lock. Storage failures are the outer error; the contract's
-    /// answer (including `FingerprintMismatch`) is the inner result.
+    /// answer (including `FingerprintMismatch`) is the inner result. A key without a record
+    /// is acquired by one insert; otherwise the record is read and the model decides.
     fn claim_one(
         &self,
         conn: &Connection,
@@ -180,22 +183,64 @@ impl Inner {
         options: &ClaimOptions,
         now: Timestamp,
     ) -> Result<ItemResult<Claim>> {
+        let token = LeaseToken::random();
+        let expires_at = now.saturating_add(options.lease);
+        let inserted = conn
+            .prepare_cached(&self.queries.claim_fresh)
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    key.consumer(),
+                    key.message_id(),
+                    token.to_string(),
+                    expires_at.as_millis(),
+                    options.fingerprint.as_ref().map(Fingerprint::as_str),
+                ])
+            })
+            .map_err(backend)?;
+        if inserted == 1 {
+            return Ok(Ok(Claim::Acquired(Lease {
+                key: key.clone(),
+                token,
+                fence: 1,
+                attempt: 1,
+                expires_at,
+            })));
+        }
         let record = row::select(conn, &self.queries, key)?;
-        match transition::claim(record.as_ref(), key, options, now, LeaseToken::random()) {
+        match transition::claim(record.as_ref(), key, options, now, token) {
             Ok((claim, write)) => self.apply(conn, write).map(|()| Ok(claim)),
             Err(contract) => Ok(Err(contract)),
         }
     }
 
-    /// One commit under the write lock (outer: storage, inner: `LeaseLost`).
-    fn commit_one(
+    /// One commit under the write lock (outer: storage, inner: `LeaseLost`): one update
+    /// when the lease's token holds the key in flight; otherwise the record is read and the
+    /// model tells a retried commit (`Ok`) from a lost lease. Also used inside the caller's
+    /// transaction.
+    pub(crate) fn commit_one(
         &self,
         conn: &Connection,
         lease: &Lease,
         outcome: Option<&[u8]>,
         now: Timestamp,
     ) -> Result<ItemResult<()>> {
-        let record = row::select(conn, &self.queries, &lease.key)?;
+        let key = &lease.key;
+        let changed = conn
+            .prepare_cached(&self.queries.commit)
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    key.consumer(),
+                    key.message_id(),
+                    lease.token.to_string(),
+                    now.as_millis(),
+                    outcome,
+                ])
+            })
+            .map_err(backend)?;
+        if changed == 1 {
+            return Ok(Ok(()));
+        }
+        let record = row::select(conn, &self.queries, key)?;
         match transition::commit(record.as_ref(), lease, outcome, now) {
             Ok(write) => self.apply(conn, write).map(Ok),
             Err(contract) => Ok(Err(contract)),

@@ -94,27 +94,7 @@ impl SqliteStore {
         validate_outcome(outcome)?;
         let inner = &self.inner;
         let now = inner.clock.now();
-        let key = &lease.key;
-        let changed = tx
-            .prepare_cached(&inner.queries.tx_commit)
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    key.consumer(),
-                    key.message_id(),
-                    lease.token.to_string(),
-                    now.as_millis(),
-                    outcome,
-                ])
-            })
-            .map_err(backend)?;
-        if changed == 1 {
-            return Ok(());
-        }
-        // Not held in flight by this token: the model tells a retried commit (Ok) from a
-        // lost lease.
-        let record = row::select(tx, &inner.queries, key)?;
-        let write = transition::commit(record.as_ref(), lease, outcome, now)?;
-        inner.apply(tx, write)
+        inner.commit_one(tx, lease, outcome, now)?
     }
 
     /// A new connection to this store's database file, configured like the store's own
