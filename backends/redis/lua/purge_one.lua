@@ -1,4 +1,5 @@
--- purge(KEYS[1]): remove the record if purge(retention) at now removes it.
+-- purge(KEYS[1]): remove the record if purge(retention) at now removes it (UNLINK: a large
+-- outcome is freed off the main thread).
 -- ARGV: now ('' = server TIME), purge retention ms.
 -- Reply: 'c' completed record removed | 'e' expired in-flight record removed
 --      | 'g' record past the store's own retention (already absent): deleted, not counted
@@ -13,17 +14,17 @@ if not present then
     return ''
 end
 if not rec then
-    redis.call('DEL', key)
+    redis.call('UNLINK', key)
     return 'g'
 end
 local cutoff = now - tonumber(ARGV[2])
 if rec.state == 'c' and rec.processed_at < cutoff then
-    redis.call('DEL', key)
+    redis.call('UNLINK', key)
     return 'c'
 end
 -- A live lease has expires_at > now >= cutoff: never removed.
 if rec.state == 'i' and rec.expires_at < cutoff and rec.expires_at <= now then
-    redis.call('DEL', key)
+    redis.call('UNLINK', key)
     return 'e'
 end
 return ''
