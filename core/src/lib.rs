@@ -7,15 +7,17 @@ mod key;
 pub mod layers;
 mod memory;
 pub mod names;
+mod purger;
 mod store;
 mod time;
 pub mod transition;
 mod types;
 
 pub use error::{BoxError, Error, Result};
-pub use inbox::{Handled, Inbox, InboxConfig, InboxError};
+pub use inbox::{FailurePolicy, Handled, Inbox, InboxConfig, InboxError};
 pub use key::Key;
 pub use memory::MemoryStore;
+pub use purger::{Purger, PurgerError, PurgerHandle, PurgerStats, PurgerWarning};
 pub use store::{DedupStore, ItemResult};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis};
 pub use types::{

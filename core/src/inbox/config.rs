@@ -1,0 +1,56 @@
+//! [`InboxConfig`] and [`FailurePolicy`].
+
+use std::time::Duration;
+
+use crate::layers::RetryPolicy;
+
+/// How an [`Inbox`](super::Inbox) claims, renews, commits and treats failures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InboxConfig {
+    /// The lease each claim and each renewal asks for.
+    pub lease: Duration,
+    /// How often the lease is renewed while the handler runs (`None`: a third of `lease`,
+    /// so two renewals can fail before the lease runs out).
+    pub renew_every: Option<Duration>,
+    /// How a commit that failed with a retryable error is tried again (commit is
+    /// retry-safe): the same rule as the [`Retry`](crate::layers::Retry) layer.
+    pub commit_retry: RetryPolicy,
+    /// The most attempts a key gets (`None`: no limit). Every acquisition counts, a
+    /// takeover after a crash included (a message that crashes its worker is the worst
+    /// kind of poison). A delivery that would be attempt `max_attempts + 1` does not run
+    /// the handler: the key is completed as dead-lettered and the delivery, and every later
+    /// one, gets [`Handled::DeadLetter`](super::Handled::DeadLetter). An operator resets
+    /// the key by deleting its record (see the crate README).
+    pub max_attempts: Option<u32>,
+    /// What a handler error does to the key.
+    pub failures: FailurePolicy,
+}
+
+impl Default for InboxConfig {
+    /// A 30-second lease renewed every 10 seconds, the default commit [`RetryPolicy`], no
+    /// attempt limit, failures released for a retry.
+    fn default() -> Self {
+        InboxConfig {
+            lease: Duration::from_secs(30),
+            renew_every: None,
+            commit_retry: RetryPolicy::default(),
+            max_attempts: None,
+            failures: FailurePolicy::Retry,
+        }
+    }
+}
+
+/// What an [`Inbox`](super::Inbox) does when the handler returns an error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Release the lease and return [`InboxError::Handler`](super::InboxError::Handler): the
+    /// next delivery runs the handler again at once.
+    #[default]
+    Retry,
+    /// Commit the failure (its message and source chain) as the key's outcome and return
+    /// [`Handled::Failed`](super::Handled::Failed): later deliveries get the same failure back
+    /// without running the handler (what payment APIs do with an idempotency key). For
+    /// failures that repeating cannot fix: a declined card, a validation error.
+    Store,
+}

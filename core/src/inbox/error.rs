@@ -1,0 +1,63 @@
+//! [`InboxError`]: why [`Inbox::handle`](super::Inbox::handle) failed.
+
+use crate::{BoxError, Error, Key};
+
+/// Why [`Inbox::handle`](super::Inbox::handle) failed. In every case the message must not
+/// be acknowledged as processed; the broker's redelivery retries it.
+///
+/// It is a plain `std::error::Error + Send + Sync + 'static` whatever the handler's error
+/// type (the handler's error is kept boxed as the `source`), so `?` turns it into
+/// `anyhow::Error` or `Box<dyn Error + Send + Sync>`. Get the handler's own error back with
+/// [`InboxError::handler_error`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InboxError {
+    /// The handler returned an error. The lease was released, so the next delivery retries
+    /// at once.
+    #[error("handler failed for {key}; the lease was released for a retry")]
+    Handler {
+        /// The key.
+        key: Key,
+        /// The handler's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The lease was lost while the handler ran (renewal or commit answered `LeaseLost`):
+    /// another worker took the key over after the lease expired. If the renewal noticed,
+    /// the handler was stopped (its future dropped) at its next await point. Side effects it
+    /// made before that are not undone; protect them with the lease's fence or idempotency key.
+    #[error("lease lost while handling {key}")]
+    LeaseLost {
+        /// The key.
+        key: Key,
+    },
+    /// The store failed (claim, or commit after retries), or refused the outcome. The lease,
+    /// if any, expires by itself.
+    #[error("dedup store failed")]
+    Store(#[source] Error),
+    /// A typed outcome could not be encoded (after the handler ran: nothing was committed,
+    /// the lease was released) or a stored one could not be decoded as the handler's type.
+    #[error("outcome of {key} could not be encoded or decoded")]
+    Outcome {
+        /// The key.
+        key: Key,
+        /// The encoder's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl InboxError {
+    /// The handler's error, if this is [`InboxError::Handler`] and it is an `E`.
+    pub fn handler_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            InboxError::Handler { source, .. } => source.downcast_ref(),
+            _ => None,
+        }
+    }
+
+    /// Whether this is [`InboxError::LeaseLost`].
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, InboxError::LeaseLost { .. })
+    }
+}

@@ -1,0 +1,43 @@
+//! Typed outcomes (`serde` feature): [`Inbox::handle_json`].
+
+use std::future::Future;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Handled, Inbox, InboxError};
+use crate::{BoxError, DedupStore, Fingerprint, Key, Lease};
+
+impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
+    /// [`handle`](Inbox::handle) for a handler that returns a typed value: the value is
+    /// stored as JSON (`serde_json`, so it stays readable in the store) and a duplicate
+    /// gets it back decoded as `T`.
+    ///
+    /// A stored outcome that is not `T`'s JSON (written by another version of the handler,
+    /// or raw bytes) is [`InboxError::Outcome`]; a key completed without an outcome decodes
+    /// as JSON `null` (fine for `Option<_>` and `()`). Evolve `T` the way you evolve any
+    /// JSON message: add optional fields, do not rename.
+    pub async fn handle_json<T, F, Fut, E>(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        handler: F,
+    ) -> Result<Handled<T>, InboxError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        self.run(key, fingerprint, handler, encode::<T>, decode::<T>)
+            .await
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Option<Vec<u8>>, BoxError> {
+    Ok(Some(serde_json::to_vec(value)?))
+}
+
+fn decode<T: DeserializeOwned>(bytes: Option<Vec<u8>>) -> Result<T, BoxError> {
+    Ok(serde_json::from_slice(bytes.as_deref().unwrap_or(b"null"))?)
+}

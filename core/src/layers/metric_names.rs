@@ -1,0 +1,42 @@
+//! The names of the metrics `dedup` emits (Prometheus style), for dashboards and alerts.
+//!
+//! Labels: `backend` (the name given to [`Observed`](super::Observed)), `consumer` (the
+//! key's consumer; never the message id, which would make a series per message), `op`
+//! (`claim`, `claim_many`, `commit`, `commit_many`, `renew`, `release`, `get`, `purge`),
+//! `outcome` and `kind` as listed per metric.
+
+/// Counter: claims (batch items included) by `outcome`: `acquired` (first attempt),
+/// `takeover` (acquired with attempt > 1: the previous lease expired or was released),
+/// `in_flight` (another worker holds a live lease), `completed` (a duplicate of a processed
+/// message). Labels `backend`, `consumer`, `outcome`.
+pub const CLAIMS_TOTAL: &str = "dedup_claims_total";
+/// Counter: successful commits (batch items included). Labels `backend`, `consumer`.
+pub const COMMITS_TOTAL: &str = "dedup_commits_total";
+/// Counter: commits, renewals and releases answered `LeaseLost` (another worker took the
+/// key over). Labels `backend`, `consumer`, `op`.
+pub const LEASE_LOST_TOTAL: &str = "dedup_lease_lost_total";
+/// Counter: claims refused because the message id came back with another payload.
+/// Labels `backend`, `consumer`.
+pub const FINGERPRINT_MISMATCH_TOTAL: &str = "dedup_fingerprint_mismatch_total";
+/// Counter: successful releases. Labels `backend`, `consumer`.
+pub const RELEASES_TOTAL: &str = "dedup_releases_total";
+/// Counter: successful renewals. Labels `backend`, `consumer`.
+pub const RENEWALS_TOTAL: &str = "dedup_renewals_total";
+/// Counter: records removed by purges. Label `backend`.
+pub const PURGED_TOTAL: &str = "dedup_purged_total";
+/// Counter: failed operations other than the contract outcomes above, by `kind`:
+/// `invalid_input`, `unsupported`, `corrupt`, `backend_retryable`, `backend`, `other`.
+/// Labels `backend`, `op`, `kind`.
+pub const ERRORS_TOTAL: &str = "dedup_errors_total";
+/// Histogram: time each store operation took, in seconds. Labels `backend`, `op`.
+pub const OPERATION_DURATION_SECONDS: &str = "dedup_operation_duration_seconds";
+/// Histogram: time the [`Inbox`](crate::Inbox)'s handlers ran, in seconds, by `result`:
+/// `ok`, `error`, `panic`, `lease_lost`. Label `consumer`, `result`.
+pub const HANDLER_DURATION_SECONDS: &str = "dedup_handler_duration_seconds";
+/// Counter: deliveries the [`Inbox`](crate::Inbox) told to dead-letter because the key used
+/// up its attempts (poison messages). Labels `consumer`, `replay` (`false` the first time,
+/// `true` for later deliveries of the same key).
+pub const DEAD_LETTERS_TOTAL: &str = "dedup_dead_letters_total";
+/// Counter: handler failures the [`Inbox`](crate::Inbox) stored as the key's outcome
+/// ([`FailurePolicy::Store`](crate::FailurePolicy::Store)). Label `consumer`.
+pub const STORED_FAILURES_TOTAL: &str = "dedup_stored_failures_total";

@@ -1,0 +1,270 @@
+//! [`Purger`]: runs the store's purge in the background, on a jittered period, until stopped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::{DedupStore, PurgeOptions};
+
+/// Why a [`Purger`] refused to start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PurgerError {
+    /// The retention is shorter than the longest lease: a purge could remove an in-flight
+    /// record whose worker is still about to commit (its lease expired a moment ago and
+    /// nobody took it over yet), and the next delivery would run the handler again.
+    #[error(
+        "retention {retention:?} is shorter than the longest lease {longest_lease:?}: in-flight records could be purged under a worker that is still committing"
+    )]
+    RetentionShorterThanLease {
+        /// The retention asked for.
+        retention: Duration,
+        /// The longest lease declared with [`Purger::longest_lease`].
+        longest_lease: Duration,
+    },
+    /// The period or the options are unusable (a zero period, a batch size out of range).
+    #[error("invalid purger settings")]
+    Invalid(#[source] crate::Error),
+}
+
+/// Something a [`Purger`] started with but wants you to know (also logged at `WARN`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PurgerWarning {
+    /// The retention is shorter than the declared redelivery window: a duplicate that the
+    /// broker delivers after its record was purged is processed again.
+    RetentionShorterThanRedelivery {
+        /// The retention.
+        retention: Duration,
+        /// The window declared with [`Purger::redelivery_window`].
+        redelivery_window: Duration,
+    },
+}
+
+/// A background purge: every `every` (± a jitter, so many nodes do not purge in step) it
+/// calls the store's [`purge`](DedupStore::purge) with `retention`, logs what was removed
+/// (`tracing`, `INFO` when something was, `DEBUG` otherwise, `WARN` on failure) and adds it
+/// to [`PurgerHandle::removed`].
+///
+/// Safe to run on every node at once: each purge batch removes a record at most once (every
+/// backend deletes with one atomic statement or script per batch), so the nodes' counts add
+/// up to the records removed. The first run comes after a random part of the period, which
+/// spreads nodes started together. A failed run is logged and retried at the next period.
+/// For a `dedup_purged_total` metric, give the purger a store wrapped in
+/// [`Observed`](crate::layers::Observed).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::{sync::Arc, time::Duration};
+/// use dedup_core::{MemoryStore, Purger};
+/// let store = Arc::new(MemoryStore::new());
+/// let purger = Purger::new(Duration::from_secs(7 * 24 * 3600), Duration::from_secs(600))
+///     .longest_lease(Duration::from_secs(30))
+///     .redelivery_window(Duration::from_secs(4 * 24 * 3600))
+///     .start(store)?;
+/// // ... serve ...
+/// let stats = purger.stop().await;
+/// assert_eq!(stats.removed, 0);
+/// # Ok::<(), dedup_core::PurgerError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Purger {
+    options: PurgeOptions,
+    every: Duration,
+    jitter: f64,
+    longest_lease: Option<Duration>,
+    redelivery_window: Option<Duration>,
+}
+
+impl Purger {
+    /// A purger removing records older than `retention` every `every` (± 20 %), in the
+    /// store's default batches.
+    pub fn new(retention: Duration, every: Duration) -> Self {
+        Purger {
+            options: PurgeOptions::older_than(retention),
+            every,
+            jitter: 0.2,
+            longest_lease: None,
+            redelivery_window: None,
+        }
+    }
+
+    /// Start a purger with the defaults of [`Purger::new`] over `store`.
+    pub fn spawn<S: DedupStore + ?Sized + 'static>(
+        store: Arc<S>,
+        retention: Duration,
+        every: Duration,
+    ) -> Result<PurgerHandle, PurgerError> {
+        Purger::new(retention, every).start(store)
+    }
+
+    /// The longest lease any worker of this store takes: [`start`](Self::start) refuses a
+    /// retention shorter than it.
+    pub fn longest_lease(mut self, lease: Duration) -> Self {
+        self.longest_lease = Some(lease);
+        self
+    }
+
+    /// How long after a message's first delivery the broker may still redeliver it (its
+    /// retry schedule, DLQ replays): [`start`](Self::start) warns when retention is shorter.
+    pub fn redelivery_window(mut self, window: Duration) -> Self {
+        self.redelivery_window = Some(window);
+        self
+    }
+
+    /// The purge options of each run (retention included; its batch size and batch limit
+    /// bound one run's work).
+    pub fn options(mut self, options: PurgeOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The share of the period each wait may be longer or shorter by (0 to 1; default 0.2).
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter.clamp(0.0, 1.0);
+        self
+    }
+
+    /// Check the settings: the errors [`start`](Self::start) would refuse with, else the
+    /// warnings it would log.
+    pub fn check(&self) -> Result<Vec<PurgerWarning>, PurgerError> {
+        self.options.validate().map_err(PurgerError::Invalid)?;
+        if self.every.is_zero() {
+            return Err(PurgerError::Invalid(crate::Error::invalid(
+                "purge period",
+                "must be longer than zero",
+            )));
+        }
+        let retention = self.options.retention;
+        if let Some(longest_lease) = self.longest_lease
+            && retention < longest_lease
+        {
+            return Err(PurgerError::RetentionShorterThanLease {
+                retention,
+                longest_lease,
+            });
+        }
+        Ok(self
+            .redelivery_window
+            .filter(|w| retention < *w)
+            .map(|redelivery_window| PurgerWarning::RetentionShorterThanRedelivery {
+                retention,
+                redelivery_window,
+            })
+            .into_iter()
+            .collect())
+    }
+
+    /// Start purging `store` in a tokio task. Refuses the settings [`check`](Self::check)
+    /// refuses; logs its warnings.
+    pub fn start<S: DedupStore + ?Sized + 'static>(
+        self,
+        store: Arc<S>,
+    ) -> Result<PurgerHandle, PurgerError> {
+        let warnings = self.check()?;
+        for w in &warnings {
+            tracing::warn!(warning = ?w, "dedup purger: retention is shorter than the redelivery window; late duplicates will be processed again");
+        }
+        let removed = Arc::new(AtomicU64::new(0));
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(self.run(store, Arc::clone(&removed), stopped));
+        Ok(PurgerHandle {
+            stop,
+            task,
+            removed,
+            warnings,
+        })
+    }
+
+    async fn run<S: DedupStore + ?Sized>(
+        self,
+        store: Arc<S>,
+        removed: Arc<AtomicU64>,
+        mut stopped: watch::Receiver<bool>,
+    ) -> PurgerStats {
+        let mut stats = PurgerStats::default();
+        let mut wait = self.every.mul_f64(random_unit());
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => return stats,
+                () = tokio::time::sleep(wait) => {}
+            }
+            // A run in progress finishes before a stop takes effect (bound it with
+            // `PurgeOptions::max_batches`).
+            let started = std::time::Instant::now();
+            match store.purge(&self.options).await {
+                Ok(report) => {
+                    stats.runs += 1;
+                    stats.removed += report.total();
+                    removed.fetch_add(report.total(), Ordering::Relaxed);
+                    if report.total() > 0 {
+                        tracing::info!(removed = report.total(), completed = report.completed, expired = report.expired, batches = report.batches, elapsed_ms = started.elapsed().as_millis() as u64, "dedup purger removed old records");
+                    } else {
+                        tracing::debug!(batches = report.batches, "dedup purger: nothing to remove");
+                    }
+                }
+                Err(e) => {
+                    stats.failures += 1;
+                    tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "dedup purge failed; retrying next period");
+                }
+            }
+            let spread = self.jitter * (2.0 * random_unit() - 1.0);
+            wait = self.every.mul_f64(1.0 + spread);
+        }
+    }
+}
+
+/// A uniformly random number in [0, 1), from the operating system's randomness.
+fn random_unit() -> f64 {
+    (uuid::Uuid::new_v4().as_u128() >> 75) as f64 / (1u64 << 53) as f64
+}
+
+/// What a purger did, returned by [`PurgerHandle::stop`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgerStats {
+    /// Purge runs that succeeded.
+    pub runs: u64,
+    /// Purge runs that failed.
+    pub failures: u64,
+    /// Records removed in all.
+    pub removed: u64,
+}
+
+/// A running [`Purger`]. Stop it with [`stop`](Self::stop); dropping the handle leaves it
+/// running until the runtime shuts down.
+#[derive(Debug)]
+pub struct PurgerHandle {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<PurgerStats>,
+    removed: Arc<AtomicU64>,
+    warnings: Vec<PurgerWarning>,
+}
+
+impl PurgerHandle {
+    /// Records removed so far.
+    pub fn removed(&self) -> u64 {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// The warnings it started with.
+    pub fn warnings(&self) -> &[PurgerWarning] {
+        &self.warnings
+    }
+
+    /// Stop it: a run in progress finishes first. Returns what it did.
+    pub async fn stop(self) -> PurgerStats {
+        let _ = self.stop.send(true);
+        match self.task.await {
+            Ok(stats) => stats,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => PurgerStats {
+                removed: self.removed.load(Ordering::Relaxed),
+                ..PurgerStats::default()
+            },
+        }
+    }
+}
