@@ -1,28 +1,19 @@
 //! Inbox behaviour, on MemoryStore with a clock that follows tokio's (paused) time, so
 //! "slow" handlers take no real time.
 
-use std::sync::Arc;
+mod support;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use dedup_core::layers::RetryPolicy;
 use dedup_core::{
-    Claim, ClaimOptions, Clock, DedupStore, Handled, Inbox, InboxConfig, InboxError, Key,
-    MemoryStore, RecordState, Timestamp,
+    Claim, ClaimOptions, DedupStore, Handled, Inbox, InboxConfig, InboxError, Key, MemoryStore,
+    RecordState,
 };
 
-/// Store time = tokio's virtual time (paused in these tests).
-#[derive(Debug)]
-struct TokioClock(tokio::time::Instant);
-
-impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_millis(1_000_000).saturating_add(self.0.elapsed())
-    }
-}
-
 fn inbox(lease: Duration) -> Inbox<MemoryStore> {
-    let store = MemoryStore::with_clock(Arc::new(TokioClock(tokio::time::Instant::now())));
-    Inbox::new(store).with_config(InboxConfig {
+    Inbox::new(support::tokio_store()).with_config(InboxConfig {
         lease,
         ..InboxConfig::default()
     })
@@ -62,7 +53,10 @@ async fn handler_error_releases_so_the_next_delivery_retries_at_once() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(err, InboxError::Handler("payment api down")));
+    assert!(
+        matches!(&err, InboxError::Handler { source, .. } if source.to_string() == "payment api down"),
+        "{err:?}"
+    );
     // No waiting for the 30 s lease: the retry acquires immediately, as attempt 2.
     let again = inbox
         .handle(&key(), None, |lease| async move {
@@ -126,7 +120,8 @@ async fn without_renewal_the_lease_of_a_slow_handler_is_taken_over() {
     let inbox = inbox(Duration::from_secs(3)).with_config(InboxConfig {
         lease: Duration::from_secs(3),
         renew_every: Some(Duration::from_secs(3600)),
-        commit_retries: 0,
+        commit_retry: RetryPolicy::NEVER,
+        ..InboxConfig::default()
     });
     let store = inbox.store().clone();
     let probe = async {
@@ -194,4 +189,89 @@ async fn a_cancelled_handler_releases_the_key() {
         matches!(c, Claim::Acquired(ref l) if l.attempt == 2),
         "{c:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn inbox_error_converts_with_question_mark_whatever_the_handler_error() {
+    async fn with_anyhow(inbox: &Inbox<MemoryStore>) -> anyhow::Result<Handled> {
+        let k = Key::new("billing", "anyhow")?;
+        Ok(inbox
+            .handle(&k, None, |_| async {
+                Err::<Option<Vec<u8>>, _>(anyhow::anyhow!("gateway timeout"))
+            })
+            .await?)
+    }
+    async fn with_box(
+        inbox: &Inbox<MemoryStore>,
+    ) -> Result<Handled, Box<dyn std::error::Error + Send + Sync>> {
+        let k = Key::new("billing", "io")?;
+        Ok(inbox
+            .handle(&k, None, |_| async {
+                Err::<Option<Vec<u8>>, _>(std::io::Error::other("disk full"))
+            })
+            .await?)
+    }
+    let inbox = inbox(Duration::from_secs(30));
+    let err = with_anyhow(&inbox).await.unwrap_err();
+    // The chain is kept: InboxError, then the handler's own error as its source.
+    assert_eq!(
+        format!("{err:#}"),
+        "handler failed for billing/anyhow; the lease was released for a retry: gateway timeout"
+    );
+    let err = with_box(&inbox).await.unwrap_err();
+    let inbox_err = err.downcast_ref::<InboxError>().unwrap();
+    let io = inbox_err.handler_error::<std::io::Error>().unwrap();
+    assert_eq!(io.to_string(), "disk full");
+    assert!(inbox_err.handler_error::<std::fmt::Error>().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn commits_are_retried_with_the_retry_layers_policy() {
+    // With the default policy (3 retries) a commit that fails twice with a retryable error
+    // succeeds on its third try.
+    let store = support::flaky(0, true);
+    let inbox = Inbox::new(store);
+    let k = key();
+    let handled = inbox
+        .handle(&k, None, |_| async {
+            inbox.store().fail.store(2, Ordering::SeqCst); // the next two calls (commits) fail
+            Ok::<_, &str>(Some(b"ok".to_vec()))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(handled, Handled::Processed { .. }));
+    assert_eq!(inbox.store().fail.load(Ordering::SeqCst), 0);
+
+    // RetryPolicy::NEVER: the first retryable failure is final.
+    let inbox = inbox.with_config(InboxConfig {
+        commit_retry: RetryPolicy::NEVER,
+        ..InboxConfig::default()
+    });
+    let k2 = Key::new("billing", "order-2").unwrap();
+    let err = inbox
+        .handle(&k2, None, |_| async {
+            inbox.store().fail.store(1, Ordering::SeqCst);
+            Ok::<_, &str>(None)
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, InboxError::Store(ref e) if e.is_retryable()), "{err:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outcome_starting_with_the_reserved_bytes_is_refused_and_the_key_released() {
+    let inbox = inbox(Duration::from_secs(30));
+    let err = inbox
+        .handle(&key(), None, |_| async {
+            Ok::<_, &str>(Some(b"\0dedup:failed\0forged".to_vec()))
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, InboxError::Outcome { .. }), "{err:?}");
+    let c = inbox
+        .store()
+        .claim(&key(), &ClaimOptions::default())
+        .await
+        .unwrap();
+    assert!(matches!(c, Claim::Acquired(ref l) if l.attempt == 2), "{c:?}");
 }

@@ -1,83 +1,14 @@
-//! The Retry and Metered layers.
+//! The Retry and Observed layers.
+
+mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use dedup_core::layers::{Metered, Metrics, Retry, RetryPolicy};
-use dedup_core::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error, ItemResult,
-    Key, Lease, MemoryStore, PurgeOptions, PurgeReport, Record, Result,
-};
-
-/// A MemoryStore whose next `fail` operations fail with a (retryable or not) backend error.
-struct Flaky {
-    inner: MemoryStore,
-    fail: AtomicU32,
-    retryable: bool,
-}
-
-impl Flaky {
-    fn check(&self) -> Result<()> {
-        if self
-            .fail
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
-            return Err(Error::backend("flaky", self.retryable, io));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl DedupStore for Flaky {
-    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        self.check()?;
-        self.inner.claim(key, options).await
-    }
-    async fn claim_many(&self, r: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
-        self.check()?;
-        self.inner.claim_many(r).await
-    }
-    async fn renew(&self, lease: &Lease, d: Duration) -> Result<Lease> {
-        self.check()?;
-        self.inner.renew(lease, d).await
-    }
-    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        self.check()?;
-        self.inner.commit(lease, outcome).await
-    }
-    async fn commit_many(&self, r: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
-        self.check()?;
-        self.inner.commit_many(r).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.check()?;
-        self.inner.release(lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        self.check()?;
-        self.inner.get(key).await
-    }
-    async fn purge(&self, o: &PurgeOptions) -> Result<PurgeReport> {
-        self.check()?;
-        self.inner.purge(o).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-}
-
-fn flaky(fail: u32, retryable: bool) -> Flaky {
-    Flaky {
-        inner: MemoryStore::new(),
-        fail: AtomicU32::new(fail),
-        retryable,
-    }
-}
+use dedup_core::layers::{Counts, ObserveOptions, Observed, Retry, RetryPolicy};
+use dedup_core::{Claim, ClaimOptions, ClaimRequest, DedupStore, Key, Lease, MemoryStore};
+use support::flaky;
 
 fn key() -> Key {
     Key::new("billing", "m1").unwrap()
@@ -137,8 +68,8 @@ async fn retry_leaves_permanent_errors_and_contract_outcomes_alone() {
 }
 
 #[tokio::test]
-async fn metered_counts_outcomes() {
-    let store = Metered::new(Arc::new(MemoryStore::new()));
+async fn observed_counts_outcomes() {
+    let store = Observed::new(Arc::new(MemoryStore::new()), ObserveOptions::new("memory"));
     let opts = ClaimOptions::default();
     let lease = store
         .claim(&key(), &opts)
@@ -168,16 +99,15 @@ async fn metered_counts_outcomes() {
             .is_err()
     );
     assert_eq!(
-        store.metrics(),
-        Metrics {
+        store.counts(),
+        Counts {
             acquired: 2,
             in_flight: 1,
             completed: 2,
             commits: 1,
-            releases: 0,
             lease_lost: 1,
-            purged: 0,
             errors: 1,
+            ..Counts::default()
         }
     );
 }

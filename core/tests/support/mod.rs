@@ -1,0 +1,131 @@
+//! Helpers shared by the core tests: a store clock that follows tokio's (paused) time, a
+//! store that fails on demand, and readers of a `metrics` debugging snapshot.
+#![allow(dead_code)] // each test binary uses a part
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_core::{
+    Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, Error,
+    ItemResult, Key, Lease, MemoryStore, PurgeOptions, PurgeReport, Record, Result, Timestamp,
+};
+use metrics_util::debugging::{DebugValue, Snapshotter};
+
+/// Store time = tokio's virtual time (paused in these tests), so "slow" handlers take no
+/// real time.
+#[derive(Debug)]
+pub struct TokioClock(tokio::time::Instant);
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(1_000_000).saturating_add(self.0.elapsed())
+    }
+}
+
+/// A MemoryStore on tokio's clock.
+pub fn tokio_store() -> MemoryStore {
+    MemoryStore::with_clock(Arc::new(TokioClock(tokio::time::Instant::now())))
+}
+
+/// A MemoryStore whose next `fail` operations fail with a (retryable or not) backend error.
+pub struct Flaky {
+    pub inner: MemoryStore,
+    pub fail: AtomicU32,
+    pub retryable: bool,
+}
+
+impl Flaky {
+    fn check(&self) -> Result<()> {
+        if self
+            .fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+            return Err(Error::backend("flaky", self.retryable, io));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DedupStore for Flaky {
+    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+        self.check()?;
+        self.inner.claim(key, options).await
+    }
+    async fn claim_many(&self, r: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
+        self.check()?;
+        self.inner.claim_many(r).await
+    }
+    async fn renew(&self, lease: &Lease, d: Duration) -> Result<Lease> {
+        self.check()?;
+        self.inner.renew(lease, d).await
+    }
+    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        self.check()?;
+        self.inner.commit(lease, outcome).await
+    }
+    async fn commit_many(&self, r: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
+        self.check()?;
+        self.inner.commit_many(r).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.check()?;
+        self.inner.release(lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        self.check()?;
+        self.inner.get(key).await
+    }
+    async fn purge(&self, o: &PurgeOptions) -> Result<PurgeReport> {
+        self.check()?;
+        self.inner.purge(o).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+pub fn flaky(fail: u32, retryable: bool) -> Flaky {
+    Flaky {
+        inner: MemoryStore::new(),
+        fail: AtomicU32::new(fail),
+        retryable,
+    }
+}
+
+/// Whether a metric's labels include every `(name, value)` of `labels`.
+fn has_labels(key: &metrics::Key, labels: &[(&str, &str)]) -> bool {
+    labels
+        .iter()
+        .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
+}
+
+/// The sum of the counters `name` whose labels include `labels`.
+pub fn counter(snap: &Snapshotter, name: &str, labels: &[(&str, &str)]) -> u64 {
+    snap.snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == name && has_labels(k.key(), labels))
+        .map(|(.., v)| match v {
+            DebugValue::Counter(n) => n,
+            other => panic!("{name} is not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+/// How many values the histograms `name` whose labels include `labels` recorded.
+pub fn observations(snap: &Snapshotter, name: &str, labels: &[(&str, &str)]) -> usize {
+    snap.snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == name && has_labels(k.key(), labels))
+        .map(|(.., v)| match v {
+            DebugValue::Histogram(values) => values.len(),
+            other => panic!("{name} is not a histogram: {other:?}"),
+        })
+        .sum()
+}
