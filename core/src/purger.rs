@@ -151,10 +151,12 @@ impl Purger {
         Ok(self
             .redelivery_window
             .filter(|w| retention < *w)
-            .map(|redelivery_window| PurgerWarning::RetentionShorterThanRedelivery {
-                retention,
-                redelivery_window,
-            })
+            .map(
+                |redelivery_window| PurgerWarning::RetentionShorterThanRedelivery {
+                    retention,
+                    redelivery_window,
+                },
+            )
             .into_iter()
             .collect())
     }
@@ -202,9 +204,19 @@ impl Purger {
                     stats.removed += report.total();
                     removed.fetch_add(report.total(), Ordering::Relaxed);
                     if report.total() > 0 {
-                        tracing::info!(removed = report.total(), completed = report.completed, expired = report.expired, batches = report.batches, elapsed_ms = started.elapsed().as_millis() as u64, "dedup purger removed old records");
+                        tracing::info!(
+                            removed = report.total(),
+                            completed = report.completed,
+                            expired = report.expired,
+                            batches = report.batches,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "dedup purger removed old records"
+                        );
                     } else {
-                        tracing::debug!(batches = report.batches, "dedup purger: nothing to remove");
+                        tracing::debug!(
+                            batches = report.batches,
+                            "dedup purger: nothing to remove"
+                        );
                     }
                 }
                 Err(e) => {

@@ -255,7 +255,10 @@ async fn commits_are_retried_with_the_retry_layers_policy() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(err, InboxError::Store(ref e) if e.is_retryable()), "{err:?}");
+    assert!(
+        matches!(err, InboxError::Store(ref e) if e.is_retryable()),
+        "{err:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -273,5 +276,8 @@ async fn an_outcome_starting_with_the_reserved_bytes_is_refused_and_the_key_rele
         .claim(&key(), &ClaimOptions::default())
         .await
         .unwrap();
-    assert!(matches!(c, Claim::Acquired(ref l) if l.attempt == 2), "{c:?}");
+    assert!(
+        matches!(c, Claim::Acquired(ref l) if l.attempt == 2),
+        "{c:?}"
+    );
 }

@@ -26,12 +26,19 @@ async fn a_typed_outcome_round_trips_through_the_store() {
     let issue = |_| async { Ok::<_, std::io::Error>(invoice.clone()) };
     let first = inbox.handle_json(&key, None, issue).await.unwrap();
     assert!(matches!(&first, Handled::Processed { outcome, .. } if *outcome == invoice));
-    let second = inbox.handle_json::<Invoice, _, _, _>(&key, None, issue).await.unwrap();
+    let second = inbox
+        .handle_json::<Invoice, _, _, _>(&key, None, issue)
+        .await
+        .unwrap();
     assert!(second.is_replay());
     assert!(matches!(second, Handled::Duplicate { outcome, .. } if outcome == invoice));
     // Stored as JSON, readable in the store.
     let record = inbox.store().get(&key).await.unwrap().unwrap();
-    let RecordState::Completed { outcome: Some(bytes), .. } = record.state else {
+    let RecordState::Completed {
+        outcome: Some(bytes),
+        ..
+    } = record.state
+    else {
         panic!("{record:?}")
     };
     assert_eq!(
@@ -51,7 +58,11 @@ async fn an_outcome_of_another_type_is_a_decode_error() {
         .unwrap()
         .into_lease()
         .unwrap();
-    inbox.store().commit(&lease, Some(b"not json")).await.unwrap();
+    inbox
+        .store()
+        .commit(&lease, Some(b"not json"))
+        .await
+        .unwrap();
     let err = inbox
         .handle_json(&key, None, |_| async { Ok::<_, std::io::Error>(1u32) })
         .await
@@ -68,7 +79,9 @@ async fn an_outcome_of_another_type_is_a_decode_error() {
         .unwrap();
     inbox.store().commit(&lease, None).await.unwrap();
     let handled = inbox
-        .handle_json(&none, None, |_| async { Ok::<_, std::io::Error>(Some(1u32)) })
+        .handle_json(&none, None, |_| async {
+            Ok::<_, std::io::Error>(Some(1u32))
+        })
         .await
         .unwrap();
     assert!(matches!(handled, Handled::Duplicate { outcome: None, .. }));

@@ -230,7 +230,10 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                 handler_finished(&key, "ok", started);
                 let bytes = encode(&value).and_then(|bytes| {
                     if Stored::is_reserved(bytes.as_deref()) {
-                        Err("a handler's outcome may not start with the reserved bytes \\0dedup:".into())
+                        Err(
+                            "a handler's outcome may not start with the reserved bytes \\0dedup:"
+                                .into(),
+                        )
                     } else {
                         Ok(bytes)
                     }
@@ -331,7 +334,11 @@ fn replay<T>(
 }
 
 /// Count a dead-lettered delivery and say so.
-fn dead_letter_counted<T>(key: &Key, attempts: u32, replay: bool) -> Result<Handled<T>, InboxError> {
+fn dead_letter_counted<T>(
+    key: &Key,
+    attempts: u32,
+    replay: bool,
+) -> Result<Handled<T>, InboxError> {
     metrics::counter!(m::DEAD_LETTERS_TOTAL, "consumer" => key.consumer().to_owned(), "replay" => if replay { "true" } else { "false" })
         .increment(1);
     Ok(Handled::DeadLetter { attempts, replay })

@@ -89,6 +89,8 @@ mod tests {
         let long = "é".repeat(crate::MAX_OUTCOME_LEN);
         let bytes = Stored::failed(&long);
         assert!(bytes.len() <= crate::MAX_OUTCOME_LEN);
-        assert!(matches!(Stored::decode(Some(bytes)), Stored::Failed(m) if m.chars().all(|c| c == 'é')));
+        assert!(
+            matches!(Stored::decode(Some(bytes)), Stored::Failed(m) if m.chars().all(|c| c == 'é'))
+        );
     }
 }

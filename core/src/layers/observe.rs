@@ -170,9 +170,7 @@ impl<S> Observed<S> {
         self.bump(event, n);
         let backend = self.options.backend;
         let consumer = consumer.to_owned();
-        let claim = |outcome: &'static str| {
-            metrics::counter!(m::CLAIMS_TOTAL, "backend" => backend, "consumer" => consumer.clone(), "outcome" => outcome)
-        };
+        let claim = |outcome: &'static str| metrics::counter!(m::CLAIMS_TOTAL, "backend" => backend, "consumer" => consumer.clone(), "outcome" => outcome);
         match event {
             Event::Acquired => claim("acquired").increment(n),
             Event::Takeover => claim("takeover").increment(n),
@@ -236,7 +234,13 @@ impl<S> Observed<S> {
     }
 
     /// Count a unit result counted as `ok` on success.
-    fn unit_result<T>(&self, op: &'static str, key: &Key, ok: Event, r: &Result<T>) -> &'static str {
+    fn unit_result<T>(
+        &self,
+        op: &'static str,
+        key: &Key,
+        ok: Event,
+        r: &Result<T>,
+    ) -> &'static str {
         match r {
             Ok(_) => {
                 self.count(ok, key.consumer(), op, 1);
@@ -295,15 +299,24 @@ impl<S: DedupStore> DedupStore for Observed<S> {
 
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
         let span = self.span("claim_many", None);
-        self.timed("claim_many", span, self.inner.claim_many(requests), |_, r| match r {
-            Ok(items) => {
-                for (req, item) in requests.iter().zip(items) {
-                    self.claim_result("claim_many", &req.key, item);
+        self.timed(
+            "claim_many",
+            span,
+            self.inner.claim_many(requests),
+            |_, r| match r {
+                Ok(items) => {
+                    for (req, item) in requests.iter().zip(items) {
+                        self.claim_result("claim_many", &req.key, item);
+                    }
+                    "ok"
                 }
-                "ok"
-            }
-            Err(e) => self.error("claim_many", batch_consumer(requests.iter().map(|r| &r.key)), e),
-        })
+                Err(e) => self.error(
+                    "claim_many",
+                    batch_consumer(requests.iter().map(|r| &r.key)),
+                    e,
+                ),
+            },
+        )
         .await
     }
 
@@ -326,19 +339,24 @@ impl<S: DedupStore> DedupStore for Observed<S> {
 
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
         let span = self.span("commit_many", None);
-        self.timed("commit_many", span, self.inner.commit_many(requests), |_, r| match r {
-            Ok(items) => {
-                for (req, item) in requests.iter().zip(items) {
-                    self.unit_result("commit_many", &req.lease.key, Event::Commit, item);
+        self.timed(
+            "commit_many",
+            span,
+            self.inner.commit_many(requests),
+            |_, r| match r {
+                Ok(items) => {
+                    for (req, item) in requests.iter().zip(items) {
+                        self.unit_result("commit_many", &req.lease.key, Event::Commit, item);
+                    }
+                    "ok"
                 }
-                "ok"
-            }
-            Err(e) => self.error(
-                "commit_many",
-                batch_consumer(requests.iter().map(|r| &r.lease.key)),
-                e,
-            ),
-        })
+                Err(e) => self.error(
+                    "commit_many",
+                    batch_consumer(requests.iter().map(|r| &r.lease.key)),
+                    e,
+                ),
+            },
+        )
         .await
     }
 

@@ -11,6 +11,7 @@ use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, Error,
     ItemResult, Key, Lease, MemoryStore, PurgeOptions, PurgeReport, Record, Result, Timestamp,
 };
+use metrics_util::CompositeKey;
 use metrics_util::debugging::{DebugValue, Snapshotter};
 
 /// Store time = tokio's virtual time (paused in these tests), so "slow" handlers take no
@@ -104,28 +105,50 @@ fn has_labels(key: &metrics::Key, labels: &[(&str, &str)]) -> bool {
         .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
 }
 
-/// The sum of the counters `name` whose labels include `labels`.
-pub fn counter(snap: &Snapshotter, name: &str, labels: &[(&str, &str)]) -> u64 {
-    snap.snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == name && has_labels(k.key(), labels))
-        .map(|(.., v)| match v {
-            DebugValue::Counter(n) => n,
-            other => panic!("{name} is not a counter: {other:?}"),
-        })
-        .sum()
-}
+/// The metrics a debugging recorder held at one instant (taking a snapshot resets its
+/// counters, so take one and query it).
+pub struct Recorded(Vec<(CompositeKey, DebugValue)>);
 
-/// How many values the histograms `name` whose labels include `labels` recorded.
-pub fn observations(snap: &Snapshotter, name: &str, labels: &[(&str, &str)]) -> usize {
-    snap.snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == name && has_labels(k.key(), labels))
-        .map(|(.., v)| match v {
-            DebugValue::Histogram(values) => values.len(),
-            other => panic!("{name} is not a histogram: {other:?}"),
-        })
-        .sum()
+impl Recorded {
+    /// Take the snapshot.
+    pub fn take(snap: &Snapshotter) -> Self {
+        Recorded(
+            snap.snapshot()
+                .into_vec()
+                .into_iter()
+                .map(|(k, _, _, v)| (k, v))
+                .collect(),
+        )
+    }
+
+    fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&str, &str)],
+    ) -> impl Iterator<Item = &'a DebugValue> {
+        self.0
+            .iter()
+            .filter(move |(k, _)| k.key().name() == name && has_labels(k.key(), labels))
+            .map(|(_, v)| v)
+    }
+
+    /// The sum of the counters `name` whose labels include `labels`.
+    pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.matching(name, labels)
+            .map(|v| match v {
+                DebugValue::Counter(n) => *n,
+                other => panic!("{name} is not a counter: {other:?}"),
+            })
+            .sum()
+    }
+
+    /// How many values the histograms `name` whose labels include `labels` recorded.
+    pub fn observations(&self, name: &str, labels: &[(&str, &str)]) -> usize {
+        self.matching(name, labels)
+            .map(|v| match v {
+                DebugValue::Histogram(values) => values.len(),
+                other => panic!("{name} is not a histogram: {other:?}"),
+            })
+            .sum()
+    }
 }
