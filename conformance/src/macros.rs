@@ -70,6 +70,7 @@ macro_rules! __lease_clause_names {
             concurrent_purges_remove_each_record_once,
             a_purged_key_starts_afresh_and_its_old_lease_is_lost,
             a_default_purge_is_paced_and_removes_every_old_record,
+            purgers_remove_old_records_once_and_keep_live_leases,
             // batch
             claim_many_equals_the_claims_in_order,
             commit_many_equals_the_commits_in_order,

@@ -9,6 +9,7 @@ mod concurrency;
 mod fingerprint_outcome;
 mod persistence;
 mod purge;
+mod purger;
 mod release_renew;
 mod transactional;
 mod validation;
@@ -22,6 +23,7 @@ pub use concurrency::*;
 pub use fingerprint_outcome::*;
 pub use persistence::*;
 pub use purge::*;
+pub use purger::*;
 pub use release_renew::*;
 pub use transactional::*;
 pub use validation::*;
@@ -68,6 +70,7 @@ mod tests {
             include_str!("fingerprint_outcome.rs"),
             include_str!("persistence.rs"),
             include_str!("purge.rs"),
+            include_str!("purger.rs"),
             include_str!("release_renew.rs"),
             include_str!("transactional.rs"),
             include_str!("validation.rs"),

@@ -5,8 +5,10 @@ use crate::{Lease, Timestamp};
 /// What happened to one delivery. `O` is the outcome's type: bytes for
 /// [`Inbox::handle`](super::Inbox::handle), the handler's own type for
 /// [`Inbox::handle_json`](super::Inbox::handle_json).
+///
+/// Deliberately exhaustive: each variant asks the consumer for a different acknowledgement,
+/// and a new one must be a compile error in a `match`, not a silent `_ => ack`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Handled<O = Option<Vec<u8>>> {
     /// This call ran the handler and committed its outcome: acknowledge the message.
     Processed {

@@ -68,6 +68,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Handled::Processed { .. } => processed += 1,
             Handled::Duplicate { .. } => duplicates += 1,
             Handled::Busy { .. } => unreachable!("nothing else holds the key"),
+            Handled::Failed { .. } | Handled::DeadLetter { .. } => {
+                unreachable!("no attempt limit or stored failures are configured")
+            }
         }
     }
     rows.push(Row {
@@ -96,6 +99,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Handled::Processed { .. } => processed += 1,
         Handled::Duplicate { .. } => duplicates += 1,
         Handled::Busy { .. } => duplicates += 1,
+        Handled::Failed { .. } | Handled::DeadLetter { .. } => {
+            unreachable!("no attempt limit or stored failures are configured")
+        }
     };
     count(&first);
     // ... crash before the ack: the broker redelivers, and the publisher retry arrives.

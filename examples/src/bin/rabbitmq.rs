@@ -20,7 +20,7 @@ use dedup_examples::report::{print_json, print_table};
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
-    BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicQosOptions, BasicRejectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -154,6 +154,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             .await?;
                         continue;
                     }
+                    // Settled for good without processing (this inbox sets no attempt limit
+                    // and stores no failures, so it never happens here): reject without
+                    // requeue, which routes it to the queue's dead-letter exchange if any.
+                    Handled::Failed { .. } | Handled::DeadLetter { .. } => {
+                        d.acker
+                            .reject(BasicRejectOptions { requeue: false })
+                            .await?;
+                        continue;
+                    }
                 }
                 d.acker.ack(BasicAckOptions::default()).await?;
             }
@@ -282,7 +291,7 @@ async fn consumer_a(
         match handle(&inbox, ledger, &id).await? {
             Handled::Processed { .. } => tally.processed += 1,
             Handled::Duplicate { .. } => tally.duplicates += 1,
-            Handled::Busy { .. } => {}
+            Handled::Busy { .. } | Handled::Failed { .. } | Handled::DeadLetter { .. } => {}
         }
         if id == KILLED_AT {
             std::fs::write(

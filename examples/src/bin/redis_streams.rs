@@ -123,6 +123,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Handled::Processed { .. } => w2.processed += 1,
             Handled::Duplicate { .. } => w2.duplicates += 1,
             Handled::Busy { .. } => continue, // leave it pending: reclaimed later
+            // Settled for good without processing (no attempt limit or stored failures are
+            // configured here): acknowledge, as a real consumer would after copying the
+            // entry to its dead-letter stream.
+            Handled::Failed { .. } | Handled::DeadLetter { .. } => {}
         }
         let n: u32 = redis.xack(&stream, GROUP, &[&entry.id]).await?;
         w2.acked += n;

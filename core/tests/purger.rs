@@ -1,0 +1,108 @@
+//! The Purger's settings checks, stop handle and counting on MemoryStore. (Its behaviour on
+//! every backend, two purgers at once included, is the conformance clause
+//! `purgers_remove_old_records_once_and_keep_live_leases`.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedup_core::layers::{ObserveOptions, Observed};
+use dedup_core::{
+    ClaimOptions, DedupStore, Key, ManualClock, MemoryStore, PurgeOptions, Purger, PurgerError,
+    PurgerWarning,
+};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_retention_shorter_than_the_longest_lease_is_refused() {
+    let err = Purger::new(MINUTE, MINUTE)
+        .longest_lease(2 * MINUTE)
+        .check()
+        .unwrap_err();
+    assert!(
+        matches!(err, PurgerError::RetentionShorterThanLease { retention, longest_lease }
+            if retention == MINUTE && longest_lease == 2 * MINUTE),
+        "{err:?}"
+    );
+    assert!(
+        Purger::new(MINUTE, MINUTE)
+            .longest_lease(MINUTE)
+            .check()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_zero_period_and_bad_purge_options_are_refused() {
+    assert!(matches!(
+        Purger::new(MINUTE, Duration::ZERO).check(),
+        Err(PurgerError::Invalid(_))
+    ));
+    let bad = PurgeOptions::older_than(MINUTE).batch_size(0);
+    assert!(matches!(
+        Purger::new(MINUTE, MINUTE).options(bad).check(),
+        Err(PurgerError::Invalid(e)) if e.is_invalid_input()
+    ));
+}
+
+#[tokio::test]
+async fn a_retention_shorter_than_the_redelivery_window_starts_with_a_warning() {
+    let store = Arc::new(MemoryStore::new());
+    let purger = Purger::new(MINUTE, MINUTE)
+        .redelivery_window(10 * MINUTE)
+        .start(store)
+        .unwrap();
+    assert_eq!(
+        purger.warnings(),
+        [PurgerWarning::RetentionShorterThanRedelivery {
+            retention: MINUTE,
+            redelivery_window: 10 * MINUTE
+        }]
+    );
+    purger.stop().await;
+}
+
+#[tokio::test]
+async fn it_purges_periodically_counts_what_it_removed_and_stops_cleanly() {
+    let clock = Arc::new(ManualClock::starting_now());
+    let store = Arc::new(Observed::new(
+        MemoryStore::with_clock(clock.clone()),
+        ObserveOptions::new("memory"),
+    ));
+    let opts = ClaimOptions::default();
+    for i in 0..5 {
+        let k = Key::new("billing", format!("m{i}")).unwrap();
+        let lease = store.claim(&k, &opts).await.unwrap().into_lease().unwrap();
+        store.commit(&lease, None).await.unwrap();
+    }
+    clock.advance(2 * MINUTE);
+    let purger = Purger::spawn(store.clone(), MINUTE, Duration::from_millis(5)).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while purger.removed() < 5 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Two more records age past retention while it runs.
+    for i in 5..7 {
+        let k = Key::new("billing", format!("m{i}")).unwrap();
+        let lease = store.claim(&k, &opts).await.unwrap().into_lease().unwrap();
+        store.commit(&lease, None).await.unwrap();
+    }
+    clock.advance(2 * MINUTE);
+    while purger.removed() < 7 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = purger.stop().await;
+    assert_eq!(stats.removed, 7, "{stats:?}");
+    assert!(stats.runs >= 2, "{stats:?}");
+    assert_eq!(stats.failures, 0);
+    // The layer counted the same records.
+    assert_eq!(store.counts().purged, 7);
+    // Stopped: a record that ages past retention now stays.
+    let k = Key::new("billing", "after-stop").unwrap();
+    let lease = store.claim(&k, &opts).await.unwrap().into_lease().unwrap();
+    store.commit(&lease, None).await.unwrap();
+    clock.advance(2 * MINUTE);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(store.get(&k).await.unwrap().is_some());
+}
