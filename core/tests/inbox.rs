@@ -23,6 +23,20 @@ fn key() -> Key {
     Key::new("billing", "order-1").unwrap()
 }
 
+/// The first attempt on `key()` was released: the next delivery acquires at once, as
+/// attempt 2.
+async fn assert_released(inbox: &Inbox<MemoryStore>) {
+    let c = inbox
+        .store()
+        .claim(&key(), &ClaimOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        matches!(c, Claim::Acquired(ref l) if l.attempt == 2),
+        "{c:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn success_commits_with_the_outcome_and_duplicates_get_it_back() {
     let inbox = inbox(Duration::from_secs(30));
@@ -155,13 +169,7 @@ async fn a_panicking_handler_releases_the_key_then_panics() {
     })
     .await;
     assert!(joined.unwrap_err().is_panic());
-    // Released: the next delivery acquires at once.
-    let c = inbox
-        .store()
-        .claim(&key(), &ClaimOptions::default())
-        .await
-        .unwrap();
-    assert!(matches!(c, Claim::Acquired(ref l) if l.attempt == 2));
+    assert_released(&inbox).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -180,15 +188,7 @@ async fn a_cancelled_handler_releases_the_key() {
     let _ = task.await;
     tokio::task::yield_now().await; // let the background release run
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let c = inbox
-        .store()
-        .claim(&key(), &ClaimOptions::default())
-        .await
-        .unwrap();
-    assert!(
-        matches!(c, Claim::Acquired(ref l) if l.attempt == 2),
-        "{c:?}"
-    );
+    assert_released(&inbox).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -271,13 +271,5 @@ async fn an_outcome_starting_with_the_reserved_bytes_is_refused_and_the_key_rele
         .await
         .unwrap_err();
     assert!(matches!(err, InboxError::Outcome { .. }), "{err:?}");
-    let c = inbox
-        .store()
-        .claim(&key(), &ClaimOptions::default())
-        .await
-        .unwrap();
-    assert!(
-        matches!(c, Claim::Acquired(ref l) if l.attempt == 2),
-        "{c:?}"
-    );
+    assert_released(&inbox).await;
 }
