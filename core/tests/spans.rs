@@ -1,0 +1,125 @@
+//! The Observed layer's `tracing` spans: one per operation with its fields, message ids only
+//! when allowed. A small capturing subscriber, installed for this thread only.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dedup_core::layers::{ObserveOptions, Observed};
+use dedup_core::{ClaimOptions, DedupStore, Inbox, Key, MemoryStore};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+/// A span as captured: its name and its fields' values.
+type Captured = (String, BTreeMap<String, String>);
+
+#[derive(Clone, Default)]
+struct Capture {
+    spans: Arc<Mutex<BTreeMap<u64, Captured>>>,
+    next: Arc<AtomicU64>,
+}
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut fields = BTreeMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        let name = attrs.metadata().name().to_owned();
+        self.spans.lock().unwrap().insert(id, (name, fields));
+        Id::from_u64(id)
+    }
+    fn record(&self, span: &Id, values: &Record<'_>) {
+        let mut spans = self.spans.lock().unwrap();
+        let (_, fields) = spans.get_mut(&span.into_u64()).unwrap();
+        values.record(&mut Fields(fields));
+    }
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// The spans `scenario` created, on a current-thread runtime with the capture installed.
+fn spans_of<F: Future>(scenario: F) -> Vec<Captured> {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(scenario);
+    let spans = capture.spans.lock().unwrap();
+    spans.values().cloned().collect()
+}
+
+fn field<'a>(span: &'a Captured, name: &str) -> Option<&'a str> {
+    span.1.get(name).map(String::as_str)
+}
+
+#[test]
+fn each_operation_has_a_span_with_backend_consumer_message_id_outcome_and_duration() {
+    let spans = spans_of(async {
+        let store = Observed::new(MemoryStore::new(), ObserveOptions::new("memory"));
+        let k = Key::new("billing", "order-9").unwrap();
+        let lease = store.claim(&k, &ClaimOptions::default()).await.unwrap();
+        store
+            .commit(&lease.into_lease().unwrap(), None)
+            .await
+            .unwrap();
+        store.claim(&k, &ClaimOptions::default()).await.unwrap();
+    });
+    let ops: Vec<_> = spans.iter().filter(|s| s.0 == "dedup").collect();
+    assert_eq!(ops.len(), 3, "{spans:?}");
+    let outcomes: Vec<_> = ops.iter().map(|s| field(s, "outcome").unwrap()).collect();
+    assert_eq!(outcomes, ["acquired", "ok", "completed"]);
+    for span in &ops {
+        assert_eq!(field(span, "backend"), Some("memory"));
+        assert_eq!(field(span, "consumer"), Some("billing"));
+        assert_eq!(field(span, "message_id"), Some("order-9"));
+        let ms: f64 = field(span, "duration_ms").unwrap().parse().unwrap();
+        assert!(ms >= 0.0);
+    }
+    assert_eq!(field(ops[0], "op"), Some("claim"));
+    assert_eq!(field(ops[0], "attempt"), Some("1"));
+}
+
+#[test]
+fn message_ids_can_be_kept_out_of_spans() {
+    let spans = spans_of(async {
+        let options = ObserveOptions::new("memory").without_message_ids();
+        let inbox = Inbox::new(Observed::new(MemoryStore::new(), options));
+        let k = Key::new("billing", "alice@example.com").unwrap();
+        inbox
+            .handle(&k, None, |_| async { Ok::<_, &str>(None) })
+            .await
+            .unwrap();
+    });
+    assert!(
+        spans.iter().any(|s| s.0 == "dedup_inbox"),
+        "the Inbox's span: {spans:?}"
+    );
+    let ops: Vec<_> = spans.iter().filter(|s| s.0 == "dedup").collect();
+    assert_eq!(ops.len(), 2, "claim and commit: {spans:?}");
+    for span in spans {
+        assert!(
+            !span.1.values().any(|v| v.contains("alice")),
+            "no message id in {span:?}"
+        );
+        assert_eq!(field(&span, "consumer"), Some("billing"));
+    }
+}
