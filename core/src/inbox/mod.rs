@@ -40,7 +40,8 @@ type Decode<T> = fn(Option<Vec<u8>>) -> Result<T, BoxError>;
 /// mid-handler (a cancelled task, a shutdown), the lease is released in the background so
 /// the key is not stuck until the lease expires.
 ///
-/// Observability: each call runs in a `dedup_inbox` span (field `consumer`), records
+/// Observability: each call runs in a `dedup_inbox` span (fields `consumer`, `attempt`,
+/// `result`; never the message id: the store's spans carry it when allowed), records
 /// [`dedup_handler_duration_seconds`](crate::layers::metric_names::HANDLER_DURATION_SECONDS)
 /// and counts dead letters and stored failures. Its store operations (claims, takeovers,
 /// renewals, lost leases, commits) are counted by wrapping the store in
@@ -140,8 +141,13 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         Fut: Future<Output = Result<T, E>>,
         E: Into<BoxError>,
     {
-        let span = tracing::debug_span!("dedup_inbox", consumer = key.consumer());
-        async {
+        let span = tracing::debug_span!(
+            "dedup_inbox",
+            consumer = key.consumer(),
+            attempt = tracing::field::Empty,
+            result = tracing::field::Empty,
+        );
+        let handled = async {
             let options = ClaimOptions {
                 lease: self.config.lease,
                 fingerprint,
@@ -163,13 +169,16 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                 }) => return replay(key, processed_at, outcome, decode),
                 Err(e) => return Err(InboxError::Store(e)),
             };
+            span.record("attempt", lease.attempt);
             match self.config.max_attempts {
                 Some(max) if lease.attempt > max => self.dead_letter(&lease).await,
                 _ => self.run_handler(lease, handler, encode).await,
             }
         }
-        .instrument(span)
-        .await
+        .instrument(span.clone())
+        .await;
+        span.record("result", result_name(&handled));
+        handled
     }
 
     /// Run the handler under `lease` and settle the key with what it returned.
@@ -342,6 +351,21 @@ fn dead_letter_counted<T>(
     metrics::counter!(m::DEAD_LETTERS_TOTAL, "consumer" => key.consumer().to_owned(), "replay" => if replay { "true" } else { "false" })
         .increment(1);
     Ok(Handled::DeadLetter { attempts, replay })
+}
+
+/// The `result` field of the `dedup_inbox` span.
+fn result_name<T>(handled: &Result<Handled<T>, InboxError>) -> &'static str {
+    match handled {
+        Ok(Handled::Processed { .. }) => "processed",
+        Ok(Handled::Duplicate { .. }) => "duplicate",
+        Ok(Handled::Busy { .. }) => "busy",
+        Ok(Handled::Failed { .. }) => "failed",
+        Ok(Handled::DeadLetter { .. }) => "dead_letter",
+        Err(InboxError::Handler { .. }) => "handler_error",
+        Err(InboxError::LeaseLost { .. }) => "lease_lost",
+        Err(InboxError::Store(_)) => "store_error",
+        Err(InboxError::Outcome { .. }) => "outcome_error",
+    }
 }
 
 /// Record how long a handler ran and how it ended.
