@@ -4,7 +4,7 @@ use crate::{Lease, Timestamp};
 
 /// What happened to one delivery. `O` is the outcome's type: bytes for
 /// [`Inbox::handle`](super::Inbox::handle), the handler's own type for
-/// [`Inbox::handle_json`](super::Inbox::handle_json).
+/// `Inbox::handle_json` (feature `serde`).
 ///
 /// Deliberately exhaustive: each variant asks the consumer for a different acknowledgement,
 /// and a new one must be a compile error in a `match`, not a silent `_ => ack`.
