@@ -146,6 +146,12 @@ where
     }
 }
 
+/// What the guarded handler returns to the Inbox when it has no response to store (the
+/// [`Failure`] itself stays with the caller).
+#[derive(Debug, thiserror::Error)]
+#[error("the request produced no response to store")]
+struct NotStored;
+
 /// Why the guarded handler did not produce a response to store.
 enum Failure<E> {
     /// The response's status releases the key; it goes to the caller as it is.
@@ -223,12 +229,18 @@ impl Shared {
             Err(e) => return Ok(self.problem(Problem::KeyInvalid, &e.to_string())),
         };
 
-        let mut produced = None;
-        let slot = &mut produced;
+        // The Inbox boxes handler errors; the typed failure (which may hold a response or
+        // the inner service's own error) is kept here instead.
+        let (mut produced, mut failure) = (None, None);
+        let (slot, failed) = (&mut produced, &mut failure);
         let handled = self
             .inbox
-            .handle(&key, Some(fingerprint), move |lease| {
-                self.run_guarded(inner, parts, body, lease, slot)
+            .handle(&key, Some(fingerprint), move |lease| async move {
+                let result = self.run_guarded(inner, parts, body, lease, slot).await;
+                result.map_err(|f| {
+                    *failed = Some(f);
+                    NotStored
+                })
             })
             .await;
         let response = match handled {
@@ -241,12 +253,23 @@ impl Shared {
                 let detail = "the first request with this key has not finished; retry later";
                 self.with_retry_after(self.problem(Problem::InFlight, detail))
             }
-            Err(InboxError::Handler(Failure::Released(response))) => response,
-            Err(InboxError::Handler(Failure::Inner(e))) => return Err(e),
-            Err(InboxError::Handler(Failure::Body)) => {
-                let detail = "the response body failed while read; the key was released";
-                self.problem(Problem::ResponseBodyFailed, detail)
+            // Only with an attempt limit or stored failures configured in `lease`.
+            Ok(Handled::DeadLetter { attempts, .. }) => {
+                let detail = format!("the key used up its {attempts} attempts");
+                self.problem(Problem::StoredResponseUnreadable, &detail)
             }
+            Ok(Handled::Failed { error, .. }) => {
+                let detail = format!("a failure was stored for this key: {error}");
+                self.problem(Problem::StoredResponseUnreadable, &detail)
+            }
+            Err(InboxError::Handler { .. }) => match failure {
+                Some(Failure::Released(response)) => response,
+                Some(Failure::Inner(e)) => return Err(e),
+                Some(Failure::Body) | None => {
+                    let detail = "the response body failed while read; the key was released";
+                    self.problem(Problem::ResponseBodyFailed, detail)
+                }
+            },
             Err(InboxError::Store(Error::FingerprintMismatch { .. })) => {
                 let detail = "this key was first used with another method, path, query or body";
                 self.problem(Problem::KeyReused, detail)
