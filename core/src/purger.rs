@@ -81,8 +81,9 @@ pub struct Purger {
 }
 
 impl Purger {
-    /// A purger removing records older than `retention` every `every` (± 20 %), in the
-    /// store's default batches.
+    /// A purger removing records older than `retention` every `every` (± 20 %), with
+    /// [`PurgeOptions::older_than`]: paced batches ([`Pace::default`](crate::Pace)), so a
+    /// run never makes claims wait behind more than one short batch.
     pub fn new(retention: Duration, every: Duration) -> Self {
         Purger {
             options: PurgeOptions::older_than(retention),
