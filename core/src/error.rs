@@ -80,19 +80,54 @@ pub enum Error {
         known: i64,
     },
 
-    /// The storage failed (connection dropped, server restarted, disk full, lock timeout,
-    /// serialization failure...). `source` is the driver's own error.
-    #[error("{backend} backend error{}", if *.retryable { " (retryable)" } else { "" })]
+    /// The storage failed (connection refused, dropped, server restarted, disk full, lock
+    /// timeout, serialization failure...). `source` is the driver's own error.
+    ///
+    /// Displayed as `postgres backend error while connecting (retryable): nothing listens at
+    /// 127.0.0.1:1; is the server running, on that port?`: the backend, what was being done
+    /// when known, and for common setup mistakes a one-line hint. The cause follows in the
+    /// [`source`](std::error::Error::source) chain (see [`Error::chain`]). Messages never
+    /// hold passwords.
+    #[error(
+        "{backend} backend error{}{}{}",
+        operation.map(|op| format!(" while {op}")).unwrap_or_default(),
+        if *.retryable { " (retryable)" } else { "" },
+        hint.as_deref().map(|h| format!(": {h}")).unwrap_or_default()
+    )]
     Backend {
         /// Which backend (`"sqlite"`, `"postgres"`, `"redis"`, ...).
         backend: &'static str,
         /// Whether repeating the operation can succeed (transient failures).
         retryable: bool,
+        /// What the store was doing, as words that follow "while": `"connecting"`,
+        /// `"migrating the schema"`, `"claiming"`... `None` when not recorded.
+        operation: Option<&'static str>,
+        /// A one-line hint for a common setup mistake (the folder does not exist, nothing
+        /// listens at the address, the role does not exist...). Never holds a password.
+        hint: Option<String>,
         /// The driver's error.
         #[source]
         source: BoxError,
     },
 }
+
+/// The source of an [`Error::Backend`] when a bounded wait ran out (a connect timeout)
+/// before the driver reported anything more precise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedOut {
+    /// What was being waited for, e.g. `"connecting to 10.0.0.1:5432"` (never a password).
+    pub what: String,
+    /// How long was waited.
+    pub after: std::time::Duration,
+}
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no answer after {:?} {}", self.after, self.what)
+    }
+}
+
+impl std::error::Error for TimedOut {}
 
 impl Error {
     /// Shorthand for [`Error::InvalidInput`].
@@ -108,6 +143,8 @@ impl Error {
         Error::Backend {
             backend,
             retryable,
+            operation: None,
+            hint: None,
             source: source.into(),
         }
     }
@@ -123,6 +160,47 @@ impl Error {
     /// Shorthand for [`Error::LeaseLost`].
     pub fn lease_lost(key: &Key) -> Self {
         Error::LeaseLost { key: key.clone() }
+    }
+
+    /// Record what was being done (`"connecting"`, `"migrating the schema"`, `"claiming"`...)
+    /// on an [`Error::Backend`] that does not say yet; other errors are returned unchanged.
+    pub fn during(mut self, what: &'static str) -> Self {
+        if let Error::Backend { operation, .. } = &mut self {
+            operation.get_or_insert(what);
+        }
+        self
+    }
+
+    /// Attach a one-line hint to an [`Error::Backend`] (replacing none already there);
+    /// other errors are returned unchanged. The hint must not hold secrets.
+    pub fn with_hint(mut self, text: impl Into<String>) -> Self {
+        if let Error::Backend { hint, .. } = &mut self {
+            hint.get_or_insert_with(|| text.into());
+        }
+        self
+    }
+
+    /// What was being done when an [`Error::Backend`] happened, when recorded.
+    pub fn operation(&self) -> Option<&'static str> {
+        match self {
+            Error::Backend { operation, .. } => *operation,
+            _ => None,
+        }
+    }
+
+    /// The hint of an [`Error::Backend`], when there is one.
+    pub fn hint(&self) -> Option<&str> {
+        match self {
+            Error::Backend { hint, .. } => hint.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// This error and its [`source`](std::error::Error::source) chain, outermost first.
+    pub fn chain(&self) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
+        std::iter::successors(Some(self as &(dyn std::error::Error + 'static)), |e| {
+            e.source()
+        })
     }
 
     /// Whether repeating the same operation may succeed.

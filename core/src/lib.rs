@@ -10,15 +10,17 @@ pub mod names;
 mod purger;
 mod store;
 mod time;
+mod tls;
 pub mod transition;
 mod types;
 
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, Result, TimedOut};
 pub use inbox::{FailurePolicy, Handled, Inbox, InboxConfig, InboxError};
 pub use key::Key;
 pub use memory::MemoryStore;
 pub use purger::{Purger, PurgerError, PurgerHandle, PurgerStats, PurgerWarning};
 pub use store::{DedupStore, ItemResult};
+pub use tls::TlsFiles;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis};
 pub use types::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Fingerprint, Lease, LeaseToken,

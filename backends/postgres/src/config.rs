@@ -1,9 +1,10 @@
 //! [`PostgresConfig`]: where the records live and which clock leases use.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dedup_core::names::sql_identifier;
-use dedup_core::{Clock, Result};
+use dedup_core::{Clock, Error, Result, TlsFiles};
 
 /// How a [`PostgresStore`](crate::PostgresStore) is set up.
 ///
@@ -30,6 +31,13 @@ pub struct PostgresConfig {
     /// Default 10. See the crate docs on sizing: lease mode needs about one connection per
     /// concurrent store call; transactional mode one per message being handled.
     pub max_connections: u32,
+    /// How long [`connect`](crate::PostgresStore::connect) may take to establish its first
+    /// connection (TCP, TLS and authentication) before it fails with the cause. Default 5 s.
+    pub connect_timeout: Duration,
+    /// TLS certificate files, applied on top of the URL's own `sslrootcert`, `sslcert`,
+    /// `sslkey`. A CA given here with no `sslmode` in the URL means `sslmode=verify-full`.
+    /// TLS needs this crate's `tls` feature.
+    pub tls: TlsFiles,
 }
 
 impl Default for PostgresConfig {
@@ -39,15 +47,22 @@ impl Default for PostgresConfig {
             table: "dedup_inbox".into(),
             clock: None,
             max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
+            tls: TlsFiles::default(),
         }
     }
 }
 
 impl PostgresConfig {
-    /// Check the schema and table names (they are spliced into SQL, quoted).
+    /// Check the schema and table names (they are spliced into SQL, quoted), the connect
+    /// timeout and the TLS files.
     pub fn validate(&self) -> Result<()> {
         sql_identifier("schema", &self.schema)?;
-        sql_identifier("table", &self.table)
+        sql_identifier("table", &self.table)?;
+        if self.connect_timeout.is_zero() {
+            return Err(Error::invalid("connect_timeout", "must not be zero"));
+        }
+        self.tls.validate()
     }
 
     /// `"schema"."table"`, ready to splice into SQL (call [`validate`](Self::validate) first).

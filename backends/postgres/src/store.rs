@@ -10,7 +10,6 @@ use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Error, Fingerprint, ItemResult,
     Key, Lease, LeaseToken, Record, Result, Timestamp, duration_millis,
 };
-use sqlx::postgres::PgPoolOptions;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 
@@ -56,15 +55,18 @@ impl PostgresStore {
 
     /// Connect to `url` with a pool of `config.max_connections` and
     /// [`migrate`](Self::migrate).
+    ///
+    /// The first connection is made at once, within `config.connect_timeout`: a wrong host,
+    /// port, role, password, database or TLS setting fails here with the server's or the
+    /// operating system's error as the source and a hint in the message.
     pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self> {
         config.validate()?;
-        let pool = PgPoolOptions::new()
-            .max_connections(config.max_connections.max(1))
-            .connect(url)
-            .await
-            .map_err(backend)?;
+        let pool = crate::connect::pool(url, &config).await?;
         let store = Self::from_pool(pool, config).await?;
-        store.migrate().await?;
+        store
+            .migrate()
+            .await
+            .map_err(|e| e.during("migrating the schema"))?;
         Ok(store)
     }
 

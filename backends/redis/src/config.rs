@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::{Clock, Error, Result, names};
+use dedup_core::{Clock, Error, Result, TlsFiles, names};
 
 /// Longest retention accepted (10 years).
 pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -48,11 +48,18 @@ pub struct RedisConfig {
     /// a retryable timeout error. `None` waits forever. Default: 5 seconds. Must be longer
     /// than the `wait_for_replicas` timeout.
     pub response_timeout: Option<Duration>,
+    /// How long connecting may take (TCP, TLS, authentication, the first command) before
+    /// the constructor fails with the cause. Default: 5 seconds.
+    pub connect_timeout: Duration,
+    /// TLS certificate files for `rediss://` servers: the CA that signed the server's
+    /// certificate (instead of the system's roots) and a client certificate and key for
+    /// servers that ask for one. Needs this crate's `tls` feature.
+    pub tls: TlsFiles,
 }
 
 impl Default for RedisConfig {
     /// Prefix `"dedup:"`, retention 7 days, the server's clock, no replica wait, 5 s
-    /// response timeout.
+    /// response and connect timeouts, no TLS files.
     fn default() -> Self {
         RedisConfig {
             prefix: "dedup:".to_owned(),
@@ -60,6 +67,8 @@ impl Default for RedisConfig {
             clock: None,
             wait_for_replicas: None,
             response_timeout: Some(Duration::from_secs(5)),
+            connect_timeout: Duration::from_secs(5),
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -92,7 +101,10 @@ impl RedisConfig {
         if self.response_timeout.is_some_and(|r| r.is_zero()) {
             return Err(Error::invalid("response_timeout", "must not be zero"));
         }
-        Ok(())
+        if self.connect_timeout.is_zero() {
+            return Err(Error::invalid("connect_timeout", "must not be zero"));
+        }
+        self.tls.validate()
     }
 }
 

@@ -11,8 +11,7 @@ use std::fmt;
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, ToRedisArgs, Value};
@@ -109,44 +108,11 @@ impl fmt::Debug for Conn {
 }
 
 impl Conn {
-    pub(crate) async fn standalone(
-        url: &str,
-        response_timeout: Option<Duration>,
-    ) -> RedisResult<Self> {
-        let client = redis::Client::open(url)?;
-        // Reconnection backs off exponentially from 100 ms, capped at 1 s between attempts
-        // (6 attempts); every later request triggers a new round.
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(response_timeout)
-            .set_max_delay(Duration::from_secs(1));
-        let manager = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Conn::Standalone(manager))
-    }
-
-    pub(crate) async fn cluster(
-        urls: &[String],
-        response_timeout: Option<Duration>,
-    ) -> RedisResult<Self> {
-        let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
-        if let Some(t) = response_timeout {
-            builder = builder.response_timeout(t);
-        }
-        let connection = builder.build()?.get_async_connection().await?;
-        Ok(Conn::Cluster(connection))
-    }
-
-    /// Whether the server behind a standalone connection runs in cluster mode (then only
-    /// its own slots would work: the caller wants [`Conn::cluster`]).
-    pub(crate) async fn is_cluster_node(&self) -> RedisResult<bool> {
-        let info: String = self.query(redis::cmd("INFO").arg("cluster")).await?;
-        Ok(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
-    }
-
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster(_))
     }
 
-    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,

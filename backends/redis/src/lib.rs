@@ -2,6 +2,7 @@
 
 mod config;
 mod conn;
+mod connect;
 mod error;
 mod layout;
 mod purge;

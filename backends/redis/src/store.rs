@@ -49,20 +49,13 @@ impl RedisStore {
     /// ([`Error::InvalidInput`]): use [`connect_cluster`](Self::connect_cluster).
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        let conn = Conn::standalone(url, config.response_timeout)
-            .await
-            .map_err(backend)?;
-        if conn.is_cluster_node().await.map_err(backend)? {
-            return Err(Error::invalid(
-                "redis url",
-                "the server is a Redis Cluster node: use RedisStore::connect_cluster",
-            ));
-        }
+        let conn = crate::connect::standalone(url, &config).await?;
         Self::open(conn, config).await
     }
 
     /// Connect to a Redis Cluster through any of its nodes' URLs (the rest of the topology
-    /// is discovered, and followed through slot moves and failovers).
+    /// is discovered, and followed through slot moves and failovers). `rediss://` node URLs
+    /// connect with TLS.
     pub async fn connect_cluster(urls: &[String], config: RedisConfig) -> Result<Self> {
         config.validate()?;
         if urls.is_empty() {
@@ -71,16 +64,16 @@ impl RedisStore {
                 "at least one node URL is needed",
             ));
         }
-        let conn = Conn::cluster(urls, config.response_timeout)
-            .await
-            .map_err(backend)?;
+        let conn = crate::connect::cluster(urls, &config).await?;
         Self::open(conn, config).await
     }
 
     async fn open(conn: Conn, config: RedisConfig) -> Result<Self> {
         // Loading the scripts up front checks the connection and saves the first calls a
         // NOSCRIPT round trip.
-        conn.load_scripts().await.map_err(backend)?;
+        conn.load_scripts()
+            .await
+            .map_err(|e| backend(e).during("loading the scripts"))?;
         Ok(RedisStore {
             conn,
             config: Arc::new(config),

@@ -1,6 +1,7 @@
 //! Mapping rusqlite errors onto [`dedup_core::Error`], keeping the driver error as source.
 
 use std::fmt;
+use std::path::Path;
 
 use dedup_core::Error;
 use rusqlite::ErrorCode;
@@ -46,6 +47,43 @@ pub(crate) fn is_busy(err: &Error) -> bool {
                     | ErrorCode::FileLockingProtocolFailed
             )
         })
+}
+
+/// A failure to open the database file at `path` as an error that says so, with a hint
+/// for the usual mistakes (a folder that does not exist, a file that is not a database).
+pub(crate) fn open_error(err: Error, path: &Path) -> Error {
+    let code = match &err {
+        Error::Backend { source, .. } => source
+            .downcast_ref::<rusqlite::Error>()
+            .and_then(rusqlite::Error::sqlite_error_code),
+        _ => None,
+    };
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let hint = match code {
+        Some(ErrorCode::CannotOpen) if parent.is_some_and(|p| !p.is_dir()) => Some(format!(
+            "the folder {} does not exist: create it first",
+            parent.map(Path::display).map(|d| d.to_string()).unwrap_or_default()
+        )),
+        Some(ErrorCode::CannotOpen) if path.is_dir() => {
+            Some(format!("{} is a folder, not a file", path.display()))
+        }
+        Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
+            Some(format!(
+                "cannot open or create {}: check that its folder is writable",
+                path.display()
+            ))
+        }
+        Some(ErrorCode::NotADatabase) => Some(format!(
+            "{} is not an SQLite database file",
+            path.display()
+        )),
+        _ => None,
+    };
+    let err = err.during("opening the database file");
+    match hint {
+        Some(h) => err.with_hint(h),
+        None => err,
+    }
 }
 
 /// A problem with the store's own schema or setup that SQLite did not report as an error.

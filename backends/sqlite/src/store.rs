@@ -89,12 +89,15 @@ impl SqliteStore {
         let settings = ConnectionSettings::of(&config);
         let opened = tokio::task::spawn_blocking(move || -> Result<SqliteStore> {
             let mut first = match &location {
-                Location::File(path) => settings.open_file(path, Wait::Poll)?,
+                Location::File(path) => settings
+                    .open_file(path, Wait::Poll)
+                    .map_err(|e| crate::error::open_error(e, path))?,
                 Location::Memory => settings.open_memory()?,
             };
             retry_busy(settings.busy_timeout, || {
                 schema::migrate(&mut first, &config.table)
-            })?;
+            })
+            .map_err(|e| e.during("migrating the schema"))?;
             Ok(SqliteStore {
                 inner: Arc::new(Inner {
                     write_gate: Arc::default(),

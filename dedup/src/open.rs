@@ -1,0 +1,67 @@
+//! [`open`]: a ready store from a URL.
+
+use std::sync::Arc;
+
+use dedup_core::{Clock, DedupStore, MemoryStore};
+
+use crate::error::OpenError;
+use crate::url::{StoreTarget, StoreUrl};
+
+/// Open the store `url` names, ready to use: connected, schema created or migrated, on
+/// the backend's default clock (the server's for PostgreSQL and Redis unless the URL says
+/// `clock=local`). See the crate docs for the URL forms and parameters.
+///
+/// The URL is checked completely before anything is contacted or written: an unknown
+/// scheme or parameter, a bad value or a backend this build lacks is an
+/// [`OpenError::Url`]. Server backends connect within their connect timeout (default
+/// 5 s, `connect_timeout=` in the URL) and fail with the cause.
+pub async fn open(url: &str) -> Result<Arc<dyn DedupStore>, OpenError> {
+    StoreUrl::parse(url)?.open().await
+}
+
+/// [`open`] with an injected clock for lease arithmetic (simulations, tests).
+pub async fn open_with_clock(
+    url: &str,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn DedupStore>, OpenError> {
+    StoreUrl::parse(url)?.with_clock(clock).open().await
+}
+
+impl StoreUrl {
+    /// Open the store (see [`open`]).
+    pub async fn open(self) -> Result<Arc<dyn DedupStore>, OpenError> {
+        let url = self.to_string();
+        open_target(self.into_target())
+            .await
+            .map_err(|source| OpenError::Store { url, source })
+    }
+}
+
+async fn open_target(target: StoreTarget) -> dedup_core::Result<Arc<dyn DedupStore>> {
+    Ok(match target {
+        StoreTarget::Memory { clock } => Arc::new(match clock {
+            Some(c) => MemoryStore::with_clock(c),
+            None => MemoryStore::new(),
+        }),
+        #[cfg(feature = "sqlite")]
+        StoreTarget::Sqlite { path, config } => {
+            use dedup_sqlite::SqliteStore;
+            Arc::new(match path {
+                Some(path) => SqliteStore::open_with(path, config).await?,
+                None => SqliteStore::open_in_memory_with(config).await?,
+            })
+        }
+        #[cfg(feature = "postgres")]
+        StoreTarget::Postgres { url, config } => {
+            Arc::new(dedup_postgres::PostgresStore::connect_with(&url, config).await?)
+        }
+        #[cfg(feature = "redis")]
+        StoreTarget::Redis { url, config } => {
+            Arc::new(dedup_redis::RedisStore::connect_with(&url, config).await?)
+        }
+        #[cfg(feature = "redis")]
+        StoreTarget::RedisCluster { urls, config } => {
+            Arc::new(dedup_redis::RedisStore::connect_cluster(&urls, config).await?)
+        }
+    })
+}

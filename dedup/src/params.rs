@@ -1,0 +1,148 @@
+//! Query parameters of a store URL: reading each one once, by name, and refusing the rest.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::error::UrlError;
+
+/// The query parameters of one URL, taken out one by one; [`Params::finish`] refuses
+/// whatever is left.
+pub(crate) struct Params {
+    backend: &'static str,
+    known: &'static [&'static str],
+    values: BTreeMap<String, String>,
+}
+
+impl Params {
+    /// Parse `query` (`a=1&b=2`, percent-decoded) for `backend`, which accepts `known`.
+    pub(crate) fn parse(
+        query: Option<&str>,
+        backend: &'static str,
+        known: &'static [&'static str],
+    ) -> Result<Self, UrlError> {
+        let mut values = BTreeMap::new();
+        for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            if !known.contains(&name.as_ref()) {
+                return Err(UrlError::UnknownParameter {
+                    name: name.into_owned(),
+                    backend,
+                    known,
+                });
+            }
+            if values.insert(name.to_string(), value.to_string()).is_some() {
+                return Err(invalid(&name, &value, "given more than once"));
+            }
+        }
+        Ok(Params {
+            backend,
+            known,
+            values,
+        })
+    }
+
+    /// Take parameter `name`, when given.
+    pub(crate) fn take(&mut self, name: &str) -> Option<String> {
+        debug_assert!(self.known.contains(&name), "{} takes {name}", self.backend);
+        self.values.remove(name)
+    }
+
+    /// Take `name` and parse it with `parse`, whose error says why the value is wrong.
+    pub(crate) fn take_with<T>(
+        &mut self,
+        name: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, UrlError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(value) => parse(&value)
+                .map(Some)
+                .map_err(|reason| invalid(name, &value, &reason)),
+        }
+    }
+
+    /// The parameters not taken, in URL query form (for the driver's own parameters).
+    pub(crate) fn rest(self) -> Option<String> {
+        if self.values.is_empty() {
+            return None;
+        }
+        let mut out = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in &self.values {
+            out.append_pair(k, v);
+        }
+        Some(out.finish())
+    }
+}
+
+pub(crate) fn invalid(name: &str, value: &str, reason: &str) -> UrlError {
+    UrlError::InvalidParameter {
+        name: name.to_owned(),
+        value: value.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// `250ms`, `5s`, `2m`, `3h`, `7d`, or a plain number of seconds (`30`).
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| "expected a duration such as 500ms, 5s, 2m, 3h or 7d".to_owned())?;
+    let seconds = |factor: u64| {
+        n.checked_mul(factor)
+            .map(Duration::from_secs)
+            .ok_or_else(|| "too long".to_owned())
+    };
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => seconds(1),
+        "m" => seconds(60),
+        "h" => seconds(3600),
+        "d" => seconds(24 * 3600),
+        _ => Err(format!(
+            "unknown unit {unit:?}: use ms, s, m, h or d (a plain number is seconds)"
+        )),
+    }
+}
+
+/// A positive count (`pool_size`).
+pub(crate) fn count(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number of at least 1".to_owned()),
+    }
+}
+
+/// Where lease time comes from: `server` (the database's clock) or `local` (this
+/// machine's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ClockChoice {
+    Server,
+    Local,
+}
+
+pub(crate) fn clock(text: &str) -> Result<ClockChoice, String> {
+    match text {
+        "server" => Ok(ClockChoice::Server),
+        "local" => Ok(ClockChoice::Local),
+        _ => Err("expected server or local".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(duration("7d"), Ok(Duration::from_secs(7 * 86400)));
+        for bad in ["", "s", "5 s", "5w", "-1s", "1.5s"] {
+            assert!(duration(bad).is_err(), "{bad}");
+        }
+    }
+}
