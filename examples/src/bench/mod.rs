@@ -15,7 +15,7 @@ mod target;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dedup_examples::StoreUrl;
+use dedup::{StoreTarget, StoreUrl};
 
 pub(crate) use dedup_core::BoxError;
 pub(crate) use measures::{Row, run};
@@ -97,22 +97,25 @@ impl Names {
     allow(unused_variables)
 )]
 pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Target> {
-    match StoreUrl::parse(url)? {
+    match StoreUrl::parse(url)?.into_target() {
         #[cfg(feature = "sqlite")]
-        StoreUrl::Sqlite(Some(path)) => sqlite::open(Some(path), names, params).await,
-        StoreUrl::Sqlite(None) | StoreUrl::Memory => Err(format!(
-            "{url}: the bench needs a backend other processes could share (sqlite:PATH, \
-             postgres://, redis://)"
+        StoreTarget::Sqlite {
+            path: Some(path), ..
+        } => sqlite::open(Some(path.display().to_string()), names, params).await,
+        #[cfg(feature = "postgres")]
+        StoreTarget::Postgres { url, .. } => postgres::open(&url, names, params).await,
+        #[cfg(feature = "redis")]
+        StoreTarget::Redis { url, .. } => redis::open(redis::Servers::Standalone(url), names).await,
+        #[cfg(feature = "redis")]
+        StoreTarget::RedisCluster { urls, .. } => {
+            redis::open(redis::Servers::Cluster(urls), names).await
+        }
+        _ => Err(format!(
+            "{}: the bench needs a backend other processes could share (sqlite:PATH, \
+             postgres://, redis://)",
+            dedup::redact(url)
         )
         .into()),
-        #[cfg(feature = "postgres")]
-        StoreUrl::Postgres(url) => postgres::open(&url, names, params).await,
-        #[cfg(feature = "redis")]
-        StoreUrl::Redis(url) => redis::open(redis::Servers::Standalone(url), names).await,
-        #[cfg(feature = "redis")]
-        StoreUrl::RedisCluster(urls) => redis::open(redis::Servers::Cluster(urls), names).await,
-        #[allow(unreachable_patterns)]
-        other => Err(format!("this build has no {} backend", other.backend()).into()),
     }
 }
 

@@ -142,7 +142,11 @@ fn format_value(unit: &str, v: f64) -> String {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let params = args.params()?;
     let mut rows = Vec::new();

@@ -234,7 +234,11 @@ async fn transactional(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
     println!(

@@ -53,14 +53,18 @@ struct Outcome {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let tmp = tempfile::tempdir()?;
     let url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "cleanup.db");
     let today = SystemClock.now();
     let clock = Arc::new(ManualClock::new(today));
     let store =
-        dedup_examples::open_store_with_clock(&url, Some(clock.clone() as Arc<dyn Clock>)).await?;
+        dedup::open_with_clock(&url, clock.clone()).await?;
     let consumer = format!(
         "cleanup-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]

@@ -95,11 +95,15 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let tmp = tempfile::tempdir()?;
     let url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "http_orders.db");
-    let store = dedup_examples::open_store(&url).await?;
+    let store = dedup::open(&url).await?;
     let app = Router::new()
         .route("/orders", post(create).get(list))
         .layer(IdempotencyLayer::new(store))

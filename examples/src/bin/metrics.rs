@@ -19,7 +19,7 @@ use dedup_core::layers::{ObserveOptions, Observed};
 use dedup_core::{
     ClaimOptions, DedupStore, FailurePolicy, Handled, Inbox, InboxConfig, Key, Purger,
 };
-use dedup_examples::StoreUrl;
+use dedup::StoreUrl;
 use dedup_examples::report::{print_json, print_table};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
@@ -64,7 +64,11 @@ struct Summary {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(run().await.map_err(|e| e as Box<dyn std::error::Error>))
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args = Args::parse();
     PrometheusBuilder::new()
         .with_http_listener(args.listen)
@@ -77,7 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "metrics.db");
     let backend = StoreUrl::parse(&url)?.backend();
     let store = Arc::new(Observed::new(
-        dedup_examples::open_store(&url).await?,
+        dedup::open(&url).await?,
         ObserveOptions::new(backend).without_message_ids(),
     ));
     let lease = Duration::from_secs(30);

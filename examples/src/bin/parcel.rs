@@ -36,11 +36,15 @@ struct Row {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let tmp = tempfile::tempdir()?;
     let url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "parcel.db");
-    let store = dedup_examples::open_store(&url).await?;
+    let store = dedup::open(&url).await?;
     let world = Arc::new(World::default());
     let event_id = format!("parcel-created-{}", uuid::Uuid::new_v4().simple());
     let config = InboxConfig {

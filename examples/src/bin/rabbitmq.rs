@@ -56,7 +56,11 @@ struct Tally {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let amqp = args
         .amqp
@@ -120,7 +124,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let killed = !status.success();
 
     // Consumer B: drain the queue (everything A had not acked is back).
-    let store = dedup_examples::open_store(&store_url).await?;
+    let store = dedup::open(&store_url).await?;
     let inbox = inbox(store);
     let mut b = Tally {
         consumer: "B".into(),
@@ -282,7 +286,7 @@ async fn consumer_a(
             FieldTable::default(),
         )
         .await?;
-    let inbox = inbox(dedup_examples::open_store(store_url).await?);
+    let inbox = inbox(dedup::open(store_url).await?);
     let mut tally = Tally::default();
     while let Some(delivery) = consumer.next().await {
         let d = delivery?;

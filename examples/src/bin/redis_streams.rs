@@ -50,7 +50,11 @@ struct Tally {
 type Charges = Arc<Mutex<HashMap<String, u32>>>;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let url = args
         .redis
@@ -59,7 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tmp = tempfile::tempdir()?;
     let store_url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "inbox.db");
     let inbox = Inbox::from_arc(
-        dedup_examples::open_store(&store_url).await?,
+        dedup::open(&store_url).await?,
         InboxConfig {
             lease: Duration::from_secs(10),
             ..InboxConfig::default()
