@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Start and stop the real servers the tests use: PostgreSQL, Redis, a 3-node Redis Cluster
-# and RabbitMQ, as plain processes on 127.0.0.1, with ports and data folders of their own.
+# Start and stop the real servers the tests use: PostgreSQL, Redis, a 3-node Redis Cluster,
+# RabbitMQ, and a TLS-only PostgreSQL and Redis (certificates from a throwaway CA made with
+# openssl), as plain processes on 127.0.0.1, with ports and data folders of their own.
 # No Docker, no systemd: the Debian packages are installed when missing and the servers are
 # started directly.
 #
 # Usage:
-#   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq]   (none = all four)
+#   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls] [redis-tls]
+#                                (none = all six)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
@@ -20,7 +22,7 @@
 # after a start that failed halfway.
 set -euo pipefail
 
-readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq)
+readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls)
 readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
 readonly WAIT_SECONDS=${DEDUP_SERVICES_WAIT:-30}
@@ -127,19 +129,20 @@ ensure_packages() {
     local svc pkgs=()
     for svc in "$@"; do
         case $svc in
-            postgres) pg_bindir >/dev/null || pkgs+=(postgresql) ;;
-            redis | redis-cluster) { have redis-server && have redis-cli; } || pkgs+=(redis-server) ;;
+            postgres | postgres-tls) pg_bindir >/dev/null || pkgs+=(postgresql) ;;
+            redis | redis-cluster | redis-tls) { have redis-server && have redis-cli; } || pkgs+=(redis-server) ;;
             rabbitmq) rabbitmq_installed || pkgs+=(rabbitmq-server) ;;
         esac
     done
     # redis and redis-cluster both ask for redis-server.
+    if [[ " $* " == *-tls* ]] && ! have openssl; then pkgs+=(openssl); fi
     mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u | sed '/^$/d')
     if ((${#pkgs[@]})); then apt_install "${pkgs[@]}"; fi
     # The packages create these users; make sure they exist even on unusual installs.
     if is_root; then
         local svc user
         for svc in "$@"; do
-            case $svc in postgres) user=postgres ;; rabbitmq) user=rabbitmq ;; *) continue ;; esac
+            case $svc in postgres | postgres-tls) user=postgres ;; rabbitmq) user=rabbitmq ;; *) continue ;; esac
             id -u "$user" >/dev/null 2>&1 || useradd --system --user-group --no-create-home "$user"
         done
     fi
@@ -299,8 +302,11 @@ wait_postgres() {
     return 1
 }
 
-start_postgres() {
-    local dir=$STATE_DIR/postgres bin port
+# start_postgres_in DIR [postgresql.conf lines...]: a fresh cluster in DIR, on a free port
+# (left in DIR/port), with a database `dedup`.
+start_postgres_in() {
+    local dir=$1 bin port line
+    shift
     bin=$(pg_bindir) || die "PostgreSQL binaries not found under /usr/lib/postgresql/*/bin"
     mkdir -p "$dir/run"
     port=$(free_ports 1)
@@ -323,16 +329,25 @@ fsync = off
 synchronous_commit = off
 full_page_writes = off
 EOF
+    for line in "$@"; do echo "$line" >>"$dir/data/postgresql.conf"; done
     # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
     as_user postgres setsid "$bin/pg_ctl" -D "$dir/data" -l "$dir/data/server.log" -W start >/dev/null
     wait_postgres "$bin" "$port" ||
         { show_log "$dir/data/server.log"; die "PostgreSQL did not become ready on port $port"; }
-    "$bin/createdb" -h "$HOST" -p "$port" -U postgres dedup
-    write_url postgres DEDUP_POSTGRES_URL "postgres://postgres@$HOST:$port/dedup"
+    # Through the socket: the TLS-only server refuses plain TCP.
+    "$bin/createdb" -h "$dir/run" -p "$port" -U postgres dedup
 }
 
-stop_postgres() {
-    local dir=$STATE_DIR/postgres bin
+start_postgres() {
+    local dir=$STATE_DIR/postgres
+    start_postgres_in "$dir"
+    write_url postgres DEDUP_POSTGRES_URL "postgres://postgres@$HOST:$(<"$dir/port")/dedup"
+}
+
+stop_postgres() { stop_postgres_in "$STATE_DIR/postgres"; }
+
+stop_postgres_in() {
+    local dir=$1 bin
     [[ -d $dir/data ]] || return 0
     if [[ -f $dir/data/postmaster.pid ]] && bin=$(pg_bindir); then
         as_user postgres "$bin/pg_ctl" -D "$dir/data" -m fast -t 30 stop >/dev/null 2>&1 || true
@@ -341,9 +356,69 @@ stop_postgres() {
 }
 
 # ---------------------------------------------------------------------------------------
+# TLS: a throwaway CA, a server certificate it signs (for localhost and 127.0.0.1), and a
+# second, unrelated CA (a client trusting only that one must refuse the servers).
+
+ensure_certs() {
+    local dir=$STATE_DIR/tls
+    [[ -f $dir/done ]] && return 0
+    mkdir -p "$dir"
+    local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    local ca_ext=(-addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign")
+    openssl req -x509 "${ec[@]}" "${ca_ext[@]}" -days 3 -subj "/CN=dedup test CA" \
+        -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>"$dir/openssl.log" ||
+        { show_log "$dir/openssl.log"; die "openssl: CA"; }
+    openssl req -x509 "${ec[@]}" "${ca_ext[@]}" -days 3 -subj "/CN=dedup unrelated CA" \
+        -keyout "$dir/other-ca.key" -out "$dir/other-ca.crt" 2>>"$dir/openssl.log" ||
+        { show_log "$dir/openssl.log"; die "openssl: other CA"; }
+    openssl req "${ec[@]}" -subj "/CN=localhost" -keyout "$dir/server.key" -out "$dir/server.csr" \
+        2>>"$dir/openssl.log" || { show_log "$dir/openssl.log"; die "openssl: server key"; }
+    printf '%s\n' "subjectAltName=DNS:localhost,IP:127.0.0.1" "basicConstraints=CA:FALSE" \
+        "keyUsage=digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" >"$dir/server.ext"
+    openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+        -CAcreateserial -days 3 -extfile "$dir/server.ext" -out "$dir/server.crt" \
+        2>>"$dir/openssl.log" || { show_log "$dir/openssl.log"; die "openssl: server certificate"; }
+    # The servers run as other users and read their own copies; clients read the CAs.
+    chmod 755 "$dir"
+    chmod 644 "$dir"/*.crt
+    touch "$dir/done"
+}
+
+# The CA lines every TLS service adds to its env lines.
+write_tls_env() {
+    local svc=$1
+    printf "export DEDUP_TLS_CA='%s'\nexport DEDUP_TLS_OTHER_CA='%s'\n" \
+        "$STATE_DIR/tls/ca.crt" "$STATE_DIR/tls/other-ca.crt" >>"$STATE_DIR/$svc/url.env"
+}
+
+postgres_tls_alive() {
+    local dir=$STATE_DIR/postgres-tls bin
+    [[ -f $dir/port ]] && bin=$(pg_bindir) || return 1
+    "$bin/pg_isready" -q -h "$dir/run" -p "$(<"$dir/port")"
+}
+
+# PostgreSQL that takes TCP connections over TLS only: its pg_hba.conf has hostssl lines and
+# no host lines (the socket stays open for createdb).
+start_postgres_tls() {
+    local dir=$STATE_DIR/postgres-tls
+    ensure_certs
+    mkdir -p "$dir/certs"
+    cp "$STATE_DIR/tls/server.crt" "$STATE_DIR/tls/server.key" "$dir/certs/"
+    printf '%s\n' "local all all trust" "hostssl all all $HOST/32 trust" >"$dir/pg_hba.conf"
+    start_postgres_in "$dir" "ssl = on" "ssl_cert_file = '$dir/certs/server.crt'" \
+        "ssl_key_file = '$dir/certs/server.key'" "hba_file = '$dir/pg_hba.conf'"
+    write_url postgres-tls DEDUP_POSTGRES_TLS_URL "postgres://postgres@$HOST:$(<"$dir/port")/dedup"
+    write_tls_env postgres-tls
+}
+
+stop_postgres_tls() { stop_postgres_in "$STATE_DIR/postgres-tls"; }
+
+# ---------------------------------------------------------------------------------------
 # Redis (standalone and cluster nodes)
 
-redis_ping() { [[ $(redis-cli -h "$HOST" -p "$1" ping 2>/dev/null) == PONG ]]; }
+# Extra redis-cli arguments (the TLS service sets its own, with `local`).
+REDIS_CLI=()
+redis_ping() { [[ $(redis-cli "${REDIS_CLI[@]}" -h "$HOST" -p "$1" ping 2>/dev/null) == PONG ]]; }
 
 # start_redis_node DIR PORT [extra redis-server options...]
 start_redis_node() {
@@ -367,7 +442,7 @@ start_redis_node() {
 stop_redis_node() {
     local dir=$1
     [[ -f $dir/port ]] || return 0
-    redis-cli -h "$HOST" -p "$(<"$dir/port")" shutdown nosave >/dev/null 2>&1 || true
+    redis-cli "${REDIS_CLI[@]}" -h "$HOST" -p "$(<"$dir/port")" shutdown nosave >/dev/null 2>&1 || true
     kill_pidfile "$dir/redis.pid"
 }
 
@@ -381,6 +456,33 @@ start_redis() {
 }
 
 stop_redis() { stop_redis_node "$STATE_DIR/redis"; }
+
+redis_tls_cli() { REDIS_CLI=(--tls --cacert "$STATE_DIR/tls/ca.crt"); }
+
+redis_tls_alive() {
+    local REDIS_CLI
+    redis_tls_cli
+    [[ -f $STATE_DIR/redis-tls/port ]] && redis_ping "$(<"$STATE_DIR/redis-tls/port")"
+}
+
+# Redis on a TLS port only (`--port 0`); clients are not asked for certificates.
+start_redis_tls() {
+    local dir=$STATE_DIR/redis-tls port REDIS_CLI
+    ensure_certs
+    redis_tls_cli
+    port=$(free_ports 1)
+    start_redis_node "$dir" "$port" --port 0 --tls-port "$port" \
+        --tls-cert-file "$STATE_DIR/tls/server.crt" --tls-key-file "$STATE_DIR/tls/server.key" \
+        --tls-ca-cert-file "$STATE_DIR/tls/ca.crt" --tls-auth-clients no
+    write_url redis-tls DEDUP_REDIS_TLS_URL "rediss://$HOST:$port/"
+    write_tls_env redis-tls
+}
+
+stop_redis_tls() {
+    local REDIS_CLI
+    redis_tls_cli
+    stop_redis_node "$STATE_DIR/redis-tls"
+}
 
 cluster_nodes() {
     shopt -s nullglob

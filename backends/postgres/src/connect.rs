@@ -94,12 +94,10 @@ fn hint(e: &sqlx::Error, options: &PgConnectOptions, target: &str) -> Option<Str
                 "the host {} could not be resolved: check the host name",
                 options.get_host()
             ),
+            _ if io.to_string().contains("certificate") => tls_hint(target),
             _ => format!("the connection to {target} failed"),
         }),
-        sqlx::Error::Tls(_) => Some(format!(
-            "the TLS handshake with {target} failed: check sslmode, sslrootcert (the CA that \
-             signed the server's certificate) and that the host name matches the certificate"
-        )),
+        sqlx::Error::Tls(_) => Some(tls_hint(target)),
         sqlx::Error::Database(db) => {
             let message = db.message();
             match db.code().as_deref() {
@@ -133,4 +131,11 @@ fn hint(e: &sqlx::Error, options: &PgConnectOptions, target: &str) -> Option<Str
         ),
         _ => None,
     }
+}
+
+fn tls_hint(target: &str) -> String {
+    format!(
+        "the TLS handshake with {target} failed: the server's certificate must be signed by \
+         the CA in sslrootcert and match the host name in the URL"
+    )
 }
