@@ -1,0 +1,268 @@
+//! `dedup::open` with every scheme (the server ones against the real servers), and bad
+//! URLs: each a typed error, and nothing contacted or written.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{UrlFactory, chain, cluster_url, server, smoke};
+use dedup::{ClaimOptions, Key, OpenError, StoreTarget, StoreUrl, UrlError};
+
+/// Claim, commit, claim again: the store works and keeps what it committed.
+async fn round_trip(url: &str) {
+    let store = dedup::open(url)
+        .await
+        .unwrap_or_else(|e| panic!("open {}: {}", dedup::redact(url), chain(&e)));
+    let key = Key::new("open-test", uuid::Uuid::new_v4().to_string()).unwrap();
+    let opts = ClaimOptions::lease(Duration::from_secs(30));
+    let lease = store.claim(&key, &opts).await.unwrap().into_lease().expect("acquired");
+    store.commit(&lease, Some(b"done")).await.unwrap();
+    assert!(
+        matches!(store.claim(&key, &opts).await.unwrap(), dedup::Claim::Completed { .. }),
+        "{url}: a duplicate sees the commit"
+    );
+}
+
+fn target(url: &str) -> StoreTarget {
+    StoreUrl::parse(url)
+        .unwrap_or_else(|e| panic!("{url}: {}", chain(&e)))
+        .into_target()
+}
+
+#[tokio::test]
+async fn memory_opens() {
+    assert_eq!(StoreUrl::parse("memory:").unwrap().backend(), "memory");
+    round_trip("memory:").await;
+    round_trip("memory://?clock=local").await;
+}
+
+#[tokio::test]
+async fn sqlite_file_opens_with_its_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("inbox.db");
+    let url = format!(
+        "sqlite:{}?table=orders_inbox&synchronous=normal&pool_size=2&busy_timeout=250ms",
+        path.display()
+    );
+    let StoreTarget::Sqlite {
+        path: Some(p),
+        config,
+    } = target(&url)
+    else {
+        panic!("{url}: not an sqlite file target");
+    };
+    assert_eq!(p, path);
+    assert_eq!(config.table, "orders_inbox");
+    assert_eq!(config.synchronous, dedup::Synchronous::Normal);
+    assert_eq!(config.pool_size, 2);
+    assert_eq!(config.busy_timeout, Duration::from_millis(250));
+    round_trip(&url).await;
+    assert!(path.exists(), "the file was created");
+    let tables: Vec<String> = {
+        let conn = dedup::sqlite::rusqlite::Connection::open(&path).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    assert!(tables.contains(&"orders_inbox".to_owned()), "{tables:?}");
+    // `sqlite://PATH` is the same file.
+    round_trip(&format!("sqlite://{}?table=orders_inbox", path.display())).await;
+}
+
+#[tokio::test]
+async fn sqlite_in_memory_opens() {
+    assert!(matches!(
+        target("sqlite::memory:"),
+        StoreTarget::Sqlite { path: None, .. }
+    ));
+    round_trip("sqlite::memory:").await;
+}
+
+#[tokio::test]
+async fn postgres_opens_with_its_parameters_and_passes_the_smoke_clauses() {
+    let Some(base) = server("DEDUP_POSTGRES_URL", "postgres_opens") else {
+        return;
+    };
+    let ns = format!("t_open_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let url = format!(
+        "{base}?schema={ns}&table=inbox&pool_size=3&connect_timeout=3&clock=local&application_name=dedup-test"
+    );
+    let StoreTarget::Postgres { url: driver, config } = target(&url) else {
+        panic!("not a postgres target");
+    };
+    assert_eq!((config.schema.as_str(), config.table.as_str()), (ns.as_str(), "inbox"));
+    assert_eq!(config.max_connections, 3);
+    assert_eq!(config.connect_timeout, Duration::from_secs(3));
+    assert!(config.clock.is_some(), "clock=local injects this machine's clock");
+    assert!(
+        driver.ends_with("?application_name=dedup-test"),
+        "the driver's own parameters pass through, dedup's do not: {driver}"
+    );
+    round_trip(&url).await;
+    // postgresql:// is the same.
+    round_trip(&format!("{}?schema={ns}", base.replacen("postgres://", "postgresql://", 1))).await;
+    smoke(&UrlFactory {
+        base,
+        param: "table",
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redis_opens_with_its_parameters_and_passes_the_smoke_clauses() {
+    let Some(base) = server("DEDUP_REDIS_URL", "redis_opens") else {
+        return;
+    };
+    let url = format!(
+        "{base}?prefix=open-test:&retention=2d&connect_timeout=2s&response_timeout=3s&clock=server"
+    );
+    let StoreTarget::Redis { config, .. } = target(&url) else {
+        panic!("not a redis target");
+    };
+    assert_eq!(config.prefix, "open-test:");
+    assert_eq!(config.retention, Duration::from_secs(2 * 86400));
+    assert_eq!(config.connect_timeout, Duration::from_secs(2));
+    assert_eq!(config.response_timeout, Some(Duration::from_secs(3)));
+    assert!(config.clock.is_none(), "clock=server is the server's TIME");
+    round_trip(&url).await;
+    smoke(&UrlFactory {
+        base,
+        param: "prefix",
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redis_cluster_opens_and_passes_the_smoke_clauses() {
+    let Some(url) = cluster_url() else {
+        eprintln!("SKIPPED redis_cluster_opens: DEDUP_REDIS_CLUSTER_URLS is not set");
+        return;
+    };
+    let StoreTarget::RedisCluster { urls, .. } = target(&format!("{url}?prefix=c:")) else {
+        panic!("not a cluster target");
+    };
+    assert!(urls.len() >= 2 && urls.iter().all(|u| u.starts_with("redis://")), "{urls:?}");
+    round_trip(&format!("{url}?prefix=open-cluster:")).await;
+    smoke(&UrlFactory {
+        base: url,
+        param: "prefix",
+    })
+    .await;
+}
+
+/// The URL problem of `url`, which must be rejected before anything is contacted.
+fn problem(url: &str) -> UrlError {
+    match StoreUrl::parse(url) {
+        Ok(parsed) => panic!("{url} was accepted as {parsed:?}"),
+        Err(OpenError::Url { problem, .. }) => problem,
+        Err(other) => panic!("{url}: not a URL error: {other}"),
+    }
+}
+
+#[test]
+fn bad_urls_are_typed_errors() {
+    let unknown_scheme = ["", "inbox.db", "mysql://h/db", "file:/tmp/x"];
+    for url in unknown_scheme {
+        assert!(
+            matches!(problem(url), UrlError::UnknownScheme { .. } | UrlError::Malformed { .. }),
+            "{url:?}"
+        );
+    }
+    let malformed = [
+        "sqlite:",
+        "sqlite://",
+        "memory:/x",
+        "postgres:h/db",
+        "postgres://h:notaport/db",
+        "redis:h",
+        "redis+cluster://",
+        "redis+cluster://a:1,,b:2",
+        "redis://h:1?tls_ca=/x",
+    ];
+    for url in malformed {
+        assert!(matches!(problem(url), UrlError::Malformed { .. }), "{url:?}");
+    }
+    let unknown_parameter = [
+        ("sqlite:x.db?tabel=a", "tabel"),
+        ("memory:?table=a", "table"),
+        ("postgres://h/db?prefix=a", "prefix"),
+        ("redis://h:1?table=a", "table"),
+        ("redis+cluster://a:1?schema=x", "schema"),
+    ];
+    for (url, name) in unknown_parameter {
+        match problem(url) {
+            UrlError::UnknownParameter { name: n, .. } => assert_eq!(n, name, "{url}"),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    let invalid_parameter = [
+        "sqlite:x.db?synchronous=sometimes",
+        "sqlite:x.db?pool_size=0",
+        "sqlite:x.db?clock=server",
+        "sqlite:x.db?table=a&table=b",
+        "postgres://h/db?clock=atomic",
+        "postgres://h/db?sslmode=maybe",
+        "postgres://h/db?connect_timeout=soon",
+        "redis://h:1?retention=5w",
+        "memory:?clock=server",
+    ];
+    for url in invalid_parameter {
+        assert!(matches!(problem(url), UrlError::InvalidParameter { .. }), "{url:?}");
+    }
+    let invalid_config = [
+        "sqlite:x.db?table=drop table",
+        "postgres://h/db?schema=a-b",
+        "redis://h:1?prefix=a b",
+        "redis://h:1?retention=0s",
+        "postgres://h/db?connect_timeout=0",
+    ];
+    for url in invalid_config {
+        match problem(url) {
+            UrlError::Config(e) => assert!(e.is_invalid_input(), "{url}: {e}"),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_rejected_url_writes_nothing_and_contacts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("never.db");
+    for url in [
+        format!("sqlite:{}?tabel=x", path.display()),
+        format!("sqlite:{}?synchronous=off", path.display()),
+    ] {
+        let Err(e) = dedup::open(&url).await else {
+            panic!("{url} was accepted")
+        };
+        assert!(e.url_problem().is_some(), "{e}");
+        assert!(!path.exists(), "{url}: no file may be created");
+    }
+    // Port 1 has no server: a URL error (not a connect error) proves nothing was contacted.
+    for url in [
+        "postgres://u@127.0.0.1:1/db?tabel=x",
+        "redis://127.0.0.1:1?prefx=a:",
+        "redis+cluster://127.0.0.1:1?table=x",
+    ] {
+        let Err(e) = dedup::open(url).await else {
+            panic!("{url} was accepted")
+        };
+        assert!(e.url_problem().is_some(), "{url}: {}", chain(&e));
+        let core: dedup::Error = e.into();
+        assert!(core.is_invalid_input(), "converts to InvalidInput");
+    }
+}
+
+#[test]
+fn url_errors_mask_passwords() {
+    let e = StoreUrl::parse("postgres://app:hunter2@db/x?tabel=1").unwrap_err();
+    let text = chain(&e);
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains("app:***@db"), "{text}");
+    let parsed = StoreUrl::parse("redis://:hunter2@h:1/").unwrap();
+    assert!(!format!("{parsed} {parsed:?}").contains("hunter2"));
+}
