@@ -126,7 +126,9 @@ async fn bounded<T>(
 
 /// `e` as [`Error::Backend`] with a hint for the usual mistakes.
 fn connect_error(e: RedisError, target: &str, tls: bool) -> Error {
-    let hint = if e.is_connection_refusal() {
+    // redis-rs reports a cluster's failed initial connections as one error whose detail
+    // is the nodes' errors in words: look for the refusal there too.
+    let hint = if e.is_connection_refusal() || e.to_string().contains("Connection refused") {
         Some(format!(
             "nothing listens at {target}: is the server running, on that port?"
         ))
