@@ -228,3 +228,39 @@ impl Error {
         matches!(self, Error::InvalidInput { .. })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_display_names_backend_operation_and_hint() {
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let plain = Error::backend("redis", true, io);
+        assert_eq!(plain.to_string(), "redis backend error (retryable)");
+        let e = plain
+            .during("connecting")
+            .with_hint("nothing listens at 127.0.0.1:1")
+            .during("claiming")
+            .with_hint("ignored: the first hint stays");
+        assert_eq!(
+            e.to_string(),
+            "redis backend error while connecting (retryable): nothing listens at 127.0.0.1:1"
+        );
+        assert_eq!(e.operation(), Some("connecting"));
+        assert_eq!(e.chain().count(), 2, "the io error stays the source");
+        let lost = Error::LeaseLost {
+            key: Key::new("c", "m").unwrap(),
+        };
+        assert!(lost.during("committing").operation().is_none());
+    }
+
+    #[test]
+    fn timed_out_says_how_long() {
+        let t = TimedOut {
+            what: "connecting to db:5432".into(),
+            after: std::time::Duration::from_millis(500),
+        };
+        assert_eq!(t.to_string(), "no answer after 500ms connecting to db:5432");
+    }
+}

@@ -20,8 +20,8 @@ pub use key::Key;
 pub use memory::MemoryStore;
 pub use purger::{Purger, PurgerError, PurgerHandle, PurgerStats, PurgerWarning};
 pub use store::{DedupStore, ItemResult};
-pub use tls::TlsFiles;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis};
+pub use tls::TlsFiles;
 pub use types::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Fingerprint, Lease, LeaseToken,
     MAX_BATCH_LEN, MAX_FINGERPRINT_LEN, MAX_LEASE, MAX_OUTCOME_LEN, MIN_LEASE, Pace, PurgeOptions,

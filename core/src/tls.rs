@@ -43,8 +43,7 @@ impl TlsFiles {
 
     /// Read a file named here, as an error that names it (without its contents).
     pub fn read(path: &std::path::Path) -> Result<Vec<u8>> {
-        std::fs::read(path).map_err(|e| {
-            Error::invalid("tls", format!("cannot read {}: {e}", path.display()))
-        })
+        std::fs::read(path)
+            .map_err(|e| Error::invalid("tls", format!("cannot read {}: {e}", path.display())))
     }
 }

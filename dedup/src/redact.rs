@@ -63,9 +63,18 @@ mod tests {
             ("sqlite:/tmp/a:b@c.db", "sqlite:/tmp/a:b@c.db"),
             ("postgres://u@h/db", "postgres://u@h/db"),
             ("postgres://u:p@ss@h/db", "postgres://u:***@h/db"),
-            ("postgres://h/db?user=u&password=x", "postgres://h/db?user=u&password=***"),
-            ("rediss://:pw@h:6380/0?prefix=a:", "rediss://:***@h:6380/0?prefix=a:"),
-            ("redis+cluster://u:p@a:1,b:2", "redis+cluster://u:***@a:1,b:2"),
+            (
+                "postgres://h/db?user=u&password=x",
+                "postgres://h/db?user=u&password=***",
+            ),
+            (
+                "rediss://:pw@h:6380/0?prefix=a:",
+                "rediss://:***@h:6380/0?prefix=a:",
+            ),
+            (
+                "redis+cluster://u:p@a:1,b:2",
+                "redis+cluster://u:***@a:1,b:2",
+            ),
         ];
         for (url, want) in cases {
             assert_eq!(redact(url), want, "{url}");

@@ -180,10 +180,7 @@ fn disabled(what: &'static str, feature: &'static str) -> UrlError {
 }
 
 /// A local clock for `clock=local`; `clock=server` is refused where there is no server.
-fn local_clock(
-    params: &mut Params,
-    backend: &str,
-) -> Result<Option<Arc<dyn Clock>>, UrlError> {
+fn local_clock(params: &mut Params, backend: &str) -> Result<Option<Arc<dyn Clock>>, UrlError> {
     match params.take_with("clock", params::clock)? {
         None | Some(ClockChoice::Local) => Ok(None),
         Some(ClockChoice::Server) => Err(params::invalid(
@@ -236,13 +233,13 @@ fn sqlite(rest: &str, query: Option<&str>) -> Result<StoreTarget, UrlError> {
     if let Some(table) = params.take("table") {
         config.table = table;
     }
-    if let Some(sync) = params.take_with("synchronous", |v| {
-        match v.to_ascii_lowercase().as_str() {
+    if let Some(sync) =
+        params.take_with("synchronous", |v| match v.to_ascii_lowercase().as_str() {
             "full" => Ok(Synchronous::Full),
             "normal" => Ok(Synchronous::Normal),
             _ => Err("expected full or normal".to_owned()),
-        }
-    })? {
+        })?
+    {
         config.synchronous = sync;
     }
     if let Some(n) = params.take_with("pool_size", params::count)? {
@@ -374,10 +371,7 @@ const REDIS_PARAMS: &[&str] = &[
 /// The [`RedisConfig`](dedup_redis::RedisConfig) of a Redis URL's parameters; what is left
 /// is the driver's.
 #[cfg(feature = "redis")]
-fn redis_config(
-    params: &mut Params,
-    tls: bool,
-) -> Result<dedup_redis::RedisConfig, UrlError> {
+fn redis_config(params: &mut Params, tls: bool) -> Result<dedup_redis::RedisConfig, UrlError> {
     use dedup_redis::RedisConfig;
     let mut config = RedisConfig {
         clock: server_or_local_clock(params)?,

@@ -44,10 +44,18 @@ async fn failure(url: &str) -> (OpenError, Duration) {
 /// password anywhere (message chain or `Debug`), no `Debug`-style dump in the message.
 fn assert_plain_connect_error(e: &OpenError, backend: &str) {
     let text = chain(e);
-    let store = e.store_error().unwrap_or_else(|| panic!("not a store error: {text}"));
+    let store = e
+        .store_error()
+        .unwrap_or_else(|| panic!("not a store error: {text}"));
     assert_eq!(store.operation(), Some("connecting"), "{text}");
-    assert!(text.contains(&format!("{backend} backend error while connecting")), "{text}");
-    assert!(!text.contains("hunter2") && !format!("{e:?}").contains("hunter2"), "{text}");
+    assert!(
+        text.contains(&format!("{backend} backend error while connecting")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("hunter2") && !format!("{e:?}").contains("hunter2"),
+        "{text}"
+    );
     assert!(!text.contains("Backend {"), "{text}");
 }
 
@@ -65,13 +73,19 @@ async fn postgres_nothing_listening_fails_at_once_with_the_os_cause() {
     assert!(took < Duration::from_secs(3), "took {took:?}");
     assert!(refused(&e), "the OS cause is kept: {}", chain(&e));
     let hint = e.store_error().unwrap().hint().unwrap_or_default();
-    assert!(hint.contains(&format!("nothing listens at 127.0.0.1:{port}")), "{hint}");
+    assert!(
+        hint.contains(&format!("nothing listens at 127.0.0.1:{port}")),
+        "{hint}"
+    );
     assert!(e.is_retryable());
 }
 
 #[tokio::test]
 async fn postgres_silent_server_fails_within_the_connect_timeout() {
-    let url = format!("postgres://app:hunter2@127.0.0.1:{}/db?connect_timeout=500ms", silent_port());
+    let url = format!(
+        "postgres://app:hunter2@127.0.0.1:{}/db?connect_timeout=500ms",
+        silent_port()
+    );
     let (e, took) = failure(&url).await;
     assert_plain_connect_error(&e, "postgres");
     assert!(
@@ -94,12 +108,18 @@ async fn redis_nothing_listening_fails_at_once_with_the_os_cause() {
     assert!(took < Duration::from_secs(3), "took {took:?}");
     assert!(refused(&e), "the OS cause is kept: {}", chain(&e));
     let hint = e.store_error().unwrap().hint().unwrap_or_default();
-    assert!(hint.contains(&format!("nothing listens at 127.0.0.1:{port}")), "{hint}");
+    assert!(
+        hint.contains(&format!("nothing listens at 127.0.0.1:{port}")),
+        "{hint}"
+    );
 }
 
 #[tokio::test]
 async fn redis_silent_server_fails_within_the_connect_timeout() {
-    let url = format!("redis://:hunter2@127.0.0.1:{}/?connect_timeout=500ms", silent_port());
+    let url = format!(
+        "redis://:hunter2@127.0.0.1:{}/?connect_timeout=500ms",
+        silent_port()
+    );
     let (e, took) = failure(&url).await;
     assert_plain_connect_error(&e, "redis");
     assert!(
@@ -124,7 +144,10 @@ async fn redis_cluster_nothing_listening_fails_within_the_connect_timeout() {
     assert!(e.is_retryable(), "{}", chain(&e));
     // redis-rs keeps the nodes' errors of a cluster's first connection only as words.
     let text = chain(&e);
-    assert!(text.contains("Connection refused"), "the OS cause is kept: {text}");
+    assert!(
+        text.contains("Connection refused"),
+        "the OS cause is kept: {text}"
+    );
     let hint = e.store_error().unwrap().hint().unwrap_or_default();
     assert!(hint.contains("nothing listens at 127.0.0.1:"), "{hint}");
 }
@@ -137,7 +160,11 @@ async fn sqlite_missing_folder_says_so() {
     let (e, _) = failure(&url).await;
     let text = chain(&e);
     let store = e.store_error().expect("a store error");
-    assert_eq!(store.operation(), Some("opening the database file"), "{text}");
+    assert_eq!(
+        store.operation(),
+        Some("opening the database file"),
+        "{text}"
+    );
     assert!(
         store
             .hint()
@@ -162,8 +189,17 @@ async fn postgres_unknown_role_and_database_are_named() {
     role.set_password(Some("hunter2")).unwrap();
     let (e, _) = failure(role.as_str()).await;
     assert_plain_connect_error(&e, "postgres");
-    let hint = e.store_error().unwrap().hint().unwrap_or_default().to_owned();
-    assert!(hint.contains("role \"no_such_role\" does not exist"), "{}", chain(&e));
+    let hint = e
+        .store_error()
+        .unwrap()
+        .hint()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        hint.contains("role \"no_such_role\" does not exist"),
+        "{}",
+        chain(&e)
+    );
     assert!(
         chain_has::<dedup::postgres::sqlx::Error>(&e, |s| s.as_database_error().is_some()),
         "the server's error is kept: {}",
@@ -173,8 +209,17 @@ async fn postgres_unknown_role_and_database_are_named() {
     let mut db = parsed;
     db.set_path("/no_such_database");
     let (e, _) = failure(db.as_str()).await;
-    let hint = e.store_error().unwrap().hint().unwrap_or_default().to_owned();
-    assert!(hint.contains("database \"no_such_database\" does not exist"), "{}", chain(&e));
+    let hint = e
+        .store_error()
+        .unwrap()
+        .hint()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        hint.contains("database \"no_such_database\" does not exist"),
+        "{}",
+        chain(&e)
+    );
 }
 
 #[tokio::test]
@@ -196,5 +241,8 @@ async fn a_cluster_node_given_as_a_standalone_server_says_so() {
     let first = urls.split(',').next().unwrap().trim().to_owned();
     let (e, _) = failure(&first).await;
     let text = chain(&e);
-    assert!(text.contains("Redis Cluster node") && text.contains("redis+cluster://"), "{text}");
+    assert!(
+        text.contains("Redis Cluster node") && text.contains("redis+cluster://"),
+        "{text}"
+    );
 }

@@ -15,10 +15,18 @@ async fn round_trip(url: &str) {
         .unwrap_or_else(|e| panic!("open {}: {}", dedup::redact(url), chain(&e)));
     let key = Key::new("open-test", uuid::Uuid::new_v4().to_string()).unwrap();
     let opts = ClaimOptions::lease(Duration::from_secs(30));
-    let lease = store.claim(&key, &opts).await.unwrap().into_lease().expect("acquired");
+    let lease = store
+        .claim(&key, &opts)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("acquired");
     store.commit(&lease, Some(b"done")).await.unwrap();
     assert!(
-        matches!(store.claim(&key, &opts).await.unwrap(), dedup::Claim::Completed { .. }),
+        matches!(
+            store.claim(&key, &opts).await.unwrap(),
+            dedup::Claim::Completed { .. }
+        ),
         "{url}: a duplicate sees the commit"
     );
 }
@@ -87,24 +95,41 @@ async fn postgres_opens_with_its_parameters_and_passes_the_smoke_clauses() {
     let Some(base) = server("DEDUP_POSTGRES_URL", "postgres_opens") else {
         return;
     };
-    let ns = format!("t_open_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let ns = format!(
+        "t_open_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
     let url = format!(
         "{base}?schema={ns}&table=inbox&pool_size=3&connect_timeout=3&clock=local&application_name=dedup-test"
     );
-    let StoreTarget::Postgres { url: driver, config } = target(&url) else {
+    let StoreTarget::Postgres {
+        url: driver,
+        config,
+    } = target(&url)
+    else {
         panic!("not a postgres target");
     };
-    assert_eq!((config.schema.as_str(), config.table.as_str()), (ns.as_str(), "inbox"));
+    assert_eq!(
+        (config.schema.as_str(), config.table.as_str()),
+        (ns.as_str(), "inbox")
+    );
     assert_eq!(config.max_connections, 3);
     assert_eq!(config.connect_timeout, Duration::from_secs(3));
-    assert!(config.clock.is_some(), "clock=local injects this machine's clock");
+    assert!(
+        config.clock.is_some(),
+        "clock=local injects this machine's clock"
+    );
     assert!(
         driver.ends_with("?application_name=dedup-test"),
         "the driver's own parameters pass through, dedup's do not: {driver}"
     );
     round_trip(&url).await;
     // postgresql:// is the same.
-    round_trip(&format!("{}?schema={ns}", base.replacen("postgres://", "postgresql://", 1))).await;
+    round_trip(&format!(
+        "{}?schema={ns}",
+        base.replacen("postgres://", "postgresql://", 1)
+    ))
+    .await;
     smoke(&UrlFactory {
         base,
         param: "table",
@@ -145,7 +170,10 @@ async fn redis_cluster_opens_and_passes_the_smoke_clauses() {
     let StoreTarget::RedisCluster { urls, .. } = target(&format!("{url}?prefix=c:")) else {
         panic!("not a cluster target");
     };
-    assert!(urls.len() >= 2 && urls.iter().all(|u| u.starts_with("redis://")), "{urls:?}");
+    assert!(
+        urls.len() >= 2 && urls.iter().all(|u| u.starts_with("redis://")),
+        "{urls:?}"
+    );
     round_trip(&format!("{url}?prefix=open-cluster:")).await;
     smoke(&UrlFactory {
         base: url,
@@ -168,7 +196,10 @@ fn bad_urls_are_typed_errors() {
     let unknown_scheme = ["", "inbox.db", "mysql://h/db", "file:/tmp/x"];
     for url in unknown_scheme {
         assert!(
-            matches!(problem(url), UrlError::UnknownScheme { .. } | UrlError::Malformed { .. }),
+            matches!(
+                problem(url),
+                UrlError::UnknownScheme { .. } | UrlError::Malformed { .. }
+            ),
             "{url:?}"
         );
     }
@@ -184,7 +215,10 @@ fn bad_urls_are_typed_errors() {
         "redis://h:1?tls_ca=/x",
     ];
     for url in malformed {
-        assert!(matches!(problem(url), UrlError::Malformed { .. }), "{url:?}");
+        assert!(
+            matches!(problem(url), UrlError::Malformed { .. }),
+            "{url:?}"
+        );
     }
     let unknown_parameter = [
         ("sqlite:x.db?tabel=a", "tabel"),
@@ -211,7 +245,10 @@ fn bad_urls_are_typed_errors() {
         "memory:?clock=server",
     ];
     for url in invalid_parameter {
-        assert!(matches!(problem(url), UrlError::InvalidParameter { .. }), "{url:?}");
+        assert!(
+            matches!(problem(url), UrlError::InvalidParameter { .. }),
+            "{url:?}"
+        );
     }
     let invalid_config = [
         "sqlite:x.db?table=drop table",

@@ -34,12 +34,12 @@ async fn failure(url: &str) -> OpenError {
 /// The error says the server's certificate was refused.
 fn assert_certificate_refused(e: &OpenError) {
     let text = chain(e);
-    let hint = e
-        .store_error()
-        .and_then(|s| s.hint())
-        .unwrap_or_default();
+    let hint = e.store_error().and_then(|s| s.hint()).unwrap_or_default();
     assert!(hint.contains("TLS"), "the hint names TLS: {text}");
-    assert!(text.contains("UnknownIssuer"), "the cause names the untrusted issuer: {text}");
+    assert!(
+        text.contains("UnknownIssuer"),
+        "the cause names the untrusted issuer: {text}"
+    );
 }
 
 #[tokio::test]
@@ -82,7 +82,11 @@ async fn postgres_server_certificate_from_another_ca_is_refused() {
     let Some(t) = tls("DEDUP_POSTGRES_TLS_URL", "postgres_other_ca") else {
         return;
     };
-    let e = failure(&format!("{}?sslmode=verify-full&sslrootcert={}", t.url, t.other_ca)).await;
+    let e = failure(&format!(
+        "{}?sslmode=verify-full&sslrootcert={}",
+        t.url, t.other_ca
+    ))
+    .await;
     assert_certificate_refused(&e);
 }
 
@@ -93,7 +97,10 @@ async fn postgres_plain_connection_to_the_tls_only_server_is_refused() {
     };
     let e = failure(&format!("{}?sslmode=disable", t.url)).await;
     let text = chain(&e);
-    assert!(text.contains("no encryption"), "the server's refusal is kept: {text}");
+    assert!(
+        text.contains("no encryption"),
+        "the server's refusal is kept: {text}"
+    );
     let hint = e.store_error().and_then(|s| s.hint()).unwrap_or_default();
     assert!(hint.contains("accepts only TLS"), "{text}");
 }

@@ -75,3 +75,49 @@ fn demo_rejects_bad_flags_with_a_clear_message() {
     let out = support::run_example_expect_failure("demo", &["--store", "mysql://x"]);
     assert!(out.contains("unknown scheme"), "{out}");
 }
+
+/// A store nobody listens at: within seconds, one `error:` line, the cause in plain words,
+/// no `Debug` dump, no password, a non-zero exit.
+#[test]
+fn demo_with_an_unreachable_store_fails_fast_in_plain_words() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for url in [
+        format!("postgres://app:hunter2@127.0.0.1:{port}/x"),
+        format!("redis://:hunter2@127.0.0.1:{port}/"),
+        "sqlite:/nonexistent-dedup-folder/x.db".to_owned(),
+    ] {
+        let exe = env!("CARGO_BIN_EXE_demo");
+        let started = std::time::Instant::now();
+        let output = std::process::Command::new(exe)
+            .args(["--store", &url])
+            .output()
+            .expect("spawn demo");
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "{url}: exit status {:?}",
+            output.status
+        );
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "{url}: took {took:?}"
+        );
+        let errors = stderr.lines().filter(|l| l.starts_with("error:")).count();
+        assert_eq!(errors, 1, "{url}: one error line:\n{stderr}");
+        assert!(stderr.contains("caused by:"), "{url}: a cause:\n{stderr}");
+        assert!(
+            stderr.contains("nothing listens at") || stderr.contains("does not exist"),
+            "{url}: a hint:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("Backend {"),
+            "{url}: no Debug dump:\n{stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{url}: no password:\n{stderr}");
+    }
+}

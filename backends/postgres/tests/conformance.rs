@@ -34,6 +34,7 @@ impl StoreFactory for PostgresFactory {
             table: name.into(),
             clock: Some(ctx.clock.clone()),
             max_connections: 2,
+            ..PostgresConfig::default()
         };
         Some(PostgresStore::connect_with(&url, config).await)
     }

@@ -88,7 +88,9 @@ pub(crate) async fn cluster(urls: &[String], config: &RedisConfig) -> Result<Con
         builder = builder.response_timeout(t);
     }
     builder = with_certificates(builder, config)?;
-    let client = builder.build().map_err(|e| connect_error(e, &target, tls))?;
+    let client = builder
+        .build()
+        .map_err(|e| connect_error(e, &target, tls))?;
     let connection = bounded(
         config.connect_timeout,
         &target,

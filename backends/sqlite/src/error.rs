@@ -62,7 +62,10 @@ pub(crate) fn open_error(err: Error, path: &Path) -> Error {
     let hint = match code {
         Some(ErrorCode::CannotOpen) if parent.is_some_and(|p| !p.is_dir()) => Some(format!(
             "the folder {} does not exist: create it first",
-            parent.map(Path::display).map(|d| d.to_string()).unwrap_or_default()
+            parent
+                .map(Path::display)
+                .map(|d| d.to_string())
+                .unwrap_or_default()
         )),
         Some(ErrorCode::CannotOpen) if path.is_dir() => {
             Some(format!("{} is a folder, not a file", path.display()))
@@ -73,10 +76,9 @@ pub(crate) fn open_error(err: Error, path: &Path) -> Error {
                 path.display()
             ))
         }
-        Some(ErrorCode::NotADatabase) => Some(format!(
-            "{} is not an SQLite database file",
-            path.display()
-        )),
+        Some(ErrorCode::NotADatabase) => {
+            Some(format!("{} is not an SQLite database file", path.display()))
+        }
         _ => None,
     };
     let err = err.during("opening the database file");

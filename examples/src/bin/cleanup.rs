@@ -63,8 +63,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "cleanup.db");
     let today = SystemClock.now();
     let clock = Arc::new(ManualClock::new(today));
-    let store =
-        dedup::open_with_clock(&url, clock.clone()).await?;
+    let store = dedup::open_with_clock(&url, clock.clone()).await?;
     let consumer = format!(
         "cleanup-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]

@@ -163,4 +163,3 @@ fn progress_bar(cfg: &SimConfig, consumer: Consumer) -> ProgressBar {
     bar.set_prefix(format!("{consumer:?}").to_lowercase());
     bar
 }
-

@@ -47,6 +47,7 @@ pub async fn store_on(url: &str, table: &str, clock: Option<Arc<dyn Clock>>) -> 
         table: table.into(),
         clock,
         max_connections: 8,
+        ..PostgresConfig::default()
     };
     PostgresStore::connect_with(url, config)
         .await
