@@ -99,7 +99,10 @@ if [[ $checks != 0 ]]; then
     for feature in sqlite postgres redis; do
         step "examples with only $feature" \
             cargo check -p dedup-examples --bins --no-default-features --features "$feature"
+        step "dedup with only $feature" \
+            cargo check -p dedup --no-default-features --features "$feature"
     done
+    step "dedup with no backend" cargo check -p dedup --no-default-features
 fi
 
 if ((${#failed[@]})); then

@@ -17,6 +17,7 @@ fn config(table: &str) -> PostgresConfig {
         table: table.into(),
         clock: None,
         max_connections: 2,
+        ..PostgresConfig::default()
     }
 }
 
