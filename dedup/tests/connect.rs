@@ -241,3 +241,28 @@ async fn a_cluster_node_given_as_a_standalone_server_says_so() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_failing_operation_names_itself() {
+    use dedup::{ClaimOptions, Key};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("inbox.db");
+    let store = dedup::open(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    // The table vanishes behind the store's back: the next claim fails in the database.
+    let conn = dedup::sqlite::rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("DROP TABLE dedup_inbox").unwrap();
+    let key = Key::new("c", "m").unwrap();
+    let e = store
+        .claim(&key, &ClaimOptions::lease(Duration::from_secs(5)))
+        .await
+        .expect_err("no table to claim in");
+    assert_eq!(e.operation(), Some("claiming"), "{}", chain(&e));
+    assert!(
+        e.to_string()
+            .starts_with("sqlite backend error while claiming"),
+        "{}",
+        chain(&e)
+    );
+}

@@ -74,7 +74,8 @@ pub fn validate_commit_batch(requests: &[CommitRequest]) -> Result<()> {
 
 /// Implement [`DedupStore`](crate::DedupStore) for a type implementing
 /// [`Storage`](crate::backend::Storage): validation first, then the backend; `purge` through
-/// the shared [`purge`](crate::backend::purge) driver.
+/// the shared [`purge`](crate::backend::purge) driver. A backend error says which operation
+/// failed ([`Error::during`](crate::Error::during): "claiming", "committing"...).
 ///
 /// ```ignore
 /// dedup_core::impl_dedup_store!(SqliteStore);
@@ -90,14 +91,18 @@ macro_rules! impl_dedup_store {
                 options: &$crate::ClaimOptions,
             ) -> $crate::Result<$crate::Claim> {
                 options.validate()?;
-                <Self as $crate::backend::Storage>::claim(self, key, options).await
+                <Self as $crate::backend::Storage>::claim(self, key, options)
+                    .await
+                    .map_err(|e| e.during("claiming"))
             }
             async fn claim_many(
                 &self,
                 requests: &[$crate::ClaimRequest],
             ) -> $crate::Result<::std::vec::Vec<$crate::ItemResult<$crate::Claim>>> {
                 $crate::backend::validate_claim_batch(requests)?;
-                <Self as $crate::backend::Storage>::claim_many(self, requests).await
+                <Self as $crate::backend::Storage>::claim_many(self, requests)
+                    .await
+                    .map_err(|e| e.during("claiming a batch"))
             }
             async fn renew(
                 &self,
@@ -105,7 +110,9 @@ macro_rules! impl_dedup_store {
                 extend_by: ::std::time::Duration,
             ) -> $crate::Result<$crate::Lease> {
                 $crate::validate_lease(extend_by)?;
-                <Self as $crate::backend::Storage>::renew(self, lease, extend_by).await
+                <Self as $crate::backend::Storage>::renew(self, lease, extend_by)
+                    .await
+                    .map_err(|e| e.during("renewing a lease"))
             }
             async fn commit(
                 &self,
@@ -113,29 +120,39 @@ macro_rules! impl_dedup_store {
                 outcome: ::std::option::Option<&[u8]>,
             ) -> $crate::Result<()> {
                 $crate::validate_outcome(outcome)?;
-                <Self as $crate::backend::Storage>::commit(self, lease, outcome).await
+                <Self as $crate::backend::Storage>::commit(self, lease, outcome)
+                    .await
+                    .map_err(|e| e.during("committing"))
             }
             async fn commit_many(
                 &self,
                 requests: &[$crate::CommitRequest],
             ) -> $crate::Result<::std::vec::Vec<$crate::ItemResult<()>>> {
                 $crate::backend::validate_commit_batch(requests)?;
-                <Self as $crate::backend::Storage>::commit_many(self, requests).await
+                <Self as $crate::backend::Storage>::commit_many(self, requests)
+                    .await
+                    .map_err(|e| e.during("committing a batch"))
             }
             async fn release(&self, lease: &$crate::Lease) -> $crate::Result<()> {
-                <Self as $crate::backend::Storage>::release(self, lease).await
+                <Self as $crate::backend::Storage>::release(self, lease)
+                    .await
+                    .map_err(|e| e.during("releasing a lease"))
             }
             async fn get(
                 &self,
                 key: &$crate::Key,
             ) -> $crate::Result<::std::option::Option<$crate::Record>> {
-                <Self as $crate::backend::Storage>::get(self, key).await
+                <Self as $crate::backend::Storage>::get(self, key)
+                    .await
+                    .map_err(|e| e.during("reading a record"))
             }
             async fn purge(
                 &self,
                 options: &$crate::PurgeOptions,
             ) -> $crate::Result<$crate::PurgeReport> {
-                $crate::backend::purge::run(self, options).await
+                $crate::backend::purge::run(self, options)
+                    .await
+                    .map_err(|e| e.during("purging"))
             }
             fn capabilities(&self) -> $crate::Capabilities {
                 <Self as $crate::backend::Storage>::capabilities(self)
