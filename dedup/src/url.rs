@@ -29,8 +29,9 @@ pub struct StoreUrl {
 }
 
 /// What a [`StoreUrl`] opens: the backend and its configuration (with the URL's
-/// parameters applied). Variants exist for the backends this build includes.
-#[derive(Clone, Debug)]
+/// parameters applied). Variants exist for the backends this build includes. Its `Debug`
+/// masks the passwords in the connection URLs.
+#[derive(Clone)]
 #[non_exhaustive]
 pub enum StoreTarget {
     /// `memory:`: a [`MemoryStore`](dedup_core::MemoryStore), with an injected clock or
@@ -72,6 +73,40 @@ pub enum StoreTarget {
         /// The store's configuration.
         config: dedup_redis::RedisConfig,
     },
+}
+
+impl fmt::Debug for StoreTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreTarget::Memory { clock } => {
+                f.debug_struct("Memory").field("clock", clock).finish()
+            }
+            #[cfg(feature = "sqlite")]
+            StoreTarget::Sqlite { path, config } => f
+                .debug_struct("Sqlite")
+                .field("path", path)
+                .field("config", config)
+                .finish(),
+            #[cfg(feature = "postgres")]
+            StoreTarget::Postgres { url, config } => f
+                .debug_struct("Postgres")
+                .field("url", &redact(url))
+                .field("config", config)
+                .finish(),
+            #[cfg(feature = "redis")]
+            StoreTarget::Redis { url, config } => f
+                .debug_struct("Redis")
+                .field("url", &redact(url))
+                .field("config", config)
+                .finish(),
+            #[cfg(feature = "redis")]
+            StoreTarget::RedisCluster { urls, config } => f
+                .debug_struct("RedisCluster")
+                .field("urls", &urls.iter().map(|u| redact(u)).collect::<Vec<_>>())
+                .field("config", config)
+                .finish(),
+        }
+    }
 }
 
 impl StoreUrl {

@@ -300,6 +300,13 @@ fn url_errors_mask_passwords() {
     let text = chain(&e);
     assert!(!text.contains("hunter2"), "{text}");
     assert!(text.contains("app:***@db"), "{text}");
-    let parsed = StoreUrl::parse("redis://:hunter2@h:1/").unwrap();
-    assert!(!format!("{parsed} {parsed:?}").contains("hunter2"));
+    for url in [
+        "redis://:hunter2@h:1/",
+        "postgres://app:hunter2@db/x?password=hunter2",
+        "redis+cluster://:hunter2@a:1,:hunter2@b:2",
+    ] {
+        let parsed = StoreUrl::parse(url).unwrap();
+        let shown = format!("{parsed} {parsed:?} {:?}", parsed.target());
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
 }
