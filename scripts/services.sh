@@ -378,9 +378,22 @@ ensure_certs() {
     openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
         -CAcreateserial -days 3 -extfile "$dir/server.ext" -out "$dir/server.crt" \
         2>>"$dir/openssl.log" || { show_log "$dir/openssl.log"; die "openssl: server certificate"; }
-    # The servers run as other users and read their own copies; clients read the CAs.
+    # Client certificates: one from the CA, one from the unrelated CA.
+    printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature" \
+        "extendedKeyUsage=clientAuth" >"$dir/client.ext"
+    local client ca
+    for client in client:ca other-client:other-ca; do
+        ca=${client#*:} client=${client%%:*}
+        openssl req "${ec[@]}" -subj "/CN=dedup test $client" -keyout "$dir/$client.key" \
+            -out "$dir/$client.csr" 2>>"$dir/openssl.log" &&
+            openssl x509 -req -in "$dir/$client.csr" -CA "$dir/$ca.crt" -CAkey "$dir/$ca.key" \
+                -CAcreateserial -days 3 -extfile "$dir/client.ext" -out "$dir/$client.crt" \
+                2>>"$dir/openssl.log" || { show_log "$dir/openssl.log"; die "openssl: $client certificate"; }
+    done
+    # The servers run as other users and read their own copies; clients read the CAs and the
+    # client certificates and keys (test material, thrown away with the state dir).
     chmod 755 "$dir"
-    chmod 644 "$dir"/*.crt
+    chmod 644 "$dir"/*.crt "$dir"/client.key "$dir"/other-client.key
     touch "$dir/done"
 }
 
@@ -465,7 +478,8 @@ redis_tls_alive() {
     [[ -f $STATE_DIR/redis-tls/port ]] && redis_ping "$(<"$STATE_DIR/redis-tls/port")"
 }
 
-# Redis on a TLS port only (`--port 0`); clients are not asked for certificates.
+# Redis on a TLS port only (`--port 0`). A client certificate is optional, but one that is
+# sent must come from the CA (`client.crt` beside `ca.crt` is; `other-client.crt` is not).
 start_redis_tls() {
     local dir=$STATE_DIR/redis-tls port REDIS_CLI
     ensure_certs
@@ -473,7 +487,7 @@ start_redis_tls() {
     port=$(free_ports 1)
     start_redis_node "$dir" "$port" --port 0 --tls-port "$port" \
         --tls-cert-file "$STATE_DIR/tls/server.crt" --tls-key-file "$STATE_DIR/tls/server.key" \
-        --tls-ca-cert-file "$STATE_DIR/tls/ca.crt" --tls-auth-clients no
+        --tls-ca-cert-file "$STATE_DIR/tls/ca.crt" --tls-auth-clients optional
     write_url redis-tls DEDUP_REDIS_TLS_URL "rediss://$HOST:$port/"
     write_tls_env redis-tls
 }

@@ -161,3 +161,34 @@ async fn redis_plain_connection_to_the_tls_server_is_refused() {
     let hint = e.store_error().and_then(|s| s.hint()).unwrap_or_default();
     assert!(hint.contains("use rediss://"), "{text}");
 }
+
+/// The TLS Redis takes an optional client certificate but refuses one from another CA: a
+/// handshake that fails only with `other-client.crt` proves the configured one is sent.
+#[tokio::test]
+async fn redis_client_certificate_is_sent() {
+    let Some(t) = tls("DEDUP_REDIS_TLS_URL", "redis_client_certificate") else {
+        return;
+    };
+    let dir = std::path::Path::new(&t.ca)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let with = |client: &str| {
+        format!(
+            "{}?tls_ca={}&tls_cert={dir}/{client}.crt&tls_key={dir}/{client}.key&prefix=tls-client:",
+            t.url, t.ca
+        )
+    };
+    dedup::open(&with("client"))
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let e = failure(&with("other-client")).await;
+    let hint = e.store_error().and_then(|s| s.hint()).unwrap_or_default();
+    assert!(hint.contains("tls_cert"), "{}", chain(&e));
+    assert!(
+        chain(&e).contains("UnknownCA"),
+        "the server's alert is kept: {}",
+        chain(&e)
+    );
+}

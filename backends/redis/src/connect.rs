@@ -140,6 +140,11 @@ fn connect_error(e: RedisError, target: &str, tls: bool) -> Error {
         Some("authentication failed: check the user name and password in the URL".to_owned())
     } else if e.kind() == ErrorKind::InvalidClientConfig {
         Some("the connection URL or TLS settings are not valid".to_owned())
+    } else if tls && e.to_string().contains("received fatal alert") {
+        Some(format!(
+            "the server at {target} ended the TLS handshake: if it checks client \
+             certificates, check tls_cert and tls_key (signed by a CA the server trusts)"
+        ))
     } else if tls && (e.is_io_error() || e.is_connection_dropped()) {
         Some(format!(
             "the TLS connection to {target} failed: check the CA (tls_ca) that signed the \
