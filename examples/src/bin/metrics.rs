@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use dedup::StoreUrl;
 use dedup_core::layers::{ObserveOptions, Observed};
 use dedup_core::{
     ClaimOptions, DedupStore, FailurePolicy, Handled, Inbox, InboxConfig, Key, Purger,
 };
-use dedup::StoreUrl;
 use dedup_examples::report::{print_json, print_table};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
