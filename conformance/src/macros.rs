@@ -54,6 +54,7 @@ macro_rules! __admin_clause_names {
             counts_equal_what_get_sees,
             operator_release_then_reclaim_gives_the_next_fence_and_the_old_lease_is_lost,
             operator_release_of_a_live_lease_needs_force,
+            count_purgeable_equals_what_purge_removes,
         }
     };
 }

@@ -243,6 +243,32 @@ pub fn validate_top(top: usize) -> Result<()> {
     Ok(())
 }
 
+/// How many records a purge would remove (see [`Admin::count_purgeable`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgeCount {
+    /// Completed records processed before the cutoff.
+    pub completed: u64,
+    /// In-flight records whose lease expired before the cutoff.
+    pub expired: u64,
+}
+
+impl PurgeCount {
+    /// Records in all.
+    pub fn total(&self) -> u64 {
+        self.completed + self.expired
+    }
+
+    /// Count `record` if a purge with `retention` at `now` removes it. For backends that
+    /// count by reading records one by one.
+    pub fn add(&mut self, record: &Record, now: Timestamp, retention: Duration) {
+        match crate::transition::purgeable(record, now, retention) {
+            Some(crate::transition::Purgeable::Completed) => self.completed += 1,
+            Some(crate::transition::Purgeable::Expired) => self.expired += 1,
+            None => {}
+        }
+    }
+}
+
 /// What an operator release did (see [`Admin::release_key`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Released {
@@ -288,6 +314,10 @@ pub trait Admin: DedupStore {
     /// Counts by status, the oldest live lease, the `top` most retried keys and the size,
     /// as of one reading of the store's clock.
     async fn stats(&self, top: usize) -> Result<Stats>;
+
+    /// How many records [`DedupStore::purge`] with `retention` would remove now, removing
+    /// none (a dry run). Records keep ageing, so a purge run later may remove more.
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount>;
 
     /// Release `key`'s lease on an operator's request, so the next delivery retries it at
     /// once. A live lease is released only with `force`.

@@ -15,7 +15,7 @@ mod tls;
 pub mod transition;
 mod types;
 
-pub use admin::{Admin, ListFilter, Released, Stats, Status};
+pub use admin::{Admin, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
 pub use inbox::{FailurePolicy, Handled, Inbox, InboxConfig, InboxError};
 pub use key::Key;

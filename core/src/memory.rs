@@ -226,4 +226,13 @@ impl crate::admin::Admin for MemoryStore {
         }
         Ok(stats)
     }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<crate::admin::PurgeCount> {
+        let now = self.now();
+        let mut count = crate::admin::PurgeCount::default();
+        for record in self.records().values() {
+            count.add(record, now, retention);
+        }
+        Ok(count)
+    }
 }

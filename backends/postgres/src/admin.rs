@@ -8,8 +8,10 @@
 //! `pg_total_relation_size` (table, indexes and TOAST).
 
 use async_trait::async_trait;
-use dedup_core::admin::{Admin, KeySummary, ListFilter, Stats, Status, validate_top};
-use dedup_core::{Key, Record, Result, Timestamp};
+use std::time::Duration;
+
+use dedup_core::admin::{Admin, KeySummary, ListFilter, PurgeCount, Stats, Status, validate_top};
+use dedup_core::{Key, Record, Result, Timestamp, duration_millis};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -129,5 +131,30 @@ impl Admin for PostgresStore {
         .collect::<Result<Vec<_>>>();
         stats.most_retried = retried?.iter().map(|r| KeySummary::of(r, now)).collect();
         Ok(stats)
+    }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
+        // The purge statement's condition (`claimed_at` first, for its index), counted.
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT count(*) FILTER (WHERE processed_at < cutoff.ms) AS completed, \
+                    count(*) FILTER (WHERE processed_at IS NULL AND expires_at < cutoff.ms) \
+                      AS expired \
+             FROM {table}, (SELECT {NOW_MS} - $2::bigint AS ms) cutoff \
+             WHERE claimed_at < cutoff.ms",
+            table = self.table()
+        )))
+        .bind(self.now_param())
+        .bind(duration_millis(retention))
+        .fetch_one(self.pool())
+        .await
+        .map_err(backend)?;
+        let count = |name: &str| -> Result<u64> {
+            let n: i64 = row.try_get(name).map_err(backend)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        Ok(PurgeCount {
+            completed: count("completed")?,
+            expired: count("expired")?,
+        })
     }
 }

@@ -18,7 +18,9 @@
 //! layout holding something that is not a record is an error naming it (as `get` reports).
 
 use async_trait::async_trait;
-use dedup_core::admin::{Admin, ListFilter, Stats, validate_top};
+use std::time::Duration;
+
+use dedup_core::admin::{Admin, ListFilter, PurgeCount, Stats, validate_top};
 use dedup_core::{Key, Record, Result, Timestamp};
 
 use crate::RedisStore;
@@ -73,7 +75,8 @@ fn key_of(prefix: &str, redis_key: &[u8]) -> Option<Key> {
 }
 
 impl RedisStore {
-    /// Every key matching `pattern`, on every node, as dedup keys (others skipped).
+    /// Every key matching `pattern`, on every node, as dedup keys (others skipped), in key
+    /// order, each once (`SCAN` may return a key twice).
     async fn scan_keys(&self, pattern: &str) -> Result<Vec<(Key, Vec<u8>)>> {
         let conn = self.conn();
         let prefix = &self.config().prefix;
@@ -96,7 +99,21 @@ impl RedisStore {
                 cursor = next;
             }
         }
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys.dedup_by(|a, b| a.0 == b.0);
         Ok(keys)
+    }
+
+    /// Call `f` on every record under the prefix, in key order.
+    async fn each_record(&self, mut f: impl FnMut(&Record) + Send) -> Result<()> {
+        let pattern = format!("{}*", glob_escape(&self.config().prefix));
+        let keys = self.scan_keys(&pattern).await?;
+        for chunk in keys.chunks(READ_CHUNK) {
+            for record in self.read_records(chunk).await? {
+                f(&record);
+            }
+        }
+        Ok(())
     }
 
     /// The records of `keys` (those still present), in order.
@@ -139,8 +156,6 @@ impl Admin for RedisStore {
             k.consumer() == filter.consumer
                 && filter.after.as_deref().is_none_or(|a| k.message_id() > a)
         });
-        keys.sort_by(|a, b| a.0.cmp(&b.0));
-        keys.dedup_by(|a, b| a.0 == b.0);
         let now = Admin::now(self).await?;
         let mut out = Vec::new();
         for chunk in keys.chunks(READ_CHUNK) {
@@ -156,17 +171,17 @@ impl Admin for RedisStore {
 
     async fn stats(&self, top: usize) -> Result<Stats> {
         validate_top(top)?;
-        let pattern = format!("{}*", glob_escape(&self.config().prefix));
-        let mut keys = self.scan_keys(&pattern).await?;
-        keys.sort_by(|a, b| a.0.cmp(&b.0));
-        keys.dedup_by(|a, b| a.0 == b.0);
         let mut stats = Stats::at(Admin::now(self).await?);
-        for chunk in keys.chunks(READ_CHUNK) {
-            for record in self.read_records(chunk).await? {
-                stats.add(&record, top);
-            }
-        }
+        self.each_record(|record| stats.add(record, top)).await?;
         Ok(stats)
+    }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
+        let now = Admin::now(self).await?;
+        let mut count = PurgeCount::default();
+        self.each_record(|record| count.add(record, now, retention))
+            .await?;
+        Ok(count)
     }
 }
 

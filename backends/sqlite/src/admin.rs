@@ -7,7 +7,8 @@
 //! keys read the whole table. The size is the database file's (every table in it).
 
 use async_trait::async_trait;
-use dedup_core::admin::{Admin, KeySummary, ListFilter, Stats, Status, validate_top};
+use dedup_core::admin::{Admin, KeySummary, ListFilter, PurgeCount, Stats, Status, validate_top};
+use std::time::Duration;
 use dedup_core::{Key, Record, Result, Timestamp};
 use rusqlite::{Connection, Row, params};
 
@@ -133,6 +134,32 @@ impl Admin for SqliteStore {
             stats.most_retried = retried.iter().map(|r| KeySummary::of(r, now)).collect();
             stats.size_bytes = u64::try_from(size).ok();
             Ok(stats)
+        })
+        .await
+    }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
+        self.run(false, move |conn, inner| {
+            let now = inner.clock.now();
+            let cutoff = now.saturating_sub(retention).as_millis();
+            let (completed, expired): (i64, i64) = conn
+                .query_row(
+                    &format!(
+                        "SELECT \
+                           (SELECT count(*) FROM \"{table}\" \
+                            WHERE state = 'completed' AND processed_at < ?1), \
+                           (SELECT count(*) FROM \"{table}\" \
+                            WHERE state = 'in_flight' AND expires_at < ?1 AND expires_at <= ?2)",
+                        table = inner.table
+                    ),
+                    params![cutoff, now.as_millis()],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(backend)?;
+            Ok(PurgeCount {
+                completed: completed as u64,
+                expired: expired as u64,
+            })
         })
         .await
     }

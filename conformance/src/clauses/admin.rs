@@ -310,3 +310,43 @@ where
     let next = expect_acquired(claim(&store, &k, &opts()).await, "claim after release");
     assert_eq!(next.fence, 2);
 }
+
+/// A dry run counts exactly what the purge then removes, by kind, and removes nothing.
+pub async fn count_purgeable_equals_what_purge_removes<F: StoreFactory>(factory: &F)
+where
+    F::Store: Admin,
+{
+    let (ctx, store) = setup(factory, "count_purgeable_equals_what_purge_removes").await;
+    let retention = Duration::from_secs(60);
+    // Old: two completed, one expired; then, a minute later, one completed and one live.
+    complete(&store, &key("old1"), None).await;
+    complete(&store, &key("old2"), None).await;
+    acquire(&store, &key("old-stuck")).await;
+    ctx.clock.advance(retention + LEASE + Duration::from_secs(1));
+    complete(&store, &key("new"), None).await;
+    acquire(&store, &key("live")).await;
+    let count = store
+        .count_purgeable(retention)
+        .await
+        .expect("count_purgeable");
+    assert_eq!(
+        (count.completed, count.expired),
+        (2, 1),
+        "two old completed records and one long-expired lease"
+    );
+    assert!(
+        record(&store, &key("old1")).await.is_some(),
+        "a dry run removes nothing"
+    );
+    let report = store
+        .purge(&dedup_core::PurgeOptions::older_than(retention).unpaced())
+        .await
+        .expect("purge");
+    assert_eq!(
+        (report.completed, report.expired),
+        (count.completed, count.expired),
+        "the purge removes what the dry run counted"
+    );
+    let after = store.count_purgeable(retention).await.expect("count");
+    assert_eq!(after.total(), 0, "nothing purgeable is left");
+}
