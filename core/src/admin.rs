@@ -381,9 +381,7 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
         )
     };
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(bad)?;
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().map_err(|_| bad())?;
     let ms_per_unit: u64 = match unit {
@@ -405,8 +403,14 @@ mod tests {
 
     #[test]
     fn durations_parse_with_units() {
-        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(7 * 86_400));
-        assert_eq!(parse_duration("12h").unwrap(), Duration::from_secs(12 * 3_600));
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(
+            parse_duration("12h").unwrap(),
+            Duration::from_secs(12 * 3_600)
+        );
         assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1_800));
         assert_eq!(parse_duration("45s").unwrap(), Duration::from_secs(45));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));

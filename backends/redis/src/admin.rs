@@ -192,7 +192,12 @@ mod tests {
 
     #[test]
     fn redis_keys_decode_back_to_their_keys() {
-        for (c, m) in [("billing", "order-42"), ("a:b", "{c}%"), ("x", "%3A"), ("y", ":")] {
+        for (c, m) in [
+            ("billing", "order-42"),
+            ("a:b", "{c}%"),
+            ("x", "%3A"),
+            ("y", ":"),
+        ] {
             let key = Key::new(c, m).unwrap();
             assert_eq!(key_of("p:", redis_key("p:", &key).as_bytes()), Some(key));
         }

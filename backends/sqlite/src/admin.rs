@@ -8,9 +8,9 @@
 
 use async_trait::async_trait;
 use dedup_core::admin::{Admin, KeySummary, ListFilter, PurgeCount, Stats, Status, validate_top};
-use std::time::Duration;
 use dedup_core::{Key, Record, Result, Timestamp};
 use rusqlite::{Connection, Row, params};
+use std::time::Duration;
 
 use crate::SqliteStore;
 use crate::error::backend;
@@ -31,13 +31,18 @@ fn status_condition(status: Option<Status>) -> &'static str {
 fn record_of(row: &Row<'_>) -> rusqlite::Result<(Key, RawRow)> {
     let consumer: String = row.get(8)?;
     let message_id: String = row.get(9)?;
-    let key = Key::new(consumer, message_id)
-        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(8, rusqlite::types::Type::Text, e.into()))?;
+    let key = Key::new(consumer, message_id).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(8, rusqlite::types::Type::Text, e.into())
+    })?;
     Ok((key, RawRow::read(row)?))
 }
 
 /// Run `sql` with named parameters and decode every row.
-fn records(conn: &Connection, sql: &str, params: &[(&str, &dyn rusqlite::ToSql)]) -> Result<Vec<Record>> {
+fn records(
+    conn: &Connection,
+    sql: &str,
+    params: &[(&str, &dyn rusqlite::ToSql)],
+) -> Result<Vec<Record>> {
     let mut stmt = conn.prepare_cached(sql).map_err(backend)?;
     let rows = stmt
         .query_map(params, record_of)

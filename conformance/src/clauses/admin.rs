@@ -50,10 +50,22 @@ where
     F::Store: Admin,
 {
     let (_ctx, store) = setup(factory, "listing_never_shows_another_consumers_records").await;
-    let consumers = ["billing", "bill", "billing:eu", "billing*", "Billing", "b?lling"];
+    let consumers = [
+        "billing",
+        "bill",
+        "billing:eu",
+        "billing*",
+        "Billing",
+        "b?lling",
+    ];
     for consumer in consumers {
         for id in ["a", "b:c", "z"] {
-            complete(&store, &key_for(consumer, &format!("{consumer}/{id}")), None).await;
+            complete(
+                &store,
+                &key_for(consumer, &format!("{consumer}/{id}")),
+                None,
+            )
+            .await;
         }
     }
     for consumer in consumers {
@@ -75,7 +87,9 @@ where
         assert_eq!(completed, all, "all of {consumer:?} is completed");
     }
     assert!(
-        list(&store, ListFilter::consumer("nobody")).await.is_empty(),
+        list(&store, ListFilter::consumer("nobody"))
+            .await
+            .is_empty(),
         "a consumer without records lists nothing"
     );
 }
@@ -131,7 +145,11 @@ where
         filter = filter.after(last.key.message_id());
         paged.extend(page.iter().map(|r| r.key.message_id().to_owned()));
     }
-    assert_eq!(paged, ["m1", "m2", "m3", "m4", "m5"], "pages of two, in order");
+    assert_eq!(
+        paged,
+        ["m1", "m2", "m3", "m4", "m5"],
+        "pages of two, in order"
+    );
     assert!(
         store
             .list(&ListFilter::consumer("billing").limit(0))
@@ -280,7 +298,11 @@ where
             attempt: 1
         }
     );
-    assert_eq!(record(&store, &k).await, before, "a refused release changes nothing");
+    assert_eq!(
+        record(&store, &k).await,
+        before,
+        "a refused release changes nothing"
+    );
     assert!(
         matches!(claim(&store, &k, &opts()).await, Claim::InFlight { .. }),
         "the lease is still live"
@@ -322,7 +344,8 @@ where
     complete(&store, &key("old1"), None).await;
     complete(&store, &key("old2"), None).await;
     acquire(&store, &key("old-stuck")).await;
-    ctx.clock.advance(retention + LEASE + Duration::from_secs(1));
+    ctx.clock
+        .advance(retention + LEASE + Duration::from_secs(1));
     complete(&store, &key("new"), None).await;
     acquire(&store, &key("live")).await;
     let count = store
