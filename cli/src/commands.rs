@@ -30,6 +30,17 @@ fn key(consumer: &str, message_id: &str) -> Result<Key, Failure> {
 pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let as_json = cli.json;
     let migrate = matches!(cli.command, Command::Migrate);
+    // Arguments are checked before the store is opened: a usage error never waits on a
+    // connection, and is reported as one (exit code 2).
+    let purge_options = match &cli.command {
+        Command::Purge {
+            older_than,
+            batch,
+            unpaced,
+            ..
+        } => Some(purge_options(older_than, *batch, *unpaced)?),
+        _ => None,
+    };
     let Opened {
         store,
         backend,
@@ -193,20 +204,11 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Purge {
             older_than,
-            batch,
             dry_run,
-            unpaced,
+            ..
         } => {
-            let retention = parse_duration(&older_than)
-                .map_err(|e| Failure::store("invalid --older-than", e))?;
-            let mut options = PurgeOptions::older_than(retention).batch_size(batch);
-            if unpaced {
-                options = options.unpaced();
-            }
-            options
-                .validate()
-                .map_err(|e| Failure::store("invalid purge options", e))?;
-            purge(&*store, &older_than, retention, options, dry_run, as_json).await?;
+            let options = purge_options.expect("checked above");
+            purge(&*store, &older_than, options, dry_run, as_json).await?;
         }
         Command::Release {
             consumer,
@@ -272,18 +274,31 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The purge the arguments ask for, checked.
+fn purge_options(older_than: &str, batch: usize, unpaced: bool) -> Result<PurgeOptions, Failure> {
+    let retention =
+        parse_duration(older_than).map_err(|e| Failure::store("invalid --older-than", e))?;
+    let mut options = PurgeOptions::older_than(retention).batch_size(batch);
+    if unpaced {
+        options = options.unpaced();
+    }
+    options
+        .validate()
+        .map_err(|e| Failure::store("invalid purge options", e))?;
+    Ok(options)
+}
+
 /// `dedup purge`: the dry run's count, then (unless `dry_run`) the purge, with a spinner
 /// on a terminal and plain lines otherwise.
 async fn purge(
     store: &dyn dedup_core::Admin,
     older_than: &str,
-    retention: Duration,
     options: PurgeOptions,
     dry_run: bool,
     as_json: bool,
 ) -> Result<(), Failure> {
     let count = store
-        .count_purgeable(retention)
+        .count_purgeable(options.retention)
         .await
         .map_err(|e| Failure::store("cannot count purgeable records", e))?;
     if dry_run {

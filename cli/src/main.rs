@@ -48,6 +48,9 @@ struct StoreArgs {
     /// The key prefix of a Redis store (default: dedup:).
     #[arg(long, global = true, value_name = "PREFIX")]
     prefix: Option<String>,
+    /// How long to keep trying to reach a PostgreSQL server, in seconds.
+    #[arg(long, global = true, value_name = "SECONDS", default_value_t = 10)]
+    connect_timeout: u64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -75,6 +75,7 @@ pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Fail
             }
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(2)
+                .acquire_timeout(std::time::Duration::from_secs(args.connect_timeout))
                 .connect(&url)
                 .await
                 .map_err(|e| {
