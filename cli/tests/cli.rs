@@ -154,13 +154,12 @@ impl Target {
 
     /// Run `dedup <args> <store args>`.
     fn dedup(&self, args: &[&str]) -> Output {
-        let output = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        Command::new(env!("CARGO_BIN_EXE_dedup"))
             .args(args)
             .args(&self.args)
             .env_remove("DEDUP_STORE_URL")
             .output()
-            .expect("run dedup");
-        output
+            .expect("run dedup")
     }
 
     /// Run it; it must exit with `code`.
