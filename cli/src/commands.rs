@@ -26,6 +26,14 @@ fn key(consumer: &str, message_id: &str) -> Result<Key, Failure> {
     Key::new(consumer, message_id).map_err(|e| Failure::store("invalid key", e))
 }
 
+/// The store's "now" (relative times are shown against it).
+async fn now(store: &dyn dedup_core::Admin) -> Result<dedup_core::Timestamp, Failure> {
+    store
+        .now()
+        .await
+        .map_err(|e| Failure::store("cannot read the store's clock", e))
+}
+
 /// Run the command `cli` names.
 pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let as_json = cli.json;
@@ -128,10 +136,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             message_id,
         } => {
             let key = key(&consumer, &message_id)?;
-            let now = store
-                .now()
-                .await
-                .map_err(|e| Failure::store("cannot read the store's clock", e))?;
+            let now = now(&*store).await?;
             let record = store
                 .get(&key)
                 .await
@@ -155,10 +160,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             let mut filter = ListFilter::consumer(consumer).limit(limit);
             filter.status = state.map(Into::into);
             filter.after = after;
-            let now = store
-                .now()
-                .await
-                .map_err(|e| Failure::store("cannot read the store's clock", e))?;
+            let now = now(&*store).await?;
             let records = store
                 .list(&filter)
                 .await

@@ -92,22 +92,8 @@ pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Fail
             let table = store.table().to_owned();
             (Arc::new(store), format!("table {table}"))
         }
-        StoreUrl::Redis(url) => {
-            let config = redis_config(args);
-            let prefix = config.prefix.clone();
-            let store = RedisStore::connect_with(&url, config)
-                .await
-                .map_err(failed)?;
-            (Arc::new(store), format!("key prefix {prefix}"))
-        }
-        StoreUrl::RedisCluster(urls) => {
-            let config = redis_config(args);
-            let prefix = config.prefix.clone();
-            let store = RedisStore::connect_cluster(&urls, config)
-                .await
-                .map_err(failed)?;
-            (Arc::new(store), format!("key prefix {prefix}"))
-        }
+        StoreUrl::Redis(url) => open_redis(args, &[url], false).await.map_err(failed)?,
+        StoreUrl::RedisCluster(urls) => open_redis(args, &urls, true).await.map_err(failed)?,
     };
     Ok(Opened {
         store,
@@ -116,10 +102,21 @@ pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Fail
     })
 }
 
-fn redis_config(args: &StoreArgs) -> RedisConfig {
+/// A Redis store on one server (`urls[0]`) or a cluster (seed nodes `urls`), and where its
+/// records are.
+async fn open_redis(
+    args: &StoreArgs,
+    urls: &[String],
+    cluster: bool,
+) -> dedup_core::Result<(Arc<dyn Admin>, String)> {
     let mut config = RedisConfig::default();
     if let Some(prefix) = &args.prefix {
         config.prefix = prefix.clone();
     }
-    config
+    let location = format!("key prefix {}", config.prefix);
+    let store = match cluster {
+        true => RedisStore::connect_cluster(urls, config).await?,
+        false => RedisStore::connect_with(&urls[0], config).await?,
+    };
+    Ok((Arc::new(store), location))
 }

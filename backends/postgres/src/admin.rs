@@ -37,6 +37,12 @@ fn status_condition(status: Option<Status>) -> &'static str {
     }
 }
 
+/// The count in column `name` of `row`.
+fn count_of(row: &PgRow, name: &str) -> Result<u64> {
+    let n: i64 = row.try_get(name).map_err(backend)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 /// The record of a row holding [`COLUMNS`].
 fn record_of(row: &PgRow) -> Result<Record> {
     let consumer: String = row.try_get("consumer").map_err(backend)?;
@@ -95,10 +101,7 @@ impl Admin for PostgresStore {
         .fetch_one(self.pool())
         .await
         .map_err(backend)?;
-        let count = |name: &str| -> Result<u64> {
-            let n: i64 = counts.try_get(name).map_err(backend)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
+        let count = |name: &str| count_of(&counts, name);
         let mut stats = Stats::at(now);
         stats.in_flight = count("in_flight")?;
         stats.expired = count("expired")?;
@@ -148,10 +151,7 @@ impl Admin for PostgresStore {
         .fetch_one(self.pool())
         .await
         .map_err(backend)?;
-        let count = |name: &str| -> Result<u64> {
-            let n: i64 = row.try_get(name).map_err(backend)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
+        let count = |name: &str| count_of(&row, name);
         Ok(PurgeCount {
             completed: count("completed")?,
             expired: count("expired")?,
