@@ -179,8 +179,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                     .map(|r| {
                         let status = dedup_core::Status::of(r, now);
                         let at = match &r.state {
-                            dedup_core::RecordState::InFlight { expires_at, .. } => {
+                            dedup_core::RecordState::InFlight { expires_at, .. }
+                                if status == dedup_core::Status::InFlight =>
+                            {
                                 format!("expires {}", when(*expires_at, now))
+                            }
+                            dedup_core::RecordState::InFlight { expires_at, .. } => {
+                                format!("expired {}", when(*expires_at, now))
                             }
                             dedup_core::RecordState::Completed { processed_at, .. } => {
                                 format!("processed {}", when(*processed_at, now))
@@ -365,11 +370,12 @@ async fn purge(
         }),
         || {
             format!(
-                "removed {} records ({} completed, {} expired leases) in {} batches, {}",
+                "removed {} records ({} completed, {} expired leases) in {} batch{}, {}",
                 report.total(),
                 report.completed,
                 report.expired,
                 report.batches,
+                if report.batches == 1 { "" } else { "es" },
                 span(report.elapsed)
             )
         },
