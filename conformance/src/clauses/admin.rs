@@ -138,10 +138,14 @@ where
     }
     let mut paged = Vec::new();
     let mut filter = ListFilter::consumer("billing").limit(2);
-    loop {
+    // Five records in pages of two: three pages, and an empty fourth. More means paging
+    // repeats records (bounded, so a broken store fails instead of looping forever).
+    for _ in 0..4 {
         let page = list(&store, filter.clone()).await;
         assert!(page.len() <= 2, "a page holds at most the limit: {page:?}");
-        let Some(last) = page.last() else { break };
+        let Some(last) = page.last() else {
+            break;
+        };
         filter = filter.after(last.key.message_id());
         paged.extend(page.iter().map(|r| r.key.message_id().to_owned()));
     }
