@@ -269,7 +269,11 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                         "{key} is completed (processed {}): there is no lease to release",
                         utc(processed_at)
                     ))
-                    .hint("a completed message is not processed again; nothing to do"));
+                    .hint(
+                        "a completed message is not processed again; to let it run once more \
+                         (a dead-lettered message, after the fix), delete its record as the \
+                         README's \"Poison messages and failures\" shows",
+                    ));
                 }
                 Released::NotFound => {
                     return Err(Failure::not_found(format!("no record for {key}"))
