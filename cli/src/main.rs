@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Debug, Args)]
 struct StoreArgs {
     /// The store: sqlite:PATH, postgres://..., redis://..., redis+cluster://h1:p1,h2:p2,
-    /// memory:
+    /// memory: (with the `dedup` crate's URL parameters: table=, prefix=, connect_timeout=...)
     #[arg(
         long = "store",
         env = "DEDUP_STORE_URL",
@@ -48,9 +48,6 @@ struct StoreArgs {
     /// The key prefix of a Redis store (default: dedup:).
     #[arg(long, global = true, value_name = "PREFIX")]
     prefix: Option<String>,
-    /// How long to keep trying to reach a PostgreSQL server, in seconds.
-    #[arg(long, global = true, value_name = "SECONDS", default_value_t = 10)]
-    connect_timeout: u64,
 }
 
 #[derive(Debug, Subcommand)]

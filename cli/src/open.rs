@@ -1,20 +1,17 @@
 //! Opening the store a URL names, as an [`Admin`] handle: the one place that knows the
-//! backends. The URL grammar is the examples' [`StoreUrl`] (until the `dedup` crate's own
-//! opener replaces this function); each scheme is opened here with its concrete store
-//! type, since reaching [`Admin`] needs more than a `dyn DedupStore`.
+//! backends. The URL and its parameters are the `dedup` crate's ([`StoreUrl`]); each
+//! backend is then opened here with its concrete store type, since reaching [`Admin`]
+//! needs more than the `dyn DedupStore` that `dedup::open` returns. `--table`,
+//! `--schema` and `--prefix` override the URL's parameters.
 //!
-//! Nothing but `dedup migrate` creates a schema: PostgreSQL is opened without migrating,
-//! Redis has none, and an SQLite path must already exist (opening an SQLite file creates
-//! the table in it, so a mistyped path would otherwise leave an empty database behind).
+//! An SQLite path must already exist unless the command is `dedup migrate` (opening an
+//! SQLite file creates the table in it, so a mistyped path would otherwise leave an empty
+//! database behind). PostgreSQL stores create or upgrade their table when opened, as every
+//! `PostgresStore` does; Redis has no schema.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use dedup_core::Admin;
-use dedup_examples::StoreUrl;
-use dedup_postgres::{PostgresConfig, PostgresStore};
-use dedup_redis::{RedisConfig, RedisStore};
-use dedup_sqlite::{SqliteConfig, SqliteStore};
+use dedup::{Admin, PostgresStore, RedisConfig, RedisStore, SqliteStore, StoreTarget, StoreUrl};
 
 use crate::StoreArgs;
 use crate::failure::Failure;
@@ -36,64 +33,69 @@ pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Fail
             "pass --store URL or set DEDUP_STORE_URL (sqlite:PATH, postgres://..., redis://...)",
         ));
     };
-    let parsed =
-        StoreUrl::parse(url).map_err(|e| Failure::store("cannot read the store URL", e))?;
+    let parsed = StoreUrl::parse(url).map_err(|e| {
+        let code = if e.url_problem().is_some() {
+            Failure::usage
+        } else {
+            Failure::new
+        };
+        code("cannot use the store URL")
+            .cause(e)
+            .hint("see `dedup --help` and the dedup crate's README for the URL forms")
+    })?;
     let backend = parsed.backend();
     let failed = |e| Failure::store(format!("cannot open the {backend} store"), e);
-    let (store, location): (Arc<dyn Admin>, String) = match parsed {
-        StoreUrl::Memory => (
-            Arc::new(dedup_core::MemoryStore::new()),
+    let (store, location): (Arc<dyn Admin>, String) = match parsed.into_target() {
+        StoreTarget::Memory { .. } => (
+            Arc::new(dedup::MemoryStore::new()),
             "this process's memory (empty)".into(),
         ),
-        StoreUrl::Sqlite(path) => {
-            let mut config = SqliteConfig::default();
+        StoreTarget::Sqlite { path, mut config } => {
             if let Some(table) = &args.table {
                 config.table = table.clone();
             }
             let table = config.table.clone();
             let store = match &path {
                 Some(path) => {
-                    if !migrate && !Path::new(path).exists() {
-                        return Err(Failure::not_found(format!("no SQLite database at {path}"))
-                            .hint("check the path, or create the store with `dedup migrate`"));
+                    if !migrate && !path.exists() {
+                        return Err(Failure::not_found(format!(
+                            "no SQLite database at {}",
+                            path.display()
+                        ))
+                        .hint("check the path, or create the store with `dedup migrate`"));
                     }
                     SqliteStore::open_with(path, config).await
                 }
                 None => SqliteStore::open_in_memory_with(config).await,
             }
             .map_err(failed)?;
-            let file = path.unwrap_or_else(|| ":memory:".into());
+            let file = path.map_or(":memory:".into(), |p| p.display().to_string());
             (Arc::new(store), format!("{file}, table {table}"))
         }
-        StoreUrl::Postgres(url) => {
-            let mut config = PostgresConfig::default();
+        StoreTarget::Postgres { url, mut config } => {
             if let Some(table) = &args.table {
                 config.table = table.clone();
             }
             if let Some(schema) = &args.schema {
                 config.schema = schema.clone();
             }
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(2)
-                .acquire_timeout(std::time::Duration::from_secs(args.connect_timeout))
-                .connect(&url)
-                .await
-                .map_err(|e| {
-                    Failure::new("cannot connect to PostgreSQL").cause(e).hint(
-                        "check the URL (--store or DEDUP_STORE_URL) and that the server is up",
-                    )
-                })?;
-            let store = PostgresStore::from_pool(pool, config)
+            let store = PostgresStore::connect_with(&url, config)
                 .await
                 .map_err(failed)?;
-            if migrate {
-                store.migrate().await.map_err(failed)?;
-            }
             let table = store.table().to_owned();
             (Arc::new(store), format!("table {table}"))
         }
-        StoreUrl::Redis(url) => open_redis(args, &[url], false).await.map_err(failed)?,
-        StoreUrl::RedisCluster(urls) => open_redis(args, &urls, true).await.map_err(failed)?,
+        StoreTarget::Redis { url, config } => open_redis(args, &[url], config, false)
+            .await
+            .map_err(failed)?,
+        StoreTarget::RedisCluster { urls, config } => open_redis(args, &urls, config, true)
+            .await
+            .map_err(failed)?,
+        _ => {
+            return Err(Failure::usage(format!(
+                "this build cannot open {backend} stores"
+            )));
+        }
     };
     Ok(Opened {
         store,
@@ -107,9 +109,9 @@ pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Fail
 async fn open_redis(
     args: &StoreArgs,
     urls: &[String],
+    mut config: RedisConfig,
     cluster: bool,
-) -> dedup_core::Result<(Arc<dyn Admin>, String)> {
-    let mut config = RedisConfig::default();
+) -> dedup::Result<(Arc<dyn Admin>, String)> {
     if let Some(prefix) = &args.prefix {
         config.prefix = prefix.clone();
     }

@@ -454,15 +454,13 @@ fn usage_errors_exit_2_and_a_missing_store_says_what_to_do() {
     );
     let down = run(&[
         "--store",
-        "postgres://nobody@127.0.0.1:1/none",
-        "--connect-timeout",
-        "1",
+        "postgres://nobody@127.0.0.1:1/none?connect_timeout=1",
         "stats",
     ]);
     assert_eq!(down.status.code(), Some(1));
     let text = stderr(&down);
     assert!(
-        text.starts_with("error: cannot connect to PostgreSQL\ncaused by: "),
+        text.starts_with("error: cannot open the postgres store\ncaused by: "),
         "{text}"
     );
     assert!(text.contains("\nhint: "), "{text}");
