@@ -1,4 +1,4 @@
-//! `suite!` and `transactional_suite!`: one `#[tokio::test]` per clause.
+//! `suite!`, `transactional_suite!` and `admin_suite!`: one `#[tokio::test]` per clause.
 //!
 //! The clause lists live once, in `__lease_clause_names!` / `__transactional_clause_names!`,
 //! which hand them to `__clauses!`: as tests (`suite!`), or as a list of [`Clause`]s
@@ -26,6 +26,36 @@ macro_rules! suite {
 macro_rules! transactional_suite {
     ($factory:expr) => {
         $crate::__transactional_clause_names!(tests $factory);
+    };
+}
+
+/// Expands to one `#[tokio::test]` per clause of the operator's extension
+/// ([`Admin`](dedup_core::Admin)), for factories whose store implements it.
+///
+/// ```ignore
+/// dedup_conformance::admin_suite!(MyFactory::new());
+/// ```
+#[macro_export]
+macro_rules! admin_suite {
+    ($factory:expr) => {
+        $crate::__admin_clause_names!(tests $factory);
+    };
+}
+
+/// The clauses of the operator's extension, handed to `__clauses!` with the caller's
+/// arguments.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __admin_clause_names {
+    ($($args:tt)*) => {
+        $crate::__clauses! { $($args)*;
+            listing_never_shows_another_consumers_records,
+            list_filters_by_status_and_pages_in_message_id_order,
+            counts_equal_what_get_sees,
+            operator_release_then_reclaim_gives_the_next_fence_and_the_old_lease_is_lost,
+            operator_release_of_a_live_lease_needs_force,
+            count_purgeable_equals_what_purge_removes,
+        }
     };
 }
 

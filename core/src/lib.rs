@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod admin;
 pub mod backend;
 mod error;
 mod inbox;
@@ -14,6 +15,7 @@ mod tls;
 pub mod transition;
 mod types;
 
+pub use admin::{Admin, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
 pub use inbox::{FailurePolicy, Handled, Inbox, InboxConfig, InboxError};
 pub use key::Key;

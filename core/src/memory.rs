@@ -199,3 +199,40 @@ impl PurgeBatches for MemoryStore {
         Ok(batch)
     }
 }
+
+#[async_trait]
+impl crate::admin::Admin for MemoryStore {
+    async fn now(&self) -> Result<Timestamp> {
+        Ok(self.now())
+    }
+
+    async fn list(&self, filter: &crate::admin::ListFilter) -> Result<Vec<Record>> {
+        filter.validate()?;
+        let now = self.now();
+        Ok(self
+            .records()
+            .values()
+            .filter(|r| filter.accepts(r, now))
+            .take(filter.limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn stats(&self, top: usize) -> Result<crate::admin::Stats> {
+        crate::admin::validate_top(top)?;
+        let mut stats = crate::admin::Stats::at(self.now());
+        for record in self.records().values() {
+            stats.add(record, top);
+        }
+        Ok(stats)
+    }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<crate::admin::PurgeCount> {
+        let now = self.now();
+        let mut count = crate::admin::PurgeCount::default();
+        for record in self.records().values() {
+            count.add(record, now, retention);
+        }
+        Ok(count)
+    }
+}

@@ -108,3 +108,4 @@ impl TransactionalFactory for PostgresFactory {
 
 dedup_conformance::suite!(PostgresFactory);
 dedup_conformance::transactional_suite!(PostgresFactory);
+dedup_conformance::admin_suite!(PostgresFactory);

@@ -21,7 +21,7 @@ pub(crate) fn redis_key(prefix: &str, key: &Key) -> String {
     out
 }
 
-fn encode_into(out: &mut String, part: &str) {
+pub(crate) fn encode_into(out: &mut String, part: &str) {
     for c in part.chars() {
         match c {
             '%' => out.push_str("%25"),

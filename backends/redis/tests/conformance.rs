@@ -57,6 +57,7 @@ mod standalone {
     }
 
     dedup_conformance::suite!(StandaloneFactory);
+    dedup_conformance::admin_suite!(StandaloneFactory);
 }
 
 mod cluster {
@@ -101,4 +102,5 @@ mod cluster {
     }
 
     dedup_conformance::suite!(ClusterFactory);
+    dedup_conformance::admin_suite!(ClusterFactory);
 }

@@ -4,7 +4,7 @@
 //! by the validated name (see [`SqliteConfig::validate`](crate::SqliteConfig::validate)).
 
 /// The columns of a record, in the order [`crate::row`] reads and writes them.
-const COLUMNS: &str =
+pub(crate) const COLUMNS: &str =
     "state, token, fence, attempt, expires_at, processed_at, outcome, fingerprint";
 
 /// One key's record.

@@ -11,7 +11,7 @@ const IN_FLIGHT: &str = "in_flight";
 const COMPLETED: &str = "completed";
 
 /// The column values of a record row, as stored.
-struct RawRow {
+pub(crate) struct RawRow {
     state: String,
     token: Option<String>,
     fence: i64,
@@ -23,7 +23,7 @@ struct RawRow {
 }
 
 impl RawRow {
-    fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
+    pub(crate) fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(RawRow {
             state: row.get(0)?,
             token: row.get(1)?,
@@ -37,7 +37,7 @@ impl RawRow {
     }
 
     /// The record, checked by the shared decoder ([`RawRecord::decode`]).
-    fn into_record(self, key: &Key) -> Result<Record> {
+    pub(crate) fn into_record(self, key: &Key) -> Result<Record> {
         let state = match self.state.as_str() {
             IN_FLIGHT => RawState::InFlight,
             COMPLETED => RawState::Completed,

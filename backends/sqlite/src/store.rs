@@ -126,7 +126,7 @@ impl SqliteStore {
 
     /// Run `op` on a pooled connection on a blocking thread, again while it fails busy
     /// (within the busy timeout). A `writer` first queues at the write gate.
-    async fn run<T, F>(&self, writer: bool, mut op: F) -> Result<T>
+    pub(crate) async fn run<T, F>(&self, writer: bool, mut op: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&mut Connection, &Inner) -> Result<T> + Send + 'static,

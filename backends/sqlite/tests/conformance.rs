@@ -189,6 +189,7 @@ impl TransactionalFactory for SqliteFactory {
 
 dedup_conformance::suite!(SqliteFactory::new());
 dedup_conformance::transactional_suite!(SqliteFactory::new());
+dedup_conformance::admin_suite!(SqliteFactory::new());
 
 /// The lease-mode suite again on in-memory stores (one per namespace; opening a namespace
 /// again gives a clone on the same records, since nothing else can reach the database).

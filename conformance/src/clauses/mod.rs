@@ -2,6 +2,7 @@
 //! broken rule, when the store breaks the contract. Grouped by topic; all re-exported here
 //! so `suite!` can name them, and listed by [`lease_clauses`] / [`transactional_clauses`].
 
+mod admin;
 mod batch;
 mod claim;
 mod commit;
@@ -16,6 +17,7 @@ mod validation;
 
 pub use crate::model::model_based_histories_match_memory_store;
 pub use crate::support::LEASE;
+pub use admin::*;
 pub use batch::*;
 pub use claim::*;
 pub use commit::*;
@@ -52,6 +54,14 @@ pub fn lease_clauses<F: StoreFactory>() -> Vec<Clause<F>> {
     crate::__lease_clause_names!(list)
 }
 
+/// Every clause `admin_suite!` runs, in the same order.
+pub fn admin_clauses<F: StoreFactory>() -> Vec<Clause<F>>
+where
+    F::Store: dedup_core::Admin,
+{
+    crate::__admin_clause_names!(list)
+}
+
 /// Every clause `transactional_suite!` runs, in the same order.
 pub fn transactional_clauses<F: TransactionalFactory>() -> Vec<Clause<F>> {
     crate::__transactional_clause_names!(list)
@@ -63,6 +73,7 @@ mod tests {
     #[test]
     fn every_clause_is_listed_once() {
         let sources = [
+            include_str!("admin.rs"),
             include_str!("batch.rs"),
             include_str!("claim.rs"),
             include_str!("commit.rs"),
@@ -85,7 +96,8 @@ mod tests {
             .collect();
         let lease: &[&str] = &crate::__lease_clause_names!(names);
         let transactional: &[&str] = &crate::__transactional_clause_names!(names);
-        let mut listed: Vec<&str> = [lease, transactional].concat();
+        let admin: &[&str] = &crate::__admin_clause_names!(names);
+        let mut listed: Vec<&str> = [lease, transactional, admin].concat();
         defined.sort_unstable();
         listed.sort_unstable();
         assert_eq!(defined, listed);

@@ -1,0 +1,213 @@
+//! [`Admin`] for [`RedisStore`]: listing and counting by walking the key prefix with `SCAN`.
+//!
+//! Redis has no index to ask, so both read keys one by one:
+//! - [`Admin::list`] runs `SCAN MATCH <prefix><consumer>:*` over the whole keyspace (every
+//!   primary of a cluster), keeps the message ids after `after` in byte order, then reads
+//!   their records with the store's `get` script, in pipelines of 200, until `limit`
+//!   records pass the status filter. It holds the matching key names in memory.
+//! - [`Admin::stats`] runs `SCAN MATCH <prefix>*` and reads every record the same way.
+//!
+//! `SCAN` steps ask for 100 keys each: every step walks part of the server's whole keyspace
+//! (other applications' keys included) and blocks that server's one thread while it runs,
+//! so small steps keep a shared server responsive, at the price of more round trips. Expect
+//! about one round trip per 100 keys of the server's keyspace plus one per 200 records;
+//! run them when an operator asks, not in a monitoring loop. The size of the key space is not
+//! reported (`size_bytes` is `None`).
+//!
+//! Keys under the prefix that do not have the record layout are skipped; a key with the
+//! layout holding something that is not a record is an error naming it (as `get` reports).
+
+use async_trait::async_trait;
+use std::time::Duration;
+
+use dedup_core::admin::{Admin, ListFilter, PurgeCount, Stats, validate_top};
+use dedup_core::{Key, Record, Result, Timestamp};
+
+use crate::RedisStore;
+use crate::conn::Call;
+use crate::error::backend;
+use crate::layout::encode_into;
+use crate::reply;
+use crate::scripts::GET;
+
+/// Keys asked of one `SCAN` step (a hint to the server).
+const SCAN_COUNT: usize = 100;
+/// Records read per pipeline.
+const READ_CHUNK: usize = 200;
+
+/// `text` with the glob characters of `SCAN MATCH` escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Undo the layout's percent-encoding of one part; `None` when it is not an encoded part.
+fn decode_part(part: &str) -> Option<String> {
+    let mut out = String::with_capacity(part.len());
+    let mut rest = part;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let c = match rest.get(i + 1..i + 3)? {
+            "25" => '%',
+            "7B" => '{',
+            "7D" => '}',
+            "3A" => ':',
+            _ => return None,
+        };
+        out.push(c);
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// The dedup key a Redis key under `prefix` stands for; `None` for keys of another layout.
+fn key_of(prefix: &str, redis_key: &[u8]) -> Option<Key> {
+    let text = std::str::from_utf8(redis_key).ok()?.strip_prefix(prefix)?;
+    let (consumer, message_id) = text.split_once(':')?;
+    Key::new(decode_part(consumer)?, decode_part(message_id)?).ok()
+}
+
+impl RedisStore {
+    /// Every key matching `pattern`, on every node, as dedup keys (others skipped), in key
+    /// order, each once (`SCAN` may return a key twice).
+    async fn scan_keys(&self, pattern: &str) -> Result<Vec<(Key, Vec<u8>)>> {
+        let conn = self.conn();
+        let prefix = &self.config().prefix;
+        let mut keys = Vec::new();
+        for node in conn.scan_nodes().await.map_err(backend)? {
+            let mut cursor = 0;
+            loop {
+                let (next, found) = conn
+                    .scan(&node, cursor, pattern, SCAN_COUNT)
+                    .await
+                    .map_err(backend)?;
+                keys.extend(
+                    found
+                        .into_iter()
+                        .filter_map(|rk| key_of(prefix, &rk).map(|k| (k, rk))),
+                );
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys.dedup_by(|a, b| a.0 == b.0);
+        Ok(keys)
+    }
+
+    /// Call `f` on every record under the prefix, in key order.
+    async fn each_record(&self, mut f: impl FnMut(&Record) + Send) -> Result<()> {
+        let pattern = format!("{}*", glob_escape(&self.config().prefix));
+        let keys = self.scan_keys(&pattern).await?;
+        for chunk in keys.chunks(READ_CHUNK) {
+            for record in self.read_records(chunk).await? {
+                f(&record);
+            }
+        }
+        Ok(())
+    }
+
+    /// The records of `keys` (those still present), in order.
+    async fn read_records(&self, keys: &[(Key, Vec<u8>)]) -> Result<Vec<Record>> {
+        let now = self.now_arg();
+        let calls: Vec<Call> = keys
+            .iter()
+            .map(|(_, rk)| Call::new(&GET, rk.clone()).arg(now.as_str()))
+            .collect();
+        let replies = self.conn().eval_many(&calls, None).await.map_err(backend)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for ((key, _), value) in keys.iter().zip(replies.values) {
+            out.extend(reply::get(key, value)?);
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Admin for RedisStore {
+    async fn now(&self) -> Result<Timestamp> {
+        if let Some(clock) = &self.config().clock {
+            return Ok(clock.now());
+        }
+        let (secs, micros): (i64, i64) = self
+            .conn()
+            .query(&redis::cmd("TIME"))
+            .await
+            .map_err(backend)?;
+        Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        filter.validate()?;
+        let mut head = self.config().prefix.clone();
+        encode_into(&mut head, &filter.consumer);
+        head.push(':');
+        let mut keys = self.scan_keys(&format!("{}*", glob_escape(&head))).await?;
+        keys.retain(|(k, _)| {
+            k.consumer() == filter.consumer
+                && filter.after.as_deref().is_none_or(|a| k.message_id() > a)
+        });
+        let now = Admin::now(self).await?;
+        let mut out = Vec::new();
+        for chunk in keys.chunks(READ_CHUNK) {
+            let records = self.read_records(chunk).await?;
+            out.extend(records.into_iter().filter(|r| filter.accepts(r, now)));
+            if out.len() >= filter.limit {
+                break;
+            }
+        }
+        out.truncate(filter.limit);
+        Ok(out)
+    }
+
+    async fn stats(&self, top: usize) -> Result<Stats> {
+        validate_top(top)?;
+        let mut stats = Stats::at(Admin::now(self).await?);
+        self.each_record(|record| stats.add(record, top)).await?;
+        Ok(stats)
+    }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
+        let now = Admin::now(self).await?;
+        let mut count = PurgeCount::default();
+        self.each_record(|record| count.add(record, now, retention))
+            .await?;
+        Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::redis_key;
+
+    #[test]
+    fn redis_keys_decode_back_to_their_keys() {
+        for (c, m) in [
+            ("billing", "order-42"),
+            ("a:b", "{c}%"),
+            ("x", "%3A"),
+            ("y", ":"),
+        ] {
+            let key = Key::new(c, m).unwrap();
+            assert_eq!(key_of("p:", redis_key("p:", &key).as_bytes()), Some(key));
+        }
+        assert_eq!(key_of("p:", b"p:no-separator"), None);
+        assert_eq!(key_of("p:", b"q:a:b"), None);
+        assert_eq!(key_of("p:", b"p:a:%zz"), None);
+    }
+
+    #[test]
+    fn glob_characters_are_escaped() {
+        assert_eq!(glob_escape("p:a*b?[c]\\"), "p:a\\*b\\?\\[c\\]\\\\");
+    }
+}

@@ -1,0 +1,171 @@
+//! [`Admin`] for [`SqliteStore`]: listing and counting with plain queries on the records
+//! table, on a pooled connection (reads only; they never wait for the write gate).
+//!
+//! Listing walks the primary key `(consumer, message_id)` from the `after` id, so a page
+//! costs what it returns (plus the rows its status filter skips). The counts read the whole
+//! table once; the oldest live lease uses the `(state, expires_at)` index; the most retried
+//! keys read the whole table. The size is the database file's (every table in it).
+
+use async_trait::async_trait;
+use dedup_core::admin::{Admin, KeySummary, ListFilter, PurgeCount, Stats, Status, validate_top};
+use dedup_core::{Key, Record, Result, Timestamp};
+use rusqlite::{Connection, Row, params};
+use std::time::Duration;
+
+use crate::SqliteStore;
+use crate::error::backend;
+use crate::queries::COLUMNS;
+use crate::row::RawRow;
+
+/// The condition selecting records in `status` at now `?now`.
+fn status_condition(status: Option<Status>) -> &'static str {
+    match status {
+        None => "1",
+        Some(Status::InFlight) => "state = 'in_flight' AND expires_at > :now",
+        Some(Status::Expired) => "state = 'in_flight' AND expires_at <= :now",
+        Some(Status::Completed) => "state = 'completed'",
+    }
+}
+
+/// A row of `SELECT {COLUMNS}, consumer, message_id` as a record.
+fn record_of(row: &Row<'_>) -> rusqlite::Result<(Key, RawRow)> {
+    let consumer: String = row.get(8)?;
+    let message_id: String = row.get(9)?;
+    let key = Key::new(consumer, message_id).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(8, rusqlite::types::Type::Text, e.into())
+    })?;
+    Ok((key, RawRow::read(row)?))
+}
+
+/// Run `sql` with named parameters and decode every row.
+fn records(
+    conn: &Connection,
+    sql: &str,
+    params: &[(&str, &dyn rusqlite::ToSql)],
+) -> Result<Vec<Record>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(backend)?;
+    let rows = stmt
+        .query_map(params, record_of)
+        .map_err(backend)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(backend)?;
+    rows.into_iter()
+        .map(|(key, raw)| raw.into_record(&key))
+        .collect()
+}
+
+#[async_trait]
+impl Admin for SqliteStore {
+    async fn now(&self) -> Result<Timestamp> {
+        Ok(self.inner.clock.now())
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        filter.validate()?;
+        let filter = filter.clone();
+        self.run(false, move |conn, inner| {
+            let sql = format!(
+                "SELECT {COLUMNS}, consumer, message_id FROM \"{table}\" \
+                 WHERE consumer = :consumer AND message_id > :after AND {status} \
+                 ORDER BY message_id LIMIT :limit",
+                table = inner.table,
+                status = status_condition(filter.status),
+            );
+            let now = inner.clock.now().as_millis();
+            let after = filter.after.clone().unwrap_or_default();
+            let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+            let mut params: Vec<(&str, &dyn rusqlite::ToSql)> = vec![
+                (":consumer", &filter.consumer),
+                (":after", &after),
+                (":limit", &limit),
+            ];
+            if matches!(filter.status, Some(Status::InFlight | Status::Expired)) {
+                params.push((":now", &now));
+            }
+            records(conn, &sql, &params)
+        })
+        .await
+    }
+
+    async fn stats(&self, top: usize) -> Result<Stats> {
+        validate_top(top)?;
+        self.run(false, move |conn, inner| {
+            let table = &inner.table;
+            let now = inner.clock.now();
+            let tx = conn.transaction().map_err(backend)?;
+            let (in_flight, expired, completed): (i64, i64, i64) = tx
+                .query_row(
+                    &format!(
+                        "SELECT \
+                           coalesce(sum(state = 'in_flight' AND expires_at > ?1), 0), \
+                           coalesce(sum(state = 'in_flight' AND expires_at <= ?1), 0), \
+                           coalesce(sum(state = 'completed'), 0) \
+                         FROM \"{table}\""
+                    ),
+                    params![now.as_millis()],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .map_err(backend)?;
+            let oldest = records(
+                &tx,
+                &format!(
+                    "SELECT {COLUMNS}, consumer, message_id FROM \"{table}\" \
+                     WHERE state = 'in_flight' AND expires_at > :now \
+                     ORDER BY expires_at, consumer, message_id LIMIT 1"
+                ),
+                &[(":now", &now.as_millis())],
+            )?;
+            let retried = records(
+                &tx,
+                &format!(
+                    "SELECT {COLUMNS}, consumer, message_id FROM \"{table}\" \
+                     WHERE attempt >= 2 ORDER BY attempt DESC, consumer, message_id \
+                     LIMIT :top"
+                ),
+                &[(":top", &i64::try_from(top).unwrap_or(i64::MAX))],
+            )?;
+            let size: i64 = tx
+                .query_row(
+                    "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(backend)?;
+            let mut stats = Stats::at(now);
+            stats.in_flight = in_flight as u64;
+            stats.expired = expired as u64;
+            stats.completed = completed as u64;
+            stats.oldest_live = oldest.first().map(|r| KeySummary::of(r, now));
+            stats.most_retried = retried.iter().map(|r| KeySummary::of(r, now)).collect();
+            stats.size_bytes = u64::try_from(size).ok();
+            Ok(stats)
+        })
+        .await
+    }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
+        self.run(false, move |conn, inner| {
+            let now = inner.clock.now();
+            let cutoff = now.saturating_sub(retention).as_millis();
+            let (completed, expired): (i64, i64) = conn
+                .query_row(
+                    &format!(
+                        "SELECT \
+                           (SELECT count(*) FROM \"{table}\" \
+                            WHERE state = 'completed' AND processed_at < ?1), \
+                           (SELECT count(*) FROM \"{table}\" \
+                            WHERE state = 'in_flight' AND expires_at < ?1 AND expires_at <= ?2)",
+                        table = inner.table
+                    ),
+                    params![cutoff, now.as_millis()],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(backend)?;
+            Ok(PurgeCount {
+                completed: completed as u64,
+                expired: expired as u64,
+            })
+        })
+        .await
+    }
+}

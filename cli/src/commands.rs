@@ -1,0 +1,388 @@
+//! The commands: each opens the store, does one thing, and prints it for people or as JSON.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use dedup_core::admin::parse_duration;
+use dedup_core::{Key, ListFilter, PurgeOptions, Released};
+use serde_json::{Value, json};
+
+use crate::failure::Failure;
+use crate::open::{Opened, open};
+use crate::render::{bytes, record_json, record_text, span, summary_json, utc, when};
+use crate::{Cli, Command};
+
+/// Print `json` (with `--json`) or `text`.
+fn print(as_json: bool, json: Value, text: impl FnOnce() -> String) {
+    if as_json {
+        println!("{json}");
+    } else {
+        println!("{}", text());
+    }
+}
+
+/// The key the operator typed.
+fn key(consumer: &str, message_id: &str) -> Result<Key, Failure> {
+    Key::new(consumer, message_id).map_err(|e| Failure::store("invalid key", e))
+}
+
+/// The store's "now" (relative times are shown against it).
+async fn now(store: &dyn dedup_core::Admin) -> Result<dedup_core::Timestamp, Failure> {
+    store
+        .now()
+        .await
+        .map_err(|e| Failure::store("cannot read the store's clock", e))
+}
+
+/// Run the command `cli` names.
+pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
+    let as_json = cli.json;
+    let migrate = matches!(cli.command, Command::Migrate);
+    // Arguments are checked before the store is opened: a usage error never waits on a
+    // connection, and is reported as one (exit code 2).
+    let purge_options = match &cli.command {
+        Command::Purge {
+            older_than,
+            batch,
+            unpaced,
+            ..
+        } => Some(purge_options(older_than, *batch, *unpaced)?),
+        _ => None,
+    };
+    let Opened {
+        store,
+        backend,
+        location,
+    } = open(&cli.store, migrate).await?;
+    match cli.command {
+        Command::Migrate => {
+            let what = match backend {
+                "redis" | "redis-cluster" => "nothing to migrate: Redis keeps no schema",
+                "memory" => "nothing to migrate: a memory store has no schema",
+                _ => "schema created or already up to date",
+            };
+            print(
+                as_json,
+                json!({ "backend": backend, "location": location, "migrated": true }),
+                || format!("{backend} store, {location}: {what}"),
+            );
+        }
+        Command::Stats { top } => {
+            let stats = store
+                .stats(top)
+                .await
+                .map_err(|e| Failure::store("cannot read the store's stats", e))?;
+            let json = json!({
+                "backend": backend,
+                "location": location,
+                "now": { "utc": crate::render::rfc3339(stats.now), "ms": stats.now.as_millis() },
+                "in_flight": stats.in_flight,
+                "expired": stats.expired,
+                "completed": stats.completed,
+                "total": stats.total(),
+                "oldest_live": stats.oldest_live.as_ref().map(summary_json),
+                "most_retried": stats.most_retried.iter().map(summary_json).collect::<Vec<_>>(),
+                "size_bytes": stats.size_bytes,
+            });
+            print(as_json, json, || {
+                let now = stats.now;
+                let mut out = vec![
+                    format!("store:       {backend}, {location}"),
+                    format!("now:         {}", utc(now)),
+                    format!("in flight:   {} (live leases)", stats.in_flight),
+                    format!(
+                        "expired:     {} (lease ran out or released: retried on next delivery)",
+                        stats.expired
+                    ),
+                    format!("completed:   {}", stats.completed),
+                    format!("total:       {}", stats.total()),
+                ];
+                out.push(match &stats.oldest_live {
+                    Some(o) => format!(
+                        "oldest live lease: {} / {} (attempt {}, fence {}), expires {}",
+                        o.key.consumer(),
+                        o.key.message_id(),
+                        o.attempt,
+                        o.fence,
+                        when(o.at, now)
+                    ),
+                    None => "oldest live lease: none".into(),
+                });
+                if stats.most_retried.is_empty() {
+                    out.push("most retried: none (no key needed a second attempt)".into());
+                } else {
+                    out.push("most retried:".into());
+                    out.extend(stats.most_retried.iter().map(|s| {
+                        format!(
+                            "  attempt {:<4} {:<10} {} / {}",
+                            s.attempt,
+                            s.status.as_str(),
+                            s.key.consumer(),
+                            s.key.message_id()
+                        )
+                    }));
+                }
+                out.push(format!(
+                    "size:        {}",
+                    stats
+                        .size_bytes
+                        .map_or("unknown for this backend".into(), bytes)
+                ));
+                out.join("\n")
+            });
+        }
+        Command::Inspect {
+            consumer,
+            message_id,
+        } => {
+            let key = key(&consumer, &message_id)?;
+            let now = now(&*store).await?;
+            let record = store
+                .get(&key)
+                .await
+                .map_err(|e| Failure::store(format!("cannot read the record of {key}"), e))?
+                .ok_or_else(|| {
+                    Failure::not_found(format!("no record for {key}")).hint(
+                        "the message was never claimed by this consumer, or its record was purged \
+                         (check the consumer name with `dedup list --consumer`)",
+                    )
+                })?;
+            print(as_json, record_json(&record, now), || {
+                record_text(&record, now)
+            });
+        }
+        Command::List {
+            consumer,
+            state,
+            limit,
+            after,
+        } => {
+            let mut filter = ListFilter::consumer(consumer).limit(limit);
+            filter.status = state.map(Into::into);
+            filter.after = after;
+            let now = now(&*store).await?;
+            let records = store
+                .list(&filter)
+                .await
+                .map_err(|e| Failure::store("cannot list records", e))?;
+            let next = match records.len() == filter.limit {
+                true => records.last().map(|r| r.key.message_id().to_owned()),
+                false => None,
+            };
+            let json = json!({
+                "records": records.iter().map(|r| record_json(r, now)).collect::<Vec<_>>(),
+                "next_after": next,
+            });
+            print(as_json, json, || {
+                let mut out: Vec<String> = records
+                    .iter()
+                    .map(|r| {
+                        let status = dedup_core::Status::of(r, now);
+                        let at = match &r.state {
+                            dedup_core::RecordState::InFlight { expires_at, .. }
+                                if status == dedup_core::Status::InFlight =>
+                            {
+                                format!("expires {}", when(*expires_at, now))
+                            }
+                            dedup_core::RecordState::InFlight { expires_at, .. } => {
+                                format!("expired {}", when(*expires_at, now))
+                            }
+                            dedup_core::RecordState::Completed { processed_at, .. } => {
+                                format!("processed {}", when(*processed_at, now))
+                            }
+                        };
+                        format!(
+                            "{:<24} {:<10} attempt {:<3} fence {:<3} {at}",
+                            r.key.message_id(),
+                            status.as_str(),
+                            r.attempt,
+                            r.fence
+                        )
+                    })
+                    .collect();
+                if out.is_empty() {
+                    out.push(format!("no records for consumer {}", filter.consumer));
+                }
+                if let Some(next) = &next {
+                    out.push(format!("(more: --after {next})"));
+                }
+                out.join("\n")
+            });
+        }
+        Command::Purge {
+            older_than,
+            dry_run,
+            ..
+        } => {
+            let options = purge_options.expect("checked above");
+            purge(&*store, &older_than, options, dry_run, as_json).await?;
+        }
+        Command::Release {
+            consumer,
+            message_id,
+            force,
+        } => {
+            let key = key(&consumer, &message_id)?;
+            let released = store
+                .release_key(&key, force)
+                .await
+                .map_err(|e| Failure::store(format!("cannot release {key}"), e))?;
+            match released {
+                Released::Released {
+                    fence,
+                    attempt,
+                    was_live,
+                } => print(
+                    as_json,
+                    json!({
+                        "consumer": key.consumer(),
+                        "message_id": key.message_id(),
+                        "released": true,
+                        "fence": fence,
+                        "attempt": attempt,
+                        "was_live": was_live,
+                    }),
+                    || {
+                        format!(
+                            "released {key} (fence {fence}, attempt {attempt}{}): the next \
+                             delivery takes it over with fence {}",
+                            if was_live { ", lease was live" } else { "" },
+                            fence + 1
+                        )
+                    },
+                ),
+                Released::LiveLease {
+                    expires_at,
+                    attempt,
+                } => {
+                    return Err(Failure::new(format!(
+                        "{key} is held by a live lease (attempt {attempt}, expires {})",
+                        utc(expires_at)
+                    ))
+                    .hint(
+                        "wait for it to expire, or pass --force if its worker is stuck \
+                         (that worker then gets LeaseLost when it commits)",
+                    ));
+                }
+                Released::Completed { processed_at } => {
+                    return Err(Failure::new(format!(
+                        "{key} is completed (processed {}): there is no lease to release",
+                        utc(processed_at)
+                    ))
+                    .hint(
+                        "a completed message is not processed again; to let it run once more \
+                         (a dead-lettered message, after the fix), delete its record as the \
+                         README's \"Poison messages and failures\" shows",
+                    ));
+                }
+                Released::NotFound => {
+                    return Err(Failure::not_found(format!("no record for {key}"))
+                        .hint("check the consumer and message id with `dedup list --consumer`"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The purge the arguments ask for, checked.
+fn purge_options(older_than: &str, batch: usize, unpaced: bool) -> Result<PurgeOptions, Failure> {
+    let retention =
+        parse_duration(older_than).map_err(|e| Failure::store("invalid --older-than", e))?;
+    let mut options = PurgeOptions::older_than(retention).batch_size(batch);
+    if unpaced {
+        options = options.unpaced();
+    }
+    options
+        .validate()
+        .map_err(|e| Failure::store("invalid purge options", e))?;
+    Ok(options)
+}
+
+/// `dedup purge`: the dry run's count, then (unless `dry_run`) the purge, with a spinner
+/// on a terminal and plain lines otherwise.
+async fn purge(
+    store: &dyn dedup_core::Admin,
+    older_than: &str,
+    options: PurgeOptions,
+    dry_run: bool,
+    as_json: bool,
+) -> Result<(), Failure> {
+    let count = store
+        .count_purgeable(options.retention)
+        .await
+        .map_err(|e| Failure::store("cannot count purgeable records", e))?;
+    if dry_run {
+        print(
+            as_json,
+            json!({
+                "dry_run": true,
+                "older_than": older_than,
+                "completed": count.completed,
+                "expired": count.expired,
+                "total": count.total(),
+            }),
+            || {
+                format!(
+                    "dry run: would remove {} records older than {older_than} ({} completed, {} \
+                     expired leases)",
+                    count.total(),
+                    count.completed,
+                    count.expired
+                )
+            },
+        );
+        return Ok(());
+    }
+    let terminal = !as_json && std::io::stderr().is_terminal();
+    let start = format!(
+        "purging records older than {older_than}: {} to remove ({} completed, {} expired), {}",
+        count.total(),
+        count.completed,
+        count.expired,
+        if options.pace == dedup_core::Pace::Unpaced {
+            "unpaced"
+        } else {
+            "paced"
+        }
+    );
+    let spinner = if terminal {
+        let bar = indicatif::ProgressBar::new_spinner().with_message(start);
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Some(bar)
+    } else {
+        if !as_json {
+            eprintln!("{start}");
+        }
+        None
+    };
+    let result = store.purge(&options).await;
+    if let Some(bar) = &spinner {
+        bar.finish_and_clear();
+    }
+    let report = result.map_err(|e| Failure::store("the purge failed", e))?;
+    print(
+        as_json,
+        json!({
+            "dry_run": false,
+            "older_than": older_than,
+            "completed": report.completed,
+            "expired": report.expired,
+            "total": report.total(),
+            "batches": report.batches,
+            "elapsed_ms": report.elapsed.as_millis() as u64,
+        }),
+        || {
+            format!(
+                "removed {} records ({} completed, {} expired leases) in {} batch{}, {}",
+                report.total(),
+                report.completed,
+                report.expired,
+                report.batches,
+                if report.batches == 1 { "" } else { "es" },
+                span(report.elapsed)
+            )
+        },
+    );
+    Ok(())
+}

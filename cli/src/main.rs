@@ -1,0 +1,152 @@
+#![doc = include_str!("../README.md")]
+
+mod commands;
+mod failure;
+mod open;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use dedup_core::Status;
+
+use crate::failure::Failure;
+
+/// dedup: look into and maintain a dedup store (the records of an idempotent consumer).
+///
+/// Exit codes: 0 done, 1 failure, 2 usage, 3 not found.
+#[derive(Debug, Parser)]
+#[command(name = "dedup", version)]
+struct Cli {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Print the result as JSON on standard output (errors stay on standard error).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Which store to open.
+#[derive(Debug, Args)]
+struct StoreArgs {
+    /// The store: sqlite:PATH, postgres://..., redis://..., redis+cluster://h1:p1,h2:p2,
+    /// memory: (with the `dedup` crate's URL parameters: table=, prefix=, connect_timeout=...)
+    #[arg(
+        long = "store",
+        env = "DEDUP_STORE_URL",
+        global = true,
+        value_name = "URL"
+    )]
+    url: Option<String>,
+    /// The records table of an SQL store (default: dedup_inbox).
+    #[arg(long, global = true, value_name = "NAME")]
+    table: Option<String>,
+    /// The PostgreSQL schema holding the table (default: public).
+    #[arg(long, global = true, value_name = "NAME")]
+    schema: Option<String>,
+    /// The key prefix of a Redis store (default: dedup:).
+    #[arg(long, global = true, value_name = "PREFIX")]
+    prefix: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create the store's table (or upgrade its schema); safe to run again.
+    Migrate,
+    /// Records by state, the oldest live lease, the most retried keys, the size.
+    Stats {
+        /// How many of the most retried keys to show.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+    },
+    /// One record, human readable.
+    Inspect {
+        /// The consumer (the service that processes the message).
+        consumer: String,
+        /// The message id.
+        message_id: String,
+    },
+    /// The records of one consumer, in message id order.
+    List {
+        /// The consumer whose records to list.
+        #[arg(long)]
+        consumer: String,
+        /// Only records in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateArg>,
+        /// At most this many records (1 to 10000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Start after this message id (the last one of the previous page).
+        #[arg(long, value_name = "MESSAGE_ID")]
+        after: Option<String>,
+    },
+    /// Remove records older than the retention (completed ones, and expired leases).
+    Purge {
+        /// The retention: a number and a unit (ms, s, m, h, d), e.g. 7d.
+        #[arg(long, value_name = "DURATION")]
+        older_than: String,
+        /// The largest batch (records per statement, transaction or pipeline).
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Count what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Run batches back to back instead of pacing them (maintenance windows only:
+        /// consumers then wait behind whole batches).
+        #[arg(long)]
+        unpaced: bool,
+    },
+    /// Release a stuck key's lease so the next delivery retries it at once.
+    Release {
+        /// The consumer.
+        consumer: String,
+        /// The message id.
+        message_id: String,
+        /// Release a live lease too (its worker then gets LeaseLost when it commits).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// The states `list --state` takes.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum StateArg {
+    /// In flight with a live lease.
+    InFlight,
+    /// In flight, lease expired or released.
+    Expired,
+    /// Processed.
+    Completed,
+}
+
+impl From<StateArg> for Status {
+    fn from(s: StateArg) -> Self {
+        match s {
+            StateArg::InFlight => Status::InFlight,
+            StateArg::Expired => Status::Expired,
+            StateArg::Completed => Status::Completed,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return Failure::new("cannot start the async runtime")
+                .cause(e)
+                .report();
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => failure.report(),
+    }
+}

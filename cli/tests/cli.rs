@@ -1,0 +1,467 @@
+//! End to end: the built `dedup` binary against real stores (SQLite, PostgreSQL, Redis,
+//! Redis Cluster), with records written through the library. One scenario, run per backend.
+//!
+//! Old records are written by a library store whose injected clock stands two days in the
+//! past; the others on the store's own clock. `purge --older-than 1d` must then remove
+//! exactly the old ones.
+
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dedup_conformance::server_url;
+use dedup_core::{Claim, ClaimOptions, Clock, DedupStore, Key, Lease, ManualClock, SystemClock};
+use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_redis::{RedisConfig, RedisStore};
+use dedup_sqlite::{SqliteConfig, SqliteStore};
+use serde_json::Value;
+
+/// Which backend a scenario runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+    Redis,
+    RedisCluster,
+}
+
+/// A store the scenario drives: its URL and name for the binary, and library handles.
+struct Target {
+    backend: Backend,
+    /// `--store` and `--table` / `--prefix` for the binary.
+    args: Vec<String>,
+    /// The server URL(s) for the library.
+    url: String,
+    /// The unique table or key prefix.
+    name: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// A table / prefix name no other test run uses.
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    format!("{prefix}_{}_{}", std::process::id(), nanos % 1_000_000_000)
+}
+
+impl Target {
+    fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("cli.db").display().to_string();
+        Target {
+            backend: Backend::Sqlite,
+            args: vec!["--store".into(), format!("sqlite:{path}")],
+            url: path,
+            name: "dedup_inbox".into(),
+            _dir: Some(dir),
+        }
+    }
+
+    fn postgres() -> Option<Self> {
+        let url = server_url("DEDUP_POSTGRES_URL")?;
+        let name = unique("cli");
+        Some(Target {
+            backend: Backend::Postgres,
+            args: vec![
+                "--store".into(),
+                url.clone(),
+                "--table".into(),
+                name.clone(),
+            ],
+            url,
+            name,
+            _dir: None,
+        })
+    }
+
+    fn redis(backend: Backend) -> Option<Self> {
+        let (store, url) = match backend {
+            Backend::Redis => {
+                let url = server_url("DEDUP_REDIS_URL")?;
+                (url.clone(), url)
+            }
+            _ => {
+                let urls = server_url("DEDUP_REDIS_CLUSTER_URLS")?;
+                let nodes: Vec<&str> = urls
+                    .split(',')
+                    .map(|u| {
+                        u.trim()
+                            .trim_start_matches("redis://")
+                            .trim_end_matches('/')
+                    })
+                    .collect();
+                (format!("redis+cluster://{}", nodes.join(",")), urls)
+            }
+        };
+        let name = format!("{}:", unique("cli"));
+        Some(Target {
+            backend,
+            args: vec!["--store".into(), store, "--prefix".into(), name.clone()],
+            url,
+            name,
+            _dir: None,
+        })
+    }
+
+    /// A library store on the same records, on `clock` (`None`: the store's own).
+    async fn library(&self, clock: Option<Arc<dyn Clock>>) -> Arc<dyn DedupStore> {
+        match self.backend {
+            Backend::Sqlite => Arc::new(
+                SqliteStore::open_with(
+                    &self.url,
+                    SqliteConfig {
+                        clock,
+                        ..SqliteConfig::default()
+                    },
+                )
+                .await
+                .expect("open sqlite"),
+            ),
+            Backend::Postgres => Arc::new(
+                PostgresStore::connect_with(
+                    &self.url,
+                    PostgresConfig {
+                        table: self.name.clone(),
+                        clock,
+                        max_connections: 2,
+                        ..PostgresConfig::default()
+                    },
+                )
+                .await
+                .expect("connect postgres"),
+            ),
+            Backend::Redis | Backend::RedisCluster => {
+                let config = RedisConfig {
+                    prefix: self.name.clone(),
+                    clock,
+                    ..RedisConfig::default()
+                };
+                Arc::new(
+                    if self.backend == Backend::Redis {
+                        RedisStore::connect_with(&self.url, config).await
+                    } else {
+                        let urls: Vec<String> =
+                            self.url.split(',').map(|u| u.trim().to_owned()).collect();
+                        RedisStore::connect_cluster(&urls, config).await
+                    }
+                    .expect("connect redis"),
+                )
+            }
+        }
+    }
+
+    /// Run `dedup <args> <store args>`.
+    fn dedup(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_dedup"))
+            .args(args)
+            .args(&self.args)
+            .env_remove("DEDUP_STORE_URL")
+            .output()
+            .expect("run dedup")
+    }
+
+    /// Run it; it must exit with `code`.
+    fn expect(&self, code: i32, args: &[&str]) -> Output {
+        let output = self.dedup(args);
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{:?} dedup {args:?}: stdout {} stderr {}",
+            self.backend,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    }
+
+    /// Run it with `--json`; it must succeed; its output parsed.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let output = self.expect(0, &args);
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "dedup {args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&output.stdout)
+            )
+        })
+    }
+}
+
+fn key(id: &str) -> Key {
+    Key::new("billing", id).expect("key")
+}
+
+async fn acquire(store: &dyn DedupStore, id: &str, lease: Duration) -> Lease {
+    match store.claim(&key(id), &ClaimOptions::lease(lease)).await {
+        Ok(Claim::Acquired(lease)) => lease,
+        other => panic!("claim of {id}: {other:?}"),
+    }
+}
+
+fn ids(list: &Value) -> Vec<&str> {
+    list["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["message_id"].as_str().expect("message_id"))
+        .collect()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The scenario every backend runs.
+async fn scenario(t: Target) {
+    let started = std::time::Instant::now();
+    let wrong = t.dedup(&["purge", "--older-than", "1w"]);
+    assert_eq!(
+        wrong.status.code(),
+        Some(2),
+        "a bad duration is a usage error"
+    );
+    assert!(
+        stderr(&wrong).contains("error: invalid --older-than"),
+        "{}",
+        stderr(&wrong)
+    );
+    assert!(stderr(&wrong).contains("caused by:") && stderr(&wrong).contains("hint:"));
+    if t.backend == Backend::Sqlite {
+        t.expect(3, &["stats"]); // no database file before migrate
+    }
+    let migrated = t.json(&["migrate"]);
+    assert_eq!(migrated["migrated"], true);
+    t.expect(0, &["migrate"]); // again: a no-op
+
+    // Two days ago: two completed records (one with a binary outcome) and a lease that ran out.
+    let past = Arc::new(ManualClock::new(
+        SystemClock
+            .now()
+            .saturating_sub(Duration::from_secs(2 * 86_400)),
+    ));
+    let old = t.library(Some(past)).await;
+    let lease = acquire(&*old, "old-1", Duration::from_secs(30)).await;
+    old.commit(&lease, Some(b"ok")).await.expect("commit");
+    let lease = acquire(&*old, "old-2", Duration::from_secs(30)).await;
+    old.commit(&lease, Some(&[0xff, 0x00]))
+        .await
+        .expect("commit");
+    acquire(&*old, "old-stuck", Duration::from_secs(30)).await;
+    // Now, on the store's clock: one completed, a live lease, a key retried once (live).
+    let store = t.library(None).await;
+    let lease = acquire(&*store, "new-done", Duration::from_secs(60)).await;
+    store
+        .commit(&lease, Some(b"charged 42"))
+        .await
+        .expect("commit");
+    let live = acquire(&*store, "live", Duration::from_secs(600)).await;
+    let first = acquire(&*store, "retried", Duration::from_secs(60)).await;
+    store.release(&first).await.expect("release");
+    acquire(&*store, "retried", Duration::from_secs(1200)).await;
+    let other = Key::new("shipping", "new-done").expect("key");
+    let lease = store
+        .claim(&other, &ClaimOptions::default())
+        .await
+        .expect("claim")
+        .into_lease()
+        .expect("acquired");
+    store.commit(&lease, None).await.expect("commit");
+
+    let stats = t.json(&["stats"]);
+    assert_eq!(
+        (&stats["in_flight"], &stats["expired"], &stats["completed"]),
+        (&Value::from(2), &Value::from(1), &Value::from(4)),
+        "{stats}"
+    );
+    assert_eq!(stats["oldest_live"]["message_id"], "live", "{stats}");
+    assert_eq!(stats["most_retried"][0]["message_id"], "retried", "{stats}");
+    assert_eq!(stats["most_retried"][0]["attempt"], 2, "{stats}");
+    assert_eq!(
+        stats["size_bytes"].is_u64(),
+        matches!(t.backend, Backend::Sqlite | Backend::Postgres),
+        "size known for SQL stores only: {stats}"
+    );
+    let human = String::from_utf8_lossy(&t.expect(0, &["stats"]).stdout).into_owned();
+    assert!(
+        human.contains("in flight:   2") && human.contains("oldest live lease: billing / live"),
+        "{human}"
+    );
+
+    let done = t.json(&["inspect", "billing", "new-done"]);
+    assert_eq!(
+        (&done["status"], &done["outcome"]["text"], &done["fence"]),
+        (
+            &Value::from("completed"),
+            &Value::from("charged 42"),
+            &Value::from(1)
+        ),
+        "{done}"
+    );
+    let human =
+        String::from_utf8_lossy(&t.expect(0, &["inspect", "billing", "old-2"]).stdout).into_owned();
+    assert!(
+        human.contains("0xff00 (2 bytes, not UTF-8)") && human.contains(" ago)"),
+        "{human}"
+    );
+    let missing = t.expect(3, &["inspect", "billing", "nope"]);
+    assert!(
+        stderr(&missing).starts_with("error: no record for billing/nope"),
+        "{}",
+        stderr(&missing)
+    );
+
+    let all = t.json(&["list", "--consumer", "billing"]);
+    assert_eq!(
+        ids(&all),
+        ["live", "new-done", "old-1", "old-2", "old-stuck", "retried"]
+    );
+    let expired = t.json(&["list", "--consumer", "billing", "--state", "expired"]);
+    assert_eq!(ids(&expired), ["old-stuck"]);
+    let page = t.json(&["list", "--consumer", "billing", "--limit", "2"]);
+    assert_eq!(
+        (ids(&page), &page["next_after"]),
+        (vec!["live", "new-done"], &Value::from("new-done"))
+    );
+    let next = t.json(&[
+        "list",
+        "--consumer",
+        "billing",
+        "--limit",
+        "2",
+        "--after",
+        "new-done",
+    ]);
+    assert_eq!(ids(&next), ["old-1", "old-2"]);
+    assert_eq!(
+        ids(&t.json(&["list", "--consumer", "shipping"])),
+        ["new-done"]
+    );
+    t.expect(2, &["list", "--consumer", "billing", "--state", "stuck"]);
+
+    // Release: refused without --force, then fenced.
+    let refused = t.expect(1, &["release", "billing", "live"]);
+    assert!(stderr(&refused).contains("--force"), "{}", stderr(&refused));
+    let released = t.json(&["release", "billing", "live", "--force"]);
+    assert_eq!(
+        (&released["released"], &released["fence"]),
+        (&Value::from(true), &Value::from(1))
+    );
+    let next = acquire(&*store, "live", Duration::from_secs(60)).await;
+    assert_eq!(
+        (next.fence, next.attempt),
+        (live.fence + 1, 2),
+        "re-claim after release"
+    );
+    assert!(
+        store.commit(&live, None).await.unwrap_err().is_lease_lost(),
+        "the old worker's commit is LeaseLost"
+    );
+    store
+        .commit(&next, None)
+        .await
+        .expect("the new lease commits");
+    t.expect(3, &["release", "billing", "nope"]);
+    t.expect(1, &["release", "billing", "new-done"]);
+
+    // Purge: the dry run counts, removes nothing; the purge removes exactly the old ones.
+    let dry = t.json(&["purge", "--older-than", "1d", "--dry-run"]);
+    assert_eq!(
+        (&dry["completed"], &dry["expired"]),
+        (&Value::from(2), &Value::from(1)),
+        "{dry}"
+    );
+    t.expect(0, &["inspect", "billing", "old-1"]);
+    let purged = t.json(&["purge", "--older-than", "1d", "--batch", "2"]);
+    assert_eq!(
+        (&purged["completed"], &purged["expired"]),
+        (&Value::from(2), &Value::from(1)),
+        "{purged}"
+    );
+    for id in ["old-1", "old-2", "old-stuck"] {
+        t.expect(3, &["inspect", "billing", id]);
+    }
+    let left = t.json(&["list", "--consumer", "billing"]);
+    assert_eq!(ids(&left), ["live", "new-done", "retried"]);
+    let plain = t.expect(0, &["purge", "--older-than", "1d"]);
+    assert!(
+        String::from_utf8_lossy(&plain.stdout).starts_with("removed 0 records"),
+        "{}",
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    assert!(
+        stderr(&plain).starts_with("purging records older than 1d: 0 to remove"),
+        "{}",
+        stderr(&plain)
+    );
+    eprintln!("{:?} scenario: {:?}", t.backend, started.elapsed());
+}
+
+#[tokio::test]
+async fn cli_on_sqlite() {
+    scenario(Target::sqlite()).await;
+}
+
+#[tokio::test]
+async fn cli_on_postgres() {
+    match Target::postgres() {
+        Some(t) => scenario(t).await,
+        None => eprintln!("SKIPPED cli_on_postgres: DEDUP_POSTGRES_URL is not set"),
+    }
+}
+
+#[tokio::test]
+async fn cli_on_redis() {
+    match Target::redis(Backend::Redis) {
+        Some(t) => scenario(t).await,
+        None => eprintln!("SKIPPED cli_on_redis: DEDUP_REDIS_URL is not set"),
+    }
+}
+
+#[tokio::test]
+async fn cli_on_redis_cluster() {
+    match Target::redis(Backend::RedisCluster) {
+        Some(t) => scenario(t).await,
+        None => eprintln!("SKIPPED cli_on_redis_cluster: DEDUP_REDIS_CLUSTER_URLS is not set"),
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_and_a_missing_store_says_what_to_do() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dedup"))
+            .args(args)
+            .env_remove("DEDUP_STORE_URL")
+            .output()
+            .expect("run dedup")
+    };
+    let no_store = run(&["stats"]);
+    assert_eq!(no_store.status.code(), Some(2));
+    assert!(
+        stderr(&no_store).contains("DEDUP_STORE_URL"),
+        "{}",
+        stderr(&no_store)
+    );
+    assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
+    let bad_url = run(&["--store", "mysql://x", "stats"]);
+    assert_eq!(bad_url.status.code(), Some(2));
+    assert!(
+        !stderr(&bad_url).contains("InvalidInput"),
+        "no Debug dumps: {}",
+        stderr(&bad_url)
+    );
+    let down = run(&[
+        "--store",
+        "postgres://nobody@127.0.0.1:1/none?connect_timeout=1",
+        "stats",
+    ]);
+    assert_eq!(down.status.code(), Some(1));
+    let text = stderr(&down);
+    assert!(
+        text.starts_with("error: cannot open the postgres store\ncaused by: "),
+        "{text}"
+    );
+    assert!(text.contains("\nhint: "), "{text}");
+}

@@ -1,0 +1,421 @@
+//! The operator's view of a store: listing, counting and releasing records by hand.
+//!
+//! [`DedupStore`] is what consumers need; an operator answering "is this message processed,
+//! who holds it, how many are stuck" needs a few more questions answered. [`Admin`] is that
+//! extension, implemented by [`MemoryStore`](crate::MemoryStore) and every backend, and used
+//! as `dyn Admin` by the `dedup` command line.
+//!
+//! These are maintenance operations, not hot-path ones: [`Admin::stats`] reads the whole
+//! store (an aggregate query on SQL backends, a `SCAN` of the key prefix on Redis), and
+//! [`Admin::list`] reads one consumer's records in key order, one page at a time.
+
+use async_trait::async_trait;
+use std::time::Duration;
+
+use crate::{DedupStore, Error, Key, Lease, Record, RecordState, Result, Timestamp};
+
+/// Most records one [`Admin::list`] call returns.
+pub const MAX_LIST_LIMIT: usize = 10_000;
+
+/// Most keys [`Stats::most_retried`] may be asked for.
+pub const MAX_TOP: usize = 1_000;
+
+/// The state of a record as an operator sees it at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Status {
+    /// In flight, and its lease is live: a worker is processing it now.
+    InFlight,
+    /// In flight, but its lease expired or was released: the next delivery takes it over.
+    Expired,
+    /// Processed.
+    Completed,
+}
+
+impl Status {
+    /// The status of `record` at `now` (a lease is live while `now < expires_at`).
+    pub fn of(record: &Record, now: Timestamp) -> Self {
+        match &record.state {
+            RecordState::InFlight { expires_at, .. } if now < *expires_at => Status::InFlight,
+            RecordState::InFlight { .. } => Status::Expired,
+            RecordState::Completed { .. } => Status::Completed,
+        }
+    }
+
+    /// The name the command line uses: `in-flight`, `expired`, `completed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InFlight => "in-flight",
+            Status::Expired => "expired",
+            Status::Completed => "completed",
+        }
+    }
+}
+
+/// Which records [`Admin::list`] returns: one consumer's, in message id order (byte order),
+/// starting after a message id (keyset paging: pass the last id of the previous page).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListFilter {
+    /// The consumer whose records to list (records of other consumers are never listed).
+    pub consumer: String,
+    /// Only records in this status (`None`: all).
+    pub status: Option<Status>,
+    /// Only message ids greater than this one (`None`: from the start).
+    pub after: Option<String>,
+    /// At most this many records (1 to [`MAX_LIST_LIMIT`]).
+    pub limit: usize,
+}
+
+impl ListFilter {
+    /// The first 100 records of `consumer`, any status.
+    pub fn consumer(consumer: impl Into<String>) -> Self {
+        ListFilter {
+            consumer: consumer.into(),
+            status: None,
+            after: None,
+            limit: 100,
+        }
+    }
+
+    /// The same filter, keeping only records in `status`.
+    pub fn status(mut self, status: Status) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// The same filter, starting after `message_id`.
+    pub fn after(mut self, message_id: impl Into<String>) -> Self {
+        self.after = Some(message_id.into());
+        self
+    }
+
+    /// The same filter with another limit.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Check the filter: a valid consumer name, a limit of 1 to [`MAX_LIST_LIMIT`].
+    pub fn validate(&self) -> Result<()> {
+        Key::new(self.consumer.clone(), "x")?;
+        if self.limit == 0 || self.limit > MAX_LIST_LIMIT {
+            return Err(Error::invalid(
+                "list limit",
+                format!("{} is outside 1..={MAX_LIST_LIMIT}", self.limit),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `record` passes this filter at `now` (consumer, status and `after`; not the
+    /// limit). For backends that filter in memory.
+    pub fn accepts(&self, record: &Record, now: Timestamp) -> bool {
+        record.key.consumer() == self.consumer
+            && self
+                .after
+                .as_deref()
+                .is_none_or(|after| record.key.message_id() > after)
+            && self.status.is_none_or(|s| Status::of(record, now) == s)
+    }
+}
+
+/// A key and the numbers an operator looks at first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySummary {
+    /// The key.
+    pub key: Key,
+    /// Its status when the stats were taken.
+    pub status: Status,
+    /// Its latest attempt number.
+    pub attempt: u32,
+    /// Its latest fence.
+    pub fence: u64,
+    /// When its lease expires (in flight) or when it was processed (completed).
+    pub at: Timestamp,
+}
+
+impl KeySummary {
+    /// The summary of `record` at `now`.
+    pub fn of(record: &Record, now: Timestamp) -> Self {
+        KeySummary {
+            key: record.key.clone(),
+            status: Status::of(record, now),
+            attempt: record.attempt,
+            fence: record.fence,
+            at: match &record.state {
+                RecordState::InFlight { expires_at, .. } => *expires_at,
+                RecordState::Completed { processed_at, .. } => *processed_at,
+            },
+        }
+    }
+}
+
+/// What [`Admin::stats`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// The store's "now" the counts were taken at.
+    pub now: Timestamp,
+    /// In-flight records with a live lease.
+    pub in_flight: u64,
+    /// In-flight records whose lease expired or was released.
+    pub expired: u64,
+    /// Completed records.
+    pub completed: u64,
+    /// The live lease that expires first. Stores do not keep when a lease was first
+    /// acquired (renewals move the expiry), so "oldest" is judged by expiry: with one
+    /// lease duration for every worker, it is the longest-held live lease.
+    pub oldest_live: Option<KeySummary>,
+    /// The keys with the highest attempt numbers (most retried first; ties in key order),
+    /// at most as many as asked, only keys retried at least once (attempt >= 2).
+    pub most_retried: Vec<KeySummary>,
+    /// The storage's size in bytes, where the backend can tell (table and indexes on
+    /// PostgreSQL, the database file on SQLite); `None` otherwise.
+    pub size_bytes: Option<u64>,
+}
+
+impl Stats {
+    /// Empty stats taken at `now` (the backends fill in the rest).
+    pub fn at(now: Timestamp) -> Self {
+        Stats {
+            now,
+            in_flight: 0,
+            expired: 0,
+            completed: 0,
+            oldest_live: None,
+            most_retried: Vec::new(),
+            size_bytes: None,
+        }
+    }
+
+    /// Records in all.
+    pub fn total(&self) -> u64 {
+        self.in_flight + self.expired + self.completed
+    }
+
+    /// How many of the three counts are `status`.
+    pub fn count(&self, status: Status) -> u64 {
+        match status {
+            Status::InFlight => self.in_flight,
+            Status::Expired => self.expired,
+            Status::Completed => self.completed,
+        }
+    }
+
+    /// Count `record` at `now`, and keep it if it is the oldest live lease or among the
+    /// `top` most retried. For backends that compute stats by reading records one by one.
+    pub fn add(&mut self, record: &Record, top: usize) {
+        let summary = KeySummary::of(record, self.now);
+        match summary.status {
+            Status::InFlight => self.in_flight += 1,
+            Status::Expired => self.expired += 1,
+            Status::Completed => self.completed += 1,
+        }
+        if summary.status == Status::InFlight
+            && self
+                .oldest_live
+                .as_ref()
+                .is_none_or(|o| (summary.at, &summary.key) < (o.at, &o.key))
+        {
+            self.oldest_live = Some(summary.clone());
+        }
+        if summary.attempt >= 2 && top > 0 {
+            self.most_retried.push(summary);
+            sort_most_retried(&mut self.most_retried);
+            self.most_retried.truncate(top);
+        }
+    }
+}
+
+/// Order keys most retried first, ties in key order.
+pub fn sort_most_retried(keys: &mut [KeySummary]) {
+    keys.sort_by(|a, b| b.attempt.cmp(&a.attempt).then_with(|| a.key.cmp(&b.key)));
+}
+
+/// Check how many most retried keys were asked for: at most [`MAX_TOP`].
+pub fn validate_top(top: usize) -> Result<()> {
+    if top > MAX_TOP {
+        return Err(Error::invalid(
+            "top",
+            format!("{top} is outside 0..={MAX_TOP}"),
+        ));
+    }
+    Ok(())
+}
+
+/// How many records a purge would remove (see [`Admin::count_purgeable`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgeCount {
+    /// Completed records processed before the cutoff.
+    pub completed: u64,
+    /// In-flight records whose lease expired before the cutoff.
+    pub expired: u64,
+}
+
+impl PurgeCount {
+    /// Records in all.
+    pub fn total(&self) -> u64 {
+        self.completed + self.expired
+    }
+
+    /// Count `record` if a purge with `retention` at `now` removes it. For backends that
+    /// count by reading records one by one.
+    pub fn add(&mut self, record: &Record, now: Timestamp, retention: Duration) {
+        match crate::transition::purgeable(record, now, retention) {
+            Some(crate::transition::Purgeable::Completed) => self.completed += 1,
+            Some(crate::transition::Purgeable::Expired) => self.expired += 1,
+            None => {}
+        }
+    }
+}
+
+/// What an operator release did (see [`Admin::release_key`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The key's lease was released: the next claim takes it over with fence + 1, and the
+    /// worker that held it gets `LeaseLost` when it commits after that.
+    Released {
+        /// The fence of the released lease.
+        fence: u64,
+        /// Its attempt number.
+        attempt: u32,
+        /// Whether the lease was live (released with `force`) rather than already expired.
+        was_live: bool,
+    },
+    /// Refused: the lease is live and `force` was not given. Nothing changed.
+    LiveLease {
+        /// When the live lease expires.
+        expires_at: Timestamp,
+        /// Its attempt number.
+        attempt: u32,
+    },
+    /// The key is completed: there is no lease to release. Nothing changed.
+    Completed {
+        /// When it was processed.
+        processed_at: Timestamp,
+    },
+    /// The key has no record.
+    NotFound,
+}
+
+/// The operator's extension of [`DedupStore`]: listing, counting, releasing by hand.
+///
+/// Used as `dyn Admin` (it has `DedupStore` as a supertrait, so one handle does both).
+/// "Now" is the store's clock, the one its leases use.
+#[async_trait]
+pub trait Admin: DedupStore {
+    /// The store's current time (the server's clock, or the injected one).
+    async fn now(&self) -> Result<Timestamp>;
+
+    /// Records of one consumer matching `filter`, in message id order, at most
+    /// `filter.limit` of them. Never a record of another consumer.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>>;
+
+    /// Counts by status, the oldest live lease, the `top` most retried keys and the size,
+    /// as of one reading of the store's clock.
+    async fn stats(&self, top: usize) -> Result<Stats>;
+
+    /// How many records [`DedupStore::purge`] with `retention` would remove now, removing
+    /// none (a dry run). Records keep ageing, so a purge run later may remove more.
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount>;
+
+    /// Release `key`'s lease on an operator's request, so the next delivery retries it at
+    /// once. A live lease is released only with `force`.
+    ///
+    /// It is an ordinary fenced [`DedupStore::release`] of the lease the record holds (its
+    /// token, read with [`DedupStore::get`]): fence and attempt are kept, the next claim
+    /// takes the key over with fence + 1, and from then on the worker that held the lease
+    /// gets `LeaseLost` on commit, renew or release. (Until that next claim, the record is
+    /// still that worker's, as after any release, and it may still commit.) When the key
+    /// changes hands between the read and the release, it reads again (a few times).
+    async fn release_key(&self, key: &Key, force: bool) -> Result<Released> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let now = self.now().await?;
+            let Some(record) = self.get(key).await? else {
+                return Ok(Released::NotFound);
+            };
+            let (token, expires_at) = match record.state {
+                RecordState::Completed { processed_at, .. } => {
+                    return Ok(Released::Completed { processed_at });
+                }
+                RecordState::InFlight { token, expires_at } => (token, expires_at),
+            };
+            let was_live = now < expires_at;
+            if was_live && !force {
+                return Ok(Released::LiveLease {
+                    expires_at,
+                    attempt: record.attempt,
+                });
+            }
+            let lease = Lease {
+                key: key.clone(),
+                token,
+                fence: record.fence,
+                attempt: record.attempt,
+                expires_at,
+            };
+            match self.release(&lease).await {
+                Ok(()) => {
+                    return Ok(Released::Released {
+                        fence: record.fence,
+                        attempt: record.attempt,
+                        was_live,
+                    });
+                }
+                Err(Error::LeaseLost { .. }) if tries < 3 => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A retention expressed in days, hours, minutes or seconds (`7d`, `12h`, `30m`, `45s`,
+/// `500ms`), as operators type it.
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let bad = || {
+        Error::invalid(
+            "duration",
+            format!("{text:?}: expected a number and a unit (ms, s, m, h, d), e.g. 7d"),
+        )
+    };
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let ms_per_unit: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(ms_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(
+            parse_duration("12h").unwrap(),
+            Duration::from_secs(12 * 3_600)
+        );
+        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1_800));
+        assert_eq!(parse_duration("45s").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        for bad in ["", "7", "d", "7w", "-1d", "1.5h", "99999999999999999999d"] {
+            assert!(parse_duration(bad).unwrap_err().is_invalid_input(), "{bad}");
+        }
+    }
+}
