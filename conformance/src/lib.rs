@@ -2,6 +2,7 @@
 
 pub mod clauses;
 mod harness;
+pub mod linearizability;
 mod macros;
 mod memory_factory;
 pub mod model;

@@ -90,7 +90,8 @@ async fn window() {
 }
 
 impl FaultyStore {
-    fn new(fault: Fault, clock: Arc<dyn Clock>) -> Self {
+    /// A store with `fault` on `clock`.
+    pub fn new(fault: Fault, clock: Arc<dyn Clock>) -> Self {
         FaultyStore {
             fault,
             inner: Arc::new(Inner {
