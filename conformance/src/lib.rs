@@ -6,6 +6,7 @@ pub mod linearizability;
 mod macros;
 mod memory_factory;
 pub mod model;
+pub mod proxy;
 pub mod restart;
 mod support;
 

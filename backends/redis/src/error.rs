@@ -35,6 +35,14 @@ pub(crate) fn is_retryable(e: &RedisError) -> bool {
                 )
         )
         || e.code() == Some("BUSY")
+        || truncated_reply(e)
+}
+
+/// A reply cut short by the connection closing. redis-rs's async codec reports it as a
+/// parse error ("Unexpected end of input") instead of an I/O error, but the connection
+/// dropped: the call may or may not have run, exactly like a lost reply.
+fn truncated_reply(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Parse && e.to_string().contains("Unexpected end of input")
 }
 
 /// Whether `e` says the server does not know the script (`NOSCRIPT`).
