@@ -7,6 +7,7 @@ mod macros;
 mod memory_factory;
 pub mod model;
 pub mod proxy;
+pub mod purgers;
 pub mod restart;
 mod support;
 
