@@ -3,6 +3,8 @@
 //!
 //! The programs themselves live in `src/bin/`; see the README.
 
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "redis"))]
+pub mod chaos;
 pub mod exit;
 pub mod report;
 pub mod rng;

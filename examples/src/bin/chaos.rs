@@ -1,0 +1,160 @@
+//! The chaos harness: worker processes consume an at-least-once queue while they are
+//! SIGKILLed at chosen points and PostgreSQL and Redis are crash-restarted under them; then
+//! every message's effects are counted (see `dedup_examples::chaos` for the protocol and
+//! the checks).
+//!
+//! ```sh
+//! cargo run --release -p dedup-examples --bin chaos            # every backend and mode
+//! cargo run --release -p dedup-examples --bin chaos -- --backend redis --messages 100 --json
+//! ```
+//!
+//! Needs PostgreSQL 15 binaries (the queue, and the PostgreSQL store) and `redis-server`
+//! (the Redis store), as `scripts/services.sh` installs them; each run starts private
+//! servers of its own in a temporary folder. Exits with status 1 when a check fails.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use dedup_examples::chaos::worker::{WorkerArgs, work};
+use dedup_examples::chaos::{Backend, Figures, Mode, RunConfig, Window, run};
+use dedup_examples::report::{print_json, print_table};
+
+/// Kill workers at every step of processing, restart the servers, count the effects.
+#[derive(Parser, Debug)]
+#[command(about, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    worker: Option<Internal>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Internal {
+    /// One worker process (started by the controller; not for direct use).
+    Worker(WorkerArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Backends to run (repeatable; default: all).
+    #[arg(long, value_enum)]
+    backend: Vec<Backend>,
+    /// Modes to run (repeatable; default: both; transactional runs on SQL backends only).
+    #[arg(long, value_enum)]
+    mode: Vec<Mode>,
+    /// Messages per run.
+    #[arg(long, default_value_t = 300)]
+    messages: u64,
+    /// Worker processes at a time.
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Probability that an announced window ends in a SIGKILL (the first of each window
+    /// always does).
+    #[arg(long, default_value_t = 0.03)]
+    kill_rate: f64,
+    /// Lease of every claim, ms.
+    #[arg(long, default_value_t = 3000)]
+    lease_ms: u64,
+    /// Visibility timeout of the queue, ms.
+    #[arg(long, default_value_t = 1000)]
+    visibility_ms: u64,
+    /// Seed of the kill decisions (default: random).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Fail a run whose queue is not drained within this many seconds.
+    #[arg(long, default_value_t = 600)]
+    deadline_secs: u64,
+    /// Also print one `JSON {...}` line per run.
+    #[arg(long)]
+    json: bool,
+}
+
+fn row(f: &Figures) -> Vec<String> {
+    let name = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    let mut row = vec![
+        name(&f.backend.map_or("?".into(), |b| name(&b))),
+        name(&f.mode.map_or("?".into(), |m| name(&m))),
+        f.messages.to_string(),
+        f.deliveries.to_string(),
+    ];
+    row.extend(
+        Window::ALL.map(|w| f.kills.get(w.name()).copied().unwrap_or(0).to_string()),
+    );
+    row.extend([
+        f.restarts.keys().copied().collect::<Vec<_>>().join("+"),
+        f.effects.to_string(),
+        f.doubled.to_string(),
+        f.doubled_paired.to_string(),
+        f.lost.to_string(),
+        format!("{:.1}", f.seconds),
+    ]);
+    row.into_iter().map(|c| c.trim_matches('"').to_string()).collect()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let cli = Cli::parse();
+    if let Some(Internal::Worker(args)) = cli.worker {
+        return work(args).await;
+    }
+    let args = cli.run;
+    let backends = match args.backend.as_slice() {
+        [] => vec![Backend::Sqlite, Backend::Postgres, Backend::Redis],
+        b => b.to_vec(),
+    };
+    let modes = match args.mode.as_slice() {
+        [] => vec![Mode::Transactional, Mode::Lease],
+        m => m.to_vec(),
+    };
+    let seed = args.seed.unwrap_or_else(|| {
+        u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().unwrap_or_default())
+    });
+    println!("chaos: seed {seed}");
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
+    for backend in backends {
+        for &mode in &modes {
+            if backend == Backend::Redis && mode == Mode::Transactional {
+                continue;
+            }
+            let config = RunConfig {
+                backend,
+                mode,
+                messages: args.messages,
+                workers: args.workers,
+                kill_rate: args.kill_rate,
+                lease: Duration::from_millis(args.lease_ms),
+                visibility: Duration::from_millis(args.visibility_ms),
+                seed,
+                deadline: Duration::from_secs(args.deadline_secs),
+                exe: std::env::current_exe()?,
+            };
+            let figures = run(&config).await?;
+            if args.json {
+                print_json(&figures);
+            }
+            for v in figures.violations() {
+                failed.push(format!("{backend:?} {mode:?}: {v}"));
+            }
+            rows.push(row(&figures));
+        }
+    }
+    print_table(
+        &[
+            "backend", "mode", "messages", "deliveries", "kill:before_claim",
+            "kill:claim_effect", "kill:effect_commit", "kill:commit_ack", "restarted",
+            "effects", "doubled", "doubled paired", "lost", "seconds",
+        ],
+        &rows,
+    );
+    if failed.is_empty() {
+        println!("chaos: every check passed");
+        Ok(())
+    } else {
+        for f in &failed {
+            println!("FAILED {f}");
+        }
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,342 @@
+//! The controller: starts the servers and the workers, kills workers in the windows they
+//! announce, restarts the servers mid-run, and counts the effects at the end.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dedup_postgres::PostgresStore;
+use dedup_postgres::sqlx::{self, PgPool};
+use dedup_sqlite::SqliteStore;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+use super::queue::Queue;
+use super::servers::{Postgres, Redis};
+use super::worker::{EFFECTS_FILE, EFFECTS_TABLE, postgres_config, queue_call};
+use super::{Backend, Figures, Mode, Window};
+use crate::rng::Rng;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const QUEUE_TABLE: &str = "chaos_queue";
+
+/// One run's settings.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Which store.
+    pub backend: Backend,
+    /// Which mode.
+    pub mode: Mode,
+    /// Messages to process.
+    pub messages: u64,
+    /// Worker processes at a time.
+    pub workers: u32,
+    /// Probability that an announced window ends in a SIGKILL (after the first of each
+    /// window, which always does).
+    pub kill_rate: f64,
+    /// Lease of every claim.
+    pub lease: Duration,
+    /// The queue's visibility timeout.
+    pub visibility: Duration,
+    /// Seed of the kill decisions.
+    pub seed: u64,
+    /// Fail when the queue is not drained by then.
+    pub deadline: Duration,
+    /// This program (started again as `worker`).
+    pub exe: PathBuf,
+}
+
+/// What the worker slots saw.
+#[derive(Default)]
+struct Tally {
+    kills: BTreeMap<Window, u64>,
+    effect_commit_kills: HashMap<u64, u64>,
+    worker_failures: u64,
+}
+
+struct Shared {
+    config: RunConfig,
+    args: Vec<String>,
+    log: PathBuf,
+    rng: Mutex<Rng>,
+    tally: Mutex<Tally>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Whether to kill a worker announcing `window` for message `id` (and count it).
+    fn kill(&self, window: Window, id: u64) -> bool {
+        let mut tally = lock(&self.tally);
+        let kill = !tally.kills.contains_key(&window)
+            || lock(&self.rng).chance(self.config.kill_rate);
+        if kill {
+            *tally.kills.entry(window).or_default() += 1;
+            if window == Window::EffectCommit {
+                *tally.effect_commit_kills.entry(id).or_default() += 1;
+            }
+        }
+        kill
+    }
+}
+
+/// One worker slot: run a worker, answer its announcements or kill it and start another,
+/// until a worker reports the queue drained.
+async fn slot(shared: Arc<Shared>, n: u32) -> Result<(), BoxError> {
+    loop {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&shared.log)?;
+        let mut child = Command::new(&shared.config.exe)
+            .args(&shared.args)
+            .args(["--worker", &n.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+        let mut killed = false;
+        let mut done = false;
+        while let Some(line) = lines.next_line().await? {
+            if line == "DONE" {
+                done = true;
+                continue;
+            }
+            let mut parts = line.split(' ');
+            let (Some("AT"), Some(window), Some(id)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let window = Window::parse(window).ok_or("unknown window")?;
+            let id: u64 = id.parse()?;
+            if shared.kill(window, id) {
+                child.kill().await?; // SIGKILL, reaped
+                killed = true;
+                break;
+            }
+            stdin.write_all(b"go\n").await?;
+        }
+        let status = child.wait().await?;
+        if done && status.success() {
+            return Ok(());
+        }
+        if !killed {
+            lock(&shared.tally).worker_failures += 1;
+            if lock(&shared.tally).worker_failures > 20 {
+                return Err(format!("workers keep failing; see {}", shared.log.display()).into());
+            }
+        }
+    }
+}
+
+/// Per message: how many effects were recorded.
+async fn effects(
+    config: &RunConfig,
+    dir: &Path,
+    store: &str,
+) -> Result<HashMap<u64, u64>, BoxError> {
+    let mut counts: HashMap<u64, u64> = HashMap::new();
+    match (config.mode, config.backend) {
+        (Mode::Lease, _) => {
+            let text = std::fs::read_to_string(dir.join(EFFECTS_FILE)).unwrap_or_default();
+            for line in text.lines() {
+                let id: u64 = line.split(' ').next().unwrap_or("").parse()?;
+                *counts.entry(id).or_default() += 1;
+            }
+        }
+        (Mode::Transactional, Backend::Postgres) => {
+            let pool = PgPool::connect(store).await?;
+            let rows: Vec<(i64, i64)> =
+                sqlx::query_as("SELECT msg, count(*) FROM chaos_effects GROUP BY msg")
+                    .fetch_all(&pool)
+                    .await?;
+            counts.extend(rows.into_iter().map(|(m, c)| (m as u64, c as u64)));
+        }
+        (Mode::Transactional, _) => {
+            let conn = dedup_sqlite::rusqlite::Connection::open(store)?;
+            let mut stmt = conn.prepare("SELECT msg, count(*) FROM chaos_effects GROUP BY msg")?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+            for row in rows {
+                let (m, c) = row?;
+                counts.insert(m as u64, c as u64);
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// Create the store's tables (and the effects table of transactional mode); returns the
+/// store argument for the workers.
+async fn prepare_store(
+    config: &RunConfig,
+    dir: &Path,
+    postgres: &Postgres,
+    redis_url: Option<String>,
+) -> Result<String, BoxError> {
+    let effects_ddl =
+        format!("CREATE TABLE {EFFECTS_TABLE} (msg bigint NOT NULL, worker bigint, fence bigint)");
+    match config.backend {
+        Backend::Sqlite => {
+            let path = dir.join("store.db");
+            let store = SqliteStore::open(&path).await?;
+            store.open_connection()?.execute(&effects_ddl, [])?;
+            Ok(path.display().to_string())
+        }
+        Backend::Postgres => {
+            let store = PostgresStore::connect_with(&postgres.url, postgres_config()).await?;
+            sqlx::query(sqlx::AssertSqlSafe(effects_ddl))
+                .execute(store.pool())
+                .await?;
+            Ok(postgres.url.clone())
+        }
+        Backend::Redis => Ok(redis_url.ok_or("no redis")?),
+    }
+}
+
+/// Run the harness once with `config`; the figures, or why it could not run.
+pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
+    if config.mode == Mode::Transactional && config.backend == Backend::Redis {
+        return Err("transactional mode needs an SQL backend (postgres, sqlite)".into());
+    }
+    let started = Instant::now();
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().to_path_buf();
+    let postgres = tokio::task::spawn_blocking({
+        let dir = dir.join("pg");
+        move || Postgres::start(&dir)
+    })
+    .await??;
+    let admin = PgPool::connect(&postgres.url).await?;
+    // The scripts' servers trade durability for speed; a crash must not lose commits here.
+    for statement in ["ALTER SYSTEM SET synchronous_commit = on", "SELECT pg_reload_conf()"] {
+        sqlx::raw_sql(statement).execute(&admin).await?;
+    }
+    let queue = Queue::new(admin, QUEUE_TABLE, config.visibility);
+    queue.create(config.messages).await?;
+    let redis = match config.backend {
+        Backend::Redis => Some(Arc::new(Mutex::new(Redis::start(&dir.join("redis"))?))),
+        _ => None,
+    };
+    let redis_url = redis.as_ref().map(|r| lock(r).url());
+    let store = prepare_store(config, &dir, &postgres, redis_url).await?;
+    let mode = match config.mode {
+        Mode::Lease => "lease",
+        Mode::Transactional => "transactional",
+    };
+    let backend = match config.backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+        Backend::Redis => "redis",
+    };
+    let args: Vec<String> = [
+        "worker",
+        "--backend",
+        backend,
+        "--mode",
+        mode,
+        "--queue-url",
+        &postgres.url,
+        "--queue-table",
+        QUEUE_TABLE,
+        "--visibility-ms",
+        &config.visibility.as_millis().to_string(),
+        "--store",
+        &store,
+        "--lease-ms",
+        &config.lease.as_millis().to_string(),
+        "--dir",
+        &dir.display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let shared = Arc::new(Shared {
+        config: config.clone(),
+        args,
+        log: dir.join("workers.log"),
+        rng: Mutex::new(Rng::new(config.seed)),
+        tally: Mutex::default(),
+    });
+    let slots: Vec<_> = (0..config.workers)
+        .map(|n| tokio::spawn(slot(shared.clone(), n)))
+        .collect();
+
+    // Restart PostgreSQL at a third of the messages, Redis at two thirds.
+    let mut restarts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let all_done = async {
+        let mut pending = slots;
+        loop {
+            pending.retain(|s| !s.is_finished());
+            if pending.is_empty() {
+                return Ok::<(), BoxError>(());
+            }
+            let acked = queue_call("stats", || queue.stats()).await?.acked;
+            if !restarts.contains_key("postgres") && acked * 3 >= config.messages {
+                let pg = &postgres;
+                tokio::task::block_in_place(|| pg.crash_restart())?;
+                restarts.insert("postgres", 1);
+            }
+            if let Some(redis) = &redis
+                && !restarts.contains_key("redis")
+                && acked * 3 >= config.messages * 2
+            {
+                let redis = redis.clone();
+                tokio::task::spawn_blocking(move || lock(&redis).kill_and_restart()).await??;
+                restarts.insert("redis", 1);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let drained = tokio::time::timeout(config.deadline, all_done).await;
+    let worker_log = std::fs::read_to_string(&shared.log).unwrap_or_default();
+    match drained {
+        Ok(result) => result?,
+        Err(_) => {
+            let tail: Vec<&str> = worker_log.lines().rev().take(20).collect();
+            return Err(format!(
+                "the queue was not drained within {:?}; last worker log lines:\n{}",
+                config.deadline,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+            .into());
+        }
+    }
+    let stats = queue_call("stats", || queue.stats()).await?;
+    let counts = effects(config, &dir, &store).await?;
+    let tally = lock(&shared.tally);
+    let mut figures = Figures {
+        backend: Some(config.backend),
+        mode: Some(config.mode),
+        messages: config.messages,
+        deliveries: stats.deliveries,
+        kills: Window::ALL
+            .into_iter()
+            .map(|w| (w.name(), tally.kills.get(&w).copied().unwrap_or(0)))
+            .collect(),
+        restarts,
+        effects: counts.values().sum(),
+        ..Figures::default()
+    };
+    for id in 0..config.messages {
+        match counts.get(&id).copied().unwrap_or(0) {
+            0 => figures.lost += 1,
+            1 => {}
+            n => {
+                figures.doubled += 1;
+                let kills = tally.effect_commit_kills.get(&id).copied().unwrap_or(0);
+                if n - 1 <= kills {
+                    figures.doubled_paired += 1;
+                }
+            }
+        }
+    }
+    figures.seconds = started.elapsed().as_secs_f64();
+    Ok(figures)
+}

@@ -1,0 +1,157 @@
+//! The chaos harness behind `src/bin/chaos.rs`: worker OS processes consume an
+//! at-least-once queue while a controller SIGKILLs them at chosen points, and restarts
+//! PostgreSQL (and Redis) under them; afterwards every message's effects are counted.
+//!
+//! - The stream is a PostgreSQL queue table ([`queue`]) with a visibility timeout: a
+//!   received message not acknowledged in time is delivered again, to any worker.
+//! - Each worker ([`worker`]) processes a message in four steps, and before each one
+//!   announces the window it is in on stdout and waits for the controller's go-ahead on
+//!   stdin: `before_claim`, `claim_effect` (claimed, effect not yet done),
+//!   `effect_commit` (effect done, not committed) and `commit_ack` (committed, not
+//!   acknowledged). The controller ([`controller`]) answers "go" or SIGKILLs the worker
+//!   right there, so every kill lands in a known window for a known message, and starts a
+//!   replacement. The first announcement of each window is always killed, so every window
+//!   is covered; after that each announcement is killed with the configured probability.
+//! - Lease mode (every backend): claim, append the effect to a file and `fsync` it (an
+//!   external side effect the store cannot roll back), commit, acknowledge.
+//!   Transactional mode (PostgreSQL, SQLite): claim inside a database transaction, insert
+//!   the effect row in the same transaction, commit it, acknowledge.
+//! - Servers are private to the run: a PostgreSQL from `scripts/services.sh` (its queue
+//!   table, and the PostgreSQL store's table), crash-restarted once (`pg_ctl -m immediate`)
+//!   when a third of the messages are acknowledged; for the Redis backend a
+//!   `redis-server` with `appendonly yes` and `appendfsync always`, SIGKILLed and
+//!   restarted once at two thirds.
+//!
+//! Checks ([`Figures::violations`]): transactional mode, every message has exactly one
+//! effect; lease mode, every message has at least one effect, and each message's extra
+//! effects are no more than the kills that hit that message in the `effect_commit` window
+//! (the only place the contract allows a repeat: the effect happened, the commit did not).
+
+pub mod controller;
+pub mod queue;
+pub mod servers;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+pub use controller::{RunConfig, run};
+
+/// Which store the workers use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// `SqliteStore` on a file in the run's folder.
+    Sqlite,
+    /// `PostgresStore` on the run's private PostgreSQL.
+    Postgres,
+    /// `RedisStore` on the run's private redis-server (AOF, fsync always).
+    Redis,
+}
+
+/// How workers make their effect permanent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Claim a lease, do the effect outside the store, commit.
+    Lease,
+    /// Claim and write the effect in one database transaction (SQL backends).
+    Transactional,
+}
+
+/// Where a worker can be killed while processing one message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Window {
+    /// Received, not claimed yet.
+    BeforeClaim,
+    /// Claimed, effect not done.
+    ClaimEffect,
+    /// Effect done, not committed.
+    EffectCommit,
+    /// Committed, not acknowledged.
+    CommitAck,
+}
+
+impl Window {
+    /// Every window, in processing order.
+    pub const ALL: [Window; 4] = [
+        Window::BeforeClaim,
+        Window::ClaimEffect,
+        Window::EffectCommit,
+        Window::CommitAck,
+    ];
+
+    /// The name used in the announcement protocol and the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Window::BeforeClaim => "before_claim",
+            Window::ClaimEffect => "claim_effect",
+            Window::EffectCommit => "effect_commit",
+            Window::CommitAck => "commit_ack",
+        }
+    }
+
+    /// The window named `name`.
+    pub fn parse(name: &str) -> Option<Window> {
+        Window::ALL.into_iter().find(|w| w.name() == name)
+    }
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What one run measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Figures {
+    /// Which store.
+    pub backend: Option<Backend>,
+    /// Which mode.
+    pub mode: Option<Mode>,
+    /// Messages enqueued (each once).
+    pub messages: u64,
+    /// Deliveries made by the queue (redeliveries included).
+    pub deliveries: u64,
+    /// Kills by window.
+    pub kills: BTreeMap<&'static str, u64>,
+    /// Server restarts made mid-run (`postgres`, `redis`).
+    pub restarts: BTreeMap<&'static str, u64>,
+    /// Effects recorded.
+    pub effects: u64,
+    /// Messages with more than one effect.
+    pub doubled: u64,
+    /// Messages with no effect.
+    pub lost: u64,
+    /// Doubled messages whose extra effects are all matched by kills in the
+    /// `effect_commit` window of the same message.
+    pub doubled_paired: u64,
+    /// Wall time of the run, in seconds.
+    pub seconds: f64,
+}
+
+impl Figures {
+    /// The checks this run failed (empty: it passed). See the module docs.
+    pub fn violations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.lost > 0 {
+            out.push(format!("{} messages lost (no effect)", self.lost));
+        }
+        match self.mode {
+            Some(Mode::Transactional) if self.doubled > 0 => out.push(format!(
+                "{} messages doubled in transactional mode",
+                self.doubled
+            )),
+            _ if self.doubled > self.doubled_paired => out.push(format!(
+                "{} doubled messages not accounted for by a kill between effect and commit",
+                self.doubled - self.doubled_paired
+            )),
+            _ => {}
+        }
+        out
+    }
+}

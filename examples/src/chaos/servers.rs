@@ -1,0 +1,142 @@
+//! The run's private servers: a PostgreSQL from `scripts/services.sh` (crash-restartable)
+//! and a `redis-server` with `appendonly yes`, `appendfsync always` (SIGKILL and restart).
+//! Private, so that restarting them disturbs nothing else on the machine.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `scripts/services.sh` of this repository.
+fn services_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh")
+}
+
+fn services(dir: &Path, args: &[&str]) -> Result<Output, BoxError> {
+    let out = Command::new(services_script())
+        .args(args)
+        .env("DEDUP_SERVICES_DIR", dir)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "services.sh {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(out)
+}
+
+/// A private PostgreSQL, stopped when dropped.
+pub struct Postgres {
+    dir: PathBuf,
+    /// Its URL.
+    pub url: String,
+}
+
+impl Postgres {
+    /// Start one with its state in `dir`.
+    pub fn start(dir: &Path) -> Result<Self, BoxError> {
+        // Built first, so that a start failing halfway is stopped by `drop`.
+        let mut server = Postgres {
+            dir: dir.to_path_buf(),
+            url: String::new(),
+        };
+        services(dir, &["start", "postgres"])?;
+        let env = services(dir, &["env"])?;
+        let env = String::from_utf8_lossy(&env.stdout).into_owned();
+        server.url = env
+            .lines()
+            .find_map(|l| l.strip_prefix("export DEDUP_POSTGRES_URL="))
+            .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string())
+            .ok_or_else(|| format!("no DEDUP_POSTGRES_URL in {env}"))?;
+        Ok(server)
+    }
+
+    /// Crash (immediate stop: no checkpoint) and start again; returns when it accepts
+    /// connections.
+    pub fn crash_restart(&self) -> Result<(), BoxError> {
+        services(&self.dir, &["crash-restart", "postgres"]).map(|_| ())
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = services(&self.dir, &["stop"]);
+    }
+}
+
+/// A private redis-server persisting every write (`appendfsync always`), killed when
+/// dropped.
+pub struct Redis {
+    child: Option<Child>,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Redis {
+    /// Start one with its data in `dir`.
+    pub fn start(dir: &Path) -> Result<Self, BoxError> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        std::fs::create_dir_all(dir)?;
+        let mut server = Redis {
+            child: None,
+            dir: dir.to_path_buf(),
+            port,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> Result<(), BoxError> {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = redis::Client::open(self.url().as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok();
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("redis-server did not start in 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL it and start it again on the same port and data (the AOF).
+    pub fn kill_and_restart(&mut self) -> Result<(), BoxError> {
+        self.kill();
+        self.spawn()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

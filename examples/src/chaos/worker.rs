@@ -1,0 +1,264 @@
+//! A worker process: receives messages from the queue and processes each under the
+//! announcement protocol (see the module docs of [`chaos`](super)), until the queue is
+//! drained.
+//!
+//! Store and queue calls that fail with a retryable error (a server restarting) are
+//! retried for up to a minute; anything else ends the worker with an error, which the
+//! controller reports.
+
+use std::fs::OpenOptions;
+use std::future::Future;
+use std::io::{BufRead, Write as _};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use dedup_core::{Claim, ClaimOptions, DedupStore, Key, Result, TxClaim};
+use dedup_postgres::sqlx::{self, PgPool};
+use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_sqlite::rusqlite::{TransactionBehavior, params};
+use dedup_sqlite::SqliteStore;
+
+use super::queue::Queue;
+use super::{Backend, Mode, Window};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The effects table of transactional mode (in the store's database).
+pub const EFFECTS_TABLE: &str = "chaos_effects";
+/// The effects file of lease mode (in the run's folder).
+pub const EFFECTS_FILE: &str = "effects.log";
+/// The store's table (SQL backends) / the consumer of every key.
+pub const CONSUMER: &str = "chaos";
+
+/// What a worker needs to know (passed on its command line by the controller).
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkerArgs {
+    /// Which store.
+    #[arg(long, value_enum)]
+    pub backend: Backend,
+    /// Which mode.
+    #[arg(long, value_enum)]
+    pub mode: Mode,
+    /// The PostgreSQL holding the queue.
+    #[arg(long)]
+    pub queue_url: String,
+    /// The queue table.
+    #[arg(long)]
+    pub queue_table: String,
+    /// Visibility timeout of the queue, ms.
+    #[arg(long)]
+    pub visibility_ms: u64,
+    /// The store: an SQLite file path, or a PostgreSQL / Redis URL.
+    #[arg(long)]
+    pub store: String,
+    /// Lease of every claim, ms.
+    #[arg(long)]
+    pub lease_ms: u64,
+    /// The run's folder (the effects file of lease mode).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// This worker's number (for the effect records).
+    #[arg(long)]
+    pub worker: u32,
+}
+
+/// Announce `window` for message `id` and wait for the controller's go-ahead (it may kill
+/// this process instead). A closed stdin ends the worker.
+fn announce(window: Window, id: u64) {
+    println!("AT {window} {id}");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    match std::io::stdin().lock().read_line(&mut line) {
+        Ok(n) if n > 0 => {}
+        _ => std::process::exit(0),
+    }
+}
+
+/// Call `op` until it succeeds or fails with a non-retryable error (or for a minute).
+async fn retried<T, F, Fut>(what: &str, mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match op().await {
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                eprintln!("{what}: retrying after {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Call a queue operation until it succeeds (for a minute: a restart takes seconds).
+pub(crate) async fn queue_call<T, F, Fut>(what: &str, mut op: F) -> std::result::Result<T, BoxError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("queue {what}: retrying after {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn key(id: u64) -> Key {
+    Key::new(CONSUMER, format!("m{id}")).expect("valid key")
+}
+
+/// The store a worker uses.
+enum Store {
+    Any(std::sync::Arc<dyn DedupStore>),
+    Postgres(PostgresStore),
+    Sqlite(SqliteStore),
+}
+
+/// Run a worker until the queue is drained.
+pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
+    let pool = queue_call("connect", || PgPool::connect(&args.queue_url)).await?;
+    let queue = Queue::new(
+        pool,
+        &args.queue_table,
+        Duration::from_millis(args.visibility_ms),
+    );
+    let store = match (args.backend, args.mode) {
+        (Backend::Postgres, Mode::Transactional) => Store::Postgres(
+            retried("connect", || {
+                PostgresStore::connect_with(&args.store, postgres_config())
+            })
+            .await?,
+        ),
+        (Backend::Sqlite, Mode::Transactional) => Store::Sqlite(SqliteStore::open(&args.store).await?),
+        (Backend::Sqlite, Mode::Lease) => Store::Any(std::sync::Arc::new(SqliteStore::open(&args.store).await?)),
+        _ => Store::Any(retried("connect", || crate::open_store(&args.store)).await?),
+    };
+    let options = ClaimOptions::lease(Duration::from_millis(args.lease_ms));
+    loop {
+        let Some(id) = queue_call("receive", || queue.receive()).await? else {
+            if queue_call("stats", || queue.stats()).await?.acked_all() {
+                println!("DONE");
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        announce(Window::BeforeClaim, id);
+        let done = match &store {
+            Store::Any(store) => lease_mode(&**store, id, &options, &args).await?,
+            Store::Postgres(store) => postgres_tx(store, id, args.worker).await?,
+            Store::Sqlite(store) => sqlite_tx(store, id, args.worker)?,
+        };
+        if done {
+            queue_call("ack", || queue.ack(id)).await?;
+        }
+    }
+}
+
+/// The PostgreSQL store's configuration (default table in the private server).
+pub fn postgres_config() -> PostgresConfig {
+    PostgresConfig {
+        max_connections: 2,
+        ..PostgresConfig::default()
+    }
+}
+
+/// Lease mode: claim, effect (a line appended to the effects file, fsynced), commit.
+/// Returns whether to acknowledge.
+async fn lease_mode(
+    store: &dyn DedupStore,
+    id: u64,
+    options: &ClaimOptions,
+    args: &WorkerArgs,
+) -> std::result::Result<bool, BoxError> {
+    let key = key(id);
+    let lease = match retried("claim", || store.claim(&key, options)).await? {
+        Claim::Completed { .. } => return Ok(true),
+        Claim::InFlight { .. } => return Ok(false),
+        Claim::Acquired(lease) => lease,
+    };
+    announce(Window::ClaimEffect, id);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(args.dir.join(EFFECTS_FILE))?;
+    writeln!(file, "{id} {} {}", args.worker, lease.fence)?;
+    file.sync_data()?;
+    announce(Window::EffectCommit, id);
+    match retried("commit", || store.commit(&lease, Some(b"done"))).await {
+        Ok(()) => {}
+        Err(e) if e.is_lease_lost() => {
+            eprintln!("message {id}: lease lost before commit (it expired and was taken over)");
+            return Ok(false);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    announce(Window::CommitAck, id);
+    Ok(true)
+}
+
+/// Transactional mode on PostgreSQL: claim and the effect row in one transaction.
+async fn postgres_tx(store: &PostgresStore, id: u64, worker: u32) -> std::result::Result<bool, BoxError> {
+    let key = key(id);
+    let attempt = async {
+        let mut tx = store.pool().begin().await.map_err(BoxError::from)?;
+        match store.claim_in_tx(&mut tx, &key, None).await? {
+            TxClaim::Completed { .. } => return Ok(true),
+            TxClaim::InFlight { .. } => return Ok(false),
+            TxClaim::Claimed { fence } => {
+                announce(Window::ClaimEffect, id);
+                sqlx::query(
+                    "INSERT INTO chaos_effects (msg, worker, fence) VALUES ($1, $2, $3)",
+                )
+                .bind(id as i64)
+                .bind(worker as i64)
+                .bind(fence as i64)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        announce(Window::EffectCommit, id);
+        tx.commit().await?;
+        announce(Window::CommitAck, id);
+        Ok::<bool, BoxError>(true)
+    };
+    match attempt.await {
+        Ok(done) => Ok(done),
+        Err(e) => {
+            // The transaction rolled back (a restart cut it): the next delivery retries.
+            eprintln!("message {id}: transaction failed: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(false)
+        }
+    }
+}
+
+/// Transactional mode on SQLite: claim and the effect row in one transaction.
+fn sqlite_tx(store: &SqliteStore, id: u64, worker: u32) -> std::result::Result<bool, BoxError> {
+    let key = key(id);
+    let mut conn = store.open_connection()?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    match store.claim_in_tx(&tx, &key, None)? {
+        TxClaim::Completed { .. } => return Ok(true),
+        TxClaim::InFlight { .. } => return Ok(false),
+        TxClaim::Claimed { fence } => {
+            announce(Window::ClaimEffect, id);
+            tx.execute(
+                "INSERT INTO chaos_effects (msg, worker, fence) VALUES (?1, ?2, ?3)",
+                params![id as i64, worker, fence as i64],
+            )?;
+        }
+    }
+    announce(Window::EffectCommit, id);
+    tx.commit()?;
+    announce(Window::CommitAck, id);
+    Ok(true)
+}

@@ -1,0 +1,70 @@
+//! A short chaos run per backend (see `src/bin/chaos.rs`): worker processes SIGKILLed in
+//! every window, PostgreSQL (and Redis) crash-restarted mid-run; the figures must show no
+//! message lost, none doubled in transactional mode, and in lease mode every doubled
+//! message paired with a kill between its effect and its commit.
+//!
+//! Each run starts private servers from the binaries `scripts/services.sh` installs; they
+//! are taken to be present when the shared test servers are (`DEDUP_POSTGRES_URL`), so a
+//! run without them skips, or fails under `DEDUP_TEST_STRICT=1`.
+
+mod support;
+
+use support::{json_lines, run_example};
+
+fn chaos(backend: &str, expected_runs: usize) {
+    if dedup_conformance::server_url("DEDUP_POSTGRES_URL").is_none() {
+        eprintln!("SKIPPED chaos_{backend}: no test servers (see scripts/test.sh)");
+        return;
+    }
+    let out = run_example(
+        "chaos",
+        &[
+            "--backend", backend, "--messages", "40", "--workers", "3", "--kill-rate", "0.05",
+            "--lease-ms", "1500", "--visibility-ms", "400", "--deadline-secs", "120", "--json",
+        ],
+    );
+    println!("{out}");
+    let runs = json_lines(&out);
+    assert_eq!(runs.len(), expected_runs, "one JSON line per mode:\n{out}");
+    for run in runs {
+        let n = |field: &str| run[field].as_u64().unwrap_or_else(|| panic!("{field} in {run}"));
+        assert_eq!(n("messages"), 40);
+        assert!(n("deliveries") > 40, "kills must cause redeliveries: {run}");
+        assert_eq!(n("lost"), 0, "no message may be lost: {run}");
+        for window in ["before_claim", "claim_effect", "effect_commit", "commit_ack"] {
+            let kills = run["kills"][window].as_u64().unwrap_or(0);
+            assert!(kills >= 1, "a kill in every window ({window}): {run}");
+        }
+        assert_eq!(run["restarts"]["postgres"], 1, "PostgreSQL restarted once: {run}");
+        if backend == "redis" {
+            assert_eq!(run["restarts"]["redis"], 1, "Redis restarted once: {run}");
+        }
+        match run["mode"].as_str() {
+            Some("transactional") => {
+                assert_eq!(n("doubled"), 0, "transactional mode never doubles: {run}");
+                assert_eq!(n("effects"), 40, "one effect per message: {run}");
+            }
+            Some("lease") => assert_eq!(
+                n("doubled"),
+                n("doubled_paired"),
+                "every doubled message is paired with an effect-to-commit kill: {run}"
+            ),
+            other => panic!("unknown mode {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn chaos_sqlite_transactional_and_lease() {
+    chaos("sqlite", 2);
+}
+
+#[test]
+fn chaos_postgres_transactional_and_lease() {
+    chaos("postgres", 2);
+}
+
+#[test]
+fn chaos_redis_lease() {
+    chaos("redis", 1);
+}
