@@ -19,23 +19,48 @@ fn chaos(backend: &str, expected_runs: usize) {
     let out = run_example(
         "chaos",
         &[
-            "--backend", backend, "--messages", "40", "--workers", "3", "--kill-rate", "0.05",
-            "--lease-ms", "1500", "--visibility-ms", "400", "--deadline-secs", "120", "--json",
+            "--backend",
+            backend,
+            "--messages",
+            "40",
+            "--workers",
+            "3",
+            "--kill-rate",
+            "0.05",
+            "--lease-ms",
+            "1500",
+            "--visibility-ms",
+            "400",
+            "--deadline-secs",
+            "120",
+            "--json",
         ],
     );
     println!("{out}");
     let runs = json_lines(&out);
     assert_eq!(runs.len(), expected_runs, "one JSON line per mode:\n{out}");
     for run in runs {
-        let n = |field: &str| run[field].as_u64().unwrap_or_else(|| panic!("{field} in {run}"));
+        let n = |field: &str| {
+            run[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{field} in {run}"))
+        };
         assert_eq!(n("messages"), 40);
         assert!(n("deliveries") > 40, "kills must cause redeliveries: {run}");
         assert_eq!(n("lost"), 0, "no message may be lost: {run}");
-        for window in ["before_claim", "claim_effect", "effect_commit", "commit_ack"] {
+        for window in [
+            "before_claim",
+            "claim_effect",
+            "effect_commit",
+            "commit_ack",
+        ] {
             let kills = run["kills"][window].as_u64().unwrap_or(0);
             assert!(kills >= 1, "a kill in every window ({window}): {run}");
         }
-        assert_eq!(run["restarts"]["postgres"], 1, "PostgreSQL restarted once: {run}");
+        assert_eq!(
+            run["restarts"]["postgres"], 1,
+            "PostgreSQL restarted once: {run}"
+        );
         if backend == "redis" {
             assert_eq!(run["restarts"]["redis"], 1, "Redis restarted once: {run}");
         }

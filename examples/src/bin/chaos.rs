@@ -78,9 +78,7 @@ fn row(f: &Figures) -> Vec<String> {
         f.messages.to_string(),
         f.deliveries.to_string(),
     ];
-    row.extend(
-        Window::ALL.map(|w| f.kills.get(w.name()).copied().unwrap_or(0).to_string()),
-    );
+    row.extend(Window::ALL.map(|w| f.kills.get(w.name()).copied().unwrap_or(0).to_string()));
     row.extend([
         f.restarts.keys().copied().collect::<Vec<_>>().join("+"),
         f.effects.to_string(),
@@ -89,7 +87,9 @@ fn row(f: &Figures) -> Vec<String> {
         f.lost.to_string(),
         format!("{:.1}", f.seconds),
     ]);
-    row.into_iter().map(|c| c.trim_matches('"').to_string()).collect()
+    row.into_iter()
+        .map(|c| c.trim_matches('"').to_string())
+        .collect()
 }
 
 #[tokio::main]
@@ -108,7 +108,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         m => m.to_vec(),
     };
     let seed = args.seed.unwrap_or_else(|| {
-        u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().unwrap_or_default())
+        u64::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or_default(),
+        )
     });
     println!("chaos: seed {seed}");
     let mut rows = Vec::new();
@@ -142,9 +146,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     print_table(
         &[
-            "backend", "mode", "messages", "deliveries", "kill:before_claim",
-            "kill:claim_effect", "kill:effect_commit", "kill:commit_ack", "restarted",
-            "effects", "doubled", "doubled paired", "lost", "seconds",
+            "backend",
+            "mode",
+            "messages",
+            "deliveries",
+            "kill:before_claim",
+            "kill:claim_effect",
+            "kill:effect_commit",
+            "kill:commit_ack",
+            "restarted",
+            "effects",
+            "doubled",
+            "doubled paired",
+            "lost",
+            "seconds",
         ],
         &rows,
     );

@@ -73,8 +73,8 @@ impl Shared {
     /// Whether to kill a worker announcing `window` for message `id` (and count it).
     fn kill(&self, window: Window, id: u64) -> bool {
         let mut tally = lock(&self.tally);
-        let kill = !tally.kills.contains_key(&window)
-            || lock(&self.rng).chance(self.config.kill_rate);
+        let kill =
+            !tally.kills.contains_key(&window) || lock(&self.rng).chance(self.config.kill_rate);
         if kill {
             *tally.kills.entry(window).or_default() += 1;
             if window == Window::EffectCommit {
@@ -216,7 +216,10 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     .await??;
     let admin = PgPool::connect(&postgres.url).await?;
     // The scripts' servers trade durability for speed; a crash must not lose commits here.
-    for statement in ["ALTER SYSTEM SET synchronous_commit = on", "SELECT pg_reload_conf()"] {
+    for statement in [
+        "ALTER SYSTEM SET synchronous_commit = on",
+        "SELECT pg_reload_conf()",
+    ] {
         sqlx::raw_sql(statement).execute(&admin).await?;
     }
     let queue = Queue::new(admin, QUEUE_TABLE, config.visibility);

@@ -93,7 +93,14 @@ impl Redis {
     fn spawn(&mut self) -> Result<(), BoxError> {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())

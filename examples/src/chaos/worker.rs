@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use dedup_core::{Claim, ClaimOptions, DedupStore, Key, Result, TxClaim};
 use dedup_postgres::sqlx::{self, PgPool};
 use dedup_postgres::{PostgresConfig, PostgresStore};
-use dedup_sqlite::rusqlite::{TransactionBehavior, params};
 use dedup_sqlite::SqliteStore;
+use dedup_sqlite::rusqlite::{TransactionBehavior, params};
 
 use super::queue::Queue;
 use super::{Backend, Mode, Window};
@@ -137,8 +137,12 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
             })
             .await?,
         ),
-        (Backend::Sqlite, Mode::Transactional) => Store::Sqlite(SqliteStore::open(&args.store).await?),
-        (Backend::Sqlite, Mode::Lease) => Store::Any(std::sync::Arc::new(SqliteStore::open(&args.store).await?)),
+        (Backend::Sqlite, Mode::Transactional) => {
+            Store::Sqlite(SqliteStore::open(&args.store).await?)
+        }
+        (Backend::Sqlite, Mode::Lease) => {
+            Store::Any(std::sync::Arc::new(SqliteStore::open(&args.store).await?))
+        }
         _ => Store::Any(retried("connect", || crate::open_store(&args.store)).await?),
     };
     let options = ClaimOptions::lease(Duration::from_millis(args.lease_ms));
@@ -206,7 +210,11 @@ async fn lease_mode(
 }
 
 /// Transactional mode on PostgreSQL: claim and the effect row in one transaction.
-async fn postgres_tx(store: &PostgresStore, id: u64, worker: u32) -> std::result::Result<bool, BoxError> {
+async fn postgres_tx(
+    store: &PostgresStore,
+    id: u64,
+    worker: u32,
+) -> std::result::Result<bool, BoxError> {
     let key = key(id);
     let attempt = async {
         let mut tx = store.pool().begin().await.map_err(BoxError::from)?;
@@ -215,14 +223,12 @@ async fn postgres_tx(store: &PostgresStore, id: u64, worker: u32) -> std::result
             TxClaim::InFlight { .. } => return Ok(false),
             TxClaim::Claimed { fence } => {
                 announce(Window::ClaimEffect, id);
-                sqlx::query(
-                    "INSERT INTO chaos_effects (msg, worker, fence) VALUES ($1, $2, $3)",
-                )
-                .bind(id as i64)
-                .bind(worker as i64)
-                .bind(fence as i64)
-                .execute(&mut *tx)
-                .await?;
+                sqlx::query("INSERT INTO chaos_effects (msg, worker, fence) VALUES ($1, $2, $3)")
+                    .bind(id as i64)
+                    .bind(worker as i64)
+                    .bind(fence as i64)
+                    .execute(&mut *tx)
+                    .await?;
             }
         }
         announce(Window::EffectCommit, id);
