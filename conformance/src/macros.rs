@@ -112,6 +112,9 @@ macro_rules! __lease_clause_names {
             a_batch_with_one_invalid_item_writes_nothing,
             invalid_purge_options_are_rejected,
             unsafe_names_are_rejected,
+            // hostile input (property-tested)
+            hostile_input_is_a_typed_error_or_round_trips,
+            hostile_names_are_rejected_or_work,
             // concurrency
             concurrent_claims_of_one_key_acquire_exactly_once,
             concurrent_takeovers_acquire_exactly_once,

@@ -93,3 +93,25 @@ fn chaos_postgres_transactional_and_lease() {
 fn chaos_redis_lease() {
     chaos("redis", 1);
 }
+
+/// The checks can fail: workers that skip the store double the messages whose worker was
+/// killed after the effect (the first kill after the effect, before the acknowledgement, is
+/// guaranteed), and those doubles are not paired with an effect-to-commit kill.
+#[test]
+fn chaos_without_dedup_fails_its_checks() {
+    if !servers_available("chaos_without_dedup_fails_its_checks") {
+        return;
+    }
+    let args = [&["--backend", "sqlite", "--without-dedup"][..], &SHORT].concat();
+    let out = run_example_expect_failure("chaos", &args);
+    println!("{out}");
+    let runs = json_lines(&out);
+    let run = &runs[0];
+    let unpaired =
+        run["doubled"].as_u64().unwrap_or(0) - run["doubled_paired"].as_u64().unwrap_or(0);
+    assert!(
+        unpaired > 0,
+        "doubles without an effect-to-commit kill: {run}"
+    );
+    assert!(out.contains("FAILED"), "{out}");
+}

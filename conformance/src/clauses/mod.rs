@@ -8,6 +8,7 @@ mod claim;
 mod commit;
 mod concurrency;
 mod fingerprint_outcome;
+mod hostile;
 mod persistence;
 mod purge;
 mod purger;
@@ -23,6 +24,7 @@ pub use claim::*;
 pub use commit::*;
 pub use concurrency::*;
 pub use fingerprint_outcome::*;
+pub use hostile::*;
 pub use persistence::*;
 pub use purge::*;
 pub use purger::*;
@@ -79,6 +81,7 @@ mod tests {
             include_str!("commit.rs"),
             include_str!("concurrency.rs"),
             include_str!("fingerprint_outcome.rs"),
+            include_str!("hostile.rs"),
             include_str!("persistence.rs"),
             include_str!("purge.rs"),
             include_str!("purger.rs"),

@@ -68,6 +68,9 @@ struct RunArgs {
     /// Also print one `JSON {...}` line per run.
     #[arg(long)]
     json: bool,
+    /// Lease mode only, with workers that skip the store: shows the checks failing.
+    #[arg(long)]
+    without_dedup: bool,
 }
 
 fn row(f: &Figures) -> Vec<String> {
@@ -104,6 +107,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         b => b.to_vec(),
     };
     let modes = match args.mode.as_slice() {
+        [] if args.without_dedup => vec![Mode::Lease],
         [] => vec![Mode::Transactional, Mode::Lease],
         m => m.to_vec(),
     };
@@ -133,6 +137,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 seed,
                 deadline: Duration::from_secs(args.deadline_secs),
                 exe: std::env::current_exe()?,
+                without_dedup: args.without_dedup,
             };
             let figures = run(&config).await?;
             if args.json {

@@ -47,6 +47,10 @@ pub struct RunConfig {
     pub deadline: Duration,
     /// This program (started again as `worker`).
     pub exe: PathBuf,
+    /// Lease mode without the store (see [`WorkerArgs::without_dedup`]).
+    ///
+    /// [`WorkerArgs::without_dedup`]: super::worker::WorkerArgs::without_dedup
+    pub without_dedup: bool,
 }
 
 /// What the worker slots saw.
@@ -206,6 +210,9 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     if config.mode == Mode::Transactional && config.backend == Backend::Redis {
         return Err("transactional mode needs an SQL backend (postgres, sqlite)".into());
     }
+    if config.mode == Mode::Transactional && config.without_dedup {
+        return Err("--without-dedup is for lease mode".into());
+    }
     let started = Instant::now();
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().to_path_buf();
@@ -259,7 +266,9 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         &dir.display().to_string(),
     ]
     .map(String::from)
-    .to_vec();
+    .into_iter()
+    .chain(config.without_dedup.then(|| "--without-dedup".to_string()))
+    .collect();
     let shared = Arc::new(Shared {
         config: config.clone(),
         args,
@@ -317,6 +326,7 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     let mut figures = Figures {
         backend: Some(config.backend),
         mode: Some(config.mode),
+        without_dedup: config.without_dedup,
         messages: config.messages,
         deliveries: stats.deliveries,
         kills: Window::ALL

@@ -113,6 +113,8 @@ pub struct Figures {
     pub backend: Option<Backend>,
     /// Which mode.
     pub mode: Option<Mode>,
+    /// Whether the workers skipped the store (a demonstration that the checks fail).
+    pub without_dedup: bool,
     /// Messages enqueued (each once).
     pub messages: u64,
     /// Deliveries made by the queue (redeliveries included).

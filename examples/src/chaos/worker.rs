@@ -60,6 +60,10 @@ pub struct WorkerArgs {
     /// This worker's number (for the effect records).
     #[arg(long)]
     pub worker: u32,
+    /// Skip the store (lease mode): no claim, no commit. Proves the harness catches
+    /// doubled effects.
+    #[arg(long)]
+    pub without_dedup: bool,
 }
 
 /// Announce `window` for message `id` and wait for the controller's go-ahead (it may kill
@@ -184,19 +188,27 @@ async fn lease_mode(
     args: &WorkerArgs,
 ) -> std::result::Result<bool, BoxError> {
     let key = key(id);
-    let lease = match retried("claim", || store.claim(&key, options)).await? {
-        Claim::Completed { .. } => return Ok(true),
-        Claim::InFlight { .. } => return Ok(false),
-        Claim::Acquired(lease) => lease,
+    let lease = match args.without_dedup {
+        true => None,
+        false => match retried("claim", || store.claim(&key, options)).await? {
+            Claim::Completed { .. } => return Ok(true),
+            Claim::InFlight { .. } => return Ok(false),
+            Claim::Acquired(lease) => Some(lease),
+        },
     };
     announce(Window::ClaimEffect, id);
     let mut file = OpenOptions::new()
         .create(true)
         .append(true)
         .open(args.dir.join(EFFECTS_FILE))?;
-    writeln!(file, "{id} {} {}", args.worker, lease.fence)?;
+    let fence = lease.as_ref().map_or(0, |l| l.fence);
+    writeln!(file, "{id} {} {fence}", args.worker)?;
     file.sync_data()?;
     announce(Window::EffectCommit, id);
+    let Some(lease) = lease else {
+        announce(Window::CommitAck, id);
+        return Ok(true);
+    };
     match retried("commit", || store.commit(&lease, Some(b"done"))).await {
         Ok(()) => {}
         Err(e) if e.is_lease_lost() => {
