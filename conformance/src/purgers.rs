@@ -12,8 +12,9 @@ use dedup_core::{
 /// The shape of [`purgers_and_claimers_at_once`].
 #[derive(Clone, Debug)]
 pub struct Purging {
-    /// Records written before the purge, all eligible once the clock moves: completed
-    /// ones, and one in ten an in-flight claim whose short lease expired.
+    /// Records written before the purge, all eligible once the clock moves: one in ten
+    /// completed, the others in-flight claims whose short lease expired (claims only:
+    /// the cheapest way to write many records through the trait).
     pub records: usize,
     /// Concurrent purgers.
     pub purgers: usize,
@@ -64,15 +65,15 @@ fn old_key(i: usize) -> Key {
     Key::new("purgers", format!("old-{i}")).expect("valid key")
 }
 
-/// Write `range` of the old records with batches: claims, then commits of nine in ten.
+/// Write `range` of the old records with batches: claims, then commits of one in ten.
 async fn insert<S: DedupStore>(store: &S, range: std::ops::Range<usize>) {
     let requests: Vec<ClaimRequest> = range
         .clone()
         .map(|i| {
             let lease = if i % 10 == 0 {
-                Duration::from_secs(1)
-            } else {
                 LIVE
+            } else {
+                Duration::from_secs(1)
             };
             ClaimRequest::new(old_key(i), ClaimOptions::lease(lease))
         })
@@ -81,7 +82,7 @@ async fn insert<S: DedupStore>(store: &S, range: std::ops::Range<usize>) {
     let commits: Vec<CommitRequest> = claims
         .into_iter()
         .zip(range)
-        .filter(|(_, i)| i % 10 != 0)
+        .filter(|(_, i)| i % 10 == 0)
         .map(|(claim, i)| CommitRequest {
             lease: claim
                 .expect("claim item")
@@ -104,7 +105,7 @@ async fn claimer<S: DedupStore>(store: S, c: usize, shape: Purging) -> Vec<Lease
             0 => Key::new("purgers", format!("fresh-{c}-{n}")).expect("valid key"),
             // An old completed key (a claim of an expired in-flight one would take it over
             // and make it live, no longer eligible).
-            _ => old_key(((c * 7919 + n * 104_729) % shape.records) | 1),
+            _ => old_key((c * 7919 + n * 104_729) % shape.records.div_ceil(10) * 10),
         };
         match store
             .claim(&key, &options)
@@ -167,7 +168,7 @@ where
     }
     let insert_time = started.elapsed();
     clock.advance(RETENTION + Duration::from_secs(60));
-    let expired = shape.records.div_ceil(10) as u64;
+    let expired = (shape.records - shape.records.div_ceil(10)) as u64;
     let eligible = shape.records as u64;
 
     let purge_started = Instant::now();

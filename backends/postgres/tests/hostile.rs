@@ -33,21 +33,28 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
     match PostgresStore::connect_with(&url, config).await {
         Err(e) => {
             println!("connect refused the foreign table: {e:?}");
-            assert!(!e.is_retryable(), "a foreign schema is not transient: {e:?}");
+            assert!(
+                !e.is_retryable(),
+                "a foreign schema is not transient: {e:?}"
+            );
         }
         Ok(store) => {
             let claim = store.claim(&key, &ClaimOptions::default()).await;
-            assert!(claim.is_err(), "a claim on a foreign table must fail: {claim:?}");
+            assert!(
+                claim.is_err(),
+                "a claim on a foreign table must fail: {claim:?}"
+            );
             println!("claim on the foreign table: {:?}", claim.err());
             let get = store.get(&key).await;
             assert!(get.is_err(), "a get on a foreign table must fail: {get:?}");
         }
     }
-    let rows: Vec<(i32, String)> =
-        sqlx::query_as(AssertSqlSafe(format!("SELECT id, note FROM {qualified} ORDER BY id")))
-            .fetch_all(&admin)
-            .await
-            .expect("the foreign table is still there");
+    let rows: Vec<(i32, String)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, note FROM {qualified} ORDER BY id"
+    )))
+    .fetch_all(&admin)
+    .await
+    .expect("the foreign table is still there");
     assert_eq!(
         rows,
         vec![(1, "theirs".to_string()), (2, "also theirs".to_string())],
@@ -62,5 +69,9 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
     .fetch_all(&admin)
     .await
     .expect("columns");
-    assert_eq!(columns, ["id", "note"], "the foreign table's schema must be left alone");
+    assert_eq!(
+        columns,
+        ["id", "note"],
+        "the foreign table's schema must be left alone"
+    );
 }

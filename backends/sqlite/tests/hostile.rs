@@ -21,11 +21,17 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
     match SqliteStore::open(&path).await {
         Err(e) => {
             println!("open refused the foreign table: {e:?}");
-            assert!(!e.is_retryable(), "a foreign schema is not transient: {e:?}");
+            assert!(
+                !e.is_retryable(),
+                "a foreign schema is not transient: {e:?}"
+            );
         }
         Ok(store) => {
             let claim = store.claim(&key, &ClaimOptions::default()).await;
-            assert!(claim.is_err(), "a claim on a foreign table must fail: {claim:?}");
+            assert!(
+                claim.is_err(),
+                "a claim on a foreign table must fail: {claim:?}"
+            );
             println!("claim on the foreign table: {:?}", claim.err());
             let get = store.get(&key).await;
             assert!(get.is_err(), "a get on a foreign table must fail: {get:?}");
@@ -44,8 +50,17 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
         "the foreign rows must be left alone"
     );
     let columns: Vec<String> = conn
-        .prepare(&format!("SELECT name FROM pragma_table_info('{table}') ORDER BY cid"))
-        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect::<Result<Vec<_>, _>>())
+        .prepare(&format!(
+            "SELECT name FROM pragma_table_info('{table}') ORDER BY cid"
+        ))
+        .and_then(|mut s| {
+            s.query_map([], |r| r.get(0))?
+                .collect::<Result<Vec<_>, _>>()
+        })
         .expect("columns");
-    assert_eq!(columns, ["id", "note"], "the foreign table's schema must be left alone");
+    assert_eq!(
+        columns,
+        ["id", "note"],
+        "the foreign table's schema must be left alone"
+    );
 }

@@ -71,7 +71,14 @@ fn outcome() -> impl Strategy<Value = Option<Vec<u8>>> {
     prop_oneof![
         Just(None),
         proptest::collection::vec(any::<u8>(), 0..64).prop_map(Some),
-        (select(vec![MAX_OUTCOME_LEN - 1, MAX_OUTCOME_LEN, MAX_OUTCOME_LEN + 1]), any::<u8>())
+        (
+            select(vec![
+                MAX_OUTCOME_LEN - 1,
+                MAX_OUTCOME_LEN,
+                MAX_OUTCOME_LEN + 1
+            ]),
+            any::<u8>()
+        )
             .prop_map(|(n, b)| Some(vec![b; n])),
     ]
 }
@@ -125,7 +132,9 @@ fn fail(what: String) -> TestCaseError {
 fn invalid<T: std::fmt::Debug>(result: dedup_core::Result<T>, what: &str) -> TestCaseResult {
     match result {
         Err(Error::InvalidInput { .. }) => Ok(()),
-        other => Err(fail(format!("{what}: expected InvalidInput, got {other:?}"))),
+        other => Err(fail(format!(
+            "{what}: expected InvalidInput, got {other:?}"
+        ))),
     }
 }
 
@@ -144,7 +153,10 @@ async fn run_case<S: DedupStore>(store: &S, case: Case) -> TestCaseResult {
         Some(Ok(fp)) => Some(fp),
         Some(Err(e)) => {
             let s = case.fingerprint.as_deref().unwrap_or_default();
-            prop_assert!(!valid_part(s, MAX_FINGERPRINT_LEN), "a valid fingerprint was rejected");
+            prop_assert!(
+                !valid_part(s, MAX_FINGERPRINT_LEN),
+                "a valid fingerprint was rejected"
+            );
             return invalid(Err::<(), _>(e), "Fingerprint::new");
         }
     };
@@ -158,19 +170,38 @@ async fn run_case<S: DedupStore>(store: &S, case: Case) -> TestCaseResult {
     let claim = store.claim(&key, &options).await;
     if case.lease < MIN_LEASE || case.lease > MAX_LEASE {
         invalid(claim, "claim with a lease out of bounds")?;
-        prop_assert_eq!(read(store, &key, "a rejected claim").await?, None, "a rejected claim wrote");
+        prop_assert_eq!(
+            read(store, &key, "a rejected claim").await?,
+            None,
+            "a rejected claim wrote"
+        );
         return Ok(());
     }
     let lease = match claim {
         Ok(Claim::Acquired(lease)) => lease,
         other => return Err(fail(format!("the first claim of {key:?}: {other:?}"))),
     };
-    let record = read(store, &key, "claim").await?.ok_or_else(|| fail("no record after a claim".into()))?;
+    let record = read(store, &key, "claim")
+        .await?
+        .ok_or_else(|| fail("no record after a claim".into()))?;
     prop_assert_eq!(&record.key, &key, "the key must round-trip byte for byte");
-    prop_assert_eq!(&record.fingerprint, &fingerprint, "the fingerprint must round-trip");
+    prop_assert_eq!(
+        &record.fingerprint,
+        &fingerprint,
+        "the fingerprint must round-trip"
+    );
 
-    let oversized = case.outcome.as_ref().is_some_and(|o| o.len() > MAX_OUTCOME_LEN);
-    let commit = unchanged_if(store, &key, oversized, store.commit(&lease, case.outcome.as_deref())).await?;
+    let oversized = case
+        .outcome
+        .as_ref()
+        .is_some_and(|o| o.len() > MAX_OUTCOME_LEN);
+    let commit = unchanged_if(
+        store,
+        &key,
+        oversized,
+        store.commit(&lease, case.outcome.as_deref()),
+    )
+    .await?;
     if oversized {
         invalid(commit, "commit of an oversized outcome")?;
         return Ok(());
@@ -178,14 +209,21 @@ async fn run_case<S: DedupStore>(store: &S, case: Case) -> TestCaseResult {
     commit.map_err(|e| fail(format!("commit: {e:?}")))?;
     match store.claim(&key, &ClaimOptions::lease(MIN_LEASE)).await {
         Ok(Claim::Completed { outcome, .. }) => {
-            prop_assert_eq!(outcome, case.outcome, "the outcome must round-trip byte for byte")
+            prop_assert_eq!(
+                outcome,
+                case.outcome,
+                "the outcome must round-trip byte for byte"
+            )
         }
         other => return Err(fail(format!("a duplicate claim: {other:?}"))),
     }
     if let Some(fp) = fingerprint {
         let other = Fingerprint::new(if fp.as_str() == "x" { "y" } else { "x" }).expect("valid");
         let result = store
-            .claim(&key, &ClaimOptions::lease(MIN_LEASE).with_fingerprint(other))
+            .claim(
+                &key,
+                &ClaimOptions::lease(MIN_LEASE).with_fingerprint(other),
+            )
             .await;
         prop_assert!(
             matches!(result, Err(Error::FingerprintMismatch { .. })),
@@ -253,8 +291,17 @@ pub async fn hostile_names_are_rejected_or_work<F: StoreFactory>(factory: &F) {
     let ctx = crate::TestContext::new("hostile_names_are_rejected_or_work");
     let unique = &ctx.namespace[ctx.namespace.len() - 8..];
     let names = [
-        "a\"b", "a'b", "a;b", "a--b", "a/*b*/", "Robert'); DROP TABLE x;--", "a.b", "a:b",
-        "a b", "e\u{301}", "\u{202e}x",
+        "a\"b",
+        "a'b",
+        "a;b",
+        "a--b",
+        "a/*b*/",
+        "Robert'); DROP TABLE x;--",
+        "a.b",
+        "a:b",
+        "a b",
+        "e\u{301}",
+        "\u{202e}x",
     ];
     for name in names {
         let name = format!("{name}{unique}");
@@ -264,7 +311,9 @@ pub async fn hostile_names_are_rejected_or_work<F: StoreFactory>(factory: &F) {
                 return;
             }
             Some(Err(Error::InvalidInput { .. })) => {}
-            Some(Err(other)) => panic!("name {name:?}: expected InvalidInput or a store, got {other:?}"),
+            Some(Err(other)) => {
+                panic!("name {name:?}: expected InvalidInput or a store, got {other:?}")
+            }
             Some(Ok(store)) => {
                 let key = Key::new("hostile", &name).expect("valid key");
                 let claim = store.claim(&key, &ClaimOptions::default()).await;
@@ -273,7 +322,11 @@ pub async fn hostile_names_are_rejected_or_work<F: StoreFactory>(factory: &F) {
                     "name {name:?} was accepted, then its store failed a claim: {claim:?}"
                 );
                 let record = store.get(&key).await.expect("get");
-                assert_eq!(record.map(|r| r.key), Some(key), "name {name:?}: a record is lost");
+                assert_eq!(
+                    record.map(|r| r.key),
+                    Some(key),
+                    "name {name:?}: a record is lost"
+                );
             }
         }
     }
