@@ -9,33 +9,38 @@
 
 mod support;
 
-use support::{json_lines, run_example};
+use support::{json_lines, run_example, run_example_expect_failure};
+
+/// The arguments of a short run.
+const SHORT: [&str; 13] = [
+    "--messages",
+    "40",
+    "--workers",
+    "3",
+    "--kill-rate",
+    "0.05",
+    "--lease-ms",
+    "1500",
+    "--visibility-ms",
+    "400",
+    "--deadline-secs",
+    "120",
+    "--json",
+];
+
+fn servers_available(test: &str) -> bool {
+    let ok = dedup_conformance::server_url("DEDUP_POSTGRES_URL").is_some();
+    if !ok {
+        eprintln!("SKIPPED {test}: no test servers (see scripts/test.sh)");
+    }
+    ok
+}
 
 fn chaos(backend: &str, expected_runs: usize) {
-    if dedup_conformance::server_url("DEDUP_POSTGRES_URL").is_none() {
-        eprintln!("SKIPPED chaos_{backend}: no test servers (see scripts/test.sh)");
+    if !servers_available(backend) {
         return;
     }
-    let out = run_example(
-        "chaos",
-        &[
-            "--backend",
-            backend,
-            "--messages",
-            "40",
-            "--workers",
-            "3",
-            "--kill-rate",
-            "0.05",
-            "--lease-ms",
-            "1500",
-            "--visibility-ms",
-            "400",
-            "--deadline-secs",
-            "120",
-            "--json",
-        ],
-    );
+    let out = run_example("chaos", &[&["--backend", backend][..], &SHORT].concat());
     println!("{out}");
     let runs = json_lines(&out);
     assert_eq!(runs.len(), expected_runs, "one JSON line per mode:\n{out}");

@@ -276,7 +276,9 @@ pub async fn hostile_input_is_a_typed_error_or_round_trips<F: StoreFactory>(fact
         ..Config::default()
     };
     let result = tokio::task::block_in_place(|| {
-        TestRunner::new(config).run(&cases(), |case| handle.block_on(run_case(&store, case)))
+        TestRunner::new(config)
+            .run(&cases(), |case| handle.block_on(run_case(&store, case)))
+            .map_err(Box::new)
     });
     if let Err(failure) = result {
         panic!("hostile input broke the store: {failure}");

@@ -201,7 +201,8 @@ where
         task.await.expect("a delivering task panicked");
     }
     proxy.set_cutting(false);
-    let mut log = log(&shared);
+    // Every task has ended: take the log out of its lock.
+    let mut log = std::mem::take(&mut *log(&shared));
     log.report.cuts = proxy.cuts();
     for key in &keys {
         check_key(direct, key, &log, shape.lease).await;

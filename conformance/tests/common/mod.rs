@@ -7,6 +7,8 @@
 //! extension (a per-key lock stands for the unique index; writes are applied when the
 //! "transaction" commits), correct or ignoring the transaction.
 
+#![allow(dead_code)] // each test binary uses its own part
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
