@@ -4,7 +4,6 @@
 
 mod common;
 
-use dedup_core::{ClaimOptions, DedupStore, Key};
 use dedup_postgres::PostgresConfig;
 use dedup_postgres::PostgresStore;
 use dedup_postgres::sqlx::{self, AssertSqlSafe};
@@ -29,26 +28,8 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
         clock: None,
         max_connections: 2,
     };
-    let key = Key::new("hostile", "m1").expect("key");
-    match PostgresStore::connect_with(&url, config).await {
-        Err(e) => {
-            println!("connect refused the foreign table: {e:?}");
-            assert!(
-                !e.is_retryable(),
-                "a foreign schema is not transient: {e:?}"
-            );
-        }
-        Ok(store) => {
-            let claim = store.claim(&key, &ClaimOptions::default()).await;
-            assert!(
-                claim.is_err(),
-                "a claim on a foreign table must fail: {claim:?}"
-            );
-            println!("claim on the foreign table: {:?}", claim.err());
-            let get = store.get(&key).await;
-            assert!(get.is_err(), "a get on a foreign table must fail: {get:?}");
-        }
-    }
+    dedup_conformance::foreign::refused_or_failing(PostgresStore::connect_with(&url, config).await)
+        .await;
     let rows: Vec<(i32, String)> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT id, note FROM {qualified} ORDER BY id"
     )))

@@ -13,7 +13,8 @@ pub(crate) const BACKEND: &str = "redis";
 /// Retryable: I/O errors (connection dropped or refused, timeouts), cluster redirections
 /// and transient cluster states (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
 /// a missing node connection), a server still loading its data set (`LOADING`), a write
-/// that reached a demoted primary (`READONLY`) and a busy server (`BUSY`).
+/// that reached a demoted primary (`READONLY`), a busy server (`BUSY`) and a reply cut
+/// short by the connection dropping.
 pub(crate) fn backend(e: RedisError) -> Error {
     let retryable = is_retryable(&e);
     Error::backend(BACKEND, retryable, e)

@@ -2,7 +2,6 @@
 //! else's. Opening (or any later call) is a typed error, never a panic, and the foreign
 //! table and its rows are left as they were.
 
-use dedup_core::{ClaimOptions, DedupStore, Key};
 use dedup_sqlite::rusqlite::Connection;
 use dedup_sqlite::{SqliteConfig, SqliteStore};
 
@@ -17,26 +16,7 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
          INSERT INTO \"{table}\" VALUES (1, 'theirs'), (2, 'also theirs');"
     ))
     .expect("foreign table");
-    let key = Key::new("hostile", "m1").expect("key");
-    match SqliteStore::open(&path).await {
-        Err(e) => {
-            println!("open refused the foreign table: {e:?}");
-            assert!(
-                !e.is_retryable(),
-                "a foreign schema is not transient: {e:?}"
-            );
-        }
-        Ok(store) => {
-            let claim = store.claim(&key, &ClaimOptions::default()).await;
-            assert!(
-                claim.is_err(),
-                "a claim on a foreign table must fail: {claim:?}"
-            );
-            println!("claim on the foreign table: {:?}", claim.err());
-            let get = store.get(&key).await;
-            assert!(get.is_err(), "a get on a foreign table must fail: {get:?}");
-        }
-    }
+    dedup_conformance::foreign::refused_or_failing(SqliteStore::open(&path).await).await;
     let rows: Vec<(i64, String)> = conn
         .prepare(&format!("SELECT id, note FROM \"{table}\" ORDER BY id"))
         .and_then(|mut s| {

@@ -160,6 +160,7 @@ async fn deliver<S: DedupStore>(
 /// through `proxy`), deliver every key (one delivery in 7 commits only after its lease
 /// expired); then cutting stops and `direct` (a store on the
 /// same records, not through the proxy) checks the invariants, panicking on a violation:
+/// - the proxy cut replies, and calls were retried (the scenario tested something);
 /// - every call returned `Ok` or a retryable error (retried until it did not);
 /// - every key is completed (retries converged);
 /// - one completion per key: every commit that answered `Ok` for a key carried the same
@@ -204,6 +205,12 @@ where
     // Every task has ended: take the log out of its lock.
     let mut log = std::mem::take(&mut *log(&shared));
     log.report.cuts = proxy.cuts();
+    println!("{:#?}", log.report);
+    assert!(
+        log.report.cuts.before_reply > 0 && log.report.retried > 0,
+        "the proxy must have cut replies and the store retried: {:?}",
+        log.report
+    );
     for key in &keys {
         check_key(direct, key, &log, shape.lease).await;
     }
