@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedup_core::{
-    Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, Lease, ManualClock,
+    Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, Lease, ManualClock, Pace,
     PurgeOptions, PurgeReport, RecordState,
 };
 
@@ -20,6 +20,10 @@ pub struct Purging {
     pub purgers: usize,
     /// Records one purge batch removes at most.
     pub batch_size: usize,
+    /// How the purges pace themselves. Default [`Pace::Unpaced`]: batches back to back,
+    /// the most contended case (the one where deadlocks and double removals would show)
+    /// and the fastest.
+    pub pace: Pace,
     /// Concurrent claimers, running while the purgers run.
     pub claimers: usize,
     /// Calls each claimer makes: fresh keys (a live lease, committed every other time) and
@@ -30,12 +34,14 @@ pub struct Purging {
 }
 
 impl Default for Purging {
-    /// 200 000 records, 4 purgers in batches of 1000, 8 claimers of 100 claims, 120 s.
+    /// 200 000 records, 4 unpaced purgers in batches of 1000, 8 claimers of 100 claims,
+    /// 120 s.
     fn default() -> Self {
         Purging {
             records: 200_000,
             purgers: 4,
             batch_size: 1000,
+            pace: Pace::Unpaced,
             claimers: 8,
             claims_per_claimer: 100,
             deadline: Duration::from_secs(120),
@@ -172,7 +178,9 @@ where
     let eligible = shape.records as u64;
 
     let purge_started = Instant::now();
-    let options = PurgeOptions::older_than(RETENTION).batch_size(shape.batch_size);
+    let options = PurgeOptions::older_than(RETENTION)
+        .batch_size(shape.batch_size)
+        .pace(shape.pace);
     let purgers: Vec<_> = (0..shape.purgers)
         .map(|p| {
             let (store, options) = (stores[p % stores.len()].clone(), options.clone());
