@@ -20,7 +20,7 @@ const SHORT: [&str; 13] = [
     "--kill-rate",
     "0.05",
     "--lease-ms",
-    "1500",
+    "4000",
     "--visibility-ms",
     "400",
     "--deadline-secs",

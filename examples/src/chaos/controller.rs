@@ -58,6 +58,7 @@ pub struct RunConfig {
 struct Tally {
     kills: BTreeMap<Window, u64>,
     effect_commit_kills: HashMap<u64, u64>,
+    lease_lost: u64,
     worker_failures: u64,
 }
 
@@ -112,6 +113,10 @@ async fn slot(shared: Arc<Shared>, n: u32) -> Result<(), BoxError> {
         while let Some(line) = lines.next_line().await? {
             if line == "DONE" {
                 done = true;
+                continue;
+            }
+            if line.starts_with("LOST ") {
+                lock(&shared.tally).lease_lost += 1;
                 continue;
             }
             let mut parts = line.split(' ');
@@ -335,6 +340,7 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
             .collect(),
         restarts,
         effects: counts.values().sum(),
+        lease_lost: tally.lease_lost,
         ..Figures::default()
     };
     for id in 0..config.messages {

@@ -129,6 +129,11 @@ pub struct Figures {
     pub doubled: u64,
     /// Messages with no effect.
     pub lost: u64,
+    /// Commits that answered `LeaseLost`: a worker outlived its lease (a step took longer
+    /// than the lease, e.g. during a server restart) and another took the message over.
+    /// Its effect can then repeat without a kill, which the checks count as a violation;
+    /// the runs use leases far longer than a step so that this does not happen.
+    pub lease_lost: u64,
     /// Doubled messages whose extra effects are all matched by kills in the
     /// `effect_commit` window of the same message.
     pub doubled_paired: u64,
@@ -149,8 +154,9 @@ impl Figures {
                 self.doubled
             )),
             _ if self.doubled > self.doubled_paired => out.push(format!(
-                "{} doubled messages not accounted for by a kill between effect and commit",
-                self.doubled - self.doubled_paired
+                "{} doubled messages not accounted for by a kill between effect and commit                  ({} commits found their lease expired and taken over)",
+                self.doubled - self.doubled_paired,
+                self.lease_lost
             )),
             _ => {}
         }

@@ -212,7 +212,10 @@ async fn lease_mode(
     match retried("commit", || store.commit(&lease, Some(b"done"))).await {
         Ok(()) => {}
         Err(e) if e.is_lease_lost() => {
-            eprintln!("message {id}: lease lost before commit (it expired and was taken over)");
+            // The lease expired and another worker took the message over: its effect may
+            // now happen twice without a kill. Told to the controller, which reports it.
+            println!("LOST {id}");
+            let _ = std::io::stdout().flush();
             return Ok(false);
         }
         Err(e) => return Err(e.into()),
