@@ -147,7 +147,15 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
         (Backend::Sqlite, Mode::Lease) => {
             Store::Any(std::sync::Arc::new(SqliteStore::open(&args.store).await?))
         }
-        _ => Store::Any(retried("connect", || crate::open_store(&args.store)).await?),
+        (Backend::Postgres, Mode::Lease) => Store::Any(std::sync::Arc::new(
+            retried("connect", || {
+                PostgresStore::connect_with(&args.store, postgres_config())
+            })
+            .await?,
+        )),
+        (Backend::Redis, _) => Store::Any(std::sync::Arc::new(
+            retried("connect", || dedup_redis::RedisStore::connect(&args.store)).await?,
+        )),
     };
     let options = ClaimOptions::lease(Duration::from_millis(args.lease_ms));
     loop {
