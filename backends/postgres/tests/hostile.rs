@@ -25,8 +25,8 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
     let config = PostgresConfig {
         schema: common::SCHEMA.into(),
         table: table.clone(),
-        clock: None,
         max_connections: 2,
+        ..PostgresConfig::default()
     };
     dedup_conformance::foreign::refused_or_failing(PostgresStore::connect_with(&url, config).await)
         .await;
