@@ -19,8 +19,17 @@ fn is_retryable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
+        sqlx::Error::Protocol(message) => cut_during_tls_negotiation(message),
         _ => false,
     }
+}
+
+/// sqlx reports a connection closed before the server answered the TLS negotiation
+/// (`SSLRequest`) as a protocol error about a 0x00 answer byte (it read nothing), not as
+/// an I/O error. The connection dropped; another attempt can succeed. Any other answer
+/// byte (a server that is not PostgreSQL) stays a permanent error.
+fn cut_during_tls_negotiation(message: &str) -> bool {
+    message.starts_with("unexpected response from SSLRequest: 0x00")
 }
 
 /// SQLSTATEs worth retrying.
