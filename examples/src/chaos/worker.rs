@@ -210,7 +210,9 @@ async fn lease_mode(
         .append(true)
         .open(args.dir.join(EFFECTS_FILE))?;
     let fence = lease.as_ref().map_or(0, |l| l.fence);
-    writeln!(file, "{id} {} {fence}", args.worker)?;
+    // One write call per line: workers append to the same file at once, and `writeln!`
+    // on a file may issue several writes that another worker's line could split.
+    file.write_all(format!("{id} {} {fence}\n", args.worker).as_bytes())?;
     file.sync_data()?;
     announce(Window::EffectCommit, id);
     let Some(lease) = lease else {
