@@ -349,15 +349,20 @@ impl Bench<'_> {
                 report.map(|r| (r, started, ended))
             })
         };
-        // At least `n` claims, and on until the purge is over.
+        // At least `n` claims, and on until the purge is over or the stream ran its time
+        // (claims at full speed can leave a paced purge little room: it then ends alone).
+        let stream_deadline = Instant::now() + Duration::from_secs_f64(p.purge_stream_secs);
         let during = {
             let purging = Arc::clone(&purging);
             stream(
                 "during",
-                Box::new(move |i| i < n || purging.load(Ordering::SeqCst)),
+                Box::new(move |i| {
+                    i < n || (purging.load(Ordering::SeqCst) && Instant::now() < stream_deadline)
+                }),
             )
             .await?
         };
+        let stream_ended = Instant::now();
         let (report, purge_started, purge_ended) = purge.await??;
         if report.completed != p.purge_rows as u64 || report.expired != 0 {
             return Err(format!(
@@ -389,6 +394,10 @@ impl Bench<'_> {
         purge_details.insert("purge_secs".into(), json!(report.elapsed.as_secs_f64()));
         purge_details.insert("purge_rows_per_s".into(), json!(report.rate()));
         purge_details.insert("purge_options".into(), json!(format!("{options:?}")));
+        purge_details.insert(
+            "purge_outlived_stream".into(),
+            json!(purge_ended > stream_ended),
+        );
         let mut row = |measure: &'static str, q: f64| {
             let during_ms = percentile_ms(&mut during_latencies, q);
             let alone_ms = percentile_ms(&mut alone_latencies, q);

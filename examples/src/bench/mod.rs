@@ -44,6 +44,8 @@ pub(crate) struct Params {
     pub(crate) purge_rows: usize,
     /// Largest records per purge batch (`None`: the default options').
     pub(crate) purge_batch: Option<usize>,
+    /// Longest the claim stream runs alongside the purge, in seconds (past `messages`).
+    pub(crate) purge_stream_secs: f64,
     /// How often each throughput measure runs (library and raw alternating); the best
     /// run of each counts.
     pub(crate) rounds: usize,

@@ -67,6 +67,11 @@ struct Args {
     /// Largest records per purge batch (default: the purge's default options).
     #[arg(long)]
     purge_batch: Option<usize>,
+    /// Longest the claim stream runs alongside the purge once it made `--messages` claims,
+    /// in seconds: a purge still running then finishes alone (the row says so with
+    /// `purge_outlived_stream`) [quick: 20, full: 120].
+    #[arg(long)]
+    purge_stream_secs: Option<f64>,
     /// Runs of each throughput measure at least (contenders alternating); the best run of
     /// each counts [quick: 2, full: 3].
     #[arg(long)]
@@ -114,6 +119,9 @@ impl Args {
             batch_messages: self.batch_messages.unwrap_or(messages * 5).max(1),
             purge_rows,
             purge_batch: self.purge_batch,
+            purge_stream_secs: self
+                .purge_stream_secs
+                .unwrap_or(if quick { 20.0 } else { 120.0 }),
             rounds: self.rounds.unwrap_or(if quick { 2 } else { 3 }).max(1),
             min_secs: self.min_secs.unwrap_or(if quick { 1.0 } else { 3.0 }),
             warmup: self.warmup,
