@@ -188,12 +188,19 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let params = args.params()?;
     let mut rows = Vec::new();
+    // A backend that fails does not cost the others' figures: they are printed, and the
+    // run fails at the end.
+    let mut failed = Vec::new();
     for store in stores(&args) {
         let name = store.as_deref().unwrap_or("sqlite (temporary file)");
-        let found = bench_one(store.as_deref(), &params)
-            .await
-            .map_err(|e| format!("bench of {name}: {e}"))?;
-        rows.extend(found);
+        match bench_one(store.as_deref(), &params).await {
+            Ok(found) => rows.extend(found),
+            Err(e) => {
+                let e = format!("bench of {}: {e}", dedup::redact(name));
+                eprintln!("{e}");
+                failed.push(e);
+            }
+        }
     }
     println!();
     print_table(
@@ -239,5 +246,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             print_json(row);
         }
     }
-    Ok(())
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(failed.join("; ").into()),
+    }
 }
