@@ -1,6 +1,8 @@
 //! The benchmark behind `bench`: each backend's library path against the same work issued
-//! raw through its driver, batches against raw batches, and claim latency while a large
-//! purge runs against claim latency without it. Only ratios measured in one run on one
+//! raw through its driver (fresh keys, and traffic with redeliveries), batches against raw
+//! batches, the transactional claim against the business insert alone and against a
+//! two-transaction inbox (SQL backends), and claim latency while a large purge runs
+//! against claim latency without it, at each concurrency asked for. Only ratios measured in one run on one
 //! machine are meant to be compared; absolute figures are printed as context.
 
 mod driver;
@@ -18,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use dedup::{StoreTarget, StoreUrl};
 
 pub(crate) use dedup_core::BoxError;
-pub(crate) use measures::{Row, run};
+pub(crate) use measures::{PURGE_RATE_FLOOR, Row, run};
 pub(crate) use target::Target;
 
 /// The bench's result type.
@@ -30,16 +32,20 @@ pub(crate) struct Params {
     /// Messages claimed and committed one by one (library, and again raw), and the length
     /// of each latency stream of the purge measure.
     pub(crate) messages: usize,
-    /// Concurrent tasks.
-    pub(crate) concurrency: usize,
+    /// The concurrencies (concurrent tasks) to measure at, each in turn.
+    pub(crate) concurrency: Vec<usize>,
+    /// The share of redeliveries (0 to 90 %) in the duplicate-heavy traffic.
+    pub(crate) duplicate_percent: usize,
     /// Messages per batch.
     pub(crate) batch: usize,
     /// Messages of the batch measure (library, and again raw).
     pub(crate) batch_messages: usize,
     /// Completed records the purge deletes while claims run.
     pub(crate) purge_rows: usize,
-    /// Records per purge batch.
-    pub(crate) purge_batch: usize,
+    /// Largest records per purge batch (`None`: the default options').
+    pub(crate) purge_batch: Option<usize>,
+    /// Longest the claim stream runs alongside the purge, in seconds (past `messages`).
+    pub(crate) purge_stream_secs: f64,
     /// How often each throughput measure runs (library and raw alternating); the best
     /// run of each counts.
     pub(crate) rounds: usize,
@@ -52,6 +58,14 @@ pub(crate) struct Params {
     /// store's schema from the cost of its statements.
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) raw_indexes: bool,
+}
+
+impl Params {
+    /// The highest concurrency of the run (connections some baselines open up front).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn max_concurrency(&self) -> usize {
+        self.concurrency.iter().copied().max().unwrap_or(1)
+    }
 }
 
 /// Most rounds a throughput measure runs (see [`Params::min_secs`]).
@@ -69,6 +83,8 @@ pub(crate) struct Names {
     pub(crate) raw_table: String,
     /// The purge store's table.
     pub(crate) purge_table: String,
+    /// The business table of the transactional measures.
+    pub(crate) business_table: String,
 }
 
 impl Names {
@@ -79,6 +95,7 @@ impl Names {
         Names {
             raw_table: format!("{table}_raw"),
             purge_table: format!("{table}_purge"),
+            business_table: format!("{table}_business"),
             table,
             run,
         }

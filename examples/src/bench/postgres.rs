@@ -1,17 +1,18 @@
 //! PostgreSQL: the store on a table of its own, and the raw baseline on a plain table of
-//! the same shape through an sqlx pool of the store's size.
+//! the same shape through an sqlx pool of the store's size. The transactional mode runs
+//! on that pool too, with a business table beside.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::{Clock, ManualClock};
+use dedup_core::{Clock, Key, ManualClock, TxClaim};
 use dedup_postgres::sqlx::postgres::PgPoolOptions;
-use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool, SqlSafeStr, SqlStr};
+use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use dedup_postgres::{PostgresConfig, PostgresStore};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target};
+use super::target::{Raw, Target, Transactional, TxFlavor};
 use super::{Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-postgres's migration), without
@@ -53,6 +54,23 @@ const INSERT_MANY: &str = "INSERT INTO {table} (consumer, message_id, token, fen
 const UPDATE_MANY: &str = "UPDATE {table} SET processed_at = $3, expires_at = NULL \
      WHERE consumer = $1 AND message_id = ANY($2)";
 
+/// The application's own table the transactional measures insert into.
+const BUSINESS_TABLE: &str = "CREATE TABLE {table} (
+    id         bigserial PRIMARY KEY,
+    consumer   text   NOT NULL,
+    message_id text   NOT NULL,
+    amount     bigint NOT NULL
+)";
+
+/// The business insert ($1 consumer, $2 message id, $3 amount).
+const INSERT_BUSINESS: &str =
+    "INSERT INTO {table} (consumer, message_id, amount) VALUES ($1, $2, $3)";
+
+/// The two-transaction inbox: lock the key's row of the raw table; whether it is
+/// consumed ($1 consumer, $2 message id; no row: none).
+const LOCK_ROW: &str = "SELECT processed_at IS NOT NULL FROM {table} \
+     WHERE consumer = $1 AND message_id = $2 FOR UPDATE";
+
 const DROP: &str = "DROP TABLE IF EXISTS {table}";
 
 /// Connect the store, the purge store and the baseline to `url`.
@@ -78,9 +96,16 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         .await?;
     let qualified = |table: &str| format!("\"{}\".\"{table}\"", config.schema);
     let raw_table = qualified(&names.raw_table);
+    let business_table = qualified(&names.business_table);
     let render =
         |sql: &str| SqlSafeStr::into_sql_str(AssertSqlSafe(sql.replace("{table}", &raw_table)));
+    let render_business = |sql: &str| {
+        SqlSafeStr::into_sql_str(AssertSqlSafe(sql.replace("{table}", &business_table)))
+    };
     sqlx::raw_sql(render(RAW_TABLE)).execute(&pool).await?;
+    sqlx::raw_sql(render_business(BUSINESS_TABLE))
+        .execute(&pool)
+        .await?;
     if params.raw_indexes {
         sqlx::raw_sql(render(RAW_INDEXES)).execute(&pool).await?;
     }
@@ -90,14 +115,25 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
             update: render(UPDATE),
             insert_many: render(INSERT_MANY),
             update_many: render(UPDATE_MANY),
-            drops: [&names.table, &names.raw_table, &names.purge_table]
-                .iter()
-                .map(|t| {
-                    SqlSafeStr::into_sql_str(AssertSqlSafe(DROP.replace("{table}", &qualified(t))))
-                })
-                .collect(),
+            insert_business: render_business(INSERT_BUSINESS),
+            lock_row: render(LOCK_ROW),
+            drops: [
+                &names.table,
+                &names.raw_table,
+                &names.purge_table,
+                &names.business_table,
+            ]
+            .iter()
+            .map(|t| {
+                SqlSafeStr::into_sql_str(AssertSqlSafe(DROP.replace("{table}", &qualified(t))))
+            })
+            .collect(),
             pool,
         }),
+    };
+    let tx = PostgresTx {
+        inner: Arc::clone(&raw.inner),
+        store: store.clone(),
     };
     Ok(Target {
         backend: "postgres",
@@ -105,6 +141,7 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         purge_store: Arc::new(purge_store),
         clock,
         raw: Arc::new(raw),
+        tx: Some(Arc::new(tx)),
         setup: format!(
             "pool {} (store and raw){}",
             config.max_connections,
@@ -128,7 +165,64 @@ struct Inner {
     update: SqlStr,
     insert_many: SqlStr,
     update_many: SqlStr,
+    insert_business: SqlStr,
+    lock_row: SqlStr,
     drops: Vec<SqlStr>,
+}
+
+impl Inner {
+    /// The raw claim of one key on `conn`: `true` when it inserted.
+    async fn try_insert(&self, conn: &mut PgConnection, consumer: &str, id: &str) -> Result<bool> {
+        let inserted = sqlx::query(self.insert.clone())
+            .bind(consumer)
+            .bind(id)
+            .bind(token())
+            .bind(expires_at(now_ms()))
+            .execute(conn)
+            .await?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    /// The raw commit of one key on `conn`.
+    async fn update(&self, conn: &mut PgConnection, consumer: &str, id: &str) -> Result<()> {
+        let updated = sqlx::query(self.update.clone())
+            .bind(consumer)
+            .bind(id)
+            .bind(now_ms())
+            .execute(conn)
+            .await?;
+        expect_rows("UPDATE", updated.rows_affected(), 1)
+    }
+
+    async fn insert_business(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        id: &str,
+    ) -> Result<()> {
+        let inserted = sqlx::query(self.insert_business.clone())
+            .bind(consumer)
+            .bind(id)
+            .bind(100_i64)
+            .execute(conn)
+            .await?;
+        expect_rows("business INSERT", inserted.rows_affected(), 1)
+    }
+
+    /// Lock the key's raw row: whether it is consumed (`None`: no row).
+    async fn lock_row(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        id: &str,
+    ) -> Result<Option<bool>> {
+        let consumed: Option<(bool,)> = sqlx::query_as(self.lock_row.clone())
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(consumed.map(|(c,)| c))
+    }
 }
 
 fn expect_rows(what: &str, changed: u64, wanted: usize) -> Result<()> {
@@ -149,24 +243,19 @@ impl Raw for PostgresRaw {
         _worker: usize,
         consumer: Arc<str>,
         message_id: String,
-    ) -> BoxFuture<'static, Result<()>> {
+    ) -> BoxFuture<'static, Result<bool>> {
         let inner = Arc::clone(&self.inner);
         async move {
-            let inserted = sqlx::query(inner.insert.clone())
-                .bind(&*consumer)
-                .bind(&message_id)
-                .bind(token())
-                .bind(expires_at(now_ms()))
-                .execute(&inner.pool)
-                .await?;
-            expect_rows("INSERT", inserted.rows_affected(), 1)?;
-            let updated = sqlx::query(inner.update.clone())
-                .bind(&*consumer)
-                .bind(&message_id)
-                .bind(now_ms())
-                .execute(&inner.pool)
-                .await?;
-            expect_rows("UPDATE", updated.rows_affected(), 1)
+            // Each statement on a connection of its own from the pool, as the store's are.
+            let inserted = {
+                let mut conn = inner.pool.acquire().await?;
+                inner.try_insert(&mut conn, &consumer, &message_id).await?
+            };
+            if inserted {
+                let mut conn = inner.pool.acquire().await?;
+                inner.update(&mut conn, &consumer, &message_id).await?;
+            }
+            Ok(inserted)
         }
         .boxed()
     }
@@ -205,6 +294,54 @@ impl Raw for PostgresRaw {
             for drop in &inner.drops {
                 sqlx::raw_sql(drop.clone()).execute(&inner.pool).await?;
             }
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+/// The transactional mode: the store's `claim_in_tx` and the baselines on the raw
+/// baseline's pool, each transaction read committed (the default).
+struct PostgresTx {
+    inner: Arc<Inner>,
+    store: PostgresStore,
+}
+
+impl Transactional for PostgresTx {
+    fn process(
+        &self,
+        flavor: TxFlavor,
+        _worker: usize,
+        consumer: Arc<str>,
+        message_id: String,
+    ) -> BoxFuture<'static, Result<()>> {
+        let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
+        async move {
+            let (consumer, id) = (&*consumer, message_id.as_str());
+            let mut tx = inner.pool.begin().await?;
+            match flavor {
+                TxFlavor::Library => {
+                    let key = Key::new(consumer, id)?;
+                    if let TxClaim::Claimed { .. } = store.claim_in_tx(&mut tx, &key, None).await? {
+                        inner.insert_business(&mut tx, consumer, id).await?;
+                    }
+                }
+                TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
+                TxFlavor::TwoTransactions => {
+                    // Lock or insert the inbox row, commit.
+                    if inner.lock_row(&mut tx, consumer, id).await?.is_none() {
+                        inner.try_insert(&mut tx, consumer, id).await?;
+                    }
+                    tx.commit().await?;
+                    // Lock it again, work, mark it consumed (committed below).
+                    tx = inner.pool.begin().await?;
+                    if inner.lock_row(&mut tx, consumer, id).await? == Some(false) {
+                        inner.insert_business(&mut tx, consumer, id).await?;
+                        inner.update(&mut tx, consumer, id).await?;
+                    }
+                }
+            }
+            tx.commit().await?;
             Ok(())
         }
         .boxed()

@@ -97,6 +97,7 @@ pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
         purge_store: Arc::new(purge_store),
         clock,
         raw: Arc::new(raw),
+        tx: None,
         setup: setup.to_owned(),
     })
 }
@@ -187,7 +188,7 @@ impl Raw for RedisRaw {
         _worker: usize,
         consumer: Arc<str>,
         message_id: String,
-    ) -> BoxFuture<'static, Result<()>> {
+    ) -> BoxFuture<'static, Result<bool>> {
         let inner = Arc::clone(&self.inner);
         async move {
             let key = inner.key(&consumer, &message_id);
@@ -196,12 +197,17 @@ impl Raw for RedisRaw {
                 .conn
                 .query(&inner.set(&key, &format!("i:{token}"), "NX"))
                 .await?;
+            if matches!(claimed, Value::Nil) {
+                // The key exists: a duplicate.
+                return Ok(false);
+            }
             expect_ok("SET NX", &[claimed])?;
             let committed = inner
                 .conn
                 .query(&inner.set(&key, &format!("c:{token}"), "XX"))
                 .await?;
-            expect_ok("SET XX", &[committed])
+            expect_ok("SET XX", &[committed])?;
+            Ok(true)
         }
         .boxed()
     }

@@ -1,6 +1,7 @@
 //! SQLite: the store on a database file, and the raw baseline on a plain table of the same
 //! shape in the same file, through rusqlite with the store's journal mode and synchronous
-//! setting, one connection per bench task.
+//! setting, one connection per bench task. The transactional mode runs on the same
+//! connections, with a business table in the same file.
 //!
 //! SQLite runs one writer at a time. The baseline's writers queue on a mutex for it, as
 //! the store's do on its write gate: left to SQLite's busy handler, which sleeps 1, 2, 5,
@@ -11,13 +12,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use dedup_core::{Clock, ManualClock};
-use dedup_sqlite::rusqlite::{Connection, TransactionBehavior, params};
+use dedup_core::{Clock, Key, ManualClock, TxClaim};
+use dedup_sqlite::rusqlite::{
+    Connection, OptionalExtension, Transaction, TransactionBehavior, params,
+};
 use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore, Synchronous};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target};
+use super::target::{Raw, Target, Transactional, TxFlavor};
 use super::{Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-sqlite's schema), without its
@@ -40,10 +43,27 @@ const RAW_TABLE: &str = "CREATE TABLE \"{table}\" (
 const RAW_INDEXES: &str = "CREATE INDEX \"{table}_completed\" ON \"{table}\" (state, processed_at);
     CREATE INDEX \"{table}_expired\" ON \"{table}\" (state, expires_at);";
 
-/// The raw claim: a fresh in-flight row.
+/// The raw claim: a fresh in-flight row, nothing when the key exists.
 const INSERT: &str = "INSERT INTO \"{table}\" \
      (consumer, message_id, state, token, fence, attempt, expires_at) \
-     VALUES (?1, ?2, 'in_flight', ?3, 1, 1, ?4)";
+     VALUES (?1, ?2, 'in_flight', ?3, 1, 1, ?4) ON CONFLICT DO NOTHING";
+
+/// The application's own table the transactional measures insert into.
+const BUSINESS_TABLE: &str = "CREATE TABLE \"{table}\" (
+    id         INTEGER PRIMARY KEY,
+    consumer   TEXT    NOT NULL,
+    message_id TEXT    NOT NULL,
+    amount     INTEGER NOT NULL
+)";
+
+/// The business insert ($1 consumer, $2 message id, $3 amount).
+const INSERT_BUSINESS: &str =
+    "INSERT INTO \"{table}\" (consumer, message_id, amount) VALUES (?1, ?2, ?3)";
+
+/// The two-transaction inbox: whether the raw table's row of a key is consumed (no row:
+/// none). SQLite has no row locks: the immediate transaction's write lock stands for them.
+const SELECT_STATE: &str =
+    "SELECT state = 'completed' FROM \"{table}\" WHERE consumer = ?1 AND message_id = ?2";
 
 /// The raw commit.
 const UPDATE: &str = "UPDATE \"{table}\" SET state = 'completed', expires_at = NULL, \
@@ -54,7 +74,7 @@ const DROP: &str = "DROP TABLE IF EXISTS \"{table}\"";
 /// Open the store and the baseline on the file at `path` (a file in a new temporary
 /// folder when `None`).
 pub(crate) async fn open(path: Option<String>, names: &Names, params: &Params) -> Result<Target> {
-    let concurrency = params.concurrency;
+    let concurrency = params.max_concurrency();
     let (path, tmp) = match path {
         Some(p) => (PathBuf::from(p), None),
         None => {
@@ -76,6 +96,7 @@ pub(crate) async fn open(path: Option<String>, names: &Names, params: &Params) -
     .await?;
     let raw = SqliteRaw::open(&path, names, &config, concurrency, tmp)?;
     raw.exec(0, &RAW_TABLE.replace("{table}", &names.raw_table))?;
+    raw.exec(0, &BUSINESS_TABLE.replace("{table}", &names.business_table))?;
     if params.raw_indexes {
         raw.exec(0, &RAW_INDEXES.replace("{table}", &names.raw_table))?;
     }
@@ -89,12 +110,17 @@ pub(crate) async fn open(path: Option<String>, names: &Names, params: &Params) -
             ""
         }
     );
+    let tx = SqliteTx {
+        inner: Arc::clone(&raw.inner),
+        store: store.clone(),
+    };
     Ok(Target {
         backend: "sqlite",
         store: Arc::new(store),
         purge_store: Arc::new(purge_store),
         clock,
         raw: Arc::new(raw),
+        tx: Some(Arc::new(tx)),
         setup,
     })
 }
@@ -110,6 +136,8 @@ struct Inner {
     write_gate: Mutex<()>,
     insert: String,
     update: String,
+    insert_business: String,
+    select_state: String,
     /// Every table the bench made in this file, dropped at the end.
     tables: Vec<String>,
     /// The temporary folder holding the file, if the bench made it (removed on drop).
@@ -134,10 +162,13 @@ impl SqliteRaw {
                 write_gate: Mutex::new(()),
                 insert: render(INSERT),
                 update: render(UPDATE),
+                insert_business: INSERT_BUSINESS.replace("{table}", &names.business_table),
+                select_state: render(SELECT_STATE),
                 tables: vec![
                     names.table.clone(),
                     names.raw_table.clone(),
                     names.purge_table.clone(),
+                    names.business_table.clone(),
                 ],
                 _tmp: tmp,
             }),
@@ -177,7 +208,8 @@ impl Inner {
         lock(&self.write_gate)
     }
 
-    fn insert(&self, conn: &Connection, consumer: &str, id: &str, now: i64) -> Result<()> {
+    /// The raw claim: `true` when it inserted, `false` when the key was there.
+    fn try_insert(&self, conn: &Connection, consumer: &str, id: &str, now: i64) -> Result<bool> {
         let expires_at = now + Duration::from_secs(30).as_millis() as i64;
         let n = conn.prepare_cached(&self.insert)?.execute(params![
             consumer,
@@ -185,7 +217,30 @@ impl Inner {
             token(),
             expires_at
         ])?;
-        expect_one("INSERT", n)
+        Ok(n == 1)
+    }
+
+    /// The raw claim of a key that must be fresh.
+    fn insert(&self, conn: &Connection, consumer: &str, id: &str, now: i64) -> Result<()> {
+        match self.try_insert(conn, consumer, id, now)? {
+            true => Ok(()),
+            false => expect_one("INSERT", 0),
+        }
+    }
+
+    fn insert_business(&self, conn: &Connection, consumer: &str, id: &str) -> Result<()> {
+        let n = conn
+            .prepare_cached(&self.insert_business)?
+            .execute(params![consumer, id, 100])?;
+        expect_one("business INSERT", n)
+    }
+
+    /// Whether the key's inbox row is consumed (`None`: no row).
+    fn consumed(&self, conn: &Connection, consumer: &str, id: &str) -> Result<Option<bool>> {
+        Ok(conn
+            .prepare_cached(&self.select_state)?
+            .query_row(params![consumer, id], |r| r.get(0))
+            .optional()?)
     }
 
     fn update(&self, conn: &Connection, consumer: &str, id: &str, now: i64) -> Result<()> {
@@ -208,7 +263,9 @@ fn expect_one(what: &str, rows: usize) -> Result<()> {
 }
 
 /// Run `op` on a blocking thread.
-fn blocking(op: impl FnOnce() -> Result<()> + Send + 'static) -> BoxFuture<'static, Result<()>> {
+fn blocking<T: Send + 'static>(
+    op: impl FnOnce() -> Result<T> + Send + 'static,
+) -> BoxFuture<'static, Result<T>> {
     tokio::task::spawn_blocking(op)
         .map(|joined| joined?)
         .boxed()
@@ -220,17 +277,21 @@ impl Raw for SqliteRaw {
         worker: usize,
         consumer: Arc<str>,
         message_id: String,
-    ) -> BoxFuture<'static, Result<()>> {
+    ) -> BoxFuture<'static, Result<bool>> {
         let inner = Arc::clone(&self.inner);
         blocking(move || {
             let conn = inner.connection(worker);
             // Each statement its own (autocommit) transaction, as the store's claim and
             // commit are.
-            for step in [Inner::insert, Inner::update] {
+            let inserted = {
                 let _turn = inner.write_turn();
-                step(&inner, &conn, &consumer, &message_id, now_ms())?;
+                inner.try_insert(&conn, &consumer, &message_id, now_ms())?
+            };
+            if inserted {
+                let _turn = inner.write_turn();
+                inner.update(&conn, &consumer, &message_id, now_ms())?;
             }
-            Ok(())
+            Ok(inserted)
         })
     }
 
@@ -268,6 +329,76 @@ impl Raw for SqliteRaw {
                 conn.execute(&forget, [table])?;
             }
             Ok(())
+        })
+    }
+}
+
+/// The transactional mode: the store's `claim_in_tx` and the baselines on the raw
+/// baseline's connections, each transaction immediate (it takes the write lock first) and
+/// queued for its turn like the baseline's writes.
+struct SqliteTx {
+    inner: Arc<Inner>,
+    store: SqliteStore,
+}
+
+impl Inner {
+    /// Run `work` in one immediate transaction on `worker`'s connection, in its write turn.
+    fn in_tx<T>(
+        &self,
+        conn: &mut Connection,
+        work: impl FnOnce(&Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let _turn = self.write_turn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out = work(&tx)?;
+        tx.commit()?;
+        Ok(out)
+    }
+}
+
+impl Transactional for SqliteTx {
+    fn process(
+        &self,
+        flavor: TxFlavor,
+        worker: usize,
+        consumer: Arc<str>,
+        message_id: String,
+    ) -> BoxFuture<'static, Result<()>> {
+        let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
+        blocking(move || {
+            let mut conn = inner.connection(worker);
+            let (consumer, id) = (&*consumer, message_id.as_str());
+            match flavor {
+                TxFlavor::Library => {
+                    let key = Key::new(consumer, id)?;
+                    inner.in_tx(&mut conn, |tx| {
+                        if let TxClaim::Claimed { .. } = store.claim_in_tx(tx, &key, None)? {
+                            inner.insert_business(tx, consumer, id)?;
+                        }
+                        Ok(())
+                    })
+                }
+                TxFlavor::BusinessOnly => {
+                    inner.in_tx(&mut conn, |tx| inner.insert_business(tx, consumer, id))
+                }
+                TxFlavor::TwoTransactions => {
+                    // Lock or insert the inbox row, commit.
+                    inner.in_tx(&mut conn, |tx| {
+                        if inner.consumed(tx, consumer, id)?.is_none() {
+                            inner.try_insert(tx, consumer, id, now_ms())?;
+                        }
+                        Ok(())
+                    })?;
+                    // Lock it again, work, mark it consumed, commit.
+                    inner.in_tx(&mut conn, |tx| {
+                        if inner.consumed(tx, consumer, id)? == Some(false) {
+                            inner.insert_business(tx, consumer, id)?;
+                            inner.update(tx, consumer, id, now_ms())?;
+                        }
+                        Ok(())
+                    })
+                }
+            }
         })
     }
 }

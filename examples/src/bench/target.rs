@@ -1,5 +1,5 @@
 //! What the bench needs of one backend: the store, a store on a manual clock for the
-//! purge measure, and the raw driver baseline.
+//! purge measure, the raw driver baseline, and (SQL backends) the transactional mode.
 
 use std::sync::Arc;
 
@@ -11,14 +11,16 @@ use super::Result;
 /// The same work as the library's, issued raw through the backend's driver: the physical
 /// limit of that backend at the bench's concurrency.
 pub(crate) trait Raw: Send + Sync {
-    /// The raw equivalent of claim then commit of one fresh key (two statements or
-    /// commands, each its own transaction), by worker `worker` (`0..concurrency`).
+    /// The raw equivalent of claim then commit of one key (two statements or commands,
+    /// each its own transaction), by worker `worker` (`0..concurrency`): an insert that
+    /// does nothing when the key exists, then, only if it inserted, the update. `true`
+    /// when it inserted (a fresh key), `false` for a duplicate (nothing updated).
     fn claim_commit(
         &self,
         worker: usize,
         consumer: Arc<str>,
         message_id: String,
-    ) -> BoxFuture<'static, Result<()>>;
+    ) -> BoxFuture<'static, Result<bool>>;
 
     /// The raw equivalent of `claim_many` then `commit_many` of fresh keys: one batched
     /// insert, then one batched update.
@@ -33,6 +35,35 @@ pub(crate) trait Raw: Send + Sync {
     fn cleanup(&self) -> BoxFuture<'static, Result<()>>;
 }
 
+/// The three ways of processing a message inside a database transaction that the
+/// transactional measures compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxFlavor {
+    /// The library: one transaction holding the store's `claim_in_tx` and the business
+    /// insert.
+    Library,
+    /// The business insert alone in its transaction: no deduplication at all.
+    BusinessOnly,
+    /// The MassTransit-style inbox: one transaction inserts the inbox row (or locks it
+    /// if present) and commits; a second locks it again, checks it is not consumed, does
+    /// the business insert, marks the row consumed and commits.
+    TwoTransactions,
+}
+
+/// Processing a message inside a transaction: the library's transactional claim against
+/// the business write alone and against the two-transaction inbox (SQL backends only).
+pub(crate) trait Transactional: Send + Sync {
+    /// Process message `message_id` of `consumer` the `flavor` way, by worker `worker`:
+    /// a business row is inserted for a message seen first, nothing for a duplicate.
+    fn process(
+        &self,
+        flavor: TxFlavor,
+        worker: usize,
+        consumer: Arc<str>,
+        message_id: String,
+    ) -> BoxFuture<'static, Result<()>>;
+}
+
 /// One backend under test.
 pub(crate) struct Target {
     /// `sqlite`, `postgres`, `redis`, `redis-cluster`.
@@ -45,6 +76,8 @@ pub(crate) struct Target {
     pub(crate) clock: Arc<ManualClock>,
     /// The driver baseline.
     pub(crate) raw: Arc<dyn Raw>,
+    /// The transactional mode, where the backend has one.
+    pub(crate) tx: Option<Arc<dyn Transactional>>,
     /// How store and baseline are set up (printed as context).
     pub(crate) setup: String,
 }

@@ -1,18 +1,25 @@
 //! The benchmark: for each backend, in one run on one machine, the library against the
-//! same work issued raw through the backend's driver (the physical limit), batches against
-//! raw batches, and claim latency while a large purge runs against claim latency without
-//! it. It prints ratios; absolute times are context only (they depend on the machine).
+//! same work issued raw through the backend's driver (the physical limit), with fresh keys
+//! and with 30 % redeliveries; batches against raw batches; on SQL backends the
+//! transactional claim against the business insert alone and against a two-transaction
+//! (MassTransit-style) inbox; and claim latency while a default-options purge runs against
+//! claim latency without it, plus the purge's rate. Every measure runs at each
+//! concurrency asked for (1 and 16 by default). It prints ratios; absolute times are
+//! context only (they depend on the machine).
 //!
 //! ```text
-//! cargo run --release -p dedup-examples --bin bench -- [--store URL]... [--messages N]
-//!     [--concurrency C] [--batch B] [--purge-rows P] [--json]
+//! cargo run --release -p dedup-examples --bin bench -- [--quick] [--json] [--store URL]...
+//!     [--concurrency 1,16] [--messages N] [--batch B] [--purge-rows P] ...
 //! ```
+//!
+//! `--quick` takes a few minutes for the four backends (purge of 100 000 records); without
+//! it, the full run purges 1 000 000 and measures longer.
 //!
 //! Without `--store`, it benches SQLite in a temporary file plus every server named by
 //! `DEDUP_POSTGRES_URL`, `DEDUP_REDIS_URL` and `DEDUP_REDIS_CLUSTER_URLS` (comma-separated
 //! node URLs). Each run works on tables / key prefixes of its own (`dedup_bench_<id>`,
 //! `dedup-bench:<id>:`): SQL tables are dropped at the end, Redis keys expire by themselves
-//! after ten minutes.
+//! after ten minutes (the purge measure's are purged).
 
 #[path = "../bench/mod.rs"]
 mod bench;
@@ -22,7 +29,8 @@ use dedup_examples::report::{print_json, print_table};
 
 use bench::{Names, Params, Row};
 
-/// Library against raw driver, batches against raw batches, claim latency during a purge.
+/// Library against raw driver, batches against raw batches, the transactional claim
+/// against its alternatives, claim latency during a purge.
 #[derive(Parser, Debug)]
 #[command(about)]
 struct Args {
@@ -31,33 +39,47 @@ struct Args {
     /// in DEDUP_POSTGRES_URL / DEDUP_REDIS_URL / DEDUP_REDIS_CLUSTER_URLS.
     #[arg(long = "store")]
     stores: Vec<String>,
-    /// Messages claimed and committed one at a time (library, and again raw); also the
-    /// length of each latency stream of the purge measure.
-    #[arg(long, default_value_t = 2000)]
-    messages: usize,
-    /// Concurrent tasks.
-    #[arg(long, default_value_t = 8)]
-    concurrency: usize,
+    /// The quick run (a few minutes): fewer messages, shorter measures, a purge of
+    /// 100 000 records instead of 1 000 000. Explicit options below override it.
+    #[arg(long)]
+    quick: bool,
+    /// Messages claimed and committed one at a time per measured run (library, and again
+    /// raw); also the length of each latency stream of the purge measure [quick: 1000,
+    /// full: 4000].
+    #[arg(long)]
+    messages: Option<usize>,
+    /// Concurrent tasks: every measure runs at each of these, in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 16])]
+    concurrency: Vec<usize>,
+    /// The share of redeliveries in the duplicate-heavy traffic, in percent (0 to 90).
+    #[arg(long, default_value_t = 30)]
+    duplicate_percent: usize,
     /// Messages per batch.
     #[arg(long, default_value_t = 100)]
     batch: usize,
-    /// Messages of the batch measure (default: 10 x --messages).
+    /// Messages of the batch measure (default: 5 x --messages).
     #[arg(long)]
     batch_messages: Option<usize>,
-    /// Completed records the purge deletes while claims run.
-    #[arg(long, default_value_t = 20_000)]
-    purge_rows: usize,
-    /// Records per purge batch.
-    #[arg(long, default_value_t = 1000)]
-    purge_batch: usize,
-    /// Runs of each throughput measure at least (library and raw alternating); the best
-    /// run of each side counts.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    /// Repeat each throughput measure (up to 10 rounds) until library and raw together
-    /// ran this many seconds.
-    #[arg(long, default_value_t = 2.0)]
-    min_secs: f64,
+    /// Completed records the purge deletes while claims run [quick: 100 000, full:
+    /// 1 000 000].
+    #[arg(long)]
+    purge_rows: Option<usize>,
+    /// Largest records per purge batch (default: the purge's default options).
+    #[arg(long)]
+    purge_batch: Option<usize>,
+    /// Longest the claim stream runs alongside the purge once it made `--messages` claims,
+    /// in seconds: a purge still running then finishes alone (the row says so with
+    /// `purge_outlived_stream`) [quick: 20, full: 120].
+    #[arg(long)]
+    purge_stream_secs: Option<f64>,
+    /// Runs of each throughput measure at least (contenders alternating); the best run of
+    /// each counts [quick: 2, full: 3].
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Repeat each throughput measure (up to 10 rounds) until its contenders together
+    /// ran this many seconds [quick: 1, full: 3].
+    #[arg(long)]
+    min_secs: Option<f64>,
     /// Messages handled before each measured part, to open connections.
     #[arg(long, default_value_t = 100)]
     warmup: usize,
@@ -72,21 +94,36 @@ struct Args {
 
 impl Args {
     fn params(&self) -> Result<Params, String> {
-        if self.messages == 0 || self.concurrency == 0 || self.purge_rows == 0 {
+        let quick = self.quick;
+        let messages = self.messages.unwrap_or(if quick { 1000 } else { 4000 });
+        let purge_rows = self
+            .purge_rows
+            .unwrap_or(if quick { 100_000 } else { 1_000_000 });
+        if messages == 0 || purge_rows == 0 || self.concurrency.contains(&0) {
             return Err("--messages, --concurrency and --purge-rows must be at least 1".into());
+        }
+        if self.concurrency.is_empty() {
+            return Err("--concurrency needs at least one value".into());
         }
         if !(1..=dedup_core::MAX_BATCH_LEN).contains(&self.batch) {
             return Err(format!("--batch must be 1..={}", dedup_core::MAX_BATCH_LEN));
         }
+        if self.duplicate_percent > 90 {
+            return Err("--duplicate-percent must be 0..=90".into());
+        }
         Ok(Params {
-            messages: self.messages,
-            concurrency: self.concurrency,
+            messages,
+            concurrency: self.concurrency.clone(),
+            duplicate_percent: self.duplicate_percent,
             batch: self.batch,
-            batch_messages: self.batch_messages.unwrap_or(self.messages * 10).max(1),
-            purge_rows: self.purge_rows,
+            batch_messages: self.batch_messages.unwrap_or(messages * 5).max(1),
+            purge_rows,
             purge_batch: self.purge_batch,
-            rounds: self.rounds.max(1),
-            min_secs: self.min_secs,
+            purge_stream_secs: self
+                .purge_stream_secs
+                .unwrap_or(if quick { 20.0 } else { 120.0 }),
+            rounds: self.rounds.unwrap_or(if quick { 2 } else { 3 }).max(1),
+            min_secs: self.min_secs.unwrap_or(if quick { 1.0 } else { 3.0 }),
             warmup: self.warmup,
             raw_indexes: self.raw_indexes,
         })
@@ -137,6 +174,7 @@ async fn bench_one(store: Option<&str>, params: &Params) -> Result<Vec<Row>, ben
 fn format_value(unit: &str, v: f64) -> String {
     match unit {
         "ms" => format!("{v:.2} ms"),
+        "rows/s" => format!("{v:.0} rows/s"),
         _ => format!("{v:.0} {unit}"),
     }
 }
@@ -150,22 +188,37 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let params = args.params()?;
     let mut rows = Vec::new();
+    // A backend that fails does not cost the others' figures: they are printed, and the
+    // run fails at the end.
+    let mut failed = Vec::new();
     for store in stores(&args) {
         let name = store.as_deref().unwrap_or("sqlite (temporary file)");
-        let found = bench_one(store.as_deref(), &params)
-            .await
-            .map_err(|e| format!("bench of {name}: {e}"))?;
-        rows.extend(found);
+        match bench_one(store.as_deref(), &params).await {
+            Ok(found) => rows.extend(found),
+            Err(e) => {
+                let e = format!("bench of {}: {e}", dedup::redact(name));
+                eprintln!("{e}");
+                failed.push(e);
+            }
+        }
     }
     println!();
     print_table(
-        &["backend", "measure", "library", "raw / baseline", "ratio"],
+        &[
+            "backend",
+            "measure",
+            "c",
+            "library",
+            "raw / baseline",
+            "ratio",
+        ],
         &rows
             .iter()
             .map(|r| {
                 vec![
                     r.backend.to_owned(),
                     r.measure.to_owned(),
+                    r.concurrency.to_string(),
                     format_value(r.unit, r.library),
                     format_value(r.unit, r.baseline),
                     format!("{:.2}", r.ratio),
@@ -175,14 +228,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "\nthroughput ratio = library / raw driver (1.0 = the backend's limit, higher is \
-         better); latency ratio = during purge / alone (1.0 = no slowdown, higher is worse).\n\
-         concurrency {}, {} messages one by one, {} in batches of {}, purge of {} records.",
-        params.concurrency, params.messages, params.batch_messages, params.batch, params.purge_rows
+         better); tx_claim_vs_*: library's transactional claim + business insert against the \
+         insert alone / the two-transaction inbox; latency ratio = during purge / alone (1.0 = \
+         no slowdown, higher is worse); purge_rows_per_s against {} rows/s.\n\
+         concurrency {:?}, {} messages one by one ({} % redeliveries in claim_commit_duplicates), \
+         {} in batches of {}, purge of {} records.",
+        bench::PURGE_RATE_FLOOR,
+        params.concurrency,
+        params.messages,
+        params.duplicate_percent,
+        params.batch_messages,
+        params.batch,
+        params.purge_rows
     );
     if args.json {
         for row in &rows {
             print_json(row);
         }
     }
-    Ok(())
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(failed.join("; ").into()),
+    }
 }
