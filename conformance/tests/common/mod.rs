@@ -494,59 +494,10 @@ impl TransactionalFactory for FakeTxFactory {
         hold: BoxFuture<'static, ()>,
         end: TxEnd,
     ) -> Result<TxClaim> {
-        let options = ClaimOptions {
-            lease: Duration::from_millis(1),
-            fingerprint: fingerprint.cloned(),
-        };
         self.transaction(store, key, label, hold, end, |record, now| {
-            let (claim, write) =
-                transition::claim(record, key, &options, now, LeaseToken::random())?;
-            Ok(match (claim, write) {
-                (Claim::Acquired(lease), Write::Put(rec)) => {
-                    let completed = Record {
-                        state: RecordState::Completed {
-                            token: None,
-                            processed_at: now,
-                            outcome: None,
-                        },
-                        ..rec
-                    };
-                    (
-                        TxClaim::Claimed { fence: lease.fence },
-                        Write::Put(completed),
-                        true,
-                    )
-                }
-                (
-                    Claim::InFlight {
-                        expires_at,
-                        attempt,
-                    },
-                    _,
-                ) => (
-                    TxClaim::InFlight {
-                        expires_at,
-                        attempt,
-                    },
-                    Write::Unchanged,
-                    false,
-                ),
-                (
-                    Claim::Completed {
-                        processed_at,
-                        outcome,
-                    },
-                    _,
-                ) => (
-                    TxClaim::Completed {
-                        processed_at,
-                        outcome,
-                    },
-                    Write::Unchanged,
-                    false,
-                ),
-                (Claim::Acquired(_), Write::Unchanged) => unreachable!("an acquisition writes"),
-            })
+            let (answer, write) = transition::tx_claim(record, key, fingerprint, now)?;
+            let wrote = matches!(write, Write::Put(_));
+            Ok((answer, write, wrote))
         })
         .await
     }
