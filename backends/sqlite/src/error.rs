@@ -97,6 +97,9 @@ pub(crate) enum SetupError {
     ConnectionLost,
     /// A blocking task failed (panicked or was cancelled at shutdown).
     TaskFailed(tokio::task::JoinError),
+    /// A queued write got no result: the group it ran in could not get a connection, or
+    /// its task failed.
+    WriteLost,
 }
 
 impl fmt::Display for SetupError {
@@ -111,6 +114,12 @@ impl fmt::Display for SetupError {
                 write!(f, "the in-memory database's connection was lost")
             }
             SetupError::TaskFailed(e) => write!(f, "blocking SQLite task failed: {e}"),
+            SetupError::WriteLost => write!(
+                f,
+                "the write was queued but never ran: the transaction it was grouped into \
+                 could not get a database connection (see the error of the other writes of \
+                 that moment); nothing was written, try again"
+            ),
         }
     }
 }

@@ -10,6 +10,7 @@ mod row;
 mod schema;
 mod store;
 mod tx;
+mod writes;
 
 pub use config::{DEFAULT_TABLE, SCHEMA_VERSIONS_TABLE, SqliteConfig, Synchronous};
 pub use store::SqliteStore;

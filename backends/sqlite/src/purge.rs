@@ -10,17 +10,28 @@ use rusqlite::{Connection, params};
 use crate::error::backend;
 use crate::row;
 use crate::store::{Inner, SqliteStore};
+use crate::writes::{in_transaction, timed};
 
 #[async_trait]
 impl PurgeBatches for SqliteStore {
     type PurgeCursor = ();
 
-    /// One short write transaction per batch; claims queued at the write gate go before
-    /// the next batch (the gate is first come, first served).
+    /// One short write transaction per batch, never grouped with other writes: it takes
+    /// the store's write gate like a group of writes does (first come, first served), so
+    /// writes queued behind one batch go before the next. Its work time is the
+    /// transaction's, from `BEGIN` to the durable commit, without the wait for the gate.
     async fn purge_batch(&self, step: &PurgeStep, _: &mut ()) -> Result<PurgeBatch> {
         let (retention, limit) = (step.retention, step.limit);
-        self.write(move |conn, inner, now| inner.purge_batch(conn, now, retention, limit))
-            .await
+        self.run(true, move |conn, inner| {
+            let (mut batch, work) = timed(|| {
+                in_transaction(conn, |tx| {
+                    inner.purge_batch(tx, inner.clock.now(), retention, limit)
+                })
+            })?;
+            batch.work = Some(work);
+            Ok(batch)
+        })
+        .await
     }
 }
 

@@ -12,7 +12,7 @@ use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, Fingerprint, ItemResult,
     Key, Lease, LeaseToken, Record, Result, SystemClock, Timestamp,
 };
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, params};
 
 use crate::config::SqliteConfig;
 use crate::error::{SetupError, backend};
@@ -20,6 +20,7 @@ use crate::pool::{ConnectionSettings, Location, Pool, Wait, retry_busy};
 use crate::queries::Queries;
 use crate::row;
 use crate::schema;
+use crate::writes::WriteQueue;
 
 /// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with the transactional
 /// extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
@@ -37,11 +38,11 @@ pub struct SqliteStore {
 }
 
 pub(crate) struct Inner {
-    /// Held by every write for its whole transaction: this store's writers queue here in
-    /// FIFO order instead of polling SQLite's lock in its busy handler (which is unfair and
-    /// can starve a waiter), leaving the busy handler to arbitrate only between processes
-    /// and the caller's own connections. SQLite runs one writer at a time anyway.
-    write_gate: Arc<tokio::sync::Mutex<()>>,
+    /// This store's writes: queued in arrival order, run in groups sharing one transaction
+    /// (see [`crate::writes`]). Queuing here instead of polling SQLite's lock in its busy
+    /// handler (which is unfair and can starve a waiter) leaves the busy handler to
+    /// arbitrate only between processes and the caller's own connections.
+    pub(crate) writes: WriteQueue,
     pub(crate) table: String,
     pub(crate) queries: Queries,
     pub(crate) clock: Arc<dyn Clock>,
@@ -100,7 +101,7 @@ impl SqliteStore {
             .map_err(|e| e.during("migrating the schema"))?;
             Ok(SqliteStore {
                 inner: Arc::new(Inner {
-                    write_gate: Arc::default(),
+                    writes: WriteQueue::default(),
                     queries: Queries::new(&config.table),
                     clock: config.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                     pool: Pool::new(location, settings, first, config.pool_size),
@@ -132,7 +133,7 @@ impl SqliteStore {
         F: FnMut(&mut Connection, &Inner) -> Result<T> + Send + 'static,
     {
         let gate = match writer {
-            true => Some(Arc::clone(&self.inner.write_gate).lock_owned().await),
+            true => Some(self.inner.writes.gate().await),
             false => None,
         };
         let permit = self.inner.pool.permit().await;
@@ -145,25 +146,6 @@ impl SqliteStore {
                 .with_connection(|conn| retry_busy(timeout, || op(conn, &inner)))?
         });
         task.await.map_err(SetupError::TaskFailed)?
-    }
-
-    /// Run `op` inside one `BEGIN IMMEDIATE` transaction, with "now" read once the write
-    /// lock is held; commit when `op` returns `Ok`, roll back otherwise.
-    pub(crate) async fn write<T, F>(&self, mut op: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnMut(&Connection, &Inner, Timestamp) -> Result<T> + Send + 'static,
-    {
-        self.run(true, move |conn, inner| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            let now = inner.clock.now();
-            let out = op(&tx, inner, now)?;
-            tx.commit().map_err(backend)?;
-            Ok(out)
-        })
-        .await
     }
 }
 

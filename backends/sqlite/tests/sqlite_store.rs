@@ -393,3 +393,145 @@ async fn a_claim_waits_behind_at_most_one_purge_batch() {
         "the taken-over lease is live again, so the second batch found nothing: {report:?}"
     );
 }
+
+/// Start `claim(key)` in the background.
+fn spawn_claim(
+    store: &SqliteStore,
+    key: Key,
+) -> tokio::task::JoinHandle<dedup_core::Result<Claim>> {
+    let store = store.clone();
+    tokio::spawn(async move { store.claim(&key, &opts()).await })
+}
+
+/// Bytes of `db`'s write-ahead log (it only grows until a checkpoint, which a fresh
+/// database reaches after 1000 pages).
+fn wal_len(db: &Path) -> u64 {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_share_one_transaction_and_keep_their_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("group.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    assert!(
+        store
+            .claim(&key("warm"), &opts())
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+
+    let holder = LockHolder::hold(&db);
+    // The first write takes the gate alone and waits for SQLite's lock...
+    let first = spawn_claim(&store, key("first"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ... while these queue behind it, a key claimed twice among them.
+    let mut queued = Vec::new();
+    for i in 0..20 {
+        queued.push(spawn_claim(&store, key(&format!("k{i}"))));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let again = spawn_claim(&store, key("k3"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let wal_before = wal_len(&db);
+    holder.release();
+
+    assert!(first.await.unwrap().unwrap().is_acquired());
+    for claim in queued {
+        assert!(claim.await.unwrap().unwrap().is_acquired());
+    }
+    // The second claim of k3 ran after the first, in the same order as they queued.
+    match again.await.unwrap().unwrap() {
+        Claim::InFlight { attempt, .. } => assert_eq!(attempt, 1),
+        other => panic!("expected k3 in flight, got {other:?}"),
+    }
+    // 22 inserts (3 pages each: the table and two purge indexes) written as 22
+    // transactions would add ~66 pages to the log; grouped, each page is written once
+    // per transaction: the first write's and the group's.
+    let pages = (wal_len(&db) - wal_before) / (4096 + 24);
+    assert!(
+        pages < 22,
+        "{pages} log pages for 22 writes: the queued writes did not share a transaction"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_write_in_a_group_fails_alone() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("group-fail.db");
+    let clock = std::sync::Arc::new(dedup_core::ManualClock::starting_now());
+    let config = SqliteConfig {
+        clock: Some(clock.clone()),
+        ..SqliteConfig::default()
+    };
+    let store = SqliteStore::open_with(&db, config).await.expect("open");
+    let short = ClaimOptions::lease(Duration::from_secs(1));
+    let lost = store
+        .claim(&key("taken"), &short)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    clock.advance(Duration::from_secs(2));
+    assert!(
+        store
+            .claim(&key("taken"), &opts())
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+
+    let holder = LockHolder::hold(&db);
+    let first = spawn_claim(&store, key("first"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = spawn_claim(&store, key("before"));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let renew = {
+        let store = store.clone();
+        tokio::spawn(async move { store.renew(&lost, Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let after = spawn_claim(&store, key("after"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.release();
+
+    assert!(first.await.unwrap().unwrap().is_acquired());
+    assert!(matches!(renew.await.unwrap(), Err(Error::LeaseLost { .. })));
+    assert!(before.await.unwrap().unwrap().is_acquired());
+    assert!(after.await.unwrap().unwrap().is_acquired());
+    for id in ["before", "after"] {
+        let record = store.get(&key(id)).await.unwrap().expect("written");
+        assert!(matches!(record.state, RecordState::InFlight { .. }), "{id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_given_up_while_queued_never_runs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("group-cancel.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+
+    let holder = LockHolder::hold(&db);
+    let first = spawn_claim(&store, key("first"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        store.claim(&key("gone"), &opts()),
+    )
+    .await;
+    assert!(given_up.is_err(), "the claim was queued behind the lock");
+    holder.release();
+    assert!(first.await.unwrap().unwrap().is_acquired());
+    // A later write takes whatever is queued: the abandoned claim is dropped, not run.
+    assert!(
+        store
+            .claim(&key("later"), &opts())
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert_eq!(store.get(&key("gone")).await.unwrap(), None);
+}

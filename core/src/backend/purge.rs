@@ -61,6 +61,13 @@ pub struct PurgeBatch {
     /// Whether the backend found nothing more to remove (for a single-statement batch:
     /// it removed fewer than `limit`).
     pub exhausted: bool,
+    /// How long the batch kept the storage busy (its transaction, its statements or round
+    /// trips), when the backend measured that apart from the time it waited for a
+    /// connection or for its turn behind live traffic. Pacing sizes batches and rests on
+    /// this: under load, waiting for a turn is not work, and counting it would shrink the
+    /// batches and lengthen the rests until the purge barely runs. `None`: the whole call
+    /// counts.
+    pub work: Option<Duration>,
 }
 
 impl PurgeBatch {
@@ -95,7 +102,7 @@ pub async fn run<S: PurgeBatches + ?Sized>(
             },
         };
         let batch = store.purge_batch(&step, &mut cursor).await?;
-        let took = batch_start.elapsed();
+        let took = batch.work.unwrap_or_else(|| batch_start.elapsed());
         report.batches += 1;
         report.completed += batch.completed;
         report.expired += batch.expired;
@@ -169,6 +176,72 @@ mod tests {
         // A short batch (nothing more to take) or one near the bound keeps its limit.
         assert_eq!(next_limit(100, 40, MS / 2, 2 * MS, 5000), 100);
         assert_eq!(next_limit(100, 100, 3 * MS / 2, 2 * MS, 5000), 100);
+    }
+
+    /// A store whose batches each take `wall` of the caller's time but report `work` of
+    /// storage time (the rest: waiting for a turn), removing what they are asked for.
+    struct Queued {
+        wall: Duration,
+        work: Option<Duration>,
+        left: std::sync::Mutex<u64>,
+        limits: std::sync::Mutex<Vec<usize>>,
+    }
+
+    #[async_trait]
+    impl PurgeBatches for Queued {
+        type PurgeCursor = ();
+
+        async fn purge_batch(&self, step: &PurgeStep, _: &mut ()) -> Result<PurgeBatch> {
+            tokio::time::sleep(self.wall).await;
+            self.limits.lock().unwrap().push(step.limit);
+            let mut left = self.left.lock().unwrap();
+            let removed = (*left).min(step.limit as u64);
+            *left -= removed;
+            Ok(PurgeBatch {
+                completed: removed,
+                exhausted: removed < step.limit as u64,
+                work: self.work,
+                ..PurgeBatch::default()
+            })
+        }
+    }
+
+    async fn limits_asked(work: Option<Duration>, records: u64) -> (Vec<usize>, PurgeReport) {
+        let store = Queued {
+            wall: 10 * MS,
+            work,
+            left: std::sync::Mutex::new(records),
+            limits: std::sync::Mutex::default(),
+        };
+        let report = run(&store, &PurgeOptions::older_than(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        (store.limits.into_inner().unwrap(), report)
+    }
+
+    #[tokio::test]
+    async fn pacing_counts_the_reported_work_not_the_wait_for_a_turn() {
+        // Each call waits 10 ms for its turn but holds the storage 0.1 ms: batches grow to
+        // the default batch_size.
+        let (limits, report) = limits_asked(Some(MS / 10), 2000).await;
+        assert_eq!(&limits[..5], &[64, 128, 256, 512, 1000], "{limits:?}");
+        assert_eq!(report.completed, 2000);
+        // Rests follow the work (3 x 0.1 ms per batch at 25 % busy), not the 10 ms calls.
+        assert!(report.elapsed < 15 * MS * limits.len() as u32, "{report:?}");
+
+        // Without a measured work time the whole 10 ms call counts: past the 2 ms bound,
+        // batches shrink to the floor and each call is followed by a 30 ms rest.
+        let (limits, report) = limits_asked(None, 200).await;
+        assert_eq!(
+            &limits[..3],
+            &[64, MIN_PACED_LIMIT, MIN_PACED_LIMIT],
+            "{limits:?}"
+        );
+        assert_eq!(report.completed, 200);
+        assert!(
+            report.elapsed >= 40 * MS * (limits.len() as u32 - 1),
+            "{report:?}"
+        );
     }
 
     #[test]

@@ -1,0 +1,207 @@
+//! The write queue: this store's writes run in arrival order, and concurrent ones share one
+//! transaction (group commit).
+//!
+//! SQLite runs one writer at a time, and with `synchronous = FULL` each transaction's commit
+//! waits for the disk. A write therefore joins a queue and then waits for the store's gate (a
+//! first-come, first-served lock). Whoever gets the gate takes every write queued so far (up
+//! to [`MAX_GROUP`]) and runs them, in queue order, in one `BEGIN IMMEDIATE` transaction with
+//! one commit; each write's caller gets its own result once that commit is durable. A write
+//! whose caller got there first finds its result waiting and never needs the gate.
+//!
+//! What a group changes for the callers: nothing they can observe, except speed. Each write
+//! reads "now" when its turn in the transaction comes and sees every earlier write of the
+//! group, exactly as if each had committed alone in the same order. A write that fails (a
+//! storage error, or a contract error a write reports as `Err`, such as renewing a lost
+//! lease) makes the group roll back; every write of the group then runs again alone, in
+//! order, in its own transaction, so one failure never decides another write's result.
+//! A caller that gives up while its write is still queued (its future dropped) takes the
+//! write out: it never runs.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dedup_core::{Error, Result, Timestamp};
+use rusqlite::{Connection, TransactionBehavior};
+use tokio::sync::oneshot;
+
+use crate::error::{SetupError, backend};
+use crate::pool::retry_busy;
+use crate::store::{Inner, SqliteStore};
+
+/// The most writes one transaction takes: bounds how long a group holds SQLite's write lock
+/// (and so how long a purge batch or another process waits behind it).
+pub(crate) const MAX_GROUP: usize = 64;
+
+/// One write operation, as the store's methods pass it: run inside an open transaction,
+/// with that write's "now".
+pub(crate) trait WriteOp<T>:
+    FnMut(&Connection, &Inner, Timestamp) -> Result<T> + Send + 'static
+{
+}
+impl<T, F> WriteOp<T> for F where
+    F: FnMut(&Connection, &Inner, Timestamp) -> Result<T> + Send + 'static
+{
+}
+
+/// A queued write, its result type erased.
+trait Job: Send {
+    /// Run the write inside `conn`'s open transaction, keeping its output for later.
+    fn run(&mut self, conn: &Connection, inner: &Inner, now: Timestamp) -> Result<()>;
+    /// The transaction committed: hand the caller the kept output.
+    fn succeed(self: Box<Self>);
+    /// The write failed for good: hand the caller `error`.
+    fn fail(self: Box<Self>, error: Error);
+    /// The caller stopped waiting: do not run it.
+    fn abandoned(&self) -> bool;
+}
+
+struct Pending<T, F> {
+    op: F,
+    output: Option<T>,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T: Send + 'static, F: WriteOp<T>> Job for Pending<T, F> {
+    fn run(&mut self, conn: &Connection, inner: &Inner, now: Timestamp) -> Result<()> {
+        self.output = Some((self.op)(conn, inner, now)?);
+        Ok(())
+    }
+
+    fn succeed(self: Box<Self>) {
+        let result = self.output.ok_or_else(|| SetupError::WriteLost.into());
+        // A caller that stopped waiting gets nothing: the write is done all the same.
+        let _ = self.reply.send(result);
+    }
+
+    fn fail(self: Box<Self>, error: Error) {
+        let _ = self.reply.send(Err(error));
+    }
+
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+}
+
+/// The store's queue of writes and the gate their groups take turns at.
+#[derive(Default)]
+pub(crate) struct WriteQueue {
+    /// Held for a group's whole transaction; first come, first served (tokio's mutex is
+    /// fair), so this store's writers never poll SQLite's lock against each other. Other
+    /// writers of the store (purge batches) take it too.
+    gate: Arc<tokio::sync::Mutex<()>>,
+    queued: Mutex<Vec<Box<dyn Job>>>,
+}
+
+impl WriteQueue {
+    /// Wait (asynchronously) for the gate, for a write that does not join a group.
+    pub(crate) async fn gate(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        Arc::clone(&self.gate).lock_owned().await
+    }
+
+    fn push(&self, job: Box<dyn Job>) {
+        self.queued().push(job);
+    }
+
+    /// The oldest queued writes, at most [`MAX_GROUP`], leaving out abandoned ones.
+    fn take_group(&self) -> Vec<Box<dyn Job>> {
+        let mut queued = self.queued();
+        let n = queued.len().min(MAX_GROUP);
+        queued.drain(..n).filter(|job| !job.abandoned()).collect()
+    }
+
+    fn queued(&self) -> MutexGuard<'_, Vec<Box<dyn Job>>> {
+        // Only push and drain happen under this lock: a panic cannot leave it inconsistent.
+        self.queued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl SqliteStore {
+    /// Run `op` inside a `BEGIN IMMEDIATE` transaction (possibly shared with other queued
+    /// writes, see the module docs), with "now" read when its turn comes; its result is
+    /// returned once the transaction committed. `op` may run more than once (after a busy
+    /// lock or a group's rollback): each run starts from a rolled-back state.
+    pub(crate) async fn write<T: Send + 'static>(&self, op: impl WriteOp<T>) -> Result<T> {
+        let (reply, mut result) = oneshot::channel();
+        let queue = &self.inner.writes;
+        queue.push(Box::new(Pending {
+            op,
+            output: None,
+            reply,
+        }));
+        loop {
+            tokio::select! {
+                biased;
+                done = &mut result => {
+                    return done.unwrap_or_else(|_| Err(SetupError::WriteLost.into()));
+                }
+                gate = queue.gate() => {
+                    let group = queue.take_group();
+                    if group.is_empty() {
+                        // Ours ran in an earlier group: its result is already sent.
+                        continue;
+                    }
+                    let permit = self.inner.pool.permit().await;
+                    let inner = Arc::clone(&self.inner);
+                    let task = tokio::task::spawn_blocking(move || {
+                        let _held = (gate, permit);
+                        inner.pool.with_connection(|conn| run_group(conn, &inner, group))
+                    });
+                    // The group's writers (ours among them, unless the group was full) have
+                    // their results; a connection that could not be opened failed them all.
+                    match task.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(e),
+                        Err(e) => return Err(SetupError::TaskFailed(e).into()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Run `group` in one transaction; if that fails, each write alone. Blocking.
+fn run_group(conn: &mut Connection, inner: &Inner, mut group: Vec<Box<dyn Job>>) {
+    let timeout = inner.pool.settings.busy_timeout;
+    if group.len() > 1 {
+        let together = retry_busy(timeout, || {
+            in_transaction(conn, |tx| {
+                group
+                    .iter_mut()
+                    .try_for_each(|job| job.run(tx, inner, inner.clock.now()))
+            })
+        });
+        if together.is_ok() {
+            group.into_iter().for_each(|job| job.succeed());
+            return;
+        }
+    }
+    for mut job in group {
+        let alone = retry_busy(timeout, || {
+            in_transaction(conn, |tx| job.run(tx, inner, inner.clock.now()))
+        });
+        match alone {
+            Ok(()) => job.succeed(),
+            Err(e) => job.fail(e),
+        }
+    }
+}
+
+/// Run `body` in a `BEGIN IMMEDIATE` transaction on `conn`: commit when it returns `Ok`,
+/// roll back otherwise.
+pub(crate) fn in_transaction<T>(
+    conn: &mut Connection,
+    body: impl FnOnce(&Connection) -> Result<T>,
+) -> Result<T> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    let out = body(&tx)?;
+    tx.commit().map_err(backend)?;
+    Ok(out)
+}
+
+/// How long a write transaction of the store took, for callers that pace themselves on it.
+pub(crate) fn timed<T>(body: impl FnOnce() -> Result<T>) -> Result<(T, Duration)> {
+    let started = std::time::Instant::now();
+    body().map(|out| (out, started.elapsed()))
+}
