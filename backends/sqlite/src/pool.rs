@@ -16,15 +16,32 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::config::{SqliteConfig, Synchronous};
 use crate::error::{SetupError, backend, is_busy};
 
-/// How long SQLite's own busy handler waits on the store's pooled connections before
-/// [`retry_busy`] takes over.
+/// How long the busy handler of the store's pooled connections waits before [`retry_busy`]
+/// takes over.
 ///
-/// SQLite's handler sleeps 1, 2, 5, 10, ... up to 100 ms between looks at the lock, so
-/// under steady write traffic a waiting process mostly sleeps through the short gaps
-/// between other writers' transactions and can starve until its timeout. The store keeps
-/// SQLite's wait short and retries the whole (rolled back) transaction itself every
-/// millisecond or so until the configured busy timeout.
+/// SQLite's default handler sleeps 1, 2, 5, 10, ... up to 100 ms between looks at the lock,
+/// so under steady write traffic a waiting process mostly sleeps through the short gaps
+/// between other writers' transactions (another process's purge batches, its claims) and
+/// can starve until its timeout. The store's connections look at the lock every
+/// [`POLL_INTERVAL`] instead, for about this long, and then the store retries the whole
+/// (rolled back) transaction itself until the configured busy timeout.
 const POLL_WAIT: Duration = Duration::from_millis(5);
+
+/// How often a pooled connection waiting for another connection's lock looks again: a
+/// lock held for a fraction of a millisecond (a paced purge batch) delays a claim by about
+/// that long, not by a whole millisecond sleep.
+const POLL_INTERVAL: Duration = Duration::from_micros(100);
+
+/// The busy handler of the store's pooled connections: wait [`POLL_INTERVAL`] and look
+/// again, for about [`POLL_WAIT`] in all.
+fn poll_lock(tries: i32) -> bool {
+    const TRIES: u128 = POLL_WAIT.as_micros() / POLL_INTERVAL.as_micros();
+    if u128::try_from(tries).unwrap_or(u128::MAX) >= TRIES {
+        return false;
+    }
+    thread::sleep(POLL_INTERVAL);
+    true
+}
 
 /// Pause between two tries of [`retry_busy`].
 const RETRY_PAUSE: Duration = Duration::from_millis(1);
@@ -32,8 +49,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(1);
 /// Which busy wait a connection gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wait {
-    /// The store's pooled connections: short SQLite wait, the store's [`retry_busy`] loop
-    /// around every operation.
+    /// The store's pooled connections: a short wait looking at the lock often
+    /// ([`POLL_INTERVAL`]), the store's [`retry_busy`] loop around every operation.
     Poll,
     /// A connection handed to the caller: SQLite's busy handler waits the whole busy
     /// timeout, since nothing retries the caller's transaction for it.
@@ -64,17 +81,19 @@ impl ConnectionSettings {
         }
     }
 
-    /// Open a connection to the file at `path`: WAL, synchronous, and a busy timeout of
-    /// `wait` (SQLite's own busy handler). Retries while another process holds a lock the
+    /// Open a connection to the file at `path`: WAL, synchronous, and the busy wait of
+    /// `wait`. Retries while another process holds a lock the
     /// setup needs (switching to WAL), within the configured busy timeout. Blocking.
     pub(crate) fn open_file(&self, path: &Path, wait: Wait) -> Result<Connection> {
-        let busy_timeout = match wait {
-            Wait::Poll => self.busy_timeout.min(POLL_WAIT),
-            Wait::Full => self.busy_timeout,
-        };
         retry_busy(self.busy_timeout, || {
             let conn = Connection::open(path).map_err(backend)?;
-            conn.busy_timeout(busy_timeout).map_err(backend)?;
+            match wait {
+                Wait::Poll if self.busy_timeout >= POLL_WAIT => {
+                    conn.busy_handler(Some(poll_lock)).map_err(backend)?;
+                }
+                Wait::Poll => conn.busy_timeout(self.busy_timeout).map_err(backend)?,
+                Wait::Full => conn.busy_timeout(self.busy_timeout).map_err(backend)?,
+            }
             let mode: String = conn
                 .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
                 .map_err(backend)?;
@@ -201,6 +220,29 @@ impl Drop for Pool {
 mod tests {
     use super::*;
     use dedup_core::Error;
+
+    #[test]
+    fn a_pooled_connection_looks_at_a_held_lock_every_poll_interval_for_about_poll_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("poll.db");
+        let settings = ConnectionSettings {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+        };
+        let holder = settings.open_file(&path, Wait::Full).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let waiter = settings.open_file(&path, Wait::Poll).unwrap();
+        let started = Instant::now();
+        let err = waiter.execute_batch("BEGIN IMMEDIATE").unwrap_err();
+        let waited = started.elapsed();
+        assert!(is_busy(&backend(err)));
+        // SQLite's own handler would have slept 1 + 2 ms and given up at 5 ms; ours looks
+        // 50 times, 100 µs apart (the sleeps only ever overrun).
+        assert!(waited >= POLL_WAIT, "{waited:?}");
+        assert!(waited < POLL_WAIT * 20, "{waited:?}");
+        let tries = (0..).take_while(|&n| poll_lock(n)).count();
+        assert_eq!(tries, 50);
+    }
 
     #[test]
     fn retry_busy_retries_busy_errors_until_success() {
