@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::SqliteStore;
 use crate::error::backend;
-use crate::queries::COLUMNS;
+use crate::queries::{COLUMNS, PURGEABLE};
 use crate::row::RawRow;
 
 /// The condition selecting records in `status` at now `?now`.
@@ -150,11 +150,9 @@ impl Admin for SqliteStore {
             let (completed, expired): (i64, i64) = conn
                 .query_row(
                     &format!(
-                        "SELECT \
-                           (SELECT count(*) FROM \"{table}\" \
-                            WHERE state = 'completed' AND processed_at < ?1), \
-                           (SELECT count(*) FROM \"{table}\" \
-                            WHERE state = 'in_flight' AND expires_at < ?1 AND expires_at <= ?2)",
+                        "SELECT coalesce(sum(state = 'completed'), 0), \
+                                coalesce(sum(state = 'in_flight'), 0) \
+                         FROM \"{table}\" WHERE {PURGEABLE}",
                         table = inner.table
                     ),
                     params![cutoff, now.as_millis()],

@@ -31,6 +31,13 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX \"{table}_purge_completed\" ON \"{table}\" (state, processed_at);
     CREATE INDEX \"{table}_purge_expired\" ON \"{table}\" (state, expires_at);",
+    // 2: one purge index instead of two. A completed record has `processed_at` and no
+    // `expires_at`, an in-flight one the reverse, so `coalesce(processed_at, expires_at)`
+    // is the instant a purge compares with its cutoff. Every claim and commit now writes
+    // one index entry instead of two (commits changed `state`, a column of both).
+    "CREATE INDEX \"{table}_purge\" ON \"{table}\" (coalesce(processed_at, expires_at));
+    DROP INDEX \"{table}_purge_completed\";
+    DROP INDEX \"{table}_purge_expired\";",
 ];
 
 /// The schema version this build creates and understands.
@@ -126,6 +133,46 @@ mod tests {
             })
             .unwrap_or(0);
         assert_eq!(count, 0, "the failed migration left no version behind");
+    }
+
+    #[test]
+    fn a_version_1_table_is_upgraded_in_place_with_its_records() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        // Version 1 as the first release left it, with a completed and an in-flight record.
+        conn.execute_batch(&versions_sql(CREATE_VERSIONS)).unwrap();
+        conn.execute_batch(&MIGRATIONS[0].replace("{table}", "t"))
+            .unwrap();
+        conn.execute(&versions_sql(SET_VERSION), rusqlite::params!["t", 1])
+            .unwrap();
+        conn.execute_batch(
+            "INSERT INTO t VALUES ('c', 'done', 'completed', 'x', 1, 1, NULL, 100, NULL, NULL);
+             INSERT INTO t VALUES ('c', 'busy', 'in_flight', 'y', 1, 1, 200, NULL, NULL, NULL);",
+        )
+        .unwrap();
+
+        migrate(&mut conn, "t").unwrap();
+        let indexes: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 't' AND sql IS NOT NULL")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(indexes, vec!["t_purge".to_owned()]);
+        let version: i64 = conn
+            .query_row(&versions_sql(SELECT_VERSION), ["t"], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, CURRENT_VERSION);
+        // Both records are found by the new index: a purge at 300 with cutoff 250.
+        let q = crate::queries::Queries::new("t");
+        let purged: Vec<String> = conn
+            .prepare(&q.purge_batch)
+            .unwrap()
+            .query_map(rusqlite::params![250, 300, 10], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(purged.len(), 2, "{purged:?}");
     }
 
     #[test]

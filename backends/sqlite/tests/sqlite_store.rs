@@ -129,7 +129,7 @@ async fn tables_in_one_file_are_independent_and_versioned_separately() {
         .expect("query")
         .collect::<rusqlite::Result<_>>()
         .expect("rows");
-    assert_eq!(versions, vec![("inbox_a".into(), 1), ("inbox_b".into(), 1)]);
+    assert_eq!(versions, vec![("inbox_a".into(), 2), ("inbox_b".into(), 2)]);
     let user_version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("user_version");

@@ -39,9 +39,9 @@ const RAW_TABLE: &str = "CREATE TABLE \"{table}\" (
     PRIMARY KEY (consumer, message_id)
 )";
 
-/// The store's purge indexes, for `--raw-indexes`.
-const RAW_INDEXES: &str = "CREATE INDEX \"{table}_completed\" ON \"{table}\" (state, processed_at);
-    CREATE INDEX \"{table}_expired\" ON \"{table}\" (state, expires_at);";
+/// The store's purge index, for `--raw-indexes`.
+const RAW_INDEXES: &str =
+    "CREATE INDEX \"{table}_purge\" ON \"{table}\" (coalesce(processed_at, expires_at));";
 
 /// The raw claim: a fresh in-flight row, nothing when the key exists.
 const INSERT: &str = "INSERT INTO \"{table}\" \
