@@ -1,5 +1,7 @@
 //! Purge batches: bounded keyset walks of the `claimed_at` index.
 
+use std::time::Instant;
+
 use async_trait::async_trait;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
 use dedup_core::{Result, duration_millis};
@@ -29,21 +31,25 @@ impl Default for Cursor {
 impl PurgeBatches for PostgresStore {
     type PurgeCursor = Cursor;
 
-    /// One statement deleting at most `step.limit` purgeable rows.
+    /// One statement deleting at most `step.limit` purgeable rows. Its work time is the
+    /// statement's round trip, without the wait for a pooled connection.
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
         // Clamped so "now - retention" cannot overflow in SQL; no real retention is near.
         let retention_ms = duration_millis(step.retention).min(i64::MAX / 4);
         let limit = i64::try_from(step.limit).unwrap_or(i64::MAX);
+        let mut conn = self.pool().acquire().await.map_err(backend)?;
+        let started = Instant::now();
         let rows = sqlx::query(self.statements().purge_batch.clone())
             .bind(self.now_param())
             .bind(retention_ms)
             .bind(limit)
             .bind(cursor.claimed_from)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *conn)
             .await
             .map_err(backend)?;
         let mut batch = PurgeBatch {
             exhausted: rows.len() < step.limit,
+            work: Some(started.elapsed()),
             ..PurgeBatch::default()
         };
         for row in &rows {

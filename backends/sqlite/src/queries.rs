@@ -117,7 +117,7 @@ mod tests {
         crate::schema::migrate(&mut conn, "t").unwrap();
         let q = Queries::new("t");
         let purge = plan(&conn, &q.purge_batch, rusqlite::params![1, 2, 3]);
-        assert!(purge.contains("INDEX t_purge"), "{purge}");
+        assert!(purge.contains("INDEX t_purge_idx"), "{purge}");
         assert!(!purge.contains("SCAN"), "{purge}");
         let select = plan(&conn, &q.select, rusqlite::params!["c", "m"]);
         assert!(select.contains("INDEX sqlite_autoindex_t_1"), "{select}");

@@ -35,7 +35,7 @@ const MIGRATIONS: &[&str] = &[
     // `expires_at`, an in-flight one the reverse, so `coalesce(processed_at, expires_at)`
     // is the instant a purge compares with its cutoff. Every claim and commit now writes
     // one index entry instead of two (commits changed `state`, a column of both).
-    "CREATE INDEX \"{table}_purge\" ON \"{table}\" (coalesce(processed_at, expires_at));
+    "CREATE INDEX \"{table}_purge_idx\" ON \"{table}\" (coalesce(processed_at, expires_at));
     DROP INDEX \"{table}_purge_completed\";
     DROP INDEX \"{table}_purge_expired\";",
 ];
@@ -158,7 +158,7 @@ mod tests {
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();
-        assert_eq!(indexes, vec!["t_purge".to_owned()]);
+        assert_eq!(indexes, vec!["t_purge_idx".to_owned()]);
         let version: i64 = conn
             .query_row(&versions_sql(SELECT_VERSION), ["t"], |r| r.get(0))
             .unwrap();

@@ -104,7 +104,9 @@ async fn tables_in_one_file_are_independent_and_versioned_separately() {
     let a = SqliteStore::open_with(&db, SqliteConfig::with_table("inbox_a"))
         .await
         .expect("open a");
-    let b = SqliteStore::open_with(&db, SqliteConfig::with_table("inbox_b"))
+    // A name the first table's index names could collide with (SQLite's tables and
+    // indexes share one namespace).
+    let b = SqliteStore::open_with(&db, SqliteConfig::with_table("inbox_a_purge"))
         .await
         .expect("open b");
     assert!(
@@ -129,7 +131,10 @@ async fn tables_in_one_file_are_independent_and_versioned_separately() {
         .expect("query")
         .collect::<rusqlite::Result<_>>()
         .expect("rows");
-    assert_eq!(versions, vec![("inbox_a".into(), 2), ("inbox_b".into(), 2)]);
+    assert_eq!(
+        versions,
+        vec![("inbox_a".into(), 2), ("inbox_a_purge".into(), 2)]
+    );
     let user_version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("user_version");

@@ -41,7 +41,7 @@ const RAW_TABLE: &str = "CREATE TABLE \"{table}\" (
 
 /// The store's purge index, for `--raw-indexes`.
 const RAW_INDEXES: &str =
-    "CREATE INDEX \"{table}_purge\" ON \"{table}\" (coalesce(processed_at, expires_at));";
+    "CREATE INDEX \"{table}_purge_idx\" ON \"{table}\" (coalesce(processed_at, expires_at));";
 
 /// The raw claim: a fresh in-flight row, nothing when the key exists.
 const INSERT: &str = "INSERT INTO \"{table}\" \
