@@ -229,7 +229,7 @@ mod tests {
         // Rests follow the work (3 x 0.1 ms per batch at 25 % busy), not the 10 ms calls.
         assert!(report.elapsed < 15 * MS * limits.len() as u32, "{report:?}");
 
-        // Without a measured work time the whole 10 ms call counts: past the 2 ms bound,
+        // Without a measured work time the whole 10 ms call counts: past the 1 ms bound,
         // batches shrink to the floor and each call is followed by a 30 ms rest.
         let (limits, report) = limits_asked(None, 200).await;
         assert_eq!(
