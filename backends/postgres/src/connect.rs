@@ -3,6 +3,7 @@
 //! hint, instead of as a pool timeout later.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use dedup_core::{Error, Result, TimedOut};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
@@ -39,9 +40,33 @@ pub(crate) async fn pool(url: &str, config: &PostgresConfig) -> Result<PgPool> {
                 )));
         }
     }
-    Ok(PgPoolOptions::new()
+    Ok(pool_options(config).connect_lazy_with(options))
+}
+
+/// Connections idle longer than this are pinged before use; busier ones are not.
+pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// The pool options [`PostgresStore::connect_with`](crate::PostgresStore::connect_with) uses:
+/// `config.max_connections`, and a ping before handing out a connection only when it sat
+/// idle longer than [`PING_IF_IDLE_FOR`].
+///
+/// sqlx's default pings every connection at every checkout: one extra round trip per store
+/// call, as long as the statement itself on a busy pool. A connection that broke while in
+/// use (a server restart) fails its statement with a retryable error and is then dropped;
+/// one that sat idle is checked first, as before. Build a pool with these options to share
+/// it with [`from_pool`](crate::PostgresStore::from_pool) and get the same behaviour.
+pub fn pool_options(config: &PostgresConfig) -> PgPoolOptions {
+    PgPoolOptions::new()
         .max_connections(config.max_connections.max(1))
-        .connect_lazy_with(options))
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_IF_IDLE_FOR {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
 }
 
 /// The URL's options with `config.tls` applied.

@@ -13,5 +13,6 @@ mod store;
 mod tx;
 
 pub use config::PostgresConfig;
+pub use connect::{PING_IF_IDLE_FOR, pool_options};
 pub use sqlx;
 pub use store::PostgresStore;

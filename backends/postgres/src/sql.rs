@@ -8,10 +8,12 @@
 //!
 //! The row-returning statements (claims, commits and the reads that follow them) all return
 //! the same columns, decoded by [`crate::record`]: `wrote` (this statement changed the row),
-//! `now_ms` (the statement's "now"), the key, then the record. A claim or commit returns
-//! only the rows it wrote (the usual case: one statement, no second lookup); for the keys it
-//! did not write, the store then reads the stored records with [`Statements::read_one`] /
-//! [`Statements::read_many`], as of that read's snapshot.
+//! `now_ms` (the statement's "now"), the key, then the record. The single-key claims
+//! (`claim`, `claim_in_tx`) return the row they wrote or else the stored row as of the
+//! statement's snapshot, so a duplicate costs one statement too. The other writes return
+//! only the rows they wrote; for the keys a statement returned nothing about, the store then
+//! reads the stored records with [`Statements::read_one`] / [`Statements::read_many`], as of
+//! that read's snapshot.
 
 use sqlx::{AssertSqlSafe, SqlStr};
 
@@ -123,16 +125,28 @@ impl Statements {
             )
         };
 
-        let claim = format!(
+        // A single-key write that returns the row it wrote or, when it wrote nothing (a
+        // duplicate), the stored row as of the statement's snapshot: one round trip either
+        // way. The `now` CTE is materialised once, so both branches share one "now".
+        let or_stored = |write: String| {
+            format!(
+                "WITH {now_cte}, w AS ({write} RETURNING {r_cols}) \
+                 SELECT true AS wrote, (SELECT ms FROM now) AS now_ms, w.* FROM w \
+                 UNION ALL \
+                 SELECT false, (SELECT ms FROM now), {t_cols} FROM {table} t \
+                 WHERE t.consumer = $2 AND t.message_id = $3 AND NOT EXISTS (SELECT FROM w)"
+            )
+        };
+
+        let claim = or_stored(format!(
             "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint) \
-               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text FROM {now_row} \
+               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text FROM now \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = excluded.token, fence = r.fence + 1, attempt = r.attempt + 1, \
                  claimed_at = excluded.claimed_at, expires_at = excluded.expires_at, \
                  fingerprint = coalesce(excluded.fingerprint, r.fingerprint) \
-               WHERE {TAKEOVER_WHERE} {}",
-            wrote("r.claimed_at", &r_cols)
-        );
+               WHERE {TAKEOVER_WHERE}"
+        ));
 
         // Rows are inserted in array order, which the caller sorts by key (byte order, the
         // same as COLLATE "C"): concurrent batches lock shared keys in one order and cannot
@@ -156,17 +170,16 @@ impl Statements {
 
         // A completed row (no token, no lease, no outcome). An expired lease-mode record is
         // taken over the same way as in lease mode, and becomes completed.
-        let claim_in_tx = format!(
+        let claim_in_tx = or_stored(format!(
             "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, processed_at, fingerprint) \
-               SELECT $2, $3, NULL, 1, 1, now.ms, now.ms, $4::text FROM {now_row} \
+               SELECT $2, $3, NULL, 1, 1, now.ms, now.ms, $4::text FROM now \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = NULL, fence = r.fence + 1, attempt = r.attempt + 1, \
                  claimed_at = excluded.claimed_at, expires_at = NULL, \
                  processed_at = excluded.processed_at, outcome = NULL, \
                  fingerprint = coalesce(excluded.fingerprint, r.fingerprint) \
-               WHERE {TAKEOVER_WHERE} {}",
-            wrote("r.claimed_at", &r_cols)
-        );
+               WHERE {TAKEOVER_WHERE}"
+        ));
 
         let no_outcome = r_cols.replace("r.outcome AS outcome", "NULL::bytea AS outcome");
         // Returns no outcome: the caller knows what it wrote, and a commit's answer never

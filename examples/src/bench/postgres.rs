@@ -1,12 +1,11 @@
 //! PostgreSQL: the store on a table of its own, and the raw baseline on a plain table of
-//! the same shape through an sqlx pool of the store's size. The transactional mode runs
+//! the same shape through an sqlx pool built with the store's pool options. The transactional mode runs
 //! on that pool too, with a business table beside.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::{Clock, Key, ManualClock, TxClaim};
-use dedup_postgres::sqlx::postgres::PgPoolOptions;
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use dedup_postgres::{PostgresConfig, PostgresStore};
 use futures::FutureExt;
@@ -90,10 +89,9 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         },
     )
     .await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(config.max_connections)
-        .connect(url)
-        .await?;
+    // The store's own pool options (size, when to ping a connection before use): the
+    // baseline then differs from the store by its statements only.
+    let pool = dedup_postgres::pool_options(&config).connect(url).await?;
     let qualified = |table: &str| format!("\"{}\".\"{table}\"", config.schema);
     let raw_table = qualified(&names.raw_table);
     let business_table = qualified(&names.business_table);
@@ -143,7 +141,7 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         raw: Arc::new(raw),
         tx: Some(Arc::new(tx)),
         setup: format!(
-            "pool {} (store and raw){}",
+            "pool {} (store and raw, the store's pool options){}",
             config.max_connections,
             if params.raw_indexes {
                 ", raw with the store's indexes"
