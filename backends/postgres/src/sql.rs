@@ -8,18 +8,21 @@
 //!
 //! The row-returning statements (claims, commits and the reads that follow them) all return
 //! the same columns, decoded by [`crate::record`]: `wrote` (this statement changed the row),
-//! `now_ms` (the statement's "now"), the key, then the record. The single-key claims
-//! (`claim`, `claim_in_tx`) return the row they wrote or else the stored row as of the
-//! statement's snapshot, so a duplicate costs one statement too. The other writes return
-//! only the rows they wrote; for the keys a statement returned nothing about, the store then
-//! reads the stored records with [`Statements::read_one`] / [`Statements::read_many`], as of
-//! that read's snapshot.
+//! `now_ms` (the statement's "now"), the key, then the record. A claim or commit returns
+//! only the rows it wrote (the usual case: one statement, no second lookup); for the keys it
+//! did not write, the store then reads the stored records with [`Statements::read_one`] /
+//! [`Statements::read_many`], as of that read's snapshot.
 
 use sqlx::{AssertSqlSafe, SqlStr};
 
 /// "Now" in milliseconds: the bound clock, else the server's clock.
-const NOW_MS: &str =
-    "coalesce($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)";
+///
+/// `date_part` gives the epoch as a double (`extract` gives a numeric, about twice as slow to
+/// compute with). Server times are whole microseconds and a double near today's epoch is off
+/// by less than a third of one, so adding half a microsecond before `floor` gives exactly the
+/// millisecond the numeric computation gives (`tests/postgres.rs` checks both agree).
+pub(crate) const NOW_MS: &str =
+    "coalesce($1::bigint, floor(date_part('epoch', clock_timestamp()) * 1000 + 0.0005)::bigint)";
 
 /// "Now" as a one-row relation `now(ms)`, for a FROM clause (cheaper than a CTE).
 fn now_row() -> String {
@@ -125,28 +128,16 @@ impl Statements {
             )
         };
 
-        // A single-key write that returns the row it wrote or, when it wrote nothing (a
-        // duplicate), the stored row as of the statement's snapshot: one round trip either
-        // way. The `now` CTE is materialised once, so both branches share one "now".
-        let or_stored = |write: String| {
-            format!(
-                "WITH {now_cte}, w AS ({write} RETURNING {r_cols}) \
-                 SELECT true AS wrote, (SELECT ms FROM now) AS now_ms, w.* FROM w \
-                 UNION ALL \
-                 SELECT false, (SELECT ms FROM now), {t_cols} FROM {table} t \
-                 WHERE t.consumer = $2 AND t.message_id = $3 AND NOT EXISTS (SELECT FROM w)"
-            )
-        };
-
-        let claim = or_stored(format!(
+        let claim = format!(
             "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint) \
-               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text FROM now \
+               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text FROM {now_row} \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = excluded.token, fence = r.fence + 1, attempt = r.attempt + 1, \
                  claimed_at = excluded.claimed_at, expires_at = excluded.expires_at, \
                  fingerprint = coalesce(excluded.fingerprint, r.fingerprint) \
-               WHERE {TAKEOVER_WHERE}"
-        ));
+               WHERE {TAKEOVER_WHERE} {}",
+            wrote("r.claimed_at", &r_cols)
+        );
 
         // Rows are inserted in array order, which the caller sorts by key (byte order, the
         // same as COLLATE "C"): concurrent batches lock shared keys in one order and cannot
@@ -170,23 +161,25 @@ impl Statements {
 
         // A completed row (no token, no lease, no outcome). An expired lease-mode record is
         // taken over the same way as in lease mode, and becomes completed.
-        let claim_in_tx = or_stored(format!(
+        let claim_in_tx = format!(
             "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, processed_at, fingerprint) \
-               SELECT $2, $3, NULL, 1, 1, now.ms, now.ms, $4::text FROM now \
+               SELECT $2, $3, NULL, 1, 1, now.ms, now.ms, $4::text FROM {now_row} \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = NULL, fence = r.fence + 1, attempt = r.attempt + 1, \
                  claimed_at = excluded.claimed_at, expires_at = NULL, \
                  processed_at = excluded.processed_at, outcome = NULL, \
                  fingerprint = coalesce(excluded.fingerprint, r.fingerprint) \
-               WHERE {TAKEOVER_WHERE}"
-        ));
+               WHERE {TAKEOVER_WHERE} {}",
+            wrote("r.claimed_at", &r_cols)
+        );
 
         let no_outcome = r_cols.replace("r.outcome AS outcome", "NULL::bytea AS outcome");
         // Returns no outcome: the caller knows what it wrote, and a commit's answer never
         // depends on the stored outcome (which can be 64 KiB).
+        // The single-key updates use "now" once, so they read the clock in place: no
+        // `FROM (SELECT now)` join to plan and run.
         let commit = format!(
-            "UPDATE {table} AS r SET processed_at = now.ms, expires_at = NULL, outcome = $5::bytea \
-             FROM {now_row} \
+            "UPDATE {table} AS r SET processed_at = {NOW_MS}, expires_at = NULL, outcome = $5::bytea \
              WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
                AND r.processed_at IS NULL {}",
             wrote("r.processed_at", &no_outcome)
@@ -228,14 +221,14 @@ impl Statements {
         );
 
         let renew = format!(
-            "UPDATE {table} AS r SET expires_at = now.ms + $5::bigint FROM {now_row} \
+            "UPDATE {table} AS r SET expires_at = {NOW_MS} + $5::bigint \
              WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
                AND r.processed_at IS NULL \
              RETURNING r.fence, r.attempt, r.expires_at"
         );
 
         let release = format!(
-            "UPDATE {table} AS r SET expires_at = least(r.expires_at, now.ms) FROM {now_row} \
+            "UPDATE {table} AS r SET expires_at = least(r.expires_at, {NOW_MS}) \
              WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
                AND r.processed_at IS NULL \
              RETURNING r.fence"
@@ -278,5 +271,47 @@ impl Statements {
             read_many: sql(read_many),
             purge_batch: sql(purge_batch),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NOW_MS;
+
+    /// The double-based "now" gives the millisecond the exact numeric computation gives, for
+    /// times spread over the microseconds and for whole milliseconds (where a double falling
+    /// just short of the millisecond would round down to the one before, which the half
+    /// microsecond added guards against), today and in 2100.
+    #[tokio::test]
+    async fn server_now_is_the_exact_millisecond() {
+        let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
+            eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set (see scripts/test.sh)");
+            return;
+        };
+        let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+        let fast = NOW_MS
+            .replace("$1::bigint", "NULL::bigint")
+            .replace("clock_timestamp()", "x");
+        let sql = format!(
+            "SELECT count(*) FILTER (WHERE {fast} <> floor(extract(epoch FROM x) * 1000)::bigint), \
+                    count(*) \
+             FROM (SELECT timestamptz '2026-01-01 00:00:00+00' + i * interval '997 microseconds' AS x \
+                   FROM generate_series(0, 1000000) i \
+                   UNION ALL \
+                   SELECT timestamptz '2026-12-01 00:00:00+00' + i * interval '1 millisecond' \
+                   FROM generate_series(0, 200000) i \
+                   UNION ALL \
+                   SELECT timestamptz '2100-01-01 00:00:00+00' + i * interval '1001 microseconds' \
+                   FROM generate_series(0, 200000) i) q"
+        );
+        let (mismatches, total): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&pool)
+            .await
+            .expect("compare");
+        assert_eq!(total, 1_400_003);
+        assert_eq!(
+            mismatches, 0,
+            "the double-based now differs from the exact one"
+        );
     }
 }
