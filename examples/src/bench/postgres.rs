@@ -3,7 +3,6 @@
 //! on that pool too, with a business table beside.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use dedup_core::{Clock, Key, ManualClock, TxClaim};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
@@ -29,21 +28,25 @@ const RAW_TABLE: &str = "CREATE TABLE {table} (
     PRIMARY KEY (consumer, message_id)
 )";
 
-/// The store's purge indexes, for `--raw-indexes`.
-const RAW_INDEXES: &str = "CREATE INDEX ON {table} (processed_at) WHERE processed_at IS NOT NULL;
-    CREATE INDEX ON {table} (expires_at) WHERE processed_at IS NULL;";
+/// The store's purge column and index (schema version 2: `claimed_at`, set by claims), for
+/// `--raw-indexes`; the raw claims then set it too, to the bound `expires_at` less the lease.
+const RAW_INDEXES: &str = "ALTER TABLE {table} ADD COLUMN claimed_at bigint NOT NULL;
+    CREATE INDEX ON {table} (claimed_at);";
+
+/// The lease of the raw claims, in milliseconds.
+const RAW_LEASE_MS: i64 = 30_000;
 
 /// The raw claim of one key ($1 consumer, $2 message id, $3 token, $4 expires_at).
-const INSERT: &str = "INSERT INTO {table} (consumer, message_id, token, fence, attempt, expires_at) \
-     VALUES ($1, $2, $3::uuid, 1, 1, $4) ON CONFLICT DO NOTHING";
+const INSERT: &str = "INSERT INTO {table} (consumer, message_id, token, fence, attempt, expires_at{claimed_col}) \
+     VALUES ($1, $2, $3::uuid, 1, 1, $4{claimed_val}) ON CONFLICT DO NOTHING";
 
 /// The raw commit of one key ($1 consumer, $2 message id, $3 now).
 const UPDATE: &str = "UPDATE {table} SET processed_at = $3, expires_at = NULL \
      WHERE consumer = $1 AND message_id = $2";
 
 /// The raw claim of a batch ($1 consumer, $2 message ids, $3 tokens, $4 expires_at).
-const INSERT_MANY: &str = "INSERT INTO {table} (consumer, message_id, token, fence, attempt, expires_at) \
-     SELECT $1, u.message_id, u.token::uuid, 1, 1, $4 \
+const INSERT_MANY: &str = "INSERT INTO {table} (consumer, message_id, token, fence, attempt, expires_at{claimed_col}) \
+     SELECT $1, u.message_id, u.token::uuid, 1, 1, $4{claimed_val} \
      FROM unnest($2::text[], $3::text[]) AS u(message_id, token) \
      ON CONFLICT DO NOTHING";
 
@@ -95,8 +98,18 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
     let qualified = |table: &str| format!("\"{}\".\"{table}\"", config.schema);
     let raw_table = qualified(&names.raw_table);
     let business_table = qualified(&names.business_table);
-    let render =
-        |sql: &str| SqlSafeStr::into_sql_str(AssertSqlSafe(sql.replace("{table}", &raw_table)));
+    let (claimed_col, claimed_val) = if params.raw_indexes {
+        (", claimed_at".to_owned(), format!(", $4 - {RAW_LEASE_MS}"))
+    } else {
+        (String::new(), String::new())
+    };
+    let render = |sql: &str| {
+        SqlSafeStr::into_sql_str(AssertSqlSafe(
+            sql.replace("{table}", &raw_table)
+                .replace("{claimed_col}", &claimed_col)
+                .replace("{claimed_val}", &claimed_val),
+        ))
+    };
     let render_business = |sql: &str| {
         SqlSafeStr::into_sql_str(AssertSqlSafe(sql.replace("{table}", &business_table)))
     };
@@ -232,7 +245,7 @@ fn expect_rows(what: &str, changed: u64, wanted: usize) -> Result<()> {
 }
 
 fn expires_at(now: i64) -> i64 {
-    now + Duration::from_secs(30).as_millis() as i64
+    now + RAW_LEASE_MS
 }
 
 impl Raw for PostgresRaw {
