@@ -51,7 +51,7 @@ pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// idle longer than [`PING_IF_IDLE_FOR`].
 ///
 /// sqlx's default pings every connection at every checkout: one extra round trip per store
-/// call, as long as the statement itself on a busy pool. A connection that broke while in
+/// call, which on a busy server costs about as much as the statement's own. A connection that broke while in
 /// use (a server restart) fails its statement with a retryable error and is then dropped;
 /// one that sat idle is checked first, as before. Build a pool with these options to share
 /// it with [`from_pool`](crate::PostgresStore::from_pool) and get the same behaviour.

@@ -20,8 +20,8 @@ use sqlx::{AssertSqlSafe, SqlStr};
 /// `date_part` gives the epoch as a double (`extract` gives a numeric, about twice as slow to
 /// compute with). Server times are whole microseconds and a double near today's epoch is off
 /// by less than a third of one, so adding half a microsecond before `floor` gives exactly the
-/// millisecond the numeric computation gives (`tests/postgres.rs` checks both agree).
-pub(crate) const NOW_MS: &str =
+/// millisecond the numeric computation gives (the test below checks both agree).
+const NOW_MS: &str =
     "coalesce($1::bigint, floor(date_part('epoch', clock_timestamp()) * 1000 + 0.0005)::bigint)";
 
 /// "Now" as a one-row relation `now(ms)`, for a FROM clause (cheaper than a CTE).

@@ -1,6 +1,6 @@
 //! PostgreSQL: the store on a table of its own, and the raw baseline on a plain table of
-//! the same shape through an sqlx pool built with the store's pool options. The transactional mode runs
-//! on that pool too, with a business table beside.
+//! the same shape through an sqlx pool built with the store's pool options. The
+//! transactional mode runs on that pool too, with a business table beside.
 
 use std::sync::Arc;
 
