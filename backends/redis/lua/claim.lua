@@ -1,13 +1,12 @@
 -- claim: op(key, now, retention ms, new token, lease ms, fingerprint ('' = none)).
 -- Reply: {'A', fence, attempt, expires_at} | {'I', expires_at, attempt}
 --      | {'C', processed_at, outcome or nil} | {'F'} | {'X', detail}
--- Run through lua/one.lua (one key) or lua/many.lua (a batch).
+-- Run through lua/one.lua (one key) or lua/many.lua (a batch). A claim of a fresh key never
+-- gets here: the client's `SET ... NX PX ... GET` acquires it (src/record.rs); this script
+-- runs for a key that existed then (in flight, a layout-1 record, past its retention by an
+-- injected clock), or on a key repeated in a batch.
 local function op(key, now, retention, token, lease_ms, fingerprint)
-    -- Most claims are of new keys: EXISTS settles those without reading fields.
-    local rec, err, present = nil, nil, redis.call('EXISTS', key) == 1
-    if present then
-        rec, err, present = load(key, now)
-    end
+    local rec, err = load(key, now)
     if err then
         return {'X', err}
     end
@@ -33,20 +32,8 @@ local function op(key, now, retention, token, lease_ms, fingerprint)
         end
     end
     local expires_at = now + tonumber(lease_ms)
-    local retain_until = expires_at + retention
-    -- Replace whatever was there (a record past its retention, an expired lease): other fields
-    -- of the old record must not survive. A fresh key needs no DEL.
-    if present then
-        redis.call('DEL', key)
-    end
-    if fingerprint then
-        redis.call('HSET', key, 'state', 'i', 'token', token, 'fence', int(fence),
-            'attempt', int(attempt), 'expires_at', int(expires_at), 'retain_until', int(retain_until),
-            'fingerprint', fingerprint)
-    else
-        redis.call('HSET', key, 'state', 'i', 'token', token, 'fence', int(fence),
-            'attempt', int(attempt), 'expires_at', int(expires_at), 'retain_until', int(retain_until))
-    end
-    expire_at(key, retain_until, now)
+    -- SET replaces whatever was there (a record past its retention, an expired lease, a
+    -- layout-1 hash): nothing of the old record survives.
+    store(key, now, 'i', fence, attempt, expires_at, expires_at + retention, token, fingerprint)
     return {'A', fence, attempt, expires_at}
 end

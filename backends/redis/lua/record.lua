@@ -1,17 +1,35 @@
 -- Shared prelude, prepended to every dedup-redis script (see src/scripts.rs).
 --
--- A record is one HASH:
---   state         'i' (in flight) or 'c' (completed)
---   token         lease token (UUID text); on a completed record, the committing token
+-- A record is one Redis STRING (layout 2, written by every operation):
+--
+--   2,<state>,<fence>,<attempt>,<a>,<b>,<token>,<fingerprint length>,<fingerprint>[,<outcome>]
+--
+--   2             the layout version: always first
+--   state         'i' in flight: a = expires_at, b = retain_until (ms since the epoch)
+--                 'c' completed: a = processed_at, b = retain_until (ms since the epoch)
+--                 'l' in flight, written by a claim of a fresh key under the server's clock
+--                     (a plain SET ... NX PX, no script: src/record.rs): a = the lease and
+--                     b = the retention in ms. The key's native expiry (PX lease + retention)
+--                     holds the instants, set by the server on its own clock:
+--                     retain_until = PEXPIRETIME, expires_at = retain_until - b.
 --   fence         integer >= 1, +1 per acquisition
 --   attempt       integer >= 1, +1 per takeover
---   expires_at    ms since the epoch (in flight only)
---   processed_at  ms since the epoch (completed only)
---   outcome       the committed outcome, byte for byte; the field is absent for "no outcome"
---   fingerprint   the payload fingerprint; absent when no claim carried one
---   retain_until  ms: the record counts as absent from this instant on (by the store's
---                 clock): processed_at + retention, or expires_at + retention in flight.
---                 The key's native expiry (PEXPIRE) is set to the same instant.
+--   token         lease token (UUID text, no comma); on a completed record, the committing
+--                 token
+--   fingerprint   the payload fingerprint, any bytes but NUL, after its length in bytes
+--                 (0 and nothing: no fingerprint)
+--   outcome       completed only: after a comma, the outcome byte for byte, to the end of the
+--                 value. No comma there means "no outcome"; a comma and nothing "empty".
+--   retain_until  the record counts as absent from this instant on (by the store's clock):
+--                 processed_at + retention, or expires_at + retention in flight. The key's
+--                 native expiry (PX) is set to the same instant by every write.
+--
+-- Layout 1 (dedup-redis before layout 2) is a HASH with the fields state, token, fence,
+-- attempt, expires_at, processed_at, outcome (absent: no outcome), fingerprint, retain_until,
+-- same meanings. Every script still reads it (GET answers WRONGTYPE, then HMGET); every
+-- write replaces it with layout 2. A dedup-redis that only knows layout 1 answers every
+-- operation on a layout-2 record with Error::Corrupt ("holds a string"), never "absent":
+-- upgrade every process sharing a prefix together.
 --
 -- Numbers are written with string.format('%d') (never Lua's tostring, which switches to
 -- exponent notation for large values). Lua numbers are doubles: exact up to 2^53, far
@@ -40,26 +58,20 @@ local FIELDS = {
     'fingerprint', 'retain_until',
 }
 
--- The record at `key` as seen at `now`: (record, nil, true); (nil, nil, present) when absent
--- (present false) or past its retention (present true); or (nil, detail) when the key holds
--- something that is not a dedup record.
---
--- HMGET reads the fields at once. A key of another type answers WRONGTYPE (caught; TYPE then
--- names the type for the detail). All fields nil means no key, or a hash of foreign fields
--- only: only then does EXISTS tell the two apart. Nothing is written here.
-local function load(key, now)
+-- A layout-1 record (a HASH), or (nil, detail) for a key of a type that is neither.
+local function load_hash(key)
     local v = redis.pcall('HMGET', key, unpack(FIELDS))
     if v['err'] then
         if string.find(v['err'], 'WRONGTYPE', 1, true) then
             local kind = redis.call('TYPE', key)['ok']
-            return nil, 'the key holds a ' .. kind .. ', not a dedup record (hash)'
+            return nil, 'the key holds a ' .. kind .. ', not a dedup record (string or hash)'
         end
         error(v)
     end
     if not v[1] and redis.call('EXISTS', key) == 0 then
-        return nil, nil, false
+        return nil
     end
-    local r = {
+    return {
         state = v[1],
         token = v[2],
         fence = tonumber(v[3]),
@@ -70,6 +82,86 @@ local function load(key, now)
         fingerprint = v[8],
         retain_until = tonumber(v[9]),
     }
+end
+
+-- A layout-2 record (the STRING `v`), or (nil, detail). A fast-path lease ('l') gets its
+-- instants from the key's PEXPIRETIME, unless `lazy` (the caller needs neither expires_at nor
+-- retain_until: a live key is within its retention).
+local function parse(key, v, now, lazy)
+    local state, fence, attempt, a, b, token, fp_len, at = string.match(v,
+        '^2,(%a),(%d+),(%d+),(%-?%d+),(%-?%d+),([^,]*),(%d+),()')
+    if not state then
+        return nil, 'the key holds a string that is not a dedup record (layout 2)'
+    end
+    fp_len = tonumber(fp_len)
+    local fingerprint = false
+    if fp_len > 0 then
+        fingerprint = string.sub(v, at, at + fp_len - 1)
+        if #fingerprint ~= fp_len then
+            return nil, 'the fingerprint is shorter than its length'
+        end
+    end
+    local outcome = false
+    if #v >= at + fp_len then
+        if string.byte(v, at + fp_len) ~= 44 then
+            return nil, 'unexpected bytes after the fingerprint'
+        end
+        outcome = string.sub(v, at + fp_len + 1)
+    end
+    a, b = tonumber(a), tonumber(b)
+    local r = {
+        state = state,
+        token = token,
+        fence = tonumber(fence),
+        attempt = tonumber(attempt),
+        outcome = outcome,
+        fingerprint = fingerprint,
+        retain_until = b,
+    }
+    if state == 'c' then
+        r.processed_at = a
+    elseif state == 'i' then
+        r.expires_at = a
+    elseif state == 'l' then
+        r.state = 'i'
+        if lazy then
+            r.lazy = true
+            r.retain_until = now + 1
+        else
+            local at = redis.call('PEXPIRETIME', key)
+            if at < 0 then
+                return nil, 'a fast-path lease without an expiry'
+            end
+            r.retain_until = at
+            r.expires_at = at - b
+        end
+    end
+    return r
+end
+
+-- The record at `key` as seen at `now`: (record, nil, true); (nil, nil, present) when absent
+-- (present false) or past its retention (present true); or (nil, detail) when the key holds
+-- something that is not a dedup record. `lazy`: see parse. Nothing is written here.
+--
+-- GET reads a layout-2 record at once; a HASH (layout 1) answers WRONGTYPE and is read with
+-- HMGET; any other type is reported with its name.
+local function load(key, now, lazy)
+    local v = redis.pcall('GET', key)
+    local r, err
+    if type(v) == 'table' and v['err'] then
+        if not string.find(v['err'], 'WRONGTYPE', 1, true) then
+            error(v)
+        end
+        r, err = load_hash(key)
+    elseif v then
+        r, err = parse(key, v, now, lazy)
+    end
+    if err then
+        return nil, err
+    end
+    if not r then
+        return nil, nil, false
+    end
     if r.state ~= 'i' and r.state ~= 'c' then
         return nil, 'field state is ' .. tostring(r.state) .. ", expected 'i' or 'c'"
     end
@@ -82,11 +174,14 @@ local function load(key, now)
     if r.retain_until == nil then
         return nil, 'field retain_until is missing or not a number'
     end
+    if r.token == '' then
+        r.token = false
+    end
     if r.state == 'i' then
-        if not r.token or r.token == '' then
+        if not r.token then
             return nil, 'in-flight record without a token'
         end
-        if r.expires_at == nil then
+        if r.expires_at == nil and not r.lazy then
             return nil, 'in-flight record without a numeric expires_at'
         end
     elseif r.processed_at == nil then
@@ -98,7 +193,15 @@ local function load(key, now)
     return r, nil, true
 end
 
--- Set the key's native expiry to the record's retain_until.
-local function expire_at(key, retain_until, now)
-    redis.call('PEXPIRE', key, int(math.max(retain_until - now, 1)))
+-- Write a layout-2 record (replacing whatever the key held: a layout-1 hash too), with the
+-- key's native expiry at retain_until. `a`: expires_at in flight ('i'), processed_at when
+-- completed ('c'); `outcome`: false for none (completed only).
+local function store(key, now, state, fence, attempt, a, retain_until, token, fingerprint, outcome)
+    local fp = fingerprint or ''
+    local v = '2,' .. state .. ',' .. int(fence) .. ',' .. int(attempt) .. ',' .. int(a) .. ','
+        .. int(retain_until) .. ',' .. (token or '') .. ',' .. #fp .. ',' .. fp
+    if outcome then
+        v = v .. ',' .. outcome
+    end
+    redis.call('SET', key, v, 'PX', int(math.max(retain_until - now, 1)))
 end

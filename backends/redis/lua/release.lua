@@ -11,7 +11,6 @@ if not rec or rec.state ~= 'i' or rec.token ~= ARGV[2] then
     return {'L'}
 end
 local expires_at = math.min(rec.expires_at, now)
-local retain_until = expires_at + tonumber(ARGV[3])
-redis.call('HSET', key, 'expires_at', int(expires_at), 'retain_until', int(retain_until))
-expire_at(key, retain_until, now)
+store(key, now, 'i', rec.fence, rec.attempt, expires_at, expires_at + tonumber(ARGV[3]),
+    rec.token, rec.fingerprint)
 return {'OK'}

@@ -162,7 +162,7 @@ impl Conn {
         calls: &[Call],
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<BatchReply> {
-        let groups = self.groups(calls);
+        let groups = self.groups(calls.iter().map(Call::slot));
         let replies = try_join_all(groups.iter().map(|group| {
             let cmds = group.iter().map(|&i| calls[i].cmd()).collect();
             self.eval_group(cmds, wait)
@@ -183,7 +183,7 @@ impl Conn {
         calls: &[Call],
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<BatchReply> {
-        let groups = self.groups(calls);
+        let groups = self.groups(calls.iter().map(Call::slot));
         let replies = try_join_all(groups.iter().map(|group| async move {
             let cmd = batch_cmd(many, calls, group);
             let (mut values, acked) = self.eval_group(vec![cmd], wait).await?;
@@ -203,20 +203,75 @@ impl Conn {
         Ok(BatchReply::gather(calls.len(), &groups, replies))
     }
 
-    /// The indexes of `calls`, grouped: all together on a standalone server, by hash slot
-    /// in cluster mode (in call order within a group).
-    fn groups(&self, calls: &[Call]) -> Vec<Vec<usize>> {
+    /// The indexes of calls on these slots, grouped: all together on a standalone server,
+    /// by hash slot in cluster mode (in call order within a group).
+    fn groups(&self, slots: impl ExactSizeIterator<Item = Slot>) -> Vec<Vec<usize>> {
         if self.is_cluster() {
             let mut by_slot: HashMap<Slot, Vec<usize>> = HashMap::new();
-            for (i, call) in calls.iter().enumerate() {
-                by_slot.entry(call.slot()).or_default().push(i);
+            for (i, slot) in slots.enumerate() {
+                by_slot.entry(slot).or_default().push(i);
             }
             by_slot.into_values().collect()
-        } else if calls.is_empty() {
+        } else if slots.len() == 0 {
             Vec::new()
         } else {
-            vec![(0..calls.len()).collect()]
+            vec![(0..slots.len()).collect()]
         }
+    }
+
+    /// Run plain commands, each on the one key given with it, as pipelines: one for a
+    /// standalone server, one per hash slot in cluster mode (all sent concurrently). One
+    /// result per command, in order, a server error as its `Err`; a command the cluster
+    /// redirected (`MOVED` / `ASK` / `TRYAGAIN`) runs again alone through the path that
+    /// follows redirections. Commands on one key keep their order. A failed connection
+    /// fails the whole call.
+    pub(crate) async fn run_keyed(
+        &self,
+        cmds: &[(&[u8], Cmd)],
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        let groups = self.groups(cmds.iter().map(|(key, _)| layout::slot(key)));
+        let replies = try_join_all(groups.iter().map(|group| async move {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for &i in group {
+                pipe.add_command(cmds[i].1.clone());
+            }
+            let values = self.query_pipeline(&pipe).await?;
+            let mut results = Vec::with_capacity(values.len());
+            for (v, &i) in values.into_iter().zip(group) {
+                results.push(match v {
+                    Value::ServerError(se) => {
+                        let e = RedisError::from(se);
+                        if e.is_cluster_error() {
+                            self.query(&cmds[i].1).await
+                        } else {
+                            Err(e)
+                        }
+                    }
+                    v => Ok(v),
+                });
+            }
+            Ok::<_, RedisError>(results)
+        }))
+        .await?;
+        let mut out: Vec<Option<RedisResult<Value>>> = (0..cmds.len()).map(|_| None).collect();
+        for (group, results) in groups.iter().zip(replies) {
+            for (&i, r) in group.iter().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "pipeline reply",
+                        "fewer replies than commands".to_owned(),
+                    )))
+                })
+            })
+            .collect())
     }
 
     /// Send `cmds` (all on one slot) as one pipeline, followed by `WAIT` when `wait` is set;

@@ -17,10 +17,63 @@ use crate::error::{BACKEND, backend};
 /// What the errors below say was being done.
 const CONNECTING: &str = "connecting";
 
+/// What opens more connections like the store's own: the purge's (see
+/// [`RedisStore`](crate::RedisStore)'s purge, which runs on a connection of its own so its
+/// `SCAN`s and pipelines never queue in front of live claims on the client side).
+#[derive(Clone)]
+pub(crate) enum Connector {
+    /// A standalone server: another [`ConnectionManager`].
+    Standalone {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        target: String,
+        tls: bool,
+        timeout: Duration,
+    },
+    /// A cluster: another [`ClusterConnection`](redis::cluster_async::ClusterConnection)
+    /// (one more connection per node).
+    Cluster {
+        client: redis::cluster::ClusterClient,
+        target: String,
+        tls: bool,
+        timeout: Duration,
+    },
+}
+
+impl Connector {
+    /// A new connection, within the connect timeout.
+    pub(crate) async fn open(&self) -> Result<Conn> {
+        match self {
+            Connector::Standalone {
+                client,
+                config,
+                target,
+                tls,
+                timeout,
+            } => bounded(
+                *timeout,
+                target,
+                *tls,
+                ConnectionManager::new_with_config(client.clone(), config.clone()),
+            )
+            .await
+            .map(Conn::Standalone),
+            Connector::Cluster {
+                client,
+                target,
+                tls,
+                timeout,
+            } => bounded(*timeout, target, *tls, client.get_async_connection())
+                .await
+                .map(Conn::Cluster),
+        }
+    }
+}
+
 /// A standalone server behind a [`ConnectionManager`]. One plain connection is made first
 /// (within the timeout, no retries) so that its error is the one reported; it also checks
 /// that the server is not a cluster node.
-pub(crate) async fn standalone(url: &str, config: &RedisConfig) -> Result<Conn> {
+pub(crate) async fn standalone(url: &str, config: &RedisConfig) -> Result<(Conn, Connector)> {
     let client = client(url, config)?;
     let target = client.get_connection_info().addr().to_string();
     let tls = url.starts_with("rediss:");
@@ -60,18 +113,18 @@ pub(crate) async fn standalone(url: &str, config: &RedisConfig) -> Result<Conn> 
         .set_response_timeout(config.response_timeout)
         .set_connection_timeout(Some(timeout))
         .set_max_delay(Duration::from_secs(1));
-    let manager = bounded(
-        timeout,
-        &target,
+    let connector = Connector::Standalone {
+        client,
+        config: manager_config,
+        target,
         tls,
-        ConnectionManager::new_with_config(client, manager_config),
-    )
-    .await?;
-    Ok(Conn::Standalone(manager))
+        timeout,
+    };
+    Ok((connector.open().await?, connector))
 }
 
 /// A Redis Cluster through its seed nodes' URLs.
-pub(crate) async fn cluster(urls: &[String], config: &RedisConfig) -> Result<Conn> {
+pub(crate) async fn cluster(urls: &[String], config: &RedisConfig) -> Result<(Conn, Connector)> {
     let target = urls
         .iter()
         .map(|u| {
@@ -91,14 +144,13 @@ pub(crate) async fn cluster(urls: &[String], config: &RedisConfig) -> Result<Con
     let client = builder
         .build()
         .map_err(|e| connect_error(e, &target, tls))?;
-    let connection = bounded(
-        config.connect_timeout,
-        &target,
+    let connector = Connector::Cluster {
+        client,
+        target,
         tls,
-        client.get_async_connection(),
-    )
-    .await?;
-    Ok(Conn::Cluster(connection))
+        timeout: config.connect_timeout,
+    };
+    Ok((connector.open().await?, connector))
 }
 
 /// `fut` within `timeout`, its error (or the timeout) as a connect error.

@@ -7,6 +7,7 @@ mod connect;
 mod error;
 mod layout;
 mod purge;
+mod record;
 mod reply;
 mod scripts;
 mod store;

@@ -48,7 +48,7 @@ impl PurgeBatches for RedisStore {
     /// One batch: purge pending keys, scanning for more, until `step.limit` records were
     /// removed, the keyspace is walked, or the deadline passed.
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
-        let conn = self.conn();
+        let conn = self.purge_conn().await?;
         if cursor.nodes.is_none() {
             cursor.nodes = Some(conn.scan_nodes().await.map_err(backend)?);
         }

@@ -2,8 +2,13 @@
 //! contract's values. Anything unexpected is [`Error::Corrupt`], never a panic.
 
 use dedup_core::backend::{RawRecord, RawState, attempt_from, fence_from};
-use dedup_core::{Claim, Error, Key, Lease, LeaseToken, Record, Result, Timestamp};
-use redis::Value;
+use dedup_core::{
+    Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, Result, Timestamp, transition,
+};
+use redis::{RedisResult, Value};
+
+use crate::error::backend;
+use crate::record;
 
 /// A script's reply array, with the key it was about (for errors).
 struct Reply<'a> {
@@ -121,6 +126,62 @@ pub(crate) fn claim(key: &Key, token: LeaseToken, value: Value) -> Result<Claim>
         "F" => Err(Error::FingerprintMismatch { key: key.clone() }),
         tag => Err(r.common(tag, None)),
     }
+}
+
+/// What the reply to a fresh-key claim (`SET ... NX PX ... GET`, see [`record::fresh_claim`])
+/// settles.
+pub(crate) enum Fresh {
+    /// The claim's result, from this one round trip.
+    Answered(Result<Claim>),
+    /// The key holds something the claim script must judge (an in-flight record, a layout-1
+    /// hash, a record past its retention by an injected clock, a value of another kind).
+    Script,
+}
+
+/// The reply to a fresh-key claim of `key` proposing `token` (`expires_at`: the lease's
+/// expiry as [`record::fresh_claim`] computed it; `now`: the injected clock's time, if any).
+/// `Err` when the command itself failed (the connection, a server error other than
+/// `WRONGTYPE`).
+pub(crate) fn fresh_claim(
+    key: &Key,
+    token: LeaseToken,
+    options: &ClaimOptions,
+    expires_at: Timestamp,
+    now: Option<Timestamp>,
+    reply: RedisResult<Value>,
+) -> Result<Fresh> {
+    let value = match reply {
+        // The key was absent: the SET wrote the in-flight record.
+        Ok(Value::Nil) => {
+            return Ok(Fresh::Answered(Ok(Claim::Acquired(Lease {
+                key: key.clone(),
+                token,
+                fence: 1,
+                attempt: 1,
+                expires_at,
+            }))));
+        }
+        Ok(Value::BulkString(value)) => value,
+        // A hash (layout 1) or a key of another type: the script reads or reports it.
+        Err(e) if e.code() == Some("WRONGTYPE") => return Ok(Fresh::Script),
+        Err(e) => return Err(backend(e)),
+        Ok(other) => {
+            return Ok(Fresh::Answered(Err(Error::corrupt(
+                key,
+                format!("unexpected reply to SET ... GET: {other:?}"),
+            ))));
+        }
+    };
+    Ok(match record::completed(key, &value, now) {
+        None => Fresh::Script,
+        Some(Err(e)) => Fresh::Answered(Err(e)),
+        // A completed record answers any claim the same way whatever the time: Completed,
+        // or FingerprintMismatch (the contract's own transition decides).
+        Some(Ok(rec)) => Fresh::Answered(
+            transition::claim(Some(&rec), key, options, Timestamp::EPOCH, token)
+                .map(|(claim, _)| claim),
+        ),
+    })
 }
 
 /// `commit.lua`'s reply.

@@ -1,5 +1,6 @@
 //! [`RedisStore`]: the [`DedupStore`](dedup_core::DedupStore) over Redis (standalone or Cluster).
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,11 +9,16 @@ use async_trait::async_trait;
 use dedup_core::backend::Storage;
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Error, ItemResult, Key, Lease,
-    LeaseToken, Record, Result, duration_millis,
+    LeaseToken, Record, Result, Timestamp, duration_millis,
 };
+use redis::Cmd;
+use tokio::sync::OnceCell;
 
 use crate::conn::{BatchReply, Call, Conn};
+use crate::connect::Connector;
 use crate::error::{ReplicationShortfall, backend};
+use crate::record::{self, FreshClaim};
+use crate::reply::Fresh;
 use crate::scripts::{CLAIM, CLAIM_MANY, COMMIT, COMMIT_MANY, GET, Lua, RELEASE, RENEW};
 use crate::{RedisConfig, layout, reply};
 
@@ -26,6 +32,10 @@ use crate::{RedisConfig, layout, reply};
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
+    /// Opens the purge's connection.
+    connector: Arc<Connector>,
+    /// The purge's own connection, opened at the first purge batch and shared by clones.
+    purge_conn: Arc<OnceCell<Conn>>,
     config: Arc<RedisConfig>,
 }
 
@@ -49,8 +59,8 @@ impl RedisStore {
     /// ([`Error::InvalidInput`]): use [`connect_cluster`](Self::connect_cluster).
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        let conn = crate::connect::standalone(url, &config).await?;
-        Self::open(conn, config).await
+        let (conn, connector) = crate::connect::standalone(url, &config).await?;
+        Self::open(conn, connector, config).await
     }
 
     /// Connect to a Redis Cluster through any of its nodes' URLs (the rest of the topology
@@ -64,11 +74,11 @@ impl RedisStore {
                 "at least one node URL is needed",
             ));
         }
-        let conn = crate::connect::cluster(urls, &config).await?;
-        Self::open(conn, config).await
+        let (conn, connector) = crate::connect::cluster(urls, &config).await?;
+        Self::open(conn, connector, config).await
     }
 
-    async fn open(conn: Conn, config: RedisConfig) -> Result<Self> {
+    async fn open(conn: Conn, connector: Connector, config: RedisConfig) -> Result<Self> {
         // Loading the scripts up front checks the connection and saves the first calls a
         // NOSCRIPT round trip.
         conn.load_scripts()
@@ -76,6 +86,8 @@ impl RedisStore {
             .map_err(|e| backend(e).during("loading the scripts"))?;
         Ok(RedisStore {
             conn,
+            connector: Arc::new(connector),
+            purge_conn: Arc::new(OnceCell::new()),
             config: Arc::new(config),
         })
     }
@@ -96,13 +108,14 @@ impl RedisStore {
         layout::redis_key(&self.config.prefix, key)
     }
 
+    /// The injected clock's time; `None` with the server's clock.
+    fn clock_now(&self) -> Option<Timestamp> {
+        self.config.clock.as_ref().map(|c| c.now())
+    }
+
     /// `ARGV[1]` of every script: the injected clock's ms, or empty for the server's TIME.
     pub(crate) fn now_arg(&self) -> String {
-        self.config
-            .clock
-            .as_ref()
-            .map(|c| c.now().as_millis().to_string())
-            .unwrap_or_default()
+        now_arg(self.clock_now())
     }
 
     fn retention_ms(&self) -> i64 {
@@ -113,17 +126,25 @@ impl RedisStore {
         &self.conn
     }
 
-    fn claim_call(&self, key: &Key, options: &ClaimOptions, now: &str) -> (Call, LeaseToken) {
-        let token = LeaseToken::random();
+    /// The purge's connection, apart from the one live operations share: a purge's `SCAN`s
+    /// and pipelines then never queue in front of claims in the client (the server still
+    /// runs every client's commands on its one thread, so purge batches stay small).
+    /// Opened at the first purge and kept.
+    pub(crate) async fn purge_conn(&self) -> Result<&Conn> {
+        self.purge_conn
+            .get_or_try_init(|| self.connector.open())
+            .await
+    }
+
+    fn claim_call(&self, key: &Key, options: &ClaimOptions, now: &str, token: LeaseToken) -> Call {
         let fingerprint = options.fingerprint.as_ref().map_or("", |f| f.as_str());
         // lua/one.lua: the batch's shared arguments (conn::SHARED_ARGS) first.
-        let call = Call::new(&CLAIM, self.redis_key(key))
+        Call::new(&CLAIM, self.redis_key(key))
             .arg(now)
             .arg(self.retention_ms())
             .arg(token.to_string())
             .arg(duration_millis(options.lease))
-            .arg(fingerprint);
-        (call, token)
+            .arg(fingerprint)
     }
 
     fn commit_call(&self, lease: &Lease, outcome: Option<&[u8]>, now: &str) -> Call {
@@ -173,32 +194,102 @@ impl RedisStore {
     }
 }
 
+/// `ARGV[1]` of every script for `now`: its ms, or empty for the server's TIME.
+fn now_arg(now: Option<Timestamp>) -> String {
+    now.map(|t| t.as_millis().to_string()).unwrap_or_default()
+}
+
 dedup_core::impl_dedup_store!(RedisStore);
 
 #[async_trait]
 impl Storage for RedisStore {
+    /// A fresh key is claimed by `SET ... NX PX ... GET` alone (no script); a completed
+    /// record it answers with settles the claim too. Anything else runs the claim script.
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        let (call, token) = self.claim_call(key, options, &self.now_arg());
-        let value = self.conn.eval(&call).await.map_err(backend)?;
-        reply::claim(key, token, value)
+        let mut results = self
+            .claim_many(&[ClaimRequest::new(key.clone(), options.clone())])
+            .await?;
+        results
+            .pop()
+            .unwrap_or_else(|| Err(Error::corrupt(key, "no reply")))
     }
 
+    /// One pipeline of fresh-key claims (`SET ... NX PX ... GET`, and `PEXPIRETIME` with the
+    /// server's clock; per hash slot in a cluster): a fresh key is claimed without a script,
+    /// and a completed record it answers with settles the claim too. Then one claim script
+    /// call (per slot) for the items it did not settle. Once an item of a key goes to the
+    /// script, every later item of that key does too, so a repeated key sees its earlier
+    /// items' writes in order.
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
-        let now = self.now_arg();
-        let (calls, tokens): (Vec<Call>, Vec<LeaseToken>) = requests
+        let now = self.clock_now();
+        let retention_ms = self.retention_ms();
+        let keys: Vec<String> = requests.iter().map(|r| self.redis_key(&r.key)).collect();
+        let tokens: Vec<LeaseToken> = requests.iter().map(|_| LeaseToken::random()).collect();
+        let fresh: Vec<FreshClaim> = requests
             .iter()
-            .map(|r| self.claim_call(&r.key, &r.options, &now))
-            .unzip();
-        let batch = self
+            .zip(&keys)
+            .zip(&tokens)
+            .map(|((r, k), &t)| record::fresh_claim(k, t, &r.options, retention_ms, now))
+            .collect();
+        let cmds: Vec<(&[u8], Cmd)> = keys
+            .iter()
+            .zip(&fresh)
+            .flat_map(|(k, f)| f.cmds().map(move |c| (k.as_bytes(), c.clone())))
+            .collect();
+        let mut replies = self
             .conn
-            .eval_batch(&CLAIM_MANY, &calls, None)
+            .run_keyed(&cmds)
             .await
-            .map_err(backend)?;
-        Ok(requests
-            .iter()
-            .zip(tokens)
-            .zip(batch.values)
-            .map(|((r, token), v)| reply::claim(&r.key, token, v))
+            .map_err(backend)?
+            .into_iter();
+        let mut results: Vec<Option<ItemResult<Claim>>> = Vec::with_capacity(requests.len());
+        let mut scripted: HashSet<&str> = HashSet::new();
+        let mut to_script = Vec::new();
+        for (i, f) in fresh.iter().enumerate() {
+            let Some(set) = replies.next() else {
+                return Err(Error::corrupt(&requests[i].key, "no reply to SET"));
+            };
+            let expiry = match f.expiry {
+                Some(_) => replies.next().transpose().map_err(backend)?,
+                None => None,
+            };
+            let r = &requests[i];
+            let answer = if scripted.contains(keys[i].as_str()) {
+                Fresh::Script
+            } else {
+                let expires_at = f.expires_at(expiry.as_ref());
+                reply::fresh_claim(&r.key, tokens[i], &r.options, expires_at, now, set)?
+            };
+            results.push(match answer {
+                Fresh::Answered(claim) => Some(claim),
+                Fresh::Script => {
+                    scripted.insert(&keys[i]);
+                    to_script.push(i);
+                    None
+                }
+            });
+        }
+        if !to_script.is_empty() {
+            let now = now_arg(now);
+            let calls: Vec<Call> = to_script
+                .iter()
+                .map(|&i| self.claim_call(&requests[i].key, &requests[i].options, &now, tokens[i]))
+                .collect();
+            let batch = self
+                .conn
+                .eval_batch(&CLAIM_MANY, &calls, None)
+                .await
+                .map_err(backend)?;
+            for (&i, v) in to_script.iter().zip(batch.values) {
+                results[i] = Some(reply::claim(&requests[i].key, tokens[i], v));
+            }
+        }
+        Ok(results
+            .into_iter()
+            .zip(requests)
+            .map(|(r, req)| {
+                r.unwrap_or_else(|| Err(Error::corrupt(&req.key, "no reply for this item")))
+            })
             .collect())
     }
 
