@@ -1,9 +1,13 @@
 -- commit: op(key, now, retention ms, token, has outcome ('1' / '0'), outcome).
 -- Reply: {'OK'} committed now | {'D'} already committed by this token (unchanged)
 --      | {'L'} lease lost (unchanged) | {'X', detail}
--- Run through lua/one.lua (one key) or lua/many.lua (a batch). On a layout-2 record: GET,
--- (TIME), SET; the lease's instants are not needed (a fast-path lease's PEXPIRETIME is not read).
+-- Run through lua/one.lua (one key) or lua/many.lua (a batch). The common case is
+-- lua/commit_fast.lua; this op judges the rest (a layout-1 record is rewritten as layout 2).
 local function op(key, now, retention, token, has_outcome, outcome)
+    local fast = commit_fast(key, now, retention, token, has_outcome, outcome)
+    if fast then
+        return fast
+    end
     local rec, err = load(key, now, true)
     if err then
         return {'X', err}

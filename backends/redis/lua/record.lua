@@ -1,4 +1,4 @@
--- Shared prelude, prepended to every dedup-redis script (see src/scripts.rs).
+-- Shared prelude, prepended to every dedup-redis script after lua/now.lua (see src/scripts.rs).
 --
 -- A record is one Redis STRING (layout 2, written by every operation):
 --
@@ -34,20 +34,6 @@
 -- Numbers are written with string.format('%d') (never Lua's tostring, which switches to
 -- exponent notation for large values). Lua numbers are doubles: exact up to 2^53, far
 -- beyond any millisecond timestamp or fence this store produces.
-
--- "now" in ms: the injected clock's value when the caller passed one, else the server's TIME
--- (allowed before writes: Redis 7 replicates scripts by their effects).
-local function now_ms(arg)
-    if arg ~= '' then
-        return tonumber(arg)
-    end
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local function int(n)
-    return string.format('%d', n)
-end
 
 local function is_count(n)
     return n ~= nil and n >= 1 and n == math.floor(n)

@@ -4,7 +4,8 @@
 //!
 //! Everything the store does is an `EVALSHA` of one of [`crate::scripts`] on one key
 //! ([`Call`]), sent alone ([`Conn::eval`]) or as pipelines ([`Conn::eval_many`]: one
-//! pipeline per hash slot in cluster mode, all sent concurrently), plus `SCAN` for purge.
+//! pipeline per hash slot in cluster mode, all sent concurrently); plain commands on single
+//! keys, the fresh-key claims, as pipelines too ([`Conn::run_keyed`]); and `SCAN` for purge.
 
 use std::collections::HashMap;
 use std::fmt;

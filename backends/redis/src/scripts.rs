@@ -1,7 +1,10 @@
-//! The Lua scripts: every operation is one of them, run atomically by the server.
+//! The Lua scripts: every operation but a fresh-key claim (`src/record.rs`) is one of them,
+//! run atomically by the server.
 //!
-//! Each script is `lua/record.lua` (the shared prelude: "now", the record layout, loading
-//! and validating a record) followed by the operation's own file. Claim and commit are
+//! Each script is `lua/now.lua` ("now"), `lua/record.lua` (the shared prelude: the record
+//! layouts, loading and validating a record of either layout, writing layout 2) and the
+//! operation's own file; a commit first tries `lua/commit_fast.lua`, the common case
+//! without the prelude's setup. Claim and commit are
 //! written once, as a function `op` (`lua/claim.lua`, `lua/commit.lua`), run on one key by
 //! `lua/one.lua` and on a whole batch by `lua/many.lua`. They are invoked with `EVALSHA`; a
 //! server that does not know a script (`NOSCRIPT`: restarted, failed over, `SCRIPT
@@ -31,21 +34,35 @@ macro_rules! lua {
     ($name:ident, $($file:literal),+) => {
         pub(crate) static $name: LazyLock<Lua> = LazyLock::new(|| {
             Lua::new(concat!(
-                include_str!("../lua/record.lua"),
+                include_str!("../lua/now.lua"),
                 $("\n", include_str!(concat!("../lua/", $file))),+
             ))
         });
     };
 }
 
-lua!(CLAIM, "claim.lua", "one.lua");
-lua!(CLAIM_MANY, "claim.lua", "many.lua");
-lua!(COMMIT, "commit.lua", "one.lua");
-lua!(COMMIT_MANY, "commit.lua", "many.lua");
-lua!(RENEW, "renew.lua");
-lua!(RELEASE, "release.lua");
-lua!(GET, "get.lua");
-lua!(PURGE_ONE, "purge_one.lua");
+lua!(CLAIM, "record.lua", "claim.lua", "one.lua");
+lua!(CLAIM_MANY, "record.lua", "claim.lua", "many.lua");
+// The common commit runs before record.lua's setup (see lua/commit_fast.lua).
+lua!(
+    COMMIT,
+    "commit_fast.lua",
+    "commit_one.lua",
+    "record.lua",
+    "commit.lua",
+    "one.lua"
+);
+lua!(
+    COMMIT_MANY,
+    "commit_fast.lua",
+    "record.lua",
+    "commit.lua",
+    "many.lua"
+);
+lua!(RENEW, "record.lua", "renew.lua");
+lua!(RELEASE, "record.lua", "release.lua");
+lua!(GET, "record.lua", "get.lua");
+lua!(PURGE_ONE, "record.lua", "purge_one.lua");
 
 /// Every script, for `SCRIPT LOAD`.
 pub(crate) fn all() -> [&'static Lua; 8] {

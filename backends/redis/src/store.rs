@@ -22,7 +22,9 @@ use crate::reply::Fresh;
 use crate::scripts::{CLAIM, CLAIM_MANY, COMMIT, COMMIT_MANY, GET, Lua, RELEASE, RENEW};
 use crate::{RedisConfig, layout, reply};
 
-/// A [`DedupStore`](dedup_core::DedupStore) keeping one Redis hash per key, every operation one Lua script.
+/// A [`DedupStore`](dedup_core::DedupStore) keeping one Redis string per key (a packed
+/// record): a fresh-key claim is one `SET ... NX PX ... GET`, every other operation one Lua
+/// script.
 ///
 /// Works against a standalone server ([`connect`](Self::connect),
 /// [`connect_with`](Self::connect_with)) or a Redis Cluster

@@ -27,7 +27,7 @@ fn forged_lease(key: &Key) -> Lease {
 
 fn corrupt<T: std::fmt::Debug>(result: Result<T>, what: &str) {
     match result {
-        Err(Error::Corrupt { .. }) => {}
+        Err(Error::Corrupt { detail, .. }) if !detail.is_empty() => {}
         other => panic!("{what}: expected Error::Corrupt, got {other:?}"),
     }
 }
@@ -172,6 +172,106 @@ async fn a_hash_with_garbage_fields_is_a_typed_error() {
         corrupt(
             store.get(&key).await,
             "get of a record with a non-UUID token",
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_with_a_broken_record_is_a_typed_error() {
+    let far = (Timestamp::from_system_time(std::time::SystemTime::now()).as_millis() + 86_400_000)
+        .to_string();
+    let token = LeaseToken::random().to_string();
+    // (what, the value)
+    let garbage: Vec<(&str, String)> = vec![
+        (
+            "another layout version",
+            format!("3,c,1,1,5,{far},{token},0,"),
+        ),
+        ("unknown state", format!("2,z,1,1,5,{far},{token},0,")),
+        ("fence zero", format!("2,c,0,1,5,{far},{token},0,")),
+        (
+            "attempt not a number",
+            format!("2,i,1,x,{far},{far},{token},0,"),
+        ),
+        (
+            "in flight without a token",
+            format!("2,i,1,1,{far},{far},,0,"),
+        ),
+        (
+            "fingerprint shorter than its length",
+            format!("2,c,1,1,5,{far},{token},9,ab"),
+        ),
+        (
+            "bytes after the fingerprint",
+            format!("2,i,1,1,{far},{far},{token},2,abjunk"),
+        ),
+        ("missing fields", "2,c,1,1".to_owned()),
+    ];
+    for target in Target::all("a_string_with_a_broken_record_is_a_typed_error") {
+        let clock = Arc::new(ManualClock::starting_now());
+        let store = target.open(config("broken_string", &clock)).await;
+        let mut raw = target.raw().await;
+        for (i, (what, value)) in garbage.iter().enumerate() {
+            let key = Key::new("broken", format!("s{i}")).unwrap();
+            let redis_key = store.redis_key(&key);
+            raw.run(redis::cmd("SET").arg(&redis_key).arg(value)).await;
+            let before = dump(&mut raw, &redis_key).await;
+            every_operation_is_corrupt(&store, &key, what).await;
+            let batch = store
+                .claim_many(&[ClaimRequest::new(key.clone(), ClaimOptions::default())])
+                .await
+                .expect("claim_many");
+            assert!(
+                matches!(batch[0], Err(Error::Corrupt { .. })),
+                "{what}: {batch:?}"
+            );
+            store
+                .purge(&PurgeOptions::older_than(Duration::ZERO))
+                .await
+                .expect("purge");
+            assert_eq!(
+                dump(&mut raw, &redis_key).await,
+                before,
+                "{} {what}: left untouched",
+                target.name()
+            );
+        }
+        // A fast-path lease whose key lost its expiry (PERSIST): its instants are gone. A
+        // commit or renew by its holder needs neither and rewrites it; a forged lease's
+        // token does not match, so only the operations that read instants report it.
+        let key = Key::new("broken", "persisted").unwrap();
+        raw.run(
+            redis::cmd("SET")
+                .arg(store.redis_key(&key))
+                .arg(format!("2,l,1,1,1000,1000,{token},0,")),
+        )
+        .await;
+        corrupt(store.get(&key).await, "get of a lease without expiry");
+        corrupt(
+            store.claim(&key, &ClaimOptions::default()).await,
+            "claim of a lease without expiry",
+        );
+        corrupt(
+            store.release(&forged_lease(&key)).await,
+            "release of a lease without expiry",
+        );
+
+        // A completed record whose token is not a UUID: the claim answers from the value
+        // itself and reports it, as `get` does.
+        let key = Key::new("broken", "bad-token").unwrap();
+        raw.run(
+            redis::cmd("SET")
+                .arg(store.redis_key(&key))
+                .arg(format!("2,c,1,1,5,{far},not-a-uuid,0,")),
+        )
+        .await;
+        corrupt(
+            store.get(&key).await,
+            "get of a record with a non-UUID token",
+        );
+        corrupt(
+            store.claim(&key, &ClaimOptions::default()).await,
+            "claim of a record with a non-UUID token",
         );
     }
 }

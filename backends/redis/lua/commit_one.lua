@@ -1,0 +1,10 @@
+-- A single commit's common case (lua/commit_fast.lua), tried before lua/record.lua is set up;
+-- the rest of the script (the full op through lua/one.lua) runs only when it does not apply.
+-- ARGV: as lua/one.lua.
+do
+    local reply = commit_fast(KEYS[1], now_ms(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4],
+        ARGV[5])
+    if reply then
+        return reply
+    end
+end

@@ -1,0 +1,302 @@
+//! The record layouts: layout-1 records (a HASH, as dedup-redis wrote them before the packed
+//! string of layout 2) are read, claimed over, committed, renewed, released and purged by
+//! this version, which rewrites them as layout 2 (an upgrade in place); and a fresh-key claim
+//! (`SET ... NX PX ... GET`, no script) keeps its lease on the server's clock. Standalone and
+//! cluster.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{RETENTION, Raw, Target, config, unique_prefix};
+use dedup_core::{
+    Claim, ClaimOptions, Clock, DedupStore, Error, Fingerprint, Key, Lease, LeaseToken,
+    ManualClock, PurgeOptions, RecordState, Timestamp,
+};
+use dedup_redis::redis::{self, Value};
+use dedup_redis::{RedisConfig, RedisStore};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// Write `fields` as a layout-1 record (HSET + PEXPIRE, as the old version did).
+async fn write_layout_1(raw: &mut Raw, redis_key: &str, fields: &[(&str, String)]) {
+    let mut hset = redis::cmd("HSET");
+    hset.arg(redis_key);
+    for (f, v) in fields {
+        hset.arg(*f).arg(v);
+    }
+    raw.run(&hset).await;
+    raw.run(
+        redis::cmd("PEXPIRE")
+            .arg(redis_key)
+            .arg(RETENTION.as_millis() as u64),
+    )
+    .await;
+}
+
+async fn kind(raw: &mut Raw, redis_key: &str) -> String {
+    match raw.run(redis::cmd("TYPE").arg(redis_key)).await {
+        Value::SimpleString(s) => s,
+        other => panic!("TYPE: {other:?}"),
+    }
+}
+
+async fn value(raw: &mut Raw, redis_key: &str) -> String {
+    match raw.run(redis::cmd("GET").arg(redis_key)).await {
+        Value::BulkString(b) => String::from_utf8(b).expect("utf-8 record"),
+        other => panic!("GET {redis_key}: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_1_records_are_read_claimed_over_committed_and_purged() {
+    for target in Target::all("layout_1_records_are_read_claimed_over_committed_and_purged") {
+        let clock = Arc::new(ManualClock::starting_now());
+        let store = target.open(config("layout1", &clock)).await;
+        let mut raw = target.raw().await;
+        let now = clock.now().as_millis();
+        let until = (now + RETENTION.as_millis() as i64).to_string();
+        let ms = |offset: i64| (now + offset).to_string();
+        let in_flight = |token: &LeaseToken, expires_at: String| {
+            vec![
+                ("state", "i".to_owned()),
+                ("token", token.to_string()),
+                ("fence", "3".to_owned()),
+                ("attempt", "2".to_owned()),
+                ("expires_at", expires_at),
+                ("retain_until", until.clone()),
+            ]
+        };
+        let lease = |key: &Key, token: LeaseToken| Lease {
+            key: key.clone(),
+            token,
+            fence: 3,
+            attempt: 2,
+            expires_at: Timestamp::from_millis(now + 60_000),
+        };
+        let name = target.name();
+
+        // A completed record, with an outcome and a fingerprint: a duplicate gets it.
+        let done = Key::new("layout1", "completed").unwrap();
+        let done_key = store.redis_key(&done);
+        let committer = LeaseToken::random();
+        write_layout_1(
+            &mut raw,
+            &done_key,
+            &[
+                ("state", "c".to_owned()),
+                ("token", committer.to_string()),
+                ("fence", "2".to_owned()),
+                ("attempt", "1".to_owned()),
+                ("processed_at", ms(-1_000)),
+                ("outcome", "old outcome".to_owned()),
+                ("fingerprint", "fp-1".to_owned()),
+                ("retain_until", until.clone()),
+            ],
+        )
+        .await;
+        let with =
+            |fp: &str| ClaimOptions::lease(MINUTE).with_fingerprint(Fingerprint::new(fp).unwrap());
+        assert_eq!(
+            store.claim(&done, &with("fp-1")).await.unwrap(),
+            Claim::Completed {
+                processed_at: Timestamp::from_millis(now - 1_000),
+                outcome: Some(b"old outcome".to_vec()),
+            },
+            "{name}"
+        );
+        assert!(
+            matches!(
+                store.claim(&done, &with("fp-2")).await,
+                Err(Error::FingerprintMismatch { .. })
+            ),
+            "{name}"
+        );
+        let record = store
+            .get(&done)
+            .await
+            .unwrap()
+            .expect("the completed record");
+        assert_eq!((record.fence, record.attempt), (2, 1), "{name}");
+        assert_eq!(record.fingerprint.unwrap().as_str(), "fp-1");
+        assert_eq!(
+            kind(&mut raw, &done_key).await,
+            "hash",
+            "{name}: reads write nothing"
+        );
+
+        // A live lease: InFlight for others; its holder commits it (rewritten as layout 2).
+        let live = Key::new("layout1", "live").unwrap();
+        let live_key = store.redis_key(&live);
+        let holder = LeaseToken::random();
+        write_layout_1(&mut raw, &live_key, &in_flight(&holder, ms(60_000))).await;
+        assert_eq!(
+            store
+                .claim(&live, &ClaimOptions::lease(MINUTE))
+                .await
+                .unwrap(),
+            Claim::InFlight {
+                expires_at: Timestamp::from_millis(now + 60_000),
+                attempt: 2
+            },
+            "{name}"
+        );
+        let renewed = store.renew(&lease(&live, holder), MINUTE).await.unwrap();
+        assert_eq!((renewed.fence, renewed.attempt), (3, 2), "{name}");
+        assert_eq!(
+            kind(&mut raw, &live_key).await,
+            "string",
+            "{name}: renew rewrites"
+        );
+        store
+            .commit(&lease(&live, holder), Some(b"new"))
+            .await
+            .unwrap();
+        let v = value(&mut raw, &live_key).await;
+        assert!(
+            v.starts_with("2,c,3,2,") && v.ends_with(",new"),
+            "{name}: {v}"
+        );
+        match store.get(&live).await.unwrap().unwrap().state {
+            RecordState::Completed { outcome, token, .. } => {
+                assert_eq!(outcome.as_deref(), Some(&b"new"[..]));
+                assert_eq!(token, Some(holder));
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+
+        // An expired lease: taken over (fence and attempt + 1), written as layout 2.
+        let expired = Key::new("layout1", "expired").unwrap();
+        let expired_key = store.redis_key(&expired);
+        write_layout_1(
+            &mut raw,
+            &expired_key,
+            &in_flight(&LeaseToken::random(), ms(-5)),
+        )
+        .await;
+        match store
+            .claim(&expired, &ClaimOptions::lease(MINUTE))
+            .await
+            .unwrap()
+        {
+            Claim::Acquired(l) => assert_eq!((l.fence, l.attempt), (4, 3), "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+        assert_eq!(kind(&mut raw, &expired_key).await, "string", "{name}");
+
+        // A release of a layout-1 lease: the key can be taken over at once.
+        let released = Key::new("layout1", "released").unwrap();
+        let released_key = store.redis_key(&released);
+        let token = LeaseToken::random();
+        write_layout_1(&mut raw, &released_key, &in_flight(&token, ms(60_000))).await;
+        store.release(&lease(&released, token)).await.unwrap();
+        match store
+            .claim(&released, &ClaimOptions::lease(MINUTE))
+            .await
+            .unwrap()
+        {
+            Claim::Acquired(l) => assert_eq!((l.fence, l.attempt), (4, 3), "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+
+        // Purge removes layout-1 records by the same rules (the completed one, an expired
+        // lease), never a live one.
+        let old_lease = Key::new("layout1", "old-lease").unwrap();
+        let old_live = Key::new("layout1", "old-live").unwrap();
+        write_layout_1(
+            &mut raw,
+            &store.redis_key(&old_lease),
+            &in_flight(&LeaseToken::random(), ms(-2_000)),
+        )
+        .await;
+        write_layout_1(
+            &mut raw,
+            &store.redis_key(&old_live),
+            &in_flight(&LeaseToken::random(), ms(3_600_000)),
+        )
+        .await;
+        let report = store
+            .purge(&PurgeOptions::older_than(Duration::from_millis(500)))
+            .await
+            .unwrap();
+        assert_eq!(
+            (report.completed, report.expired),
+            (1, 1),
+            "{name}: {report:?}"
+        );
+        assert!(store.get(&done).await.unwrap().is_none(), "{name}");
+        assert!(store.get(&old_lease).await.unwrap().is_none(), "{name}");
+        assert!(store.get(&old_live).await.unwrap().is_some(), "{name}");
+    }
+}
+
+/// A fresh-key claim on the server's clock writes lengths, not instants: the server's
+/// expiry of the key holds them, and the lease ends by the server's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_path_lease_expires_on_the_server_clock() {
+    for target in Target::all("a_fast_path_lease_expires_on_the_server_clock") {
+        let store: RedisStore = target
+            .open(RedisConfig {
+                prefix: unique_prefix("fast_lease"),
+                retention: RETENTION,
+                ..RedisConfig::default()
+            })
+            .await;
+        let mut raw = target.raw().await;
+        let name = target.name();
+        let key = Key::new("fast", "lease").unwrap();
+        let redis_key = store.redis_key(&key);
+        let options = ClaimOptions::lease(Duration::from_millis(400));
+        let Claim::Acquired(lease) = store.claim(&key, &options).await.unwrap() else {
+            panic!("{name}: a fresh key is acquired");
+        };
+        assert_eq!((lease.fence, lease.attempt), (1, 1));
+        let stored = value(&mut raw, &redis_key).await;
+        assert!(
+            stored.starts_with(&format!(
+                "2,l,1,1,400,{},{},0,",
+                RETENTION.as_millis(),
+                lease.token
+            )),
+            "{name}: {stored}"
+        );
+        // The lease's expiry is the server's: what the key's expiry says, exactly.
+        let at = match raw.run(redis::cmd("PEXPIRETIME").arg(&redis_key)).await {
+            Value::Int(at) => at,
+            other => panic!("{other:?}"),
+        };
+        let retention_ms = RETENTION.as_millis() as i64;
+        assert_eq!(lease.expires_at.as_millis(), at - retention_ms, "{name}");
+        assert_eq!(
+            store.claim(&key, &options).await.unwrap(),
+            Claim::InFlight {
+                expires_at: lease.expires_at,
+                attempt: 1
+            },
+            "{name}"
+        );
+        match store.get(&key).await.unwrap().unwrap().state {
+            RecordState::InFlight { expires_at, token } => {
+                assert_eq!(
+                    (expires_at, token),
+                    (lease.expires_at, lease.token),
+                    "{name}"
+                )
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        match store.claim(&key, &options).await.unwrap() {
+            Claim::Acquired(l) => assert_eq!((l.fence, l.attempt), (2, 2), "{name}"),
+            other => panic!("{name}: after the lease: {other:?}"),
+        }
+        assert!(
+            matches!(
+                store.commit(&lease, None).await,
+                Err(Error::LeaseLost { .. })
+            ),
+            "{name}: the first holder lost the key"
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! What the server runs per operation, counted with `INFO commandstats` (deltas, summed over
+//! every node of a cluster): a claim of a fresh key and a duplicate's claim run no script,
+//! a commit runs one compact script (`GET`, `TIME`, `SET`), and a duplicate is answered
+//! from the claim's one round trip. This file holds one test so that, in its process,
+//! nothing else of this suite talks to the servers while it counts (the servers are the
+//! test run's own, from `scripts/services.sh`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{RETENTION, Target, unique_prefix};
+use dedup_core::{Claim, ClaimOptions, DedupStore, Error, Fingerprint, Key};
+use dedup_redis::RedisConfig;
+use dedup_redis::redis;
+
+/// `calls` per command over the target's nodes.
+async fn command_calls(target: &Target) -> HashMap<String, u64> {
+    let mut calls = HashMap::new();
+    for url in target.node_urls() {
+        let mut conn = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connection");
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO commandstats");
+        // cmdstat_set:calls=12,usec=...
+        for line in info.lines() {
+            let Some((name, stats)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let n: u64 = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            *calls.entry(name.to_owned()).or_default() += n;
+        }
+    }
+    calls
+}
+
+fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, cmd: &str) -> u64 {
+    after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_run_no_script_and_a_commit_one_compact_script() {
+    const N: u64 = 20;
+    for target in Target::all("claims_run_no_script_and_a_commit_one_compact_script") {
+        let name = target.name();
+        let store = target
+            .open(RedisConfig {
+                prefix: unique_prefix("round_trips"),
+                retention: RETENTION,
+                ..RedisConfig::default()
+            })
+            .await;
+        let fp = Fingerprint::new("payload-1").unwrap();
+        let options = ClaimOptions::lease(Duration::from_secs(30)).with_fingerprint(fp);
+        let keys: Vec<Key> = (0..N)
+            .map(|i| Key::new("round-trips", format!("m{i}")).unwrap())
+            .collect();
+
+        // Fresh claims, then commits.
+        let before = command_calls(&target).await;
+        let mut leases = Vec::new();
+        for key in &keys {
+            match store.claim(key, &options).await.unwrap() {
+                Claim::Acquired(lease) => leases.push(lease),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let claimed = command_calls(&target).await;
+        for lease in &leases {
+            store.commit(lease, Some(b"done")).await.unwrap();
+        }
+        let committed = command_calls(&target).await;
+        // INFO itself is counted once per node per snapshot.
+        assert_eq!(
+            delta(&before, &claimed, "evalsha"),
+            0,
+            "{name}: claims ran a script"
+        );
+        assert_eq!(
+            delta(&before, &claimed, "set"),
+            N,
+            "{name}: one SET per claim"
+        );
+        assert_eq!(delta(&before, &claimed, "pexpiretime"), N, "{name}");
+        assert_eq!(
+            delta(&claimed, &committed, "evalsha"),
+            N,
+            "{name}: one script per commit"
+        );
+        assert_eq!(
+            delta(&claimed, &committed, "get"),
+            N,
+            "{name}: the commit reads once"
+        );
+        assert_eq!(
+            delta(&claimed, &committed, "set"),
+            N,
+            "{name}: and writes once"
+        );
+        for cmd in ["hset", "hmget", "exists", "pexpire", "pttl", "del", "hdel"] {
+            assert_eq!(delta(&before, &committed, cmd), 0, "{name}: {cmd} ran");
+        }
+
+        // Duplicates: answered from the claim's one command (no script, no second trip).
+        for key in &keys {
+            assert_eq!(
+                store.claim(key, &options).await.unwrap(),
+                Claim::Completed {
+                    processed_at: match store.get(key).await.unwrap().unwrap().state {
+                        dedup_core::RecordState::Completed { processed_at, .. } => processed_at,
+                        other => panic!("{other:?}"),
+                    },
+                    outcome: Some(b"done".to_vec())
+                },
+                "{name}"
+            );
+        }
+        let got = command_calls(&target).await;
+        let other = ClaimOptions::lease(Duration::from_secs(30))
+            .with_fingerprint(Fingerprint::new("payload-2").unwrap());
+        for key in &keys {
+            assert!(
+                matches!(
+                    store.claim(key, &other).await,
+                    Err(Error::FingerprintMismatch { .. })
+                ),
+                "{name}"
+            );
+        }
+        let after = command_calls(&target).await;
+        // The get() calls above ran the get script: N of them, and nothing else did.
+        assert_eq!(
+            delta(&committed, &got, "evalsha"),
+            N,
+            "{name}: only the gets"
+        );
+        assert_eq!(
+            delta(&committed, &got, "set"),
+            N,
+            "{name}: one SET per duplicate"
+        );
+        assert_eq!(
+            delta(&got, &after, "evalsha"),
+            0,
+            "{name}: mismatches ran a script"
+        );
+        assert_eq!(delta(&got, &after, "set"), N, "{name}");
+    }
+}
