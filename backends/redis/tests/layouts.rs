@@ -49,6 +49,19 @@ async fn value(raw: &mut Raw, redis_key: &str) -> String {
     }
 }
 
+/// A claim of `key` (a layout-1 lease at fence 3, attempt 2, expired or released) takes it
+/// over.
+async fn taken_over(store: &RedisStore, key: &Key, name: &str) {
+    match store
+        .claim(key, &ClaimOptions::lease(MINUTE))
+        .await
+        .unwrap()
+    {
+        Claim::Acquired(l) => assert_eq!((l.fence, l.attempt), (4, 3), "{name}"),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layout_1_records_are_read_claimed_over_committed_and_purged() {
     for target in Target::all("layout_1_records_are_read_claimed_over_committed_and_purged") {
@@ -175,14 +188,7 @@ async fn layout_1_records_are_read_claimed_over_committed_and_purged() {
             &in_flight(&LeaseToken::random(), ms(-5)),
         )
         .await;
-        match store
-            .claim(&expired, &ClaimOptions::lease(MINUTE))
-            .await
-            .unwrap()
-        {
-            Claim::Acquired(l) => assert_eq!((l.fence, l.attempt), (4, 3), "{name}"),
-            other => panic!("{name}: {other:?}"),
-        }
+        taken_over(&store, &expired, name).await;
         assert_eq!(kind(&mut raw, &expired_key).await, "string", "{name}");
 
         // A release of a layout-1 lease: the key can be taken over at once.
@@ -191,14 +197,7 @@ async fn layout_1_records_are_read_claimed_over_committed_and_purged() {
         let token = LeaseToken::random();
         write_layout_1(&mut raw, &released_key, &in_flight(&token, ms(60_000))).await;
         store.release(&lease(&released, token)).await.unwrap();
-        match store
-            .claim(&released, &ClaimOptions::lease(MINUTE))
-            .await
-            .unwrap()
-        {
-            Claim::Acquired(l) => assert_eq!((l.fence, l.attempt), (4, 3), "{name}"),
-            other => panic!("{name}: {other:?}"),
-        }
+        taken_over(&store, &released, name).await;
 
         // Purge removes layout-1 records by the same rules (the completed one, an expired
         // lease), never a live one.

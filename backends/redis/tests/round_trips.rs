@@ -48,8 +48,17 @@ async fn command_calls(target: &Target) -> HashMap<String, u64> {
     calls
 }
 
-fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, cmd: &str) -> u64 {
-    after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0)
+/// Between the two snapshots, each command of `expected` ran exactly that many times.
+fn counts(
+    before: &HashMap<String, u64>,
+    after: &HashMap<String, u64>,
+    expected: &[(&str, u64)],
+    what: &str,
+) {
+    for &(cmd, n) in expected {
+        let ran = after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
+        assert_eq!(ran, n, "{what}: {cmd} ran {ran} times, expected {n}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,36 +93,27 @@ async fn claims_run_no_script_and_a_commit_one_compact_script() {
             store.commit(lease, Some(b"done")).await.unwrap();
         }
         let committed = command_calls(&target).await;
-        // INFO itself is counted once per node per snapshot.
-        assert_eq!(
-            delta(&before, &claimed, "evalsha"),
-            0,
-            "{name}: claims ran a script"
+        let what = format!("{name}, fresh claims");
+        counts(
+            &before,
+            &claimed,
+            &[("evalsha", 0), ("set", N), ("pexpiretime", N)],
+            &what,
         );
-        assert_eq!(
-            delta(&before, &claimed, "set"),
-            N,
-            "{name}: one SET per claim"
+        let what = format!("{name}, commits: one script reading and writing once");
+        counts(
+            &claimed,
+            &committed,
+            &[("evalsha", N), ("get", N), ("set", N)],
+            &what,
         );
-        assert_eq!(delta(&before, &claimed, "pexpiretime"), N, "{name}");
-        assert_eq!(
-            delta(&claimed, &committed, "evalsha"),
-            N,
-            "{name}: one script per commit"
+        let none = ["hset", "hmget", "exists", "pexpire", "pttl", "del", "hdel"].map(|c| (c, 0));
+        counts(
+            &before,
+            &committed,
+            &none,
+            &format!("{name}, layout-1 commands"),
         );
-        assert_eq!(
-            delta(&claimed, &committed, "get"),
-            N,
-            "{name}: the commit reads once"
-        );
-        assert_eq!(
-            delta(&claimed, &committed, "set"),
-            N,
-            "{name}: and writes once"
-        );
-        for cmd in ["hset", "hmget", "exists", "pexpire", "pttl", "del", "hdel"] {
-            assert_eq!(delta(&before, &committed, cmd), 0, "{name}: {cmd} ran");
-        }
 
         // Duplicates: answered from the claim's one command (no script, no second trip).
         for key in &keys {
@@ -142,22 +142,10 @@ async fn claims_run_no_script_and_a_commit_one_compact_script() {
             );
         }
         let after = command_calls(&target).await;
-        // The get() calls above ran the get script: N of them, and nothing else did.
-        assert_eq!(
-            delta(&committed, &got, "evalsha"),
-            N,
-            "{name}: only the gets"
-        );
-        assert_eq!(
-            delta(&committed, &got, "set"),
-            N,
-            "{name}: one SET per duplicate"
-        );
-        assert_eq!(
-            delta(&got, &after, "evalsha"),
-            0,
-            "{name}: mismatches ran a script"
-        );
-        assert_eq!(delta(&got, &after, "set"), N, "{name}");
+        // The get() calls above ran the get script, N of them; the claims ran none.
+        let what = format!("{name}, duplicates");
+        counts(&committed, &got, &[("evalsha", N), ("set", N)], &what);
+        let what = format!("{name}, fingerprint mismatches");
+        counts(&got, &after, &[("evalsha", 0), ("set", N)], &what);
     }
 }
