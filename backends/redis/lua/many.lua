@@ -1,4 +1,4 @@
--- A batch: `op` (lua/claim.lua or lua/commit.lua) on each of KEYS in order, all at one
+-- A batch: `op` (lua/claim.lua, lua/commit.lua or lua/purge.lua) on each of KEYS in order, all at one
 -- "now" (one TIME for the batch). Each call sees what the earlier ones wrote, so a key
 -- repeated in the batch behaves as the single calls made one after another.
 -- ARGV: now ('' = server TIME), retention ms, then op's three arguments per key, in order.

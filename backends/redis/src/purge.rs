@@ -1,4 +1,5 @@
-//! Purge batches: `SCAN` every primary for the prefix, run `purge_one.lua` on what it finds.
+//! Purge batches: `SCAN` every primary for the prefix, run `purge.lua` on what it finds (one
+//! script call per batch of keys, per hash slot in a cluster).
 //!
 //! Redis already removes records by native expiry once they are past the store's
 //! retention; `purge` is for a shorter retention than the configured one (or records left
@@ -19,7 +20,7 @@ use crate::RedisStore;
 use crate::conn::{Call, ScanNode};
 use crate::error::backend;
 use crate::reply::{self, Purged};
-use crate::scripts::PURGE_ONE;
+use crate::scripts::PURGE_MANY;
 
 /// Keys asked of one `SCAN` step, at most (a hint to the server, not a limit). `SCAN`
 /// walks the whole keyspace, not just the prefix, and blocks the server while it does:
@@ -67,9 +68,16 @@ impl PurgeBatches for RedisStore {
                 let calls: Vec<Call> = cursor
                     .pending
                     .drain(..take)
-                    .map(|k| Call::new(&PURGE_ONE, k).arg(now.as_str()).arg(retention_ms))
+                    .map(|k| {
+                        Call::new(&PURGE_MANY, k)
+                            .arg(now.as_str())
+                            .arg(retention_ms)
+                    })
                     .collect();
-                let replies = conn.eval_many(&calls, None).await.map_err(backend)?;
+                let replies = conn
+                    .eval_batch(&PURGE_MANY, &calls, None)
+                    .await
+                    .map_err(backend)?;
                 for v in &replies.values {
                     match reply::purged(v) {
                         Purged::Completed => batch.completed += 1,

@@ -245,7 +245,7 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
     }
 }
 
-/// What `purge_one.lua` did to one key.
+/// What `purge.lua` did to one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Purged {
     /// Removed a completed record.
@@ -256,7 +256,7 @@ pub(crate) enum Purged {
     Nothing,
 }
 
-/// `purge_one.lua`'s reply (a bare status letter).
+/// `purge.lua`'s reply (a bare status letter).
 pub(crate) fn purged(value: &Value) -> Purged {
     let tag: &[u8] = match value {
         Value::BulkString(b) => b,

@@ -62,7 +62,7 @@ lua!(
 lua!(RENEW, "record.lua", "renew.lua");
 lua!(RELEASE, "record.lua", "release.lua");
 lua!(GET, "record.lua", "get.lua");
-lua!(PURGE_ONE, "record.lua", "purge_one.lua");
+lua!(PURGE_MANY, "record.lua", "purge.lua", "many.lua");
 
 /// Every script, for `SCRIPT LOAD`.
 pub(crate) fn all() -> [&'static Lua; 8] {
@@ -74,6 +74,6 @@ pub(crate) fn all() -> [&'static Lua; 8] {
         &RENEW,
         &RELEASE,
         &GET,
-        &PURGE_ONE,
+        &PURGE_MANY,
     ]
 }
