@@ -4,9 +4,9 @@
 //! Redis already removes records by native expiry once they are past the store's
 //! retention; `purge` is for a shorter retention than the configured one (or records left
 //! behind by a store configured with a longer one). A batch removes at most `step.limit`
-//! records: keys from `SCAN` wait in the cursor and are sent in pipelines sized to what the
-//! batch may still remove. A paced batch also stops at its deadline, between round trips.
-//! Records past the store's own retention are deleted on sight but not counted (they were
+//! records: keys from `SCAN` wait in the cursor and are sent in script calls sized to what
+//! the batch may still remove. A paced batch also stops at its deadline, between round trips
+//! (once what its last `SCAN` found is purged). Records past the store's own retention are deleted on sight but not counted (they were
 //! already absent); keys under the prefix that are not dedup records are left alone.
 
 use std::collections::VecDeque;
@@ -101,7 +101,9 @@ impl PurgeBatches for RedisStore {
                 }
                 cursor.scan = next;
             }
-            if step.deadline.is_some_and(|d| Instant::now() >= d) {
+            // Keys a `SCAN` just found are purged before the batch ends: a batch that only
+            // scanned would leave its rest for nothing when the server is busy.
+            if cursor.pending.is_empty() && step.deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(batch);
             }
         }
