@@ -416,6 +416,28 @@ fn wal_len(db: &Path) -> u64 {
     std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0)
 }
 
+/// `store`'s write queue held up: another connection holds SQLite's write lock, and a first
+/// claim has taken the store's gate and waits for it, so later writes queue behind it.
+struct QueueHeld {
+    holder: LockHolder,
+    first: tokio::task::JoinHandle<dedup_core::Result<Claim>>,
+}
+
+impl QueueHeld {
+    async fn hold(db: &Path, store: &SqliteStore) -> Self {
+        let holder = LockHolder::hold(db);
+        let first = spawn_claim(store, key("first"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        QueueHeld { holder, first }
+    }
+
+    /// Let go of the lock; the first claim (and what queued behind it) then runs.
+    async fn release(self) {
+        self.holder.release();
+        assert!(self.first.await.unwrap().unwrap().is_acquired());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writes_share_one_transaction_and_keep_their_order() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -429,10 +451,8 @@ async fn concurrent_writes_share_one_transaction_and_keep_their_order() {
             .is_acquired()
     );
 
-    let holder = LockHolder::hold(&db);
     // The first write takes the gate alone and waits for SQLite's lock...
-    let first = spawn_claim(&store, key("first"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held = QueueHeld::hold(&db, &store).await;
     // ... while these queue behind it, a key claimed twice among them.
     let mut queued = Vec::new();
     for i in 0..20 {
@@ -442,9 +462,8 @@ async fn concurrent_writes_share_one_transaction_and_keep_their_order() {
     let again = spawn_claim(&store, key("k3"));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let wal_before = wal_len(&db);
-    holder.release();
+    held.release().await;
 
-    assert!(first.await.unwrap().unwrap().is_acquired());
     for claim in queued {
         assert!(claim.await.unwrap().unwrap().is_acquired());
     }
@@ -489,9 +508,7 @@ async fn a_failing_write_in_a_group_fails_alone() {
             .is_acquired()
     );
 
-    let holder = LockHolder::hold(&db);
-    let first = spawn_claim(&store, key("first"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held = QueueHeld::hold(&db, &store).await;
     let before = spawn_claim(&store, key("before"));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let renew = {
@@ -501,9 +518,8 @@ async fn a_failing_write_in_a_group_fails_alone() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     let after = spawn_claim(&store, key("after"));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    holder.release();
+    held.release().await;
 
-    assert!(first.await.unwrap().unwrap().is_acquired());
     assert!(matches!(renew.await.unwrap(), Err(Error::LeaseLost { .. })));
     assert!(before.await.unwrap().unwrap().is_acquired());
     assert!(after.await.unwrap().unwrap().is_acquired());
@@ -519,17 +535,14 @@ async fn a_write_given_up_while_queued_never_runs() {
     let db = dir.path().join("group-cancel.db");
     let store = SqliteStore::open(&db).await.expect("open");
 
-    let holder = LockHolder::hold(&db);
-    let first = spawn_claim(&store, key("first"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held = QueueHeld::hold(&db, &store).await;
     let given_up = tokio::time::timeout(
         Duration::from_millis(100),
         store.claim(&key("gone"), &opts()),
     )
     .await;
     assert!(given_up.is_err(), "the claim was queued behind the lock");
-    holder.release();
-    assert!(first.await.unwrap().unwrap().is_acquired());
+    held.release().await;
     // A later write takes whatever is queued: the abandoned claim is dropped, not run.
     assert!(
         store
