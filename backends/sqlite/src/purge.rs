@@ -1,6 +1,6 @@
 //! Purge batches: one short write transaction each, driven by the purge indexes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
@@ -10,7 +10,7 @@ use rusqlite::{Connection, params};
 use crate::error::backend;
 use crate::row;
 use crate::store::{Inner, SqliteStore};
-use crate::writes::{in_transaction, timed};
+use crate::writes::in_transaction;
 
 #[async_trait]
 impl PurgeBatches for SqliteStore {
@@ -23,12 +23,11 @@ impl PurgeBatches for SqliteStore {
     async fn purge_batch(&self, step: &PurgeStep, _: &mut ()) -> Result<PurgeBatch> {
         let (retention, limit) = (step.retention, step.limit);
         self.run(true, move |conn, inner| {
-            let (mut batch, work) = timed(|| {
-                in_transaction(conn, |tx| {
-                    inner.purge_batch(tx, inner.clock.now(), retention, limit)
-                })
+            let started = Instant::now();
+            let mut batch = in_transaction(conn, |tx| {
+                inner.purge_batch(tx, inner.clock.now(), retention, limit)
             })?;
-            batch.work = Some(work);
+            batch.work = Some(started.elapsed());
             Ok(batch)
         })
         .await

@@ -13,6 +13,7 @@ use dedup_core::{
     Key, Lease, LeaseToken, Record, Result, SystemClock, Timestamp,
 };
 use rusqlite::{Connection, params};
+use tokio::sync::OwnedMutexGuard;
 
 use crate::config::SqliteConfig;
 use crate::error::{SetupError, backend};
@@ -136,14 +137,28 @@ impl SqliteStore {
             true => Some(self.inner.writes.gate().await),
             false => None,
         };
+        self.on_connection(gate, move |conn, inner| {
+            retry_busy(inner.pool.settings.busy_timeout, || op(conn, inner))
+        })
+        .await?
+    }
+
+    /// Run `op` once on a pooled connection on a blocking thread, holding `gate` (when
+    /// given) and a pool permit until it is done, even if the caller stops waiting.
+    pub(crate) async fn on_connection<T, F>(
+        &self,
+        gate: Option<OwnedMutexGuard<()>>,
+        op: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection, &Inner) -> T + Send + 'static,
+    {
         let permit = self.inner.pool.permit().await;
         let inner = Arc::clone(&self.inner);
         let task = tokio::task::spawn_blocking(move || {
             let _held = (gate, permit);
-            let timeout = inner.pool.settings.busy_timeout;
-            inner
-                .pool
-                .with_connection(|conn| retry_busy(timeout, || op(conn, &inner)))?
+            inner.pool.with_connection(|conn| op(conn, &inner))
         });
         task.await.map_err(SetupError::TaskFailed)?
     }

@@ -18,7 +18,6 @@
 //! write out: it never runs.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use dedup_core::{Error, Result, Timestamp};
 use rusqlite::{Connection, TransactionBehavior};
@@ -140,19 +139,13 @@ impl SqliteStore {
                         // Ours ran in an earlier group: its result is already sent.
                         continue;
                     }
-                    let permit = self.inner.pool.permit().await;
-                    let inner = Arc::clone(&self.inner);
-                    let task = tokio::task::spawn_blocking(move || {
-                        let _held = (gate, permit);
-                        inner.pool.with_connection(|conn| run_group(conn, &inner, group))
-                    });
-                    // The group's writers (ours among them, unless the group was full) have
-                    // their results; a connection that could not be opened failed them all.
-                    match task.await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => return Err(e),
-                        Err(e) => return Err(SetupError::TaskFailed(e).into()),
-                    }
+                    // Then the group's writers (ours among them, unless the group was full)
+                    // have their results; a connection that could not be opened failed
+                    // them all.
+                    self.on_connection(Some(gate), move |conn, inner| {
+                        run_group(conn, inner, group)
+                    })
+                    .await?;
                 }
             }
         }
@@ -198,10 +191,4 @@ pub(crate) fn in_transaction<T>(
     let out = body(&tx)?;
     tx.commit().map_err(backend)?;
     Ok(out)
-}
-
-/// How long a write transaction of the store took, for callers that pace themselves on it.
-pub(crate) fn timed<T>(body: impl FnOnce() -> Result<T>) -> Result<(T, Duration)> {
-    let started = std::time::Instant::now();
-    body().map(|out| (out, started.elapsed()))
 }
