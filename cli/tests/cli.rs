@@ -84,15 +84,7 @@ impl Target {
             }
             _ => {
                 let urls = server_url("DEDUP_REDIS_CLUSTER_URLS")?;
-                let nodes: Vec<&str> = urls
-                    .split(',')
-                    .map(|u| {
-                        u.trim()
-                            .trim_start_matches("redis://")
-                            .trim_end_matches('/')
-                    })
-                    .collect();
-                (format!("redis+cluster://{}", nodes.join(",")), urls)
+                (dedup::redis_cluster_url(&urls), urls)
             }
         };
         let name = format!("{}:", unique("cli"));

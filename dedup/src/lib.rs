@@ -20,7 +20,7 @@ pub use dedup_core::*;
 pub use error::{OpenError, UrlError};
 pub use open::{open, open_with_clock};
 pub use redact::redact;
-pub use url::{StoreTarget, StoreUrl};
+pub use url::{StoreTarget, StoreUrl, redis_cluster_url};
 
 /// The SQLite backend (`dedup-sqlite`), with the `sqlite` feature (on by default).
 #[cfg(feature = "sqlite")]

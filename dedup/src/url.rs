@@ -450,6 +450,23 @@ fn redis(scheme: &str, rest: &str, query: Option<&str>) -> Result<StoreTarget, U
     })
 }
 
+/// The `redis+cluster://host:port,host:port` store URL of a Redis Cluster whose nodes are
+/// listed as comma-separated `redis://host:port/` URLs, the form `scripts/services.sh`
+/// prints in `DEDUP_REDIS_CLUSTER_URLS` (spaces around the commas and empty entries are
+/// ignored).
+pub fn redis_cluster_url(node_urls: &str) -> String {
+    let nodes: Vec<&str> = node_urls
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/')
+        })
+        .filter(|n| !n.is_empty())
+        .collect();
+    format!("redis+cluster://{}", nodes.join(","))
+}
+
 #[cfg(feature = "redis")]
 fn redis_cluster(scheme: &str, rest: &str, query: Option<&str>) -> Result<StoreTarget, UrlError> {
     let tls = scheme.to_ascii_lowercase().starts_with("rediss");
@@ -482,4 +499,17 @@ fn redis(_: &str, _: &str, _: Option<&str>) -> Result<StoreTarget, UrlError> {
 #[cfg(not(feature = "redis"))]
 fn redis_cluster(_: &str, _: &str, _: Option<&str>) -> Result<StoreTarget, UrlError> {
     Err(disabled("redis backend", "redis"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_urls_become_one_cluster_url() {
+        assert_eq!(
+            redis_cluster_url("redis://127.0.0.1:7000/, redis://127.0.0.1:7001/,,"),
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"
+        );
+    }
 }

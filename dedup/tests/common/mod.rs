@@ -80,18 +80,8 @@ pub fn chain_has<T: std::error::Error + 'static>(
 
 /// `DEDUP_REDIS_CLUSTER_URLS` as a `redis+cluster://h:p,h:p` URL.
 pub fn cluster_url() -> Option<String> {
-    dedup_conformance::server_url("DEDUP_REDIS_CLUSTER_URLS").map(|urls| {
-        let nodes: Vec<&str> = urls
-            .split(',')
-            .map(|u| {
-                u.trim()
-                    .trim_start_matches("redis://")
-                    .trim_end_matches('/')
-            })
-            .filter(|n| !n.is_empty())
-            .collect();
-        format!("redis+cluster://{}", nodes.join(","))
-    })
+    dedup_conformance::server_url("DEDUP_REDIS_CLUSTER_URLS")
+        .map(|urls| dedup::redis_cluster_url(&urls))
 }
 
 /// The server URL in `var`, or `None` after saying the test is skipped.

@@ -140,16 +140,7 @@ fn stores(args: &Args) -> Vec<Option<String>> {
     stores.extend(env("DEDUP_POSTGRES_URL").map(Some));
     stores.extend(env("DEDUP_REDIS_URL").map(Some));
     if let Some(nodes) = env("DEDUP_REDIS_CLUSTER_URLS") {
-        let nodes: Vec<&str> = nodes
-            .split(',')
-            .map(|n| {
-                n.trim()
-                    .trim_start_matches("redis://")
-                    .trim_end_matches('/')
-            })
-            .filter(|n| !n.is_empty())
-            .collect();
-        stores.push(Some(format!("redis+cluster://{}", nodes.join(","))));
+        stores.push(Some(dedup::redis_cluster_url(&nodes)));
     }
     stores
 }

@@ -56,11 +56,7 @@ pub fn server_urls() -> Vec<String> {
         eprintln!("SKIPPED redis: DEDUP_REDIS_URL not set");
     }
     if let Some(u) = dedup_conformance::server_url("DEDUP_REDIS_CLUSTER_URLS") {
-        let nodes: Vec<&str> = u
-            .split(',')
-            .map(|n| n.trim_start_matches("redis://").trim_end_matches('/'))
-            .collect();
-        urls.push(format!("redis+cluster://{}", nodes.join(",")));
+        urls.push(dedup::redis_cluster_url(&u));
     } else {
         eprintln!("SKIPPED redis cluster: DEDUP_REDIS_CLUSTER_URLS not set");
     }
