@@ -115,6 +115,15 @@ pub(crate) fn count(text: &str) -> Result<u32, String> {
     }
 }
 
+/// A yes/no switch (`block_in_place`): `true` or `false`.
+pub(crate) fn boolean(text: &str) -> Result<bool, String> {
+    match text {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err("expected true or false".to_owned()),
+    }
+}
+
 /// Where lease time comes from: `server` (the database's clock) or `local` (this
 /// machine's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,6 +152,15 @@ mod tests {
         assert_eq!(duration("7d"), Ok(Duration::from_secs(7 * 86400)));
         for bad in ["", "s", "5 s", "5w", "-1s", "1.5s"] {
             assert!(duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn booleans() {
+        assert_eq!(boolean("true"), Ok(true));
+        assert_eq!(boolean("false"), Ok(false));
+        for bad in ["", "yes", "1", "TRUE "] {
+            assert!(boolean(bad).is_err(), "{bad}");
         }
     }
 }

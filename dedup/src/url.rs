@@ -244,7 +244,14 @@ fn memory(rest: &str, query: Option<&str>) -> Result<StoreTarget, UrlError> {
 }
 
 /// Parameters of `sqlite:` URLs.
-const SQLITE_PARAMS: &[&str] = &["table", "synchronous", "pool_size", "busy_timeout", "clock"];
+const SQLITE_PARAMS: &[&str] = &[
+    "table",
+    "synchronous",
+    "pool_size",
+    "busy_timeout",
+    "block_in_place",
+    "clock",
+];
 
 #[cfg(feature = "sqlite")]
 fn sqlite(rest: &str, query: Option<&str>) -> Result<StoreTarget, UrlError> {
@@ -282,6 +289,9 @@ fn sqlite(rest: &str, query: Option<&str>) -> Result<StoreTarget, UrlError> {
     }
     if let Some(t) = params.take_with("busy_timeout", params::duration)? {
         config.busy_timeout = t;
+    }
+    if let Some(in_place) = params.take_with("block_in_place", params::boolean)? {
+        config.block_in_place = in_place;
     }
     config.validate().map_err(UrlError::Config)?;
     Ok(StoreTarget::Sqlite { path, config })

@@ -49,7 +49,7 @@ async fn sqlite_file_opens_with_its_parameters() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("inbox.db");
     let url = format!(
-        "sqlite:{}?table=orders_inbox&synchronous=normal&pool_size=2&busy_timeout=250ms",
+        "sqlite:{}?table=orders_inbox&synchronous=normal&pool_size=2&busy_timeout=250ms&block_in_place=false",
         path.display()
     );
     let StoreTarget::Sqlite {
@@ -64,6 +64,7 @@ async fn sqlite_file_opens_with_its_parameters() {
     assert_eq!(config.synchronous, dedup::Synchronous::Normal);
     assert_eq!(config.pool_size, 2);
     assert_eq!(config.busy_timeout, Duration::from_millis(250));
+    assert!(!config.block_in_place);
     round_trip(&url).await;
     assert!(path.exists(), "the file was created");
     let tables: Vec<String> = {
@@ -236,6 +237,7 @@ fn bad_urls_are_typed_errors() {
     let invalid_parameter = [
         "sqlite:x.db?synchronous=sometimes",
         "sqlite:x.db?pool_size=0",
+        "sqlite:x.db?block_in_place=yes",
         "sqlite:x.db?clock=server",
         "sqlite:x.db?table=a&table=b",
         "postgres://h/db?clock=atomic",

@@ -44,6 +44,20 @@ pub struct SqliteConfig {
     /// serialise inside SQLite anyway; more connections let reads (`get`) run beside a
     /// write. Default 4. An in-memory store always uses exactly one connection.
     pub pool_size: usize,
+    /// Where the store's SQLite calls run on a multi-threaded tokio runtime. `true` (the
+    /// default): on the calling worker thread, which tokio's `block_in_place` first turns
+    /// into a blocking thread (its other tasks move to another worker), saving the two
+    /// thread hand-overs of `spawn_blocking` (about 30 µs a call here, a third of a claim
+    /// on a quiet store). `false`: on tokio's blocking pool. On a current-thread runtime
+    /// the blocking pool is always used.
+    ///
+    /// What `true` changes for a caller: a timeout the caller wraps around one store call
+    /// (`tokio::time::timeout`) fires only once the SQLite call returns, i.e. after at most
+    /// [`busy_timeout`](Self::busy_timeout) waiting for another process's lock, where with
+    /// `false` it fires on time while the call finishes in the background. Other tasks
+    /// are never held up either way. Waiting for this store's own write queue is
+    /// asynchronous in both modes.
+    pub block_in_place: bool,
 }
 
 impl Default for SqliteConfig {
@@ -54,6 +68,7 @@ impl Default for SqliteConfig {
             busy_timeout: Duration::from_secs(5),
             clock: None,
             pool_size: 4,
+            block_in_place: true,
         }
     }
 }

@@ -97,6 +97,8 @@ pub(crate) enum SetupError {
     ConnectionLost,
     /// A blocking task failed (panicked or was cancelled at shutdown).
     TaskFailed(tokio::task::JoinError),
+    /// Blocking work run in place panicked, with this message.
+    Panicked(String),
     /// A queued write got no result: the group it ran in could not get a connection, or
     /// its task failed.
     WriteLost,
@@ -114,6 +116,9 @@ impl fmt::Display for SetupError {
                 write!(f, "the in-memory database's connection was lost")
             }
             SetupError::TaskFailed(e) => write!(f, "blocking SQLite task failed: {e}"),
+            SetupError::Panicked(message) => {
+                write!(f, "blocking SQLite work panicked: {message}")
+            }
             SetupError::WriteLost => write!(
                 f,
                 "the write was queued but never ran: the transaction it was grouped into \

@@ -16,8 +16,8 @@ use rusqlite::{Connection, params};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::config::SqliteConfig;
-use crate::error::{SetupError, backend};
-use crate::pool::{ConnectionSettings, Location, Pool, Wait, retry_busy};
+use crate::error::backend;
+use crate::pool::{ConnectionSettings, Location, Pool, Wait, blocking, retry_busy};
 use crate::queries::Queries;
 use crate::row;
 use crate::schema;
@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) queries: Queries,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) pool: Pool,
+    /// [`SqliteConfig::block_in_place`].
+    pub(crate) in_place: bool,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -89,7 +91,8 @@ impl SqliteStore {
     async fn start(location: Location, config: SqliteConfig) -> Result<Self> {
         config.validate()?;
         let settings = ConnectionSettings::of(&config);
-        let opened = tokio::task::spawn_blocking(move || -> Result<SqliteStore> {
+        let in_place = config.block_in_place;
+        let opened = blocking(in_place, move || -> Result<SqliteStore> {
             let mut first = match &location {
                 Location::File(path) => settings
                     .open_file(path, Wait::Poll)
@@ -107,10 +110,11 @@ impl SqliteStore {
                     clock: config.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                     pool: Pool::new(location, settings, first, config.pool_size),
                     table: config.table,
+                    in_place,
                 }),
             })
         });
-        opened.await.map_err(SetupError::TaskFailed)?
+        opened.await?
     }
 
     /// The table holding the records.
@@ -126,7 +130,7 @@ impl SqliteStore {
         }
     }
 
-    /// Run `op` on a pooled connection on a blocking thread, again while it fails busy
+    /// Run `op` on a pooled connection (see [`blocking`]), again while it fails busy
     /// (within the busy timeout). A `writer` first queues at the write gate.
     pub(crate) async fn run<T, F>(&self, writer: bool, mut op: F) -> Result<T>
     where
@@ -143,8 +147,8 @@ impl SqliteStore {
         .await?
     }
 
-    /// Run `op` once on a pooled connection on a blocking thread, holding `gate` (when
-    /// given) and a pool permit until it is done, even if the caller stops waiting.
+    /// Run `op` once on a pooled connection (see [`blocking`]), holding `gate` (when given)
+    /// and a pool permit until it is done, even if the caller stops waiting.
     pub(crate) async fn on_connection<T, F>(
         &self,
         gate: Option<OwnedMutexGuard<()>>,
@@ -156,11 +160,11 @@ impl SqliteStore {
     {
         let permit = self.inner.pool.permit().await;
         let inner = Arc::clone(&self.inner);
-        let task = tokio::task::spawn_blocking(move || {
+        blocking(self.inner.in_place, move || {
             let _held = (gate, permit);
             inner.pool.with_connection(|conn| op(conn, &inner))
-        });
-        task.await.map_err(SetupError::TaskFailed)?
+        })
+        .await?
     }
 }
 
