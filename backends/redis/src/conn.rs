@@ -3,23 +3,38 @@
 //! [`ClusterConnection`] (multiplexed per node, follows slot moves and failovers).
 //!
 //! Everything the store does is an `EVALSHA` of one of [`crate::scripts`] on one key
-//! ([`Call`]), sent alone ([`Conn::eval`]) or as pipelines ([`Conn::eval_many`]: one
-//! pipeline per hash slot in cluster mode, all sent concurrently); plain commands on single
-//! keys, the fresh-key claims, as pipelines too ([`Conn::run_keyed`]); and `SCAN` for purge.
+//! ([`Call`]), sent alone ([`Conn::eval`]) or as pipelines ([`Conn::eval_many`],
+//! [`Conn::eval_batch`]); plain commands on single keys, the fresh-key claims, as pipelines
+//! too ([`Conn::run_keyed`]); and `SCAN` for purge.
+//!
+//! In cluster mode a batch goes as one pipeline per primary (all sent concurrently), over
+//! the connections of [`Primaries`]: the keys carry no hash tag, so a batch of N keys spans
+//! about N slots, and one pipeline per slot made N requests (16 tasks of 1000 keys queued
+//! 16 000 of them in the cluster client, past its response timeout).
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, ToRedisArgs, Value};
 
 use crate::error::is_noscript;
 use crate::layout;
+use crate::primaries::{self, Address, Primaries};
 use crate::scripts::{self, Lua};
+
+/// Items (script calls or commands on one key each) per pipeline to one primary, about: a
+/// primary's share of a larger batch is split at slot boundaries into pipelines of this
+/// many (a slot's items stay together, in order), all sent at once. The server interleaves
+/// other clients between reads of a long pipeline anyway; the bound is for the client: the
+/// response timeout covers a whole pipeline, and a pipeline's replies come back together.
+/// 1000 items take a node about 10-50 ms (10-50 us of server time per script call).
+pub(crate) const PIPELINE_ITEMS: usize = 1000;
 
 /// One script invocation on one key.
 pub(crate) struct Call {
@@ -53,7 +68,7 @@ impl Call {
         cmd
     }
 
-    fn slot(&self) -> Slot {
+    fn slot(&self) -> u16 {
         layout::slot(&self.key)
     }
 }
@@ -74,12 +89,13 @@ pub(crate) struct BatchReply {
 }
 
 impl BatchReply {
-    /// Put the groups' replies back in call order; the fewest acknowledgements count.
-    fn gather(len: usize, groups: &[Vec<usize>], replies: Vec<(Vec<Value>, Option<i64>)>) -> Self {
+    /// Put the parts' replies (the calls' indexes, their replies, the part's
+    /// acknowledgements) back in call order; the fewest acknowledgements count.
+    fn gather(len: usize, replies: Vec<(Vec<usize>, Vec<Value>, Option<i64>)>) -> Self {
         let mut values = vec![Value::Nil; len];
         let mut acknowledged: Option<i64> = None;
-        for (group, (group_values, acked)) in groups.iter().zip(replies) {
-            for (&i, v) in group.iter().zip(group_values) {
+        for (items, part_values, acked) in replies {
+            for (i, v) in items.into_iter().zip(part_values) {
                 values[i] = v;
             }
             if let Some(a) = acked {
@@ -93,30 +109,58 @@ impl BatchReply {
     }
 }
 
+/// Where one pipeline goes.
+enum Route {
+    /// Through the store's connection: the standalone server, or the cluster client (which
+    /// routes a pipeline by its one slot).
+    Conn,
+    /// Straight to one cluster primary: the pipeline may span that primary's slots.
+    Node(MultiplexedConnection),
+}
+
+/// One pipeline of a batch: where it goes and its items' indexes, by hash slot (call order
+/// within a slot).
+struct Part {
+    route: Route,
+    slots: Vec<Vec<usize>>,
+}
+
+impl Part {
+    fn items(&self) -> impl Iterator<Item = usize> + '_ {
+        self.slots.iter().flatten().copied()
+    }
+
+    fn len(&self) -> usize {
+        self.slots.iter().map(Vec::len).sum()
+    }
+}
+
+/// The store's connection: a standalone server, or a cluster (the cluster client for single
+/// commands, and the primaries' map and connections for batches).
 #[derive(Clone)]
 pub(crate) enum Conn {
     Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, Arc<Primaries>),
 }
 
 impl fmt::Debug for Conn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Conn::Standalone(_) => "Standalone",
-            Conn::Cluster(_) => "Cluster",
+            Conn::Cluster(..) => "Cluster",
         })
     }
 }
 
 impl Conn {
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Conn::Cluster(_))
+        matches!(self, Conn::Cluster(..))
     }
 
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c, _) => cmd.query_async(&mut c.clone()).await,
         }
     }
 
@@ -125,7 +169,7 @@ impl Conn {
     async fn query_pipeline(&self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
         match self {
             Conn::Standalone(c) => pipe.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Cluster(c, _) => pipe.query_async(&mut c.clone()).await,
         }
     }
 
@@ -155,95 +199,142 @@ impl Conn {
         }
     }
 
-    /// Run `calls` as pipelines: one for a standalone server, one per hash slot in cluster
-    /// mode (all sent concurrently), each followed by `WAIT` when `wait` is set. Calls on
-    /// one key keep their order (one key, one slot, one pipeline, one connection).
+    /// Run `calls` as pipelines: one for a standalone server, one per primary in cluster
+    /// mode (see [`Conn::plan`]; all sent concurrently), each followed by `WAIT` when `wait`
+    /// is set. Calls on one key keep their order (one key, one slot, one pipeline, one
+    /// connection).
     pub(crate) async fn eval_many(
         &self,
         calls: &[Call],
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<BatchReply> {
-        let groups = self.groups(calls.iter().map(Call::slot));
-        let replies = try_join_all(groups.iter().map(|group| {
-            let cmds = group.iter().map(|&i| calls[i].cmd()).collect();
-            self.eval_group(cmds, wait)
+        let parts = self.plan(calls.iter().map(Call::slot)).await?;
+        let replies = try_join_all(parts.iter().map(|part| async move {
+            let cmds = part.items().map(|i| calls[i].cmd()).collect();
+            let (values, acked) = self.eval_group(&part.route, cmds, wait).await?;
+            Ok::<_, RedisError>((part.items().collect(), values, acked))
         }))
         .await?;
-        Ok(BatchReply::gather(calls.len(), &groups, replies))
+        Ok(BatchReply::gather(calls.len(), replies))
     }
 
     /// Run `calls` (all of one claim or commit script, all with the same first
     /// [`SHARED_ARGS`] arguments) as one call of `many` (`lua/many.lua`: the same
-    /// operation on each key in order) per group: the whole batch on a standalone server,
-    /// one per hash slot in cluster mode (all sent concurrently), each followed by `WAIT`
-    /// when `wait` is set. Replies are per call, in call order, as if each call had run
-    /// alone, one after another.
+    /// operation on each key in order) per hash slot: the whole batch on a standalone
+    /// server; in cluster mode one call per slot, the calls of a primary's slots in one
+    /// pipeline to it (see [`Conn::plan`]; all sent concurrently), each pipeline followed by
+    /// `WAIT` when `wait` is set. Replies are per call, in call order, as if each call had
+    /// run alone, one after another.
     pub(crate) async fn eval_batch(
         &self,
         many: &'static Lua,
         calls: &[Call],
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<BatchReply> {
-        let groups = self.groups(calls.iter().map(Call::slot));
-        let replies = try_join_all(groups.iter().map(|group| async move {
-            let cmd = batch_cmd(many, calls, group);
-            let (mut values, acked) = self.eval_group(vec![cmd], wait).await?;
-            let items = match values.pop() {
-                Some(Value::Array(items)) if items.len() == group.len() => items,
-                other => {
-                    return Err(RedisError::from((
-                        redis::ErrorKind::UnexpectedReturnType,
-                        "batch script reply",
-                        format!("expected {} replies, got {other:?}", group.len()),
-                    )));
+        let parts = self.plan(calls.iter().map(Call::slot)).await?;
+        let replies = try_join_all(parts.iter().map(|part| async move {
+            let cmds = part
+                .slots
+                .iter()
+                .map(|slot| batch_cmd(many, calls, slot))
+                .collect();
+            let (values, acked) = self.eval_group(&part.route, cmds, wait).await?;
+            let mut items = Vec::with_capacity(part.len());
+            for (slot, value) in part.slots.iter().zip(values) {
+                match value {
+                    Value::Array(replies) if replies.len() == slot.len() => items.extend(replies),
+                    other => {
+                        return Err(RedisError::from((
+                            redis::ErrorKind::UnexpectedReturnType,
+                            "batch script reply",
+                            format!("expected {} replies, got {other:?}", slot.len()),
+                        )));
+                    }
                 }
-            };
-            Ok((items, acked))
+            }
+            Ok((part.items().collect(), items, acked))
         }))
         .await?;
-        Ok(BatchReply::gather(calls.len(), &groups, replies))
+        Ok(BatchReply::gather(calls.len(), replies))
     }
 
-    /// The indexes of calls on these slots, grouped: all together on a standalone server,
-    /// by hash slot in cluster mode (in call order within a group).
-    fn groups(&self, slots: impl ExactSizeIterator<Item = Slot>) -> Vec<Vec<usize>> {
-        if self.is_cluster() {
-            let mut by_slot: HashMap<Slot, Vec<usize>> = HashMap::new();
-            for (i, slot) in slots.enumerate() {
-                by_slot.entry(slot).or_default().push(i);
-            }
-            by_slot.into_values().collect()
-        } else if slots.len() == 0 {
-            Vec::new()
-        } else {
-            vec![(0..slots.len()).collect()]
+    /// How to send calls on these slots: all in one pipeline on a standalone server. In
+    /// cluster mode, by primary (from the cached slot map, [`Primaries`]): one pipeline per primary,
+    /// split in pipelines of about [`PIPELINE_ITEMS`] items; a slot the map has no primary
+    /// for goes through the cluster client alone. Within a part, calls are grouped by slot,
+    /// in call order within a slot.
+    async fn plan(&self, slots: impl ExactSizeIterator<Item = u16>) -> RedisResult<Vec<Part>> {
+        let Conn::Cluster(cluster, primaries) = self else {
+            return Ok(match slots.len() {
+                0 => Vec::new(),
+                n => vec![Part {
+                    route: Route::Conn,
+                    slots: vec![(0..n).collect()],
+                }],
+            });
+        };
+        let map = primaries.map(cluster).await?;
+        let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
+        let mut order = Vec::new();
+        for (i, slot) in slots.enumerate() {
+            by_slot
+                .entry(slot)
+                .or_insert_with(|| {
+                    order.push(slot);
+                    Vec::new()
+                })
+                .push(i);
         }
+        let mut by_node: HashMap<usize, Vec<Vec<usize>>> = HashMap::new();
+        let mut parts = Vec::new();
+        for slot in order {
+            let items = by_slot.remove(&slot).unwrap_or_default();
+            match map.owner(slot) {
+                Some(node) => by_node.entry(node).or_default().push(items),
+                None => parts.push(Part {
+                    route: Route::Conn,
+                    slots: vec![items],
+                }),
+            }
+        }
+        for (node, slots) in by_node {
+            for slots in pipelines(slots, PIPELINE_ITEMS) {
+                parts.push(Part {
+                    route: Route::Node(map.connection(node)),
+                    slots,
+                });
+            }
+        }
+        Ok(parts)
     }
 
     /// Run plain commands, each on the one key given with it, as pipelines: one for a
-    /// standalone server, one per hash slot in cluster mode (all sent concurrently). One
-    /// result per command, in order, a server error as its `Err`; a command the cluster
-    /// redirected (`MOVED` / `ASK` / `TRYAGAIN`) runs again alone through the path that
-    /// follows redirections. Commands on one key keep their order. A failed connection
-    /// fails the whole call.
+    /// standalone server, one per primary in cluster mode (see [`Conn::plan`]; all sent
+    /// concurrently). One result per command, in order, a server error as its `Err`; a
+    /// command the cluster redirected (`MOVED` / `ASK` / `TRYAGAIN`) runs again alone
+    /// through the path that follows redirections. Commands on one key keep their order. A
+    /// failed connection fails the whole call.
     pub(crate) async fn run_keyed(
         &self,
         cmds: &[(&[u8], Cmd)],
     ) -> RedisResult<Vec<RedisResult<Value>>> {
-        let groups = self.groups(cmds.iter().map(|(key, _)| layout::slot(key)));
-        let replies = try_join_all(groups.iter().map(|group| async move {
+        let parts = self
+            .plan(cmds.iter().map(|(key, _)| layout::slot(key)))
+            .await?;
+        let replies = try_join_all(parts.iter().map(|part| async move {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            for &i in group {
+            for i in part.items() {
                 pipe.add_command(cmds[i].1.clone());
             }
-            let values = self.query_pipeline(&pipe).await?;
+            let values = self.send(&part.route, &pipe).await?;
             let mut results = Vec::with_capacity(values.len());
-            for (v, &i) in values.into_iter().zip(group) {
+            for (v, i) in values.into_iter().zip(part.items()) {
                 results.push(match v {
                     Value::ServerError(se) => {
                         let e = RedisError::from(se);
                         if e.is_cluster_error() {
+                            self.redirected();
                             self.query(&cmds[i].1).await
                         } else {
                             Err(e)
@@ -252,12 +343,12 @@ impl Conn {
                     v => Ok(v),
                 });
             }
-            Ok::<_, RedisError>(results)
+            Ok::<_, RedisError>((part.items().collect::<Vec<_>>(), results))
         }))
         .await?;
         let mut out: Vec<Option<RedisResult<Value>>> = (0..cmds.len()).map(|_| None).collect();
-        for (group, results) in groups.iter().zip(replies) {
-            for (&i, r) in group.iter().zip(results) {
+        for (items, results) in replies {
+            for (i, r) in items.into_iter().zip(results) {
                 out[i] = Some(r);
             }
         }
@@ -275,10 +366,43 @@ impl Conn {
             .collect())
     }
 
-    /// Send `cmds` (all on one slot) as one pipeline, followed by `WAIT` when `wait` is set;
+    /// Send `pipe` along `route`; every reply, server errors included as
+    /// [`Value::ServerError`]. A failed connection to a primary drops the slot map and its
+    /// connections (the next batch connects again).
+    async fn send(&self, route: &Route, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        match route {
+            Route::Conn => self.query_pipeline(pipe).await,
+            Route::Node(node) => {
+                let sent = pipe.query_async(&mut node.clone()).await;
+                if let (Err(_), Conn::Cluster(_, primaries)) = (&sent, self) {
+                    primaries.broken();
+                }
+                sent
+            }
+        }
+    }
+
+    /// A node redirected a command: the slot map is stale.
+    fn redirected(&self) {
+        if let Conn::Cluster(_, primaries) = self {
+            primaries.redirected();
+        }
+    }
+
+    /// Make the cached slot map wrong on purpose (see [`Primaries::misroute`]); nothing on
+    /// a standalone server.
+    pub(crate) async fn misroute(&self) -> RedisResult<()> {
+        match self {
+            Conn::Cluster(cluster, primaries) => primaries.misroute(cluster).await,
+            Conn::Standalone(_) => Ok(()),
+        }
+    }
+
+    /// Send `cmds` along `route` as one pipeline, followed by `WAIT` when `wait` is set;
     /// one reply per command.
     async fn eval_group(
         &self,
+        route: &Route,
         cmds: Vec<Cmd>,
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<(Vec<Value>, Option<i64>)> {
@@ -290,7 +414,7 @@ impl Conn {
         if let Some(w) = wait {
             pipe.add_command(wait_cmd(w));
         }
-        let mut values = self.query_pipeline(&pipe).await?;
+        let mut values = self.send(route, &pipe).await?;
         let mut acked = match wait {
             Some(_) => Some(wait_reply(values.pop())?),
             None => None,
@@ -302,7 +426,9 @@ impl Conn {
         for (v, cmd) in values.iter_mut().zip(&cmds) {
             if let Value::ServerError(se) = v {
                 let e = RedisError::from(se.clone());
-                if !(is_noscript(&e) || e.is_cluster_error()) {
+                if e.is_cluster_error() {
+                    self.redirected();
+                } else if !is_noscript(&e) {
                     return Err(e);
                 }
                 *v = self.eval_cmd(cmd).await?;
@@ -319,25 +445,14 @@ impl Conn {
 
     /// The nodes a full `SCAN` must visit: the server, or every cluster primary.
     pub(crate) async fn scan_nodes(&self) -> RedisResult<Vec<ScanNode>> {
-        if !self.is_cluster() {
+        let Conn::Cluster(cluster, _) = self else {
             return Ok(vec![ScanNode::Standalone]);
-        }
-        let slots: Value = self
-            .query(&redis::cmd("CLUSTER").arg("SLOTS").clone())
-            .await?;
-        let mut nodes = Vec::new();
-        for range in array(slots)? {
-            // [start, end, [host, port, id, ...], replicas...]
-            let primary = array(array(range)?.into_iter().nth(2).unwrap_or(Value::Nil))?;
-            let mut it = primary.into_iter();
-            let host: String = FromRedisValue::from_redis_value(it.next().unwrap_or(Value::Nil))?;
-            let port: u16 = FromRedisValue::from_redis_value(it.next().unwrap_or(Value::Nil))?;
-            let node = ScanNode::Primary { host, port };
-            if !nodes.contains(&node) {
-                nodes.push(node);
-            }
-        }
-        Ok(nodes)
+        };
+        let ranges = primaries::read_slot_ranges(cluster).await?;
+        Ok(primaries::addresses(&ranges)
+            .into_iter()
+            .map(|Address { host, port }| ScanNode::Primary { host, port })
+            .collect())
     }
 
     /// One `SCAN cursor MATCH pattern COUNT count` step on `node`.
@@ -355,7 +470,7 @@ impl Conn {
             .arg("COUNT")
             .arg(count);
         match (self, node) {
-            (Conn::Cluster(c), ScanNode::Primary { host, port }) => {
+            (Conn::Cluster(c, _), ScanNode::Primary { host, port }) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port: *port,
@@ -366,6 +481,26 @@ impl Conn {
             _ => self.query(&cmd).await,
         }
     }
+}
+
+/// `slots` (each the items of one slot) in runs of at most `max` items, in order; a slot is
+/// never split (one larger than `max` is a run of its own).
+fn pipelines(slots: Vec<Vec<usize>>, max: usize) -> Vec<Vec<Vec<usize>>> {
+    let mut runs: Vec<Vec<Vec<usize>>> = Vec::new();
+    let mut len = 0;
+    for slot in slots {
+        match runs.last_mut() {
+            Some(run) if len + slot.len() <= max => {
+                len += slot.len();
+                run.push(slot);
+            }
+            _ => {
+                len = slot.len();
+                runs.push(vec![slot]);
+            }
+        }
+    }
+    runs
 }
 
 /// How many leading arguments of a claim or commit [`Call`] every item of a batch shares
@@ -412,6 +547,22 @@ fn wait_reply(v: Option<Value>) -> RedisResult<i64> {
     )?)
 }
 
-fn array(v: Value) -> RedisResult<Vec<Value>> {
-    Ok(FromRedisValue::from_redis_value(v)?)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_pipelines_hold_whole_slots_up_to_the_bound() {
+        let slots = vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![6], vec![7, 8, 9, 10, 11]];
+        assert_eq!(
+            pipelines(slots.clone(), 4),
+            [
+                vec![vec![0, 1], vec![2]],
+                vec![vec![3, 4, 5], vec![6]],
+                vec![vec![7, 8, 9, 10, 11]],
+            ]
+        );
+        assert_eq!(pipelines(slots.clone(), 100), [slots]);
+        assert!(pipelines(Vec::new(), 4).is_empty());
+    }
 }

@@ -3,16 +3,18 @@
 //! node given as a standalone server).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::{Error, Result, TimedOut};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::{AsyncConnectionConfig, ErrorKind, RedisError, RedisResult};
+use redis::{AsyncConnectionConfig, ConnectionInfo, ErrorKind, RedisError, RedisResult};
 
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::error::{BACKEND, backend};
+use crate::primaries::Primaries;
 
 /// What the errors below say was being done.
 const CONNECTING: &str = "connecting";
@@ -31,9 +33,12 @@ pub(crate) enum Connector {
         timeout: Duration,
     },
     /// A cluster: another [`ClusterConnection`](redis::cluster_async::ClusterConnection)
-    /// (one more connection per node).
+    /// (one more connection per node), and another set of batch connections to the
+    /// primaries, reached like the first seed node.
     Cluster {
         client: redis::cluster::ClusterClient,
+        primary: ConnectionInfo,
+        primary_config: AsyncConnectionConfig,
         target: String,
         tls: bool,
         timeout: Duration,
@@ -60,12 +65,16 @@ impl Connector {
             .map(Conn::Standalone),
             Connector::Cluster {
                 client,
+                primary,
+                primary_config,
                 target,
                 tls,
                 timeout,
-            } => bounded(*timeout, target, *tls, client.get_async_connection())
-                .await
-                .map(Conn::Cluster),
+            } => {
+                let conn = bounded(*timeout, target, *tls, client.get_async_connection()).await?;
+                let primaries = Primaries::new(primary.clone(), primary_config.clone());
+                Ok(Conn::Cluster(conn, Arc::new(primaries)))
+            }
         }
     }
 }
@@ -144,8 +153,19 @@ pub(crate) async fn cluster(urls: &[String], config: &RedisConfig) -> Result<(Co
     let client = builder
         .build()
         .map_err(|e| connect_error(e, &target, tls))?;
+    // Batches reach the primaries on connections of their own (see `primaries`), with the
+    // first seed's credentials and TLS settings.
+    let seed = urls
+        .first()
+        .ok_or_else(|| Error::invalid("cluster urls", "at least one node URL is needed"))?;
+    let primary = self::client(seed, config)?.get_connection_info().clone();
+    let primary_config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(config.response_timeout);
     let connector = Connector::Cluster {
         client,
+        primary,
+        primary_config,
         target,
         tls,
         timeout: config.connect_timeout,

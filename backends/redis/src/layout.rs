@@ -6,9 +6,10 @@
 //! forbids braces too, so no hash tag exists and Redis Cluster hashes the whole key. Records
 //! therefore spread over all slots and masters, with no hot slot per consumer.
 
-use redis::cluster_routing::Slot;
-
 use dedup_core::Key;
+
+/// Hash slots of a Redis Cluster.
+pub(crate) const SLOTS: u16 = 16384;
 
 /// The Redis key of `key`'s record under `prefix`.
 pub(crate) fn redis_key(prefix: &str, key: &Key) -> String {
@@ -33,10 +34,30 @@ pub(crate) fn encode_into(out: &mut String, part: &str) {
     }
 }
 
-/// The Redis Cluster hash slot of a Redis key (CRC16 of the key, or of its hash tag, mod
-/// 16384).
-pub(crate) fn slot(redis_key: &[u8]) -> Slot {
-    Slot::for_key(redis_key)
+/// The Redis Cluster hash slot of a Redis key: CRC16 (XMODEM) of the key, or of its hash tag
+/// (the text between the first `{` and the next `}`, when not empty), mod 16384. As a number,
+/// to index the slot map (redis-rs's `Slot` does not give its number out).
+pub(crate) fn slot(redis_key: &[u8]) -> u16 {
+    let hashed = hash_tag(redis_key).unwrap_or(redis_key);
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc % SLOTS
+}
+
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    let close = rest.iter().position(|&b| b == b'}')?;
+    (close > 0).then(|| &rest[..close])
 }
 
 #[cfg(test)]
@@ -79,5 +100,30 @@ mod tests {
         // key is hashed whole (these two land in different slots).
         assert_eq!(slot(b"p:c:{same}x"), slot(b"p:c:{same}y"));
         assert_ne!(slot(a.as_bytes()), slot(b.as_bytes()));
+    }
+
+    #[test]
+    fn slots_agree_with_redis_rs() {
+        use redis::cluster_routing::Slot;
+        let keys: [&[u8]; 8] = [
+            b"",
+            b"123456789",
+            b"dedup:billing:order-42",
+            b"p:c:{same}x",
+            b"{}x",
+            b"a{}{b}",
+            b"{open",
+            b"\xff\x00{\x80}",
+        ];
+        for key in keys {
+            assert_eq!(
+                Slot::new(slot(key)),
+                Some(Slot::for_key(key)),
+                "{:?}",
+                String::from_utf8_lossy(key)
+            );
+        }
+        // The reference value of the cluster spec: CRC16("123456789") = 0x31C3.
+        assert_eq!(slot(b"123456789"), 0x31C3 % SLOTS);
     }
 }

@@ -6,6 +6,7 @@ mod conn;
 mod connect;
 mod error;
 mod layout;
+mod primaries;
 mod purge;
 mod record;
 mod reply;

@@ -7,59 +7,11 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{RETENTION, Target, unique_prefix};
+use common::{RETENTION, Target, command_calls, counts, unique_prefix};
 use dedup_core::{Claim, ClaimOptions, DedupStore, Error, Fingerprint, Key};
 use dedup_redis::RedisConfig;
-use dedup_redis::redis;
-
-/// `calls` per command over the target's nodes.
-async fn command_calls(target: &Target) -> HashMap<String, u64> {
-    let mut calls = HashMap::new();
-    for url in target.node_urls() {
-        let mut conn = redis::Client::open(url.as_str())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connection");
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .expect("INFO commandstats");
-        // cmdstat_set:calls=12,usec=...
-        for line in info.lines() {
-            let Some((name, stats)) = line
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
-            else {
-                continue;
-            };
-            let n: u64 = stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            *calls.entry(name.to_owned()).or_default() += n;
-        }
-    }
-    calls
-}
-
-/// Between the two snapshots, each command of `expected` ran exactly that many times.
-fn counts(
-    before: &HashMap<String, u64>,
-    after: &HashMap<String, u64>,
-    expected: &[(&str, u64)],
-    what: &str,
-) {
-    for &(cmd, n) in expected {
-        let ran = after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
-        assert_eq!(ran, n, "{what}: {cmd} ran {ran} times, expected {n}");
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_run_no_script_and_a_commit_one_compact_script() {

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,5 +136,63 @@ pub fn config(test: &str, clock: &Arc<ManualClock>) -> RedisConfig {
         retention: RETENTION,
         clock: Some(clock.clone() as Arc<dyn Clock>),
         ..RedisConfig::default()
+    }
+}
+
+/// Counters of `INFO section` summed over the target's nodes, by name: the lines
+/// `{line_prefix}NAME:...,{field}=N,...` (`cmdstat_set:calls=12,usec=...`,
+/// `errorstat_MOVED:count=3`).
+pub async fn info_counts(
+    target: &Target,
+    section: &str,
+    line_prefix: &str,
+    field: &str,
+) -> HashMap<String, u64> {
+    let field = format!("{field}=");
+    let mut counts = HashMap::new();
+    for url in target.node_urls() {
+        let mut conn = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connection");
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("INFO {section}: {e:?}"));
+        for line in info.lines() {
+            let Some((name, stats)) = line
+                .strip_prefix(line_prefix)
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let n: u64 = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(field.as_str()))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            *counts.entry(name.to_owned()).or_default() += n;
+        }
+    }
+    counts
+}
+
+/// `calls` per command over the target's nodes (`INFO commandstats`).
+pub async fn command_calls(target: &Target) -> HashMap<String, u64> {
+    info_counts(target, "commandstats", "cmdstat_", "calls").await
+}
+
+/// Between the two snapshots, each name of `expected` counted exactly that many more.
+pub fn counts(
+    before: &HashMap<String, u64>,
+    after: &HashMap<String, u64>,
+    expected: &[(&str, u64)],
+    what: &str,
+) {
+    for &(name, n) in expected {
+        let ran = after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+        assert_eq!(ran, n, "{what}: {name} counted {ran}, expected {n}");
     }
 }
