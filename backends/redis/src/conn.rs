@@ -553,7 +553,13 @@ mod tests {
 
     #[test]
     fn a_nodes_pipelines_hold_whole_slots_up_to_the_bound() {
-        let slots = vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![6], vec![7, 8, 9, 10, 11]];
+        let slots = vec![
+            vec![0, 1],
+            vec![2],
+            vec![3, 4, 5],
+            vec![6],
+            vec![7, 8, 9, 10, 11],
+        ];
         assert_eq!(
             pipelines(slots.clone(), 4),
             [

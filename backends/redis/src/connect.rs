@@ -9,12 +9,12 @@ use std::time::Duration;
 use dedup_core::{Error, Result, TimedOut};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::{AsyncConnectionConfig, ConnectionInfo, ErrorKind, RedisError, RedisResult};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, RedisResult};
 
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::error::{BACKEND, backend};
-use crate::primaries::Primaries;
+use crate::primaries::{NodeSettings, Primaries};
 
 /// What the errors below say was being done.
 const CONNECTING: &str = "connecting";
@@ -37,8 +37,7 @@ pub(crate) enum Connector {
     /// primaries, reached like the first seed node.
     Cluster {
         client: redis::cluster::ClusterClient,
-        primary: ConnectionInfo,
-        primary_config: AsyncConnectionConfig,
+        primaries: Box<NodeSettings>,
         target: String,
         tls: bool,
         timeout: Duration,
@@ -65,14 +64,13 @@ impl Connector {
             .map(Conn::Standalone),
             Connector::Cluster {
                 client,
-                primary,
-                primary_config,
+                primaries,
                 target,
                 tls,
                 timeout,
             } => {
                 let conn = bounded(*timeout, target, *tls, client.get_async_connection()).await?;
-                let primaries = Primaries::new(primary.clone(), primary_config.clone());
+                let primaries = Primaries::new(NodeSettings::clone(primaries));
                 Ok(Conn::Cluster(conn, Arc::new(primaries)))
             }
         }
@@ -158,14 +156,15 @@ pub(crate) async fn cluster(urls: &[String], config: &RedisConfig) -> Result<(Co
     let seed = urls
         .first()
         .ok_or_else(|| Error::invalid("cluster urls", "at least one node URL is needed"))?;
-    let primary = self::client(seed, config)?.get_connection_info().clone();
-    let primary_config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(config.response_timeout);
+    let primaries = Box::new(NodeSettings {
+        template: self::client(seed, config)?.get_connection_info().clone(),
+        config: AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(config.response_timeout),
+    });
     let connector = Connector::Cluster {
         client,
-        primary,
-        primary_config,
+        primaries,
         target,
         tls,
         timeout: config.connect_timeout,

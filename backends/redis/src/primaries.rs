@@ -107,12 +107,17 @@ impl SlotMap {
     }
 }
 
+/// How to connect to a primary: like the first seed node (credentials, protocol, TLS), at
+/// the primary's host and port, with these timeouts.
+#[derive(Clone)]
+pub(crate) struct NodeSettings {
+    pub(crate) template: ConnectionInfo,
+    pub(crate) config: AsyncConnectionConfig,
+}
+
 /// The cached [`SlotMap`] of one store connection, and how to connect to a primary.
 pub(crate) struct Primaries {
-    /// The first seed node's settings (credentials, protocol, TLS): a primary's differ only
-    /// in host and port.
-    template: ConnectionInfo,
-    config: AsyncConnectionConfig,
+    settings: NodeSettings,
     current: Mutex<Current>,
     /// Held while reading the map, so that concurrent batches read it once.
     reading: tokio::sync::Mutex<()>,
@@ -126,12 +131,10 @@ struct Current {
 }
 
 impl Primaries {
-    /// Primaries reached like `template` (its host and port replaced), with `config`'s
-    /// timeouts.
-    pub(crate) fn new(template: ConnectionInfo, config: AsyncConnectionConfig) -> Self {
+    /// Primaries reached as `settings` say; no map yet.
+    pub(crate) fn new(settings: NodeSettings) -> Self {
         Primaries {
-            template,
-            config,
+            settings,
             current: Mutex::new(Current::default()),
             reading: tokio::sync::Mutex::new(()),
         }
@@ -212,7 +215,8 @@ impl Primaries {
 
     async fn connect(&self, address: &Address) -> RedisResult<MultiplexedConnection> {
         let (host, port) = (address.host.clone(), address.port);
-        let addr = match self.template.addr() {
+        let NodeSettings { template, config } = &self.settings;
+        let addr = match template.addr() {
             ConnectionAddr::TcpTls {
                 insecure,
                 tls_params,
@@ -225,8 +229,8 @@ impl Primaries {
             },
             _ => ConnectionAddr::Tcp(host, port),
         };
-        redis::Client::open(self.template.clone().set_addr(addr))?
-            .get_multiplexed_async_connection_with_config(&self.config)
+        redis::Client::open(template.clone().set_addr(addr))?
+            .get_multiplexed_async_connection_with_config(config)
             .await
     }
 }
@@ -241,18 +245,25 @@ mod tests {
 
     #[test]
     fn cluster_slots_reply_is_read_per_range() {
-        let node = |host: &str, port: i64| {
-            Value::Array(vec![bulk(host), Value::Int(port), bulk("id")])
-        };
+        let node =
+            |host: &str, port: i64| Value::Array(vec![bulk(host), Value::Int(port), bulk("id")]);
         let reply = Value::Array(vec![
-            Value::Array(vec![Value::Int(0), Value::Int(5460), node("10.0.0.1", 7001)]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("10.0.0.1", 7001),
+            ]),
             Value::Array(vec![
                 Value::Int(5461),
                 Value::Int(10922),
                 node("10.0.0.2", 7002),
                 node("10.0.0.9", 7009),
             ]),
-            Value::Array(vec![Value::Int(10923), Value::Int(16383), node("10.0.0.1", 7001)]),
+            Value::Array(vec![
+                Value::Int(10923),
+                Value::Int(16383),
+                node("10.0.0.1", 7001),
+            ]),
         ]);
         let ranges = slot_ranges(reply).unwrap();
         assert_eq!(
