@@ -258,22 +258,24 @@ impl Conn {
         Ok(BatchReply::gather(calls.len(), replies))
     }
 
-    /// How to send calls on these slots: all in one pipeline on a standalone server. In
-    /// cluster mode, by primary (from the cached slot map, [`Primaries`]): one pipeline per primary,
-    /// split in pipelines of about [`PIPELINE_ITEMS`] items; a slot the map has no primary
-    /// for goes through the cluster client alone. Within a part, calls are grouped by slot,
-    /// in call order within a slot.
+    /// How to send calls on these slots: all in one pipeline on a standalone server, or
+    /// through the cluster client when they share one slot (a single operation). Otherwise
+    /// by primary, from the cached slot map ([`Primaries`]): one pipeline per primary, split
+    /// in pipelines of about [`PIPELINE_ITEMS`] items; a slot the map has no primary for
+    /// goes through the cluster client alone. Within a part, calls are grouped by slot, in
+    /// call order within a slot.
     async fn plan(&self, slots: impl ExactSizeIterator<Item = u16>) -> RedisResult<Vec<Part>> {
-        let Conn::Cluster(cluster, primaries) = self else {
-            return Ok(match slots.len() {
-                0 => Vec::new(),
-                n => vec![Part {
-                    route: Route::Conn,
-                    slots: vec![(0..n).collect()],
-                }],
-            });
+        let len = slots.len();
+        let whole = || match len {
+            0 => Vec::new(),
+            _ => vec![Part {
+                route: Route::Conn,
+                slots: vec![(0..len).collect()],
+            }],
         };
-        let map = primaries.map(cluster).await?;
+        let Conn::Cluster(cluster, primaries) = self else {
+            return Ok(whole());
+        };
         let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
         let mut order = Vec::new();
         for (i, slot) in slots.enumerate() {
@@ -285,6 +287,10 @@ impl Conn {
                 })
                 .push(i);
         }
+        if order.len() < 2 {
+            return Ok(whole());
+        }
+        let map = primaries.map(cluster).await?;
         let mut by_node: HashMap<usize, Vec<Vec<usize>>> = HashMap::new();
         let mut parts = Vec::new();
         for slot in order {
