@@ -75,6 +75,40 @@ async fn recovers(store: &RedisStore, key: &Key, target: &Target) {
     }
 }
 
+/// Claims of `n` fresh keys named `{name}-{i}` in one batch (over many slots in a cluster).
+async fn claim_batch(store: &RedisStore, name: &str, n: usize) -> dedup_core::Result<usize> {
+    let requests: Vec<ClaimRequest> = (0..n)
+        .map(|i| {
+            let key = Key::new("reconnect", format!("{name}-{i}")).unwrap();
+            ClaimRequest::new(key, ClaimOptions::default())
+        })
+        .collect();
+    let claims = store.claim_many(&requests).await?;
+    Ok(claims
+        .into_iter()
+        .filter(|c| matches!(c, Ok(Claim::Acquired(_))))
+        .count())
+}
+
+/// After the kill, one batch may fail (retryably) while the store notices (in a cluster, the
+/// batches' own connections to the primaries); the next one must succeed.
+async fn batches_recover(store: &RedisStore, target: &Target) {
+    let name = target.name();
+    let first = claim_batch(store, "after-kill-1", 50).await;
+    eprintln!("{name}: first batch after the kill: {first:?}");
+    match first {
+        Ok(acquired) => assert_eq!(acquired, 50, "{name}"),
+        Err(e) => assert!(
+            e.is_retryable(),
+            "{name}: the first batch after the kill may fail, but retryably: {e:?}"
+        ),
+    }
+    let acquired = claim_batch(store, "after-kill-2", 50)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: the second batch must succeed: {e:?}"));
+    assert_eq!(acquired, 50, "{name}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_is_replaced() {
     let _serial = SERIAL.lock().await;
@@ -88,6 +122,13 @@ async fn a_killed_connection_is_replaced() {
         let store = target.open(config("reconnect", &clock)).await;
         let key = Key::new("reconnect", "m1").unwrap();
         assert!(store.get(&key).await.unwrap().is_none());
+        // A batch over many slots, so that a cluster store's batch connections are open too.
+        assert_eq!(
+            claim_batch(&store, "before-kill", 50).await.unwrap(),
+            50,
+            "{}",
+            target.name()
+        );
 
         let mut killed = 0;
         for (n, old) in nodes.iter_mut().zip(&before) {
@@ -108,6 +149,7 @@ async fn a_killed_connection_is_replaced() {
             target.name()
         );
         recovers(&store, &key, &target).await;
+        batches_recover(&store, &target).await;
     }
 }
 
