@@ -1,5 +1,6 @@
 //! Purge batches: `SCAN` every primary for the prefix, run `purge.lua` on what it finds (one
-//! script call per batch of keys, per hash slot in a cluster).
+//! script call per batch of keys; in a cluster one per hash slot, the calls for the keys one
+//! `SCAN` found, all on its primary, in one pipeline).
 //!
 //! Redis already removes records by native expiry once they are past the store's
 //! retention; `purge` is for a shorter retention than the configured one (or records left

@@ -174,9 +174,9 @@ impl RedisStore {
             .arg(lease.token.to_string())
     }
 
-    /// Run commits (one script call per batch, or per slot group in a cluster) with the
-    /// configured replica wait; the shortfall check applies when at least one commit
-    /// succeeded (a lost lease wrote nothing to wait for).
+    /// Run commits (one script call per batch; in a cluster one per slot, one pipeline per
+    /// primary) with the configured replica wait; the shortfall check applies when at least
+    /// one commit succeeded (a lost lease wrote nothing to wait for).
     async fn run_commits(&self, calls: &[Call], leases: &[&Lease]) -> Result<Vec<Result<()>>> {
         let BatchReply {
             values,
@@ -226,7 +226,7 @@ impl Storage for RedisStore {
     }
 
     /// One pipeline of fresh-key claims (`SET ... NX PX ... GET`, and `PEXPIRETIME` with the
-    /// server's clock; per hash slot in a cluster): a fresh key is claimed without a script,
+    /// server's clock; per primary in a cluster): a fresh key is claimed without a script,
     /// and a completed record it answers with settles the claim too. Then one claim script
     /// call (per slot) for the items it did not settle. Once an item of a key goes to the
     /// script, every later item of that key does too, so a repeated key sees its earlier
