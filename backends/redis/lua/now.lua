@@ -13,3 +13,12 @@ end
 local function int(n)
     return string.format('%d', n)
 end
+
+-- Microseconds of server time since `started` (a `TIME` reply), as an integer reply; 0 if
+-- the server's clock stepped back meanwhile.
+local function elapsed_us(started)
+    local t = redis.call('TIME')
+    local us = (tonumber(t[1]) - tonumber(started[1])) * 1000000
+        + tonumber(t[2]) - tonumber(started[2])
+    return math.max(0, us)
+end

@@ -84,19 +84,19 @@ impl RedisStore {
         for node in conn.scan_nodes().await.map_err(backend)? {
             let mut cursor = 0;
             loop {
-                let (next, found) = conn
+                let step = conn
                     .scan(&node, cursor, pattern, SCAN_COUNT)
                     .await
                     .map_err(backend)?;
                 keys.extend(
-                    found
+                    step.keys
                         .into_iter()
                         .filter_map(|rk| key_of(prefix, &rk).map(|k| (k, rk))),
                 );
-                if next == 0 {
+                if step.next == 0 {
                     break;
                 }
-                cursor = next;
+                cursor = step.next;
             }
         }
         keys.sort_by(|a, b| a.0.cmp(&b.0));

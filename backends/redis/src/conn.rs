@@ -26,7 +26,7 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, ToRedisArgs,
 use crate::error::is_noscript;
 use crate::layout;
 use crate::primaries::{self, Address, Primaries};
-use crate::scripts::{self, Lua};
+use crate::scripts::{self, Lua, SCAN};
 
 /// Items (script calls or commands on one key each) per pipeline to one primary, about: a
 /// primary's share of a larger batch is split at slot boundaries into pipelines of this
@@ -86,6 +86,19 @@ pub(crate) struct BatchReply {
     pub(crate) values: Vec<Value>,
     /// With a replica wait: the fewest replicas that acknowledged, over the nodes involved.
     pub(crate) acknowledged: Option<i64>,
+    /// A timed script's (see [`Lua::timed`]): the server time its calls took, summed over
+    /// them; zero otherwise.
+    pub(crate) server_time: Duration,
+}
+
+/// One `SCAN` step: where to go on, what it found, and how long it held the server.
+pub(crate) struct ScanStep {
+    /// The next cursor (0: the node's keyspace is walked).
+    pub(crate) next: u64,
+    /// The keys found.
+    pub(crate) keys: Vec<Vec<u8>>,
+    /// The server time the step took.
+    pub(crate) server_time: Duration,
 }
 
 impl BatchReply {
@@ -105,6 +118,7 @@ impl BatchReply {
         BatchReply {
             values,
             acknowledged,
+            server_time: Duration::ZERO,
         }
     }
 }
@@ -232,6 +246,7 @@ impl Conn {
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<BatchReply> {
         let parts = self.plan(calls.iter().map(Call::slot)).await?;
+        let trailer = usize::from(many.timed);
         let replies = try_join_all(parts.iter().map(|part| async move {
             let cmds = part
                 .slots
@@ -240,22 +255,32 @@ impl Conn {
                 .collect();
             let (values, acked) = self.eval_group(&part.route, cmds, wait).await?;
             let mut items = Vec::with_capacity(part.len());
+            let mut server_us = 0;
             for (slot, value) in part.slots.iter().zip(values) {
                 match value {
-                    Value::Array(replies) if replies.len() == slot.len() => items.extend(replies),
+                    Value::Array(mut replies) if replies.len() == slot.len() + trailer => {
+                        if many.timed {
+                            server_us += replies.pop().map_or(Ok(0), u64::from_redis_value)?;
+                        }
+                        items.extend(replies)
+                    }
                     other => {
                         return Err(RedisError::from((
                             redis::ErrorKind::UnexpectedReturnType,
                             "batch script reply",
-                            format!("expected {} replies, got {other:?}", slot.len()),
+                            format!("expected {} replies, got {other:?}", slot.len() + trailer),
                         )));
                     }
                 }
             }
-            Ok((part.items().collect(), items, acked))
+            Ok(((part.items().collect(), items, acked), server_us))
         }))
         .await?;
-        Ok(BatchReply::gather(calls.len(), replies))
+        let server_us: u64 = replies.iter().map(|(_, us)| us).sum();
+        let mut reply =
+            BatchReply::gather(calls.len(), replies.into_iter().map(|(r, _)| r).collect());
+        reply.server_time = Duration::from_micros(server_us);
+        Ok(reply)
     }
 
     /// How to send calls on these slots: all in one pipeline on a standalone server, or
@@ -461,31 +486,49 @@ impl Conn {
             .collect())
     }
 
-    /// One `SCAN cursor MATCH pattern COUNT count` step on `node`.
+    /// One `SCAN cursor MATCH pattern COUNT count` step on `node` (`lua/scan.lua`): the
+    /// next cursor, the keys found, and how long the step held the server.
     pub(crate) async fn scan(
         &self,
         node: &ScanNode,
         cursor: u64,
         pattern: &str,
         count: usize,
-    ) -> RedisResult<(u64, Vec<Vec<u8>>)> {
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor)
-            .arg("MATCH")
+    ) -> RedisResult<ScanStep> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&SCAN.sha)
+            .arg(0)
+            .arg(cursor)
             .arg(pattern)
-            .arg("COUNT")
             .arg(count);
-        match (self, node) {
+        let value = match (self, node) {
             (Conn::Cluster(c, _), ScanNode::Primary { host, port }) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port: *port,
                 });
-                let value = c.clone().route_command(cmd, routing).await?;
-                Ok(FromRedisValue::from_redis_value(value.extract_error()?)?)
+                let mut node = c.clone();
+                match node
+                    .route_command(cmd.clone(), routing.clone())
+                    .await
+                    .and_then(Value::extract_error)
+                {
+                    Err(e) if is_noscript(&e) => {
+                        self.load_scripts().await?;
+                        node.route_command(cmd, routing).await?.extract_error()?
+                    }
+                    other => other?,
+                }
             }
-            _ => self.query(&cmd).await,
-        }
+            _ => self.eval_cmd(&cmd).await?,
+        };
+        let (next, keys, server_us): (u64, Vec<Vec<u8>>, u64) =
+            FromRedisValue::from_redis_value(value)?;
+        Ok(ScanStep {
+            next,
+            keys,
+            server_time: Duration::from_micros(server_us),
+        })
     }
 }
 

@@ -7,11 +7,19 @@
 //! behind by a store configured with a longer one). A batch removes at most `step.limit`
 //! records: keys from `SCAN` wait in the cursor and are sent in script calls sized to what
 //! the batch may still remove. A paced batch also stops at its deadline, between round trips
-//! (once what its last `SCAN` found is purged). Records past the store's own retention are deleted on sight but not counted (they were
-//! already absent); keys under the prefix that are not dedup records are left alone.
+//! (once what its last `SCAN` found is purged). Records past the store's own retention are
+//! deleted on sight but not counted (they were already absent); keys under the prefix that
+//! are not dedup records are left alone.
+//!
+//! The `SCAN` steps and the purge scripts each read the server's `TIME` at their start and
+//! end (`lua/scan.lua`, `lua/purge_many.lua`), and a batch reports the sum as its
+//! [`PurgeBatch::work`]: the time it held the server's one thread, which is what pacing
+//! bounds. Its round trips' wall time would also count the wait behind other clients and
+//! behind the purging process's own tasks, so under load the batches would shrink to the
+//! floor and rest three times that wait.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
@@ -48,8 +56,27 @@ impl PurgeBatches for RedisStore {
     type PurgeCursor = Cursor;
 
     /// One batch: purge pending keys, scanning for more, until `step.limit` records were
-    /// removed, the keyspace is walked, or the deadline passed.
+    /// removed, the keyspace is walked, or the deadline passed. Its `work` is the server
+    /// time its `SCAN` steps and purge scripts took (`TIME` inside them), not its round
+    /// trips' wall time, which under load is mostly the wait behind other clients.
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
+        let started = Instant::now();
+        let mut held = Duration::ZERO;
+        let mut batch = self.fill_batch(step, cursor, &mut held).await?;
+        // The server's clock may step while the batch runs: never more than its wall time.
+        batch.work = Some(held.min(started.elapsed()));
+        Ok(batch)
+    }
+}
+
+impl RedisStore {
+    /// The batch's round trips, adding the server time each took to `held`.
+    async fn fill_batch(
+        &self,
+        step: &PurgeStep,
+        cursor: &mut Cursor,
+        held: &mut Duration,
+    ) -> Result<PurgeBatch> {
         let conn = self.purge_conn().await?;
         if cursor.nodes.is_none() {
             cursor.nodes = Some(conn.scan_nodes().await.map_err(backend)?);
@@ -79,6 +106,7 @@ impl PurgeBatches for RedisStore {
                     .eval_batch(&PURGE_MANY, &calls, None)
                     .await
                     .map_err(backend)?;
+                *held += replies.server_time;
                 for v in &replies.values {
                     match reply::purged(v) {
                         Purged::Completed => batch.completed += 1,
@@ -92,15 +120,16 @@ impl PurgeBatches for RedisStore {
                     batch.exhausted = true;
                     return Ok(batch);
                 };
-                let (next, keys) = conn
+                let scanned = conn
                     .scan(node, cursor.scan, &pattern, count)
                     .await
                     .map_err(backend)?;
-                cursor.pending.extend(keys);
-                if next == 0 {
+                *held += scanned.server_time;
+                cursor.pending.extend(scanned.keys);
+                if scanned.next == 0 {
                     cursor.node += 1;
                 }
-                cursor.scan = next;
+                cursor.scan = scanned.next;
             }
             // Keys a `SCAN` just found are purged before the batch ends: a batch that only
             // scanned would leave its rest for nothing when the server is busy.

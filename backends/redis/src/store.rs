@@ -181,6 +181,7 @@ impl RedisStore {
         let BatchReply {
             values,
             acknowledged,
+            ..
         } = self
             .conn
             .eval_batch(&COMMIT_MANY, calls, self.config.wait_for_replicas)

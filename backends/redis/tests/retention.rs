@@ -232,3 +232,54 @@ async fn the_servers_clock_is_the_default() {
         }
     }
 }
+
+/// A purge batch reports the server time it held (its `SCAN` steps and purge scripts, timed
+/// with `TIME` inside them), which pacing counts instead of its round trips' wall time: more
+/// than nothing, and never more than the batch's own wall time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_batch_reports_the_server_time_it_held() {
+    use dedup_core::backend::{PurgeBatches, PurgeStep};
+    use std::time::Instant;
+    for target in Target::all("a_purge_batch_reports_the_server_time_it_held") {
+        let clock = Arc::new(ManualClock::starting_now());
+        let store = target.open(config("purge_server_time", &clock)).await;
+        let keys: Vec<Key> = (0..200)
+            .map(|i| Key::new("p", format!("m{i}")).unwrap())
+            .collect();
+        for key in &keys {
+            let lease = store
+                .claim(key, &ClaimOptions::lease(LEASE))
+                .await
+                .unwrap()
+                .into_lease()
+                .unwrap();
+            store.commit(&lease, None).await.unwrap();
+        }
+        clock.advance(2 * HOUR);
+        let mut cursor = Default::default();
+        let step = PurgeStep {
+            retention: HOUR,
+            limit: 1000,
+            deadline: None,
+        };
+        let (mut removed, mut work, mut wall) = (0, Duration::ZERO, Duration::ZERO);
+        loop {
+            let started = Instant::now();
+            let batch = store.purge_batch(&step, &mut cursor).await.unwrap();
+            let took = started.elapsed();
+            let held = batch
+                .work
+                .expect("Redis reports the server time a batch held");
+            assert!(held <= took, "{}: held {held:?} in {took:?}", target.name());
+            removed += batch.total();
+            work += held;
+            wall += took;
+            if batch.exhausted {
+                break;
+            }
+        }
+        assert_eq!(removed, 200, "{}", target.name());
+        assert!(work > Duration::ZERO, "{}: {work:?}", target.name());
+        assert!(work < wall, "{}: {work:?} of {wall:?}", target.name());
+    }
+}
