@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,6 +92,10 @@ pub(crate) struct BatchReply {
     pub(crate) server_time: Duration,
 }
 
+/// What one part of a batch returned: its calls' indexes, their replies, the replicas that
+/// acknowledged (with a wait), the server time (a timed script's).
+type PartReply = (Vec<usize>, Vec<Value>, Option<i64>, Duration);
+
 /// One `SCAN` step: where to go on, what it found, and how long it held the server.
 pub(crate) struct ScanStep {
     /// The next cursor (0: the node's keyspace is walked).
@@ -103,22 +108,25 @@ pub(crate) struct ScanStep {
 
 impl BatchReply {
     /// Put the parts' replies (the calls' indexes, their replies, the part's
-    /// acknowledgements) back in call order; the fewest acknowledgements count.
-    fn gather(len: usize, replies: Vec<(Vec<usize>, Vec<Value>, Option<i64>)>) -> Self {
+    /// acknowledgements, its server time) back in call order; the fewest acknowledgements
+    /// count, the server times add up.
+    fn gather(len: usize, replies: Vec<PartReply>) -> Self {
         let mut values = vec![Value::Nil; len];
         let mut acknowledged: Option<i64> = None;
-        for (items, part_values, acked) in replies {
+        let mut server_time = Duration::ZERO;
+        for (items, part_values, acked, part_time) in replies {
             for (i, v) in items.into_iter().zip(part_values) {
                 values[i] = v;
             }
             if let Some(a) = acked {
                 acknowledged = Some(acknowledged.map_or(a, |m| m.min(a)));
             }
+            server_time += part_time;
         }
         BatchReply {
             values,
             acknowledged,
-            server_time: Duration::ZERO,
+            server_time,
         }
     }
 }
@@ -204,10 +212,20 @@ impl Conn {
 
     /// Run one `EVALSHA`; on `NOSCRIPT`, load the scripts and run it again.
     async fn eval_cmd(&self, cmd: &Cmd) -> RedisResult<Value> {
-        match self.query(cmd).await {
+        self.with_scripts(|| self.query(cmd)).await
+    }
+
+    /// Run `send` (script calls); on `NOSCRIPT` (a restarted or failed-over server, `SCRIPT
+    /// FLUSH`), load the scripts and run it again.
+    async fn with_scripts<T, F, Fut>(&self, send: F) -> RedisResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        match send().await {
             Err(e) if is_noscript(&e) => {
                 self.load_scripts().await?;
-                self.query(cmd).await
+                send().await
             }
             other => other,
         }
@@ -226,7 +244,7 @@ impl Conn {
         let replies = try_join_all(parts.iter().map(|part| async move {
             let cmds = part.items().map(|i| calls[i].cmd()).collect();
             let (values, acked) = self.eval_group(&part.route, cmds, wait).await?;
-            Ok::<_, RedisError>((part.items().collect(), values, acked))
+            Ok::<_, RedisError>((part.items().collect(), values, acked, Duration::ZERO))
         }))
         .await?;
         Ok(BatchReply::gather(calls.len(), replies))
@@ -273,14 +291,11 @@ impl Conn {
                     }
                 }
             }
-            Ok(((part.items().collect(), items, acked), server_us))
+            let server_time = Duration::from_micros(server_us);
+            Ok((part.items().collect(), items, acked, server_time))
         }))
         .await?;
-        let server_us: u64 = replies.iter().map(|(_, us)| us).sum();
-        let mut reply =
-            BatchReply::gather(calls.len(), replies.into_iter().map(|(r, _)| r).collect());
-        reply.server_time = Duration::from_micros(server_us);
-        Ok(reply)
+        Ok(BatchReply::gather(calls.len(), replies))
     }
 
     /// How to send calls on these slots: all in one pipeline on a standalone server, or
@@ -507,18 +522,11 @@ impl Conn {
                     host: host.clone(),
                     port: *port,
                 });
-                let mut node = c.clone();
-                match node
-                    .route_command(cmd.clone(), routing.clone())
-                    .await
-                    .and_then(Value::extract_error)
-                {
-                    Err(e) if is_noscript(&e) => {
-                        self.load_scripts().await?;
-                        node.route_command(cmd, routing).await?.extract_error()?
-                    }
-                    other => other?,
-                }
+                self.with_scripts(|| {
+                    let (mut node, cmd, routing) = (c.clone(), cmd.clone(), routing.clone());
+                    async move { node.route_command(cmd, routing).await?.extract_error() }
+                })
+                .await?
             }
             _ => self.eval_cmd(&cmd).await?,
         };
