@@ -52,8 +52,8 @@ fn poll_lock(tries: i32) -> bool {
 /// thread, which `block_in_place` first turns into a blocking thread (tokio hands the
 /// thread's other tasks to another worker). Otherwise it runs on tokio's blocking pool
 /// (`spawn_blocking`). The first saves two thread hand-overs per call, a round trip of
-/// about 30 µs that made a claim on a quiet store half as fast again as it needs to be
-/// (see [`SqliteConfig::block_in_place`](crate::SqliteConfig::block_in_place)). Either way
+/// about 30 µs, a third of a claim on a quiet store (see
+/// [`SqliteConfig::block_in_place`](crate::SqliteConfig::block_in_place)). Either way
 /// `work` runs to its end even if the caller stops waiting, and a panic inside it comes
 /// back as [`SetupError::Panicked`] / [`SetupError::TaskFailed`] instead of unwinding into
 /// the caller.
