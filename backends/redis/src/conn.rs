@@ -27,7 +27,7 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, ToRedisArgs,
 use crate::error::is_noscript;
 use crate::layout;
 use crate::primaries::{self, Address, Primaries};
-use crate::scripts::{self, Lua, SCAN};
+use crate::scripts::{self, Lua};
 
 /// Items (script calls or commands on one key each) per pipeline to one primary, about: a
 /// primary's share of a larger batch is split at slot boundaries into pipelines of this
@@ -74,7 +74,7 @@ impl Call {
     }
 }
 
-/// Where `SCAN` runs: the one server, or one cluster primary.
+/// Where a purge step runs (`SCAN` and all): the one server, or one cluster primary.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum ScanNode {
     Standalone,
@@ -96,14 +96,12 @@ pub(crate) struct BatchReply {
 /// acknowledged (with a wait), the server time (a timed script's).
 type PartReply = (Vec<usize>, Vec<Value>, Option<i64>, Duration);
 
-/// One `SCAN` step: where to go on, what it found, and how long it held the server.
+/// One `SCAN` step: where to go on, and what it found.
 pub(crate) struct ScanStep {
     /// The next cursor (0: the node's keyspace is walked).
     pub(crate) next: u64,
     /// The keys found.
     pub(crate) keys: Vec<Vec<u8>>,
-    /// The server time the step took.
-    pub(crate) server_time: Duration,
 }
 
 impl BatchReply {
@@ -501,8 +499,7 @@ impl Conn {
             .collect())
     }
 
-    /// One `SCAN cursor MATCH pattern COUNT count` step on `node` (`lua/scan.lua`): the
-    /// next cursor, the keys found, and how long the step held the server.
+    /// One `SCAN cursor MATCH pattern COUNT count` step on `node`.
     pub(crate) async fn scan(
         &self,
         node: &ScanNode,
@@ -510,33 +507,37 @@ impl Conn {
         pattern: &str,
         count: usize,
     ) -> RedisResult<ScanStep> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&SCAN.sha)
-            .arg(0)
-            .arg(cursor)
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
             .arg(pattern)
+            .arg("COUNT")
             .arg(count);
-        let value = match (self, node) {
+        let (next, keys) = FromRedisValue::from_redis_value(self.query_on(node, &cmd).await?)?;
+        Ok(ScanStep { next, keys })
+    }
+
+    /// A keyless script call on `node`, with the scripts loaded first when the node does
+    /// not know them.
+    pub(crate) async fn eval_on(&self, node: &ScanNode, cmd: &Cmd) -> RedisResult<Value> {
+        self.with_scripts(|| self.query_on(node, cmd)).await
+    }
+
+    /// A keyless command on `node`: the server, or one cluster primary by address.
+    async fn query_on(&self, node: &ScanNode, cmd: &Cmd) -> RedisResult<Value> {
+        match (self, node) {
             (Conn::Cluster(c, _), ScanNode::Primary { host, port }) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port: *port,
                 });
-                self.with_scripts(|| {
-                    let (mut node, cmd, routing) = (c.clone(), cmd.clone(), routing.clone());
-                    async move { node.route_command(cmd, routing).await?.extract_error() }
-                })
-                .await?
+                c.clone()
+                    .route_command(cmd.clone(), routing)
+                    .await?
+                    .extract_error()
             }
-            _ => self.eval_cmd(&cmd).await?,
-        };
-        let (next, keys, server_us): (u64, Vec<Vec<u8>>, u64) =
-            FromRedisValue::from_redis_value(value)?;
-        Ok(ScanStep {
-            next,
-            keys,
-            server_time: Duration::from_micros(server_us),
-        })
+            _ => self.query(cmd).await,
+        }
     }
 }
 

@@ -1,11 +1,13 @@
 //! Decoding the scripts' replies (see the `Reply:` line atop each `lua/*.lua`) into the
 //! contract's values. Anything unexpected is [`Error::Corrupt`], never a panic.
 
+use std::time::Duration;
+
 use dedup_core::backend::{RawRecord, RawState, attempt_from, fence_from};
 use dedup_core::{
     Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, Result, Timestamp, transition,
 };
-use redis::{RedisResult, Value};
+use redis::{FromRedisValue, RedisError, RedisResult, Value};
 
 use crate::error::backend;
 use crate::record;
@@ -243,6 +245,55 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
         }
         tag => Err(r.common(tag, None)),
     }
+}
+
+/// `purge_step.lua`'s reply: one purge step on one node.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct PurgeStep {
+    /// Where `SCAN` goes on from: the cursor given when the step did not scan, `None` when
+    /// it was given none.
+    pub(crate) cursor: Option<u64>,
+    /// Completed records removed.
+    pub(crate) completed: u64,
+    /// Expired in-flight records removed.
+    pub(crate) expired: u64,
+    /// Keys not looked at (out of room or time), in the order found.
+    pub(crate) left: Vec<Vec<u8>>,
+    /// Keys the node no longer owns (their slot moved since `SCAN` found them).
+    pub(crate) elsewhere: Vec<Vec<u8>>,
+    /// How long the step held the server.
+    pub(crate) server_time: Duration,
+}
+
+/// Decode `purge_step.lua`'s reply.
+pub(crate) fn purge_step(value: Value) -> RedisResult<PurgeStep> {
+    type Keys = Vec<Vec<u8>>;
+    let (cursor, completed, expired, left, elsewhere, server_us): (
+        String,
+        u64,
+        u64,
+        Keys,
+        Keys,
+        u64,
+    ) = FromRedisValue::from_redis_value(value)?;
+    let cursor = match cursor.as_str() {
+        "" => None,
+        c => Some(c.parse().map_err(|_| {
+            RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "purge step cursor",
+                c.to_owned(),
+            ))
+        })?),
+    };
+    Ok(PurgeStep {
+        cursor,
+        completed,
+        expired,
+        left,
+        elsewhere,
+        server_time: Duration::from_micros(server_us),
+    })
 }
 
 /// What `purge.lua` did to one key.

@@ -76,7 +76,7 @@ lua!(RENEW, "record.lua", "renew.lua");
 lua!(RELEASE, "record.lua", "release.lua");
 lua!(GET, "record.lua", "get.lua");
 lua!(timed PURGE_MANY, "record.lua", "purge.lua", "purge_many.lua");
-lua!(SCAN, "scan.lua");
+lua!(PURGE_STEP, "record.lua", "purge.lua", "purge_step.lua");
 
 /// Every script, for `SCRIPT LOAD`.
 pub(crate) fn all() -> [&'static Lua; 9] {
@@ -89,6 +89,6 @@ pub(crate) fn all() -> [&'static Lua; 9] {
         &RELEASE,
         &GET,
         &PURGE_MANY,
-        &SCAN,
+        &PURGE_STEP,
     ]
 }
