@@ -289,9 +289,15 @@ impl RedisStore {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use dedup_core::{ClaimOptions, DedupStore, Key, ManualClock};
+
     use super::*;
+    use crate::RedisConfig;
 
     const US: Duration = Duration::from_micros(1);
+    const HOUR: Duration = Duration::from_secs(3600);
 
     #[test]
     fn a_paced_step_holds_half_the_wait_within_bounds() {
@@ -305,5 +311,154 @@ mod tests {
         // Never past the batch's deadline, but never nothing either.
         assert_eq!(paced_step(800 * US, 300 * US), (300 * US, 75));
         assert_eq!(paced_step(800 * US, Duration::ZERO), (50 * US, 50));
+    }
+
+    /// A store on `url` (a cluster if it names several nodes) with `n` records completed
+    /// two hours ago by its clock: purgeable with a retention of an hour.
+    async fn store_with_old_records(urls: &str, test: &str, n: usize) -> (RedisStore, Vec<Key>) {
+        let clock = Arc::new(ManualClock::starting_now());
+        let config = RedisConfig {
+            prefix: format!(
+                "t_{test}_{}_{:x}:",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos()
+            ),
+            retention: 24 * HOUR,
+            clock: Some(clock.clone()),
+            ..RedisConfig::default()
+        };
+        let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+        let store = match urls.len() {
+            1 => RedisStore::connect_with(&urls[0], config).await,
+            _ => RedisStore::connect_cluster(&urls, config).await,
+        }
+        .expect("connect");
+        let keys: Vec<Key> = (0..n)
+            .map(|i| Key::new("purge", format!("m{i}")).unwrap())
+            .collect();
+        for key in &keys {
+            let lease = store
+                .claim(key, &ClaimOptions::lease(Duration::from_secs(10)))
+                .await
+                .unwrap()
+                .into_lease()
+                .unwrap();
+            store.commit(&lease, None).await.unwrap();
+        }
+        clock.advance(2 * HOUR);
+        (store, keys)
+    }
+
+    fn purge_step(limit: usize) -> PurgeStep {
+        PurgeStep {
+            retention: HOUR,
+            limit,
+            deadline: None,
+        }
+    }
+
+    /// Run `lua/purge_step.lua` on `node` with these keys pending and no scan.
+    async fn run_step(
+        store: &RedisStore,
+        node: &ScanNode,
+        room: usize,
+        budget: Duration,
+        keys: &[Vec<u8>],
+    ) -> reply::PurgeStep {
+        let cmd = store.step_cmd(&purge_step(room), room, budget, None, "", 0, keys);
+        let conn = store.purge_conn().await.unwrap();
+        reply::purge_step(conn.eval_on(node, &cmd).await.unwrap()).unwrap()
+    }
+
+    /// The step's mechanism, on the server: it stops taking keys at its budget and at its
+    /// room, and hands back, in order, the keys it did not look at.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_step_stops_at_its_budget_and_room_and_hands_back_the_rest() {
+        let Some(url) = dedup_conformance::server_url("DEDUP_REDIS_URL") else {
+            eprintln!("SKIPPED: DEDUP_REDIS_URL is not set (see scripts/test.sh)");
+            return;
+        };
+        let (store, keys) = store_with_old_records(&url, "step_budget", 20).await;
+        let raw: Vec<Vec<u8>> = keys
+            .iter()
+            .map(|k| store.redis_key(k).into_bytes())
+            .collect();
+        let node = ScanNode::Standalone;
+
+        // No time at all: nothing looked at, everything handed back.
+        let none = run_step(&store, &node, 20, Duration::ZERO, &raw).await;
+        assert_eq!((none.completed, none.cursor), (0, None));
+        assert_eq!(none.left, raw);
+        // Room for 5: exactly 5 removed, the rest handed back in order.
+        let five = run_step(&store, &node, 5, Duration::from_secs(1), &raw).await;
+        assert_eq!(five.completed, 5);
+        assert_eq!(five.left, raw[5..]);
+        assert!(five.elsewhere.is_empty());
+        // Time and room: all the rest removed.
+        let rest = run_step(&store, &node, 20, Duration::from_secs(1), &five.left).await;
+        assert_eq!((rest.completed, rest.left.len()), (15, 0));
+        for key in &keys {
+            assert_eq!(store.get(key).await.unwrap(), None);
+        }
+    }
+
+    /// In a cluster, a key found on one primary whose slot another primary owns (its slot
+    /// moved since) comes back from the step untouched, and the batch purges it through the
+    /// cluster client.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_whose_slot_moved_is_purged_through_the_cluster_client() {
+        let Some(urls) = dedup_conformance::server_url("DEDUP_REDIS_CLUSTER_URLS") else {
+            eprintln!("SKIPPED: DEDUP_REDIS_CLUSTER_URLS is not set (see scripts/test.sh)");
+            return;
+        };
+        let (store, keys) = store_with_old_records(&urls, "step_moved", 30).await;
+        let raw: Vec<Vec<u8>> = keys
+            .iter()
+            .map(|k| store.redis_key(k).into_bytes())
+            .collect();
+        let nodes = store
+            .purge_conn()
+            .await
+            .unwrap()
+            .scan_nodes()
+            .await
+            .unwrap();
+        assert!(nodes.len() > 1, "a cluster of several primaries: {nodes:?}");
+
+        // Every key, sent to the first primary: it purges its own and hands back the others.
+        let step = run_step(&store, &nodes[0], 30, Duration::from_secs(1), &raw).await;
+        assert!(step.left.is_empty());
+        assert!(!step.elsewhere.is_empty(), "30 keys all on one primary?");
+        assert_eq!(step.completed as usize + step.elsewhere.len(), 30);
+        for key in &step.elsewhere {
+            let redis_key = String::from_utf8(key.clone()).unwrap();
+            let i = raw.iter().position(|r| r == key).unwrap();
+            assert!(
+                store.get(&keys[i]).await.unwrap().is_some(),
+                "{redis_key} untouched"
+            );
+        }
+
+        // A batch whose cursor holds those keys as pending on the wrong primary.
+        let mut cursor = Cursor {
+            walks: Some(vec![Walk {
+                pending: step.elsewhere.clone(),
+                walked: true,
+                ..Walk::new(nodes[0].clone())
+            }]),
+            moved: Vec::new(),
+        };
+        let batch = store
+            .purge_batch(&purge_step(1000), &mut cursor)
+            .await
+            .unwrap();
+        assert_eq!(batch.completed as usize, step.elsewhere.len());
+        assert!(batch.exhausted);
+        for key in &keys {
+            assert_eq!(store.get(key).await.unwrap(), None);
+        }
     }
 }
