@@ -1,5 +1,5 @@
 -- commit: op(key, now, retention ms, token, has outcome ('1' / '0'), outcome).
--- Reply: {'OK'} committed now | {'D'} already committed by this token (unchanged)
+-- Reply: 'OK' committed now (a bare string, as lua/commit_fast.lua's) | {'D'} already committed by this token (unchanged)
 --      | {'L'} lease lost (unchanged) | {'X', detail}
 -- Run through lua/one.lua (one key) or lua/many.lua (a batch). The common case is
 -- lua/commit_fast.lua; this op judges the rest (a layout-1 record is rewritten as layout 2).
@@ -20,5 +20,5 @@ local function op(key, now, retention, token, has_outcome, outcome)
     end
     store(key, now, 'c', rec.fence, rec.attempt, now, now + retention, token, rec.fingerprint,
         has_outcome == '1' and outcome)
-    return {'OK'}
+    return 'OK'
 end

@@ -3,9 +3,12 @@
 -- string.match, SET; "now" comes from the caller) and without lua/record.lua's setup, which
 -- costs more server time than the commit itself. The fingerprint part of the value is
 -- copied as it is (a record in flight has no outcome: it is the value's tail).
--- Reply: {'OK'}, or nil for anything else (another layout, a completed record, another
+-- The timestamps' text is formatted once per call of the script, not once per key (a batch
+-- shares one "now"). Reply: 'OK' (a bare string: a reply table per key costs as much
+-- server time as the GET), or nil for anything else (another layout, a completed record, another
 -- token, a value that does not parse, a record past its retention by an injected clock),
 -- which lua/commit.lua's op then judges with the full record checks.
+local stamped_now, stamped_retention, stamps, px
 local function commit_fast(key, now, retention, token, has_outcome, outcome)
     local v = redis.pcall('GET', key)
     if type(v) ~= 'string' then
@@ -17,11 +20,16 @@ local function commit_fast(key, now, retention, token, has_outcome, outcome)
         or (state == 'i' and tonumber(retain_until) <= now) then
         return nil
     end
-    local value = '2,c,' .. fence .. ',' .. attempt .. ',' .. int(now) .. ','
-        .. int(now + retention) .. ',' .. token .. ',' .. string.sub(v, tail)
+    if stamped_now ~= now or stamped_retention ~= retention then
+        stamped_now, stamped_retention = now, retention
+        stamps = ',' .. int(now) .. ',' .. int(now + retention) .. ','
+        px = int(math.max(retention, 1))
+    end
+    local value = '2,c,' .. fence .. ',' .. attempt .. stamps .. token .. ','
+        .. string.sub(v, tail)
     if has_outcome == '1' then
         value = value .. ',' .. outcome
     end
-    redis.call('SET', key, value, 'PX', int(math.max(retention, 1)))
-    return {'OK'}
+    redis.call('SET', key, value, 'PX', px)
+    return 'OK'
 end

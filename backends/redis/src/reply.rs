@@ -188,9 +188,15 @@ pub(crate) fn fresh_claim(
 
 /// `commit.lua`'s reply.
 pub(crate) fn commit(lease: &Lease, value: Value) -> Result<()> {
+    // Committed now: the bare string `OK`, not a table (cheaper for the server per key).
+    if matches!(&value, Value::BulkString(b) if b == b"OK")
+        || matches!(&value, Value::SimpleString(s) if s == "OK")
+    {
+        return Ok(());
+    }
     let r = Reply::new(&lease.key, value)?;
     match r.tag()? {
-        "OK" | "D" => Ok(()),
+        "D" => Ok(()),
         tag => Err(r.common(tag, Some(lease))),
     }
 }
@@ -386,6 +392,30 @@ mod tests {
         ]);
         assert!(matches!(
             get(&key(), bad_token).unwrap_err(),
+            Error::Corrupt { .. }
+        ));
+    }
+
+    #[test]
+    fn a_commit_reply_is_a_bare_ok_or_a_tagged_table() {
+        let lease = Lease {
+            key: key(),
+            token: LeaseToken::random(),
+            fence: 1,
+            attempt: 1,
+            expires_at: Timestamp::EPOCH,
+        };
+        commit(&lease, bulk("OK")).unwrap();
+        commit(&lease, Value::SimpleString("OK".into())).unwrap();
+        commit(&lease, Value::Array(vec![bulk("D")])).unwrap();
+        assert!(
+            commit(&lease, Value::Array(vec![bulk("L")]))
+                .unwrap_err()
+                .is_lease_lost()
+        );
+        // Only the exact bare string: anything else bare is corrupt.
+        assert!(matches!(
+            commit(&lease, bulk("D")).unwrap_err(),
             Error::Corrupt { .. }
         ));
     }
