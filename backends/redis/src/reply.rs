@@ -335,19 +335,23 @@ mod tests {
         Key::new("c", "m").unwrap()
     }
 
+    fn lease() -> Lease {
+        Lease {
+            key: key(),
+            token: LeaseToken::random(),
+            fence: 1,
+            attempt: 1,
+            expires_at: Timestamp::EPOCH,
+        }
+    }
+
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
     #[test]
     fn garbage_replies_are_corrupt_not_panics() {
-        let lease = Lease {
-            key: key(),
-            token: LeaseToken::random(),
-            fence: 1,
-            attempt: 1,
-            expires_at: Timestamp::EPOCH,
-        };
+        let lease = lease();
         let garbage = [
             Value::Nil,
             Value::Int(3),
@@ -398,13 +402,7 @@ mod tests {
 
     #[test]
     fn a_commit_reply_is_a_bare_ok_or_a_tagged_table() {
-        let lease = Lease {
-            key: key(),
-            token: LeaseToken::random(),
-            fence: 1,
-            attempt: 1,
-            expires_at: Timestamp::EPOCH,
-        };
+        let lease = lease();
         commit(&lease, bulk("OK")).unwrap();
         commit(&lease, Value::SimpleString("OK".into())).unwrap();
         commit(&lease, Value::Array(vec![bulk("D")])).unwrap();
