@@ -3,8 +3,9 @@
 -- Reply: 'c' completed record removed | 'e' expired in-flight record removed
 --      | 'g' record past the store's own retention (already absent): deleted, not counted
 --      | '' kept or nothing there | 'x' not a dedup record: left alone
--- Run through lua/many.lua: one script call per batch of scanned keys (per hash slot in a
--- cluster), so the prelude's setup is paid once per call, not once per key.
+-- Run by lua/purge_step.lua on the keys a step's SCAN found, and through lua/many.lua (one
+-- call per hash slot) on keys whose slot moved since: the prelude's setup is paid once per
+-- call, not once per key.
 local function op(key, now, retention)
     local rec, err, present = load(key, now)
     if err then

@@ -87,14 +87,7 @@ pub(crate) struct BatchReply {
     pub(crate) values: Vec<Value>,
     /// With a replica wait: the fewest replicas that acknowledged, over the nodes involved.
     pub(crate) acknowledged: Option<i64>,
-    /// A timed script's (see [`Lua::timed`]): the server time its calls took, summed over
-    /// them; zero otherwise.
-    pub(crate) server_time: Duration,
 }
-
-/// What one part of a batch returned: its calls' indexes, their replies, the replicas that
-/// acknowledged (with a wait), the server time (a timed script's).
-type PartReply = (Vec<usize>, Vec<Value>, Option<i64>, Duration);
 
 /// One `SCAN` step: where to go on, and what it found.
 pub(crate) struct ScanStep {
@@ -106,25 +99,21 @@ pub(crate) struct ScanStep {
 
 impl BatchReply {
     /// Put the parts' replies (the calls' indexes, their replies, the part's
-    /// acknowledgements, its server time) back in call order; the fewest acknowledgements
-    /// count, the server times add up.
-    fn gather(len: usize, replies: Vec<PartReply>) -> Self {
+    /// acknowledgements) back in call order; the fewest acknowledgements count.
+    fn gather(len: usize, replies: Vec<(Vec<usize>, Vec<Value>, Option<i64>)>) -> Self {
         let mut values = vec![Value::Nil; len];
         let mut acknowledged: Option<i64> = None;
-        let mut server_time = Duration::ZERO;
-        for (items, part_values, acked, part_time) in replies {
+        for (items, part_values, acked) in replies {
             for (i, v) in items.into_iter().zip(part_values) {
                 values[i] = v;
             }
             if let Some(a) = acked {
                 acknowledged = Some(acknowledged.map_or(a, |m| m.min(a)));
             }
-            server_time += part_time;
         }
         BatchReply {
             values,
             acknowledged,
-            server_time,
         }
     }
 }
@@ -242,7 +231,7 @@ impl Conn {
         let replies = try_join_all(parts.iter().map(|part| async move {
             let cmds = part.items().map(|i| calls[i].cmd()).collect();
             let (values, acked) = self.eval_group(&part.route, cmds, wait).await?;
-            Ok::<_, RedisError>((part.items().collect(), values, acked, Duration::ZERO))
+            Ok::<_, RedisError>((part.items().collect(), values, acked))
         }))
         .await?;
         Ok(BatchReply::gather(calls.len(), replies))
@@ -262,7 +251,6 @@ impl Conn {
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<BatchReply> {
         let parts = self.plan(calls.iter().map(Call::slot)).await?;
-        let trailer = usize::from(many.timed);
         let replies = try_join_all(parts.iter().map(|part| async move {
             let cmds = part
                 .slots
@@ -271,26 +259,19 @@ impl Conn {
                 .collect();
             let (values, acked) = self.eval_group(&part.route, cmds, wait).await?;
             let mut items = Vec::with_capacity(part.len());
-            let mut server_us = 0;
             for (slot, value) in part.slots.iter().zip(values) {
                 match value {
-                    Value::Array(mut replies) if replies.len() == slot.len() + trailer => {
-                        if many.timed {
-                            server_us += replies.pop().map_or(Ok(0), u64::from_redis_value)?;
-                        }
-                        items.extend(replies)
-                    }
+                    Value::Array(replies) if replies.len() == slot.len() => items.extend(replies),
                     other => {
                         return Err(RedisError::from((
                             redis::ErrorKind::UnexpectedReturnType,
                             "batch script reply",
-                            format!("expected {} replies, got {other:?}", slot.len() + trailer),
+                            format!("expected {} replies, got {other:?}", slot.len()),
                         )));
                     }
                 }
             }
-            let server_time = Duration::from_micros(server_us);
-            Ok((part.items().collect(), items, acked, server_time))
+            Ok((part.items().collect(), items, acked))
         }))
         .await?;
         Ok(BatchReply::gather(calls.len(), replies))

@@ -18,7 +18,8 @@
 //! deadline, between steps. Records past the store's own retention are deleted on sight but
 //! not counted (they were already absent); keys under the prefix that are not dedup records
 //! are left alone. A key whose slot moved to another primary since `SCAN` found it comes
-//! back from the step and is purged through the cluster client (`lua/purge_many.lua`),
+//! back from the step and is purged through the cluster client (`lua/many.lua` over
+//! `purge.lua`),
 //! which follows the redirection.
 //!
 //! Each step reads the server's `TIME` at its start and end, and a batch reports the sum as
@@ -114,14 +115,6 @@ impl Walk {
     }
 }
 
-/// What one step did.
-struct Stepped {
-    completed: u64,
-    expired: u64,
-    elsewhere: Vec<Vec<u8>>,
-    server_time: Duration,
-}
-
 #[async_trait]
 impl PurgeBatches for RedisStore {
     type PurgeCursor = Cursor;
@@ -184,7 +177,8 @@ impl RedisStore {
         }
     }
 
-    /// One step of `walk`, removing at most `room` records.
+    /// One step of `walk`, removing at most `room` records; the keys it did not look at are
+    /// the walk's pending keys again (taken out of the reply).
     async fn step(
         &self,
         conn: &Conn,
@@ -192,7 +186,7 @@ impl RedisStore {
         step: &PurgeStep,
         room: usize,
         pattern: &str,
-    ) -> Result<Stepped> {
+    ) -> Result<reply::PurgeStep> {
         let (budget, count) = match step.deadline {
             Some(deadline) => paced_step(
                 walk.last_wait,
@@ -207,19 +201,14 @@ impl RedisStore {
         let cmd = self.step_cmd(step, room, budget, scan, pattern, count, &walk.pending);
         let sent = Instant::now();
         let value = conn.eval_on(&walk.node, &cmd).await.map_err(backend)?;
-        let done = reply::purge_step(value).map_err(backend)?;
+        let mut done = reply::purge_step(value).map_err(backend)?;
         walk.last_wait = sent.elapsed().saturating_sub(done.server_time);
         if let Some(next) = done.cursor {
             walk.scan = next;
             walk.walked = next == 0;
         }
-        walk.pending = done.left;
-        Ok(Stepped {
-            completed: done.completed,
-            expired: done.expired,
-            elsewhere: done.elsewhere,
-            server_time: done.server_time,
-        })
+        walk.pending = std::mem::take(&mut done.left);
+        Ok(done)
     }
 
     /// `lua/purge_step.lua`'s call: no keys; `scan` is the cursor to go on from (`None`:
@@ -251,8 +240,10 @@ impl RedisStore {
         cmd
     }
 
-    /// Purge keys whose slot moved since they were found, through the cluster client
-    /// (one `lua/purge_many.lua` call per slot, redirections followed).
+    /// Purge keys whose slot moved since they were found, through the cluster client (one
+    /// `lua/many.lua` call over `purge.lua` per slot, redirections followed). Rare (a slot
+    /// migration), so its round trip's wall time counts as time held: the pacing can only
+    /// overestimate it.
     async fn purge_moved(
         &self,
         conn: &Conn,
@@ -271,11 +262,12 @@ impl RedisStore {
                     .arg(retention_ms)
             })
             .collect();
+        let sent = Instant::now();
         let replies = conn
             .eval_batch(&PURGE_MANY, &calls, None)
             .await
             .map_err(backend)?;
-        *held += replies.server_time;
+        *held += sent.elapsed();
         for v in &replies.values {
             match reply::purged(v) {
                 Purged::Completed => batch.completed += 1,

@@ -19,37 +19,24 @@ pub(crate) struct Lua {
     pub(crate) code: &'static str,
     /// SHA1 of `code`, as `EVALSHA` wants it.
     pub(crate) sha: String,
-    /// A batch script whose reply ends with the microseconds the call held the server, after
-    /// the per-key replies (`lua/purge_many.lua`).
-    pub(crate) timed: bool,
 }
 
 impl Lua {
-    fn new(code: &'static str, timed: bool) -> Self {
+    fn new(code: &'static str) -> Self {
         Lua {
             code,
             sha: redis::Script::new(code).get_hash().to_owned(),
-            timed,
         }
     }
 }
 
 macro_rules! lua {
     ($name:ident, $($file:literal),+) => {
-        lua!(@ $name, false, $($file),+);
-    };
-    (timed $name:ident, $($file:literal),+) => {
-        lua!(@ $name, true, $($file),+);
-    };
-    (@ $name:ident, $timed:expr, $($file:literal),+) => {
         pub(crate) static $name: LazyLock<Lua> = LazyLock::new(|| {
-            Lua::new(
-                concat!(
-                    include_str!("../lua/now.lua"),
-                    $("\n", include_str!(concat!("../lua/", $file))),+
-                ),
-                $timed,
-            )
+            Lua::new(concat!(
+                include_str!("../lua/now.lua"),
+                $("\n", include_str!(concat!("../lua/", $file))),+
+            ))
         });
     };
 }
@@ -75,7 +62,7 @@ lua!(
 lua!(RENEW, "record.lua", "renew.lua");
 lua!(RELEASE, "record.lua", "release.lua");
 lua!(GET, "record.lua", "get.lua");
-lua!(timed PURGE_MANY, "record.lua", "purge.lua", "purge_many.lua");
+lua!(PURGE_MANY, "record.lua", "purge.lua", "many.lua");
 lua!(PURGE_STEP, "record.lua", "purge.lua", "purge_step.lua");
 
 /// Every script, for `SCRIPT LOAD`.

@@ -181,7 +181,6 @@ impl RedisStore {
         let BatchReply {
             values,
             acknowledged,
-            ..
         } = self
             .conn
             .eval_batch(&COMMIT_MANY, calls, self.config.wait_for_replicas)
