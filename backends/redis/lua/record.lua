@@ -12,6 +12,11 @@
 --                     b = the retention in ms. The key's native expiry (PX lease + retention)
 --                     holds the instants, set by the server on its own clock:
 --                     retain_until = PEXPIRETIME, expires_at = retain_until - b.
+--                 'd' completed, written by a single commit under the server's clock
+--                     (lua/commit_fast.lua, which reads no clock): a = 0 and b = the
+--                     retention in ms. The key's native expiry (PX retention, set by the
+--                     server) holds the instants: retain_until = PEXPIRETIME,
+--                     processed_at = retain_until - b.
 --   fence         integer >= 1, +1 per acquisition
 --   attempt       integer >= 1, +1 per takeover
 --   token         lease token (UUID text, no comma); on a completed record, the committing
@@ -70,9 +75,10 @@ local function load_hash(key)
     }
 end
 
--- A layout-2 record (the STRING `v`), or (nil, detail). A fast-path lease ('l') gets its
--- instants from the key's PEXPIRETIME, unless `lazy` (the caller needs neither expires_at nor
--- retain_until: a live key is within its retention).
+-- A layout-2 record (the STRING `v`), or (nil, detail). A fast-path lease ('l') and a
+-- fast-path commit ('d') get their instants from the key's PEXPIRETIME, unless `lazy` (the
+-- caller needs none of expires_at, processed_at and retain_until: a live key is within its
+-- retention).
 local function parse(key, v, now, lazy)
     local state, fence, attempt, a, b, token, fp_len, at = string.match(v,
         '^2,(%a),(%d+),(%d+),(%-?%d+),(%-?%d+),([^,]*),(%d+),()')
@@ -108,18 +114,24 @@ local function parse(key, v, now, lazy)
         r.processed_at = a
     elseif state == 'i' then
         r.expires_at = a
-    elseif state == 'l' then
-        r.state = 'i'
+    elseif state == 'l' or state == 'd' then
+        local lease = state == 'l'
+        r.state = lease and 'i' or 'c'
         if lazy then
             r.lazy = true
             r.retain_until = now + 1
         else
             local at = redis.call('PEXPIRETIME', key)
             if at < 0 then
-                return nil, 'a fast-path lease without an expiry'
+                return nil, lease and 'a fast-path lease without an expiry'
+                    or 'a fast-path commit without an expiry'
             end
             r.retain_until = at
-            r.expires_at = at - b
+            if lease then
+                r.expires_at = at - b
+            else
+                r.processed_at = at - b
+            end
         end
     end
     return r
@@ -170,7 +182,7 @@ local function load(key, now, lazy)
         if r.expires_at == nil and not r.lazy then
             return nil, 'in-flight record without a numeric expires_at'
         end
-    elseif r.processed_at == nil then
+    elseif r.processed_at == nil and not r.lazy then
         return nil, 'completed record without a numeric processed_at'
     end
     if r.retain_until <= now then

@@ -35,15 +35,23 @@ impl FreshClaim {
         std::iter::once(&self.set).chain(&self.expiry)
     }
 
-    /// The acquired lease's expiry, given the reply to [`FreshClaim::expiry`]: the key's
-    /// expiry (set by the server: lease + retention from its "now") less the retention.
-    pub(crate) fn expires_at(&self, expiry: Option<&Value>) -> Timestamp {
-        match expiry {
-            Some(Value::Int(at)) if *at > 0 => {
-                Timestamp::from_millis(at.saturating_sub(self.retention_ms))
-            }
-            _ => self.estimate,
+    /// The acquired lease's expiry, given the key's expiry as [`FreshClaim::expiry`]
+    /// answered it ([`key_expiry`]; set by the server: lease + retention from its "now")
+    /// less the retention.
+    pub(crate) fn expires_at(&self, key_expiry: Option<i64>) -> Timestamp {
+        match key_expiry {
+            Some(at) => Timestamp::from_millis(at.saturating_sub(self.retention_ms)),
+            None => self.estimate,
         }
+    }
+}
+
+/// The key's expiry from a `PEXPIRETIME` reply (ms since the epoch), if the key exists and
+/// has one.
+pub(crate) fn key_expiry(reply: Option<&Value>) -> Option<i64> {
+    match reply {
+        Some(Value::Int(at)) if *at > 0 => Some(*at),
+        _ => None,
     }
 }
 
@@ -102,8 +110,20 @@ pub(crate) fn fresh_claim(
 /// injected, not layout 2), which the claim script then reads and judges.
 /// `Some(Err(Corrupt))` when the value has the layout but not a valid record (a token
 /// that is not a UUID, a fence of 0).
-pub(crate) fn completed(key: &Key, value: &[u8], now: Option<Timestamp>) -> Option<Result<Record>> {
-    let mut rest = value.strip_prefix(b"2,c,")?;
+///
+/// A `d` record (a single commit under the server's clock) keeps its instants in the key's
+/// expiry: `key_expiry` is the `PEXPIRETIME` pipelined after the `SET` that read `value`
+/// ([`key_expiry`]), and without one (the key went away in between) the script judges it.
+pub(crate) fn completed(
+    key: &Key,
+    value: &[u8],
+    now: Option<Timestamp>,
+    key_expiry: Option<i64>,
+) -> Option<Result<Record>> {
+    let (mut rest, relative) = match value.strip_prefix(b"2,c,") {
+        Some(rest) => (rest, false),
+        None => (value.strip_prefix(b"2,d,")?, true),
+    };
     let mut next = || {
         let end = rest.iter().position(|&b| b == b',')?;
         let field = std::str::from_utf8(&rest[..end]).ok()?;
@@ -113,8 +133,16 @@ pub(crate) fn completed(key: &Key, value: &[u8], now: Option<Timestamp>) -> Opti
     let number = |s: &str| -> Option<i64> { s.parse().ok() };
     let fence = number(next()?)?;
     let attempt = number(next()?)?;
-    let processed_at = number(next()?)?;
-    let retain_until = number(next()?)?;
+    let a = number(next()?)?;
+    let b = number(next()?)?;
+    // 'c': a = processed_at, b = retain_until; 'd': b = the retention, the key's expiry
+    // = retain_until.
+    let (processed_at, retain_until) = if relative {
+        let at = key_expiry?;
+        (at.checked_sub(b)?, at)
+    } else {
+        (a, b)
+    };
     let token = next()?;
     let fp_len: usize = next()?.parse().ok()?;
     if now.is_some_and(|now| retain_until <= now.as_millis()) {
@@ -153,7 +181,9 @@ mod tests {
     fn a_completed_value_is_read_with_its_outcome_and_fingerprint() {
         let token = LeaseToken::random();
         let v = format!("2,c,3,2,1700,9999,{token},4,a,b|,out,come");
-        let r = completed(&key(), v.as_bytes(), None).unwrap().unwrap();
+        let r = completed(&key(), v.as_bytes(), None, None)
+            .unwrap()
+            .unwrap();
         assert_eq!(r.fence, 3);
         assert_eq!(r.attempt, 2);
         assert_eq!(r.fingerprint.as_ref().unwrap().as_str(), "a,b|");
@@ -171,7 +201,7 @@ mod tests {
         }
         let none = format!("2,c,1,1,5,9999,{token},0,");
         let empty = format!("2,c,1,1,5,9999,{token},0,,");
-        let outcome = |v: &str| match completed(&key(), v.as_bytes(), None)
+        let outcome = |v: &str| match completed(&key(), v.as_bytes(), None, None)
             .unwrap()
             .unwrap()
             .state
@@ -181,6 +211,36 @@ mod tests {
         };
         assert_eq!(outcome(&none), None);
         assert_eq!(outcome(&empty), Some(vec![]));
+    }
+
+    /// A `d` record (a single commit on the server's clock) takes its instants from the
+    /// key's expiry: processed_at is the expiry less the retention it holds; without an
+    /// expiry (the key went away after the `SET` read it) the script judges it.
+    #[test]
+    fn a_fast_path_commit_is_read_with_the_keys_expiry() {
+        let token = LeaseToken::random();
+        let v = format!("2,d,3,2,0,600000,{token},2,fp,out");
+        let r = completed(&key(), v.as_bytes(), None, Some(1_000_600_000))
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.fence, r.attempt), (3, 2));
+        assert_eq!(r.fingerprint.as_ref().unwrap().as_str(), "fp");
+        match r.state {
+            dedup_core::RecordState::Completed {
+                processed_at,
+                outcome,
+                token: t,
+            } => {
+                assert_eq!(processed_at, Timestamp::from_millis(1_000_000_000));
+                assert_eq!(outcome.as_deref(), Some(&b"out"[..]));
+                assert_eq!(t, Some(token));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(completed(&key(), v.as_bytes(), None, None).is_none());
+        // Past its retention by an injected clock: the key's expiry is retain_until.
+        let at = Timestamp::from_millis(1_000_600_000);
+        assert!(completed(&key(), v.as_bytes(), Some(at), Some(at.as_millis())).is_none());
     }
 
     #[test]
@@ -195,12 +255,28 @@ mod tests {
             format!("2,c,1,1,5,9999,{token},0,junk"),
             "not a record".to_owned(),
         ] {
-            assert!(completed(&key(), v.as_bytes(), None).is_none(), "{v}");
+            assert!(completed(&key(), v.as_bytes(), None, None).is_none(), "{v}");
         }
         // Past its retention by an injected clock.
         let v = format!("2,c,1,1,5,9999,{token},0,");
-        assert!(completed(&key(), v.as_bytes(), Some(Timestamp::from_millis(9999))).is_none());
-        assert!(completed(&key(), v.as_bytes(), Some(Timestamp::from_millis(9998))).is_some());
+        assert!(
+            completed(
+                &key(),
+                v.as_bytes(),
+                Some(Timestamp::from_millis(9999)),
+                None
+            )
+            .is_none()
+        );
+        assert!(
+            completed(
+                &key(),
+                v.as_bytes(),
+                Some(Timestamp::from_millis(9998)),
+                None
+            )
+            .is_some()
+        );
     }
 
     #[test]
@@ -208,7 +284,7 @@ mod tests {
         for v in ["2,c,1,1,5,9999,not-a-uuid,0,", "2,c,0,1,5,9999,,0,"] {
             assert!(
                 matches!(
-                    completed(&key(), v.as_bytes(), None),
+                    completed(&key(), v.as_bytes(), None, None),
                     Some(Err(dedup_core::Error::Corrupt { .. }))
                 ),
                 "{v}"
@@ -257,9 +333,11 @@ mod tests {
         );
         assert!(injected.expiry.is_none());
         assert_eq!(injected.expires_at(None), Timestamp::from_millis(2050));
+        assert_eq!(key_expiry(Some(&Value::Int(-2))), None);
+        assert_eq!(key_expiry(None), None);
         assert_eq!(args(server.expiry.as_ref().unwrap()), ["PEXPIRETIME", "k"]);
         assert_eq!(
-            server.expires_at(Some(&Value::Int(10_000))),
+            server.expires_at(key_expiry(Some(&Value::Int(10_000)))),
             Timestamp::from_millis(9_000)
         );
     }

@@ -141,7 +141,8 @@ pub(crate) enum Fresh {
 }
 
 /// The reply to a fresh-key claim of `key` proposing `token` (`expires_at`: the lease's
-/// expiry as [`record::fresh_claim`] computed it; `now`: the injected clock's time, if any).
+/// expiry as [`record::fresh_claim`] computed it; `now`: the injected clock's time, if any;
+/// `key_expiry`: the key's expiry from the `PEXPIRETIME` sent after the `SET`, if any).
 /// `Err` when the command itself failed (the connection, a server error other than
 /// `WRONGTYPE`).
 pub(crate) fn fresh_claim(
@@ -150,6 +151,7 @@ pub(crate) fn fresh_claim(
     options: &ClaimOptions,
     expires_at: Timestamp,
     now: Option<Timestamp>,
+    key_expiry: Option<i64>,
     reply: RedisResult<Value>,
 ) -> Result<Fresh> {
     let value = match reply {
@@ -174,7 +176,7 @@ pub(crate) fn fresh_claim(
             ))));
         }
     };
-    Ok(match record::completed(key, &value, now) {
+    Ok(match record::completed(key, &value, now, key_expiry) {
         None => Fresh::Script,
         Some(Err(e)) => Fresh::Answered(Err(e)),
         // A completed record answers any claim the same way whatever the time: Completed,

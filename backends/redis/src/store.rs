@@ -268,8 +268,11 @@ impl Storage for RedisStore {
             let answer = if scripted.contains(keys[i].as_str()) {
                 Fresh::Script
             } else {
-                let expires_at = f.expires_at(expiry.as_ref());
-                reply::fresh_claim(&r.key, tokens[i], &r.options, expires_at, now, set)?
+                let key_expiry = record::key_expiry(expiry.as_ref());
+                let expires_at = f.expires_at(key_expiry);
+                reply::fresh_claim(
+                    &r.key, tokens[i], &r.options, expires_at, now, key_expiry, set,
+                )?
             };
             results.push(match answer {
                 Fresh::Answered(claim) => Some(claim),

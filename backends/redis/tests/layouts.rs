@@ -1,8 +1,8 @@
 //! The record layouts: layout-1 records (a HASH, as dedup-redis wrote them before the packed
 //! string of layout 2) are read, claimed over, committed, renewed, released and purged by
 //! this version, which rewrites them as layout 2 (an upgrade in place); and a fresh-key claim
-//! (`SET ... NX PX ... GET`, no script) keeps its lease on the server's clock. Standalone and
-//! cluster.
+//! (`SET ... NX PX ... GET`, no script) keeps its lease, and a single commit its processed_at,
+//! on the server's clock. Standalone and cluster.
 
 mod common;
 
@@ -297,5 +297,120 @@ async fn a_fast_path_lease_expires_on_the_server_clock() {
             ),
             "{name}: the first holder lost the key"
         );
+    }
+}
+
+/// A single commit on the server's clock reads no clock: it writes the retention, and the
+/// key's expiry (set by the server) holds processed_at + retention. Every reader takes
+/// processed_at from there: a duplicate's claim (the fast path, no script), `get`, the
+/// purge; a commit again with the same lease is still Ok, and the other lease operations
+/// on the completed record lose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_path_commit_keeps_its_instants_in_the_keys_expiry() {
+    for target in Target::all("a_fast_path_commit_keeps_its_instants_in_the_keys_expiry") {
+        let store: RedisStore = target
+            .open(RedisConfig {
+                prefix: unique_prefix("fast_commit"),
+                retention: RETENTION,
+                ..RedisConfig::default()
+            })
+            .await;
+        let mut raw = target.raw().await;
+        let name = target.name();
+        let key = Key::new("fast", "commit").unwrap();
+        let redis_key = store.redis_key(&key);
+        let fingerprint = Fingerprint::new("f,p").unwrap();
+        let options = ClaimOptions::lease(MINUTE).with_fingerprint(fingerprint.clone());
+        let Claim::Acquired(lease) = store.claim(&key, &options).await.unwrap() else {
+            panic!("{name}: a fresh key is acquired");
+        };
+        store.commit(&lease, Some(b"out,come")).await.unwrap();
+        let retention_ms = RETENTION.as_millis() as i64;
+        assert_eq!(
+            value(&mut raw, &redis_key).await,
+            format!("2,d,1,1,0,{retention_ms},{},3,f,p,out,come", lease.token),
+            "{name}"
+        );
+        let at = match raw.run(redis::cmd("PEXPIRETIME").arg(&redis_key)).await {
+            Value::Int(at) => at,
+            other => panic!("{other:?}"),
+        };
+        let processed_at = Timestamp::from_millis(at - retention_ms);
+        let claimed_at = lease.expires_at.as_millis() - MINUTE.as_millis() as i64;
+        assert!(
+            (claimed_at..claimed_at + 60_000).contains(&processed_at.as_millis()),
+            "{name}: processed at {processed_at:?}, claimed at {claimed_at}"
+        );
+        let done = Claim::Completed {
+            processed_at,
+            outcome: Some(b"out,come".to_vec()),
+        };
+        // Answered by the fast path (tests/round_trips.rs counts that it runs no script).
+        assert_eq!(store.claim(&key, &options).await.unwrap(), done, "{name}");
+        let other = ClaimOptions::lease(MINUTE).with_fingerprint(Fingerprint::new("g").unwrap());
+        assert!(
+            matches!(
+                store.claim(&key, &other).await,
+                Err(Error::FingerprintMismatch { .. })
+            ),
+            "{name}"
+        );
+        match store.get(&key).await.unwrap().unwrap().state {
+            RecordState::Completed {
+                processed_at: p,
+                outcome,
+                token,
+            } => {
+                assert_eq!(p, processed_at, "{name}");
+                assert_eq!(outcome.as_deref(), Some(&b"out,come"[..]), "{name}");
+                assert_eq!(token, Some(lease.token), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        store
+            .commit(&lease, Some(b"out,come"))
+            .await
+            .expect("a commit again with the same lease");
+        let forged = Lease {
+            token: LeaseToken::random(),
+            ..lease.clone()
+        };
+        assert!(
+            matches!(
+                store.commit(&forged, None).await,
+                Err(Error::LeaseLost { .. })
+            ),
+            "{name}"
+        );
+        assert!(
+            matches!(
+                store.renew(&lease, MINUTE).await,
+                Err(Error::LeaseLost { .. })
+            ),
+            "{name}"
+        );
+        assert!(
+            matches!(store.release(&lease).await, Err(Error::LeaseLost { .. })),
+            "{name}"
+        );
+        assert_eq!(
+            value(&mut raw, &redis_key).await,
+            format!("2,d,1,1,0,{retention_ms},{},3,f,p,out,come", lease.token),
+            "{name}: unchanged by all of that"
+        );
+        // The purge reads processed_at from the key's expiry too: kept while younger than
+        // the purge's retention, removed once older.
+        let kept = store
+            .purge(&PurgeOptions::older_than(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+        assert_eq!(kept.completed, 0, "{name}: {kept:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let removed = store
+            .purge(&PurgeOptions::older_than(Duration::from_millis(1)))
+            .await
+            .unwrap();
+        assert_eq!(removed.completed, 1, "{name}: {removed:?}");
+        assert!(store.get(&key).await.unwrap().is_none(), "{name}");
     }
 }
