@@ -177,6 +177,18 @@ mod tests {
         Key::new("c", "m").unwrap()
     }
 
+    /// A completed record's processed_at, outcome and committing token.
+    fn completion(r: Record) -> (Timestamp, Option<Vec<u8>>, Option<LeaseToken>) {
+        match r.state {
+            dedup_core::RecordState::Completed {
+                processed_at,
+                outcome,
+                token,
+            } => (processed_at, outcome, token),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_completed_value_is_read_with_its_outcome_and_fingerprint() {
         let token = LeaseToken::random();
@@ -187,27 +199,23 @@ mod tests {
         assert_eq!(r.fence, 3);
         assert_eq!(r.attempt, 2);
         assert_eq!(r.fingerprint.as_ref().unwrap().as_str(), "a,b|");
-        match r.state {
-            dedup_core::RecordState::Completed {
-                processed_at,
-                outcome,
-                token: t,
-            } => {
-                assert_eq!(processed_at, Timestamp::from_millis(1700));
-                assert_eq!(outcome.as_deref(), Some(&b"out,come"[..]));
-                assert_eq!(t, Some(token));
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            completion(r),
+            (
+                Timestamp::from_millis(1700),
+                Some(b"out,come".to_vec()),
+                Some(token)
+            )
+        );
         let none = format!("2,c,1,1,5,9999,{token},0,");
         let empty = format!("2,c,1,1,5,9999,{token},0,,");
-        let outcome = |v: &str| match completed(&key(), v.as_bytes(), None, None)
-            .unwrap()
-            .unwrap()
-            .state
-        {
-            dedup_core::RecordState::Completed { outcome, .. } => outcome,
-            other => panic!("{other:?}"),
+        let outcome = |v: &str| {
+            completion(
+                completed(&key(), v.as_bytes(), None, None)
+                    .unwrap()
+                    .unwrap(),
+            )
+            .1
         };
         assert_eq!(outcome(&none), None);
         assert_eq!(outcome(&empty), Some(vec![]));
@@ -225,18 +233,14 @@ mod tests {
             .unwrap();
         assert_eq!((r.fence, r.attempt), (3, 2));
         assert_eq!(r.fingerprint.as_ref().unwrap().as_str(), "fp");
-        match r.state {
-            dedup_core::RecordState::Completed {
-                processed_at,
-                outcome,
-                token: t,
-            } => {
-                assert_eq!(processed_at, Timestamp::from_millis(1_000_000_000));
-                assert_eq!(outcome.as_deref(), Some(&b"out"[..]));
-                assert_eq!(t, Some(token));
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            completion(r),
+            (
+                Timestamp::from_millis(1_000_000_000),
+                Some(b"out".to_vec()),
+                Some(token)
+            )
+        );
         assert!(completed(&key(), v.as_bytes(), None, None).is_none());
         // Past its retention by an injected clock: the key's expiry is retain_until.
         let at = Timestamp::from_millis(1_000_600_000);
