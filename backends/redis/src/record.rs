@@ -20,7 +20,8 @@ pub(crate) struct FreshClaim {
     /// `SET key value NX PX ttl GET`.
     pub(crate) set: Cmd,
     /// With the server's clock, `PEXPIRETIME key`, pipelined right after `set`: the key's
-    /// expiry as the server set it, from which the lease's expiry follows exactly.
+    /// expiry as the server set it, from which the lease's expiry follows exactly (and,
+    /// when the key already held a `d` record, its processed_at: see [`completed`]).
     pub(crate) expiry: Option<Cmd>,
     /// The lease's expiry: exact with an injected clock; with the server's clock the
     /// client's estimate (its clock before sending, plus the lease), used only when
