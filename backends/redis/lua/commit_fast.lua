@@ -16,7 +16,7 @@
 -- or nil for anything else (another layout, a completed record, another token, a value that
 -- does not parse, a record past its retention by an injected clock), which lua/commit.lua's
 -- op then judges with the full record checks.
-local stamped, stamped_now, stamped_retention, head, stamps, px
+local stamped_now, stamped_retention, head, stamps, px
 local function commit_fast(key, now, retention, token, has_outcome, outcome)
     local v = redis.pcall('GET', key)
     if type(v) ~= 'string' then
@@ -28,8 +28,9 @@ local function commit_fast(key, now, retention, token, has_outcome, outcome)
         or (now and state == 'i' and tonumber(retain_until) <= now) then
         return nil
     end
-    if not stamped or stamped_now ~= now or stamped_retention ~= retention then
-        stamped, stamped_now, stamped_retention = true, now, retention
+    -- `head` is nil until the first key is stamped (`now` itself may be nil).
+    if not head or stamped_now ~= now or stamped_retention ~= retention then
+        stamped_now, stamped_retention = now, retention
         px = type(retention) == 'string' and retention or int(math.max(retention, 1))
         if now then
             head, stamps = '2,c,', ',' .. int(now) .. ',' .. int(now + retention) .. ','

@@ -49,6 +49,14 @@ async fn value(raw: &mut Raw, redis_key: &str) -> String {
     }
 }
 
+/// The key's expiry (`PEXPIRETIME`, ms since the epoch).
+async fn expiry(raw: &mut Raw, redis_key: &str) -> i64 {
+    match raw.run(redis::cmd("PEXPIRETIME").arg(redis_key)).await {
+        Value::Int(at) => at,
+        other => panic!("PEXPIRETIME {redis_key}: {other:?}"),
+    }
+}
+
 /// A claim of `key` (a layout-1 lease at fence 3, attempt 2, expired or released) takes it
 /// over.
 async fn taken_over(store: &RedisStore, key: &Key, name: &str) {
@@ -261,10 +269,7 @@ async fn a_fast_path_lease_expires_on_the_server_clock() {
             "{name}: {stored}"
         );
         // The lease's expiry is the server's: what the key's expiry says, exactly.
-        let at = match raw.run(redis::cmd("PEXPIRETIME").arg(&redis_key)).await {
-            Value::Int(at) => at,
-            other => panic!("{other:?}"),
-        };
+        let at = expiry(&mut raw, &redis_key).await;
         let retention_ms = RETENTION.as_millis() as i64;
         assert_eq!(lease.expires_at.as_millis(), at - retention_ms, "{name}");
         assert_eq!(
@@ -331,10 +336,7 @@ async fn a_fast_path_commit_keeps_its_instants_in_the_keys_expiry() {
             format!("2,d,1,1,0,{retention_ms},{},3,f,p,out,come", lease.token),
             "{name}"
         );
-        let at = match raw.run(redis::cmd("PEXPIRETIME").arg(&redis_key)).await {
-            Value::Int(at) => at,
-            other => panic!("{other:?}"),
-        };
+        let at = expiry(&mut raw, &redis_key).await;
         let processed_at = Timestamp::from_millis(at - retention_ms);
         let claimed_at = lease.expires_at.as_millis() - MINUTE.as_millis() as i64;
         assert!(
