@@ -13,7 +13,9 @@
 --
 -- ARGV: now ('' = server TIME), purge retention ms, room (records it may still remove),
 -- budget (µs), cursor ('' = do not scan), pattern, count, then the keys found earlier.
--- Reply: { next cursor (the one given when it did not scan), completed, expired,
+-- Reply: { next cursor ('' when it did not scan: out of room or time first, or given no
+-- cursor; never the cursor given, which could be 0, what SCAN answers at the end of a walk),
+-- completed, expired,
 -- keys left (not looked at), keys elsewhere (owned by another node), µs held }.
 local started = redis.call('TIME')
 local now = now_ms(ARGV[1])
@@ -57,9 +59,9 @@ local function purge_all(keys, first)
 end
 
 purge_all(ARGV, 8)
-local cursor = ARGV[5]
-if cursor ~= '' and #left == 0 and not over() then
-    local step = redis.call('SCAN', cursor, 'MATCH', ARGV[6], 'COUNT', ARGV[7])
+local cursor = ''
+if ARGV[5] ~= '' and #left == 0 and not over() then
+    local step = redis.call('SCAN', ARGV[5], 'MATCH', ARGV[6], 'COUNT', ARGV[7])
     cursor = step[1]
     purge_all(step[2], 1)
 end

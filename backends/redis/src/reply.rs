@@ -258,8 +258,9 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
 /// `purge_step.lua`'s reply: one purge step on one node.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct PurgeStep {
-    /// Where `SCAN` goes on from: the cursor given when the step did not scan, `None` when
-    /// it was given none.
+    /// Where `SCAN` goes on from (0: the node's keyspace is walked), or `None` when the step
+    /// did not scan (given no cursor, or out of room or time first): the walk stays where
+    /// it was. Never the cursor given back, which at a walk's start is 0 too.
     pub(crate) cursor: Option<u64>,
     /// Completed records removed.
     pub(crate) completed: u64,
