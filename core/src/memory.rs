@@ -111,8 +111,6 @@ impl MemoryStore {
     }
 }
 
-crate::impl_dedup_store!(MemoryStore);
-
 #[async_trait]
 impl Storage for MemoryStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
@@ -201,13 +199,12 @@ impl PurgeBatches for MemoryStore {
 }
 
 #[async_trait]
-impl crate::admin::Admin for MemoryStore {
+impl crate::backend::AdminStorage for MemoryStore {
     async fn now(&self) -> Result<Timestamp> {
         Ok(self.now())
     }
 
     async fn list(&self, filter: &crate::admin::ListFilter) -> Result<Vec<Record>> {
-        filter.validate()?;
         let now = self.now();
         Ok(self
             .records()
@@ -219,7 +216,6 @@ impl crate::admin::Admin for MemoryStore {
     }
 
     async fn stats(&self, top: usize) -> Result<crate::admin::Stats> {
-        crate::admin::validate_top(top)?;
         let mut stats = crate::admin::Stats::at(self.now());
         for record in self.records().values() {
             stats.add(record, top);

@@ -131,4 +131,7 @@ macro_rules! forward_store {
     )*};
 }
 
-forward_store!(Arc<S>, Box<S>, &S);
+// Only `Arc`: every `Storage` is a `DedupStore` by a blanket implementation, and a
+// downstream crate may implement `Storage` for `Box<T>` or `&T` (both are fundamental
+// types), which a forwarding impl for them would overlap.
+forward_store!(Arc<S>);

@@ -10,7 +10,8 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use dedup_core::admin::{Admin, KeySummary, ListFilter, PurgeCount, Stats, Status, validate_top};
+use dedup_core::admin::{KeySummary, ListFilter, PurgeCount, Stats, Status};
+use dedup_core::backend::AdminStorage;
 use dedup_core::{Key, Record, Result, Timestamp, duration_millis};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -52,7 +53,7 @@ fn record_of(row: &PgRow) -> Result<Record> {
 }
 
 #[async_trait]
-impl Admin for PostgresStore {
+impl AdminStorage for PostgresStore {
     async fn now(&self) -> Result<Timestamp> {
         let ms: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {NOW_MS}")))
             .bind(self.now_param())
@@ -63,7 +64,6 @@ impl Admin for PostgresStore {
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        filter.validate()?;
         let sql = format!(
             "SELECT {COLUMNS} FROM {table}, (SELECT {NOW_MS} AS ms) now \
              WHERE consumer = $2 AND message_id COLLATE \"C\" > $3 AND {status} \
@@ -85,9 +85,8 @@ impl Admin for PostgresStore {
     }
 
     async fn stats(&self, top: usize) -> Result<Stats> {
-        validate_top(top)?;
         let table = self.table();
-        let now = Admin::now(self).await?;
+        let now = AdminStorage::now(self).await?;
         let counts = sqlx::query(AssertSqlSafe(format!(
             "SELECT \
                count(*) FILTER (WHERE processed_at IS NULL AND expires_at > $1) AS in_flight, \

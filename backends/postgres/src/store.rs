@@ -268,8 +268,6 @@ fn message_ids<'k>(keys: &[&'k Key]) -> Vec<&'k str> {
     keys.iter().map(|k| k.message_id()).collect()
 }
 
-dedup_core::impl_dedup_store!(PostgresStore);
-
 #[async_trait]
 impl Storage for PostgresStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {

@@ -1,6 +1,6 @@
 //! The transactional extension: claim and commit inside the caller's own transaction.
 
-use dedup_core::{Fingerprint, Key, Lease, Result, TxClaim, validate_outcome};
+use dedup_core::{Fingerprint, Key, Lease, Result, TxClaim};
 use sqlx::PgConnection;
 
 use crate::PostgresStore;
@@ -67,7 +67,7 @@ impl PostgresStore {
         lease: &Lease,
         outcome: Option<&[u8]>,
     ) -> Result<()> {
-        validate_outcome(outcome)?;
+        dedup_core::backend::check::commit(outcome)?;
         only(
             self.run_commits(conn, &[CommitRef { lease, outcome }])
                 .await?,

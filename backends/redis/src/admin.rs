@@ -20,7 +20,8 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use dedup_core::admin::{Admin, ListFilter, PurgeCount, Stats, validate_top};
+use dedup_core::admin::{ListFilter, PurgeCount, Stats};
+use dedup_core::backend::AdminStorage;
 use dedup_core::{Key, Record, Result, Timestamp};
 
 use crate::RedisStore;
@@ -133,7 +134,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl Admin for RedisStore {
+impl AdminStorage for RedisStore {
     async fn now(&self) -> Result<Timestamp> {
         if let Some(clock) = &self.config().clock {
             return Ok(clock.now());
@@ -147,7 +148,6 @@ impl Admin for RedisStore {
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        filter.validate()?;
         let mut head = self.config().prefix.clone();
         encode_into(&mut head, &filter.consumer);
         head.push(':');
@@ -156,7 +156,7 @@ impl Admin for RedisStore {
             k.consumer() == filter.consumer
                 && filter.after.as_deref().is_none_or(|a| k.message_id() > a)
         });
-        let now = Admin::now(self).await?;
+        let now = AdminStorage::now(self).await?;
         let mut out = Vec::new();
         for chunk in keys.chunks(READ_CHUNK) {
             let records = self.read_records(chunk).await?;
@@ -170,14 +170,13 @@ impl Admin for RedisStore {
     }
 
     async fn stats(&self, top: usize) -> Result<Stats> {
-        validate_top(top)?;
-        let mut stats = Stats::at(Admin::now(self).await?);
+        let mut stats = Stats::at(AdminStorage::now(self).await?);
         self.each_record(|record| stats.add(record, top)).await?;
         Ok(stats)
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
-        let now = Admin::now(self).await?;
+        let now = AdminStorage::now(self).await?;
         let mut count = PurgeCount::default();
         self.each_record(|record| count.add(record, now, retention))
             .await?;

@@ -210,8 +210,6 @@ fn now_arg(now: Option<Timestamp>) -> String {
     now.map(|t| t.as_millis().to_string()).unwrap_or_default()
 }
 
-dedup_core::impl_dedup_store!(RedisStore);
-
 #[async_trait]
 impl Storage for RedisStore {
     /// A fresh key is claimed by `SET ... NX PX ... GET` alone (no script); a completed

@@ -7,7 +7,8 @@
 //! keys read the whole table. The size is the database file's (every table in it).
 
 use async_trait::async_trait;
-use dedup_core::admin::{Admin, KeySummary, ListFilter, PurgeCount, Stats, Status, validate_top};
+use dedup_core::admin::{KeySummary, ListFilter, PurgeCount, Stats, Status};
+use dedup_core::backend::AdminStorage;
 use dedup_core::{Key, Record, Result, Timestamp};
 use rusqlite::{Connection, Row, params};
 use std::time::Duration;
@@ -55,13 +56,12 @@ fn records(
 }
 
 #[async_trait]
-impl Admin for SqliteStore {
+impl AdminStorage for SqliteStore {
     async fn now(&self) -> Result<Timestamp> {
         Ok(self.inner.clock.now())
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        filter.validate()?;
         let filter = filter.clone();
         self.run(false, move |conn, inner| {
             let sql = format!(
@@ -88,7 +88,6 @@ impl Admin for SqliteStore {
     }
 
     async fn stats(&self, top: usize) -> Result<Stats> {
-        validate_top(top)?;
         self.run(false, move |conn, inner| {
             let table = &inner.table;
             let now = inner.clock.now();

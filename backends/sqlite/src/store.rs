@@ -252,8 +252,6 @@ impl Inner {
     }
 }
 
-dedup_core::impl_dedup_store!(SqliteStore);
-
 #[async_trait]
 impl Storage for SqliteStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {

@@ -2,7 +2,7 @@
 //! transaction, next to the caller's business writes.
 
 use dedup_core::transition::{self, Write};
-use dedup_core::{Error, Fingerprint, Key, Lease, Result, TxClaim, validate_outcome};
+use dedup_core::{Error, Fingerprint, Key, Lease, Result, TxClaim};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::error::backend;
@@ -91,7 +91,7 @@ impl SqliteStore {
         lease: &Lease,
         outcome: Option<&[u8]>,
     ) -> Result<()> {
-        validate_outcome(outcome)?;
+        dedup_core::backend::check::commit(outcome)?;
         let inner = &self.inner;
         let now = inner.clock.now();
         inner.commit_one(tx, lease, outcome, now)?

@@ -15,9 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_conformance::{Namespaces, StoreFactory, TestContext, TransactionalFactory, TxEnd};
-use dedup_core::backend::{
-    PurgeBatch, PurgeBatches, PurgeStep, validate_claim_batch, validate_commit_batch,
-};
+use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep, check};
 use dedup_core::transition::{self, Purgeable, Write};
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, Error,
@@ -300,7 +298,7 @@ impl DedupStore for FaultyStore {
 
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
         if !self.is(Fault::BatchValidatesLazily) {
-            validate_claim_batch(requests)?;
+            check::claim_many(requests)?;
         }
         let now = self.now();
         self.batch(
@@ -341,7 +339,7 @@ impl DedupStore for FaultyStore {
 
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
         if !self.is(Fault::BatchValidatesLazily) {
-            validate_commit_batch(requests)?;
+            check::commit_many(requests)?;
         }
         let now = self.now();
         self.batch(

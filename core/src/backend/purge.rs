@@ -83,13 +83,15 @@ impl PurgeBatch {
     }
 }
 
-/// Run a purge over `store`'s batches: validates `options`, then batches until the
-/// backend is exhausted or `max_batches` ran, paced as `options.pace` says.
+/// Run a purge over `store`'s batches: checks `options` ([`check::purge`]), then batches
+/// until the backend is exhausted or `max_batches` ran, paced as `options.pace` says.
+///
+/// [`check::purge`]: super::check::purge
 pub async fn run<S: PurgeBatches + ?Sized>(
     store: &S,
     options: &PurgeOptions,
 ) -> Result<PurgeReport> {
-    options.validate()?;
+    super::check::purge(options)?;
     let started = Instant::now();
     let mut report = PurgeReport::default();
     let mut cursor = S::PurgeCursor::default();

@@ -1,0 +1,113 @@
+//! The front door: every [`Storage`] is a [`DedupStore`] and every [`AdminStorage`] an
+//! [`Admin`], with each
+//! method's input checked by [`check`](super::check) before the backend runs, and a
+//! backend error saying which operation failed ([`Error::during`](crate::Error::during):
+//! "claiming", "committing"...).
+//!
+//! Two blanket implementations rather than a macro each backend invokes, or a checked
+//! wrapper type around each backend: a store author implements plain traits and cannot get
+//! an unchecked `DedupStore` by forgetting a step, the checks read as ordinary code, and
+//! the public store types stay the backends' own (`SqliteStore`, not a wrapper of it).
+//! The price is coherence: a type must not implement both `Storage` and `DedupStore` by
+//! hand, and `DedupStore` is forwarded for `Arc<S>` only (a downstream crate may implement
+//! `Storage` for `Box<T>` or `&T`, which would overlap with forwarding impls for those).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{AdminStorage, Storage, check, purge};
+use crate::admin::{ListFilter, PurgeCount, Stats};
+use crate::{
+    Admin, Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, ItemResult,
+    Key, Lease, PurgeOptions, PurgeReport, Record, Result, Timestamp,
+};
+
+#[async_trait]
+impl<S: Storage> DedupStore for S {
+    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+        check::claim(options)?;
+        Storage::claim(self, key, options)
+            .await
+            .map_err(|e| e.during("claiming"))
+    }
+
+    async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
+        check::claim_many(requests)?;
+        Storage::claim_many(self, requests)
+            .await
+            .map_err(|e| e.during("claiming a batch"))
+    }
+
+    async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
+        check::renew(extend_by)?;
+        Storage::renew(self, lease, extend_by)
+            .await
+            .map_err(|e| e.during("renewing a lease"))
+    }
+
+    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        check::commit(outcome)?;
+        Storage::commit(self, lease, outcome)
+            .await
+            .map_err(|e| e.during("committing"))
+    }
+
+    async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
+        check::commit_many(requests)?;
+        Storage::commit_many(self, requests)
+            .await
+            .map_err(|e| e.during("committing a batch"))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        Storage::release(self, lease)
+            .await
+            .map_err(|e| e.during("releasing a lease"))
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        Storage::get(self, key)
+            .await
+            .map_err(|e| e.during("reading a record"))
+    }
+
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        purge::run(self, options)
+            .await
+            .map_err(|e| e.during("purging"))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Storage::capabilities(self)
+    }
+}
+
+#[async_trait]
+impl<S: AdminStorage> Admin for S {
+    async fn now(&self) -> Result<Timestamp> {
+        AdminStorage::now(self)
+            .await
+            .map_err(|e| e.during("reading the store's clock"))
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        check::list(filter)?;
+        AdminStorage::list(self, filter)
+            .await
+            .map_err(|e| e.during("listing records"))
+    }
+
+    async fn stats(&self, top: usize) -> Result<Stats> {
+        check::stats(top)?;
+        AdminStorage::stats(self, top)
+            .await
+            .map_err(|e| e.during("reading stats"))
+    }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
+        AdminStorage::count_purgeable(self, retention)
+            .await
+            .map_err(|e| e.during("counting purgeable records"))
+    }
+}
