@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use dedup_core::admin::parse_duration;
+use dedup_core::parse_duration;
 use dedup_core::{Key, ListFilter, PurgeOptions, Released};
 use serde_json::{Value, json};
 

@@ -1,8 +1,8 @@
-//! Opening the store a URL names, as an [`Admin`] handle: the one place that knows the
-//! backends. The URL and its parameters are the `dedup` crate's ([`StoreUrl`]); each
-//! backend is then opened here with its concrete store type, since reaching [`Admin`]
-//! needs more than the `dyn DedupStore` that `dedup::open` returns. `--table`,
-//! `--schema` and `--prefix` override the URL's parameters.
+//! Opening the store a URL names, as an [`Admin`] handle, through the `dedup` crate's one
+//! front door ([`StoreUrl::parse_with`] then [`StoreUrl::open_admin`]): the command line
+//! knows no backend. `--table`, `--schema` and `--prefix` replace the URL's parameters of
+//! the same name, checked as if written in the URL (a backend without that notion refuses
+//! it).
 //!
 //! An SQLite path must already exist unless the command is `dedup migrate` (opening an
 //! SQLite file creates the table in it, so a mistyped path would otherwise leave an empty
@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use dedup::{Admin, PostgresStore, RedisConfig, RedisStore, SqliteStore, StoreTarget, StoreUrl};
+use dedup::{Admin, StoreUrl};
 
 use crate::StoreArgs;
 use crate::failure::Failure;
@@ -33,7 +33,15 @@ pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Fail
             "pass --store URL or set DEDUP_STORE_URL (sqlite:PATH, postgres://..., redis://...)",
         ));
     };
-    let parsed = StoreUrl::parse(url).map_err(|e| {
+    let overrides: Vec<(&str, &str)> = [
+        ("table", &args.table),
+        ("schema", &args.schema),
+        ("prefix", &args.prefix),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| value.as_deref().map(|v| (name, v)))
+    .collect();
+    let parsed = StoreUrl::parse_with(url, &overrides).map_err(|e| {
         let code = if e.url_problem().is_some() {
             Failure::usage
         } else {
@@ -43,82 +51,26 @@ pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Fail
             .cause(e)
             .hint("see `dedup --help` and the dedup crate's README for the URL forms")
     })?;
+    if let Some(path) = parsed.file()
+        && !migrate
+        && !path.exists()
+    {
+        return Err(
+            Failure::not_found(format!("no SQLite database at {}", path.display()))
+                .hint("check the path, or create the store with `dedup migrate`"),
+        );
+    }
     let backend = parsed.backend();
-    let failed = |e| Failure::store(format!("cannot open the {backend} store"), e);
-    let (store, location): (Arc<dyn Admin>, String) = match parsed.into_target() {
-        StoreTarget::Memory { .. } => (
-            Arc::new(dedup::MemoryStore::new()),
-            "this process's memory (empty)".into(),
-        ),
-        StoreTarget::Sqlite { path, mut config } => {
-            if let Some(table) = &args.table {
-                config.table = table.clone();
-            }
-            let table = config.table.clone();
-            let store = match &path {
-                Some(path) => {
-                    if !migrate && !path.exists() {
-                        return Err(Failure::not_found(format!(
-                            "no SQLite database at {}",
-                            path.display()
-                        ))
-                        .hint("check the path, or create the store with `dedup migrate`"));
-                    }
-                    SqliteStore::open_with(path, config).await
-                }
-                None => SqliteStore::open_in_memory_with(config).await,
-            }
-            .map_err(failed)?;
-            let file = path.map_or(":memory:".into(), |p| p.display().to_string());
-            (Arc::new(store), format!("{file}, table {table}"))
+    let location = parsed.location();
+    let store = parsed.open_admin().await.map_err(|e| match e {
+        dedup::OpenError::Store { source, .. } => {
+            Failure::store(format!("cannot open the {backend} store"), source)
         }
-        StoreTarget::Postgres { url, mut config } => {
-            if let Some(table) = &args.table {
-                config.table = table.clone();
-            }
-            if let Some(schema) = &args.schema {
-                config.schema = schema.clone();
-            }
-            let store = PostgresStore::connect_with(&url, config)
-                .await
-                .map_err(failed)?;
-            let table = store.table().to_owned();
-            (Arc::new(store), format!("table {table}"))
-        }
-        StoreTarget::Redis { url, config } => open_redis(args, &[url], config, false)
-            .await
-            .map_err(failed)?,
-        StoreTarget::RedisCluster { urls, config } => open_redis(args, &urls, config, true)
-            .await
-            .map_err(failed)?,
-        _ => {
-            return Err(Failure::usage(format!(
-                "this build cannot open {backend} stores"
-            )));
-        }
-    };
+        other => Failure::new(format!("cannot open the {backend} store")).cause(other),
+    })?;
     Ok(Opened {
         store,
         backend,
         location,
     })
-}
-
-/// A Redis store on one server (`urls[0]`) or a cluster (seed nodes `urls`), and where its
-/// records are.
-async fn open_redis(
-    args: &StoreArgs,
-    urls: &[String],
-    mut config: RedisConfig,
-    cluster: bool,
-) -> dedup::Result<(Arc<dyn Admin>, String)> {
-    if let Some(prefix) = &args.prefix {
-        config.prefix = prefix.clone();
-    }
-    let location = format!("key prefix {}", config.prefix);
-    let store = match cluster {
-        true => RedisStore::connect_cluster(urls, config).await?,
-        false => RedisStore::connect_with(&urls[0], config).await?,
-    };
-    Ok((Arc::new(store), location))
 }

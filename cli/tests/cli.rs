@@ -446,7 +446,7 @@ fn usage_errors_exit_2_and_a_missing_store_says_what_to_do() {
     );
     let down = run(&[
         "--store",
-        "postgres://nobody@127.0.0.1:1/none?connect_timeout=1",
+        "postgres://nobody@127.0.0.1:1/none?connect_timeout=1s",
         "stats",
     ]);
     assert_eq!(down.status.code(), Some(1));

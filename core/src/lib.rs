@@ -22,7 +22,7 @@ pub use key::Key;
 pub use memory::MemoryStore;
 pub use purger::{Purger, PurgerError, PurgerHandle, PurgerStats, PurgerWarning};
 pub use store::{DedupStore, ItemResult};
-pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis, parse_duration};
 pub use tls::TlsFiles;
 pub use types::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Fingerprint, Lease, LeaseToken,

@@ -123,3 +123,79 @@ impl Clock for ManualClock {
         Timestamp(self.now_ms.load(Ordering::SeqCst))
     }
 }
+
+/// Parse a duration as people type it in store URLs and on the command line: a whole
+/// number and a unit, `500ms`, `45s`, `30m`, `12h`, `7d`. The one parser every part of the
+/// library uses.
+///
+/// The unit is required: a bare `30` is refused rather than guessed (30 seconds to one
+/// reader is 30 days to another, and an operator's purge retention is no place to guess).
+/// Surrounding whitespace is ignored; anything else (a sign, a fraction, an unknown unit, a
+/// value that overflows) is [`Error::InvalidInput`](crate::Error::InvalidInput) naming the
+/// accepted forms.
+pub fn parse_duration(text: &str) -> crate::Result<Duration> {
+    let bad = |why: &str| {
+        crate::Error::invalid(
+            "duration",
+            format!(
+                "{text:?}: {why}; expected a whole number and a unit (ms, s, m, h, d), e.g. 30s or 7d"
+            ),
+        )
+    };
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let n: u64 = number.parse().map_err(|_| bad("no whole number"))?;
+    let ms_per_unit: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "" => return Err(bad("no unit")),
+        _ => return Err(bad("unknown unit")),
+    };
+    n.checked_mul(ms_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| bad("too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_a_whole_number_and_a_unit() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("45s").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1_800));
+        assert_eq!(
+            parse_duration("12h").unwrap(),
+            Duration::from_secs(12 * 3_600)
+        );
+        assert_eq!(
+            parse_duration(" 7d ").unwrap(),
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        for bad in [
+            "",
+            "30",
+            "d",
+            "7w",
+            "-1d",
+            "+1d",
+            "1.5h",
+            "5 s",
+            "99999999999999999999d",
+            "999999999999999999d",
+        ] {
+            let err = parse_duration(bad).unwrap_err();
+            assert!(err.is_invalid_input(), "{bad}: {err}");
+        }
+        let bare = parse_duration("30").unwrap_err().to_string();
+        assert!(bare.contains("no unit") && bare.contains("30s"), "{bare}");
+    }
+}

@@ -18,7 +18,7 @@ mod url;
 
 pub use dedup_core::*;
 pub use error::{OpenError, UrlError};
-pub use open::{open, open_with_clock};
+pub use open::{open, open_admin, open_with_clock};
 pub use redact::redact;
 pub use url::{StoreTarget, StoreUrl, redis_cluster_url};
 

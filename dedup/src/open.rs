@@ -1,8 +1,8 @@
-//! [`open`]: a ready store from a URL.
+//! [`open`]: a ready store from a URL; [`open_admin`]: the operator's view of the same store.
 
 use std::sync::Arc;
 
-use dedup_core::{Clock, DedupStore, MemoryStore};
+use dedup_core::{Admin, Clock, DedupStore, MemoryStore};
 
 use crate::error::OpenError;
 use crate::url::{StoreTarget, StoreUrl};
@@ -19,6 +19,13 @@ pub async fn open(url: &str) -> Result<Arc<dyn DedupStore>, OpenError> {
     StoreUrl::parse(url)?.open().await
 }
 
+/// [`open`], as the operator's view of the store: an [`Admin`] handle (which is also a
+/// [`DedupStore`]) for listing, counting, purging and releasing by hand. Every backend
+/// implements [`Admin`], so this is the same store `open` returns, with more methods.
+pub async fn open_admin(url: &str) -> Result<Arc<dyn Admin>, OpenError> {
+    StoreUrl::parse(url)?.open_admin().await
+}
+
 /// [`open`] with an injected clock for lease arithmetic (simulations, tests).
 pub async fn open_with_clock(
     url: &str,
@@ -30,6 +37,11 @@ pub async fn open_with_clock(
 impl StoreUrl {
     /// Open the store (see [`open`]).
     pub async fn open(self) -> Result<Arc<dyn DedupStore>, OpenError> {
+        Ok(self.open_admin().await?)
+    }
+
+    /// Open the store as an [`Admin`] handle (see [`open_admin`]).
+    pub async fn open_admin(self) -> Result<Arc<dyn Admin>, OpenError> {
         let url = self.to_string();
         open_target(self.into_target())
             .await
@@ -37,7 +49,7 @@ impl StoreUrl {
     }
 }
 
-async fn open_target(target: StoreTarget) -> dedup_core::Result<Arc<dyn DedupStore>> {
+async fn open_target(target: StoreTarget) -> dedup_core::Result<Arc<dyn Admin>> {
     Ok(match target {
         StoreTarget::Memory { clock } => Arc::new(match clock {
             Some(c) => MemoryStore::with_clock(c),

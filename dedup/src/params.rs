@@ -81,30 +81,13 @@ pub(crate) fn invalid(name: &str, value: &str, reason: &str) -> UrlError {
     }
 }
 
-/// `250ms`, `5s`, `2m`, `3h`, `7d`, or a plain number of seconds (`30`).
+/// A duration parameter (`lease`, `connect_timeout`, ...): [`dedup_core::parse_duration`],
+/// the library's one duration grammar (a whole number and a unit: `500ms`, `5s`, `7d`).
 pub(crate) fn duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| "expected a duration such as 500ms, 5s, 2m, 3h or 7d".to_owned())?;
-    let seconds = |factor: u64| {
-        n.checked_mul(factor)
-            .map(Duration::from_secs)
-            .ok_or_else(|| "too long".to_owned())
-    };
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => seconds(1),
-        "m" => seconds(60),
-        "h" => seconds(3600),
-        "d" => seconds(24 * 3600),
-        _ => Err(format!(
-            "unknown unit {unit:?}: use ms, s, m, h or d (a plain number is seconds)"
-        )),
-    }
+    dedup_core::parse_duration(text).map_err(|e| match e {
+        dedup_core::Error::InvalidInput { reason, .. } => reason,
+        other => other.to_string(),
+    })
 }
 
 /// A positive count (`pool_size`).
@@ -147,10 +130,10 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(duration("7d"), Ok(Duration::from_secs(7 * 86400)));
-        for bad in ["", "s", "5 s", "5w", "-1s", "1.5s"] {
+        for bad in ["", "30", "s", "5 s", "5w", "-1s", "1.5s"] {
             assert!(duration(bad).is_err(), "{bad}");
         }
     }

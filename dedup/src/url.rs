@@ -122,6 +122,63 @@ impl StoreUrl {
         }
     }
 
+    /// [`parse`](Self::parse) `url` with some of its parameters replaced (or added): each
+    /// `(name, value)` in `overrides` takes the place of the URL's own `name=` parameter, and
+    /// is checked exactly like one written in the URL (a parameter the backend does not take
+    /// is [`UrlError::UnknownParameter`]). For tools whose flags override a URL, such as the
+    /// `dedup` command line's `--table`, `--schema` and `--prefix`.
+    pub fn parse_with(url: &str, overrides: &[(&str, &str)]) -> Result<Self, OpenError> {
+        if overrides.is_empty() {
+            return Self::parse(url);
+        }
+        let (base, query) = match url.split_once('?') {
+            Some((base, query)) => (base, query),
+            None => (url, ""),
+        };
+        let mut out = url::form_urlencoded::Serializer::new(String::new());
+        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            if !overrides.iter().any(|(o, _)| *o == name) {
+                out.append_pair(&name, &value);
+            }
+        }
+        for (name, value) in overrides {
+            out.append_pair(name, value);
+        }
+        Self::parse(&format!("{base}?{}", out.finish()))
+    }
+
+    /// Where this store keeps its records, for people: `FILE, table T` (SQLite), `table
+    /// SCHEMA.T` (PostgreSQL), `key prefix P` (Redis), `this process's memory`.
+    pub fn location(&self) -> String {
+        match &self.target {
+            StoreTarget::Memory { .. } => "this process's memory (empty)".to_owned(),
+            #[cfg(feature = "sqlite")]
+            StoreTarget::Sqlite { path, config } => {
+                let file = path
+                    .as_ref()
+                    .map_or(":memory:".into(), |p| p.display().to_string());
+                format!("{file}, table {}", config.table)
+            }
+            #[cfg(feature = "postgres")]
+            StoreTarget::Postgres { config, .. } => {
+                format!("table {}.{}", config.schema, config.table)
+            }
+            #[cfg(feature = "redis")]
+            StoreTarget::Redis { config, .. } | StoreTarget::RedisCluster { config, .. } => {
+                format!("key prefix {}", config.prefix)
+            }
+        }
+    }
+
+    /// The database file, for stores kept in one (SQLite); `None` otherwise.
+    pub fn file(&self) -> Option<&std::path::Path> {
+        match &self.target {
+            #[cfg(feature = "sqlite")]
+            StoreTarget::Sqlite { path, .. } => path.as_deref(),
+            _ => None,
+        }
+    }
+
     /// The backend's name: `memory`, `sqlite`, `postgres`, `redis` or `redis-cluster`.
     pub fn backend(&self) -> &'static str {
         match &self.target {

@@ -101,7 +101,7 @@ async fn postgres_opens_with_its_parameters_and_passes_the_smoke_clauses() {
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
     let url = format!(
-        "{base}?schema={ns}&table=inbox&pool_size=3&connect_timeout=3&clock=local&application_name=dedup-test"
+        "{base}?schema={ns}&table=inbox&pool_size=3&connect_timeout=3s&clock=local&application_name=dedup-test"
     );
     let StoreTarget::Postgres {
         url: driver,
@@ -257,7 +257,7 @@ fn bad_urls_are_typed_errors() {
         "postgres://h/db?schema=a-b",
         "redis://h:1?prefix=a b",
         "redis://h:1?retention=0s",
-        "postgres://h/db?connect_timeout=0",
+        "postgres://h/db?connect_timeout=0s",
     ];
     for url in invalid_config {
         match problem(url) {
@@ -311,4 +311,42 @@ fn url_errors_mask_passwords() {
         let shown = format!("{parsed} {parsed:?} {:?}", parsed.target());
         assert!(!shown.contains("hunter2"), "{shown}");
     }
+}
+
+#[test]
+fn overrides_replace_the_urls_parameters_and_are_checked_like_them() {
+    let url =
+        StoreUrl::parse_with("sqlite:/tmp/x.db?table=a&pool_size=2", &[("table", "b")]).unwrap();
+    assert_eq!(url.location(), "/tmp/x.db, table b");
+    assert_eq!(url.file(), Some(std::path::Path::new("/tmp/x.db")));
+    let url = StoreUrl::parse_with("postgres://h/db", &[("schema", "s"), ("table", "t")]).unwrap();
+    assert_eq!(url.location(), "table s.t");
+    assert_eq!(url.file(), None);
+    let url = StoreUrl::parse_with("redis://h:1", &[("prefix", "p:")]).unwrap();
+    assert_eq!(url.location(), "key prefix p:");
+    // A backend without that notion refuses it, as it would in the URL.
+    let refused = StoreUrl::parse_with("sqlite:/tmp/x.db", &[("schema", "s")]).unwrap_err();
+    assert!(
+        matches!(
+            refused.url_problem(),
+            Some(UrlError::UnknownParameter { .. })
+        ),
+        "{refused:?}"
+    );
+    // An override is validated: an unsafe table name is refused before anything opens.
+    let bad = StoreUrl::parse_with("sqlite:/tmp/x.db", &[("table", "drop table")]).unwrap_err();
+    assert!(
+        matches!(bad.url_problem(), Some(UrlError::Config(_))),
+        "{bad:?}"
+    );
+}
+
+#[tokio::test]
+async fn open_admin_gives_the_operators_view_of_the_same_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("admin.db").display());
+    round_trip(&url).await;
+    let admin = dedup::open_admin(&url).await.unwrap();
+    let stats = admin.stats(0).await.unwrap();
+    assert_eq!(stats.completed, 1, "the record round_trip committed");
 }
