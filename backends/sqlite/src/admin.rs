@@ -14,9 +14,9 @@ use rusqlite::{Connection, Row, params};
 use std::time::Duration;
 
 use crate::SqliteStore;
+use crate::decode::RawRow;
 use crate::error::backend;
-use crate::queries::{COLUMNS, PURGEABLE};
-use crate::row::RawRow;
+use crate::statements::{COLUMNS, PURGEABLE};
 
 /// The condition selecting records in `status` at now `?now`.
 fn status_condition(status: Option<Status>) -> &'static str {

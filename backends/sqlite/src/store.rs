@@ -15,12 +15,13 @@ use dedup_core::{
 use rusqlite::{Connection, params};
 use tokio::sync::OwnedMutexGuard;
 
+use crate::blocking::blocking;
 use crate::config::SqliteConfig;
+use crate::connect::{ConnectionSettings, Location, Pool, Wait, retry_busy};
+use crate::decode;
 use crate::error::backend;
-use crate::pool::{ConnectionSettings, Location, Pool, Wait, blocking, retry_busy};
-use crate::queries::Queries;
-use crate::row;
 use crate::schema;
+use crate::statements::Statements;
 use crate::writes::WriteQueue;
 
 /// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with the transactional
@@ -45,7 +46,7 @@ pub(crate) struct Inner {
     /// arbitrate only between processes and the caller's own connections.
     pub(crate) writes: WriteQueue,
     pub(crate) table: String,
-    pub(crate) queries: Queries,
+    pub(crate) statements: Statements,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) pool: Pool,
     /// [`SqliteConfig::block_in_place`].
@@ -106,7 +107,7 @@ impl SqliteStore {
             Ok(SqliteStore {
                 inner: Arc::new(Inner {
                     writes: WriteQueue::default(),
-                    queries: Queries::new(&config.table),
+                    statements: Statements::new(&config.table),
                     clock: config.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                     pool: Pool::new(location, settings, first, config.pool_size),
                     table: config.table,
@@ -173,7 +174,7 @@ impl Inner {
     pub(crate) fn apply(&self, conn: &Connection, write: Write) -> Result<()> {
         match write {
             Write::Unchanged => Ok(()),
-            Write::Put(record) => row::put(conn, &self.queries, &record),
+            Write::Put(record) => decode::put(conn, &self.statements, &record),
         }
     }
 
@@ -190,7 +191,7 @@ impl Inner {
         let token = LeaseToken::random();
         let expires_at = now.saturating_add(options.lease);
         let inserted = conn
-            .prepare_cached(&self.queries.claim_fresh)
+            .prepare_cached(&self.statements.claim_fresh)
             .and_then(|mut stmt| {
                 stmt.execute(params![
                     key.consumer(),
@@ -210,7 +211,7 @@ impl Inner {
                 expires_at,
             })));
         }
-        let record = row::select(conn, &self.queries, key)?;
+        let record = decode::select(conn, &self.statements, key)?;
         match transition::claim(record.as_ref(), key, options, now, token) {
             Ok((claim, write)) => self.apply(conn, write).map(|()| Ok(claim)),
             Err(contract) => Ok(Err(contract)),
@@ -230,7 +231,7 @@ impl Inner {
     ) -> Result<ItemResult<()>> {
         let key = &lease.key;
         let changed = conn
-            .prepare_cached(&self.queries.commit)
+            .prepare_cached(&self.statements.commit)
             .and_then(|mut stmt| {
                 stmt.execute(params![
                     key.consumer(),
@@ -244,7 +245,7 @@ impl Inner {
         if changed == 1 {
             return Ok(Ok(()));
         }
-        let record = row::select(conn, &self.queries, key)?;
+        let record = decode::select(conn, &self.statements, key)?;
         match transition::commit(record.as_ref(), lease, outcome, now) {
             Ok(write) => self.apply(conn, write).map(Ok),
             Err(contract) => Ok(Err(contract)),
@@ -274,7 +275,7 @@ impl Storage for SqliteStore {
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
         let lease = lease.clone();
         self.write(move |conn, inner, now| {
-            let record = row::select(conn, &inner.queries, &lease.key)?;
+            let record = decode::select(conn, &inner.statements, &lease.key)?;
             let (renewed, write) = transition::renew(record.as_ref(), &lease, extend_by, now)?;
             inner.apply(conn, write)?;
             Ok(renewed)
@@ -304,7 +305,7 @@ impl Storage for SqliteStore {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let lease = lease.clone();
         self.write(move |conn, inner, now| {
-            let record = row::select(conn, &inner.queries, &lease.key)?;
+            let record = decode::select(conn, &inner.statements, &lease.key)?;
             let write = transition::release(record.as_ref(), &lease, now)?;
             inner.apply(conn, write)
         })
@@ -314,7 +315,7 @@ impl Storage for SqliteStore {
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let key = key.clone();
         self.run(false, move |conn, inner| {
-            row::select(conn, &inner.queries, &key)
+            decode::select(conn, &inner.statements, &key)
         })
         .await
     }

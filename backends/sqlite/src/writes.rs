@@ -23,8 +23,8 @@ use dedup_core::{Error, Result, Timestamp};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
+use crate::connect::retry_busy;
 use crate::error::{SetupError, backend};
-use crate::pool::retry_busy;
 use crate::store::{Inner, SqliteStore};
 
 /// The most writes one transaction takes: bounds how long a group holds SQLite's write lock

@@ -5,7 +5,7 @@ use dedup_core::{Error, Fingerprint, Key, Record, RecordState, Result};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::backend;
-use crate::queries::Queries;
+use crate::statements::Statements;
 
 const IN_FLIGHT: &str = "in_flight";
 const COMPLETED: &str = "completed";
@@ -58,8 +58,12 @@ impl RawRow {
 }
 
 /// The record of `key`, if any.
-pub(crate) fn select(conn: &Connection, queries: &Queries, key: &Key) -> Result<Option<Record>> {
-    conn.prepare_cached(&queries.select)
+pub(crate) fn select(
+    conn: &Connection,
+    statements: &Statements,
+    key: &Key,
+) -> Result<Option<Record>> {
+    conn.prepare_cached(&statements.select)
         .and_then(|mut stmt| {
             stmt.query_row(params![key.consumer(), key.message_id()], RawRow::read)
                 .optional()
@@ -70,7 +74,7 @@ pub(crate) fn select(conn: &Connection, queries: &Queries, key: &Key) -> Result<
 }
 
 /// Insert or replace `record`.
-pub(crate) fn put(conn: &Connection, queries: &Queries, record: &Record) -> Result<()> {
+pub(crate) fn put(conn: &Connection, statements: &Statements, record: &Record) -> Result<()> {
     let fence = i64::try_from(record.fence).map_err(|_| {
         Error::corrupt(
             &record.key,
@@ -97,7 +101,7 @@ pub(crate) fn put(conn: &Connection, queries: &Queries, record: &Record) -> Resu
             outcome.as_deref(),
         ),
     };
-    conn.prepare_cached(&queries.put)
+    conn.prepare_cached(&statements.put)
         .and_then(|mut stmt| {
             stmt.execute(params![
                 record.key.consumer(),
