@@ -22,7 +22,7 @@ use crate::decode;
 use crate::error::backend;
 use crate::schema;
 use crate::statements::Statements;
-use crate::writes::WriteQueue;
+use crate::writes::{WriteOp, WriteQueue};
 
 /// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with the transactional
 /// extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
@@ -44,7 +44,7 @@ pub(crate) struct Inner {
     /// (see [`crate::writes`]). Queuing here instead of polling SQLite's lock in its busy
     /// handler (which is unfair and can starve a waiter) leaves the busy handler to
     /// arbitrate only between processes and the caller's own connections.
-    pub(crate) writes: WriteQueue,
+    pub(crate) writes: WriteQueue<Inner>,
     pub(crate) table: String,
     pub(crate) statements: Statements,
     pub(crate) clock: Arc<dyn Clock>,
@@ -129,6 +129,27 @@ impl SqliteStore {
             Location::File(path) => Some(path),
             Location::Memory => None,
         }
+    }
+
+    /// Run `op` inside a `BEGIN IMMEDIATE` transaction, through the store's write queue
+    /// (possibly sharing the transaction with other queued writes, see [`crate::writes`]),
+    /// with "now" read when its turn comes; its result is returned once the transaction
+    /// committed. `op` may run more than once (after a busy lock or a group's rollback):
+    /// each run starts from a rolled-back state.
+    pub(crate) async fn write<T: Send + 'static>(&self, op: impl WriteOp<Inner, T>) -> Result<T> {
+        let queue = &self.inner.writes;
+        queue
+            .write(op, |gate, group| {
+                self.on_connection(Some(gate), move |conn, inner| {
+                    group.run(
+                        conn,
+                        inner,
+                        inner.clock.as_ref(),
+                        inner.pool.settings.busy_timeout,
+                    )
+                })
+            })
+            .await
     }
 
     /// Run `op` on a pooled connection (see [`blocking`]), again while it fails busy
