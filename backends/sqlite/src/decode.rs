@@ -1,4 +1,6 @@
-//! Records as rows: reading a row into a [`Record`] and binding a [`Record`] as parameters.
+//! Records as rows: decoding a row into a [`Record`] (checked by the shared decoder), and
+//! its inverse, binding a [`Record`] as a row's parameters ([`put`]), kept beside it so the
+//! two mappings of the state column stay in step.
 
 use dedup_core::backend::{RawRecord, RawState};
 use dedup_core::{Error, Fingerprint, Key, Record, RecordState, Result};

@@ -1,4 +1,7 @@
-//! [`SqliteStore`]: the lease-mode contract over one SQLite database.
+//! [`SqliteStore`] and its [`Storage`] implementation: the lease-mode contract over one
+//! SQLite database (dedup-core's blanket impl makes it a
+//! [`DedupStore`](dedup_core::DedupStore), input checks first). The store owns its
+//! connections ([`crate::connect`]) and its write queue ([`crate::writes`]).
 
 use std::fmt;
 use std::path::Path;
@@ -24,8 +27,8 @@ use crate::schema;
 use crate::statements::Statements;
 use crate::writes::{WriteOp, WriteQueue};
 
-/// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with the transactional
-/// extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
+/// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with
+/// the transactional extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
 /// [`commit_in_tx`](SqliteStore::commit_in_tx).
 ///
 /// Cheap to clone (clones share the connections). Every lease-mode operation is one

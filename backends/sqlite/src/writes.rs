@@ -232,3 +232,81 @@ pub(crate) fn in_transaction<T>(
     tx.commit().map_err(backend)?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use dedup_core::SystemClock;
+
+    use super::*;
+
+    fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+        conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The queue on its own, with a context that counts the runs of every write: three
+    /// writes queued behind the held gate run as one group; the middle one fails, so the
+    /// group rolls back and each runs again alone. Only the failing one fails.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_group_runs_together_then_alone_and_a_failing_write_fails_alone() {
+        let queue = Arc::new(WriteQueue::<AtomicUsize>::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().unwrap()));
+        lock(&conn)
+            .execute_batch("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+            .unwrap();
+
+        let gate = queue.gate().await;
+        let writes: Vec<_> = [(1, false), (2, true), (3, false)]
+            .into_iter()
+            .map(|(x, fail)| {
+                let (queue, runs, conn) = (queue.clone(), runs.clone(), conn.clone());
+                tokio::spawn(async move {
+                    let op = move |tx: &Connection, runs: &AtomicUsize, _now| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tx.execute("INSERT INTO t VALUES (?1)", [x])
+                            .map_err(backend)?;
+                        match fail {
+                            true => Err(Error::invalid("x", "this write fails")),
+                            false => Ok(x),
+                        }
+                    };
+                    queue
+                        .write(op, |gate, group| {
+                            let (runs, conn) = (runs.clone(), conn.clone());
+                            async move {
+                                let timeout = Duration::from_secs(1);
+                                group.run(&mut lock(&conn), &runs, &SystemClock, timeout);
+                                drop(gate);
+                                Ok(())
+                            }
+                        })
+                        .await
+                })
+            })
+            .collect();
+        while queue.queued().len() < 3 {
+            tokio::task::yield_now().await;
+        }
+        drop(gate);
+
+        let mut results = Vec::new();
+        for write in writes {
+            results.push(write.await.unwrap());
+        }
+        assert_eq!(results[0].as_ref().ok(), Some(&1));
+        assert!(results[1].as_ref().unwrap_err().is_invalid_input());
+        assert_eq!(results[2].as_ref().ok(), Some(&3));
+        // Together: 1 ran, 2 failed (3 never started); then 1, 2 and 3 alone.
+        assert_eq!(runs.load(Ordering::SeqCst), 5);
+        let kept: Vec<i64> = lock(&conn)
+            .prepare("SELECT x FROM t ORDER BY x")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(kept, vec![1, 3]);
+    }
+}
