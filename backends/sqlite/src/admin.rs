@@ -1,5 +1,6 @@
-//! [`Admin`] for [`SqliteStore`]: listing and counting with plain queries on the records
-//! table, on a pooled connection (reads only; they never wait for the write gate).
+//! [`AdminStorage`] (and so [`Admin`](dedup_core::Admin)) for [`SqliteStore`]: listing
+//! and counting with plain queries on the records table, on a pooled connection (reads
+//! only; they never wait for the write gate).
 //!
 //! Listing walks the primary key `(consumer, message_id)` from the `after` id, so a page
 //! costs what it returns (plus the rows its status filter skips). The counts read the whole
@@ -14,9 +15,9 @@ use rusqlite::{Connection, Row, params};
 use std::time::Duration;
 
 use crate::SqliteStore;
+use crate::decode::RawRow;
 use crate::error::backend;
-use crate::queries::{COLUMNS, PURGEABLE};
-use crate::row::RawRow;
+use crate::statements::{COLUMNS, PURGEABLE};
 
 /// The condition selecting records in `status` at now `?now`.
 fn status_condition(status: Option<Status>) -> &'static str {

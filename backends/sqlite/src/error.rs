@@ -1,4 +1,8 @@
 //! Mapping rusqlite errors onto [`dedup_core::Error`], keeping the driver error as source.
+//!
+//! Retryable or not is decided by SQLite's result code alone (busy, locked, locking
+//! protocol, I/O), never by an error's message text; the tests pin the codes with real
+//! errors from the driver.
 
 use std::fmt;
 use std::path::Path;
@@ -15,19 +19,11 @@ pub(crate) fn backend(err: rusqlite::Error) -> Error {
     Error::backend(BACKEND, retryable, err)
 }
 
-/// Whether `err` is a lock or I/O condition that a later attempt may not hit: busy / locked
-/// (another connection or process holds the lock), a WAL locking-protocol hiccup, an I/O
-/// error.
+/// Whether `err` is a lock or I/O condition that a later attempt may not hit: another
+/// connection's lock ([`is_lock_conflict`]), an I/O error.
 fn is_transient(err: &rusqlite::Error) -> bool {
-    matches!(
-        err.sqlite_error_code(),
-        Some(
-            ErrorCode::DatabaseBusy
-                | ErrorCode::DatabaseLocked
-                | ErrorCode::FileLockingProtocolFailed
-                | ErrorCode::SystemIoFailure
-        )
-    )
+    err.sqlite_error_code()
+        .is_some_and(|code| is_lock_conflict(code) || code == ErrorCode::SystemIoFailure)
 }
 
 /// Whether `err` says another connection holds a lock this operation needs (SQLITE_BUSY,
@@ -39,14 +35,16 @@ pub(crate) fn is_busy(err: &Error) -> bool {
     source
         .downcast_ref::<rusqlite::Error>()
         .and_then(rusqlite::Error::sqlite_error_code)
-        .is_some_and(|code| {
-            matches!(
-                code,
-                ErrorCode::DatabaseBusy
-                    | ErrorCode::DatabaseLocked
-                    | ErrorCode::FileLockingProtocolFailed
-            )
-        })
+        .is_some_and(is_lock_conflict)
+}
+
+/// SQLITE_BUSY / SQLITE_LOCKED (another connection or process holds the lock) and
+/// SQLITE_PROTOCOL (a WAL locking-protocol hiccup): codes, never message text.
+fn is_lock_conflict(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked | ErrorCode::FileLockingProtocolFailed
+    )
 }
 
 /// A failure to open the database file at `path` as an error that says so, with a hint
@@ -159,6 +157,74 @@ mod tests {
         assert!(is_busy(&err));
         let source = std::error::Error::source(&err).expect("source kept");
         assert!(source.downcast_ref::<rusqlite::Error>().is_some());
+    }
+
+    /// A real `SQLITE_BUSY` from the driver: another connection holds the write lock
+    /// (`BEGIN IMMEDIATE`) and this one does not wait for it (busy timeout 0).
+    #[test]
+    fn a_real_busy_from_rusqlite_is_retryable_and_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("busy.db");
+        let holder = rusqlite::Connection::open(&path).unwrap();
+        holder
+            .execute_batch("PRAGMA journal_mode = WAL; BEGIN IMMEDIATE")
+            .unwrap();
+        let waiter = rusqlite::Connection::open(&path).unwrap();
+        waiter.busy_timeout(std::time::Duration::ZERO).unwrap();
+        let err = waiter.execute_batch("BEGIN IMMEDIATE").unwrap_err();
+        assert_eq!(
+            err.sqlite_error_code(),
+            Some(ErrorCode::DatabaseBusy),
+            "{err:?}"
+        );
+        let err = backend(err);
+        assert!(err.is_retryable(), "{err:?}");
+        assert!(is_busy(&err), "{err:?}");
+    }
+
+    /// A real `SQLITE_LOCKED` from the driver: two connections to one shared-cache
+    /// database, one writing a table inside a transaction, the other reading it.
+    #[test]
+    fn a_real_locked_from_rusqlite_is_retryable_and_busy() {
+        use rusqlite::OpenFlags;
+        let uri = "file:dedup_locked_test?mode=memory&cache=shared";
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_SHARED_CACHE;
+        let writer = rusqlite::Connection::open_with_flags(uri, flags).unwrap();
+        let reader = rusqlite::Connection::open_with_flags(uri, flags).unwrap();
+        writer
+            .execute_batch("CREATE TABLE t (x); BEGIN; INSERT INTO t VALUES (1)")
+            .unwrap();
+        let err = reader
+            .query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
+            .unwrap_err();
+        assert_eq!(
+            err.sqlite_error_code(),
+            Some(ErrorCode::DatabaseLocked),
+            "{err:?}"
+        );
+        let err = backend(err);
+        assert!(err.is_retryable(), "{err:?}");
+        assert!(is_busy(&err), "{err:?}");
+    }
+
+    /// A real constraint violation from the driver: not retryable, not busy.
+    #[test]
+    fn a_real_constraint_violation_from_rusqlite_is_not_retryable() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (x PRIMARY KEY); INSERT INTO t VALUES (1)")
+            .unwrap();
+        let err = conn.execute("INSERT INTO t VALUES (1)", []).unwrap_err();
+        assert_eq!(
+            err.sqlite_error_code(),
+            Some(ErrorCode::ConstraintViolation),
+            "{err:?}"
+        );
+        let err = backend(err);
+        assert!(!err.is_retryable(), "{err:?}");
+        assert!(!is_busy(&err), "{err:?}");
     }
 
     #[test]

@@ -1,13 +1,14 @@
 #![doc = include_str!("../README.md")]
 
 mod admin;
+mod blocking;
 mod config;
+mod connect;
+mod decode;
 mod error;
-mod pool;
 mod purge;
-mod queries;
-mod row;
 mod schema;
+mod statements;
 mod store;
 mod tx;
 mod writes;

@@ -7,8 +7,8 @@ use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
 use dedup_core::{Result, Timestamp};
 use rusqlite::{Connection, params};
 
+use crate::decode;
 use crate::error::backend;
-use crate::row;
 use crate::store::{Inner, SqliteStore};
 use crate::writes::in_transaction;
 
@@ -46,7 +46,7 @@ impl Inner {
         let cutoff = now.saturating_sub(retention);
         let max_rows = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut stmt = conn
-            .prepare_cached(&self.queries.purge_batch)
+            .prepare_cached(&self.statements.purge_batch)
             .map_err(backend)?;
         let states = stmt
             .query_map(
@@ -56,7 +56,7 @@ impl Inner {
             .map_err(backend)?;
         let mut batch = PurgeBatch::default();
         for state in states {
-            if row::is_completed_state(&state.map_err(backend)?) {
+            if decode::is_completed_state(&state.map_err(backend)?) {
                 batch.completed += 1;
             } else {
                 batch.expired += 1;

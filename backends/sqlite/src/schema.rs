@@ -164,7 +164,7 @@ mod tests {
             .unwrap();
         assert_eq!(version, CURRENT_VERSION);
         // Both records are found by the new index: a purge at 300 with cutoff 250.
-        let q = crate::queries::Queries::new("t");
+        let q = crate::statements::Statements::new("t");
         let purged: Vec<String> = conn
             .prepare(&q.purge_batch)
             .unwrap()

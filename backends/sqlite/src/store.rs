@@ -1,4 +1,7 @@
-//! [`SqliteStore`]: the lease-mode contract over one SQLite database.
+//! [`SqliteStore`] and its [`Storage`] implementation: the lease-mode contract over one
+//! SQLite database (dedup-core's blanket impl makes it a
+//! [`DedupStore`](dedup_core::DedupStore), input checks first). The store owns its
+//! connections ([`crate::connect`]) and its write queue ([`crate::writes`]).
 
 use std::fmt;
 use std::path::Path;
@@ -15,16 +18,17 @@ use dedup_core::{
 use rusqlite::{Connection, params};
 use tokio::sync::OwnedMutexGuard;
 
+use crate::blocking::blocking;
 use crate::config::SqliteConfig;
+use crate::connect::{ConnectionSettings, Location, Pool, Wait, retry_busy};
+use crate::decode;
 use crate::error::backend;
-use crate::pool::{ConnectionSettings, Location, Pool, Wait, blocking, retry_busy};
-use crate::queries::Queries;
-use crate::row;
 use crate::schema;
-use crate::writes::WriteQueue;
+use crate::statements::Statements;
+use crate::writes::{WriteOp, WriteQueue};
 
-/// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with the transactional
-/// extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
+/// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with
+/// the transactional extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
 /// [`commit_in_tx`](SqliteStore::commit_in_tx).
 ///
 /// Cheap to clone (clones share the connections). Every lease-mode operation is one
@@ -43,9 +47,9 @@ pub(crate) struct Inner {
     /// (see [`crate::writes`]). Queuing here instead of polling SQLite's lock in its busy
     /// handler (which is unfair and can starve a waiter) leaves the busy handler to
     /// arbitrate only between processes and the caller's own connections.
-    pub(crate) writes: WriteQueue,
+    pub(crate) writes: WriteQueue<Inner>,
     pub(crate) table: String,
-    pub(crate) queries: Queries,
+    pub(crate) statements: Statements,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) pool: Pool,
     /// [`SqliteConfig::block_in_place`].
@@ -106,7 +110,7 @@ impl SqliteStore {
             Ok(SqliteStore {
                 inner: Arc::new(Inner {
                     writes: WriteQueue::default(),
-                    queries: Queries::new(&config.table),
+                    statements: Statements::new(&config.table),
                     clock: config.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                     pool: Pool::new(location, settings, first, config.pool_size),
                     table: config.table,
@@ -128,6 +132,27 @@ impl SqliteStore {
             Location::File(path) => Some(path),
             Location::Memory => None,
         }
+    }
+
+    /// Run `op` inside a `BEGIN IMMEDIATE` transaction, through the store's write queue
+    /// (possibly sharing the transaction with other queued writes, see [`crate::writes`]),
+    /// with "now" read when its turn comes; its result is returned once the transaction
+    /// committed. `op` may run more than once (after a busy lock or a group's rollback):
+    /// each run starts from a rolled-back state.
+    pub(crate) async fn write<T: Send + 'static>(&self, op: impl WriteOp<Inner, T>) -> Result<T> {
+        let queue = &self.inner.writes;
+        queue
+            .write(op, |gate, group| {
+                self.on_connection(Some(gate), move |conn, inner| {
+                    group.run(
+                        conn,
+                        inner,
+                        inner.clock.as_ref(),
+                        inner.pool.settings.busy_timeout,
+                    )
+                })
+            })
+            .await
     }
 
     /// Run `op` on a pooled connection (see [`blocking`]), again while it fails busy
@@ -173,7 +198,7 @@ impl Inner {
     pub(crate) fn apply(&self, conn: &Connection, write: Write) -> Result<()> {
         match write {
             Write::Unchanged => Ok(()),
-            Write::Put(record) => row::put(conn, &self.queries, &record),
+            Write::Put(record) => decode::put(conn, &self.statements, &record),
         }
     }
 
@@ -190,7 +215,7 @@ impl Inner {
         let token = LeaseToken::random();
         let expires_at = now.saturating_add(options.lease);
         let inserted = conn
-            .prepare_cached(&self.queries.claim_fresh)
+            .prepare_cached(&self.statements.claim_fresh)
             .and_then(|mut stmt| {
                 stmt.execute(params![
                     key.consumer(),
@@ -210,7 +235,7 @@ impl Inner {
                 expires_at,
             })));
         }
-        let record = row::select(conn, &self.queries, key)?;
+        let record = decode::select(conn, &self.statements, key)?;
         match transition::claim(record.as_ref(), key, options, now, token) {
             Ok((claim, write)) => self.apply(conn, write).map(|()| Ok(claim)),
             Err(contract) => Ok(Err(contract)),
@@ -230,7 +255,7 @@ impl Inner {
     ) -> Result<ItemResult<()>> {
         let key = &lease.key;
         let changed = conn
-            .prepare_cached(&self.queries.commit)
+            .prepare_cached(&self.statements.commit)
             .and_then(|mut stmt| {
                 stmt.execute(params![
                     key.consumer(),
@@ -244,7 +269,7 @@ impl Inner {
         if changed == 1 {
             return Ok(Ok(()));
         }
-        let record = row::select(conn, &self.queries, key)?;
+        let record = decode::select(conn, &self.statements, key)?;
         match transition::commit(record.as_ref(), lease, outcome, now) {
             Ok(write) => self.apply(conn, write).map(Ok),
             Err(contract) => Ok(Err(contract)),
@@ -274,7 +299,7 @@ impl Storage for SqliteStore {
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
         let lease = lease.clone();
         self.write(move |conn, inner, now| {
-            let record = row::select(conn, &inner.queries, &lease.key)?;
+            let record = decode::select(conn, &inner.statements, &lease.key)?;
             let (renewed, write) = transition::renew(record.as_ref(), &lease, extend_by, now)?;
             inner.apply(conn, write)?;
             Ok(renewed)
@@ -304,7 +329,7 @@ impl Storage for SqliteStore {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let lease = lease.clone();
         self.write(move |conn, inner, now| {
-            let record = row::select(conn, &inner.queries, &lease.key)?;
+            let record = decode::select(conn, &inner.statements, &lease.key)?;
             let write = transition::release(record.as_ref(), &lease, now)?;
             inner.apply(conn, write)
         })
@@ -314,7 +339,7 @@ impl Storage for SqliteStore {
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let key = key.clone();
         self.run(false, move |conn, inner| {
-            row::select(conn, &inner.queries, &key)
+            decode::select(conn, &inner.statements, &key)
         })
         .await
     }

@@ -5,9 +5,9 @@ use dedup_core::transition::{self, Write};
 use dedup_core::{Error, Fingerprint, Key, Lease, Result, TxClaim};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+use crate::connect::{Location, Wait};
+use crate::decode;
 use crate::error::backend;
-use crate::pool::{Location, Wait};
-use crate::row;
 use crate::store::SqliteStore;
 
 impl SqliteStore {
@@ -47,7 +47,7 @@ impl SqliteStore {
         let inner = &self.inner;
         let now = inner.clock.now();
         let claimed_fence: Option<i64> = tx
-            .prepare_cached(&inner.queries.tx_claim)
+            .prepare_cached(&inner.statements.tx_claim)
             .and_then(|mut stmt| {
                 stmt.query_row(
                     params![
@@ -66,7 +66,7 @@ impl SqliteStore {
             return Ok(TxClaim::Claimed { fence });
         }
         // Nothing written: the contract says why, from the record under the lock.
-        let record = row::select(tx, &inner.queries, key)?;
+        let record = decode::select(tx, &inner.statements, key)?;
         match transition::tx_claim(record.as_ref(), key, fingerprint, now)? {
             (_, Write::Put(_)) => Err(Error::corrupt(
                 key,

@@ -16,36 +16,43 @@
 //! order, in its own transaction, so one failure never decides another write's result.
 //! A caller that gives up while its write is still queued (its future dropped) takes the
 //! write out: it never runs.
+//!
+//! Dependencies point one way: the store owns a [`WriteQueue`] and this module knows
+//! nothing of the store. A write gets the owner's context (the store's state) as an
+//! argument when it runs, and the owner says how a [`Group`] reaches a connection
+//! (`SqliteStore::write` in `store.rs`). Purge batches use the gate and [`in_transaction`]
+//! but never join a group.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use dedup_core::{Error, Result, Timestamp};
+use dedup_core::{Clock, Error, Result, Timestamp};
 use rusqlite::{Connection, TransactionBehavior};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedMutexGuard, oneshot};
 
+use crate::connect::retry_busy;
 use crate::error::{SetupError, backend};
-use crate::pool::retry_busy;
-use crate::store::{Inner, SqliteStore};
 
 /// The most writes one transaction takes: bounds how long a group holds SQLite's write lock
 /// (and so how long a purge batch or another process waits behind it).
 pub(crate) const MAX_GROUP: usize = 64;
 
 /// One write operation, as the store's methods pass it: run inside an open transaction,
-/// with that write's "now".
-pub(crate) trait WriteOp<T>:
-    FnMut(&Connection, &Inner, Timestamp) -> Result<T> + Send + 'static
+/// with the owner's context `C` (the store's state) and that write's "now".
+pub(crate) trait WriteOp<C, T>:
+    FnMut(&Connection, &C, Timestamp) -> Result<T> + Send + 'static
 {
 }
-impl<T, F> WriteOp<T> for F where
-    F: FnMut(&Connection, &Inner, Timestamp) -> Result<T> + Send + 'static
+impl<C, T, F> WriteOp<C, T> for F where
+    F: FnMut(&Connection, &C, Timestamp) -> Result<T> + Send + 'static
 {
 }
 
 /// A queued write, its result type erased.
-trait Job: Send {
+trait Job<C>: Send {
     /// Run the write inside `conn`'s open transaction, keeping its output for later.
-    fn run(&mut self, conn: &Connection, inner: &Inner, now: Timestamp) -> Result<()>;
+    fn run(&mut self, conn: &Connection, context: &C, now: Timestamp) -> Result<()>;
     /// The transaction committed: hand the caller the kept output.
     fn succeed(self: Box<Self>);
     /// The write failed for good: hand the caller `error`.
@@ -60,9 +67,9 @@ struct Pending<T, F> {
     reply: oneshot::Sender<Result<T>>,
 }
 
-impl<T: Send + 'static, F: WriteOp<T>> Job for Pending<T, F> {
-    fn run(&mut self, conn: &Connection, inner: &Inner, now: Timestamp) -> Result<()> {
-        self.output = Some((self.op)(conn, inner, now)?);
+impl<C, T: Send + 'static, F: WriteOp<C, T>> Job<C> for Pending<T, F> {
+    fn run(&mut self, conn: &Connection, context: &C, now: Timestamp) -> Result<()> {
+        self.output = Some((self.op)(conn, context, now)?);
         Ok(())
     }
 
@@ -81,48 +88,53 @@ impl<T: Send + 'static, F: WriteOp<T>> Job for Pending<T, F> {
     }
 }
 
-/// The store's queue of writes and the gate their groups take turns at.
-#[derive(Default)]
-pub(crate) struct WriteQueue {
+/// A queue of writes and the gate their groups take turns at. It knows nothing of the
+/// store that owns it: the writes get the owner's context `C` when they run, and the owner
+/// says how a group reaches a connection (see [`write`](Self::write)).
+pub(crate) struct WriteQueue<C> {
     /// Held for a group's whole transaction; first come, first served (tokio's mutex is
-    /// fair), so this store's writers never poll SQLite's lock against each other. Other
-    /// writers of the store (purge batches) take it too.
+    /// fair), so the owner's writers never poll SQLite's lock against each other. The
+    /// owner's other writers (purge batches) take it too.
     gate: Arc<tokio::sync::Mutex<()>>,
-    queued: Mutex<Vec<Box<dyn Job>>>,
+    queued: Mutex<Vec<Box<dyn Job<C>>>>,
 }
 
-impl WriteQueue {
+impl<C> Default for WriteQueue<C> {
+    fn default() -> Self {
+        WriteQueue {
+            gate: Arc::default(),
+            queued: Mutex::default(),
+        }
+    }
+}
+
+impl<C> WriteQueue<C> {
     /// Wait (asynchronously) for the gate, for a write that does not join a group.
-    pub(crate) async fn gate(&self) -> tokio::sync::OwnedMutexGuard<()> {
+    pub(crate) async fn gate(&self) -> OwnedMutexGuard<()> {
         Arc::clone(&self.gate).lock_owned().await
     }
 
-    fn push(&self, job: Box<dyn Job>) {
-        self.queued().push(job);
-    }
-
-    /// The oldest queued writes, at most [`MAX_GROUP`], leaving out abandoned ones.
-    fn take_group(&self) -> Vec<Box<dyn Job>> {
-        let mut queued = self.queued();
-        let n = queued.len().min(MAX_GROUP);
-        queued.drain(..n).filter(|job| !job.abandoned()).collect()
-    }
-
-    fn queued(&self) -> MutexGuard<'_, Vec<Box<dyn Job>>> {
-        // Only push and drain happen under this lock: a panic cannot leave it inconsistent.
-        self.queued.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl SqliteStore {
-    /// Run `op` inside a `BEGIN IMMEDIATE` transaction (possibly shared with other queued
-    /// writes, see the module docs), with "now" read when its turn comes; its result is
-    /// returned once the transaction committed. `op` may run more than once (after a busy
-    /// lock or a group's rollback): each run starts from a rolled-back state.
-    pub(crate) async fn write<T: Send + 'static>(&self, op: impl WriteOp<T>) -> Result<T> {
+    /// Queue `op` to run inside a `BEGIN IMMEDIATE` transaction (possibly shared with other
+    /// queued writes, see the module docs), with "now" read when its turn comes; its result
+    /// is returned once the transaction committed. `op` may run more than once (after a
+    /// busy lock or a group's rollback): each run starts from a rolled-back state.
+    ///
+    /// Whenever this caller gets the gate while writes are queued, it takes them as a
+    /// [`Group`] and hands it, with the gate, to `run_group`, which must hold the gate and
+    /// [`Group::run`] the group on a connection. Its error (no connection) fails the whole
+    /// group: each of its writers gets [`SetupError::WriteLost`], this one the error.
+    pub(crate) async fn write<T, Run>(
+        &self,
+        op: impl WriteOp<C, T>,
+        mut run_group: impl FnMut(OwnedMutexGuard<()>, Group<C>) -> Run,
+    ) -> Result<T>
+    where
+        C: 'static,
+        T: Send + 'static,
+        Run: Future<Output = Result<()>>,
+    {
         let (reply, mut result) = oneshot::channel();
-        let queue = &self.inner.writes;
-        queue.push(Box::new(Pending {
+        self.push(Box::new(Pending {
             op,
             output: None,
             reply,
@@ -133,48 +145,76 @@ impl SqliteStore {
                 done = &mut result => {
                     return done.unwrap_or_else(|_| Err(SetupError::WriteLost.into()));
                 }
-                gate = queue.gate() => {
-                    let group = queue.take_group();
-                    if group.is_empty() {
+                gate = self.gate() => {
+                    let group = self.take_group();
+                    if group.0.is_empty() {
                         // Ours ran in an earlier group: its result is already sent.
                         continue;
                     }
                     // Then the group's writers (ours among them, unless the group was full)
                     // have their results; a connection that could not be opened failed
                     // them all.
-                    self.on_connection(Some(gate), move |conn, inner| {
-                        run_group(conn, inner, group)
-                    })
-                    .await?;
+                    run_group(gate, group).await?;
                 }
             }
         }
     }
+
+    fn push(&self, job: Box<dyn Job<C>>) {
+        self.queued().push(job);
+    }
+
+    /// The oldest queued writes, at most [`MAX_GROUP`], leaving out abandoned ones.
+    fn take_group(&self) -> Group<C> {
+        let mut queued = self.queued();
+        let n = queued.len().min(MAX_GROUP);
+        Group(queued.drain(..n).filter(|job| !job.abandoned()).collect())
+    }
+
+    fn queued(&self) -> MutexGuard<'_, Vec<Box<dyn Job<C>>>> {
+        // Only push and drain happen under this lock: a panic cannot leave it inconsistent.
+        self.queued.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
-/// Run `group` in one transaction; if that fails, each write alone. Blocking.
-fn run_group(conn: &mut Connection, inner: &Inner, mut group: Vec<Box<dyn Job>>) {
-    let timeout = inner.pool.settings.busy_timeout;
-    if group.len() > 1 {
-        let together = retry_busy(timeout, || {
-            in_transaction(conn, |tx| {
-                group
-                    .iter_mut()
-                    .try_for_each(|job| job.run(tx, inner, inner.clock.now()))
-            })
-        });
-        if together.is_ok() {
-            group.into_iter().for_each(|job| job.succeed());
-            return;
+/// Writes taken off the queue together, to run in one transaction. Dropped without
+/// [`run`](Self::run), each of its writers gets [`SetupError::WriteLost`].
+pub(crate) struct Group<C>(Vec<Box<dyn Job<C>>>);
+
+impl<C> Group<C> {
+    /// Run the group in one transaction on `conn`; if that fails, each write alone, in
+    /// order, in its own transaction. Each write reads "now" from `clock` when its turn
+    /// comes; a try that finds another connection's lock runs again within
+    /// `busy_timeout`. Every writer has its result when this returns. Blocking.
+    pub(crate) fn run(
+        self,
+        conn: &mut Connection,
+        context: &C,
+        clock: &dyn Clock,
+        busy_timeout: Duration,
+    ) {
+        let mut group = self.0;
+        if group.len() > 1 {
+            let together = retry_busy(busy_timeout, || {
+                in_transaction(conn, |tx| {
+                    group
+                        .iter_mut()
+                        .try_for_each(|job| job.run(tx, context, clock.now()))
+                })
+            });
+            if together.is_ok() {
+                group.into_iter().for_each(|job| job.succeed());
+                return;
+            }
         }
-    }
-    for mut job in group {
-        let alone = retry_busy(timeout, || {
-            in_transaction(conn, |tx| job.run(tx, inner, inner.clock.now()))
-        });
-        match alone {
-            Ok(()) => job.succeed(),
-            Err(e) => job.fail(e),
+        for mut job in group {
+            let alone = retry_busy(busy_timeout, || {
+                in_transaction(conn, |tx| job.run(tx, context, clock.now()))
+            });
+            match alone {
+                Ok(()) => job.succeed(),
+                Err(e) => job.fail(e),
+            }
         }
     }
 }
@@ -191,4 +231,82 @@ pub(crate) fn in_transaction<T>(
     let out = body(&tx)?;
     tx.commit().map_err(backend)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use dedup_core::SystemClock;
+
+    use super::*;
+
+    fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+        conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The queue on its own, with a context that counts the runs of every write: three
+    /// writes queued behind the held gate run as one group; the middle one fails, so the
+    /// group rolls back and each runs again alone. Only the failing one fails.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_group_runs_together_then_alone_and_a_failing_write_fails_alone() {
+        let queue = Arc::new(WriteQueue::<AtomicUsize>::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().unwrap()));
+        lock(&conn)
+            .execute_batch("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+            .unwrap();
+
+        let gate = queue.gate().await;
+        let writes: Vec<_> = [(1, false), (2, true), (3, false)]
+            .into_iter()
+            .map(|(x, fail)| {
+                let (queue, runs, conn) = (queue.clone(), runs.clone(), conn.clone());
+                tokio::spawn(async move {
+                    let op = move |tx: &Connection, runs: &AtomicUsize, _now| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tx.execute("INSERT INTO t VALUES (?1)", [x])
+                            .map_err(backend)?;
+                        match fail {
+                            true => Err(Error::invalid("x", "this write fails")),
+                            false => Ok(x),
+                        }
+                    };
+                    queue
+                        .write(op, |gate, group| {
+                            let (runs, conn) = (runs.clone(), conn.clone());
+                            async move {
+                                let timeout = Duration::from_secs(1);
+                                group.run(&mut lock(&conn), &runs, &SystemClock, timeout);
+                                drop(gate);
+                                Ok(())
+                            }
+                        })
+                        .await
+                })
+            })
+            .collect();
+        while queue.queued().len() < 3 {
+            tokio::task::yield_now().await;
+        }
+        drop(gate);
+
+        let mut results = Vec::new();
+        for write in writes {
+            results.push(write.await.unwrap());
+        }
+        assert_eq!(results[0].as_ref().ok(), Some(&1));
+        assert!(results[1].as_ref().unwrap_err().is_invalid_input());
+        assert_eq!(results[2].as_ref().ok(), Some(&3));
+        // Together: 1 ran, 2 failed (3 never started); then 1, 2 and 3 alone.
+        assert_eq!(runs.load(Ordering::SeqCst), 5);
+        let kept: Vec<i64> = lock(&conn)
+            .prepare("SELECT x FROM t ORDER BY x")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(kept, vec![1, 3]);
+    }
 }

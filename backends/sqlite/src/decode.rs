@@ -1,11 +1,13 @@
-//! Records as rows: reading a row into a [`Record`] and binding a [`Record`] as parameters.
+//! Records as rows: decoding a row into a [`Record`] (checked by the shared decoder), and
+//! its inverse, binding a [`Record`] as a row's parameters ([`put`]), kept beside it so the
+//! two mappings of the state column stay in step.
 
 use dedup_core::backend::{RawRecord, RawState};
 use dedup_core::{Error, Fingerprint, Key, Record, RecordState, Result};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::backend;
-use crate::queries::Queries;
+use crate::statements::Statements;
 
 const IN_FLIGHT: &str = "in_flight";
 const COMPLETED: &str = "completed";
@@ -58,8 +60,12 @@ impl RawRow {
 }
 
 /// The record of `key`, if any.
-pub(crate) fn select(conn: &Connection, queries: &Queries, key: &Key) -> Result<Option<Record>> {
-    conn.prepare_cached(&queries.select)
+pub(crate) fn select(
+    conn: &Connection,
+    statements: &Statements,
+    key: &Key,
+) -> Result<Option<Record>> {
+    conn.prepare_cached(&statements.select)
         .and_then(|mut stmt| {
             stmt.query_row(params![key.consumer(), key.message_id()], RawRow::read)
                 .optional()
@@ -70,7 +76,7 @@ pub(crate) fn select(conn: &Connection, queries: &Queries, key: &Key) -> Result<
 }
 
 /// Insert or replace `record`.
-pub(crate) fn put(conn: &Connection, queries: &Queries, record: &Record) -> Result<()> {
+pub(crate) fn put(conn: &Connection, statements: &Statements, record: &Record) -> Result<()> {
     let fence = i64::try_from(record.fence).map_err(|_| {
         Error::corrupt(
             &record.key,
@@ -97,7 +103,7 @@ pub(crate) fn put(conn: &Connection, queries: &Queries, record: &Record) -> Resu
             outcome.as_deref(),
         ),
     };
-    conn.prepare_cached(&queries.put)
+    conn.prepare_cached(&statements.put)
         .and_then(|mut stmt| {
             stmt.execute(params![
                 record.key.consumer(),

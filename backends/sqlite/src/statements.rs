@@ -3,7 +3,7 @@
 //! The table name cannot be a bound parameter, so every template holds `{table}`, replaced
 //! by the validated name (see [`SqliteConfig::validate`](crate::SqliteConfig::validate)).
 
-/// The columns of a record, in the order [`crate::row`] reads and writes them.
+/// The columns of a record, in the order [`crate::decode`] reads and writes them.
 pub(crate) const COLUMNS: &str =
     "state, token, fence, attempt, expires_at, processed_at, outcome, fingerprint";
 
@@ -68,7 +68,7 @@ const COMMIT: &str = "UPDATE \"{table}\" SET state = 'completed', expires_at = N
 
 /// The statements of one store, rendered for its table.
 #[derive(Debug)]
-pub(crate) struct Queries {
+pub(crate) struct Statements {
     pub(crate) select: String,
     pub(crate) put: String,
     pub(crate) purge_batch: String,
@@ -77,7 +77,7 @@ pub(crate) struct Queries {
     pub(crate) commit: String,
 }
 
-impl Queries {
+impl Statements {
     /// The statements for `table` (already validated as a safe identifier).
     pub(crate) fn new(table: &str) -> Self {
         let render = |template: &str| {
@@ -86,7 +86,7 @@ impl Queries {
                 .replace("{purgeable}", PURGEABLE)
                 .replace("{table}", table)
         };
-        Queries {
+        Statements {
             select: render(SELECT),
             put: render(PUT),
             purge_batch: render(PURGE_BATCH),
@@ -115,7 +115,7 @@ mod tests {
     fn purge_and_lookups_use_indexes_not_table_scans() {
         let mut conn = rusqlite::Connection::open_in_memory().unwrap();
         crate::schema::migrate(&mut conn, "t").unwrap();
-        let q = Queries::new("t");
+        let q = Statements::new("t");
         let purge = plan(&conn, &q.purge_batch, rusqlite::params![1, 2, 3]);
         assert!(purge.contains("INDEX t_purge_idx"), "{purge}");
         assert!(!purge.contains("SCAN"), "{purge}");
