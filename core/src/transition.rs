@@ -31,6 +31,66 @@ pub enum Purgeable {
     Expired,
 }
 
+/// What a claim of a key finds, before anything is written: the one decision
+/// [`claim`] and [`tx_claim`] share, so neither can disagree with the other about when a key
+/// may be taken.
+enum Found {
+    /// Free to take (absent, or in flight with an expired or released lease): the new
+    /// holder's fence, attempt and fingerprint.
+    Free {
+        fence: u64,
+        attempt: u32,
+        fingerprint: Option<Fingerprint>,
+    },
+    /// In flight with a live lease.
+    Held { expires_at: Timestamp, attempt: u32 },
+    /// Completed.
+    Completed {
+        processed_at: Timestamp,
+        outcome: Option<Vec<u8>>,
+    },
+}
+
+/// Look at `record` for a claim carrying `fingerprint` at `now`.
+fn find(
+    record: Option<&Record>,
+    key: &Key,
+    fingerprint: Option<&Fingerprint>,
+    now: Timestamp,
+) -> Result<Found> {
+    if let (Some(rec), Some(fp)) = (record, fingerprint)
+        && rec.fingerprint.as_ref().is_some_and(|stored| stored != fp)
+    {
+        return Err(Error::FingerprintMismatch { key: key.clone() });
+    }
+    Ok(match record {
+        None => Found::Free {
+            fence: 1,
+            attempt: 1,
+            fingerprint: fingerprint.cloned(),
+        },
+        Some(rec) => match &rec.state {
+            RecordState::Completed {
+                processed_at,
+                outcome,
+                ..
+            } => Found::Completed {
+                processed_at: *processed_at,
+                outcome: outcome.clone(),
+            },
+            RecordState::InFlight { expires_at, .. } if now < *expires_at => Found::Held {
+                expires_at: *expires_at,
+                attempt: rec.attempt,
+            },
+            RecordState::InFlight { .. } => Found::Free {
+                fence: rec.fence + 1,
+                attempt: rec.attempt.saturating_add(1),
+                fingerprint: fingerprint.cloned().or_else(|| rec.fingerprint.clone()),
+            },
+        },
+    })
+}
+
 /// `claim(key, options)` at `now`; `token` is the token a new lease gets.
 pub fn claim(
     record: Option<&Record>,
@@ -39,43 +99,35 @@ pub fn claim(
     now: Timestamp,
     token: LeaseToken,
 ) -> Result<(Claim, Write)> {
-    if let (Some(rec), Some(fp)) = (record, &options.fingerprint)
-        && rec.fingerprint.as_ref().is_some_and(|stored| stored != fp)
+    let (fence, attempt, fingerprint) = match find(record, key, options.fingerprint.as_ref(), now)?
     {
-        return Err(Error::FingerprintMismatch { key: key.clone() });
-    }
-    let expires_at = now.saturating_add(options.lease);
-    let (fence, attempt, fingerprint) = match record {
-        None => (1, 1, options.fingerprint.clone()),
-        Some(rec) => match &rec.state {
-            RecordState::Completed {
+        Found::Held {
+            expires_at,
+            attempt,
+        } => {
+            let claim = Claim::InFlight {
+                expires_at,
+                attempt,
+            };
+            return Ok((claim, Write::Unchanged));
+        }
+        Found::Completed {
+            processed_at,
+            outcome,
+        } => {
+            let claim = Claim::Completed {
                 processed_at,
                 outcome,
-                ..
-            } => {
-                let claim = Claim::Completed {
-                    processed_at: *processed_at,
-                    outcome: outcome.clone(),
-                };
-                return Ok((claim, Write::Unchanged));
-            }
-            RecordState::InFlight { expires_at, .. } if now < *expires_at => {
-                let claim = Claim::InFlight {
-                    expires_at: *expires_at,
-                    attempt: rec.attempt,
-                };
-                return Ok((claim, Write::Unchanged));
-            }
-            RecordState::InFlight { .. } => (
-                rec.fence + 1,
-                rec.attempt.saturating_add(1),
-                options
-                    .fingerprint
-                    .clone()
-                    .or_else(|| rec.fingerprint.clone()),
-            ),
-        },
+            };
+            return Ok((claim, Write::Unchanged));
+        }
+        Found::Free {
+            fence,
+            attempt,
+            fingerprint,
+        } => (fence, attempt, fingerprint),
     };
+    let expires_at = now.saturating_add(options.lease);
     let lease = Lease {
         key: key.clone(),
         token,
@@ -123,52 +175,45 @@ pub fn tx_claim(
     fingerprint: Option<&Fingerprint>,
     now: Timestamp,
 ) -> Result<(TxClaim, Write)> {
-    let options = ClaimOptions {
-        lease: crate::MIN_LEASE,
-        fingerprint: fingerprint.cloned(),
-    };
-    let (claim, write) = claim(record, key, &options, now, LeaseToken::random())?;
-    Ok(match (claim, write) {
-        (Claim::Acquired(lease), Write::Put(record)) => (
-            TxClaim::Claimed { fence: lease.fence },
+    Ok(match find(record, key, fingerprint, now)? {
+        Found::Free {
+            fence,
+            attempt,
+            fingerprint,
+        } => (
+            TxClaim::Claimed { fence },
             Write::Put(Record {
+                key: key.clone(),
+                fence,
+                attempt,
+                fingerprint,
                 state: RecordState::Completed {
                     token: None,
                     processed_at: now,
                     outcome: None,
                 },
-                ..record
             }),
         ),
-        (
-            Claim::InFlight {
-                expires_at,
-                attempt,
-            },
-            _,
-        ) => (
+        Found::Held {
+            expires_at,
+            attempt,
+        } => (
             TxClaim::InFlight {
                 expires_at,
                 attempt,
             },
             Write::Unchanged,
         ),
-        (
-            Claim::Completed {
-                processed_at,
-                outcome,
-            },
-            _,
-        ) => (
+        Found::Completed {
+            processed_at,
+            outcome,
+        } => (
             TxClaim::Completed {
                 processed_at,
                 outcome,
             },
             Write::Unchanged,
         ),
-        (Claim::Acquired(_), Write::Unchanged) => {
-            unreachable!("transition::claim always writes an acquisition")
-        }
     })
 }
 
