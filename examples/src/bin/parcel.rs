@@ -56,7 +56,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // The broker's view: deliveries of the one event to each consumer's queue.
     // notification: delivered twice (publisher retry).
     // carrier-booking: delivered three times: the first worker books the courier and
-    // crashes before its commit and ack; the broker redelivers; the publisher retry arrives.
+    // commits, then dies before its ack; the broker redelivers; the publisher retry arrives.
     let mut rows = Vec::new();
     let (mut processed, mut duplicates) = (0, 0);
     for _ in 0..2 {
