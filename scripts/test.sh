@@ -5,7 +5,7 @@
 #
 #   scripts/test.sh [extra `cargo test` arguments, e.g. -p dedup-postgres or -- claim_]
 #
-# The arguments go to the first `cargo test --workspace --all-targets` run; the doc tests
+# The arguments go to the first `cargo test --workspace --all-targets --all-features` run; the doc tests
 # always run in full afterwards. The exit code is the tests' (non-zero if either run failed).
 #
 # Before the tests it checks formatting and the toolchain against the MSRV; after them it
@@ -90,12 +90,14 @@ if [[ $checks != 0 ]]; then
     step fmt cargo fmt --all --check
 fi
 
-step "cargo test" cargo test --workspace --all-targets --no-fail-fast "$@"
-step "doc tests" cargo test --workspace --doc
+# --all-features: the examples crate's default builds only the main demo (a lean first
+# `cargo run`); the tests build and run every program, backend and TLS.
+step "cargo test" cargo test --workspace --all-targets --all-features --no-fail-fast "$@"
+step "doc tests" cargo test --workspace --all-features --doc
 
 if [[ $checks != 0 ]]; then
-    step clippy cargo clippy --workspace --all-targets -- -D warnings
-    step rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+    step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
+    step rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
     for feature in sqlite postgres redis; do
         step "examples with only $feature" \
             cargo check -p dedup-examples --bins --no-default-features --features "$feature"

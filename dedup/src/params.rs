@@ -21,7 +21,7 @@ impl Params {
         known: &'static [&'static str],
     ) -> Result<Self, UrlError> {
         let mut values = BTreeMap::new();
-        for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
             if !known.contains(&name.as_ref()) {
                 return Err(UrlError::UnknownParameter {
                     name: name.into_owned(),
@@ -65,7 +65,7 @@ impl Params {
         if self.values.is_empty() {
             return None;
         }
-        let mut out = url::form_urlencoded::Serializer::new(String::new());
+        let mut out = form_urlencoded::Serializer::new(String::new());
         for (k, v) in &self.values {
             out.append_pair(k, v);
         }

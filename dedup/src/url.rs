@@ -135,8 +135,8 @@ impl StoreUrl {
             Some((base, query)) => (base, query),
             None => (url, ""),
         };
-        let mut out = url::form_urlencoded::Serializer::new(String::new());
-        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        let mut out = form_urlencoded::Serializer::new(String::new());
+        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
             if !overrides.iter().any(|(o, _)| *o == name) {
                 out.append_pair(&name, &value);
             }
@@ -382,6 +382,7 @@ const POSTGRES_PARAMS: &[&str] = &[
 ];
 
 /// `scheme://rest`, checked as a URL with a host (the driver parses it again).
+#[cfg(any(feature = "postgres", feature = "redis"))]
 fn server_url(scheme: &str, rest: &str, what: &str) -> Result<String, UrlError> {
     if !rest.starts_with("//") {
         return Err(malformed(format!("{what} URLs start with {scheme}://")));

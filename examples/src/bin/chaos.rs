@@ -4,8 +4,8 @@
 //! the checks).
 //!
 //! ```sh
-//! cargo run --release -p dedup-examples --bin chaos            # every backend and mode
-//! cargo run --release -p dedup-examples --bin chaos -- --backend redis --messages 100 --json
+//! cargo run --release -p dedup-examples --features full --bin chaos            # every backend and mode
+//! cargo run --release -p dedup-examples --features full --bin chaos -- --backend redis --messages 100 --json
 //! ```
 //!
 //! Needs PostgreSQL 15 binaries (the queue, and the PostgreSQL store) and `redis-server`

@@ -2,7 +2,7 @@
 //! `dedup-http`'s layer on any store (by default an SQLite file in a temporary folder).
 //!
 //! ```sh
-//! cargo run -p dedup-examples --bin http_orders -- --listen 127.0.0.1:3000
+//! cargo run -p dedup-examples --features full --bin http_orders -- --listen 127.0.0.1:3000
 //! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: 7f1c' -d '{"item":"tea"}'
 //! ```
 //!

@@ -6,7 +6,7 @@
 //! what it did, then serves `/metrics` until killed (or for `--serve-for` seconds):
 //!
 //! ```text
-//! cargo run -p dedup-examples --bin metrics -- --listen 127.0.0.1:9184
+//! cargo run -p dedup-examples --features full --bin metrics -- --listen 127.0.0.1:9184
 //! curl -s http://127.0.0.1:9184/metrics | grep ^dedup_
 //! ```
 
