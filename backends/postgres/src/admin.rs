@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::PostgresStore;
 use crate::error::backend;
-use crate::record::decode_record;
+use crate::decode::decode_record;
 
 /// "Now" in milliseconds from `$1` (the injected clock) or the server's clock.
 const NOW_MS: &str =

@@ -26,7 +26,7 @@ use dedup_core::{
 };
 
 use crate::error::raced;
-use crate::record::StatementRows;
+use crate::decode::StatementRows;
 
 /// Rounds in a row without progress before giving up with a retryable error (each such
 /// round means another writer changed the key between our snapshot and our write).

@@ -7,7 +7,7 @@
 //! the transaction's start).
 //!
 //! The row-returning statements (claims, commits and the reads that follow them) all return
-//! the same columns, decoded by [`crate::record`]: `wrote` (this statement changed the row),
+//! the same columns, decoded by [`crate::decode`]: `wrote` (this statement changed the row),
 //! `now_ms` (the statement's "now"), the key, then the record. A claim or commit returns
 //! only the rows it wrote (the usual case: one statement, no second lookup); for the keys it
 //! did not write, the store then reads the stored records with [`Statements::read_one`] /
@@ -34,7 +34,7 @@ fn now_cte() -> String {
     format!("now AS (SELECT {NOW_MS} AS ms)")
 }
 
-/// The record's columns after the key, in the order [`crate::record`] decodes them.
+/// The record's columns after the key, in the order [`crate::decode`] decodes them.
 fn record_cols(alias: &str) -> String {
     [
         "token::text",

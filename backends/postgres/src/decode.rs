@@ -9,7 +9,7 @@ use sqlx::postgres::PgRow;
 
 use crate::error::backend;
 
-/// One row of a claim / commit statement (see [`crate::sql`]).
+/// One row of a claim / commit statement (see [`crate::statements`]).
 #[derive(Debug)]
 pub(crate) struct StatementRow {
     /// Whether the statement wrote this record.
@@ -70,7 +70,7 @@ impl StatementRows {
     }
 }
 
-/// The record columns of `row` (named as in [`crate::sql`]) as the record of `key`, checked
+/// The record columns of `row` (named as in [`crate::statements`]) as the record of `key`, checked
 /// by the shared decoder. The state is implied: a processing time means completed.
 pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
     let processed_at: Option<i64> = row.try_get("processed_at").map_err(backend)?;
