@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use async_trait::async_trait;
-use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
 use dedup_core::Result;
+use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
 use sqlx::Row;
 
 use crate::PostgresStore;

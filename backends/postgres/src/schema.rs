@@ -302,10 +302,16 @@ mod tests {
         }
         let v2 = render(MIGRATIONS[1], &config);
         assert!(
-            v2.contains(&format!("\"s\".\"{}\"", index_name(&config.table, "completed_idx"))),
+            v2.contains(&format!(
+                "\"s\".\"{}\"",
+                index_name(&config.table, "completed_idx")
+            )),
             "{v2}"
         );
-        assert!(v2.contains(&index_name(&config.table, "claimed_idx")), "{v2}");
+        assert!(
+            v2.contains(&index_name(&config.table, "claimed_idx")),
+            "{v2}"
+        );
     }
 
     #[test]

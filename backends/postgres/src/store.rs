@@ -14,8 +14,8 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 
 use crate::config::PostgresConfig;
-use crate::error::backend;
 use crate::decode::{StatementRows, decode_record};
+use crate::error::backend;
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 use crate::statements::Statements;
 
