@@ -1,7 +1,9 @@
-//! [`Admin`] for [`PostgresStore`]: listing and counting with plain queries on the table.
+//! [`AdminStorage`] (the operator's reads) for [`PostgresStore`]: listing and counting
+//! with plain queries on the table.
 //!
-//! "Now" is the same as for leases: the injected clock, else the server's
-//! `clock_timestamp()`. Listing walks the primary key from the `after` id in byte order
+//! "Now", the record columns and the purgeable condition are the statements' own
+//! ([`crate::statements`]): the injected clock, else the server's `clock_timestamp()`, and
+//! [`count_purgeable`](AdminStorage::count_purgeable) runs the purge batch's condition. Listing walks the primary key from the `after` id in byte order
 //! (`COLLATE "C"`, so paging agrees with every other store whatever the database's
 //! collation); the counts and the most retried keys read the whole table (one aggregate
 //! query, one sort); the oldest live lease reads every in-flight row. The size is
