@@ -10,7 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 use crate::config::PostgresConfig;
-use crate::error::{BACKEND, backend};
+use crate::error::{BACKEND, backend, cut_during_tls_negotiation};
 
 /// What the errors below say was being done.
 const CONNECTING: &str = "connecting";
@@ -122,7 +122,19 @@ fn hint(e: &sqlx::Error, options: &PgConnectOptions, target: &str) -> Option<Str
             _ if io.to_string().contains("certificate") => tls_hint(target),
             _ => format!("the connection to {target} failed"),
         }),
+        sqlx::Error::Tls(tls) if tls.to_string().contains("does not support TLS") => Some(format!(
+            "{target} does not accept TLS connections: use sslmode=prefer or disable in the \
+             URL, or enable ssl on the server"
+        )),
         sqlx::Error::Tls(_) => Some(tls_hint(target)),
+        sqlx::Error::Protocol(message) if cut_during_tls_negotiation(message) => Some(format!(
+            "{target} closed the connection before answering the TLS request: the server may \
+             be restarting or out of connections, or something in between dropped it; retry"
+        )),
+        sqlx::Error::Protocol(message) if message.contains("SSLRequest") => Some(format!(
+            "{target} answered the TLS request as no PostgreSQL server does: is it a \
+             PostgreSQL port?"
+        )),
         sqlx::Error::Database(db) => {
             let message = db.message();
             match db.code().as_deref() {

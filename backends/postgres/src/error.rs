@@ -27,8 +27,9 @@ fn is_retryable(error: &sqlx::Error) -> bool {
 /// sqlx reports a connection closed before the server answered the TLS negotiation
 /// (`SSLRequest`) as a protocol error about a 0x00 answer byte (it read nothing), not as
 /// an I/O error. The connection dropped; another attempt can succeed. Any other answer
-/// byte (a server that is not PostgreSQL) stays a permanent error.
-fn cut_during_tls_negotiation(message: &str) -> bool {
+/// byte (a server that is not PostgreSQL) stays a permanent error. `tests/tls_negotiation.rs`
+/// makes sqlx produce both and pins this text and the classification.
+pub(crate) fn cut_during_tls_negotiation(message: &str) -> bool {
     message.starts_with("unexpected response from SSLRequest: 0x00")
 }
 

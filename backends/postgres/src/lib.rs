@@ -3,12 +3,12 @@
 mod admin;
 mod config;
 mod connect;
+mod decode;
 mod error;
-mod migrate;
 mod purge;
-mod record;
 mod rounds;
-mod sql;
+mod schema;
+mod statements;
 mod store;
 mod tx;
 

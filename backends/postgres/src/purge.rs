@@ -3,12 +3,13 @@
 use std::time::Instant;
 
 use async_trait::async_trait;
+use dedup_core::Result;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
-use dedup_core::{Result, duration_millis};
 use sqlx::Row;
 
 use crate::PostgresStore;
 use crate::error::backend;
+use crate::statements::retention_param;
 
 /// Where the next batch starts in the `claimed_at` index: the largest `claimed_at` the
 /// previous batches removed. Rows a batch skipped because another transaction held them
@@ -34,14 +35,12 @@ impl PurgeBatches for PostgresStore {
     /// One statement deleting at most `step.limit` purgeable rows. Its work time is the
     /// statement's round trip, without the wait for a pooled connection.
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
-        // Clamped so "now - retention" cannot overflow in SQL; no real retention is near.
-        let retention_ms = duration_millis(step.retention).min(i64::MAX / 4);
         let limit = i64::try_from(step.limit).unwrap_or(i64::MAX);
         let mut conn = self.pool().acquire().await.map_err(backend)?;
         let started = Instant::now();
         let rows = sqlx::query(self.statements().purge_batch.clone())
             .bind(self.now_param())
-            .bind(retention_ms)
+            .bind(retention_param(step.retention))
             .bind(limit)
             .bind(cursor.claimed_from)
             .fetch_all(&mut *conn)

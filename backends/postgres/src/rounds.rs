@@ -25,8 +25,8 @@ use dedup_core::{
     RecordState, Result, Timestamp, TxClaim,
 };
 
+use crate::decode::StatementRows;
 use crate::error::raced;
-use crate::record::StatementRows;
 
 /// Rounds in a row without progress before giving up with a retryable error (each such
 /// round means another writer changed the key between our snapshot and our write).

@@ -14,10 +14,10 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 
 use crate::config::PostgresConfig;
+use crate::decode::{StatementRows, decode_record};
 use crate::error::backend;
-use crate::record::{StatementRows, decode_record};
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
-use crate::sql::Statements;
+use crate::statements::Statements;
 
 /// A [`DedupStore`](dedup_core::DedupStore) keeping its records in one PostgreSQL table.
 ///
@@ -88,7 +88,7 @@ impl PostgresStore {
     /// Create the schema, table and indexes when missing. Idempotent, and safe to run from
     /// many nodes at once (they take turns under an advisory lock).
     pub async fn migrate(&self) -> Result<()> {
-        crate::migrate::migrate(&self.inner.pool, &self.inner.config).await
+        crate::schema::migrate(&self.inner.pool, &self.inner.config).await
     }
 
     /// The connection pool.

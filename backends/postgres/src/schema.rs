@@ -1,5 +1,6 @@
-//! The schema: one table and one index for purge, created or upgraded in order, its
-//! version recorded beside it.
+//! The schema: one table and one index for purge, as an append-only list of versioned
+//! migrations applied in order under a per-schema advisory lock, each table's version
+//! recorded beside it in `dedup_schema_versions`.
 
 use dedup_core::{Error, Result};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
@@ -37,18 +38,22 @@ pub(crate) fn index_name(table: &str, suffix: &str) -> String {
     format!("{}_{hash}_{suffix}", &table[..keep])
 }
 
-/// The DDL of the table and its indexes (idempotent: `IF NOT EXISTS`). Shown in the README.
-pub(crate) fn ddl(config: &PostgresConfig) -> String {
-    let table = config.qualified_table();
-    let claimed_idx = index_name(&config.table, "claimed_idx");
-    format!(
-        r#"CREATE TABLE IF NOT EXISTS {table} (
+/// Migration `n` (1-based) brings a table from version `n - 1` to `n`; a missing table is
+/// created by running them all, in order. Never edit a released migration: a new layout is
+/// one more entry at the end. The README shows them as [`migrate`] runs them for the default
+/// config.
+///
+/// Placeholders, filled in by [`render`]: `{table}` the quoted, schema-qualified table,
+/// `{schema}` the schema's name, `{<name>_idx}` the index name
+/// [`index_name`]`(table, "<name>_idx")`.
+const MIGRATIONS: &[&str] = &[
+    // 1: the first release's layout: the records table and two partial purge indexes.
+    r#"CREATE TABLE IF NOT EXISTS {table} (
     consumer     text    NOT NULL,
     message_id   text    NOT NULL,
     token        uuid,             -- the lease's token; once completed, the committing token
     fence        bigint  NOT NULL, -- +1 each time the key changes hands
     attempt      integer NOT NULL,
-    claimed_at   bigint  NOT NULL, -- ms since the Unix epoch; set by claims only (purge index)
     expires_at   bigint,           -- ms since the Unix epoch; in flight only
     processed_at bigint,           -- ms since the Unix epoch; NULL while in flight
     outcome      bytea,
@@ -56,14 +61,49 @@ pub(crate) fn ddl(config: &PostgresConfig) -> String {
     PRIMARY KEY (consumer, message_id),
     CHECK (processed_at IS NOT NULL OR (token IS NOT NULL AND expires_at IS NOT NULL))
 );
+CREATE INDEX IF NOT EXISTS "{completed_idx}"
+    ON {table} (processed_at) WHERE processed_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "{expiring_idx}"
+    ON {table} (expires_at) WHERE processed_at IS NULL;
+"#,
+    // 2: one purge index instead of two, on `claimed_at` (ms since the Unix epoch; set by
+    // claims only), backfilled with the earliest time the row carries so purge's
+    // `claimed_at < cutoff` bound never skips a purgeable row. Commit, renew and release no
+    // longer change an indexed column (HOT updates).
+    r#"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS claimed_at bigint;
+UPDATE {table} SET claimed_at = LEAST(expires_at, processed_at) WHERE claimed_at IS NULL;
+ALTER TABLE {table} ALTER COLUMN claimed_at SET NOT NULL;
 CREATE INDEX IF NOT EXISTS "{claimed_idx}" ON {table} (claimed_at);
-"#
-    )
-}
+DROP INDEX IF EXISTS "{schema}"."{completed_idx}";
+DROP INDEX IF EXISTS "{schema}"."{expiring_idx}";
+"#,
+];
 
-/// The schema version [`ddl`] creates. Version 1 was the first release's layout (two partial
-/// purge indexes, no `claimed_at`); version 2 added `claimed_at` and its index.
-pub(crate) const CURRENT_VERSION: i64 = 2;
+/// The schema version this build creates and understands: the number of [`MIGRATIONS`].
+pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// `migration` for `config`'s table, its placeholders (see [`MIGRATIONS`]) filled in. An
+/// unknown placeholder is left as it is (a unit test checks there is none).
+fn render(migration: &str, config: &PostgresConfig) -> String {
+    let mut out = String::with_capacity(migration.len() + 64);
+    let mut rest = migration;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let Some(len) = rest[open..].find('}') else {
+            break;
+        };
+        let placeholder = &rest[open..=open + len];
+        match &placeholder[1..len] {
+            "table" => out.push_str(&config.qualified_table()),
+            "schema" => out.push_str(&config.schema),
+            index if index.ends_with("_idx") => out.push_str(&index_name(&config.table, index)),
+            _ => out.push_str(placeholder),
+        }
+        rest = &rest[open + len + 1..];
+    }
+    out.push_str(rest);
+    out
+}
 
 /// The table recording each store table's schema version, one per PostgreSQL schema.
 pub(crate) const VERSIONS_TABLE: &str = "dedup_schema_versions";
@@ -77,43 +117,15 @@ fn versions_ddl(schema: &str) -> String {
     )
 }
 
-/// Upgrade a version-1 table to version 2: add `claimed_at` (backfilled with the earliest
-/// time the row carries, so purge's `claimed_at < cutoff` bound never skips a purgeable
-/// row), index it, drop the two partial indexes it replaces.
-fn upgrade_1_to_2(config: &PostgresConfig) -> String {
-    let table = config.qualified_table();
-    let claimed_idx = index_name(&config.table, "claimed_idx");
-    let completed_idx = index_name(&config.table, "completed_idx");
-    let expiring_idx = index_name(&config.table, "expiring_idx");
-    let schema = &config.schema;
-    format!(
-        r#"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS claimed_at bigint;
-UPDATE {table} SET claimed_at = LEAST(expires_at, processed_at) WHERE claimed_at IS NULL;
-ALTER TABLE {table} ALTER COLUMN claimed_at SET NOT NULL;
-CREATE INDEX IF NOT EXISTS "{claimed_idx}" ON {table} (claimed_at);
-DROP INDEX IF EXISTS "{schema}"."{completed_idx}";
-DROP INDEX IF EXISTS "{schema}"."{expiring_idx}";
-"#
-    )
-}
-
-/// The upgrade from version `from` to `from + 1`.
-fn upgrade_from(from: i64, config: &PostgresConfig) -> Option<String> {
-    match from {
-        1 => Some(upgrade_1_to_2(config)),
-        _ => None,
-    }
-}
-
 /// Create or upgrade the store's table, in one transaction under an advisory lock per
 /// schema: `CREATE ... IF NOT EXISTS` alone can still fail when two nodes race (a unique
 /// violation on the catalog), so concurrent migrators take turns instead.
 ///
-/// The table's version is kept in `"schema".dedup_schema_versions`. A missing table is
-/// created at [`CURRENT_VERSION`]; an older one is upgraded step by step; a table without
-/// a version row is adopted as version 1 or 2 by its columns (tables created before
-/// versions were recorded); a newer one is refused with [`Error::SchemaTooNew`] and nothing
-/// changes.
+/// The table's version is kept in `"schema".dedup_schema_versions`. The [`MIGRATIONS`]
+/// after the table's version run in order: a missing table (version 0) gets them all, an
+/// older one the ones it lacks, its records kept; a table without a version row is adopted
+/// as version 1 or 2 by its columns (tables created before versions were recorded); a newer
+/// one is refused with [`Error::SchemaTooNew`] and nothing changes.
 pub(crate) async fn migrate(pool: &PgPool, config: &PostgresConfig) -> Result<()> {
     config.validate()?;
     let mut tx = pool.begin().await.map_err(backend)?;
@@ -140,39 +152,30 @@ pub(crate) async fn migrate(pool: &PgPool, config: &PostgresConfig) -> Result<()
     setup.push_str(&versions_ddl(&config.schema));
     execute(&mut tx, setup).await?;
 
-    let found = match recorded_version(&mut tx, config).await? {
+    let recorded = recorded_version(&mut tx, config).await?;
+    let found = match recorded {
         Some(version) => version,
         None => unrecorded_version(&mut tx, config).await?,
     };
-    if found > CURRENT_VERSION {
-        return Err(Error::SchemaTooNew {
+    let pending = usize::try_from(found)
+        .ok()
+        .and_then(|done| MIGRATIONS.get(done..))
+        .ok_or_else(|| Error::SchemaTooNew {
             table: config.qualified_table(),
             found,
             known: CURRENT_VERSION,
-        });
-    }
-    let mut version = found;
-    if version == 0 {
-        execute(&mut tx, ddl(config)).await?;
-        version = CURRENT_VERSION;
-    }
-    while version < CURRENT_VERSION {
-        let step = upgrade_from(version, config).ok_or_else(|| Error::SchemaTooNew {
-            table: config.qualified_table(),
-            found: version,
-            known: CURRENT_VERSION,
         })?;
-        execute(&mut tx, step).await?;
-        version += 1;
+    for migration in pending {
+        execute(&mut tx, render(migration, config)).await?;
     }
-    if version != found || recorded_version(&mut tx, config).await?.is_none() {
+    if recorded != Some(CURRENT_VERSION) {
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO \"{}\".{VERSIONS_TABLE} (table_name, version) VALUES ($1, $2) \
              ON CONFLICT (table_name) DO UPDATE SET version = excluded.version",
             config.schema
         )))
         .bind(&config.table)
-        .bind(i32::try_from(version).unwrap_or(i32::MAX))
+        .bind(i32::try_from(CURRENT_VERSION).unwrap_or(i32::MAX))
         .execute(&mut *tx)
         .await
         .map_err(backend)?;
@@ -275,10 +278,39 @@ mod tests {
     #[test]
     fn readme_shows_the_schema() {
         let readme = include_str!("../README.md");
-        let ddl = ddl(&PostgresConfig::default());
+        for (n, migration) in MIGRATIONS.iter().enumerate() {
+            let ddl = render(migration, &PostgresConfig::default());
+            assert!(
+                readme.contains(&ddl),
+                "README.md must show migration {} exactly as migrate() runs it:\n{ddl}",
+                n + 1
+            );
+        }
+    }
+
+    #[test]
+    fn migrations_render_every_placeholder() {
+        let config = PostgresConfig {
+            schema: "s".into(),
+            table: "a".repeat(63),
+            ..PostgresConfig::default()
+        };
+        for migration in MIGRATIONS {
+            let sql = render(migration, &config);
+            assert!(!sql.contains(['{', '}']), "a placeholder left in:\n{sql}");
+            assert!(sql.contains(&config.qualified_table()), "{sql}");
+        }
+        let v2 = render(MIGRATIONS[1], &config);
         assert!(
-            readme.contains(&ddl),
-            "README.md must show the DDL exactly as migrate() runs it:\n{ddl}"
+            v2.contains(&format!(
+                "\"s\".\"{}\"",
+                index_name(&config.table, "completed_idx")
+            )),
+            "{v2}"
+        );
+        assert!(
+            v2.contains(&index_name(&config.table, "claimed_idx")),
+            "{v2}"
         );
     }
 

@@ -1,4 +1,5 @@
-//! Decoding stored rows into [`Record`]s.
+//! Decoding the rows the statements return into [`Record`]s: the rows of claims and commits
+//! (with whether the statement wrote them, and its "now"), and plain record rows.
 
 use std::collections::HashMap;
 
@@ -9,7 +10,7 @@ use sqlx::postgres::PgRow;
 
 use crate::error::backend;
 
-/// One row of a claim / commit statement (see [`crate::sql`]).
+/// One row of a claim / commit statement (see [`crate::statements`]).
 #[derive(Debug)]
 pub(crate) struct StatementRow {
     /// Whether the statement wrote this record.
@@ -70,8 +71,8 @@ impl StatementRows {
     }
 }
 
-/// The record columns of `row` (named as in [`crate::sql`]) as the record of `key`, checked
-/// by the shared decoder. The state is implied: a processing time means completed.
+/// The record columns of `row` (named as in [`crate::statements`]) as the record of `key`,
+/// checked by the shared decoder. The state is implied: a processing time means completed.
 pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
     let processed_at: Option<i64> = row.try_get("processed_at").map_err(backend)?;
     RawRecord {
@@ -88,4 +89,13 @@ pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
         fingerprint: row.try_get("fingerprint").map_err(backend)?,
     }
     .decode(key)
+}
+
+/// The record of a row holding the key and record columns ([`crate::statements::row_cols`]),
+/// for reads that do not know the key beforehand (the operator's listings).
+pub(crate) fn decode_keyed_record(row: &PgRow) -> Result<Record> {
+    let consumer: String = row.try_get("consumer").map_err(backend)?;
+    let message_id: String = row.try_get("message_id").map_err(backend)?;
+    let key = Key::new(consumer, message_id)?;
+    decode_record(row, &key)
 }

@@ -7,21 +7,31 @@
 //! the transaction's start).
 //!
 //! The row-returning statements (claims, commits and the reads that follow them) all return
-//! the same columns, decoded by [`crate::record`]: `wrote` (this statement changed the row),
+//! the same columns, decoded by [`crate::decode`]: `wrote` (this statement changed the row),
 //! `now_ms` (the statement's "now"), the key, then the record. A claim or commit returns
 //! only the rows it wrote (the usual case: one statement, no second lookup); for the keys it
 //! did not write, the store then reads the stored records with [`Statements::read_one`] /
 //! [`Statements::read_many`], as of that read's snapshot.
 
+use std::time::Duration;
+
+use dedup_core::duration_millis;
 use sqlx::{AssertSqlSafe, SqlStr};
 
-/// "Now" in milliseconds: the bound clock, else the server's clock.
+/// "Now" in milliseconds since the Unix epoch: the bound clock `$1`, else the server's clock.
+/// The one definition of "now" for the store's statements and the operator's reads.
 ///
+/// It gives the millisecond the exact numeric computation
+/// `floor(extract(epoch FROM clock_timestamp()) * 1000)` gives, but computes with doubles:
 /// `date_part` gives the epoch as a double (`extract` gives a numeric, about twice as slow to
-/// compute with). Server times are whole microseconds and a double near today's epoch is off
-/// by less than a third of one, so adding half a microsecond before `floor` gives exactly the
-/// millisecond the numeric computation gives (the test below checks both agree).
-const NOW_MS: &str =
+/// compute with). Server times are whole microseconds. The double epoch and its product by
+/// 1000 are each rounded by at most half a unit in the last place, under 0.125 µs each while
+/// the epoch is below 2^31 s (until 2038), so the double is within 0.25 µs of the exact
+/// time. A time on a whole millisecond can therefore come out just below it, and a bare
+/// `floor` would give the millisecond before: adding half a microsecond (itself rounded by
+/// under 0.125 µs) puts every time strictly inside its own millisecond, so `floor` gives the
+/// exact one. The test below checks both agree over 1.4 million times, today and in 2100.
+pub(crate) const NOW_MS: &str =
     "coalesce($1::bigint, floor(date_part('epoch', clock_timestamp()) * 1000 + 0.0005)::bigint)";
 
 /// "Now" as a one-row relation `now(ms)`, for a FROM clause (cheaper than a CTE).
@@ -34,7 +44,7 @@ fn now_cte() -> String {
     format!("now AS (SELECT {NOW_MS} AS ms)")
 }
 
-/// The record's columns after the key, in the order [`crate::record`] decodes them.
+/// The record's columns after the key, in the order [`crate::decode`] decodes them.
 fn record_cols(alias: &str) -> String {
     [
         "token::text",
@@ -54,8 +64,9 @@ fn record_cols(alias: &str) -> String {
     .join(", ")
 }
 
-/// The key and record columns, qualified by `alias` (`""` or `"r."`).
-fn row_cols(alias: &str) -> String {
+/// The key and record columns, qualified by `alias` (`""` or `"r."`), named as
+/// [`crate::decode`] reads them.
+pub(crate) fn row_cols(alias: &str) -> String {
     format!(
         "{alias}consumer AS consumer, {alias}message_id AS message_id, {}",
         record_cols(alias)
@@ -70,6 +81,30 @@ const TAKEOVER_WHERE: &str = "r.processed_at IS NULL \
      AND r.expires_at <= excluded.claimed_at \
      AND (excluded.fingerprint IS NULL OR r.fingerprint IS NULL \
           OR r.fingerprint = excluded.fingerprint)";
+
+/// A purge's cutoff: "now" (the `now` relation) less the retention in milliseconds, `$2`
+/// (bound as [`retention_param`]).
+const PURGE_CUTOFF: &str = "(SELECT ms FROM now) - $2::bigint";
+
+/// A purge's retention as the `$2` of [`PURGE_CUTOFF`], in milliseconds. Clamped so "now -
+/// retention" cannot overflow in SQL; no real retention is near the clamp.
+pub(crate) fn retention_param(retention: Duration) -> i64 {
+    duration_millis(retention).min(i64::MAX / 4)
+}
+
+/// Which records are purgeable at [`PURGE_CUTOFF`]: completed before it, or in flight with a
+/// lease that expired before it. `claimed_at` comes first, for its index: a record is
+/// claimed before it is completed or its lease expires (claimed_at <= processed_at,
+/// claimed_at <= expires_at), so every purgeable record has claimed_at before the cutoff.
+/// One text for the purge batch and for counting what a purge would remove.
+fn purgeable() -> String {
+    let cutoff = PURGE_CUTOFF;
+    format!(
+        "claimed_at < {cutoff} \
+         AND (processed_at < {cutoff} \
+              OR (processed_at IS NULL AND expires_at < {cutoff}))"
+    )
+}
 
 /// The statements of one store.
 #[derive(Debug)]
@@ -96,6 +131,8 @@ pub(crate) struct Statements {
     pub(crate) read_many: SqlStr,
     /// Delete one batch of purgeable records.
     pub(crate) purge_batch: SqlStr,
+    /// Count the records a purge would remove now, completed and expired.
+    pub(crate) count_purgeable: SqlStr,
 }
 
 fn sql(text: String) -> SqlStr {
@@ -236,26 +273,29 @@ impl Statements {
 
         let get = format!("SELECT {cols} FROM {table} WHERE consumer = $1 AND message_id = $2");
 
-        // One bounded batch, by the claimed_at index: a record is claimed before it is
-        // completed or its lease expires (claimed_at <= processed_at, claimed_at <=
-        // expires_at), so every purgeable record has claimed_at < the cutoff, and the index
-        // walks them oldest claim first. Records claimed before the cutoff but not purgeable
-        // (still held, or completed / expired after the cutoff) are passed over. Each batch
-        // starts at the keyset position `$4` (the largest claimed_at the previous batch
-        // removed), so a long purge never rescans what it already passed. SKIP LOCKED passes
-        // over rows a claim or another purger holds, so purgers on many nodes split the work
-        // and never wait; the delete reaches the locked rows by ctid.
+        // One bounded batch, by the claimed_at index (see `purgeable`), walking the records
+        // oldest claim first. Records claimed before the cutoff but not purgeable (still
+        // held, or completed / expired after the cutoff) are passed over. Each batch starts
+        // at the keyset position `$4` (the largest claimed_at the previous batch removed), so
+        // a long purge never rescans what it already passed. SKIP LOCKED passes over rows a
+        // claim or another purger holds, so purgers on many nodes split the work and never
+        // wait; the delete reaches the locked rows by ctid.
+        let purgeable = purgeable();
         let purge_batch = format!(
             "WITH {now_cte}, \
              doomed AS (SELECT ctid AS row_id FROM {table} \
-                        WHERE claimed_at < (SELECT ms FROM now) - $2::bigint \
-                          AND claimed_at >= $4::bigint \
-                          AND (processed_at < (SELECT ms FROM now) - $2::bigint \
-                               OR (processed_at IS NULL \
-                                   AND expires_at < (SELECT ms FROM now) - $2::bigint)) \
+                        WHERE {purgeable} AND claimed_at >= $4::bigint \
                         ORDER BY claimed_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED) \
              DELETE FROM {table} t USING doomed d WHERE t.ctid = d.row_id \
              RETURNING t.processed_at, t.claimed_at"
+        );
+
+        // What the purge batches would remove, counted at once (the same condition).
+        let count_purgeable = format!(
+            "WITH {now_cte} \
+             SELECT count(*) FILTER (WHERE processed_at IS NOT NULL) AS completed, \
+                    count(*) FILTER (WHERE processed_at IS NULL) AS expired \
+             FROM {table} WHERE {purgeable}"
         );
 
         Statements {
@@ -270,6 +310,7 @@ impl Statements {
             read_one: sql(read_one),
             read_many: sql(read_many),
             purge_batch: sql(purge_batch),
+            count_purgeable: sql(count_purgeable),
         }
     }
 }
