@@ -286,7 +286,8 @@ impl Conn {
 
     /// Make the cached slot map wrong on purpose (see
     /// [`Primaries::misroute`](crate::primaries::Primaries::misroute)); nothing on a
-    /// standalone server.
+    /// standalone server. A test hook (feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
     pub(crate) async fn misroute(&self) -> RedisResult<()> {
         match self {
             Conn::Cluster(cluster, primaries) => primaries.misroute(cluster).await,

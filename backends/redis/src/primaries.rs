@@ -202,7 +202,9 @@ impl Primaries {
     }
 
     /// Make the cached map wrong on purpose: every slot is given to the next primary (a test
-    /// hook for the path that handles a stale map; see `RedisStore::misroute_slots`).
+    /// hook for the path that handles a stale map, feature `test-hooks`; see
+    /// `RedisStore::misroute_slots`).
+    #[cfg(feature = "test-hooks")]
     pub(crate) async fn misroute(&self, cluster: &ClusterConnection) -> RedisResult<()> {
         let mut map = SlotMap::clone(&*self.map(cluster).await?);
         let nodes = u16::try_from(map.nodes.len()).unwrap_or(1);

@@ -125,10 +125,12 @@ impl RedisStore {
         duration_millis(self.config.retention)
     }
 
-    /// A test hook: make the cached cluster slot map wrong on purpose (every slot is
-    /// taken for the next primary's), so that the next batch reaches the wrong nodes, is
-    /// redirected, runs the redirected commands again through the cluster client and reads
-    /// the map again. Nothing on a standalone server. Harmless, but of no use outside tests.
+    /// A test hook, only with the `test-hooks` feature (not part of the API: enabled by this
+    /// crate's own tests through its dev-dependency on itself): make the cached cluster slot
+    /// map wrong on purpose (every slot is taken for the next primary's), so that the next
+    /// batch reaches the wrong nodes, is redirected, runs the redirected commands again
+    /// through the cluster client and reads the map again. Nothing on a standalone server.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub async fn misroute_slots(&self) -> Result<()> {
         self.conn.misroute().await.map_err(backend)
