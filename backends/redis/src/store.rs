@@ -14,6 +14,7 @@ use dedup_core::{
 use redis::Cmd;
 use tokio::sync::OnceCell;
 
+use crate::RedisConfig;
 use crate::conn::Conn;
 use crate::connect::Connector;
 use crate::decode::{self, fresh::Fresh};
@@ -21,7 +22,6 @@ use crate::error::{ReplicationShortfall, backend};
 use crate::pipeline::BatchReply;
 use crate::schema::{self, FreshClaim};
 use crate::scripts::{CLAIM, CLAIM_MANY, COMMIT, COMMIT_MANY, Call, GET, Lua, RELEASE, RENEW};
-use crate::RedisConfig;
 
 /// A [`DedupStore`](dedup_core::DedupStore) keeping one Redis string per key (a packed
 /// record): a fresh-key claim is one `SET ... NX PX ... GET`, every other operation one Lua
@@ -71,12 +71,6 @@ impl RedisStore {
     /// connect with TLS.
     pub async fn connect_cluster(urls: &[String], config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        if urls.is_empty() {
-            return Err(Error::invalid(
-                "cluster urls",
-                "at least one node URL is needed",
-            ));
-        }
         let (conn, connector) = crate::connect::cluster(urls, &config).await?;
         Self::open(conn, connector, config).await
     }
