@@ -1,11 +1,14 @@
-//! [`Admin`] for [`RedisStore`]: listing and counting by walking the key prefix with `SCAN`.
+//! The operator's reads ([`AdminStorage`], hence [`Admin`](dedup_core::Admin)) for
+//! [`RedisStore`]: listing and counting by walking the key prefix with `SCAN`.
 //!
 //! Redis has no index to ask, so both read keys one by one:
-//! - [`Admin::list`] runs `SCAN MATCH <prefix><consumer>:*` over the whole keyspace (every
-//!   primary of a cluster), keeps the message ids after `after` in byte order, then reads
-//!   their records with the store's `get` script, in pipelines of 200, until `limit`
-//!   records pass the status filter. It holds the matching key names in memory.
-//! - [`Admin::stats`] runs `SCAN MATCH <prefix>*` and reads every record the same way.
+//! - [`list`](dedup_core::Admin::list) runs `SCAN MATCH <prefix><consumer>:*` over the whole
+//!   keyspace (every primary of a cluster), keeps the message ids after `after` in byte
+//!   order, then reads their records with the store's `get` script, in pipelines of 200,
+//!   until `limit` records pass the status filter. It holds the matching key names in
+//!   memory.
+//! - [`stats`](dedup_core::Admin::stats) runs `SCAN MATCH <prefix>*` and reads every record
+//!   the same way.
 //!
 //! `SCAN` steps ask for 100 keys each: every step walks part of the server's whole keyspace
 //! (other applications' keys included) and blocks that server's one thread while it runs,
