@@ -2,7 +2,7 @@
 -- Reply: {'A', fence, attempt, expires_at} | {'I', expires_at, attempt}
 --      | {'C', processed_at, outcome or nil} | {'F'} | {'X', detail}
 -- Run through lua/one.lua (one key) or lua/many.lua (a batch). A claim of a fresh key never
--- gets here: the client's `SET ... NX PX ... GET` acquires it (src/record.rs); this script
+-- gets here: the client's `SET ... NX PX ... GET` acquires it (src/schema.rs); this script
 -- runs for a key that existed then (in flight, a layout-1 record, past its retention by an
 -- injected clock), or on a key repeated in a batch.
 local function op(key, now, retention, token, lease_ms, fingerprint)

@@ -8,7 +8,7 @@
 --   state         'i' in flight: a = expires_at, b = retain_until (ms since the epoch)
 --                 'c' completed: a = processed_at, b = retain_until (ms since the epoch)
 --                 'l' in flight, written by a claim of a fresh key under the server's clock
---                     (a plain SET ... NX PX, no script: src/record.rs): a = the lease and
+--                     (a plain SET ... NX PX, no script: src/schema.rs): a = the lease and
 --                     b = the retention in ms. The key's native expiry (PX lease + retention)
 --                     holds the instants, set by the server on its own clock:
 --                     retain_until = PEXPIRETIME, expires_at = retain_until - b.

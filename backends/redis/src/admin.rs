@@ -1,11 +1,14 @@
-//! [`Admin`] for [`RedisStore`]: listing and counting by walking the key prefix with `SCAN`.
+//! The operator's reads ([`AdminStorage`], hence [`Admin`](dedup_core::Admin)) for
+//! [`RedisStore`]: listing and counting by walking the key prefix with `SCAN`.
 //!
 //! Redis has no index to ask, so both read keys one by one:
-//! - [`Admin::list`] runs `SCAN MATCH <prefix><consumer>:*` over the whole keyspace (every
-//!   primary of a cluster), keeps the message ids after `after` in byte order, then reads
-//!   their records with the store's `get` script, in pipelines of 200, until `limit`
-//!   records pass the status filter. It holds the matching key names in memory.
-//! - [`Admin::stats`] runs `SCAN MATCH <prefix>*` and reads every record the same way.
+//! - [`list`](dedup_core::Admin::list) runs `SCAN MATCH <prefix><consumer>:*` over the whole
+//!   keyspace (every primary of a cluster), keeps the message ids after `after` in byte
+//!   order, then reads their records with the store's `get` script, in pipelines of 200,
+//!   until `limit` records pass the status filter. It holds the matching key names in
+//!   memory.
+//! - [`stats`](dedup_core::Admin::stats) runs `SCAN MATCH <prefix>*` and reads every record
+//!   the same way.
 //!
 //! `SCAN` steps ask for 100 keys each: every step walks part of the server's whole keyspace
 //! (other applications' keys included) and blocks that server's one thread while it runs,
@@ -25,11 +28,10 @@ use dedup_core::backend::AdminStorage;
 use dedup_core::{Key, Record, Result, Timestamp};
 
 use crate::RedisStore;
-use crate::conn::Call;
+use crate::decode;
 use crate::error::backend;
-use crate::layout::encode_into;
-use crate::reply;
-use crate::scripts::GET;
+use crate::schema::{encode_into, key_of};
+use crate::scripts::{Call, GET};
 
 /// Keys asked of one `SCAN` step (a hint to the server).
 const SCAN_COUNT: usize = 100;
@@ -46,33 +48,6 @@ fn glob_escape(text: &str) -> String {
         out.push(c);
     }
     out
-}
-
-/// Undo the layout's percent-encoding of one part; `None` when it is not an encoded part.
-fn decode_part(part: &str) -> Option<String> {
-    let mut out = String::with_capacity(part.len());
-    let mut rest = part;
-    while let Some(i) = rest.find('%') {
-        out.push_str(&rest[..i]);
-        let c = match rest.get(i + 1..i + 3)? {
-            "25" => '%',
-            "7B" => '{',
-            "7D" => '}',
-            "3A" => ':',
-            _ => return None,
-        };
-        out.push(c);
-        rest = &rest[i + 3..];
-    }
-    out.push_str(rest);
-    Some(out)
-}
-
-/// The dedup key a Redis key under `prefix` stands for; `None` for keys of another layout.
-fn key_of(prefix: &str, redis_key: &[u8]) -> Option<Key> {
-    let text = std::str::from_utf8(redis_key).ok()?.strip_prefix(prefix)?;
-    let (consumer, message_id) = text.split_once(':')?;
-    Key::new(decode_part(consumer)?, decode_part(message_id)?).ok()
 }
 
 impl RedisStore {
@@ -127,7 +102,7 @@ impl RedisStore {
         let replies = self.conn().eval_many(&calls, None).await.map_err(backend)?;
         let mut out = Vec::with_capacity(keys.len());
         for ((key, _), value) in keys.iter().zip(replies.values) {
-            out.extend(reply::get(key, value)?);
+            out.extend(decode::get(key, value)?);
         }
         Ok(out)
     }
@@ -187,23 +162,6 @@ impl AdminStorage for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::redis_key;
-
-    #[test]
-    fn redis_keys_decode_back_to_their_keys() {
-        for (c, m) in [
-            ("billing", "order-42"),
-            ("a:b", "{c}%"),
-            ("x", "%3A"),
-            ("y", ":"),
-        ] {
-            let key = Key::new(c, m).unwrap();
-            assert_eq!(key_of("p:", redis_key("p:", &key).as_bytes()), Some(key));
-        }
-        assert_eq!(key_of("p:", b"p:no-separator"), None);
-        assert_eq!(key_of("p:", b"q:a:b"), None);
-        assert_eq!(key_of("p:", b"p:a:%zz"), None);
-    }
 
     #[test]
     fn glob_characters_are_escaped() {

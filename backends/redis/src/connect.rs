@@ -130,8 +130,14 @@ pub(crate) async fn standalone(url: &str, config: &RedisConfig) -> Result<(Conn,
     Ok((connector.open().await?, connector))
 }
 
-/// A Redis Cluster through its seed nodes' URLs.
+/// A Redis Cluster through its seed nodes' URLs (at least one, or
+/// [`Error::InvalidInput`]).
 pub(crate) async fn cluster(urls: &[String], config: &RedisConfig) -> Result<(Conn, Connector)> {
+    // Batches reach the primaries on connections of their own (see `primaries`), with the
+    // first seed's credentials and TLS settings.
+    let seed = urls
+        .first()
+        .ok_or_else(|| Error::invalid("cluster urls", "at least one node URL is needed"))?;
     let target = urls
         .iter()
         .map(|u| {
@@ -151,11 +157,6 @@ pub(crate) async fn cluster(urls: &[String], config: &RedisConfig) -> Result<(Co
     let client = builder
         .build()
         .map_err(|e| connect_error(e, &target, tls))?;
-    // Batches reach the primaries on connections of their own (see `primaries`), with the
-    // first seed's credentials and TLS settings.
-    let seed = urls
-        .first()
-        .ok_or_else(|| Error::invalid("cluster urls", "at least one node URL is needed"))?;
     let primaries = Box::new(NodeSettings {
         template: self::client(seed, config)?.get_connection_info().clone(),
         config: AsyncConnectionConfig::new()

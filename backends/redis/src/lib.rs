@@ -4,12 +4,13 @@ mod admin;
 mod config;
 mod conn;
 mod connect;
+mod decode;
 mod error;
-mod layout;
+mod nodes;
+mod pipeline;
 mod primaries;
 mod purge;
-mod record;
-mod reply;
+mod schema;
 mod scripts;
 mod store;
 

@@ -6,7 +6,7 @@
 //! slots, and where one can be forced on it (`route_pipeline`), a `MOVED` or `ASK` reply to
 //! any one command makes it send the whole pipeline again to the node named there, so that
 //! the commands that had already run would run twice. A pipeline sent here comes back as the
-//! node answered it; a command the node redirected did not run, and [`crate::conn`] runs it
+//! node answered it; a command the node redirected did not run, and [`crate::pipeline`] runs it
 //! again alone through the cluster client, which follows the redirection.
 //!
 //! The map is cached: read on first use, read again after a redirection (the map was stale),
@@ -21,7 +21,7 @@ use redis::{
     AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, FromRedisValue, RedisResult, Value,
 };
 
-use crate::layout::SLOTS;
+use crate::schema::SLOTS;
 
 /// A primary's address, as `CLUSTER SLOTS` gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,7 +202,9 @@ impl Primaries {
     }
 
     /// Make the cached map wrong on purpose: every slot is given to the next primary (a test
-    /// hook for the path that handles a stale map; see `RedisStore::misroute_slots`).
+    /// hook for the path that handles a stale map, feature `test-hooks`; see
+    /// `RedisStore::misroute_slots`).
+    #[cfg(feature = "test-hooks")]
     pub(crate) async fn misroute(&self, cluster: &ClusterConnection) -> RedisResult<()> {
         let mut map = SlotMap::clone(&*self.map(cluster).await?);
         let nodes = u16::try_from(map.nodes.len()).unwrap_or(1);

@@ -36,10 +36,11 @@ use dedup_core::{Result, duration_millis};
 use redis::Cmd;
 
 use crate::RedisStore;
-use crate::conn::{Call, Conn, ScanNode};
+use crate::conn::Conn;
+use crate::decode::{self, purge::Purged};
 use crate::error::backend;
-use crate::reply::{self, Purged};
-use crate::scripts::{PURGE_MANY, PURGE_STEP};
+use crate::nodes::ScanNode;
+use crate::scripts::{Call, PURGE_MANY, PURGE_STEP};
 
 /// The shortest a paced step holds the server: a fraction of a local claim's round trip.
 const MIN_PACED_HOLD: Duration = Duration::from_micros(150);
@@ -205,12 +206,12 @@ impl RedisStore {
         room: usize,
         pattern: &str,
         (budget, count): (Duration, usize),
-    ) -> Result<reply::PurgeStep> {
+    ) -> Result<decode::purge::PurgeStep> {
         let scan = (!walk.walked).then_some(walk.scan);
         let cmd = self.step_cmd(step, room, budget, scan, pattern, count, &walk.pending);
         let sent = Instant::now();
         let value = conn.eval_on(&walk.node, &cmd).await.map_err(backend)?;
-        let mut done = reply::purge_step(value).map_err(backend)?;
+        let mut done = decode::purge::purge_step(value).map_err(backend)?;
         walk.last_wait = sent.elapsed().saturating_sub(done.server_time);
         if let Some(next) = done.cursor {
             walk.scan = next;
@@ -278,7 +279,7 @@ impl RedisStore {
             .map_err(backend)?;
         *held += sent.elapsed();
         for v in &replies.values {
-            match reply::purged(v) {
+            match decode::purge::purged(v) {
                 Purged::Completed => batch.completed += 1,
                 Purged::Expired => batch.expired += 1,
                 Purged::Nothing => {}
@@ -368,10 +369,10 @@ mod tests {
         room: usize,
         budget: Duration,
         keys: &[Vec<u8>],
-    ) -> reply::PurgeStep {
+    ) -> decode::purge::PurgeStep {
         let cmd = store.step_cmd(&purge_step(room), room, budget, None, "", 0, keys);
         let conn = store.purge_conn().await.unwrap();
-        reply::purge_step(conn.eval_on(node, &cmd).await.unwrap()).unwrap()
+        decode::purge::purge_step(conn.eval_on(node, &cmd).await.unwrap()).unwrap()
     }
 
     /// The step's mechanism, on the server: it stops taking keys at its budget and at its

@@ -1,5 +1,5 @@
-//! The Lua scripts: every operation but a fresh-key claim (`src/record.rs`) is one of them,
-//! run atomically by the server.
+//! The Lua scripts and their invocation: every operation but a fresh-key claim (a plain
+//! `SET`, see [`crate::schema`]) is one of them, run atomically by the server.
 //!
 //! Each script is `lua/now.lua` ("now"), `lua/record.lua` (the shared prelude: the record
 //! layouts, loading and validating a record of either layout, writing layout 2) and the
@@ -8,9 +8,18 @@
 //! written once, as a function `op` (`lua/claim.lua`, `lua/commit.lua`), run on one key by
 //! `lua/one.lua` and on a whole batch by `lua/many.lua`. They are invoked with `EVALSHA`; a
 //! server that does not know a script (`NOSCRIPT`: restarted, failed over, `SCRIPT
-//! FLUSH`ed) gets them all loaded again with `SCRIPT LOAD` and the call is retried.
+//! FLUSH`ed) gets them all loaded again with `SCRIPT LOAD` and the call is retried (see
+//! [`crate::conn`]).
+//!
+//! A [`Call`] is one invocation on one key (`EVALSHA sha 1 key args...`); [`many_cmd`] folds
+//! the calls of one hash slot into one call of `lua/many.lua`. Where they are sent is
+//! [`crate::conn`] (one call) and [`crate::pipeline`] (batches).
 
 use std::sync::LazyLock;
+
+use redis::{Cmd, ToRedisArgs};
+
+use crate::schema;
 
 /// One script: its source and SHA1.
 #[derive(Debug)]
@@ -78,4 +87,75 @@ pub(crate) fn all() -> [&'static Lua; 9] {
         &PURGE_MANY,
         &PURGE_STEP,
     ]
+}
+
+/// One script invocation on one key.
+pub(crate) struct Call {
+    lua: &'static Lua,
+    key: Vec<u8>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    /// `lua` on `key`, no arguments yet.
+    pub(crate) fn new(lua: &'static Lua, key: impl Into<Vec<u8>>) -> Self {
+        Call {
+            lua,
+            key: key.into(),
+            args: Vec::with_capacity(6),
+        }
+    }
+
+    /// Append `ARGV[n]`.
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// `EVALSHA sha 1 key args...`.
+    pub(crate) fn cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.lua.sha).arg(1).arg(&self.key);
+        for a in &self.args {
+            cmd.arg(a);
+        }
+        cmd
+    }
+
+    /// The cluster hash slot of its key.
+    pub(crate) fn slot(&self) -> u16 {
+        schema::slot(&self.key)
+    }
+}
+
+/// How many leading arguments of a claim or commit [`Call`] every item of a batch shares
+/// (`now`, retention: see `lua/one.lua` and `lua/many.lua`); they are sent once.
+pub(crate) const SHARED_ARGS: usize = 2;
+
+/// `EVALSHA many` over the calls at `group` (all on one hash slot, all with the same first
+/// [`SHARED_ARGS`] arguments): their keys, the shared arguments once, then each call's own
+/// arguments in order.
+pub(crate) fn many_cmd(many: &Lua, calls: &[Call], group: &[usize]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&many.sha).arg(group.len());
+    for &i in group {
+        cmd.arg(&calls[i].key);
+    }
+    if let Some(&first) = group.first() {
+        let shared = &calls[first].args[..SHARED_ARGS];
+        debug_assert!(
+            group
+                .iter()
+                .all(|&i| calls[i].args[..SHARED_ARGS] == *shared)
+        );
+        for a in shared {
+            cmd.arg(a);
+        }
+    }
+    for &i in group {
+        for a in &calls[i].args[SHARED_ARGS..] {
+            cmd.arg(a);
+        }
+    }
+    cmd
 }

@@ -14,13 +14,14 @@ use dedup_core::{
 use redis::Cmd;
 use tokio::sync::OnceCell;
 
-use crate::conn::{BatchReply, Call, Conn};
+use crate::RedisConfig;
+use crate::conn::Conn;
 use crate::connect::Connector;
+use crate::decode::{self, fresh::Fresh};
 use crate::error::{ReplicationShortfall, backend};
-use crate::record::{self, FreshClaim};
-use crate::reply::Fresh;
-use crate::scripts::{CLAIM, CLAIM_MANY, COMMIT, COMMIT_MANY, GET, Lua, RELEASE, RENEW};
-use crate::{RedisConfig, layout, reply};
+use crate::pipeline::BatchReply;
+use crate::schema::{self, FreshClaim};
+use crate::scripts::{CLAIM, CLAIM_MANY, COMMIT, COMMIT_MANY, Call, GET, Lua, RELEASE, RENEW};
 
 /// A [`DedupStore`](dedup_core::DedupStore) keeping one Redis string per key (a packed
 /// record): a fresh-key claim is one `SET ... NX PX ... GET`, every other operation one Lua
@@ -70,12 +71,6 @@ impl RedisStore {
     /// connect with TLS.
     pub async fn connect_cluster(urls: &[String], config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        if urls.is_empty() {
-            return Err(Error::invalid(
-                "cluster urls",
-                "at least one node URL is needed",
-            ));
-        }
         let (conn, connector) = crate::connect::cluster(urls, &config).await?;
         Self::open(conn, connector, config).await
     }
@@ -107,7 +102,7 @@ impl RedisStore {
     /// The Redis key holding `key`'s record (see the crate docs, "Key layout"). For
     /// operators and tests; never write to it yourself.
     pub fn redis_key(&self, key: &Key) -> String {
-        layout::redis_key(&self.config.prefix, key)
+        schema::redis_key(&self.config.prefix, key)
     }
 
     /// The injected clock's time; `None` with the server's clock.
@@ -124,10 +119,12 @@ impl RedisStore {
         duration_millis(self.config.retention)
     }
 
-    /// A test hook: make the cached cluster slot map wrong on purpose (every slot is
-    /// taken for the next primary's), so that the next batch reaches the wrong nodes, is
-    /// redirected, runs the redirected commands again through the cluster client and reads
-    /// the map again. Nothing on a standalone server. Harmless, but of no use outside tests.
+    /// A test hook, only with the `test-hooks` feature (not part of the API: enabled by this
+    /// crate's own tests through its dev-dependency on itself): make the cached cluster slot
+    /// map wrong on purpose (every slot is taken for the next primary's), so that the next
+    /// batch reaches the wrong nodes, is redirected, runs the redirected commands again
+    /// through the cluster client and reads the map again. Nothing on a standalone server.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub async fn misroute_slots(&self) -> Result<()> {
         self.conn.misroute().await.map_err(backend)
@@ -149,7 +146,7 @@ impl RedisStore {
 
     fn claim_call(&self, key: &Key, options: &ClaimOptions, now: &str, token: LeaseToken) -> Call {
         let fingerprint = options.fingerprint.as_ref().map_or("", |f| f.as_str());
-        // lua/one.lua: the batch's shared arguments (conn::SHARED_ARGS) first.
+        // lua/one.lua: the batch's shared arguments (scripts::SHARED_ARGS) first.
         Call::new(&CLAIM, self.redis_key(key))
             .arg(now)
             .arg(self.retention_ms())
@@ -159,7 +156,7 @@ impl RedisStore {
     }
 
     fn commit_call(&self, lease: &Lease, outcome: Option<&[u8]>, now: &str) -> Call {
-        // lua/one.lua: the batch's shared arguments (conn::SHARED_ARGS) first.
+        // lua/one.lua: the batch's shared arguments (scripts::SHARED_ARGS) first.
         Call::new(&COMMIT, self.redis_key(&lease.key))
             .arg(now)
             .arg(self.retention_ms())
@@ -189,7 +186,7 @@ impl RedisStore {
         let results: Vec<Result<()>> = leases
             .iter()
             .zip(values)
-            .map(|(lease, v)| reply::commit(lease, v))
+            .map(|(lease, v)| decode::commit(lease, v))
             .collect();
         if let (Some((wanted, _)), Some(acked)) = (self.config.wait_for_replicas, acknowledged)
             && acked < i64::from(wanted)
@@ -238,7 +235,7 @@ impl Storage for RedisStore {
             .iter()
             .zip(&keys)
             .zip(&tokens)
-            .map(|((r, k), &t)| record::fresh_claim(k, t, &r.options, retention_ms, now))
+            .map(|((r, k), &t)| schema::fresh_claim(k, t, &r.options, retention_ms, now))
             .collect();
         let cmds: Vec<(&[u8], Cmd)> = keys
             .iter()
@@ -266,9 +263,9 @@ impl Storage for RedisStore {
             let answer = if scripted.contains(keys[i].as_str()) {
                 Fresh::Script
             } else {
-                let key_expiry = record::key_expiry(expiry.as_ref());
+                let key_expiry = decode::fresh::key_expiry(expiry.as_ref());
                 let expires_at = f.expires_at(key_expiry);
-                reply::fresh_claim(
+                decode::fresh::fresh_claim(
                     &r.key, tokens[i], &r.options, expires_at, now, key_expiry, set,
                 )?
             };
@@ -293,7 +290,7 @@ impl Storage for RedisStore {
                 .await
                 .map_err(backend)?;
             for (&i, v) in to_script.iter().zip(batch.values) {
-                results[i] = Some(reply::claim(&requests[i].key, tokens[i], v));
+                results[i] = Some(decode::claim(&requests[i].key, tokens[i], v));
             }
         }
         Ok(results
@@ -311,14 +308,14 @@ impl Storage for RedisStore {
             .arg(duration_millis(extend_by))
             .arg(self.retention_ms());
         let value = self.conn.eval(&call).await.map_err(backend)?;
-        reply::renew(lease, value)
+        decode::renew(lease, value)
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
         let call = self.commit_call(lease, outcome, &self.now_arg());
         if self.config.wait_for_replicas.is_none() {
             let value = self.conn.eval(&call).await.map_err(backend)?;
-            return reply::commit(lease, value);
+            return decode::commit(lease, value);
         }
         let mut results = self.run_commits(&[call], &[lease]).await?;
         results.pop().unwrap_or(Ok(()))
@@ -337,13 +334,13 @@ impl Storage for RedisStore {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let call = self.lease_call(&RELEASE, lease).arg(self.retention_ms());
         let value = self.conn.eval(&call).await.map_err(backend)?;
-        reply::release(lease, value)
+        decode::release(lease, value)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let call = Call::new(&GET, self.redis_key(key)).arg(self.now_arg());
         let value = self.conn.eval(&call).await.map_err(backend)?;
-        reply::get(key, value)
+        decode::get(key, value)
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -1,50 +1,75 @@
-//! The packed record (layout 2, one Redis STRING) on the client side: the value a fresh-key
-//! claim writes with `SET key value NX PX ttl GET` (no script), and reading the completed
-//! record that command may answer instead. `lua/record.lua` holds the layout's full
-//! description and the scripts' reader, which owns every record check; the client only
-//! answers from a value it fully understands and hands anything else to the claim script.
-//!
-//! ```text
-//! 2,<state>,<fence>,<attempt>,<a>,<b>,<token>,<fingerprint length>,<fingerprint>[,<outcome>]
-//! ```
+//! Decoding the reply to a fresh-key claim (`SET key value NX PX ttl GET`, pipelined with
+//! `PEXPIRETIME key` on the server's clock; the value and commands are
+//! [`crate::schema::fresh_claim`]'s): the key was absent (the claim is acquired), or the
+//! value it held, read here when it is a completed record the client fully understands
+//! (layout 2, see [`crate::schema`] and `lua/record.lua`) and handed to the claim script
+//! otherwise.
 
 use dedup_core::backend::{RawRecord, RawState};
-use dedup_core::{ClaimOptions, Key, LeaseToken, Record, Result, Timestamp, duration_millis};
-use redis::{Cmd, Value};
+use dedup_core::{
+    Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, Result, Timestamp, transition,
+};
+use redis::{RedisResult, Value};
 
-/// The layout version every record value starts with.
-const VERSION: &str = "2";
+use crate::error::backend;
 
-/// What a fresh-key claim sends.
-pub(crate) struct FreshClaim {
-    /// `SET key value NX PX ttl GET`.
-    pub(crate) set: Cmd,
-    /// With the server's clock, `PEXPIRETIME key`, pipelined right after `set`: the key's
-    /// expiry as the server set it, from which the lease's expiry follows exactly (and,
-    /// when the key already held a `d` record, its processed_at: see [`completed`]).
-    pub(crate) expiry: Option<Cmd>,
-    /// The lease's expiry: exact with an injected clock; with the server's clock the
-    /// client's estimate (its clock before sending, plus the lease), used only when
-    /// `PEXPIRETIME` has no answer (the key was deleted right after the claim).
-    estimate: Timestamp,
-    retention_ms: i64,
+/// What the reply to a fresh-key claim (`SET ... NX PX ... GET`, see
+/// [`schema::fresh_claim`](crate::schema::fresh_claim)) settles.
+pub(crate) enum Fresh {
+    /// The claim's result, from this one round trip.
+    Answered(Result<Claim>),
+    /// The key holds something the claim script must judge (an in-flight record, a layout-1
+    /// hash, a record past its retention by an injected clock, a value of another kind).
+    Script,
 }
 
-impl FreshClaim {
-    /// The commands to send, in order, on the key.
-    pub(crate) fn cmds(&self) -> impl Iterator<Item = &Cmd> {
-        std::iter::once(&self.set).chain(&self.expiry)
-    }
-
-    /// The acquired lease's expiry, given the key's expiry as [`FreshClaim::expiry`]
-    /// answered it ([`key_expiry`]; set by the server: lease + retention from its "now")
-    /// less the retention.
-    pub(crate) fn expires_at(&self, key_expiry: Option<i64>) -> Timestamp {
-        match key_expiry {
-            Some(at) => Timestamp::from_millis(at.saturating_sub(self.retention_ms)),
-            None => self.estimate,
+/// The reply to a fresh-key claim of `key` proposing `token` (`expires_at`: the lease's
+/// expiry as [`FreshClaim::expires_at`](crate::schema::FreshClaim::expires_at) computed it;
+/// `now`: the injected clock's time, if any; `key_expiry`: the key's expiry from the
+/// `PEXPIRETIME` sent after the `SET`, if any).
+/// `Err` when the command itself failed (the connection, a server error other than
+/// `WRONGTYPE`).
+pub(crate) fn fresh_claim(
+    key: &Key,
+    token: LeaseToken,
+    options: &ClaimOptions,
+    expires_at: Timestamp,
+    now: Option<Timestamp>,
+    key_expiry: Option<i64>,
+    reply: RedisResult<Value>,
+) -> Result<Fresh> {
+    let value = match reply {
+        // The key was absent: the SET wrote the in-flight record.
+        Ok(Value::Nil) => {
+            return Ok(Fresh::Answered(Ok(Claim::Acquired(Lease {
+                key: key.clone(),
+                token,
+                fence: 1,
+                attempt: 1,
+                expires_at,
+            }))));
         }
-    }
+        Ok(Value::BulkString(value)) => value,
+        // A hash (layout 1) or a key of another type: the script reads or reports it.
+        Err(e) if e.code() == Some("WRONGTYPE") => return Ok(Fresh::Script),
+        Err(e) => return Err(backend(e)),
+        Ok(other) => {
+            return Ok(Fresh::Answered(Err(Error::corrupt(
+                key,
+                format!("unexpected reply to SET ... GET: {other:?}"),
+            ))));
+        }
+    };
+    Ok(match completed(key, &value, now, key_expiry) {
+        None => Fresh::Script,
+        Some(Err(e)) => Fresh::Answered(Err(e)),
+        // A completed record answers any claim the same way whatever the time: Completed,
+        // or FingerprintMismatch (the contract's own transition decides).
+        Some(Ok(rec)) => Fresh::Answered(
+            transition::claim(Some(&rec), key, options, Timestamp::EPOCH, token)
+                .map(|(claim, _)| claim),
+        ),
+    })
 }
 
 /// The key's expiry from a `PEXPIRETIME` reply (ms since the epoch), if the key exists and
@@ -53,56 +78,6 @@ pub(crate) fn key_expiry(reply: Option<&Value>) -> Option<i64> {
     match reply {
         Some(Value::Int(at)) if *at > 0 => Some(*at),
         _ => None,
-    }
-}
-
-/// The claim of a fresh key at `redis_key`: an in-flight record at fence 1, attempt 1.
-///
-/// With the server's clock (`now` is `None`) the record is `l`: it holds the lease and the
-/// retention lengths, and the key's native expiry (`PX lease + retention`, set by the server
-/// on its own clock) holds the instants; the scripts derive `retain_until` / `expires_at`
-/// from `PEXPIRETIME`, and so does the client for the lease it returns. With an injected
-/// clock (`now` given) the record is `i` with the instants from that clock.
-pub(crate) fn fresh_claim(
-    redis_key: &str,
-    token: LeaseToken,
-    options: &ClaimOptions,
-    retention_ms: i64,
-    now: Option<Timestamp>,
-) -> FreshClaim {
-    let lease_ms = duration_millis(options.lease);
-    let (state, a, b) = match now {
-        Some(now) => {
-            let expires_at = now.as_millis().saturating_add(lease_ms);
-            ('i', expires_at, expires_at.saturating_add(retention_ms))
-        }
-        None => ('l', lease_ms, retention_ms),
-    };
-    let fingerprint = options.fingerprint.as_ref().map_or("", |f| f.as_str());
-    let value = format!(
-        "{VERSION},{state},1,1,{a},{b},{token},{},{fingerprint}",
-        fingerprint.len()
-    );
-    let mut set = redis::cmd("SET");
-    set.arg(redis_key)
-        .arg(value)
-        .arg("NX")
-        .arg("PX")
-        .arg(lease_ms.saturating_add(retention_ms).max(1))
-        .arg("GET");
-    let expiry = now.is_none().then(|| {
-        let mut cmd = redis::cmd("PEXPIRETIME");
-        cmd.arg(redis_key);
-        cmd
-    });
-    let estimate = now
-        .unwrap_or_else(|| Timestamp::from_system_time(std::time::SystemTime::now()))
-        .saturating_add(options.lease);
-    FreshClaim {
-        set,
-        expiry,
-        estimate,
-        retention_ms,
     }
 }
 
@@ -298,52 +273,10 @@ mod tests {
     }
 
     #[test]
-    fn the_fresh_claim_value_is_what_the_scripts_parse() {
-        let token = LeaseToken::random();
-        let options = ClaimOptions::lease(std::time::Duration::from_secs(2))
-            .with_fingerprint(dedup_core::Fingerprint::new("f,p").unwrap());
-        let server = fresh_claim("k", token, &options, 1000, None);
-        let injected = fresh_claim("k", token, &options, 1000, Some(Timestamp::from_millis(50)));
-        let args = |c: &Cmd| -> Vec<String> {
-            c.args_iter()
-                .map(|a| match a {
-                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                    _ => String::new(),
-                })
-                .collect()
-        };
-        assert_eq!(
-            args(&server.set),
-            [
-                "SET",
-                "k",
-                &format!("2,l,1,1,2000,1000,{token},3,f,p"),
-                "NX",
-                "PX",
-                "3000",
-                "GET"
-            ]
-        );
-        assert_eq!(
-            args(&injected.set),
-            [
-                "SET",
-                "k",
-                &format!("2,i,1,1,2050,3050,{token},3,f,p"),
-                "NX",
-                "PX",
-                "3000",
-                "GET"
-            ]
-        );
-        assert!(injected.expiry.is_none());
-        assert_eq!(injected.expires_at(None), Timestamp::from_millis(2050));
+    fn a_pexpiretime_reply_is_the_keys_expiry_when_it_has_one() {
+        assert_eq!(key_expiry(Some(&Value::Int(10_000))), Some(10_000));
         assert_eq!(key_expiry(Some(&Value::Int(-2))), None);
+        assert_eq!(key_expiry(Some(&Value::Int(-1))), None);
         assert_eq!(key_expiry(None), None);
-        assert_eq!(args(server.expiry.as_ref().unwrap()), ["PEXPIRETIME", "k"]);
-        assert_eq!(
-            server.expires_at(key_expiry(Some(&Value::Int(10_000)))),
-            Timestamp::from_millis(9_000)
-        );
     }
 }

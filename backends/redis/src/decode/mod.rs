@@ -1,16 +1,14 @@
-//! Decoding the scripts' replies (see the `Reply:` line atop each `lua/*.lua`) into the
-//! contract's values. Anything unexpected is [`Error::Corrupt`], never a panic.
+//! Decoding what the server returns into the contract's values: the replies of the
+//! operations' scripts (see the `Reply:` line atop each `lua/*.lua`) here, the reply to a
+//! fresh-key claim (the record value a `SET ... GET` returns) in [`fresh`], the purge
+//! scripts' replies in [`purge`]. Anything unexpected is [`Error::Corrupt`], never a panic.
 
-use std::time::Duration;
+pub(crate) mod fresh;
+pub(crate) mod purge;
 
 use dedup_core::backend::{RawRecord, RawState, attempt_from, fence_from};
-use dedup_core::{
-    Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, Result, Timestamp, transition,
-};
-use redis::{FromRedisValue, RedisError, RedisResult, Value};
-
-use crate::error::backend;
-use crate::record;
+use dedup_core::{Claim, Error, Key, Lease, LeaseToken, Record, Result, Timestamp};
+use redis::Value;
 
 /// A script's reply array, with the key it was about (for errors).
 struct Reply<'a> {
@@ -130,64 +128,6 @@ pub(crate) fn claim(key: &Key, token: LeaseToken, value: Value) -> Result<Claim>
     }
 }
 
-/// What the reply to a fresh-key claim (`SET ... NX PX ... GET`, see [`record::fresh_claim`])
-/// settles.
-pub(crate) enum Fresh {
-    /// The claim's result, from this one round trip.
-    Answered(Result<Claim>),
-    /// The key holds something the claim script must judge (an in-flight record, a layout-1
-    /// hash, a record past its retention by an injected clock, a value of another kind).
-    Script,
-}
-
-/// The reply to a fresh-key claim of `key` proposing `token` (`expires_at`: the lease's
-/// expiry as [`record::fresh_claim`] computed it; `now`: the injected clock's time, if any;
-/// `key_expiry`: the key's expiry from the `PEXPIRETIME` sent after the `SET`, if any).
-/// `Err` when the command itself failed (the connection, a server error other than
-/// `WRONGTYPE`).
-pub(crate) fn fresh_claim(
-    key: &Key,
-    token: LeaseToken,
-    options: &ClaimOptions,
-    expires_at: Timestamp,
-    now: Option<Timestamp>,
-    key_expiry: Option<i64>,
-    reply: RedisResult<Value>,
-) -> Result<Fresh> {
-    let value = match reply {
-        // The key was absent: the SET wrote the in-flight record.
-        Ok(Value::Nil) => {
-            return Ok(Fresh::Answered(Ok(Claim::Acquired(Lease {
-                key: key.clone(),
-                token,
-                fence: 1,
-                attempt: 1,
-                expires_at,
-            }))));
-        }
-        Ok(Value::BulkString(value)) => value,
-        // A hash (layout 1) or a key of another type: the script reads or reports it.
-        Err(e) if e.code() == Some("WRONGTYPE") => return Ok(Fresh::Script),
-        Err(e) => return Err(backend(e)),
-        Ok(other) => {
-            return Ok(Fresh::Answered(Err(Error::corrupt(
-                key,
-                format!("unexpected reply to SET ... GET: {other:?}"),
-            ))));
-        }
-    };
-    Ok(match record::completed(key, &value, now, key_expiry) {
-        None => Fresh::Script,
-        Some(Err(e)) => Fresh::Answered(Err(e)),
-        // A completed record answers any claim the same way whatever the time: Completed,
-        // or FingerprintMismatch (the contract's own transition decides).
-        Some(Ok(rec)) => Fresh::Answered(
-            transition::claim(Some(&rec), key, options, Timestamp::EPOCH, token)
-                .map(|(claim, _)| claim),
-        ),
-    })
-}
-
 /// `commit.lua`'s reply.
 pub(crate) fn commit(lease: &Lease, value: Value) -> Result<()> {
     // Committed now: the bare string `OK`, not a table (cheaper for the server per key).
@@ -252,81 +192,6 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
             .map(Some)
         }
         tag => Err(r.common(tag, None)),
-    }
-}
-
-/// `purge_step.lua`'s reply: one purge step on one node.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct PurgeStep {
-    /// Where `SCAN` goes on from (0: the node's keyspace is walked), or `None` when the step
-    /// did not scan (given no cursor, or out of room or time first): the walk stays where
-    /// it was. Never the cursor given back, which at a walk's start is 0 too.
-    pub(crate) cursor: Option<u64>,
-    /// Completed records removed.
-    pub(crate) completed: u64,
-    /// Expired in-flight records removed.
-    pub(crate) expired: u64,
-    /// Keys not looked at (out of room or time), in the order found.
-    pub(crate) left: Vec<Vec<u8>>,
-    /// Keys the node no longer owns (their slot moved since `SCAN` found them).
-    pub(crate) elsewhere: Vec<Vec<u8>>,
-    /// How long the step held the server.
-    pub(crate) server_time: Duration,
-}
-
-/// Decode `purge_step.lua`'s reply.
-pub(crate) fn purge_step(value: Value) -> RedisResult<PurgeStep> {
-    type Keys = Vec<Vec<u8>>;
-    let (cursor, completed, expired, left, elsewhere, server_us): (
-        String,
-        u64,
-        u64,
-        Keys,
-        Keys,
-        u64,
-    ) = FromRedisValue::from_redis_value(value)?;
-    let cursor = match cursor.as_str() {
-        "" => None,
-        c => Some(c.parse().map_err(|_| {
-            RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "purge step cursor",
-                c.to_owned(),
-            ))
-        })?),
-    };
-    Ok(PurgeStep {
-        cursor,
-        completed,
-        expired,
-        left,
-        elsewhere,
-        server_time: Duration::from_micros(server_us),
-    })
-}
-
-/// What `purge.lua` did to one key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Purged {
-    /// Removed a completed record.
-    Completed,
-    /// Removed an expired in-flight record.
-    Expired,
-    /// Nothing counted (kept, already gone, past the store's retention, or foreign).
-    Nothing,
-}
-
-/// `purge.lua`'s reply (a bare status letter).
-pub(crate) fn purged(value: &Value) -> Purged {
-    let tag: &[u8] = match value {
-        Value::BulkString(b) => b,
-        Value::SimpleString(s) => s.as_bytes(),
-        _ => b"",
-    };
-    match tag {
-        b"c" => Purged::Completed,
-        b"e" => Purged::Expired,
-        _ => Purged::Nothing,
     }
 }
 
