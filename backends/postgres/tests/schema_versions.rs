@@ -45,7 +45,18 @@ async fn unmigrated(url: &str, table: &str) -> PostgresStore {
         .expect("store")
 }
 
+/// The version recorded for the store's table; `None` also when no versions table exists
+/// yet (a fresh schema whose only migration so far was refused and rolled back).
 async fn version_of(store: &PostgresStore) -> Option<i32> {
+    let versions_table = format!("\"{}\".dedup_schema_versions", common::SCHEMA);
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&versions_table)
+        .fetch_one(store.pool())
+        .await
+        .expect("look for the versions table");
+    if !exists {
+        return None;
+    }
     sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT version FROM \"{}\".dedup_schema_versions WHERE table_name = $1",
         common::SCHEMA
