@@ -261,9 +261,9 @@ impl PurgeCount {
     /// Count `record` if a purge with `retention` at `now` removes it. For backends that
     /// count by reading records one by one.
     pub fn add(&mut self, record: &Record, now: Timestamp, retention: Duration) {
-        match crate::transition::purgeable(record, now, retention) {
-            Some(crate::transition::Purgeable::Completed) => self.completed += 1,
-            Some(crate::transition::Purgeable::Expired) => self.expired += 1,
+        match crate::backend::transition::purgeable(record, now, retention) {
+            Some(crate::backend::transition::Purgeable::Completed) => self.completed += 1,
+            Some(crate::backend::transition::Purgeable::Expired) => self.expired += 1,
             None => {}
         }
     }

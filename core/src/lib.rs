@@ -1,19 +1,21 @@
 #![doc = include_str!("../README.md")]
 
+// What consumers and operators use, in the order they meet it (see the README).
 pub mod admin;
-pub mod backend;
 mod error;
 mod inbox;
 mod key;
 pub mod layers;
 mod memory;
-pub mod names;
 mod purger;
 mod store;
 mod time;
 mod tls;
-pub mod transition;
 mod types;
+
+// For authors of stores: the traits a backend implements, the checks, the purge driver,
+// the record decoder, the contract as pure functions, name rules.
+pub mod backend;
 
 pub use admin::{Admin, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
@@ -27,6 +29,5 @@ pub use tls::TlsFiles;
 pub use types::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Fingerprint, Lease, LeaseToken,
     MAX_BATCH_LEN, MAX_FINGERPRINT_LEN, MAX_LEASE, MAX_OUTCOME_LEN, MIN_LEASE, Pace, PurgeOptions,
-    PurgeReport, Record, RecordState, TxClaim, idempotency_key, validate_batch_len, validate_lease,
-    validate_outcome,
+    PurgeReport, Record, RecordState, TxClaim, idempotency_key,
 };

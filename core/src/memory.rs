@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::backend::transition::{self, Purgeable, Write};
 use crate::backend::{PurgeBatch, PurgeBatches, PurgeStep, Storage};
 use crate::store::ItemResult;
-use crate::transition::{self, Purgeable, Write};
 use crate::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, Key, Lease, LeaseToken,
     Record, Result, SystemClock, Timestamp,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::names::sql_identifier;
+use dedup_core::backend::names::sql_identifier;
 use dedup_core::{Clock, Error, Result, TlsFiles};
 
 /// How a [`PostgresStore`](crate::PostgresStore) is set up.

@@ -5,7 +5,7 @@
 //! row a second time`), and a batch may repeat a key. So each round sends the *first*
 //! pending request of every key, in key order. The row a statement returns per key is the
 //! record after that request; the later requests of the key are answered from it with
-//! [`dedup_core::transition`] (the contract as pure functions) as long as they would not
+//! [`dedup_core::backend::transition`] (the contract as pure functions) as long as they would not
 //! write. A later request that would write (a takeover after a fingerprint mismatch, a
 //! second lease's commit) waits for the next round. In the usual batch, with distinct keys,
 //! there is exactly one round: one statement.
@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::marker::PhantomData;
 
-use dedup_core::transition::{self, Write};
+use dedup_core::backend::transition::{self, Write};
 use dedup_core::{
     Claim, ClaimRequest, CommitRequest, Error, Fingerprint, Key, Lease, LeaseToken, Record,
     RecordState, Result, Timestamp, TxClaim,

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::{Clock, Error, Result, TlsFiles, names};
+use dedup_core::backend::names;
+use dedup_core::{Clock, Error, Result, TlsFiles};
 
 /// Longest retention accepted (10 years).
 pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -24,7 +25,7 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
     /// Every record key starts with this (see the crate docs, "Key layout"). Validated by
-    /// [`dedup_core::names::key_prefix`]: printable ASCII, no spaces, braces or glob
+    /// [`dedup_core::backend::names::key_prefix`]: printable ASCII, no spaces, braces or glob
     /// characters. Two stores on one server must not use prefixes where one starts with the
     /// other: `purge` of the shorter one would scan the longer one's records too.
     pub prefix: String,

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::{Clock, Error, Result, names};
+use dedup_core::backend::names;
+use dedup_core::{Clock, Error, Result};
 
 /// The table every store uses unless configured otherwise.
 pub const DEFAULT_TABLE: &str = "dedup_inbox";

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_core::backend::Storage;
-use dedup_core::transition::{self, Write};
+use dedup_core::backend::transition::{self, Write};
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, Fingerprint, ItemResult,
     Key, Lease, LeaseToken, Record, Result, SystemClock, Timestamp,
@@ -35,7 +35,7 @@ use crate::writes::{WriteOp, WriteQueue};
 /// `BEGIN IMMEDIATE` transaction, on a blocking thread. The common cases are one statement
 /// (a claim of a key without a record is one insert; a commit by the lease holding the key
 /// is one update); every other case reads the key's record, applies
-/// [`dedup_core::transition`] (the reference model) and writes the result. See the crate
+/// [`dedup_core::backend::transition`] (the reference model) and writes the result. See the crate
 /// documentation for guarantees and configuration.
 #[derive(Clone)]
 pub struct SqliteStore {

@@ -1,7 +1,7 @@
 //! The transactional extension: claiming and committing inside the caller's own rusqlite
 //! transaction, next to the caller's business writes.
 
-use dedup_core::transition::{self, Write};
+use dedup_core::backend::transition::{self, Write};
 use dedup_core::{Error, Fingerprint, Key, Lease, Result, TxClaim};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 

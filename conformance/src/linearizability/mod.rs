@@ -6,7 +6,7 @@
 //! answer. [`check`] then looks for a linearization: an order of the calls, consistent with
 //! real time (a call that returned before another was invoked comes first), in which the
 //! contract's sequential model gives every answer that was actually observed. The model is
-//! `dedup_core::transition`, the functions `MemoryStore` runs.
+//! `dedup_core::backend::transition`, the functions `MemoryStore` runs.
 //!
 //! # How it searches
 //!

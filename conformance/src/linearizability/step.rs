@@ -1,10 +1,10 @@
 //! The sequential model: one call applied to one key's record by the contract's pure
-//! functions (`dedup_core::transition`, what `MemoryStore` runs), at every "now" the call
+//! functions (`dedup_core::backend::transition`, what `MemoryStore` runs), at every "now" the call
 //! could have seen.
 
 use std::time::Duration;
 
-use dedup_core::transition::{self, Write};
+use dedup_core::backend::transition::{self, Write};
 use dedup_core::{Claim, LeaseToken, Record, RecordState, Result, Timestamp};
 
 use super::history::{Answer, Call, Operation};

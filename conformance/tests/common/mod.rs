@@ -1,5 +1,5 @@
 //! Deliberately broken stores: [`FaultyStore`] is the contract (the pure functions of
-//! `dedup_core::transition` over a map, like `MemoryStore`) with one [`Fault`] switched on.
+//! `dedup_core::backend::transition` over a map, like `MemoryStore`) with one [`Fault`] switched on.
 //! With [`Fault::None`] it is a correct store, which the tests also run the whole suite
 //! against, so every clause that fails on a faulty store fails because of its fault.
 //!
@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_conformance::{Namespaces, StoreFactory, TestContext, TransactionalFactory, TxEnd};
+use dedup_core::backend::transition::{self, Purgeable, Write};
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep, check};
-use dedup_core::transition::{self, Purgeable, Write};
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, Error,
     Fingerprint, ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record,
-    RecordState, Result, Timestamp, TxClaim, validate_lease, validate_outcome,
+    RecordState, Result, Timestamp, TxClaim,
 };
 use futures::future::BoxFuture;
 
@@ -310,7 +310,7 @@ impl DedupStore for FaultyStore {
     }
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
-        validate_lease(extend_by)?;
+        check::renew(extend_by)?;
         let now = self.now();
         let mut map = self.records();
         let base = if self.is(Fault::RenewFromOldExpiry) {
@@ -325,7 +325,7 @@ impl DedupStore for FaultyStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        validate_outcome(outcome)?;
+        check::commit(outcome)?;
         let now = self.now();
         if self.is(Fault::CheckThenActCommit) {
             let seen = self.read(&lease.key);
@@ -345,7 +345,7 @@ impl DedupStore for FaultyStore {
         self.batch(
             requests,
             |r| &r.lease.key,
-            |r| validate_outcome(r.outcome.as_deref()),
+            |r| check::commit(r.outcome.as_deref()),
             |r| self.commit_locked(&r.lease, r.outcome.as_deref(), now),
         )
     }
@@ -408,7 +408,7 @@ impl StoreFactory for FaultyFactory {
     async fn open_named(&self, ctx: &TestContext, name: &str) -> Option<Result<FaultyStore>> {
         let checked = match self.fault {
             Fault::NamesUnchecked => Ok(()),
-            _ => dedup_core::names::key_prefix(name),
+            _ => dedup_core::backend::names::key_prefix(name),
         };
         Some(checked.map(|()| FaultyStore::new(self.fault, ctx.clock.clone())))
     }

@@ -10,10 +10,8 @@
 use std::time::Duration;
 
 use crate::admin::{ListFilter, validate_top};
-use crate::{
-    ClaimOptions, ClaimRequest, CommitRequest, PurgeOptions, Result, validate_batch_len,
-    validate_lease, validate_outcome,
-};
+use crate::types::{validate_batch_len, validate_lease, validate_outcome};
+use crate::{ClaimOptions, ClaimRequest, CommitRequest, PurgeOptions, Result};
 
 /// A claim's options: the lease duration within the limits.
 pub fn claim(options: &ClaimOptions) -> Result<()> {

@@ -20,7 +20,9 @@
 pub mod check;
 mod decode;
 mod front_door;
+pub mod names;
 pub mod purge;
+pub mod transition;
 
 use std::time::Duration;
 

@@ -27,7 +27,7 @@ pub trait PurgeBatches: Send + Sync {
     type PurgeCursor: Default + Send;
 
     /// Remove at most `step.limit` purgeable records (see
-    /// [`transition::purgeable`](crate::transition::purgeable)), continuing from `cursor`,
+    /// [`transition::purgeable`](crate::backend::transition::purgeable)), continuing from `cursor`,
     /// as one short unit of work (one statement, transaction or pipeline). A backend that
     /// works in several round trips stops at `step.deadline` when it has one.
     async fn purge_batch(

@@ -5,10 +5,8 @@
 //! (layout 2, see [`crate::schema`] and `lua/record.lua`) and handed to the claim script
 //! otherwise.
 
-use dedup_core::backend::{RawRecord, RawState};
-use dedup_core::{
-    Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, Result, Timestamp, transition,
-};
+use dedup_core::backend::{RawRecord, RawState, transition};
+use dedup_core::{Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, Result, Timestamp};
 use redis::{RedisResult, Value};
 
 use crate::error::backend;
