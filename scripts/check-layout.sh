@@ -5,8 +5,9 @@
 # the table. Run by scripts/test.sh; exits non-zero with the differences.
 #
 # The table is the one whose header row starts with `| job |`; its other header cells
-# are backend folder names under backends/ (sqlite, postgres, redis, ...). A cell holds
-# file names in backticks (several allowed), or `-` when the backend has no such job.
+# are backend folder names under backends/ (sqlite, postgres, redis, ...). A cell names
+# files in backticks, `x.rs` or a folder module `x/` (several allowed; other words and
+# backticked text are commentary), or `-` when the backend has no such job.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -37,7 +38,7 @@ for i in "${!backends[@]}"; do
     while IFS= read -r row; do
         IFS='|' read -r -a cells <<<"$row"
         cell=${cells[$((i + 2))]:-}
-        for file in $(grep -o '`[^`]*`' <<<"$cell" | tr -d '`'); do
+        for file in $(grep -oE '`[A-Za-z0-9_]+(\.rs|/)`' <<<"$cell" | tr -d '`'); do
             named["$b/$file"]=1
             if [[ ! -e backends/$b/src/${file%/} ]]; then
                 echo "check-layout: ARCHITECTURE.md names backends/$b/src/$file, which does not exist" >&2

@@ -8,7 +8,8 @@
 # The arguments go to the first `cargo test --workspace --all-targets --all-features` run; the doc tests
 # always run in full afterwards. The exit code is the tests' (non-zero if either run failed).
 #
-# Before the tests it checks formatting and the toolchain against the MSRV; after them it
+# Before the tests it checks formatting, the toolchain against the MSRV and the backends'
+# file layout against ARCHITECTURE.md (scripts/check-layout.sh); after them it
 # runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples
 # with each backend feature alone. Any failure fails the run; every step still runs, and the
 # summary at the end names the steps that failed.
@@ -88,6 +89,7 @@ checks=${DEDUP_CHECKS:-1}
 if [[ $checks != 0 ]]; then
     step msrv check_msrv
     step fmt cargo fmt --all --check
+    step layout scripts/check-layout.sh
 fi
 
 # --all-features: the examples crate's default builds only the main demo (a lean first
