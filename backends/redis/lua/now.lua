@@ -14,11 +14,24 @@ local function int(n)
     return string.format('%d', n)
 end
 
--- Microseconds of server time since `started` (a `TIME` reply), as an integer reply; 0 if
--- the server's clock stepped back meanwhile.
+-- A stopwatch of the time a script holds the server, for elapsed_us: the server's TIME and,
+-- where the sandbox has `os.clock` (Valkey, Redis >= 8; not Redis 7), the server process's
+-- CPU time. Valkey answers TIME inside a script with the time the script started (it stays
+-- the same all through the script), so there only the CPU time measures the script's work.
+local function stopwatch()
+    local os_lib = rawget(_G, 'os')
+    local cpu = os_lib and os_lib.clock
+    return { time = redis.call('TIME'), cpu = cpu, cpu_at = cpu and cpu() }
+end
+
+-- Microseconds the server has been held since `started` (a stopwatch), as an integer reply:
+-- the larger of the TIME and CPU readings (0 if the server's clock stepped back meanwhile).
 local function elapsed_us(started)
     local t = redis.call('TIME')
-    local us = (tonumber(t[1]) - tonumber(started[1])) * 1000000
-        + tonumber(t[2]) - tonumber(started[2])
+    local us = (tonumber(t[1]) - tonumber(started.time[1])) * 1000000
+        + tonumber(t[2]) - tonumber(started.time[2])
+    if started.cpu then
+        us = math.max(us, math.floor((started.cpu() - started.cpu_at) * 1000000))
+    end
     return math.max(0, us)
 end

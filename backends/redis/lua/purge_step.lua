@@ -9,7 +9,8 @@
 -- new owner.
 --
 -- The step stops taking keys once it has held the server `budget` microseconds (read every
--- few keys), so a live claim queued behind it waits that long at most.
+-- few keys, with lua/now.lua's stopwatch: TIME, and the CPU time where TIME stands still
+-- inside a script, as on Valkey), so a live claim queued behind it waits that long at most.
 --
 -- ARGV: now ('' = server TIME), purge retention ms, room (records it may still remove),
 -- budget (µs), cursor ('' = do not scan), pattern, count, then the keys found earlier.
@@ -17,7 +18,7 @@
 -- cursor; never the cursor given, which could be 0, what SCAN answers at the end of a walk),
 -- completed, expired,
 -- keys left (not looked at), keys elsewhere (owned by another node), µs held }.
-local started = redis.call('TIME')
+local started = stopwatch()
 local now = now_ms(ARGV[1])
 local retention = tonumber(ARGV[2])
 local room = tonumber(ARGV[3])

@@ -47,6 +47,13 @@ fn truncated_reply(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Parse && e.to_string().contains("Unexpected end of input")
 }
 
+/// Whether the server answered `e` as an error of the command itself (a syntax error, an
+/// unknown option, `WRONGTYPE`, an aborted transaction), not of the connection or a
+/// transient state: the command did not run, and a retry of it would be refused again.
+pub(crate) fn refused(e: &RedisError) -> bool {
+    e.code().is_some() && !is_retryable(e)
+}
+
 /// Whether `e` says the server does not know the script (`NOSCRIPT`).
 pub(crate) fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)

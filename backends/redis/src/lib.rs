@@ -6,6 +6,7 @@ mod conn;
 mod connect;
 mod decode;
 mod error;
+mod held;
 mod nodes;
 mod pipeline;
 mod primaries;

@@ -119,6 +119,8 @@ pub(crate) struct FreshClaim {
     /// `PEXPIRETIME` has no answer (the key was deleted right after the claim).
     estimate: Timestamp,
     retention_ms: i64,
+    /// The record `set` writes (for [`crate::held`], when the claim acquires).
+    pub(crate) record: InFlight,
 }
 
 impl FreshClaim {
@@ -138,6 +140,135 @@ impl FreshClaim {
     }
 }
 
+/// When an in-flight record's lease and retention end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Times {
+    /// `l`, on the server's clock: the lengths; the instants are the key's native expiry, set
+    /// by the server (`PX lease + retention`): `retain_until` = `PEXPIRETIME`, lease expiry
+    /// = `retain_until - retention`.
+    Relative {
+        /// The lease, in ms.
+        lease_ms: i64,
+        /// The retention, in ms.
+        retention_ms: i64,
+    },
+    /// `i`, on an injected clock: the instants (ms since the epoch).
+    Absolute {
+        /// When the lease expires.
+        expires_at: i64,
+        /// When the record counts as absent.
+        retain_until: i64,
+    },
+}
+
+/// An in-flight record as the client writes it without a script: the claim of a fresh key
+/// ([`fresh_claim`]) and the one-command renewal of a lease ([`crate::held`]). Its
+/// [`value`](Self::value) is the exact text stored, which a later `SET ... IFEQ` compares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct InFlight {
+    pub(crate) fence: u64,
+    pub(crate) attempt: u32,
+    pub(crate) token: LeaseToken,
+    /// The payload fingerprint; empty for none.
+    pub(crate) fingerprint: String,
+    pub(crate) times: Times,
+}
+
+impl InFlight {
+    /// The record value (layout 2).
+    pub(crate) fn value(&self) -> String {
+        let (state, a, b) = match self.times {
+            Times::Relative {
+                lease_ms,
+                retention_ms,
+            } => ('l', lease_ms, retention_ms),
+            Times::Absolute {
+                expires_at,
+                retain_until,
+            } => ('i', expires_at, retain_until),
+        };
+        let InFlight {
+            fence,
+            attempt,
+            token,
+            fingerprint,
+            ..
+        } = self;
+        format!(
+            "{VERSION},{state},{fence},{attempt},{a},{b},{token},{},{fingerprint}",
+            fingerprint.len()
+        )
+    }
+
+    /// The key's native expiry to set with it, relative to the server's "now" (`PX`); `now`
+    /// is the injected clock's time (`None` with a relative record).
+    pub(crate) fn ttl_ms(&self, now: Option<i64>) -> i64 {
+        match self.times {
+            Times::Relative {
+                lease_ms,
+                retention_ms,
+            } => lease_ms.saturating_add(retention_ms),
+            Times::Absolute { retain_until, .. } => {
+                retain_until.saturating_sub(now.unwrap_or(retain_until))
+            }
+        }
+        .max(1)
+    }
+
+    /// The completed record a commit by its holder writes, as `lua/commit_fast.lua` writes
+    /// it: with the server's clock (`now` `None`) a `d` holding the retention (its instants
+    /// are the key's expiry, `PX retention`), with an injected clock a `c` committed at
+    /// `now`. `outcome` follows a comma when there is one.
+    pub(crate) fn committed(
+        &self,
+        now: Option<i64>,
+        retention_ms: i64,
+        outcome: Option<&[u8]>,
+    ) -> Vec<u8> {
+        let stamps = match now {
+            None => format!(
+                "d,{},{},0,{}",
+                self.fence,
+                self.attempt,
+                retention_ms.max(1)
+            ),
+            Some(now) => format!(
+                "c,{},{},{now},{}",
+                self.fence,
+                self.attempt,
+                now.saturating_add(retention_ms)
+            ),
+        };
+        let mut value = format!(
+            "{VERSION},{stamps},{},{},{}",
+            self.token,
+            self.fingerprint.len(),
+            self.fingerprint
+        )
+        .into_bytes();
+        if let Some(outcome) = outcome {
+            value.push(b',');
+            value.extend_from_slice(outcome);
+        }
+        value
+    }
+}
+
+/// `SET key value IFEQ expected PX ttl GET` (Valkey >= 8.1, Redis >= 8.4): write `value`
+/// only if the key holds exactly `expected`; the reply is what the key held (equal to
+/// `expected` when it was written, nil when the key was absent).
+pub(crate) fn set_ifeq(redis_key: &str, value: &[u8], expected: &[u8], ttl_ms: i64) -> Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(redis_key)
+        .arg(value)
+        .arg("IFEQ")
+        .arg(expected)
+        .arg("PX")
+        .arg(ttl_ms.max(1))
+        .arg("GET");
+    cmd
+}
+
 /// The claim of a fresh key at `redis_key`: an in-flight record at fence 1, attempt 1.
 ///
 /// With the server's clock (`now` is `None`) the record is `l`: it holds the lease and the
@@ -153,21 +284,32 @@ pub(crate) fn fresh_claim(
     now: Option<Timestamp>,
 ) -> FreshClaim {
     let lease_ms = duration_millis(options.lease);
-    let (state, a, b) = match now {
+    let times = match now {
         Some(now) => {
             let expires_at = now.as_millis().saturating_add(lease_ms);
-            ('i', expires_at, expires_at.saturating_add(retention_ms))
+            Times::Absolute {
+                expires_at,
+                retain_until: expires_at.saturating_add(retention_ms),
+            }
         }
-        None => ('l', lease_ms, retention_ms),
+        None => Times::Relative {
+            lease_ms,
+            retention_ms,
+        },
     };
-    let fingerprint = options.fingerprint.as_ref().map_or("", |f| f.as_str());
-    let value = format!(
-        "{VERSION},{state},1,1,{a},{b},{token},{},{fingerprint}",
-        fingerprint.len()
-    );
+    let record = InFlight {
+        fence: 1,
+        attempt: 1,
+        token,
+        fingerprint: options
+            .fingerprint
+            .as_ref()
+            .map_or(String::new(), |f| f.as_str().to_owned()),
+        times,
+    };
     let mut set = redis::cmd("SET");
     set.arg(redis_key)
-        .arg(value)
+        .arg(record.value())
         .arg("NX")
         .arg("PX")
         .arg(lease_ms.saturating_add(retention_ms).max(1))
@@ -185,6 +327,7 @@ pub(crate) fn fresh_claim(
         expiry,
         estimate,
         retention_ms,
+        record,
     }
 }
 

@@ -11,16 +11,18 @@ use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Error, ItemResult, Key, Lease,
     LeaseToken, Record, Result, Timestamp, duration_millis,
 };
-use redis::Cmd;
+use redis::{Cmd, Value};
 use tokio::sync::OnceCell;
 
 use crate::RedisConfig;
 use crate::conn::Conn;
 use crate::connect::Connector;
+use crate::decode::Swap;
 use crate::decode::{self, fresh::Fresh};
-use crate::error::{ReplicationShortfall, backend};
+use crate::error::{ReplicationShortfall, backend, refused};
+use crate::held::{self, Held};
 use crate::pipeline::BatchReply;
-use crate::schema::{self, FreshClaim};
+use crate::schema::{self, FreshClaim, InFlight, Times};
 use crate::scripts::{CLAIM, CLAIM_MANY, COMMIT, COMMIT_MANY, Call, GET, Lua, RELEASE, RENEW};
 
 /// A [`DedupStore`](dedup_core::DedupStore) keeping one Redis string per key (a packed
@@ -40,6 +42,10 @@ pub struct RedisStore {
     /// The purge's own connection, opened at the first purge batch and shared by clones.
     purge_conn: Arc<OnceCell<Conn>>,
     config: Arc<RedisConfig>,
+    /// With a server that takes `SET ... IFEQ` (found when connecting): the values written
+    /// for the leases this store handed out, for one-command commits and renewals
+    /// ([`crate::held`]). `None`: every such operation is a script.
+    held: Option<Arc<Held>>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -47,6 +53,7 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("mode", &self.conn)
             .field("config", &self.config)
+            .field("set_ifeq", &self.held.is_some())
             .finish()
     }
 }
@@ -81,12 +88,24 @@ impl RedisStore {
         conn.load_scripts()
             .await
             .map_err(|e| backend(e).during("loading the scripts"))?;
+        let set_ifeq = held::probe(&conn, &config.prefix)
+            .await
+            .map_err(|e| backend(e).during("asking whether the server takes SET ... IFEQ"))?;
         Ok(RedisStore {
             conn,
             connector: Arc::new(connector),
             purge_conn: Arc::new(OnceCell::new()),
             config: Arc::new(config),
+            held: set_ifeq.then(|| Arc::new(Held::default())),
         })
+    }
+
+    /// Whether the server takes `SET ... IFEQ` (Valkey >= 8.1, Redis >= 8.4), found when
+    /// connecting: a lease this store handed out is then committed and renewed (and, with an
+    /// injected clock, released) by one plain command instead of a script. The behaviour is
+    /// the same either way.
+    pub fn uses_set_ifeq(&self) -> bool {
+        self.held.is_some()
     }
 
     /// The configuration this store was opened with.
@@ -202,6 +221,208 @@ impl RedisStore {
     }
 }
 
+/// One-command operations by the lease holder ([`crate::held`]): `Ok(None)` when the
+/// script must run instead (the store does not remember the lease's value, the server has
+/// no `IFEQ`, the key holds something else).
+impl RedisStore {
+    /// The value this store wrote for `lease`, with its Redis key, if it remembers it and
+    /// it is not past its retention by the injected clock (`now`).
+    fn held_value(&self, lease: &Lease, now: Option<i64>) -> Option<(&Held, String, InFlight)> {
+        let held = self.held.as_deref()?;
+        let key = self.redis_key(&lease.key);
+        let record = held.get(lease.token, &key)?;
+        if let (Some(now), Times::Absolute { retain_until, .. }) = (now, record.times)
+            && retain_until <= now
+        {
+            // Absent by the store's clock: the script says so (LeaseLost).
+            held.remove(lease.token);
+            return None;
+        }
+        Some((held, key, record))
+    }
+
+    /// Send `SET ... IFEQ` (`cmds[0]`, alone or first of a transaction) and read what the
+    /// key held; `Ok(None)` when the server refused the command (the script runs instead).
+    async fn swap(&self, cmds: &[Cmd], expected: &[u8]) -> Result<Option<(Swap, Vec<Value>)>> {
+        let replies = if let [cmd] = cmds {
+            self.conn.query::<Value>(cmd).await.map(|v| vec![v])
+        } else {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for cmd in cmds {
+                pipe.add_command(cmd.clone());
+            }
+            self.conn.query_pipeline(&pipe).await
+        };
+        match replies {
+            Ok(replies) => match replies.first() {
+                Some(Value::ServerError(_)) => Ok(None),
+                Some(first) => Ok(Some((decode::swap(first, expected), replies))),
+                None => Ok(None),
+            },
+            Err(e) if refused(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn commit_by_swap(
+        &self,
+        lease: &Lease,
+        outcome: Option<&[u8]>,
+    ) -> Result<Option<Result<()>>> {
+        let now = self.clock_now().map(Timestamp::as_millis);
+        let Some((held, key, record)) = self.held_value(lease, now) else {
+            return Ok(None);
+        };
+        let retention_ms = self.retention_ms();
+        let value = record.value();
+        let cmd = schema::set_ifeq(
+            &key,
+            &record.committed(now, retention_ms, outcome),
+            value.as_bytes(),
+            retention_ms,
+        );
+        let answer = self.swap(&[cmd], value.as_bytes()).await?;
+        held.remove(lease.token);
+        Ok(match answer {
+            Some((Swap::Written, _)) => Some(Ok(())),
+            Some((Swap::Absent, _)) => Some(Err(Error::LeaseLost {
+                key: lease.key.clone(),
+            })),
+            Some((Swap::Other, _)) | None => None,
+        })
+    }
+
+    async fn renew_by_swap(
+        &self,
+        lease: &Lease,
+        extend_by: Duration,
+    ) -> Result<Option<Result<Lease>>> {
+        let now = self.clock_now().map(Timestamp::as_millis);
+        let Some((held, key, record)) = self.held_value(lease, now) else {
+            return Ok(None);
+        };
+        let retention_ms = self.retention_ms();
+        let extend_ms = duration_millis(extend_by);
+        let renewed = InFlight {
+            times: match now {
+                // The server sets the key's expiry from its own "now"; PEXPIRETIME, in the
+                // same transaction, gives the lease's expiry back exactly.
+                None => Times::Relative {
+                    lease_ms: extend_ms,
+                    retention_ms,
+                },
+                Some(now) => {
+                    let expires_at = now.saturating_add(extend_ms);
+                    Times::Absolute {
+                        expires_at,
+                        retain_until: expires_at.saturating_add(retention_ms),
+                    }
+                }
+            },
+            ..record.clone()
+        };
+        let value = record.value();
+        let mut cmds = vec![schema::set_ifeq(
+            &key,
+            renewed.value().as_bytes(),
+            value.as_bytes(),
+            renewed.ttl_ms(now),
+        )];
+        if now.is_none() {
+            let mut expiry = redis::cmd("PEXPIRETIME");
+            expiry.arg(&key);
+            cmds.push(expiry);
+        }
+        let answer = self.swap(&cmds, value.as_bytes()).await?;
+        let (swap, replies) = match answer {
+            Some(answer) => answer,
+            None => {
+                held.remove(lease.token);
+                return Ok(None);
+            }
+        };
+        let expires_at = match (swap, renewed.times) {
+            (Swap::Written, Times::Absolute { expires_at, .. }) => expires_at,
+            (Swap::Written, Times::Relative { .. }) => {
+                match decode::fresh::key_expiry(replies.get(1)) {
+                    Some(at) => at.saturating_sub(retention_ms),
+                    None => {
+                        return Err(Error::corrupt(
+                            &lease.key,
+                            "a renewed lease without an expiry",
+                        ));
+                    }
+                }
+            }
+            (Swap::Absent, _) => {
+                held.remove(lease.token);
+                return Ok(Some(Err(Error::LeaseLost {
+                    key: lease.key.clone(),
+                })));
+            }
+            (Swap::Other, _) => {
+                held.remove(lease.token);
+                return Ok(None);
+            }
+        };
+        held.insert(&key, renewed.clone());
+        Ok(Some(Ok(Lease {
+            key: lease.key.clone(),
+            token: lease.token,
+            fence: renewed.fence,
+            attempt: renewed.attempt,
+            expires_at: Timestamp::from_millis(expires_at),
+        })))
+    }
+
+    /// With an injected clock only: on the server's clock a release ends the lease at the
+    /// earlier of its expiry and the server's "now", which takes the script.
+    async fn release_by_swap(&self, lease: &Lease) -> Result<Option<Result<()>>> {
+        let Some(now) = self.clock_now().map(Timestamp::as_millis) else {
+            return Ok(None);
+        };
+        let Some((held, key, record)) = self.held_value(lease, Some(now)) else {
+            return Ok(None);
+        };
+        let Times::Absolute { expires_at, .. } = record.times else {
+            return Ok(None);
+        };
+        let expires_at = expires_at.min(now);
+        let released = InFlight {
+            times: Times::Absolute {
+                expires_at,
+                retain_until: expires_at.saturating_add(self.retention_ms()),
+            },
+            ..record.clone()
+        };
+        let value = record.value();
+        let cmd = schema::set_ifeq(
+            &key,
+            released.value().as_bytes(),
+            value.as_bytes(),
+            released.ttl_ms(Some(now)),
+        );
+        let answer = self.swap(&[cmd], value.as_bytes()).await?;
+        Ok(match answer {
+            Some((Swap::Written, _)) => {
+                held.insert(&key, released);
+                Some(Ok(()))
+            }
+            Some((Swap::Absent, _)) => {
+                held.remove(lease.token);
+                Some(Err(Error::LeaseLost {
+                    key: lease.key.clone(),
+                }))
+            }
+            Some((Swap::Other, _)) | None => {
+                held.remove(lease.token);
+                None
+            }
+        })
+    }
+}
+
 /// `ARGV[1]` of every script for `now`: its ms, or empty for the server's TIME.
 fn now_arg(now: Option<Timestamp>) -> String {
     now.map(|t| t.as_millis().to_string()).unwrap_or_default()
@@ -270,7 +491,12 @@ impl Storage for RedisStore {
                 )?
             };
             results.push(match answer {
-                Fresh::Answered(claim) => Some(claim),
+                Fresh::Answered(claim) => {
+                    if let (Some(held), Ok(Claim::Acquired(_))) = (&self.held, &claim) {
+                        held.insert(&keys[i], f.record.clone());
+                    }
+                    Some(claim)
+                }
                 Fresh::Script => {
                     scripted.insert(&keys[i]);
                     to_script.push(i);
@@ -303,6 +529,9 @@ impl Storage for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
+        if let Some(answer) = self.renew_by_swap(lease, extend_by).await? {
+            return answer;
+        }
         let call = self
             .lease_call(&RENEW, lease)
             .arg(duration_millis(extend_by))
@@ -312,6 +541,11 @@ impl Storage for RedisStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        if self.config.wait_for_replicas.is_none()
+            && let Some(answer) = self.commit_by_swap(lease, outcome).await?
+        {
+            return answer;
+        }
         let call = self.commit_call(lease, outcome, &self.now_arg());
         if self.config.wait_for_replicas.is_none() {
             let value = self.conn.eval(&call).await.map_err(backend)?;
@@ -332,6 +566,9 @@ impl Storage for RedisStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if let Some(answer) = self.release_by_swap(lease).await? {
+            return answer;
+        }
         let call = self.lease_call(&RELEASE, lease).arg(self.retention_ms());
         let value = self.conn.eval(&call).await.map_err(backend)?;
         decode::release(lease, value)

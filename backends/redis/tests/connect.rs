@@ -77,12 +77,12 @@ async fn an_unreachable_server_is_a_retryable_backend_error() {
 
 #[tokio::test]
 async fn a_cluster_node_is_refused_by_the_standalone_constructor() {
-    let Some(Target::Cluster(urls)) = Target::cluster() else {
-        eprintln!("SKIPPED: DEDUP_REDIS_CLUSTER_URLS is not set");
-        return;
-    };
-    let e = RedisStore::connect(&urls[0]).await.unwrap_err();
-    assert!(e.is_invalid_input(), "{e:?}");
+    for target in Target::clusters("a_cluster_node_is_refused_by_the_standalone_constructor") {
+        let e = RedisStore::connect(&target.node_urls()[0])
+            .await
+            .unwrap_err();
+        assert!(e.is_invalid_input(), "{}: {e:?}", target.name());
+    }
 }
 
 #[tokio::test]
@@ -93,7 +93,7 @@ async fn a_store_describes_itself() {
             ..RedisConfig::default()
         };
         let store = target.open(config.clone()).await;
-        assert_eq!(store.is_cluster(), matches!(target, Target::Cluster(_)));
+        assert_eq!(store.is_cluster(), target.is_cluster());
         assert_eq!(store.config().prefix, config.prefix);
         assert_eq!(
             store.capabilities(),

@@ -18,7 +18,7 @@ const KEYS: usize = 1000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_tasks_claim_and_commit_1000_fresh_keys_each() {
     for target in Target::all("sixteen_tasks_claim_and_commit_1000_fresh_keys_each") {
-        let name = target.name();
+        let name = &target.name();
         let store = Arc::new(
             target
                 .open(RedisConfig {

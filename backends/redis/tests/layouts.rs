@@ -96,7 +96,7 @@ async fn layout_1_records_are_read_claimed_over_committed_and_purged() {
             attempt: 2,
             expires_at: Timestamp::from_millis(now + 60_000),
         };
-        let name = target.name();
+        let name = &target.name();
 
         // A completed record, with an outcome and a fingerprint: a duplicate gets it.
         let done = Key::new("layout1", "completed").unwrap();
@@ -251,7 +251,7 @@ async fn a_fast_path_lease_expires_on_the_server_clock() {
             })
             .await;
         let mut raw = target.raw().await;
-        let name = target.name();
+        let name = &target.name();
         let key = Key::new("fast", "lease").unwrap();
         let redis_key = store.redis_key(&key);
         let options = ClaimOptions::lease(Duration::from_millis(400));
@@ -321,7 +321,7 @@ async fn a_fast_path_commit_keeps_its_instants_in_the_keys_expiry() {
             })
             .await;
         let mut raw = target.raw().await;
-        let name = target.name();
+        let name = &target.name();
         let key = Key::new("fast", "commit").unwrap();
         let redis_key = store.redis_key(&key);
         let fingerprint = Fingerprint::new("f,p").unwrap();

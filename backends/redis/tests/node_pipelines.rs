@@ -59,8 +59,8 @@ async fn moved(target: &Target) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_one_pipeline_per_node_and_survives_a_stale_slot_map() {
     for target in Target::all("a_batch_is_one_pipeline_per_node_and_survives_a_stale_slot_map") {
-        let name = target.name();
-        let cluster = matches!(target, Target::Cluster(_));
+        let name = &target.name();
+        let cluster = target.is_cluster();
         let store = target
             .open(RedisConfig {
                 prefix: unique_prefix("node_pipelines"),

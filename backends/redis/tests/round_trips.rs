@@ -1,7 +1,9 @@
 //! What the server runs per operation, counted with `INFO commandstats` (deltas, summed over
 //! every node of a cluster): a claim of a fresh key and a duplicate's claim run no script,
-//! a commit runs one compact script (`GET`, `SET`: on the server's clock it reads no clock,
-//! the key's expiry holds processed_at), and a duplicate is answered
+//! a renewal is one script on Redis 7 and one `SET ... IFEQ` with `PEXPIRETIME` in a
+//! transaction on Valkey, a commit one compact script on Redis 7 (`GET`, `SET`: on the
+//! server's clock it reads no clock, the key's expiry holds processed_at) and one `SET ...
+//! IFEQ` on Valkey, and a duplicate is answered
 //! from the claim's one round trip. This file holds one test so that, in its process,
 //! nothing else of this suite talks to the servers while it counts (the servers are the
 //! test run's own, from `scripts/services.sh`).
@@ -18,7 +20,7 @@ use dedup_redis::RedisConfig;
 async fn claims_run_no_script_and_a_commit_one_compact_script() {
     const N: u64 = 20;
     for target in Target::all("claims_run_no_script_and_a_commit_one_compact_script") {
-        let name = target.name();
+        let name = &target.name();
         let store = target
             .open(RedisConfig {
                 prefix: unique_prefix("round_trips"),
@@ -42,6 +44,10 @@ async fn claims_run_no_script_and_a_commit_one_compact_script() {
             }
         }
         let claimed = command_calls(&target).await;
+        for lease in &mut leases {
+            *lease = store.renew(lease, Duration::from_secs(60)).await.unwrap();
+        }
+        let renewed = command_calls(&target).await;
         for lease in &leases {
             store.commit(lease, Some(b"done")).await.unwrap();
         }
@@ -53,13 +59,45 @@ async fn claims_run_no_script_and_a_commit_one_compact_script() {
             &[("evalsha", 0), ("set", N), ("pexpiretime", N)],
             &what,
         );
-        let what = format!("{name}, commits: one script reading and writing once");
-        counts(
-            &claimed,
-            &committed,
-            &[("evalsha", N), ("get", N), ("set", N), ("time", 0)],
-            &what,
-        );
+        if target.server().has_set_ifeq() {
+            let what = format!("{name}, renewals: one SET ... IFEQ and PEXPIRETIME, atomic");
+            counts(
+                &claimed,
+                &renewed,
+                &[
+                    ("evalsha", 0),
+                    ("multi", N),
+                    ("set", N),
+                    ("pexpiretime", N),
+                    ("exec", N),
+                    ("get", 0),
+                    ("time", 0),
+                ],
+                &what,
+            );
+            let what = format!("{name}, commits: one SET ... IFEQ each");
+            counts(
+                &renewed,
+                &committed,
+                &[("evalsha", 0), ("get", 0), ("set", N), ("time", 0)],
+                &what,
+            );
+        } else {
+            let what = format!("{name}, renewals: one script each");
+            counts(
+                &claimed,
+                &renewed,
+                &[("evalsha", N), ("get", N), ("time", N), ("set", N)],
+                &what,
+            );
+            let what = format!("{name}, commits: one script reading and writing once");
+            counts(
+                &renewed,
+                &committed,
+                &[("evalsha", N), ("get", N), ("set", N), ("time", 0)],
+                &what,
+            );
+        }
         let none = ["hset", "hmget", "exists", "pexpire", "pttl", "del", "hdel"].map(|c| (c, 0));
         counts(
             &before,

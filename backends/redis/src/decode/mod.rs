@@ -104,6 +104,26 @@ impl<'a> Reply<'a> {
     }
 }
 
+/// What a `SET ... IFEQ expected ... GET` ([`crate::held`]) found at its key.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Swap {
+    /// The key held `expected`: the new value is written.
+    Written,
+    /// The key was absent: nothing written; every script answers this `LeaseLost`.
+    Absent,
+    /// Something else: nothing written; the script judges it.
+    Other,
+}
+
+/// The reply to `SET ... IFEQ expected ... GET`: the value the key held.
+pub(crate) fn swap(reply: &Value, expected: &[u8]) -> Swap {
+    match reply {
+        Value::Nil => Swap::Absent,
+        Value::BulkString(held) if held.as_slice() == expected => Swap::Written,
+        _ => Swap::Other,
+    }
+}
+
 /// `claim.lua`'s reply; `token` is the token the call proposed for a new lease.
 pub(crate) fn claim(key: &Key, token: LeaseToken, value: Value) -> Result<Claim> {
     let r = Reply::new(key, value)?;

@@ -16,23 +16,66 @@ use dedup_redis::{RedisConfig, RedisStore};
 /// logical expiry never interfere unless a test means them to.
 pub const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// Standalone server or Redis Cluster.
+/// Which server: Redis (7.x here: every operation but a fresh-key claim is a script) or
+/// Valkey (9.x: commits and renewals by the lease holder are one `SET ... IFEQ`). Every
+/// test runs against both, so both paths keep one contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    Redis,
+    Valkey,
+}
+
+impl Server {
+    pub const ALL: [Server; 2] = [Server::Redis, Server::Valkey];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Server::Redis => "Redis",
+            Server::Valkey => "Valkey",
+        }
+    }
+
+    /// The variable holding the standalone server's URL.
+    pub fn standalone_var(self) -> &'static str {
+        match self {
+            Server::Redis => "DEDUP_REDIS_URL",
+            Server::Valkey => "DEDUP_VALKEY_URL",
+        }
+    }
+
+    /// The variable holding the cluster's node URLs (comma-separated).
+    pub fn cluster_var(self) -> &'static str {
+        match self {
+            Server::Redis => "DEDUP_REDIS_CLUSTER_URLS",
+            Server::Valkey => "DEDUP_VALKEY_CLUSTER_URLS",
+        }
+    }
+
+    /// Whether its stores take the one-command (`SET ... IFEQ`) path.
+    pub fn has_set_ifeq(self) -> bool {
+        self == Server::Valkey
+    }
+}
+
+/// A standalone server or a cluster, of Redis or Valkey.
 #[derive(Clone, Debug)]
 pub enum Target {
-    /// `DEDUP_REDIS_URL`.
-    Standalone(String),
-    /// `DEDUP_REDIS_CLUSTER_URLS` (comma-separated).
-    Cluster(Vec<String>),
+    /// `DEDUP_REDIS_URL` / `DEDUP_VALKEY_URL`.
+    Standalone(Server, String),
+    /// `DEDUP_REDIS_CLUSTER_URLS` / `DEDUP_VALKEY_CLUSTER_URLS` (comma-separated).
+    Cluster(Server, Vec<String>),
 }
 
 impl Target {
-    pub fn standalone() -> Option<Self> {
-        dedup_conformance::server_url("DEDUP_REDIS_URL").map(Target::Standalone)
+    pub fn standalone(server: Server) -> Option<Self> {
+        dedup_conformance::server_url(server.standalone_var())
+            .map(|url| Target::Standalone(server, url))
     }
 
-    pub fn cluster() -> Option<Self> {
-        dedup_conformance::server_url("DEDUP_REDIS_CLUSTER_URLS").map(|urls| {
+    pub fn cluster(server: Server) -> Option<Self> {
+        dedup_conformance::server_url(server.cluster_var()).map(|urls| {
             Target::Cluster(
+                server,
                 urls.split(',')
                     .map(str::trim)
                     .filter(|u| !u.is_empty())
@@ -42,56 +85,99 @@ impl Target {
         })
     }
 
-    /// Every available target; prints which are skipped.
-    pub fn all(test: &str) -> Vec<Self> {
+    /// Every available standalone server; prints which are skipped.
+    pub fn standalones(test: &str) -> Vec<Self> {
         let mut out = Vec::new();
-        match Self::standalone() {
-            Some(t) => out.push(t),
-            None => eprintln!("SKIPPED {test} on standalone Redis: DEDUP_REDIS_URL is not set"),
-        }
-        match Self::cluster() {
-            Some(t) => out.push(t),
-            None => {
-                eprintln!("SKIPPED {test} on Redis Cluster: DEDUP_REDIS_CLUSTER_URLS is not set")
+        for server in Server::ALL {
+            match Self::standalone(server) {
+                Some(t) => out.push(t),
+                None => eprintln!(
+                    "SKIPPED {test} on standalone {}: {} is not set",
+                    server.name(),
+                    server.standalone_var()
+                ),
             }
         }
         out
     }
 
-    pub fn name(&self) -> &'static str {
+    /// Every available cluster; prints which are skipped.
+    pub fn clusters(test: &str) -> Vec<Self> {
+        let mut out = Vec::new();
+        for server in Server::ALL {
+            match Self::cluster(server) {
+                Some(t) => out.push(t),
+                None => eprintln!(
+                    "SKIPPED {test} on {} Cluster: {} is not set",
+                    server.name(),
+                    server.cluster_var()
+                ),
+            }
+        }
+        out
+    }
+
+    /// Every available target; prints which are skipped.
+    pub fn all(test: &str) -> Vec<Self> {
+        let mut out = Self::standalones(test);
+        out.extend(Self::clusters(test));
+        out
+    }
+
+    pub fn server(&self) -> Server {
         match self {
-            Target::Standalone(_) => "standalone",
-            Target::Cluster(_) => "cluster",
+            Target::Standalone(server, _) | Target::Cluster(server, _) => *server,
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Target::Cluster(..))
+    }
+
+    /// "standalone Redis", "Valkey cluster", ...
+    pub fn name(&self) -> String {
+        match self {
+            Target::Standalone(server, _) => format!("standalone {}", server.name()),
+            Target::Cluster(server, _) => format!("{} cluster", server.name()),
         }
     }
 
     /// The node URLs (one for standalone).
     pub fn node_urls(&self) -> Vec<String> {
         match self {
-            Target::Standalone(u) => vec![u.clone()],
-            Target::Cluster(urls) => urls.clone(),
+            Target::Standalone(_, u) => vec![u.clone()],
+            Target::Cluster(_, urls) => urls.clone(),
         }
     }
 
     pub async fn open(&self, config: RedisConfig) -> RedisStore {
         match self {
-            Target::Standalone(url) => RedisStore::connect_with(url, config).await,
-            Target::Cluster(urls) => RedisStore::connect_cluster(urls, config).await,
+            Target::Standalone(_, url) => RedisStore::connect_with(url, config).await,
+            Target::Cluster(_, urls) => RedisStore::connect_cluster(urls, config).await,
         }
+        .map(|store| {
+            assert_eq!(
+                store.uses_set_ifeq(),
+                self.server().has_set_ifeq(),
+                "{}: the store found SET ... IFEQ where it should not, or missed it",
+                self.name()
+            );
+            store
+        })
         .unwrap_or_else(|e| panic!("connecting to {self:?}: {e:?}"))
     }
 
     /// A raw connection for commands on single keys.
     pub async fn raw(&self) -> Raw {
         match self {
-            Target::Standalone(url) => Raw::Standalone(
+            Target::Standalone(_, url) => Raw::Standalone(
                 redis::Client::open(url.as_str())
                     .expect("url")
                     .get_multiplexed_async_connection()
                     .await
                     .expect("raw connection"),
             ),
-            Target::Cluster(urls) => Raw::Cluster(
+            Target::Cluster(_, urls) => Raw::Cluster(
                 redis::cluster::ClusterClient::new(urls.clone())
                     .expect("cluster urls")
                     .get_async_connection()
