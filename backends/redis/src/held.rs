@@ -1,5 +1,5 @@
-//! One-command commit and renewal on servers with `SET ... IFEQ` (Valkey >= 8.1, Redis
-//! >= 8.4): the store remembers the exact record value it wrote for each lease it handed out
+//! One-command commit and renewal on servers with `SET ... IFEQ` (Valkey 8.1 and later,
+//! Redis 8.4 and later): the store remembers the exact record value it wrote for each lease it handed out
 //! (a fresh-key claim, a one-command renewal), and its holder's commit or renewal is then
 //! one plain `SET key new IFEQ <that value> PX ... GET`: no script, no `TIME`.
 //!

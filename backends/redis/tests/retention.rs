@@ -234,7 +234,7 @@ async fn the_servers_clock_is_the_default() {
 }
 
 /// A purge batch reports the server time it held (its `SCAN` steps and purge scripts, timed
-/// with `TIME` inside them), which pacing counts instead of its round trips' wall time: more
+/// with `TIME` and, on Valkey, whose `TIME` stands still inside a script, `os.clock`), which pacing counts instead of its round trips' wall time: more
 /// than nothing, and never more than the batch's own wall time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_batch_reports_the_server_time_it_held() {

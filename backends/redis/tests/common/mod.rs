@@ -155,14 +155,13 @@ impl Target {
             Target::Standalone(_, url) => RedisStore::connect_with(url, config).await,
             Target::Cluster(_, urls) => RedisStore::connect_cluster(urls, config).await,
         }
-        .map(|store| {
+        .inspect(|store| {
             assert_eq!(
                 store.uses_set_ifeq(),
                 self.server().has_set_ifeq(),
                 "{}: the store found SET ... IFEQ where it should not, or missed it",
                 self.name()
             );
-            store
         })
         .unwrap_or_else(|e| panic!("connecting to {self:?}: {e:?}"))
     }
