@@ -265,32 +265,39 @@ impl RedisStore {
         }
     }
 
+    /// The one-command commit of `lease` at `now` (the injected clock's), if this store
+    /// remembers its value.
+    fn commit_swap(
+        &self,
+        lease: &Lease,
+        outcome: Option<&[u8]>,
+        now: Option<i64>,
+    ) -> Option<Swapping> {
+        let (_, key, record) = self.held_value(lease, now)?;
+        let retention_ms = self.retention_ms();
+        let expected = record.value();
+        let cmd = schema::set_ifeq(
+            &key,
+            &record.committed(now, retention_ms, outcome),
+            expected.as_bytes(),
+            retention_ms,
+        );
+        Some(Swapping { key, cmd, expected })
+    }
+
     async fn commit_by_swap(
         &self,
         lease: &Lease,
         outcome: Option<&[u8]>,
     ) -> Result<Option<Result<()>>> {
         let now = self.clock_now().map(Timestamp::as_millis);
-        let Some((held, key, record)) = self.held_value(lease, now) else {
+        let (Some(held), Some(s)) = (self.held.as_deref(), self.commit_swap(lease, outcome, now))
+        else {
             return Ok(None);
         };
-        let retention_ms = self.retention_ms();
-        let value = record.value();
-        let cmd = schema::set_ifeq(
-            &key,
-            &record.committed(now, retention_ms, outcome),
-            value.as_bytes(),
-            retention_ms,
-        );
-        let answer = self.swap(&[cmd], value.as_bytes()).await?;
+        let answer = self.swap(&[s.cmd], s.expected.as_bytes()).await?;
         held.remove(lease.token);
-        Ok(match answer {
-            Some((Swap::Written, _)) => Some(Ok(())),
-            Some((Swap::Absent, _)) => Some(Err(Error::LeaseLost {
-                key: lease.key.clone(),
-            })),
-            Some((Swap::Other, _)) | None => None,
-        })
+        Ok(answer.and_then(|(swap, _)| committed_by_swap(lease, swap)))
     }
 
     async fn renew_by_swap(
@@ -420,6 +427,24 @@ impl RedisStore {
                 None
             }
         })
+    }
+}
+
+/// A one-command commit: its key, the `SET ... IFEQ` and the value it expects.
+struct Swapping {
+    key: String,
+    cmd: Cmd,
+    expected: String,
+}
+
+/// A commit's answer from what its `SET ... IFEQ` found; `None`: the script decides.
+fn committed_by_swap(lease: &Lease, swap: Swap) -> Option<Result<()>> {
+    match swap {
+        Swap::Written => Some(Ok(())),
+        Swap::Absent => Some(Err(Error::LeaseLost {
+            key: lease.key.clone(),
+        })),
+        Swap::Other => None,
     }
 }
 
@@ -555,14 +580,64 @@ impl Storage for RedisStore {
         results.pop().unwrap_or(Ok(()))
     }
 
+    /// The leases this store remembers the values of commit by one `SET ... IFEQ` each, all
+    /// in one pipeline (per primary); the rest, and those whose key held something else,
+    /// then run as one script call (per slot). A commit's answer does not depend on the
+    /// order of the batch's items (only the holder's token commits; the same lease twice is
+    /// `Ok` twice), so the pipeline running first changes no item's result.
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
-        let now = self.now_arg();
-        let calls: Vec<Call> = requests
-            .iter()
-            .map(|r| self.commit_call(&r.lease, r.outcome.as_deref(), &now))
+        let mut results: Vec<Option<ItemResult<()>>> = requests.iter().map(|_| None).collect();
+        if self.config.wait_for_replicas.is_none()
+            && let Some(held) = self.held.as_deref()
+        {
+            let now = self.clock_now().map(Timestamp::as_millis);
+            let swaps: Vec<(usize, Swapping)> = requests
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    Some((i, self.commit_swap(&r.lease, r.outcome.as_deref(), now)?))
+                })
+                .collect();
+            if !swaps.is_empty() {
+                let cmds: Vec<(&[u8], Cmd)> = swaps
+                    .iter()
+                    .map(|(_, s)| (s.key.as_bytes(), s.cmd.clone()))
+                    .collect();
+                let replies = self.conn.run_keyed(&cmds).await.map_err(backend)?;
+                for ((i, s), reply) in swaps.iter().zip(replies) {
+                    let lease = &requests[*i].lease;
+                    held.remove(lease.token);
+                    results[*i] = match reply {
+                        Ok(v) => committed_by_swap(lease, decode::swap(&v, s.expected.as_bytes())),
+                        Err(e) if refused(&e) => None,
+                        Err(e) => return Err(backend(e)),
+                    };
+                }
+            }
+        }
+        let rest: Vec<usize> = (0..requests.len())
+            .filter(|&i| results[i].is_none())
             .collect();
-        let leases: Vec<&Lease> = requests.iter().map(|r| &r.lease).collect();
-        self.run_commits(&calls, &leases).await
+        if !rest.is_empty() {
+            let now = self.now_arg();
+            let calls: Vec<Call> = rest
+                .iter()
+                .map(|&i| {
+                    self.commit_call(&requests[i].lease, requests[i].outcome.as_deref(), &now)
+                })
+                .collect();
+            let leases: Vec<&Lease> = rest.iter().map(|&i| &requests[i].lease).collect();
+            for (&i, result) in rest.iter().zip(self.run_commits(&calls, &leases).await?) {
+                results[i] = Some(result);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .zip(requests)
+            .map(|(r, req)| {
+                r.unwrap_or_else(|| Err(Error::corrupt(&req.lease.key, "no reply for this item")))
+            })
+            .collect())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

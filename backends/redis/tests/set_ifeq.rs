@@ -175,3 +175,66 @@ async fn a_holder_whose_value_changed_gets_the_scripts_answer() {
         }
     }
 }
+
+/// A batch commit mixes remembered leases (one `SET ... IFEQ` each, pipelined), a lease
+/// another store claimed, a deleted key and the same lease twice: each item is what the
+/// single commit answers, on every server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_commit_answers_each_item_as_the_single_commit() {
+    use dedup_core::CommitRequest;
+    for target in Target::all("a_batch_commit_answers_each_item_as_the_single_commit") {
+        for (clock, a, b) in stores(&target, "set_ifeq_batch").await {
+            let name = format!("{}, {clock}", target.name());
+            let mut raw = target.raw().await;
+            let keys: Vec<Key> = (0..6)
+                .map(|i| Key::new("ifeq-batch", format!("m{i}")).unwrap())
+                .collect();
+            let mut leases = Vec::new();
+            for (i, key) in keys.iter().enumerate() {
+                // m3 is claimed by the other store: this one does not know its value.
+                let store = if i == 3 { &b } else { &a };
+                leases.push(claim(store, key).await);
+            }
+            // m4's key is deleted; m5 was renewed by the other store (another value).
+            raw.run(redis::cmd("DEL").arg(a.redis_key(&keys[4]))).await;
+            b.renew(&leases[5], MINUTE).await.unwrap();
+            let mut requests: Vec<CommitRequest> = leases
+                .iter()
+                .enumerate()
+                .map(|(i, l)| CommitRequest {
+                    lease: l.clone(),
+                    outcome: Some(format!("out{i}").into_bytes()),
+                })
+                .collect();
+            // m0 twice.
+            requests.push(CommitRequest {
+                lease: leases[0].clone(),
+                outcome: Some(b"out0".to_vec()),
+            });
+            let results = a.commit_many(&requests).await.unwrap();
+            assert_eq!(results.len(), 7, "{name}");
+            for (i, result) in results.iter().enumerate() {
+                if i == 4 {
+                    assert!(
+                        matches!(result, Err(Error::LeaseLost { .. })),
+                        "{name}, item {i}: {result:?}"
+                    );
+                } else {
+                    assert!(result.is_ok(), "{name}, item {i}: {result:?}");
+                }
+            }
+            for (i, key) in keys.iter().enumerate() {
+                if i == 4 {
+                    assert_eq!(a.get(key).await.unwrap(), None, "{name}");
+                } else {
+                    let outcome = completed(&a, key, &name).await;
+                    assert_eq!(
+                        outcome,
+                        Some(format!("out{i}").into_bytes()),
+                        "{name}, m{i}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -80,10 +80,15 @@ pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
             )
         }
     };
-    let setup = match conn {
+    let mut setup = match conn {
         RawConn::Standalone(_) => "one multiplexed connection (store and raw)",
         RawConn::Cluster(_) => "cluster connection (store and raw), one pipeline per slot",
-    };
+    }
+    .to_owned();
+    // Valkey >= 8.1 / Redis >= 8.4: the holder's commits and renewals are one plain command.
+    if store.uses_set_ifeq() {
+        setup.push_str("; commit and renew by SET ... IFEQ (no script)");
+    }
     let raw = RedisRaw {
         inner: Arc::new(Inner {
             conn,
@@ -98,7 +103,7 @@ pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
         clock,
         raw: Arc::new(raw),
         tx: None,
-        setup: setup.to_owned(),
+        setup,
     })
 }
 
