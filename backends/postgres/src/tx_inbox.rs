@@ -114,7 +114,10 @@ impl TxInbox {
         handler: H,
     ) -> Result<Handled, InboxError>
     where
-        H: for<'c> FnMut(&'c mut PgConnection, &'c Lease) -> BoxFuture<'c, Result<Option<Vec<u8>>, E>>
+        H: for<'c> FnMut(
+                &'c mut PgConnection,
+                &'c Lease,
+            ) -> BoxFuture<'c, Result<Option<Vec<u8>>, E>>
             + Send,
         E: Into<BoxError>,
     {
