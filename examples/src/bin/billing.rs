@@ -250,7 +250,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             dir,
             &["msg-1", "msg-1"],
             false,
-            "dedup, transactional (TxInbox)",
+            "dedup, claim in the invoice transaction",
         )
         .await?,
         lease_mode(
