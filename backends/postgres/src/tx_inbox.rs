@@ -147,7 +147,7 @@ where
                 Ok(tx) => tx,
                 Err(e) => return TxAttempt::Store(backend(e)),
             };
-            let ran = (self.handler)(&mut *tx, lease).await.map_err(Into::into);
+            let ran = (self.handler)(&mut tx, lease).await.map_err(Into::into);
             let outcome = match ran {
                 Ok(outcome) => outcome,
                 Err(source) => {
