@@ -185,3 +185,20 @@ fn asks_for_retry(error: &(dyn std::error::Error + 'static)) -> bool {
             .map(crate::error::is_retryable)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `handle`'s future can be spawned on a multi-threaded runtime.
+    #[allow(dead_code)]
+    fn handle_is_send(inbox: &TxInbox, key: &Key) {
+        fn send<T: Send>(_: T) {}
+        send(inbox.handle(key, None, |conn, _lease| {
+            Box::pin(async move {
+                sqlx::query("SELECT 1").execute(&mut *conn).await?;
+                Ok::<_, sqlx::Error>(None)
+            })
+        }));
+    }
+}

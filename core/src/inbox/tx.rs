@@ -329,7 +329,13 @@ impl TxEngine {
             retries += 1;
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(self.retry.max_backoff);
-            store.release(&lease).await.map_err(InboxError::Store)?;
+            match store.release(&lease).await {
+                Ok(()) => {}
+                Err(e) if e.is_lease_lost() => {
+                    return Err(InboxError::LeaseLost { key: key.clone() });
+                }
+                Err(e) => return Err(InboxError::Store(e)),
+            }
             lease = match self.claim(key, fingerprint.as_ref()).await {
                 Ok(lease) => lease,
                 Err(answer) => return answer,
