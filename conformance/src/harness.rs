@@ -1,9 +1,14 @@
 //! What a backend provides to run the suite: a factory of isolated stores.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 
 use async_trait::async_trait;
-use dedup_core::{DedupStore, Fingerprint, Key, Lease, ManualClock, Result, Timestamp, TxClaim};
+use dedup_core::layers::RetryPolicy;
+use dedup_core::{
+    DedupStore, Fingerprint, Handled, InboxConfig, InboxError, Key, Lease, ManualClock, Result,
+    Timestamp, TxClaim,
+};
 use futures::future::BoxFuture;
 
 /// Everything a clause hands the factory when it opens a store.
@@ -122,6 +127,61 @@ pub trait TransactionalFactory: StoreFactory {
 
     /// The labels of the committed business rows written for `key`, in insertion order.
     async fn business_rows(&self, store: &Self::Store, key: &Key) -> Vec<String>;
+}
+
+/// What the handler run by [`TxInboxFactory::tx_handle`] does each time it runs. Every run
+/// first counts itself in [`TxJob::runs`] and writes the business row `row@<attempt>`
+/// (the lease's attempt) in its transaction.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TxWork {
+    /// Return this outcome.
+    Succeed(Option<Vec<u8>>),
+    /// Fail with an error whose message is this text (not a database error).
+    Fail(String),
+    /// Send on `started`, then wait for `proceed`: return no outcome when it is sent, fail
+    /// when its sender is dropped. The clause drops the handling future meanwhile (a worker
+    /// killed mid-handler).
+    Hang {
+        /// Told once the business row is written.
+        started: tokio::sync::oneshot::Sender<()>,
+        /// What the handler waits for.
+        proceed: tokio::sync::oneshot::Receiver<()>,
+    },
+    /// On the first run, after the business row, meet a real conflict the database asks to
+    /// retry (PostgreSQL: a serialization failure, `40001`, from a write racing a
+    /// concurrent transaction's; SQLite: `SQLITE_BUSY`), and fail with that driver error;
+    /// on later runs return this outcome.
+    ConflictOnce(Option<Vec<u8>>),
+}
+
+/// One delivery for [`TxInboxFactory::tx_handle`].
+#[derive(Debug)]
+pub struct TxJob {
+    /// The inbox's configuration.
+    pub config: InboxConfig,
+    /// Its retry policy for transactions the database refused.
+    pub retry: RetryPolicy,
+    /// What the handler does.
+    pub work: TxWork,
+    /// Counts the handler's runs.
+    pub runs: Arc<AtomicU32>,
+}
+
+/// The transactional inbox of a SQL backend (`TxInbox`), driven by the `tx_inbox_*`
+/// clauses.
+#[async_trait]
+pub trait TxInboxFactory: TransactionalFactory {
+    /// Handle `key` once through the backend's transactional inbox over `store`, set up as
+    /// `job` says, with a handler that does `job.work` inside the inbox's transaction (see
+    /// [`TxWork`]). Returns what `handle` returned.
+    async fn tx_handle(
+        &self,
+        store: &Self::Store,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        job: TxJob,
+    ) -> std::result::Result<Handled, InboxError>;
 }
 
 /// The URL in environment variable `var`, for server-backed factories.

@@ -13,6 +13,7 @@ pub mod restart;
 mod support;
 
 pub use harness::{
-    StoreFactory, TestContext, TransactionalFactory, TxEnd, server_url, should_run, strict,
+    StoreFactory, TestContext, TransactionalFactory, TxEnd, TxInboxFactory, TxJob, TxWork,
+    server_url, should_run, strict,
 };
 pub use memory_factory::{MemoryFactory, Namespaces};

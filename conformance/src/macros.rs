@@ -1,4 +1,4 @@
-//! `suite!`, `transactional_suite!` and `admin_suite!`: one `#[tokio::test]` per clause.
+//! `suite!`, `transactional_suite!`, `tx_inbox_suite!` and `admin_suite!`: one `#[tokio::test]` per clause.
 //!
 //! The clause lists live once, in `__lease_clause_names!` / `__transactional_clause_names!`,
 //! which hand them to `__clauses!`: as tests (`suite!`), or as a list of [`Clause`]s
@@ -26,6 +26,32 @@ macro_rules! suite {
 macro_rules! transactional_suite {
     ($factory:expr) => {
         $crate::__transactional_clause_names!(tests $factory);
+    };
+}
+
+/// Expands to one `#[tokio::test]` per clause of the transactional inbox (`TxInbox`), for
+/// factories implementing [`TxInboxFactory`](crate::TxInboxFactory).
+#[macro_export]
+macro_rules! tx_inbox_suite {
+    ($factory:expr) => {
+        $crate::__tx_inbox_clause_names!(tests $factory);
+    };
+}
+
+/// The clauses of the transactional inbox, handed to `__clauses!` with the caller's
+/// arguments.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tx_inbox_clause_names {
+    ($($args:tt)*) => {
+        $crate::__clauses! { $($args)*;
+            tx_inbox_runs_a_key_once_and_a_duplicate_gets_the_stored_outcome,
+            tx_inbox_rollback_leaves_no_business_row_and_no_completion,
+            tx_inbox_attempts_count_across_rollbacks_and_killed_workers,
+            tx_inbox_dead_letters_a_key_past_max_attempts,
+            tx_inbox_retries_a_transaction_the_database_refused_and_commits_once,
+            tx_inbox_stores_a_failure_and_replays_it,
+        }
     };
 }
 

@@ -7,8 +7,8 @@ mod common;
 
 use std::panic::AssertUnwindSafe;
 
-use common::{FakeTxFactory, Fault, FaultyFactory};
-use dedup_conformance::clauses::{Clause, lease_clauses, transactional_clauses};
+use common::{FakeTxFactory, Fault, FaultyFactory, TxInboxBreak};
+use dedup_conformance::clauses::{Clause, lease_clauses, transactional_clauses, tx_inbox_clauses};
 use dedup_conformance::model::{check_histories, model_config};
 use futures::FutureExt;
 
@@ -172,4 +172,50 @@ async fn transactional_clauses_catch_an_extension_that_ignores_the_transaction()
 /// transactional clause (one test per clause).
 mod correct_transactional_extension {
     dedup_conformance::transactional_suite!(super::FakeTxFactory::correct());
+}
+
+/// Run every transactional-inbox clause against an inbox broken as `how` and require
+/// `expected` among the failures.
+async fn tx_inbox_caught(how: TxInboxBreak, expected: &str) {
+    let failed = failing(
+        &FakeTxFactory::breaking_the_tx_inbox(how),
+        tx_inbox_clauses(),
+    )
+    .await;
+    println!("{how:?} is caught by {failed:#?}");
+    assert!(
+        failed.contains(&expected),
+        "{how:?} must be caught by {expected}; caught by {failed:?}"
+    );
+}
+
+macro_rules! broken_tx_inbox_tests {
+    ($($test:ident: $how:ident => $clause:ident,)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            tx_inbox_caught(TxInboxBreak::$how, stringify!($clause)).await;
+        }
+    )*};
+}
+
+broken_tx_inbox_tests! {
+    tx_inbox_running_duplicates_is_caught: RunsDuplicates
+        => tx_inbox_runs_a_key_once_and_a_duplicate_gets_the_stored_outcome,
+    tx_inbox_keeping_rolled_back_rows_is_caught: KeepsRolledBackRows
+        => tx_inbox_rollback_leaves_no_business_row_and_no_completion,
+    tx_inbox_forgetting_attempts_is_caught: ForgetsAttempts
+        => tx_inbox_attempts_count_across_rollbacks_and_killed_workers,
+    tx_inbox_forgetting_attempts_misses_the_dead_letter: ForgetsAttempts
+        => tx_inbox_dead_letters_a_key_past_max_attempts,
+    tx_inbox_ignoring_max_attempts_is_caught: IgnoresMaxAttempts
+        => tx_inbox_dead_letters_a_key_past_max_attempts,
+    tx_inbox_without_retries_is_caught: NoRetry
+        => tx_inbox_retries_a_transaction_the_database_refused_and_commits_once,
+    tx_inbox_not_storing_failures_is_caught: NoStoredFailure
+        => tx_inbox_stores_a_failure_and_replays_it,
+}
+
+/// The correct fake transactional inbox passes every transactional-inbox clause.
+mod correct_tx_inbox {
+    dedup_conformance::tx_inbox_suite!(super::FakeTxFactory::correct());
 }

@@ -19,7 +19,9 @@ pub mod backend;
 
 pub use admin::{Admin, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
-pub use inbox::{FailurePolicy, Handled, Inbox, InboxConfig, InboxError};
+pub use inbox::{
+    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, TxAttempt, TxAttempts, TxEngine,
+};
 pub use key::Key;
 pub use memory::MemoryStore;
 pub use purger::{Purger, PurgerError, PurgerHandle, PurgerStats, PurgerWarning};

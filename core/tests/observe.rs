@@ -168,7 +168,10 @@ fn a_poison_message_is_counted_as_takeovers_releases_and_one_dead_letter() {
         }
     );
     assert_eq!(
-        snap.counter(m::DEAD_LETTERS_TOTAL, &[("replay", "false")]),
+        snap.counter(
+            m::DEAD_LETTERS_TOTAL,
+            &[("replay", "false"), ("mode", "lease")]
+        ),
         1
     );
     assert_eq!(
@@ -176,7 +179,10 @@ fn a_poison_message_is_counted_as_takeovers_releases_and_one_dead_letter() {
         2
     );
     assert_eq!(
-        snap.observations(m::HANDLER_DURATION_SECONDS, &[("result", "error")]),
+        snap.observations(
+            m::HANDLER_DURATION_SECONDS,
+            &[("result", "error"), ("mode", "lease")]
+        ),
         2
     );
     assert_eq!(

@@ -15,7 +15,7 @@ pub(crate) fn backend(error: sqlx::Error) -> Error {
 /// Transient failures: the connection (I/O, pool exhaustion, a server restart) or the
 /// server resolving a conflict by aborting us (serialization failure, deadlock, lock
 /// timeout).
-fn is_retryable(error: &sqlx::Error) -> bool {
+pub(crate) fn is_retryable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),

@@ -11,8 +11,10 @@ mod schema;
 mod statements;
 mod store;
 mod tx;
+mod tx_inbox;
 
 pub use config::PostgresConfig;
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
 pub use sqlx;
 pub use store::PostgresStore;
+pub use tx_inbox::TxInbox;

@@ -3,10 +3,15 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
+
 use async_trait::async_trait;
-use dedup_conformance::{StoreFactory, TestContext, TransactionalFactory, TxEnd};
-use dedup_core::{Fingerprint, Key, Lease, Result, TxClaim};
-use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_conformance::{
+    StoreFactory, TestContext, TransactionalFactory, TxEnd, TxInboxFactory, TxJob, TxWork,
+};
+use dedup_core::{BoxError, Fingerprint, Handled, InboxError, Key, Lease, Result, TxClaim};
+use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection};
+use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
 use futures::future::BoxFuture;
 
 /// One table per clause (the clause's namespace) in the test schema, on the clause's clock.
@@ -106,6 +111,114 @@ impl TransactionalFactory for PostgresFactory {
     }
 }
 
+/// What one run of the `TxWork` handler does after writing its business row.
+#[derive(Clone)]
+enum Kind {
+    Succeed(Option<Vec<u8>>),
+    Fail(String),
+    Hang,
+    ConflictOnce(Option<Vec<u8>>),
+}
+
+/// The business row another transaction and the handler both update to provoke a
+/// serialization failure.
+fn seed_id(key: &Key) -> String {
+    format!("{}#seed", key.message_id())
+}
+
+/// Bump the seed row of `key` on `conn` (a `40001` under SERIALIZABLE when a concurrent
+/// transaction bumped it after this one's snapshot).
+async fn bump_seed(
+    store: &PostgresStore,
+    conn: &mut PgConnection,
+    key: &Key,
+) -> std::result::Result<(), sqlx::Error> {
+    let sql = format!(
+        "UPDATE {} SET label = label || '+' WHERE consumer = $1 AND message_id = $2",
+        common::business_table(store)
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(key.consumer())
+        .bind(seed_id(key))
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+#[async_trait]
+impl TxInboxFactory for PostgresFactory {
+    async fn tx_handle(
+        &self,
+        store: &PostgresStore,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        job: TxJob,
+    ) -> std::result::Result<Handled, InboxError> {
+        let TxJob {
+            config,
+            retry,
+            work,
+            runs,
+        } = job;
+        let (kind, mut hang) = match work {
+            TxWork::Succeed(o) => (Kind::Succeed(o), None),
+            TxWork::Fail(m) => (Kind::Fail(m), None),
+            TxWork::Hang { started, proceed } => (Kind::Hang, Some((started, proceed))),
+            TxWork::ConflictOnce(o) => (Kind::ConflictOnce(o), None),
+            other => panic!("unknown work {other:?}"),
+        };
+        if matches!(kind, Kind::ConflictOnce(_)) {
+            let seed = Key::new(key.consumer(), seed_id(key)).expect("seed key");
+            let mut conn = store.pool().acquire().await.expect("connection");
+            common::insert_business_row(store, &mut conn, &seed, "seed").await;
+        }
+        let inbox = TxInbox::new(store.clone())
+            .with_config(config)
+            .with_retry(retry);
+        inbox
+            .handle(key, fingerprint, move |conn, lease| {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let (kind, hang, store) = (kind.clone(), hang.take(), store.clone());
+                Box::pin(async move {
+                    let conflict = matches!(kind, Kind::ConflictOnce(_)) && run == 1;
+                    if conflict {
+                        sqlx::query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                            .execute(&mut *conn)
+                            .await
+                            .expect("serializable");
+                    }
+                    let row = format!("row@{}", lease.attempt);
+                    common::insert_business_row(&store, &mut *conn, &lease.key, &row).await;
+                    match kind {
+                        Kind::Succeed(outcome) => Ok(outcome),
+                        Kind::Fail(message) => Err(BoxError::from(message)),
+                        Kind::Hang => {
+                            let (started, proceed) = hang.expect("one hanging run");
+                            let _ = started.send(());
+                            match proceed.await {
+                                Ok(()) => Ok(None),
+                                Err(_) => Err("abandoned".into()),
+                            }
+                        }
+                        Kind::ConflictOnce(outcome) if run > 1 => Ok(outcome),
+                        Kind::ConflictOnce(_) => {
+                            let mut other = store.pool().acquire().await.expect("connection");
+                            bump_seed(&store, &mut other, &lease.key)
+                                .await
+                                .expect("the concurrent write");
+                            match bump_seed(&store, conn, &lease.key).await {
+                                Err(e) => Err(BoxError::from(e)),
+                                Ok(()) => panic!("the racing write did not conflict"),
+                            }
+                        }
+                    }
+                })
+            })
+            .await
+    }
+}
+
 dedup_conformance::suite!(PostgresFactory);
 dedup_conformance::transactional_suite!(PostgresFactory);
+dedup_conformance::tx_inbox_suite!(PostgresFactory);
 dedup_conformance::admin_suite!(PostgresFactory);

@@ -21,7 +21,7 @@ pub(crate) fn backend(err: rusqlite::Error) -> Error {
 
 /// Whether `err` is a lock or I/O condition that a later attempt may not hit: another
 /// connection's lock ([`is_lock_conflict`]), an I/O error.
-fn is_transient(err: &rusqlite::Error) -> bool {
+pub(crate) fn is_transient(err: &rusqlite::Error) -> bool {
     err.sqlite_error_code()
         .is_some_and(|code| is_lock_conflict(code) || code == ErrorCode::SystemIoFailure)
 }

@@ -11,10 +11,12 @@ mod schema;
 mod statements;
 mod store;
 mod tx;
+mod tx_inbox;
 mod writes;
 
 pub use config::{DEFAULT_TABLE, SCHEMA_VERSIONS_TABLE, SqliteConfig, Synchronous};
 pub use store::SqliteStore;
+pub use tx_inbox::TxInbox;
 
 /// The rusqlite this crate is built against, for the caller's transactions
 /// ([`SqliteStore::claim_in_tx`] takes a `rusqlite::Transaction`).

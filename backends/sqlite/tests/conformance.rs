@@ -2,11 +2,15 @@
 //! against `SqliteStore` on a database FILE, one file and table per clause.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use dedup_conformance::{StoreFactory, TestContext, TransactionalFactory, TxEnd};
-use dedup_core::{Error, Fingerprint, Key, Lease, Result, TxClaim};
+use dedup_conformance::{
+    StoreFactory, TestContext, TransactionalFactory, TxEnd, TxInboxFactory, TxJob, TxWork,
+};
+use dedup_core::{BoxError, Error, Fingerprint, Handled, InboxError, Key, Lease, Result, TxClaim};
 use dedup_sqlite::rusqlite::{self, TransactionBehavior, params};
-use dedup_sqlite::{SqliteConfig, SqliteStore};
+use dedup_sqlite::{SqliteConfig, SqliteStore, TxInbox};
 use futures::future::BoxFuture;
 
 /// Opens `<tempdir>/<namespace>.db` with table `<namespace>` and the clause's clock. The
@@ -187,8 +191,76 @@ impl TransactionalFactory for SqliteFactory {
     }
 }
 
+/// What one run of the `TxWork` handler does after writing its business row.
+#[derive(Clone)]
+enum Kind {
+    Succeed(Option<Vec<u8>>),
+    Fail(String),
+    Hang,
+    ConflictOnce(Option<Vec<u8>>),
+}
+
+#[async_trait::async_trait]
+impl TxInboxFactory for SqliteFactory {
+    async fn tx_handle(
+        &self,
+        store: &SqliteStore,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        job: TxJob,
+    ) -> std::result::Result<Handled, InboxError> {
+        let TxJob {
+            config,
+            retry,
+            work,
+            runs,
+        } = job;
+        let (kind, mut hang) = match work {
+            TxWork::Succeed(o) => (Kind::Succeed(o), None),
+            TxWork::Fail(m) => (Kind::Fail(m), None),
+            TxWork::Hang { started, proceed } => (Kind::Hang, Some((started, proceed))),
+            TxWork::ConflictOnce(o) => (Kind::ConflictOnce(o), None),
+            other => panic!("unknown work {other:?}"),
+        };
+        let inbox = TxInbox::new(store.clone())
+            .with_config(config)
+            .with_retry(retry);
+        let store = store.clone();
+        inbox
+            .handle(key, fingerprint, move |tx, lease| {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let row = format!("row@{}", lease.attempt);
+                insert_business_row(tx, &store, &lease.key, &row)?;
+                match kind.clone() {
+                    Kind::Succeed(outcome) => Ok(outcome),
+                    Kind::Fail(message) => Err(BoxError::from(message)),
+                    Kind::Hang => {
+                        let (started, proceed) = hang.take().expect("one hanging run");
+                        let _ = started.send(());
+                        match proceed.blocking_recv() {
+                            Ok(()) => Ok(None),
+                            Err(_) => Err("abandoned".into()),
+                        }
+                    }
+                    Kind::ConflictOnce(outcome) if run > 1 => Ok(outcome),
+                    Kind::ConflictOnce(_) => {
+                        // Another connection wants the write lock this transaction holds.
+                        let other = store.open_connection()?;
+                        other.busy_timeout(Duration::ZERO).map_err(driver)?;
+                        match other.execute_batch("BEGIN IMMEDIATE") {
+                            Err(busy) => Err(BoxError::from(busy)),
+                            Ok(()) => panic!("a second writer got the lock the first holds"),
+                        }
+                    }
+                }
+            })
+            .await
+    }
+}
+
 dedup_conformance::suite!(SqliteFactory::new());
 dedup_conformance::transactional_suite!(SqliteFactory::new());
+dedup_conformance::tx_inbox_suite!(SqliteFactory::new());
 dedup_conformance::admin_suite!(SqliteFactory::new());
 
 /// The lease-mode suite again on in-memory stores (one per namespace; opening a namespace

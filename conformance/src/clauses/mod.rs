@@ -14,6 +14,7 @@ mod purge;
 mod purger;
 mod release_renew;
 mod transactional;
+mod tx_inbox;
 mod validation;
 
 pub use crate::model::model_based_histories_match_memory_store;
@@ -30,11 +31,12 @@ pub use purge::*;
 pub use purger::*;
 pub use release_renew::*;
 pub use transactional::*;
+pub use tx_inbox::*;
 pub use validation::*;
 
 use futures::future::BoxFuture;
 
-use crate::{StoreFactory, TransactionalFactory};
+use crate::{StoreFactory, TransactionalFactory, TxInboxFactory};
 
 /// One clause, by name, runnable against a factory (see [`lease_clauses`]).
 pub struct Clause<F> {
@@ -69,6 +71,11 @@ pub fn transactional_clauses<F: TransactionalFactory>() -> Vec<Clause<F>> {
     crate::__transactional_clause_names!(list)
 }
 
+/// Every clause `tx_inbox_suite!` runs, in the same order.
+pub fn tx_inbox_clauses<F: TxInboxFactory>() -> Vec<Clause<F>> {
+    crate::__tx_inbox_clause_names!(list)
+}
+
 #[cfg(test)]
 mod tests {
     /// Every public clause fn in the sources is listed (so `suite!` runs it), exactly once.
@@ -87,6 +94,7 @@ mod tests {
             include_str!("purger.rs"),
             include_str!("release_renew.rs"),
             include_str!("transactional.rs"),
+            include_str!("tx_inbox.rs"),
             include_str!("validation.rs"),
             include_str!("../model.rs"),
         ];
@@ -100,7 +108,8 @@ mod tests {
         let lease: &[&str] = &crate::__lease_clause_names!(names);
         let transactional: &[&str] = &crate::__transactional_clause_names!(names);
         let admin: &[&str] = &crate::__admin_clause_names!(names);
-        let mut listed: Vec<&str> = [lease, transactional, admin].concat();
+        let tx_inbox: &[&str] = &crate::__tx_inbox_clause_names!(names);
+        let mut listed: Vec<&str> = [lease, transactional, admin, tx_inbox].concat();
         defined.sort_unstable();
         listed.sort_unstable();
         assert_eq!(defined, listed);

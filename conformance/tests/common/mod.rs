@@ -10,13 +10,19 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedup_conformance::{Namespaces, StoreFactory, TestContext, TransactionalFactory, TxEnd};
+use dedup_conformance::{
+    Namespaces, StoreFactory, TestContext, TransactionalFactory, TxEnd, TxInboxFactory, TxJob,
+    TxWork,
+};
 use dedup_core::backend::transition::{self, Purgeable, Write};
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep, check};
+use dedup_core::layers::RetryPolicy;
+use dedup_core::{BoxError, FailurePolicy, Handled, InboxError, TxAttempt, TxAttempts, TxEngine};
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, DedupStore, Error,
     Fingerprint, ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record,
@@ -420,6 +426,27 @@ impl StoreFactory for FaultyFactory {
 pub struct FakeTxFactory {
     base: FaultyFactory,
     ignores_transaction: bool,
+    tx_inbox_break: TxInboxBreak,
+}
+
+/// One way to break the transactional inbox (its fake, over [`TxEngine`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxInboxBreak {
+    /// No break: a correct transactional inbox.
+    None,
+    /// A completed key runs the handler again.
+    RunsDuplicates,
+    /// A failed run's business row is kept (the rollback is ignored).
+    KeepsRolledBackRows,
+    /// A failed run forgets its attempt (the count lives inside the rolled-back
+    /// transaction, as with a bare `claim_in_tx`).
+    ForgetsAttempts,
+    /// A conflict the database asked to retry is never retried.
+    NoRetry,
+    /// A failure is never stored, whatever the policy.
+    NoStoredFailure,
+    /// The attempt limit is ignored.
+    IgnoresMaxAttempts,
 }
 
 impl FakeTxFactory {
@@ -428,6 +455,15 @@ impl FakeTxFactory {
         FakeTxFactory {
             base: FaultyFactory::new(Fault::None),
             ignores_transaction: false,
+            tx_inbox_break: TxInboxBreak::None,
+        }
+    }
+
+    /// A correct transactional extension with a transactional inbox broken as `how`.
+    pub fn breaking_the_tx_inbox(how: TxInboxBreak) -> Self {
+        FakeTxFactory {
+            tx_inbox_break: how,
+            ..Self::correct()
         }
     }
 
@@ -521,6 +557,137 @@ impl TransactionalFactory for FakeTxFactory {
             .get(key)
             .cloned()
             .unwrap_or_default()
+    }
+}
+
+/// What a fake handler does (see [`TxWork`]).
+#[derive(Clone)]
+enum Kind {
+    Succeed(Option<Vec<u8>>),
+    Fail(String),
+    Hang,
+    ConflictOnce(Option<Vec<u8>>),
+}
+
+/// The fake transactional inbox's runs: a "transaction" holds the key's lock, and its
+/// writes (the business row, the completion) are applied only when it "commits".
+struct FakeAttempts {
+    store: FaultyStore,
+    kind: Kind,
+    hang: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::sync::oneshot::Receiver<()>,
+    )>,
+    runs: Arc<AtomicU32>,
+    how: TxInboxBreak,
+}
+
+impl TxAttempts for FakeAttempts {
+    fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
+        Box::pin(async move {
+            let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let key_lock = self.store.tx_lock(&lease.key);
+            let _held = key_lock.lock().await;
+            let row = format!("row@{}", lease.attempt);
+            let ran: std::result::Result<Option<Vec<u8>>, BoxError> = match self.kind.clone() {
+                Kind::Succeed(outcome) => Ok(outcome),
+                Kind::Fail(message) => Err(message.into()),
+                Kind::Hang => {
+                    let (started, proceed) = self.hang.take().expect("one hanging run");
+                    let _ = started.send(());
+                    match proceed.await {
+                        Ok(()) => Ok(None),
+                        Err(_) => Err("abandoned".into()),
+                    }
+                }
+                Kind::ConflictOnce(outcome) if run > 1 => Ok(outcome),
+                Kind::ConflictOnce(_) => Err(Error::backend(
+                    "fake",
+                    true,
+                    "could not serialize access due to concurrent update",
+                )
+                .into()),
+            };
+            match ran {
+                Ok(outcome) => {
+                    if let Err(source) = TxEngine::check_outcome(outcome.as_deref()) {
+                        return TxAttempt::Outcome(source);
+                    }
+                    let record = self.store.read(&lease.key);
+                    let now = self.store.now();
+                    match transition::commit(record.as_ref(), lease, outcome.as_deref(), now) {
+                        Ok(write) => {
+                            self.store.put(&lease.key, write, Some(&row));
+                            TxAttempt::Committed(outcome)
+                        }
+                        Err(e) => TxAttempt::Store(e),
+                    }
+                }
+                Err(source) => {
+                    if self.how == TxInboxBreak::KeepsRolledBackRows {
+                        self.store.put(&lease.key, Write::Unchanged, Some(&row));
+                    }
+                    if self.how == TxInboxBreak::ForgetsAttempts {
+                        let slot = self.store.slot(&lease.key);
+                        self.store.records().remove(&slot);
+                    }
+                    let retryable = TxEngine::asks_for_retry(&*source, |_| None);
+                    TxAttempt::HandlerFailed { source, retryable }
+                }
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl TxInboxFactory for FakeTxFactory {
+    async fn tx_handle(
+        &self,
+        store: &FaultyStore,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        job: TxJob,
+    ) -> std::result::Result<Handled, InboxError> {
+        let TxJob {
+            mut config,
+            mut retry,
+            work,
+            runs,
+        } = job;
+        let how = self.tx_inbox_break;
+        match how {
+            TxInboxBreak::NoRetry => retry = RetryPolicy::NEVER,
+            TxInboxBreak::NoStoredFailure => config.failures = FailurePolicy::Retry,
+            TxInboxBreak::IgnoresMaxAttempts => config.max_attempts = None,
+            TxInboxBreak::RunsDuplicates => {
+                let slot = store.slot(key);
+                let mut records = store.records();
+                if records
+                    .get(&slot)
+                    .is_some_and(|r| matches!(r.state, RecordState::Completed { .. }))
+                {
+                    records.remove(&slot);
+                }
+            }
+            _ => {}
+        }
+        let (kind, hang) = match work {
+            TxWork::Succeed(o) => (Kind::Succeed(o), None),
+            TxWork::Fail(m) => (Kind::Fail(m), None),
+            TxWork::Hang { started, proceed } => (Kind::Hang, Some((started, proceed))),
+            TxWork::ConflictOnce(o) => (Kind::ConflictOnce(o), None),
+            other => panic!("unknown work {other:?}"),
+        };
+        let shared: Arc<dyn DedupStore> = Arc::new(store.clone());
+        let engine = TxEngine::new(shared, config).with_retry(retry);
+        let mut attempts = FakeAttempts {
+            store: store.clone(),
+            kind,
+            hang,
+            runs,
+            how,
+        };
+        engine.run(key, fingerprint, &mut attempts).await
     }
 }
 

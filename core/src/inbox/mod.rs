@@ -7,6 +7,7 @@ mod handled;
 #[cfg(feature = "serde")]
 mod json;
 mod stored;
+mod tx;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -20,6 +21,7 @@ pub use config::{FailurePolicy, InboxConfig};
 pub use error::InboxError;
 pub use handled::Handled;
 use stored::Stored;
+pub use tx::{TxAttempt, TxAttempts, TxEngine};
 
 use crate::layers::metric_names as m;
 use crate::{BoxError, Claim, ClaimOptions, DedupStore, Fingerprint, Key, Lease, Timestamp};
@@ -143,6 +145,7 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
     {
         let span = tracing::debug_span!(
             "dedup_inbox",
+            mode = Mode::Lease.label(),
             consumer = key.consumer(),
             attempt = tracing::field::Empty,
             result = tracing::field::Empty,
@@ -166,12 +169,12 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                 Ok(Claim::Completed {
                     processed_at,
                     outcome,
-                }) => return replay(key, processed_at, outcome, decode),
+                }) => return replay(key, processed_at, outcome, decode, Mode::Lease),
                 Err(e) => return Err(InboxError::Store(e)),
             };
             span.record("attempt", lease.attempt);
             match self.config.max_attempts {
-                Some(max) if lease.attempt > max => self.dead_letter(&lease).await,
+                Some(max) if lease.attempt > max => self.dead_letter(&lease, Mode::Lease).await,
                 _ => self.run_handler(lease, handler, encode).await,
             }
         }
@@ -204,28 +207,27 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             biased;
             lost = self.keep_renewed(&lease) => {
                 guard.disarm();
-                handler_finished(&key, "lease_lost", started);
+                handler_finished(&key, Mode::Lease, "lease_lost", started);
                 return Err(InboxError::LeaseLost { key: lost.key });
             }
             result = work => result,
         };
         match result {
             Err(panic) => {
-                handler_finished(&key, "panic", started);
+                handler_finished(&key, Mode::Lease, "panic", started);
                 guard.disarm();
                 let _ = self.store.release(&lease).await;
                 std::panic::resume_unwind(panic)
             }
             Ok(Err(e)) => {
-                handler_finished(&key, "error", started);
+                handler_finished(&key, Mode::Lease, "error", started);
                 let source: BoxError = e.into();
                 if self.config.failures == FailurePolicy::Store {
                     let error = error_chain(&*source);
                     let committed = self.commit(&lease, Some(&Stored::failed(&error))).await;
                     guard.disarm();
                     committed?;
-                    metrics::counter!(m::STORED_FAILURES_TOTAL, "consumer" => key.consumer().to_owned())
-                        .increment(1);
+                    failure_stored(&key, Mode::Lease);
                     return Ok(Handled::Failed {
                         error,
                         replay: false,
@@ -236,7 +238,7 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                 Err(InboxError::Handler { key, source })
             }
             Ok(Ok(value)) => {
-                handler_finished(&key, "ok", started);
+                handler_finished(&key, Mode::Lease, "ok", started);
                 let bytes = encode(&value).and_then(|bytes| {
                     if Stored::is_reserved(bytes.as_deref()) {
                         Err(
@@ -268,7 +270,7 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
 
     /// Complete a key that used up its attempts as dead-lettered, without running the
     /// handler.
-    async fn dead_letter<T>(&self, lease: &Lease) -> Result<Handled<T>, InboxError> {
+    async fn dead_letter<T>(&self, lease: &Lease, mode: Mode) -> Result<Handled<T>, InboxError> {
         let attempts = lease.attempt - 1;
         self.commit(lease, Some(&Stored::dead_letter(attempts)))
             .await?;
@@ -277,7 +279,7 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             attempts,
             "dead-lettered: the key used up its attempts"
         );
-        dead_letter_counted(&lease.key, attempts, false)
+        dead_letter_counted(&lease.key, attempts, false, mode)
     }
 
     /// Commit with the configured retries.
@@ -322,6 +324,7 @@ fn replay<T>(
     processed_at: Timestamp,
     outcome: Option<Vec<u8>>,
     decode: Decode<T>,
+    mode: Mode,
 ) -> Result<Handled<T>, InboxError> {
     match Stored::decode(outcome) {
         Stored::Outcome(bytes) => match decode(bytes) {
@@ -338,7 +341,7 @@ fn replay<T>(
             error,
             replay: true,
         }),
-        Stored::DeadLetter(attempts) => dead_letter_counted(key, attempts, true),
+        Stored::DeadLetter(attempts) => dead_letter_counted(key, attempts, true, mode),
     }
 }
 
@@ -347,10 +350,35 @@ fn dead_letter_counted<T>(
     key: &Key,
     attempts: u32,
     replay: bool,
+    mode: Mode,
 ) -> Result<Handled<T>, InboxError> {
-    metrics::counter!(m::DEAD_LETTERS_TOTAL, "consumer" => key.consumer().to_owned(), "replay" => if replay { "true" } else { "false" })
+    metrics::counter!(m::DEAD_LETTERS_TOTAL, "consumer" => key.consumer().to_owned(), "replay" => if replay { "true" } else { "false" }, "mode" => mode.label())
         .increment(1);
     Ok(Handled::DeadLetter { attempts, replay })
+}
+
+/// Count a handler failure stored as the key's result.
+fn failure_stored(key: &Key, mode: Mode) {
+    metrics::counter!(m::STORED_FAILURES_TOTAL, "consumer" => key.consumer().to_owned(), "mode" => mode.label())
+        .increment(1);
+}
+
+/// Which wrapper handled a delivery: the `mode` label and span field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// [`Inbox`]: the handler runs under a renewed lease.
+    Lease,
+    /// [`TxEngine`]: the handler runs inside the store's transaction.
+    Tx,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Lease => "lease",
+            Mode::Tx => "tx",
+        }
+    }
 }
 
 /// The `result` field of the `dedup_inbox` span.
@@ -369,8 +397,8 @@ fn result_name<T>(handled: &Result<Handled<T>, InboxError>) -> &'static str {
 }
 
 /// Record how long a handler ran and how it ended.
-fn handler_finished(key: &Key, result: &'static str, started: Instant) {
-    metrics::histogram!(m::HANDLER_DURATION_SECONDS, "consumer" => key.consumer().to_owned(), "result" => result)
+fn handler_finished(key: &Key, mode: Mode, result: &'static str, started: Instant) {
+    metrics::histogram!(m::HANDLER_DURATION_SECONDS, "consumer" => key.consumer().to_owned(), "result" => result, "mode" => mode.label())
         .record(started.elapsed().as_secs_f64());
 }
 

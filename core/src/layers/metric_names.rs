@@ -3,7 +3,10 @@
 //! Labels: `backend` (the name given to [`Observed`](super::Observed)), `consumer` (the
 //! key's consumer; never the message id, which would make a series per message), `op`
 //! (`claim`, `claim_many`, `commit`, `commit_many`, `renew`, `release`, `get`, `purge`),
-//! `outcome` and `kind` as listed per metric.
+//! `outcome` and `kind` as listed per metric; `mode` on the inbox's own metrics: `lease`
+//! for the [`Inbox`](crate::Inbox), `tx` for the transactional inbox
+//! ([`TxEngine`](crate::TxEngine), whose commits inside a transaction count in
+//! [`COMMITS_TOTAL`] and whose lost ones in [`LEASE_LOST_TOTAL`] with `op = commit_in_tx`).
 
 /// Counter: claims (batch items included) by `outcome`: `acquired` (first attempt),
 /// `takeover` (acquired with attempt > 1: the previous lease expired or was released),
@@ -31,12 +34,12 @@ pub const ERRORS_TOTAL: &str = "dedup_errors_total";
 /// Histogram: time each store operation took, in seconds. Labels `backend`, `op`.
 pub const OPERATION_DURATION_SECONDS: &str = "dedup_operation_duration_seconds";
 /// Histogram: time the [`Inbox`](crate::Inbox)'s handlers ran, in seconds, by `result`:
-/// `ok`, `error`, `panic`, `lease_lost`. Label `consumer`, `result`.
+/// `ok`, `error`, `panic`, `lease_lost`. Labels `consumer`, `result`, `mode`.
 pub const HANDLER_DURATION_SECONDS: &str = "dedup_handler_duration_seconds";
 /// Counter: deliveries the [`Inbox`](crate::Inbox) told to dead-letter because the key used
 /// up its attempts (poison messages). Labels `consumer`, `replay` (`false` the first time,
-/// `true` for later deliveries of the same key).
+/// `true` for later deliveries of the same key), `mode`.
 pub const DEAD_LETTERS_TOTAL: &str = "dedup_dead_letters_total";
 /// Counter: handler failures the [`Inbox`](crate::Inbox) stored as the key's outcome
-/// ([`FailurePolicy::Store`](crate::FailurePolicy::Store)). Label `consumer`.
+/// ([`FailurePolicy::Store`](crate::FailurePolicy::Store)). Labels `consumer`, `mode`.
 pub const STORED_FAILURES_TOTAL: &str = "dedup_stored_failures_total";

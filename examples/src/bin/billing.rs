@@ -8,8 +8,8 @@
 //!    processed: both handlers see "not processed" and both charge.
 //! 2. dedup, lease mode: `Inbox::handle` claims the message id; the second handler gets
 //!    busy / duplicate and does nothing.
-//! 3. dedup, transactional: the claim is a row in the same SQLite transaction as the
-//!    invoice, so the inbox row and the invoice commit (or roll back) together.
+//! 3. dedup, transactional (`TxInbox`): the handler runs in the SQLite transaction that
+//!    completes the key, so the inbox row and the invoice commit (or roll back) together.
 //! 4. the same order published twice under two different message ids: message-id dedup
 //!    cannot know they are the same order; a natural key (a unique order id on the invoice
 //!    table, insert-or-ignore before paying) catches it. Both layers are needed.
@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use dedup_core::{Handled, Inbox, InboxConfig, Key, TxClaim};
+use dedup_core::{Handled, Inbox, InboxConfig, Key};
 use dedup_examples::report::{print_json, print_table};
-use dedup_sqlite::SqliteStore;
-use dedup_sqlite::rusqlite::{self, Connection, TransactionBehavior, params};
+use dedup_sqlite::rusqlite::{self, Connection, params};
+use dedup_sqlite::{SqliteStore, TxInbox};
 
 const PAYMENT: Duration = Duration::from_millis(200);
 const HANDLERS: usize = 4;
@@ -186,8 +186,10 @@ async fn lease_mode(
     Ok(world.row(variant, deliveries.len())?)
 }
 
-/// Claim inside the transaction that writes the invoice. With `natural_key`, the invoice
-/// insert is an insert-or-ignore on the order id, done before paying.
+/// The transactional inbox (`TxInbox`): the invoice, the payment call and the key's
+/// completion run in one SQLite transaction, so the inbox row and the invoice commit (or
+/// roll back) together. With `natural_key`, the invoice insert is an insert-or-ignore on the
+/// order id, done before paying.
 async fn transactional(
     dir: &Path,
     deliveries: &[&'static str],
@@ -199,34 +201,31 @@ async fn transactional(
         connect(&world.db)?
             .execute_batch("CREATE UNIQUE INDEX invoices_order ON invoices (order_id)")?;
     }
-    let store = Arc::new(SqliteStore::open(&world.db).await?);
+    let inbox = TxInbox::new(SqliteStore::open(&world.db).await?);
     let w = Arc::clone(&world);
     deliver(deliveries, move |message_id| {
-        let (w, store) = (Arc::clone(&w), Arc::clone(&store));
+        let (w, inbox) = (Arc::clone(&w), inbox.clone());
         async move {
-            tokio::task::spawn_blocking(move || -> BoxResult {
-                let mut conn = connect(&w.db)?;
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let key = Key::new("billing", message_id)?;
-                if let TxClaim::Claimed { .. } = store.claim_in_tx(&tx, &key, None)? {
-                    let fresh_order = if natural_key {
-                        tx.execute(
-                            "INSERT OR IGNORE INTO invoices VALUES (?1, 4999)",
-                            params![ORDER],
-                        )? == 1
+            let key = Key::new("billing", message_id)?;
+            let handled = inbox
+                .handle(&key, None, move |tx, _lease| {
+                    let insert = if natural_key {
+                        "INSERT OR IGNORE INTO invoices VALUES (?1, 4999)"
                     } else {
-                        tx.execute("INSERT INTO invoices VALUES (?1, 4999)", params![ORDER])? == 1
+                        "INSERT INTO invoices VALUES (?1, 4999)"
                     };
-                    if fresh_order {
+                    if tx.execute(insert, params![ORDER])? == 1 {
                         // The payment runs inside the transaction: if it fails, the
-                        // rollback removes the inbox row and the invoice together.
+                        // rollback removes the invoice and leaves the key unprocessed.
                         w.pay_blocking();
                     }
-                }
-                tx.commit()?;
-                Ok(())
-            })
-            .await?
+                    Ok::<_, rusqlite::Error>(Some(b"invoiced".to_vec()))
+                })
+                .await?;
+            // Busy: as in lease mode, a real consumer nacks; the redelivery then finds the
+            // key completed.
+            if let Handled::Busy { .. } = handled {}
+            Ok(())
         }
     })
     .await?;

@@ -1,0 +1,238 @@
+//! [`TxInbox`]: the transactional inbox. The synchronous handler runs inside a
+//! `BEGIN IMMEDIATE` transaction on a connection to the store's file, and the key's
+//! completion commits with the handler's writes.
+
+use std::sync::{Arc, Mutex};
+
+use dedup_core::layers::{ObserveOptions, RetryPolicy};
+use dedup_core::{
+    BoxError, DedupStore, Error, Fingerprint, Handled, InboxConfig, InboxError, Key, Lease,
+    TxAttempt, TxAttempts, TxEngine,
+};
+use futures::future::BoxFuture;
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+
+use crate::blocking::blocking;
+use crate::error::{BACKEND, backend, is_transient};
+use crate::store::SqliteStore;
+
+/// Runs synchronous handlers inside a SQLite transaction, at most once per key, with the
+/// inbox row committing together with the handler's own writes.
+///
+/// [`handle`](Self::handle) answers the same [`Handled`] as the lease-mode
+/// [`Inbox`](dedup_core::Inbox), so the acknowledgement code is the same in both modes.
+/// How a delivery runs, how the attempt count survives a rollback and a crashed worker,
+/// and what it costs (one lease-mode claim, committed on its own, then the handler's
+/// `BEGIN IMMEDIATE` transaction ended by [`commit_in_tx`](SqliteStore::commit_in_tx): two
+/// write transactions, so two disk flushes, per message) is in [`TxEngine`]'s docs.
+///
+/// The handler runs on tokio's blocking pool (never in place, so the lease keeps being
+/// renewed while it runs), on a connection of the inbox's own to the store's file (see
+/// [`SqliteStore::open_connection`]; an in-memory store has none: every delivery then
+/// fails with [`Error::Unsupported`]). Connections are opened as needed and kept for the
+/// next runs.
+///
+/// Errors the database asks to retry (`SQLITE_BUSY`, `SQLITE_LOCKED`: another connection
+/// held the lock past the busy timeout), found as a `rusqlite::Error` or a
+/// [`dedup_core::Error`] in the handler's error's source chain or raised by begin or commit,
+/// run the handler again in a fresh transaction, as a new attempt, under the
+/// [`retry`](Self::with_retry) policy. The database writes of a failed run are rolled
+/// back; the handler's other side effects are not, so they must be idempotent (use
+/// [`Lease::idempotency_key`]).
+///
+/// ```no_run
+/// # async fn demo(store: dedup_sqlite::SqliteStore) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use dedup_core::{Handled, Key};
+/// use dedup_sqlite::TxInbox;
+/// let inbox = TxInbox::new(store);
+/// let key = Key::new("billing", "order-42")?;
+/// let handled = inbox
+///     .handle(&key, None, |tx, lease| {
+///         tx.execute(
+///             "INSERT INTO invoices (order_id, fence) VALUES (?1, ?2)",
+///             ("order-42", lease.fence as i64),
+///         )?;
+///         Ok::<_, rusqlite::Error>(Some(b"invoiced".to_vec()))
+///     })
+///     .await?;
+/// assert!(handled.is_settled());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct TxInbox {
+    store: SqliteStore,
+    engine: TxEngine,
+    connections: Arc<Mutex<Vec<Connection>>>,
+}
+
+impl TxInbox {
+    /// A transactional inbox over `store` with the default [`InboxConfig`] and
+    /// [`RetryPolicy`].
+    pub fn new(store: SqliteStore) -> Self {
+        let shared: Arc<dyn DedupStore> = Arc::new(store.clone());
+        TxInbox {
+            engine: TxEngine::new(shared, InboxConfig::default()),
+            store,
+            connections: Arc::default(),
+        }
+    }
+
+    /// The same inbox with another configuration.
+    pub fn with_config(mut self, config: InboxConfig) -> Self {
+        self.engine = self.engine.with_config(config);
+        self
+    }
+
+    /// The same inbox retrying transactions the database asked to run again under
+    /// `policy`.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.engine = self.engine.with_retry(policy);
+        self
+    }
+
+    /// The same inbox with spans and metrics for its store operations (backend label
+    /// `sqlite`), as [`Observed`](dedup_core::layers::Observed) gives a lease-mode inbox's
+    /// store.
+    pub fn observed(mut self) -> Self {
+        self.engine = self.engine.observed(ObserveOptions::new(BACKEND));
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &InboxConfig {
+        self.engine.config()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &SqliteStore {
+        &self.store
+    }
+
+    /// Process `key` at most once, inside a transaction: see the type's docs. `handler`
+    /// gets the open transaction and the lease (fence, attempt, idempotency key), and
+    /// returns the outcome stored for duplicates; it may run more than once (a retry, a
+    /// later delivery after a failure), each time in a fresh transaction. It must not
+    /// commit or roll back the transaction itself.
+    pub async fn handle<H, E>(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        handler: H,
+    ) -> Result<Handled, InboxError>
+    where
+        H: FnMut(&Transaction<'_>, &Lease) -> Result<Option<Vec<u8>>, E> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let mut attempts = Attempts {
+            store: self.store.clone(),
+            connections: Arc::clone(&self.connections),
+            handler: Some(handler),
+        };
+        self.engine.run(key, fingerprint, &mut attempts).await
+    }
+}
+
+/// One run of the handler in a transaction, on the blocking pool.
+struct Attempts<H> {
+    store: SqliteStore,
+    connections: Arc<Mutex<Vec<Connection>>>,
+    /// On the blocking thread while a run is under way.
+    handler: Option<H>,
+}
+
+impl<H, E> TxAttempts for Attempts<H>
+where
+    H: FnMut(&Transaction<'_>, &Lease) -> Result<Option<Vec<u8>>, E> + Send + 'static,
+    E: Into<BoxError>,
+{
+    fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
+        Box::pin(async move {
+            let Some(mut handler) = self.handler.take() else {
+                return TxAttempt::Store(Error::Unsupported(
+                    "the handler panicked in an earlier run of this delivery",
+                ));
+            };
+            let (store, connections, lease) = (
+                self.store.clone(),
+                Arc::clone(&self.connections),
+                lease.clone(),
+            );
+            let ran = blocking(false, move || {
+                let ran = run_once(&store, &connections, &lease, &mut handler);
+                (handler, ran)
+            })
+            .await;
+            match ran {
+                Ok((handler, ran)) => {
+                    self.handler = Some(handler);
+                    ran
+                }
+                Err(e) => TxAttempt::Store(e),
+            }
+        })
+    }
+}
+
+/// Take a connection (or open one), run the handler in a transaction on it, and keep the
+/// connection for later runs if no transaction is left open on it.
+fn run_once<H, E>(
+    store: &SqliteStore,
+    connections: &Mutex<Vec<Connection>>,
+    lease: &Lease,
+    handler: &mut H,
+) -> TxAttempt
+where
+    H: FnMut(&Transaction<'_>, &Lease) -> Result<Option<Vec<u8>>, E>,
+    E: Into<BoxError>,
+{
+    let pooled = connections.lock().ok().and_then(|mut pool| pool.pop());
+    let mut conn = match pooled.map_or_else(|| store.open_connection(), Ok) {
+        Ok(conn) => conn,
+        Err(e) => return TxAttempt::Store(e),
+    };
+    let ran = in_transaction(store, &mut conn, lease, handler);
+    if conn.is_autocommit()
+        && let Ok(mut pool) = connections.lock()
+    {
+        pool.push(conn);
+    }
+    ran
+}
+
+/// Begin, run the handler, commit the lease inside, commit (a dropped transaction rolls
+/// back).
+fn in_transaction<H, E>(
+    store: &SqliteStore,
+    conn: &mut Connection,
+    lease: &Lease,
+    handler: &mut H,
+) -> TxAttempt
+where
+    H: FnMut(&Transaction<'_>, &Lease) -> Result<Option<Vec<u8>>, E>,
+    E: Into<BoxError>,
+{
+    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return TxAttempt::Store(backend(e)),
+    };
+    let outcome = match handler(&tx, lease) {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            let source: BoxError = e.into();
+            let retryable = TxEngine::asks_for_retry(&*source, |e| {
+                e.downcast_ref::<rusqlite::Error>().map(is_transient)
+            });
+            return TxAttempt::HandlerFailed { source, retryable };
+        }
+    };
+    if let Err(source) = TxEngine::check_outcome(outcome.as_deref()) {
+        return TxAttempt::Outcome(source);
+    }
+    if let Err(e) = store.commit_in_tx(&tx, lease, outcome.as_deref()) {
+        return TxAttempt::Store(e);
+    }
+    match tx.commit() {
+        Ok(()) => TxAttempt::Committed(outcome),
+        Err(e) => TxAttempt::Store(backend(e)),
+    }
+}

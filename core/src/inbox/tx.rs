@@ -1,0 +1,361 @@
+//! [`TxEngine`]: the mode-independent part of the SQL backends' transactional inbox
+//! (`dedup_postgres::TxInbox`, `dedup_sqlite::TxInbox`). A backend supplies only
+//! [`TxAttempts`]: one run of the handler inside a transaction of its own, ended by
+//! `commit_in_tx`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use tracing::Instrument;
+
+use super::{
+    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop, Stored,
+    error_chain, failure_stored, handler_finished, replay, result_name,
+};
+use crate::layers::metric_names as m;
+use crate::layers::{ObserveOptions, Observed, RetryPolicy};
+use crate::{BoxError, Claim, ClaimOptions, DedupStore, Error, Fingerprint, Key, Lease};
+
+/// How one run of the handler inside the backend's transaction ended. The backend rolls
+/// the transaction back in every case but [`Committed`](TxAttempt::Committed).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TxAttempt {
+    /// The handler succeeded and its transaction committed, holding the business writes
+    /// and the key's completion (`commit_in_tx` with this outcome).
+    Committed(Option<Vec<u8>>),
+    /// The handler failed; the transaction was rolled back.
+    HandlerFailed {
+        /// The handler's error.
+        source: BoxError,
+        /// Whether the database asked for the transaction to be run again (a
+        /// serialization failure, a deadlock, SQLite busy): the backend's
+        /// [`Error::is_retryable`] for a driver error found in the error's source chain.
+        retryable: bool,
+    },
+    /// The store failed (begin, `commit_in_tx`, the commit itself) or answered
+    /// `LeaseLost`; the transaction was rolled back.
+    Store(Error),
+    /// The handler's outcome starts with the reserved bytes (see
+    /// [`TxEngine::check_outcome`]); the transaction was rolled back.
+    Outcome(BoxError),
+}
+
+/// The backend's part of a transactional inbox: run the handler once in a fresh
+/// transaction, and end it with `commit_in_tx(lease, outcome)` (fenced by the lease's
+/// token) or a rollback.
+pub trait TxAttempts: Send {
+    /// One run under `lease`: begin, run the handler with the transaction and the lease,
+    /// check the outcome with [`TxEngine::check_outcome`], `commit_in_tx`, commit.
+    fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt>;
+}
+
+/// The engine of the transactional inbox: claims the key in lease mode, runs the
+/// backend's [`TxAttempts`] under a renewed lease, and settles the key as the lease-mode
+/// [`Inbox`] does (same [`Handled`], same stored failures and dead letters, same spans
+/// and metrics with `mode = "tx"`).
+///
+/// Per delivery:
+/// 1. **Claim in lease mode**, its own statement, committed at once. This is what counts
+///    the attempt and survives everything after it: a rollback, a crashed worker (its lease
+///    expires and the next claim is a takeover, attempt + 1), a dropped future (the lease
+///    is released in the background, the next claim is attempt + 1). A duplicate gets the
+///    stored outcome (or stored failure, or dead letter) without running the handler; a
+///    live lease elsewhere is [`Handled::Busy`]; past
+///    [`max_attempts`](InboxConfig::max_attempts) the key is completed as dead-lettered in
+///    lease mode, without a transaction.
+/// 2. **Run the attempt**: the backend begins a transaction, runs the handler with it,
+///    completes the key inside it with `commit_in_tx(lease, outcome)` (fenced by the
+///    lease's token: a worker whose lease was taken over gets `LeaseLost` and rolls back)
+///    and commits. Meanwhile the lease is renewed as in lease mode.
+/// 3. **On failure** the transaction is rolled back (no business row, no completion) and:
+///    - an error the database asks to retry (serialization failure, deadlock, SQLite busy)
+///      runs again after the [`retry`](Self::retry) policy's backoff, in a fresh
+///      transaction and as a new attempt (the lease is released and claimed again, so each
+///      run counts toward `max_attempts`, and another worker may take it instead: then
+///      this call answers what that claim answered);
+///    - any other handler error, with [`FailurePolicy::Retry`], releases the lease and
+///      returns [`InboxError::Handler`]; with [`FailurePolicy::Store`], commits the failure
+///      as the key's result in lease mode and returns [`Handled::Failed`];
+///    - `LeaseLost` returns [`InboxError::LeaseLost`]; other store errors release the lease
+///      and return [`InboxError::Store`].
+///
+/// Cost against a hand-written `claim_in_tx`: one more statement and one more commit per
+/// message (the lease-mode claim), plus a renewal per [`renew_every`](InboxConfig) of
+/// handler time; a failure adds a release (or a lease-mode commit), a retry a release and a
+/// claim.
+pub struct TxEngine {
+    inbox: Inbox<dyn DedupStore>,
+    retry: RetryPolicy,
+    observe: Option<ObserveOptions>,
+}
+
+impl std::fmt::Debug for TxEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxEngine")
+            .field("config", self.inbox.config())
+            .field("retry", &self.retry)
+            .field("observe", &self.observe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Clone for TxEngine {
+    fn clone(&self) -> Self {
+        TxEngine {
+            inbox: self.inbox.clone(),
+            retry: self.retry,
+            observe: self.observe.clone(),
+        }
+    }
+}
+
+impl TxEngine {
+    /// An engine whose lease-mode operations (claim, renew, release, the commit of a stored
+    /// failure or dead letter) go to `store`, with `config` and the default retry policy.
+    pub fn new(store: Arc<dyn DedupStore>, config: InboxConfig) -> Self {
+        TxEngine {
+            inbox: Inbox::from_arc(store, config),
+            retry: RetryPolicy::default(),
+            observe: None,
+        }
+    }
+
+    /// The same engine with its lease-mode operations wrapped in
+    /// [`Observed`](crate::layers::Observed) with `options`, and each commit inside a
+    /// transaction counted in [`dedup_commits_total`](m::COMMITS_TOTAL) under the same
+    /// `backend` label once the transaction committed.
+    pub fn observed(mut self, options: ObserveOptions) -> Self {
+        let store: Arc<dyn DedupStore> = Arc::clone(self.inbox.store());
+        let observed = Observed::new(store, options.clone());
+        self.inbox = Inbox::from_arc(Arc::new(observed), self.inbox.config().clone());
+        self.observe = Some(options);
+        self
+    }
+
+    /// The same engine with another configuration.
+    pub fn with_config(mut self, config: InboxConfig) -> Self {
+        self.inbox = self.inbox.with_config(config);
+        self
+    }
+
+    /// The same engine retrying transactions the database asked to run again under
+    /// `policy` ([`RetryPolicy::NEVER`]: never).
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &InboxConfig {
+        self.inbox.config()
+    }
+
+    /// The retry policy for transactions the database asked to run again.
+    pub fn retry(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    /// Refuse a handler's outcome that starts with the bytes reserved for the inbox's own
+    /// verdicts (`\0dedup:`), as the lease-mode [`Inbox`] does. Backends call it before
+    /// `commit_in_tx`.
+    pub fn check_outcome(outcome: Option<&[u8]>) -> Result<(), BoxError> {
+        if Stored::is_reserved(outcome) {
+            Err("a handler's outcome may not start with the reserved bytes \\0dedup:".into())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether a handler's `error` is, or was caused by, an error the database asks to run
+    /// the transaction again for: the first error in its source chain that is a
+    /// [`dedup_core::Error`](Error) ([`Error::is_retryable`]) or that `driver` classifies
+    /// (`Some(retryable)` for the backend's driver error type, `None` for others) decides.
+    pub fn asks_for_retry(
+        error: &(dyn std::error::Error + 'static),
+        driver: impl Fn(&(dyn std::error::Error + 'static)) -> Option<bool>,
+    ) -> bool {
+        let mut current = Some(error);
+        while let Some(e) = current {
+            if let Some(ours) = e.downcast_ref::<Error>() {
+                return ours.is_retryable();
+            }
+            if let Some(retryable) = driver(e) {
+                return retryable;
+            }
+            current = e.source();
+        }
+        false
+    }
+
+    /// Handle one delivery of `key`: see the type's docs.
+    pub async fn run(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        attempts: &mut dyn TxAttempts,
+    ) -> Result<Handled, InboxError> {
+        let span = tracing::debug_span!(
+            "dedup_inbox",
+            mode = Mode::Tx.label(),
+            consumer = key.consumer(),
+            attempt = tracing::field::Empty,
+            result = tracing::field::Empty,
+        );
+        let handled = self
+            .settle(key, fingerprint, attempts, &span)
+            .instrument(span.clone())
+            .await;
+        span.record("result", result_name(&handled));
+        handled
+    }
+
+    /// Claim in lease mode; `Ok(lease)` to run, or the delivery's answer.
+    async fn claim(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Result<Lease, Result<Handled, InboxError>> {
+        let options = ClaimOptions {
+            lease: self.config().lease,
+            fingerprint: fingerprint.cloned(),
+        };
+        match self.inbox.store().claim(key, &options).await {
+            Ok(Claim::Acquired(lease)) => Ok(lease),
+            Ok(Claim::InFlight {
+                expires_at,
+                attempt,
+            }) => Err(Ok(Handled::Busy {
+                expires_at,
+                attempt,
+            })),
+            Ok(Claim::Completed {
+                processed_at,
+                outcome,
+            }) => Err(replay(key, processed_at, outcome, Ok, Mode::Tx)),
+            Err(e) => Err(Err(InboxError::Store(e))),
+        }
+    }
+
+    async fn settle(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        attempts: &mut dyn TxAttempts,
+        span: &tracing::Span,
+    ) -> Result<Handled, InboxError> {
+        let store = self.inbox.store();
+        let mut lease = match self.claim(key, fingerprint.as_ref()).await {
+            Ok(lease) => lease,
+            Err(answer) => return answer,
+        };
+        let mut retries = 0;
+        let mut backoff = self.retry.initial_backoff;
+        loop {
+            span.record("attempt", lease.attempt);
+            if let Some(max) = self.config().max_attempts
+                && lease.attempt > max
+            {
+                return self.inbox.dead_letter(&lease, Mode::Tx).await;
+            }
+            let mut guard = ReleaseOnDrop {
+                store: Arc::clone(store),
+                lease: Some(lease.clone()),
+            };
+            let started = Instant::now();
+            let ran = tokio::select! {
+                biased;
+                lost = self.inbox.keep_renewed(&lease) => {
+                    guard.disarm();
+                    handler_finished(key, Mode::Tx, "lease_lost", started);
+                    return Err(InboxError::LeaseLost { key: lost.key });
+                }
+                ran = attempts.attempt(&lease) => ran,
+            };
+            guard.disarm();
+            match ran {
+                TxAttempt::Committed(outcome) => {
+                    handler_finished(key, Mode::Tx, "ok", started);
+                    self.count_commit(key);
+                    return Ok(Handled::Processed { outcome, lease });
+                }
+                TxAttempt::HandlerFailed { source, retryable } => {
+                    handler_finished(key, Mode::Tx, "error", started);
+                    if retryable && retries < self.retry.max_retries {
+                        // Run again below.
+                    } else if !retryable && self.config().failures == FailurePolicy::Store {
+                        let error = error_chain(&*source);
+                        self.inbox
+                            .commit(&lease, Some(&Stored::failed(&error)))
+                            .await?;
+                        failure_stored(key, Mode::Tx);
+                        return Ok(Handled::Failed {
+                            error,
+                            replay: false,
+                        });
+                    } else {
+                        let _ = store.release(&lease).await;
+                        return Err(InboxError::Handler {
+                            key: key.clone(),
+                            source,
+                        });
+                    }
+                }
+                TxAttempt::Store(e) if e.is_lease_lost() => {
+                    handler_finished(key, Mode::Tx, "lease_lost", started);
+                    self.count_lease_lost(key);
+                    return Err(InboxError::LeaseLost { key: key.clone() });
+                }
+                TxAttempt::Store(e) => {
+                    handler_finished(key, Mode::Tx, "error", started);
+                    if e.is_retryable() && retries < self.retry.max_retries {
+                        // Run again below.
+                    } else {
+                        let _ = store.release(&lease).await;
+                        return Err(InboxError::Store(e));
+                    }
+                }
+                TxAttempt::Outcome(source) => {
+                    handler_finished(key, Mode::Tx, "ok", started);
+                    let _ = store.release(&lease).await;
+                    return Err(InboxError::Outcome {
+                        key: key.clone(),
+                        source,
+                    });
+                }
+            }
+            // The database asked for another run: a new attempt, in a fresh transaction.
+            retries += 1;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.retry.max_backoff);
+            match store.release(&lease).await {
+                Ok(()) => {}
+                Err(e) if e.is_lease_lost() => {
+                    return Err(InboxError::LeaseLost { key: key.clone() });
+                }
+                Err(e) => return Err(InboxError::Store(e)),
+            }
+            lease = match self.claim(key, fingerprint.as_ref()).await {
+                Ok(lease) => lease,
+                Err(answer) => return answer,
+            };
+        }
+    }
+
+    /// Count a commit made inside a committed transaction, as `Observed` counts a commit.
+    fn count_commit(&self, key: &Key) {
+        if let Some(options) = &self.observe {
+            metrics::counter!(m::COMMITS_TOTAL, "backend" => options.backend, "consumer" => key.consumer().to_owned())
+                .increment(1);
+        }
+    }
+
+    /// Count a `commit_in_tx` answered `LeaseLost`, as `Observed` counts a lost commit.
+    fn count_lease_lost(&self, key: &Key) {
+        if let Some(options) = &self.observe {
+            metrics::counter!(m::LEASE_LOST_TOTAL, "backend" => options.backend, "consumer" => key.consumer().to_owned(), "op" => "commit_in_tx")
+                .increment(1);
+        }
+    }
+}

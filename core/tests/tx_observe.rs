@@ -1,0 +1,179 @@
+//! The transactional inbox's engine (`TxEngine`) emits the lease-mode inbox's metrics, with
+//! `mode = "tx"`: counted exactly in a scripted scenario with a `metrics-util` debugging
+//! recorder of this thread's own. The backend's transaction is stood for by a fake whose
+//! "commit inside the transaction" is a plain commit of the lease.
+
+mod support;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedup_core::layers::metric_names as m;
+use dedup_core::layers::{ObserveOptions, RetryPolicy};
+use dedup_core::{
+    DedupStore, Error, FailurePolicy, Handled, InboxConfig, Key, Lease, MemoryStore, TxAttempt,
+    TxAttempts, TxEngine,
+};
+use futures::future::BoxFuture;
+use metrics_util::debugging::DebuggingRecorder;
+use support::Recorded;
+
+/// What one run of the fake transaction does.
+#[derive(Clone, Copy)]
+enum Step {
+    Commit,
+    Fail,
+    Conflict,
+}
+
+struct Fake {
+    store: Arc<MemoryStore>,
+    steps: VecDeque<Step>,
+}
+
+impl TxAttempts for Fake {
+    fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
+        Box::pin(async move {
+            match self.steps.pop_front().expect("a planned step") {
+                Step::Commit => match self.store.commit(lease, Some(b"done")).await {
+                    Ok(()) => TxAttempt::Committed(Some(b"done".to_vec())),
+                    Err(e) => TxAttempt::Store(e),
+                },
+                Step::Fail => TxAttempt::HandlerFailed {
+                    source: "declined".into(),
+                    retryable: false,
+                },
+                Step::Conflict => {
+                    let source: dedup_core::BoxError =
+                        Error::backend("fake", true, "serialization failure").into();
+                    let retryable = TxEngine::asks_for_retry(&*source, |_| None);
+                    assert!(retryable, "a retryable store error asks for a retry");
+                    TxAttempt::HandlerFailed { source, retryable }
+                }
+            }
+        })
+    }
+}
+
+fn key(id: &str) -> Key {
+    Key::new("billing", id).unwrap()
+}
+
+#[test]
+fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_with_mode_tx() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let store = Arc::new(support::tokio_store());
+            let shared: Arc<dyn DedupStore> = store.clone();
+            let config = InboxConfig {
+                renew_every: Some(Duration::from_secs(3600)),
+                ..InboxConfig::default()
+            };
+            let engine = TxEngine::new(shared, config.clone())
+                .observed(ObserveOptions::new("memory"))
+                .with_retry(RetryPolicy {
+                    max_retries: 2,
+                    initial_backoff: Duration::from_millis(1),
+                    max_backoff: Duration::from_millis(1),
+                });
+            let run = |id: &'static str, steps: &[Step], engine: TxEngine| {
+                let mut fake = Fake {
+                    store: Arc::clone(&store),
+                    steps: steps.iter().copied().collect(),
+                };
+                async move {
+                    let handled = engine.run(&key(id), None, &mut fake).await;
+                    assert!(fake.steps.is_empty(), "{id}: every planned step ran");
+                    handled
+                }
+            };
+            // 3 messages processed, then 2 duplicates.
+            for id in ["m1", "m2", "m3"] {
+                let handled = run(id, &[Step::Commit], engine.clone()).await;
+                assert!(
+                    matches!(handled, Ok(Handled::Processed { .. })),
+                    "{handled:?}"
+                );
+            }
+            for id in ["m1", "m2"] {
+                let handled = run(id, &[], engine.clone()).await;
+                assert!(
+                    matches!(handled, Ok(Handled::Duplicate { .. })),
+                    "{handled:?}"
+                );
+            }
+            // A conflict, retried as attempt 2, which commits.
+            let handled = run("c", &[Step::Conflict, Step::Commit], engine.clone()).await;
+            assert!(
+                matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
+                "{handled:?}"
+            );
+            // A poison message with one attempt: fails, then is dead-lettered, then replayed.
+            let poison = engine.clone().with_config(InboxConfig {
+                max_attempts: Some(1),
+                ..config.clone()
+            });
+            assert!(run("p", &[Step::Fail], poison.clone()).await.is_err());
+            for replay in [false, true] {
+                assert_eq!(
+                    run("p", &[], poison.clone()).await.unwrap(),
+                    Handled::DeadLetter {
+                        attempts: 1,
+                        replay
+                    }
+                );
+            }
+            // A stored failure.
+            let storing = engine.clone().with_config(InboxConfig {
+                failures: FailurePolicy::Store,
+                ..config.clone()
+            });
+            let failed = run("f", &[Step::Fail], storing).await.unwrap();
+            assert!(matches!(failed, Handled::Failed { replay: false, .. }));
+        })
+    });
+    let snap = Recorded::take(&snapshotter);
+    let tx = ("mode", "tx");
+    // Claims: m1..m3, c, p, f acquired; c's retry and p's dead-letter run are takeovers;
+    // m1, m2 and p's replay are duplicates.
+    assert_eq!(snap.counter(m::CLAIMS_TOTAL, &[("outcome", "acquired")]), 6);
+    assert_eq!(snap.counter(m::CLAIMS_TOTAL, &[("outcome", "takeover")]), 2);
+    assert_eq!(
+        snap.counter(m::CLAIMS_TOTAL, &[("outcome", "completed")]),
+        3
+    );
+    // Commits: 4 inside a transaction (m1..m3, c), 2 in lease mode (p's dead letter, f's
+    // stored failure).
+    assert_eq!(snap.counter(m::COMMITS_TOTAL, &[("backend", "memory")]), 6);
+    // Releases: c before its retry, p after its failure.
+    assert_eq!(snap.counter(m::RELEASES_TOTAL, &[]), 2);
+    assert_eq!(
+        snap.observations(m::HANDLER_DURATION_SECONDS, &[tx, ("result", "ok")]),
+        4
+    );
+    assert_eq!(
+        snap.observations(m::HANDLER_DURATION_SECONDS, &[tx, ("result", "error")]),
+        3
+    );
+    assert_eq!(
+        snap.observations(m::HANDLER_DURATION_SECONDS, &[("mode", "lease")]),
+        0
+    );
+    assert_eq!(
+        snap.counter(m::DEAD_LETTERS_TOTAL, &[tx, ("replay", "false")]),
+        1
+    );
+    assert_eq!(
+        snap.counter(m::DEAD_LETTERS_TOTAL, &[tx, ("replay", "true")]),
+        1
+    );
+    assert_eq!(snap.counter(m::STORED_FAILURES_TOTAL, &[tx]), 1);
+}
