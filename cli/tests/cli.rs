@@ -333,7 +333,8 @@ async fn scenario(t: Target) {
     );
     t.expect(2, &["list", "--consumer", "billing", "--state", "stuck"]);
 
-    // Release: refused without --force, then fenced.
+    // Release: refused without --force, then revoking: the old worker loses the lease at
+    // once, and the next claim is a takeover.
     let refused = t.expect(1, &["release", "billing", "live"]);
     assert!(stderr(&refused).contains("--force"), "{}", stderr(&refused));
     let released = t.json(&["release", "billing", "live", "--force"]);
@@ -341,22 +342,71 @@ async fn scenario(t: Target) {
         (&released["released"], &released["fence"]),
         (&Value::from(true), &Value::from(1))
     );
+    assert!(
+        store.commit(&live, None).await.unwrap_err().is_lease_lost(),
+        "the old worker's commit right after the release is LeaseLost"
+    );
     let next = acquire(&*store, "live", Duration::from_secs(60)).await;
     assert_eq!(
         (next.fence, next.attempt),
         (live.fence + 1, 2),
         "re-claim after release"
     );
-    assert!(
-        store.commit(&live, None).await.unwrap_err().is_lease_lost(),
-        "the old worker's commit is LeaseLost"
-    );
     store
         .commit(&next, None)
         .await
         .expect("the new lease commits");
     t.expect(3, &["release", "billing", "nope"]);
-    t.expect(1, &["release", "billing", "new-done"]);
+    let completed = t.expect(1, &["release", "billing", "new-done"]);
+    assert!(
+        stderr(&completed).contains("dedup forget billing new-done"),
+        "{}",
+        stderr(&completed)
+    );
+
+    // Forget: a completed record goes, and the message runs again as new.
+    let forgot = t.json(&["forget", "billing", "new-done"]);
+    assert_eq!(
+        (
+            &forgot["forgot"],
+            &forgot["status"],
+            &forgot["fence"],
+            &forgot["attempt"]
+        ),
+        (
+            &Value::from(true),
+            &Value::from("completed"),
+            &Value::from(1),
+            &Value::from(1)
+        ),
+        "{forgot}"
+    );
+    t.expect(3, &["inspect", "billing", "new-done"]);
+    t.expect(3, &["forget", "billing", "new-done"]);
+    let again = acquire(&*store, "new-done", Duration::from_secs(60)).await;
+    assert_eq!(
+        (again.fence, again.attempt),
+        (1, 1),
+        "a forgotten key starts over"
+    );
+    store.commit(&again, None).await.expect("commit");
+    // A live lease needs --force; its worker then loses it.
+    let held = t.expect(1, &["forget", "billing", "retried"]);
+    assert!(stderr(&held).contains("--force"), "{}", stderr(&held));
+    t.expect(0, &["inspect", "billing", "retried"]);
+    let human = t.expect(0, &["forget", "billing", "retried", "--force"]);
+    assert!(
+        String::from_utf8_lossy(&human.stdout)
+            .starts_with("forgot billing/retried (in-flight, fence 2, attempt 2)"),
+        "{}",
+        String::from_utf8_lossy(&human.stdout)
+    );
+    let again = acquire(&*store, "retried", Duration::from_secs(1200)).await;
+    assert_eq!(
+        (again.fence, again.attempt),
+        (1, 1),
+        "a forgotten key starts over"
+    );
 
     // Purge: the dry run counts, removes nothing; the purge removes exactly the old ones.
     let dry = t.json(&["purge", "--older-than", "1d", "--dry-run"]);
