@@ -470,6 +470,45 @@ async fn cli_on_redis_cluster() {
     }
 }
 
+/// The binary is built with TLS: `dedup stats` reaches the TLS-only PostgreSQL, verifying
+/// its certificate against the test CA.
+#[test]
+fn stats_reach_the_tls_only_postgres() {
+    let (Some(url), Some(ca)) = (
+        server_url("DEDUP_POSTGRES_TLS_URL"),
+        server_url("DEDUP_TLS_CA"),
+    ) else {
+        eprintln!("SKIPPED stats_reach_the_tls_only_postgres: DEDUP_POSTGRES_TLS_URL is not set");
+        return;
+    };
+    let store = format!(
+        "{url}?sslmode=verify-full&sslrootcert={ca}&table={}",
+        unique("cli_tls")
+    );
+    let run = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_dedup"))
+            .args(args)
+            .args(["--store", &store, "--json"])
+            .env_remove("DEDUP_STORE_URL")
+            .output()
+            .expect("run dedup");
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "dedup {args:?} over TLS: {}",
+            stderr(&output)
+        );
+        serde_json::from_slice::<Value>(&output.stdout).expect("JSON")
+    };
+    assert_eq!(run(&["migrate"])["migrated"], true);
+    let stats = run(&["stats"]);
+    assert_eq!(
+        (&stats["backend"], &stats["total"]),
+        (&Value::from("postgres"), &Value::from(0)),
+        "{stats}"
+    );
+}
+
 #[test]
 fn usage_errors_exit_2_and_a_missing_store_says_what_to_do() {
     let run = |args: &[&str]| {
