@@ -8,7 +8,7 @@ use dedup_core::{Forgot, Key, ListFilter, PurgeOptions, Released, Status};
 use serde_json::{Value, json};
 
 use crate::failure::Failure;
-use crate::open::{Opened, open};
+use crate::open::{Access, Opened, open};
 use crate::render::{bytes, record_json, record_text, span, summary_json, utc, when};
 use crate::{Cli, Command};
 
@@ -37,7 +37,12 @@ async fn now(store: &dyn dedup_core::Admin) -> Result<dedup_core::Timestamp, Fai
 /// Run the command `cli` names.
 pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let as_json = cli.json;
-    let migrate = matches!(cli.command, Command::Migrate);
+    let access = match &cli.command {
+        Command::Migrate => Access::Migrate,
+        Command::Stats { .. } | Command::Inspect { .. } | Command::List { .. } => Access::Read,
+        Command::Purge { dry_run: true, .. } => Access::Read,
+        Command::Purge { .. } | Command::Release { .. } | Command::Forget { .. } => Access::Write,
+    };
     // Arguments are checked before the store is opened: a usage error never waits on a
     // connection, and is reported as one (exit code 2).
     let purge_options = match &cli.command {
@@ -53,7 +58,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         store,
         backend,
         location,
-    } = open(&cli.store, migrate).await?;
+    } = open(&cli.store, access).await?;
     match cli.command {
         Command::Migrate => {
             let what = match backend {

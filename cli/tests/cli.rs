@@ -509,6 +509,100 @@ fn stats_reach_the_tls_only_postgres() {
     );
 }
 
+/// The commands that only read never migrate: `dedup stats` succeeds as a role that may
+/// only read the records and versions tables (it cannot create anything in their schema),
+/// and a missing table is an error naming `dedup migrate`, with nothing created.
+#[tokio::test]
+async fn reading_commands_never_migrate_and_work_as_a_read_only_role() {
+    let Some(admin_url) = server_url("DEDUP_POSTGRES_URL") else {
+        eprintln!("SKIPPED reading_commands_never_migrate: DEDUP_POSTGRES_URL is not set");
+        return;
+    };
+    let schema = unique("cli_ro");
+    let role = unique("cli_reader");
+    let admin = PostgresStore::connect_with(
+        &admin_url,
+        PostgresConfig {
+            schema: schema.clone(),
+            max_connections: 2,
+            ..PostgresConfig::default()
+        },
+    )
+    .await
+    .expect("connect and migrate as the admin role");
+    let lease = acquire(&*Arc::new(admin.clone()), "ro-1", Duration::from_secs(60)).await;
+    admin.commit(&lease, None).await.expect("commit");
+    let setup = format!(
+        "CREATE ROLE \"{role}\" LOGIN PASSWORD 'reader'; \
+         GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\"; \
+         GRANT SELECT ON \"{schema}\".dedup_inbox, \"{schema}\".dedup_schema_versions \
+           TO \"{role}\";"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+        .execute(admin.pool())
+        .await
+        .expect("create the read-only role");
+    let mut reader = url::Url::parse(&admin_url).expect("DEDUP_POSTGRES_URL");
+    reader.set_username(&role).expect("user");
+    reader.set_password(Some("reader")).expect("password");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dedup"))
+            .args(args)
+            .args(["--store", reader.as_str(), "--schema", &schema])
+            .env_remove("DEDUP_STORE_URL")
+            .output()
+            .expect("run dedup")
+    };
+    let can_create: bool = sqlx::query_scalar("SELECT has_schema_privilege($1, $2, 'CREATE')")
+        .bind(&role)
+        .bind(&schema)
+        .fetch_one(admin.pool())
+        .await
+        .expect("privilege");
+    assert!(!can_create, "the role must not be able to create tables");
+    let migrate = run(&["migrate"]);
+    assert_eq!(
+        migrate.status.code(),
+        Some(1),
+        "the role cannot migrate: {}",
+        stderr(&migrate)
+    );
+    let stats = run(&["stats", "--json"]);
+    assert_eq!(stats.status.code(), Some(0), "{}", stderr(&stats));
+    let stats: Value = serde_json::from_slice(&stats.stdout).expect("JSON");
+    assert_eq!(stats["completed"], 1, "{stats}");
+    let inspect = run(&["inspect", "billing", "ro-1"]);
+    assert_eq!(inspect.status.code(), Some(0), "{}", stderr(&inspect));
+    let dry = run(&["purge", "--older-than", "1d", "--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+
+    // A table that does not exist: the admin's read creates nothing and names the fix.
+    let missing = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(["stats", "--store", &admin_url, "--schema", &schema])
+        .args(["--table", "never_migrated"])
+        .env_remove("DEDUP_STORE_URL")
+        .output()
+        .expect("run dedup");
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+    assert!(
+        stderr(&missing).contains("run `dedup migrate` first"),
+        "{}",
+        stderr(&missing)
+    );
+    let created: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(format!("\"{schema}\".never_migrated"))
+        .fetch_one(admin.pool())
+        .await
+        .expect("regclass");
+    assert!(!created, "a read created no table");
+
+    let teardown = format!("DROP SCHEMA \"{schema}\" CASCADE; DROP ROLE \"{role}\";");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(teardown))
+        .execute(admin.pool())
+        .await
+        .expect("drop the schema and the role");
+}
+
 #[test]
 fn usage_errors_exit_2_and_a_missing_store_says_what_to_do() {
     let run = |args: &[&str]| {
