@@ -4,11 +4,11 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use dedup_core::parse_duration;
-use dedup_core::{Key, ListFilter, PurgeOptions, Released};
+use dedup_core::{Forgot, Key, ListFilter, PurgeOptions, Released, Status};
 use serde_json::{Value, json};
 
 use crate::failure::Failure;
-use crate::open::{Opened, open};
+use crate::open::{Access, Opened, open};
 use crate::render::{bytes, record_json, record_text, span, summary_json, utc, when};
 use crate::{Cli, Command};
 
@@ -37,7 +37,12 @@ async fn now(store: &dyn dedup_core::Admin) -> Result<dedup_core::Timestamp, Fai
 /// Run the command `cli` names.
 pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let as_json = cli.json;
-    let migrate = matches!(cli.command, Command::Migrate);
+    let access = match &cli.command {
+        Command::Migrate => Access::Migrate,
+        Command::Stats { .. } | Command::Inspect { .. } | Command::List { .. } => Access::Read,
+        Command::Purge { dry_run: true, .. } => Access::Read,
+        Command::Purge { .. } | Command::Release { .. } | Command::Forget { .. } => Access::Write,
+    };
     // Arguments are checked before the store is opened: a usage error never waits on a
     // connection, and is reported as one (exit code 2).
     let purge_options = match &cli.command {
@@ -53,7 +58,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         store,
         backend,
         location,
-    } = open(&cli.store, migrate).await?;
+    } = open(&cli.store, access).await?;
     match cli.command {
         Command::Migrate => {
             let what = match backend {
@@ -261,7 +266,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                     ))
                     .hint(
                         "wait for it to expire, or pass --force if its worker is stuck \
-                         (that worker then gets LeaseLost when it commits)",
+                         (that worker then gets LeaseLost at once)",
                     ));
                 }
                 Released::Completed { processed_at } => {
@@ -269,11 +274,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                         "{key} is completed (processed {}): there is no lease to release",
                         utc(processed_at)
                     ))
-                    .hint(
+                    .hint(format!(
                         "a completed message is not processed again; to let it run once more \
-                         (a dead-lettered message, after the fix), delete its record as the \
-                         README's \"Poison messages and failures\" shows",
-                    ));
+                         (a dead-lettered message, after the fix), remove its record: \
+                         `dedup forget {} {}`",
+                        key.consumer(),
+                        key.message_id()
+                    )));
                 }
                 Released::NotFound => {
                     return Err(Failure::not_found(format!("no record for {key}"))
@@ -281,8 +288,69 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 }
             }
         }
+        Command::Forget {
+            consumer,
+            message_id,
+            force,
+        } => {
+            let key = key(&consumer, &message_id)?;
+            let forgot = store
+                .forget(&key, force)
+                .await
+                .map_err(|e| Failure::store(format!("cannot forget {key}"), e))?;
+            forget_answer(&key, forgot, as_json)?;
+        }
     }
     Ok(())
+}
+
+/// Print what `dedup forget` did, or the failure it is.
+fn forget_answer(key: &Key, forgot: Forgot, as_json: bool) -> Result<(), Failure> {
+    match forgot {
+        Forgot::Forgot {
+            status,
+            fence,
+            attempt,
+        } => {
+            print(
+                as_json,
+                json!({
+                    "consumer": key.consumer(),
+                    "message_id": key.message_id(),
+                    "forgot": true,
+                    "status": status.as_str(),
+                    "fence": fence,
+                    "attempt": attempt,
+                }),
+                || {
+                    format!(
+                        "forgot {key} ({}, fence {fence}, attempt {attempt}): the next delivery \
+                         is processed as new, with fence 1{}",
+                        status.as_str(),
+                        if status == Status::InFlight {
+                            "; the worker that held it gets LeaseLost"
+                        } else {
+                            ""
+                        }
+                    )
+                },
+            );
+            Ok(())
+        }
+        Forgot::LiveLease {
+            expires_at,
+            attempt,
+        } => Err(Failure::new(format!(
+            "{key} is held by a live lease (attempt {attempt}, expires {}): not forgotten",
+            utc(expires_at)
+        ))
+        .hint(
+            "wait for it to expire, or pass --force if its worker is stuck \
+             (that worker then gets LeaseLost at once)",
+        )),
+        Forgot::NotFound => Err(Failure::not_found(format!("no record for {key}"))
+            .hint("check the consumer and message id with `dedup list --consumer`")),
+    }
 }
 
 /// The purge the arguments ask for, checked.

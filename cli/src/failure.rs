@@ -70,6 +70,10 @@ impl Failure {
         use dedup_core::Error;
         let hint = match &error {
             Error::InvalidInput { .. } => "check the arguments (see `dedup --help`)",
+            Error::SchemaNotMigrated { .. } => {
+                "this command only reads and creates no table: run `dedup migrate` first (as a \
+                 role that may create and alter tables)"
+            }
             Error::SchemaTooNew { .. } => {
                 "a newer dedup created this table: use a dedup command line of that version"
             }

@@ -98,13 +98,26 @@ enum Command {
         #[arg(long)]
         unpaced: bool,
     },
-    /// Release a stuck key's lease so the next delivery retries it at once.
+    /// Release a stuck key's lease so the next delivery retries it at once (its worker gets
+    /// LeaseLost from then on).
     Release {
         /// The consumer.
         consumer: String,
         /// The message id.
         message_id: String,
-        /// Release a live lease too (its worker then gets LeaseLost when it commits).
+        /// Release a live lease too (its worker gets LeaseLost at once on commit, renew and
+        /// release).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove a key's record so the next delivery processes the message as new (a
+    /// dead-lettered message after the fix; fences start again at 1).
+    Forget {
+        /// The consumer.
+        consumer: String,
+        /// The message id.
+        message_id: String,
+        /// Remove a record held by a live lease too (its worker gets LeaseLost at once).
         #[arg(long)]
         force: bool,
     },

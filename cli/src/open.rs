@@ -6,8 +6,11 @@
 //!
 //! An SQLite path must already exist unless the command is `dedup migrate` (opening an
 //! SQLite file creates the table in it, so a mistyped path would otherwise leave an empty
-//! database behind). PostgreSQL stores create or upgrade their table when opened, as every
-//! `PostgresStore` does; Redis has no schema.
+//! database behind). Commands that only read (`stats`, `inspect`, `list`, `purge
+//! --dry-run`) open SQL stores with `migrate=false`: they create and upgrade nothing (a
+//! read-only role can run them), and a missing or older table is an error naming `dedup
+//! migrate`. The commands that write create or upgrade the table when opening it, as every
+//! store does by default; Redis has no schema.
 
 use std::sync::Arc;
 
@@ -26,14 +29,25 @@ pub(crate) struct Opened {
     pub(crate) location: String,
 }
 
-/// Open the store `args` name; with `migrate`, create or upgrade its schema first.
-pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Failure> {
+/// How a command uses the store: what opening it may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// `dedup migrate`: may create the SQLite file; creates or upgrades the schema.
+    Migrate,
+    /// A command that writes records: creates or upgrades the schema (the stores' default).
+    Write,
+    /// A command that only reads: never creates or upgrades a schema.
+    Read,
+}
+
+/// Open the store `args` name, as `access` allows.
+pub(crate) async fn open(args: &StoreArgs, access: Access) -> Result<Opened, Failure> {
     let Some(url) = &args.url else {
         return Err(Failure::usage("no store given").hint(
             "pass --store URL or set DEDUP_STORE_URL (sqlite:PATH, postgres://..., redis://...)",
         ));
     };
-    let overrides: Vec<(&str, &str)> = [
+    let mut overrides: Vec<(&str, &str)> = [
         ("table", &args.table),
         ("schema", &args.schema),
         ("prefix", &args.prefix),
@@ -41,18 +55,25 @@ pub(crate) async fn open(args: &StoreArgs, migrate: bool) -> Result<Opened, Fail
     .into_iter()
     .filter_map(|(name, value)| value.as_deref().map(|v| (name, v)))
     .collect();
-    let parsed = StoreUrl::parse_with(url, &overrides).map_err(|e| {
-        let code = if e.url_problem().is_some() {
-            Failure::usage
-        } else {
-            Failure::new
-        };
-        code("cannot use the store URL")
-            .cause(e)
-            .hint("see `dedup --help` and the dedup crate's README for the URL forms")
-    })?;
+    let parse = |overrides: &[(&str, &str)]| {
+        StoreUrl::parse_with(url, overrides).map_err(|e| {
+            let code = if e.url_problem().is_some() {
+                Failure::usage
+            } else {
+                Failure::new
+            };
+            code("cannot use the store URL")
+                .cause(e)
+                .hint("see `dedup --help` and the dedup crate's README for the URL forms")
+        })
+    };
+    let mut parsed = parse(&overrides)?;
+    if access == Access::Read && matches!(parsed.backend(), "sqlite" | "postgres") {
+        overrides.push(("migrate", "false"));
+        parsed = parse(&overrides)?;
+    }
     if let Some(path) = parsed.file()
-        && !migrate
+        && access != Access::Migrate
         && !path.exists()
     {
         return Err(

@@ -333,7 +333,8 @@ async fn scenario(t: Target) {
     );
     t.expect(2, &["list", "--consumer", "billing", "--state", "stuck"]);
 
-    // Release: refused without --force, then fenced.
+    // Release: refused without --force, then revoking: the old worker loses the lease at
+    // once, and the next claim is a takeover.
     let refused = t.expect(1, &["release", "billing", "live"]);
     assert!(stderr(&refused).contains("--force"), "{}", stderr(&refused));
     let released = t.json(&["release", "billing", "live", "--force"]);
@@ -341,22 +342,71 @@ async fn scenario(t: Target) {
         (&released["released"], &released["fence"]),
         (&Value::from(true), &Value::from(1))
     );
+    assert!(
+        store.commit(&live, None).await.unwrap_err().is_lease_lost(),
+        "the old worker's commit right after the release is LeaseLost"
+    );
     let next = acquire(&*store, "live", Duration::from_secs(60)).await;
     assert_eq!(
         (next.fence, next.attempt),
         (live.fence + 1, 2),
         "re-claim after release"
     );
-    assert!(
-        store.commit(&live, None).await.unwrap_err().is_lease_lost(),
-        "the old worker's commit is LeaseLost"
-    );
     store
         .commit(&next, None)
         .await
         .expect("the new lease commits");
     t.expect(3, &["release", "billing", "nope"]);
-    t.expect(1, &["release", "billing", "new-done"]);
+    let completed = t.expect(1, &["release", "billing", "new-done"]);
+    assert!(
+        stderr(&completed).contains("dedup forget billing new-done"),
+        "{}",
+        stderr(&completed)
+    );
+
+    // Forget: a completed record goes, and the message runs again as new.
+    let forgot = t.json(&["forget", "billing", "new-done"]);
+    assert_eq!(
+        (
+            &forgot["forgot"],
+            &forgot["status"],
+            &forgot["fence"],
+            &forgot["attempt"]
+        ),
+        (
+            &Value::from(true),
+            &Value::from("completed"),
+            &Value::from(1),
+            &Value::from(1)
+        ),
+        "{forgot}"
+    );
+    t.expect(3, &["inspect", "billing", "new-done"]);
+    t.expect(3, &["forget", "billing", "new-done"]);
+    let again = acquire(&*store, "new-done", Duration::from_secs(60)).await;
+    assert_eq!(
+        (again.fence, again.attempt),
+        (1, 1),
+        "a forgotten key starts over"
+    );
+    store.commit(&again, None).await.expect("commit");
+    // A live lease needs --force; its worker then loses it.
+    let held = t.expect(1, &["forget", "billing", "retried"]);
+    assert!(stderr(&held).contains("--force"), "{}", stderr(&held));
+    t.expect(0, &["inspect", "billing", "retried"]);
+    let human = t.expect(0, &["forget", "billing", "retried", "--force"]);
+    assert!(
+        String::from_utf8_lossy(&human.stdout)
+            .starts_with("forgot billing/retried (in-flight, fence 2, attempt 2)"),
+        "{}",
+        String::from_utf8_lossy(&human.stdout)
+    );
+    let again = acquire(&*store, "retried", Duration::from_secs(1200)).await;
+    assert_eq!(
+        (again.fence, again.attempt),
+        (1, 1),
+        "a forgotten key starts over"
+    );
 
     // Purge: the dry run counts, removes nothing; the purge removes exactly the old ones.
     let dry = t.json(&["purge", "--older-than", "1d", "--dry-run"]);
@@ -418,6 +468,139 @@ async fn cli_on_redis_cluster() {
         Some(t) => scenario(t).await,
         None => eprintln!("SKIPPED cli_on_redis_cluster: DEDUP_REDIS_CLUSTER_URLS is not set"),
     }
+}
+
+/// The binary is built with TLS: `dedup stats` reaches the TLS-only PostgreSQL, verifying
+/// its certificate against the test CA.
+#[test]
+fn stats_reach_the_tls_only_postgres() {
+    let (Some(url), Some(ca)) = (
+        server_url("DEDUP_POSTGRES_TLS_URL"),
+        server_url("DEDUP_TLS_CA"),
+    ) else {
+        eprintln!("SKIPPED stats_reach_the_tls_only_postgres: DEDUP_POSTGRES_TLS_URL is not set");
+        return;
+    };
+    let store = format!(
+        "{url}?sslmode=verify-full&sslrootcert={ca}&table={}",
+        unique("cli_tls")
+    );
+    let run = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_dedup"))
+            .args(args)
+            .args(["--store", &store, "--json"])
+            .env_remove("DEDUP_STORE_URL")
+            .output()
+            .expect("run dedup");
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "dedup {args:?} over TLS: {}",
+            stderr(&output)
+        );
+        serde_json::from_slice::<Value>(&output.stdout).expect("JSON")
+    };
+    assert_eq!(run(&["migrate"])["migrated"], true);
+    let stats = run(&["stats"]);
+    assert_eq!(
+        (&stats["backend"], &stats["total"]),
+        (&Value::from("postgres"), &Value::from(0)),
+        "{stats}"
+    );
+}
+
+/// The commands that only read never migrate: `dedup stats` succeeds as a role that may
+/// only read the records and versions tables (it cannot create anything in their schema),
+/// and a missing table is an error naming `dedup migrate`, with nothing created.
+#[tokio::test]
+async fn reading_commands_never_migrate_and_work_as_a_read_only_role() {
+    let Some(admin_url) = server_url("DEDUP_POSTGRES_URL") else {
+        eprintln!("SKIPPED reading_commands_never_migrate: DEDUP_POSTGRES_URL is not set");
+        return;
+    };
+    let schema = unique("cli_ro");
+    let role = unique("cli_reader");
+    let admin = PostgresStore::connect_with(
+        &admin_url,
+        PostgresConfig {
+            schema: schema.clone(),
+            max_connections: 2,
+            ..PostgresConfig::default()
+        },
+    )
+    .await
+    .expect("connect and migrate as the admin role");
+    let lease = acquire(&*Arc::new(admin.clone()), "ro-1", Duration::from_secs(60)).await;
+    admin.commit(&lease, None).await.expect("commit");
+    let setup = format!(
+        "CREATE ROLE \"{role}\" LOGIN PASSWORD 'reader'; \
+         GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\"; \
+         GRANT SELECT ON \"{schema}\".dedup_inbox, \"{schema}\".dedup_schema_versions \
+           TO \"{role}\";"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+        .execute(admin.pool())
+        .await
+        .expect("create the read-only role");
+    let mut reader = url::Url::parse(&admin_url).expect("DEDUP_POSTGRES_URL");
+    reader.set_username(&role).expect("user");
+    reader.set_password(Some("reader")).expect("password");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dedup"))
+            .args(args)
+            .args(["--store", reader.as_str(), "--schema", &schema])
+            .env_remove("DEDUP_STORE_URL")
+            .output()
+            .expect("run dedup")
+    };
+    let can_create: bool = sqlx::query_scalar("SELECT has_schema_privilege($1, $2, 'CREATE')")
+        .bind(&role)
+        .bind(&schema)
+        .fetch_one(admin.pool())
+        .await
+        .expect("privilege");
+    assert!(!can_create, "the role must not be able to create tables");
+    let migrate = run(&["migrate"]);
+    assert_eq!(
+        migrate.status.code(),
+        Some(1),
+        "the role cannot migrate: {}",
+        stderr(&migrate)
+    );
+    let stats = run(&["stats", "--json"]);
+    assert_eq!(stats.status.code(), Some(0), "{}", stderr(&stats));
+    let stats: Value = serde_json::from_slice(&stats.stdout).expect("JSON");
+    assert_eq!(stats["completed"], 1, "{stats}");
+    let inspect = run(&["inspect", "billing", "ro-1"]);
+    assert_eq!(inspect.status.code(), Some(0), "{}", stderr(&inspect));
+    let dry = run(&["purge", "--older-than", "1d", "--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+
+    // A table that does not exist: the admin's read creates nothing and names the fix.
+    let missing = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(["stats", "--store", &admin_url, "--schema", &schema])
+        .args(["--table", "never_migrated"])
+        .env_remove("DEDUP_STORE_URL")
+        .output()
+        .expect("run dedup");
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+    assert!(
+        stderr(&missing).contains("run `dedup migrate` first"),
+        "{}",
+        stderr(&missing)
+    );
+    let created: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(format!("\"{schema}\".never_migrated"))
+        .fetch_one(admin.pool())
+        .await
+        .expect("regclass");
+    assert!(!created, "a read created no table");
+
+    let teardown = format!("DROP SCHEMA \"{schema}\" CASCADE; DROP ROLE \"{role}\";");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(teardown))
+        .execute(admin.pool())
+        .await
+        .expect("drop the schema and the role");
 }
 
 #[test]

@@ -80,7 +80,12 @@ macro_rules! __admin_clause_names {
             counts_equal_what_get_sees,
             operator_release_then_reclaim_gives_the_next_fence_and_the_old_lease_is_lost,
             operator_release_of_a_live_lease_needs_force,
+            operator_release_revokes_the_holder_at_once,
             count_purgeable_equals_what_purge_removes,
+            forget_removes_a_completed_or_expired_record_and_the_key_starts_over,
+            forget_of_a_live_lease_without_force_changes_nothing,
+            forget_with_force_removes_a_live_lease_and_its_holder_loses_it,
+            forget_of_an_absent_key_is_not_found,
         }
     };
 }

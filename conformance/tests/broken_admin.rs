@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_conformance::clauses::admin_clauses;
 use dedup_conformance::{Namespaces, StoreFactory, TestContext};
-use dedup_core::admin::{Admin, ListFilter, PurgeCount, Released, Stats};
+use dedup_core::admin::{Admin, Forgot, ListFilter, PurgeCount, Released, Stats, Status};
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, ItemResult, Key,
-    Lease, MemoryStore, PurgeOptions, PurgeReport, Record, Result, Timestamp,
+    Lease, MemoryStore, PurgeOptions, PurgeReport, Record, RecordState, Result, Timestamp,
 };
 use futures::FutureExt;
 
@@ -30,6 +30,18 @@ enum Fault {
     ReleaseDoesNothing,
     /// The dry run purges.
     DryRunPurges,
+    /// `release_key` is a worker's fenced release of the lease read: the token stays, so
+    /// the holder still commits until the key is claimed again.
+    ReleaseKeepsTheToken,
+    /// `forget` reports a removal and changes nothing.
+    ForgetLeavesTheRecord,
+    /// `forget` removes a live lease without `force`.
+    ForgetIgnoresForce,
+    /// A forced `forget` of a live lease revokes it (as `release_key`) instead of removing
+    /// the record, and reports a removal.
+    ForgetForcedOnlyRevokes,
+    /// `forget` of an absent key reports a removed expired record.
+    ForgetAbsentReportsARemoval,
 }
 
 /// `MemoryStore` with an optional fault in its [`Admin`] implementation.
@@ -131,9 +143,74 @@ impl Admin for Faulty {
                 }),
                 None => Ok(Released::NotFound),
             },
+            Some(Fault::ReleaseKeepsTheToken) => fenced_release(&self.inner, key, force).await,
             _ => self.inner.release_key(key, force).await,
         }
     }
+
+    async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
+        let now = self.inner.now().await?;
+        let record = self.inner.get(key).await?;
+        match (self.fault, &record) {
+            (Some(Fault::ForgetLeavesTheRecord), Some(r)) => Ok(Forgot::Forgot {
+                status: Status::of(r, now),
+                fence: r.fence,
+                attempt: r.attempt,
+            }),
+            (Some(Fault::ForgetIgnoresForce), _) => self.inner.forget(key, true).await,
+            (Some(Fault::ForgetForcedOnlyRevokes), Some(r))
+                if force && Status::of(r, now) == Status::InFlight =>
+            {
+                self.inner.release_key(key, true).await?;
+                Ok(Forgot::Forgot {
+                    status: Status::InFlight,
+                    fence: r.fence,
+                    attempt: r.attempt,
+                })
+            }
+            (Some(Fault::ForgetAbsentReportsARemoval), None) => Ok(Forgot::Forgot {
+                status: Status::Expired,
+                fence: 1,
+                attempt: 1,
+            }),
+            _ => self.inner.forget(key, force).await,
+        }
+    }
+}
+
+/// What `release_key` was before it revoked: a worker's fenced release of the lease read,
+/// keeping its token.
+async fn fenced_release(store: &MemoryStore, key: &Key, force: bool) -> Result<Released> {
+    let now = store.now().await?;
+    let Some(record) = store.get(key).await? else {
+        return Ok(Released::NotFound);
+    };
+    let (token, expires_at) = match record.state {
+        RecordState::Completed { processed_at, .. } => {
+            return Ok(Released::Completed { processed_at });
+        }
+        RecordState::InFlight { token, expires_at } => (token, expires_at),
+    };
+    let was_live = now < expires_at;
+    if was_live && !force {
+        return Ok(Released::LiveLease {
+            expires_at,
+            attempt: record.attempt,
+        });
+    }
+    let lease = Lease {
+        key: key.clone(),
+        token,
+        fence: record.fence,
+        attempt: record.attempt,
+        expires_at,
+    };
+    store.release(&lease).await?;
+    Ok(Released::Released {
+        fence: record.fence,
+        attempt: record.attempt,
+        was_live,
+    })
 }
 
 struct FaultyAdminFactory {
@@ -195,6 +272,26 @@ async fn each_admin_fault_is_caught_by_its_clause() {
         (
             Fault::DryRunPurges,
             "count_purgeable_equals_what_purge_removes",
+        ),
+        (
+            Fault::ReleaseKeepsTheToken,
+            "operator_release_revokes_the_holder_at_once",
+        ),
+        (
+            Fault::ForgetLeavesTheRecord,
+            "forget_removes_a_completed_or_expired_record_and_the_key_starts_over",
+        ),
+        (
+            Fault::ForgetIgnoresForce,
+            "forget_of_a_live_lease_without_force_changes_nothing",
+        ),
+        (
+            Fault::ForgetForcedOnlyRevokes,
+            "forget_with_force_removes_a_live_lease_and_its_holder_loses_it",
+        ),
+        (
+            Fault::ForgetAbsentReportsARemoval,
+            "forget_of_an_absent_key_is_not_found",
         ),
     ];
     for (fault, clause) in cases {

@@ -1,4 +1,5 @@
-//! The operator's view of a store: listing, counting and releasing records by hand.
+//! The operator's view of a store: listing, counting, releasing and forgetting records by
+//! hand.
 //!
 //! [`DedupStore`] is what consumers need; an operator answering "is this message processed,
 //! who holds it, how many are stuck" needs a few more questions answered. [`Admin`] is that
@@ -12,7 +13,7 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use crate::{DedupStore, Error, Key, Lease, Record, RecordState, Result, Timestamp};
+use crate::{DedupStore, Error, Key, Record, RecordState, Result, Timestamp};
 
 /// Most records one [`Admin::list`] call returns.
 pub const MAX_LIST_LIMIT: usize = 10_000;
@@ -272,10 +273,10 @@ impl PurgeCount {
 /// What an operator release did (see [`Admin::release_key`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Released {
-    /// The key's lease was released: the next claim takes it over with fence + 1, and the
-    /// worker that held it gets `LeaseLost` when it commits after that.
+    /// The key's lease was revoked: its worker's commit, renew and release get `LeaseLost`
+    /// from now on, and the next claim takes the key over with fence + 1 and attempt + 1.
     Released {
-        /// The fence of the released lease.
+        /// The fence of the revoked lease.
         fence: u64,
         /// Its attempt number.
         attempt: u32,
@@ -298,7 +299,32 @@ pub enum Released {
     NotFound,
 }
 
-/// The operator's extension of [`DedupStore`]: listing, counting, releasing by hand.
+/// What an operator's forget did (see [`Admin::forget`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Forgot {
+    /// The record was removed: the next delivery of the message is processed as new, with
+    /// fence 1 and attempt 1, and a worker that held its lease gets `LeaseLost`.
+    Forgot {
+        /// Its status when it was removed (`InFlight` only with `force`).
+        status: Status,
+        /// Its fence.
+        fence: u64,
+        /// Its attempt number.
+        attempt: u32,
+    },
+    /// Refused: the record holds a live lease and `force` was not given. Nothing changed.
+    LiveLease {
+        /// When the live lease expires.
+        expires_at: Timestamp,
+        /// Its attempt number.
+        attempt: u32,
+    },
+    /// The key has no record. Nothing changed.
+    NotFound,
+}
+
+/// The operator's extension of [`DedupStore`]: listing, counting, releasing and forgetting
+/// by hand.
 ///
 /// Used as `dyn Admin` (it has `DedupStore` as a supertrait, so one handle does both).
 /// "Now" is the store's clock, the one its leases use.
@@ -322,51 +348,22 @@ pub trait Admin: DedupStore {
     /// Release `key`'s lease on an operator's request, so the next delivery retries it at
     /// once. A live lease is released only with `force`.
     ///
-    /// It is an ordinary fenced [`DedupStore::release`] of the lease the record holds (its
-    /// token, read with [`DedupStore::get`]): fence and attempt are kept, the next claim
-    /// takes the key over with fence + 1, and from then on the worker that held the lease
-    /// gets `LeaseLost` on commit, renew or release. (Until that next claim, the record is
-    /// still that worker's, as after any release, and it may still commit.) When the key
-    /// changes hands between the read and the release, it reads again (a few times).
-    async fn release_key(&self, key: &Key, force: bool) -> Result<Released> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let now = self.now().await?;
-            let Some(record) = self.get(key).await? else {
-                return Ok(Released::NotFound);
-            };
-            let (token, expires_at) = match record.state {
-                RecordState::Completed { processed_at, .. } => {
-                    return Ok(Released::Completed { processed_at });
-                }
-                RecordState::InFlight { token, expires_at } => (token, expires_at),
-            };
-            let was_live = now < expires_at;
-            if was_live && !force {
-                return Ok(Released::LiveLease {
-                    expires_at,
-                    attempt: record.attempt,
-                });
-            }
-            let lease = Lease {
-                key: key.clone(),
-                token,
-                fence: record.fence,
-                attempt: record.attempt,
-                expires_at,
-            };
-            match self.release(&lease).await {
-                Ok(()) => {
-                    return Ok(Released::Released {
-                        fence: record.fence,
-                        attempt: record.attempt,
-                        was_live,
-                    });
-                }
-                Err(Error::LeaseLost { .. }) if tries < 3 => continue,
-                Err(e) => return Err(e),
-            }
-        }
-    }
+    /// Unlike a worker's [`DedupStore::release`], it revokes the lease: in one atomic step,
+    /// and only if the record still holds the lease that was read, the lease expires and
+    /// its token is replaced. From then on the worker that held it gets `LeaseLost` on
+    /// commit, renew and release (its work must not be made permanent), and the next claim
+    /// takes the key over with fence + 1 and attempt + 1. When the key changes hands
+    /// between the read and the revocation, it reads again (a few times, then
+    /// `LeaseLost`).
+    async fn release_key(&self, key: &Key, force: bool) -> Result<Released>;
+
+    /// Remove `key`'s record on an operator's request, in one atomic step, so the next
+    /// delivery of the message is processed as new: a dead-lettered message (after the
+    /// fix), or a completed one that must run again.
+    ///
+    /// The key starts over: the next claim gets fence 1 and attempt 1 (fences restart, as
+    /// after a purge; a downstream system that remembers fences must be told). A record
+    /// with a live lease is removed only with `force` (otherwise
+    /// [`Forgot::LiveLease`], nothing changed); its worker then gets `LeaseLost`.
+    async fn forget(&self, key: &Key, force: bool) -> Result<Forgot>;
 }

@@ -80,6 +80,27 @@ pub enum Error {
         known: i64,
     },
 
+    /// The store was opened without migrating (`migrate: false`, `migrate=false` in a store
+    /// URL: the operator's read-only commands) and its table is missing (`found` 0) or at
+    /// an older schema version than this version of dedup reads. Nothing was changed: run
+    /// `dedup migrate` (or open the store once with migrating on).
+    #[error(
+        "{table} {}: run `dedup migrate` first (the store was opened without migrating)",
+        if *found == 0 {
+            format!("has no dedup schema (version {expected} expected)")
+        } else {
+            format!("has schema version {found}, older than version {expected} this dedup reads")
+        }
+    )]
+    SchemaNotMigrated {
+        /// The table (as configured, schema-qualified where the backend has schemas).
+        table: String,
+        /// The version found (0: no table).
+        found: i64,
+        /// The version this library reads.
+        expected: i64,
+    },
+
     /// The storage failed (connection refused, dropped, server restarted, disk full, lock
     /// timeout, serialization failure...). `source` is the driver's own error.
     ///

@@ -17,7 +17,7 @@ mod types;
 // the record decoder, the contract as pure functions, name rules.
 pub mod backend;
 
-pub use admin::{Admin, ListFilter, PurgeCount, Released, Stats, Status};
+pub use admin::{Admin, Forgot, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
 pub use inbox::{
     FailurePolicy, Handled, Inbox, InboxConfig, InboxError, TxAttempt, TxAttempts, TxEngine,

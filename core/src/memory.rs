@@ -231,4 +231,32 @@ impl crate::backend::AdminStorage for MemoryStore {
         }
         Ok(count)
     }
+
+    async fn forget(&self, key: &Key, force: bool) -> Result<crate::admin::Forgot> {
+        let now = self.now();
+        let mut map = self.records();
+        let forgot = transition::forget(map.get(key), force, now);
+        if matches!(forgot, crate::admin::Forgot::Forgot { .. }) {
+            map.remove(key);
+        }
+        Ok(forgot)
+    }
+
+    async fn revoke(
+        &self,
+        key: &Key,
+        token: LeaseToken,
+        force: bool,
+        new_token: LeaseToken,
+    ) -> Result<bool> {
+        let now = self.now();
+        let mut map = self.records();
+        match transition::revoke(map.get(key), token, force, new_token, now) {
+            Some(record) => {
+                map.insert(key.clone(), record);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
 }

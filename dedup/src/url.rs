@@ -308,6 +308,7 @@ const SQLITE_PARAMS: &[&str] = &[
     "busy_timeout",
     "block_in_place",
     "clock",
+    "migrate",
 ];
 
 #[cfg(feature = "sqlite")]
@@ -350,6 +351,9 @@ fn sqlite(rest: &str, query: Option<&str>) -> Result<StoreTarget, UrlError> {
     if let Some(in_place) = params.take_with("block_in_place", params::boolean)? {
         config.block_in_place = in_place;
     }
+    if let Some(migrate) = params.take_with("migrate", params::boolean)? {
+        config.migrate = migrate;
+    }
     config.validate().map_err(UrlError::Config)?;
     Ok(StoreTarget::Sqlite { path, config })
 }
@@ -366,6 +370,7 @@ const POSTGRES_PARAMS: &[&str] = &[
     "pool_size",
     "clock",
     "connect_timeout",
+    "migrate",
     "sslmode",
     "sslrootcert",
     "sslcert",
@@ -420,6 +425,9 @@ fn postgres(scheme: &str, rest: &str, query: Option<&str>) -> Result<StoreTarget
     }
     if let Some(t) = params.take_with("connect_timeout", params::duration)? {
         config.connect_timeout = t;
+    }
+    if let Some(migrate) = params.take_with("migrate", params::boolean)? {
+        config.migrate = migrate;
     }
     let sslmode = params.take("sslmode");
     if let Some(mode) = &sslmode {

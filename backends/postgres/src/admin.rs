@@ -8,13 +8,17 @@
 //! collation); the counts and the most retried keys read the whole table (one aggregate
 //! query, one sort); the oldest live lease reads every in-flight row. The size is
 //! `pg_total_relation_size` (table, indexes and TOAST).
+//!
+//! Forgetting a record is one `DELETE` whose condition is `transition::forget`'s (no live
+//! lease at the statement's "now", or forced); revoking a lease is one `UPDATE` of the
+//! token read (see [`crate::statements`]).
 
 use async_trait::async_trait;
 use std::time::Duration;
 
-use dedup_core::admin::{KeySummary, ListFilter, PurgeCount, Stats, Status};
-use dedup_core::backend::AdminStorage;
-use dedup_core::{Record, Result, Timestamp};
+use dedup_core::admin::{Forgot, KeySummary, ListFilter, PurgeCount, Stats, Status};
+use dedup_core::backend::{AdminStorage, Storage, attempt_from, fence_from};
+use dedup_core::{Error, Key, LeaseToken, Record, RecordState, Result, Timestamp};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -141,4 +145,85 @@ impl AdminStorage for PostgresStore {
             expired: count("expired")?,
         })
     }
+
+    async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
+        // A delete that removes nothing finds the record absent or held by a live lease;
+        // the read after it tells which. Should the read find a record the delete would
+        // have removed (its lease expired or was released in between), delete again.
+        for _ in 0..FORGET_TRIES {
+            let deleted = sqlx::query(self.statements().forget.clone())
+                .bind(self.now_param())
+                .bind(key.consumer())
+                .bind(key.message_id())
+                .bind(force)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(backend)?;
+            if let Some(row) = deleted {
+                return forgot_of(key, &row);
+            }
+            let now = AdminStorage::now(self).await?;
+            match Storage::get(self, key).await? {
+                None => return Ok(Forgot::NotFound),
+                Some(Record {
+                    state: RecordState::InFlight { expires_at, .. },
+                    attempt,
+                    ..
+                }) if now < expires_at => {
+                    return Ok(Forgot::LiveLease {
+                        expires_at,
+                        attempt,
+                    });
+                }
+                Some(_) => continue,
+            }
+        }
+        Err(Error::lease_lost(key))
+    }
+
+    async fn revoke(
+        &self,
+        key: &Key,
+        token: LeaseToken,
+        force: bool,
+        new_token: LeaseToken,
+    ) -> Result<bool> {
+        let revoked = sqlx::query(self.statements().revoke.clone())
+            .bind(self.now_param())
+            .bind(key.consumer())
+            .bind(key.message_id())
+            .bind(token.to_string())
+            .bind(new_token.to_string())
+            .bind(force)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(backend)?;
+        Ok(revoked.is_some())
+    }
+}
+
+/// How many times [`AdminStorage::forget`] deletes again when the record changed between
+/// its delete and its read.
+const FORGET_TRIES: usize = 3;
+
+/// The row the forget statement deleted, as its answer.
+fn forgot_of(key: &Key, row: &PgRow) -> Result<Forgot> {
+    let get = |name: &str| -> Result<Option<i64>> { row.try_get(name).map_err(backend) };
+    let now = get("now_ms")?.unwrap_or_default();
+    let status = match (get("processed_at")?, get("expires_at")?) {
+        (Some(_), _) => Status::Completed,
+        (None, Some(expires_at)) if now < expires_at => Status::InFlight,
+        (None, Some(_)) => Status::Expired,
+        (None, None) => {
+            return Err(Error::corrupt(
+                key,
+                "in-flight record without an expiry".to_owned(),
+            ));
+        }
+    };
+    Ok(Forgot::Forgot {
+        status,
+        fence: fence_from(key, get("fence")?.unwrap_or_default())?,
+        attempt: attempt_from(key, get("attempt")?.unwrap_or_default())?,
+    })
 }

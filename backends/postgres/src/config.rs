@@ -38,6 +38,13 @@ pub struct PostgresConfig {
     /// `sslkey`. A CA given here with no `sslmode` in the URL means `sslmode=verify-full`.
     /// TLS needs this crate's `tls` feature.
     pub tls: TlsFiles,
+    /// Whether [`connect`](crate::PostgresStore::connect) /
+    /// [`connect_with`](crate::PostgresStore::connect_with) create or upgrade the table
+    /// ([`migrate`](crate::PostgresStore::migrate)). Default `true`. With `false` they only
+    /// check it, writing nothing (a role without the right to create tables can open the
+    /// store): a missing or older table is [`Error::SchemaNotMigrated`], a newer one
+    /// [`Error::SchemaTooNew`]. For read-only tools such as `dedup stats`.
+    pub migrate: bool,
 }
 
 impl Default for PostgresConfig {
@@ -49,6 +56,7 @@ impl Default for PostgresConfig {
             max_connections: 10,
             connect_timeout: Duration::from_secs(5),
             tls: TlsFiles::default(),
+            migrate: true,
         }
     }
 }

@@ -183,6 +183,45 @@ pub(crate) async fn migrate(pool: &PgPool, config: &PostgresConfig) -> Result<()
     tx.commit().await.map_err(backend)
 }
 
+/// Check, writing nothing, that the store's table is at [`CURRENT_VERSION`]: for stores
+/// opened without migrating. A missing or older table is [`Error::SchemaNotMigrated`], a
+/// newer one [`Error::SchemaTooNew`]. The version is read from the versions table when it
+/// exists and the role may read it, else told by the table's columns.
+pub(crate) async fn check(pool: &PgPool, config: &PostgresConfig) -> Result<()> {
+    let mut conn = pool.acquire().await.map_err(backend)?;
+    let versions_readable: Option<bool> = sqlx::query_scalar(
+        "SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = $2",
+    )
+    .bind(&config.schema)
+    .bind(VERSIONS_TABLE)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(backend)?;
+    let recorded = match versions_readable {
+        Some(true) => recorded_version(&mut conn, config).await?,
+        _ => None,
+    };
+    let found = match recorded {
+        Some(version) => version,
+        None => unrecorded_version(&mut conn, config).await?,
+    };
+    match found.cmp(&CURRENT_VERSION) {
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Less => Err(Error::SchemaNotMigrated {
+            table: config.qualified_table(),
+            found,
+            expected: CURRENT_VERSION,
+        }),
+        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
+            table: config.qualified_table(),
+            found,
+            known: CURRENT_VERSION,
+        }),
+    }
+}
+
 /// Run DDL whose names were validated (ASCII letters, digits, '_'), so safe to splice.
 async fn execute(tx: &mut PgConnection, ddl: String) -> Result<()> {
     sqlx::raw_sql(AssertSqlSafe(ddl))

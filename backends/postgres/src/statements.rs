@@ -133,6 +133,10 @@ pub(crate) struct Statements {
     pub(crate) purge_batch: SqlStr,
     /// Count the records a purge would remove now, completed and expired.
     pub(crate) count_purgeable: SqlStr,
+    /// An operator's forget: delete one record unless it holds a live lease (or forced).
+    pub(crate) forget: SqlStr,
+    /// An operator's release: expire a lease and replace its token, if still held.
+    pub(crate) revoke: SqlStr,
 }
 
 fn sql(text: String) -> SqlStr {
@@ -298,7 +302,32 @@ impl Statements {
              FROM {table} WHERE {purgeable}"
         );
 
+        // An operator's forget ($4 force): one delete, deciding on the row as it is when
+        // deleted (a concurrent claim's row version is re-checked by the delete itself), at
+        // one "now". No row: absent, or a live lease without force (the store reads which).
+        let forget = format!(
+            "DELETE FROM {table} AS r USING {now_row} \
+             WHERE r.consumer = $2 AND r.message_id = $3 \
+               AND ($4::bool OR r.processed_at IS NOT NULL OR r.expires_at <= now.ms) \
+             RETURNING now.ms AS now_ms, r.fence, r.attempt::bigint AS attempt, r.expires_at, r.processed_at"
+        );
+
+        // An operator's release ($4 the token read, $5 the new token, $6 force): the lease
+        // expires and its token is replaced, so the old holder's commit, renew and release
+        // find no row with their token; fence and attempt are kept (the next claim is a
+        // takeover). No row: the record no longer holds that token, or its lease is live
+        // and not forced.
+        let revoke = format!(
+            "UPDATE {table} AS r SET token = $5::uuid, expires_at = least(r.expires_at, now.ms) \
+             FROM {now_row} \
+             WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
+               AND r.processed_at IS NULL AND ($6::bool OR r.expires_at <= now.ms) \
+             RETURNING r.fence"
+        );
+
         Statements {
+            forget: sql(forget),
+            revoke: sql(revoke),
             claim: sql(claim),
             claim_many: sql(claim_many),
             claim_in_tx: sql(claim_in_tx),

@@ -54,7 +54,8 @@ impl PostgresStore {
     }
 
     /// Connect to `url` with a pool of `config.max_connections` and
-    /// [`migrate`](Self::migrate).
+    /// [`migrate`](Self::migrate) (with `config.migrate` false: only check that the table
+    /// is at this version's schema, writing nothing).
     ///
     /// The first connection is made at once, within `config.connect_timeout`: a wrong host,
     /// port, role, password, database or TLS setting fails here with the server's or the
@@ -63,10 +64,16 @@ impl PostgresStore {
         config.validate()?;
         let pool = crate::connect::pool(url, &config).await?;
         let store = Self::from_pool(pool, config).await?;
-        store
-            .migrate()
-            .await
-            .map_err(|e| e.during("migrating the schema"))?;
+        if store.inner.config.migrate {
+            store
+                .migrate()
+                .await
+                .map_err(|e| e.during("migrating the schema"))?;
+        } else {
+            crate::schema::check(&store.inner.pool, &store.inner.config)
+                .await
+                .map_err(|e| e.during("checking the schema"))?;
+        }
         Ok(store)
     }
 

@@ -17,21 +17,24 @@
 //! run them when an operator asks, not in a monitoring loop. The size of the key space is not
 //! reported (`size_bytes` is `None`).
 //!
+//! Forgetting a record and revoking a lease are one script each (`lua/forget.lua`,
+//! `lua/revoke.lua`), atomic on the server like every write.
+//!
 //! Keys under the prefix that do not have the record layout are skipped; a key with the
 //! layout holding something that is not a record is an error naming it (as `get` reports).
 
 use async_trait::async_trait;
 use std::time::Duration;
 
-use dedup_core::admin::{ListFilter, PurgeCount, Stats};
+use dedup_core::admin::{Forgot, ListFilter, PurgeCount, Stats};
 use dedup_core::backend::AdminStorage;
-use dedup_core::{Key, Record, Result, Timestamp};
+use dedup_core::{Key, LeaseToken, Record, Result, Timestamp, duration_millis};
 
 use crate::RedisStore;
 use crate::decode;
 use crate::error::backend;
 use crate::schema::{encode_into, key_of};
-use crate::scripts::{Call, GET};
+use crate::scripts::{Call, FORGET, GET, REVOKE};
 
 /// Keys asked of one `SCAN` step (a hint to the server).
 const SCAN_COUNT: usize = 100;
@@ -156,6 +159,31 @@ impl AdminStorage for RedisStore {
         self.each_record(|record| count.add(record, now, retention))
             .await?;
         Ok(count)
+    }
+
+    async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
+        let call = Call::new(&FORGET, self.redis_key(key))
+            .arg(self.now_arg())
+            .arg(if force { "1" } else { "0" });
+        let value = self.conn().eval(&call).await.map_err(backend)?;
+        decode::forget(key, value)
+    }
+
+    async fn revoke(
+        &self,
+        key: &Key,
+        token: LeaseToken,
+        force: bool,
+        new_token: LeaseToken,
+    ) -> Result<bool> {
+        let call = Call::new(&REVOKE, self.redis_key(key))
+            .arg(self.now_arg())
+            .arg(token.to_string())
+            .arg(if force { "1" } else { "0" })
+            .arg(new_token.to_string())
+            .arg(duration_millis(self.config().retention));
+        let value = self.conn().eval(&call).await.map_err(backend)?;
+        decode::revoke(key, value)
     }
 }
 

@@ -71,11 +71,13 @@ lua!(
 lua!(RENEW, "record.lua", "renew.lua");
 lua!(RELEASE, "record.lua", "release.lua");
 lua!(GET, "record.lua", "get.lua");
+lua!(FORGET, "record.lua", "forget.lua");
+lua!(REVOKE, "record.lua", "revoke.lua");
 lua!(PURGE_MANY, "record.lua", "purge.lua", "many.lua");
 lua!(PURGE_STEP, "record.lua", "purge.lua", "purge_step.lua");
 
 /// Every script, for `SCRIPT LOAD`.
-pub(crate) fn all() -> [&'static Lua; 9] {
+pub(crate) fn all() -> [&'static Lua; 11] {
     [
         &CLAIM,
         &CLAIM_MANY,
@@ -84,6 +86,8 @@ pub(crate) fn all() -> [&'static Lua; 9] {
         &RENEW,
         &RELEASE,
         &GET,
+        &FORGET,
+        &REVOKE,
         &PURGE_MANY,
         &PURGE_STEP,
     ]

@@ -1,6 +1,8 @@
 //! [`AdminStorage`] (and so [`Admin`](dedup_core::Admin)) for [`SqliteStore`]: listing
 //! and counting with plain queries on the records table, on a pooled connection (reads
-//! only; they never wait for the write gate).
+//! only; they never wait for the write gate). Forgetting and revoking a lease are writes:
+//! each is one write of the store's queue, which reads the record and applies
+//! [`transition::forget`] / [`transition::revoke`] under the write lock.
 //!
 //! Listing walks the primary key `(consumer, message_id)` from the `after` id, so a page
 //! costs what it returns (plus the rows its status filter skips). The counts read the whole
@@ -8,14 +10,15 @@
 //! keys read the whole table. The size is the database file's (every table in it).
 
 use async_trait::async_trait;
-use dedup_core::admin::{KeySummary, ListFilter, PurgeCount, Stats, Status};
+use dedup_core::admin::{Forgot, KeySummary, ListFilter, PurgeCount, Stats, Status};
 use dedup_core::backend::AdminStorage;
-use dedup_core::{Key, Record, Result, Timestamp};
+use dedup_core::backend::transition::{self, Write};
+use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
 use rusqlite::{Connection, Row, params};
 use std::time::Duration;
 
 use crate::SqliteStore;
-use crate::decode::RawRow;
+use crate::decode::{self, RawRow};
 use crate::error::backend;
 use crate::statements::{COLUMNS, PURGEABLE};
 
@@ -163,6 +166,39 @@ impl AdminStorage for SqliteStore {
                 completed: completed as u64,
                 expired: expired as u64,
             })
+        })
+        .await
+    }
+
+    async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
+        let key = key.clone();
+        self.write(move |conn, inner, now| {
+            let record = decode::select(conn, &inner.statements, &key)?;
+            let forgot = transition::forget(record.as_ref(), force, now);
+            if matches!(forgot, Forgot::Forgot { .. }) {
+                conn.prepare_cached(&inner.statements.delete)
+                    .and_then(|mut stmt| stmt.execute(params![key.consumer(), key.message_id()]))
+                    .map_err(backend)?;
+            }
+            Ok(forgot)
+        })
+        .await
+    }
+
+    async fn revoke(
+        &self,
+        key: &Key,
+        token: LeaseToken,
+        force: bool,
+        new_token: LeaseToken,
+    ) -> Result<bool> {
+        let key = key.clone();
+        self.write(move |conn, inner, now| {
+            let record = decode::select(conn, &inner.statements, &key)?;
+            match transition::revoke(record.as_ref(), token, force, new_token, now) {
+                Some(record) => inner.apply(conn, Write::Put(record)).map(|()| true),
+                None => Ok(false),
+            }
         })
         .await
     }

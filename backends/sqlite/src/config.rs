@@ -59,6 +59,11 @@ pub struct SqliteConfig {
     /// are never held up either way. Waiting for this store's own write queue is
     /// asynchronous in both modes.
     pub block_in_place: bool,
+    /// Whether opening the store creates or upgrades its table. Default `true`. With
+    /// `false` it only checks it, writing no schema: a missing or older table is
+    /// [`Error::SchemaNotMigrated`], a newer one [`Error::SchemaTooNew`]. For read-only
+    /// tools such as `dedup stats`.
+    pub migrate: bool,
 }
 
 impl Default for SqliteConfig {
@@ -70,6 +75,7 @@ impl Default for SqliteConfig {
             clock: None,
             pool_size: 4,
             block_in_place: true,
+            migrate: true,
         }
     }
 }

@@ -94,9 +94,79 @@ pub(crate) fn migrate(conn: &mut Connection, table: &str) -> Result<()> {
     tx.commit().map_err(backend)
 }
 
+/// Check, writing nothing, that `table` is at [`CURRENT_VERSION`]: for stores opened
+/// without migrating. A missing or older table is [`Error::SchemaNotMigrated`], a newer one
+/// [`Error::SchemaTooNew`].
+pub(crate) fn check(conn: &Connection, table: &str) -> Result<()> {
+    let versions: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+            [SCHEMA_VERSIONS_TABLE],
+            |row| row.get(0),
+        )
+        .map_err(backend)?;
+    let found: i64 = match versions {
+        false => 0,
+        true => conn
+            .query_row(&versions_sql(SELECT_VERSION), [table], |row| row.get(0))
+            .optional()
+            .map_err(backend)?
+            .unwrap_or(0),
+    };
+    match found.cmp(&CURRENT_VERSION) {
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Less => Err(Error::SchemaNotMigrated {
+            table: table.to_owned(),
+            found,
+            expected: CURRENT_VERSION,
+        }),
+        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
+            table: table.to_owned(),
+            found,
+            known: CURRENT_VERSION,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_writes_nothing_and_names_dedup_migrate() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let missing = check(&conn, "t").unwrap_err();
+        assert!(
+            matches!(missing, Error::SchemaNotMigrated { found: 0, .. }),
+            "{missing:?}"
+        );
+        assert!(missing.to_string().contains("dedup migrate"), "{missing}");
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(tables, 0, "a check creates nothing");
+        migrate(&mut conn, "t").unwrap();
+        check(&conn, "t").unwrap();
+        conn.execute(&versions_sql(SET_VERSION), rusqlite::params!["t", 1])
+            .unwrap();
+        assert!(matches!(
+            check(&conn, "t").unwrap_err(),
+            Error::SchemaNotMigrated {
+                found: 1,
+                expected: CURRENT_VERSION,
+                ..
+            }
+        ));
+        conn.execute(
+            &versions_sql(SET_VERSION),
+            rusqlite::params!["t", CURRENT_VERSION + 1],
+        )
+        .unwrap();
+        assert!(matches!(
+            check(&conn, "t").unwrap_err(),
+            Error::SchemaTooNew { .. }
+        ));
+    }
 
     #[test]
     fn migrating_twice_is_a_no_op_and_tables_are_versioned_separately() {

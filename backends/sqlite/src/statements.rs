@@ -66,6 +66,10 @@ const COMMIT: &str = "UPDATE \"{table}\" SET state = 'completed', expires_at = N
      processed_at = ?4, outcome = ?5 \
      WHERE consumer = ?1 AND message_id = ?2 AND state = 'in_flight' AND token = ?3";
 
+/// Remove one key's record (?1 consumer, ?2 message id): an operator's forget, after
+/// `transition::forget` decided on the record read in the same transaction.
+const DELETE: &str = "DELETE FROM \"{table}\" WHERE consumer = ?1 AND message_id = ?2";
+
 /// The statements of one store, rendered for its table.
 #[derive(Debug)]
 pub(crate) struct Statements {
@@ -75,6 +79,7 @@ pub(crate) struct Statements {
     pub(crate) tx_claim: String,
     pub(crate) claim_fresh: String,
     pub(crate) commit: String,
+    pub(crate) delete: String,
 }
 
 impl Statements {
@@ -93,6 +98,7 @@ impl Statements {
             tx_claim: render(TX_CLAIM),
             claim_fresh: render(CLAIM_FRESH),
             commit: render(COMMIT),
+            delete: render(DELETE),
         }
     }
 }

@@ -103,10 +103,17 @@ impl SqliteStore {
                     .map_err(|e| crate::error::open_error(e, path))?,
                 Location::Memory => settings.open_memory()?,
             };
-            retry_busy(settings.busy_timeout, || {
-                schema::migrate(&mut first, &config.table)
-            })
-            .map_err(|e| e.during("migrating the schema"))?;
+            if config.migrate {
+                retry_busy(settings.busy_timeout, || {
+                    schema::migrate(&mut first, &config.table)
+                })
+                .map_err(|e| e.during("migrating the schema"))?;
+            } else {
+                retry_busy(settings.busy_timeout, || {
+                    schema::check(&first, &config.table)
+                })
+                .map_err(|e| e.during("checking the schema"))?;
+            }
             Ok(SqliteStore {
                 inner: Arc::new(Inner {
                     writes: WriteQueue::default(),

@@ -1,11 +1,11 @@
-//! The operator's extension ([`Admin`]): listing, counting and releasing by hand agree with
-//! what [`get`](dedup_core::DedupStore::get) sees, and an operator release is fenced like
-//! any release.
+//! The operator's extension ([`Admin`]): listing, counting, releasing and forgetting by
+//! hand agree with what [`get`](dedup_core::DedupStore::get) sees; an operator release
+//! revokes the lease at once, and a forget makes the key start over.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dedup_core::admin::{Admin, KeySummary, ListFilter, Released, Stats, Status};
+use dedup_core::admin::{Admin, Forgot, KeySummary, ListFilter, Released, Stats, Status};
 use dedup_core::{Claim, DedupStore, Key, Record};
 
 use crate::StoreFactory;
@@ -41,6 +41,14 @@ async fn release_key<S: Admin + ?Sized>(store: &S, key: &Key, force: bool) -> Re
         .release_key(key, force)
         .await
         .unwrap_or_else(|e| panic!("release_key({key}, force {force}) failed: {e:?}"))
+}
+
+/// A forget by hand that must not fail.
+async fn forget<S: Admin + ?Sized>(store: &S, key: &Key, force: bool) -> Forgot {
+    store
+        .forget(key, force)
+        .await
+        .unwrap_or_else(|e| panic!("forget({key}, force {force}) failed: {e:?}"))
 }
 
 /// Records of consumers whose names are prefixes, extensions, case variants or glob
@@ -247,7 +255,7 @@ where
     assert_eq!(top1.most_retried, vec![summary(&retried)], "top 1");
 }
 
-/// An operator release of a live lease (forced) is a fenced release: the next claim takes
+/// An operator release of a live lease (forced) ends in a takeover: the next claim takes
 /// the key over with fence + 1, and the worker that held it gets `LeaseLost` on commit.
 pub async fn operator_release_then_reclaim_gives_the_next_fence_and_the_old_lease_is_lost<
     F: StoreFactory,
@@ -376,4 +384,194 @@ where
     );
     let after = store.count_purgeable(retention).await.expect("count");
     assert_eq!(after.total(), 0, "nothing purgeable is left");
+}
+
+/// An operator release revokes the holder at once: before anyone claims the key again, the
+/// worker that held the lease gets `LeaseLost` on commit, renew and release, and nothing it
+/// tries changes the record; the next claim then takes the key over with fence + 1.
+pub async fn operator_release_revokes_the_holder_at_once<F: StoreFactory>(factory: &F)
+where
+    F::Store: Admin,
+{
+    let (_ctx, store) = setup(factory, "operator_release_revokes_the_holder_at_once").await;
+    let k = key("stuck");
+    let old = acquire(&store, &k).await;
+    assert!(
+        matches!(
+            release_key(&store, &k, true).await,
+            Released::Released { was_live: true, .. }
+        ),
+        "a forced release of a live lease releases it"
+    );
+    let revoked = record(&store, &k).await;
+    assert_lease_lost(
+        store.commit(&old, Some(b"late")).await,
+        &k,
+        "the old worker's commit right after an operator release",
+    );
+    assert_lease_lost(
+        store.renew(&old, LEASE).await,
+        &k,
+        "the old worker's renew right after an operator release",
+    );
+    assert_lease_lost(
+        store.release(&old).await,
+        &k,
+        "the old worker's release right after an operator release",
+    );
+    assert_eq!(
+        record(&store, &k).await,
+        revoked,
+        "the revoked worker's attempts change nothing"
+    );
+    let next = expect_acquired(
+        claim(&store, &k, &opts()).await,
+        "the claim after an operator release",
+    );
+    assert_eq!(
+        (next.fence, next.attempt),
+        (old.fence + 1, old.attempt + 1),
+        "the claim after an operator release is a takeover"
+    );
+    commit_ok(&store, &next, Some(b"ok")).await;
+}
+
+/// Forgetting a completed record or one whose lease expired removes it: `get` finds
+/// nothing, and the next claim is processed as new, at fence 1 and attempt 1.
+pub async fn forget_removes_a_completed_or_expired_record_and_the_key_starts_over<F: StoreFactory>(
+    factory: &F,
+) where
+    F::Store: Admin,
+{
+    let (ctx, store) = setup(
+        factory,
+        "forget_removes_a_completed_or_expired_record_and_the_key_starts_over",
+    )
+    .await;
+    // "done": completed at fence 2, attempt 2 (one takeover first).
+    let done = key("done");
+    acquire(&store, &done).await;
+    ctx.clock.advance(LEASE);
+    let lease = acquire(&store, &done).await;
+    commit_ok(&store, &lease, Some(b"ok")).await;
+    // "stuck": its lease expired.
+    let stuck = key("stuck");
+    acquire(&store, &stuck).await;
+    ctx.clock.advance(LEASE);
+    let other = key("other");
+    complete(&store, &other, None).await;
+    let untouched = record(&store, &other).await;
+    assert_eq!(
+        forget(&store, &done, false).await,
+        Forgot::Forgot {
+            status: Status::Completed,
+            fence: 2,
+            attempt: 2,
+        },
+        "a completed record is forgotten without force"
+    );
+    assert_eq!(
+        forget(&store, &stuck, false).await,
+        Forgot::Forgot {
+            status: Status::Expired,
+            fence: 1,
+            attempt: 1,
+        },
+        "an expired lease is forgotten without force"
+    );
+    for k in [&done, &stuck] {
+        assert_eq!(record(&store, k).await, None, "{k} is forgotten");
+        let again = expect_acquired(claim(&store, k, &opts()).await, "the claim after forget");
+        assert_eq!(
+            (again.fence, again.attempt),
+            (1, 1),
+            "{k} starts over after forget"
+        );
+        commit_ok(&store, &again, None).await;
+    }
+    assert_eq!(
+        record(&store, &other).await,
+        untouched,
+        "forget removes only its own key"
+    );
+}
+
+/// Without `force`, forgetting a record that holds a live lease is refused and changes
+/// nothing: its worker still commits.
+pub async fn forget_of_a_live_lease_without_force_changes_nothing<F: StoreFactory>(factory: &F)
+where
+    F::Store: Admin,
+{
+    let (_ctx, store) = setup(
+        factory,
+        "forget_of_a_live_lease_without_force_changes_nothing",
+    )
+    .await;
+    let k = key("live");
+    let lease = acquire(&store, &k).await;
+    let before = record(&store, &k).await;
+    assert_eq!(
+        forget(&store, &k, false).await,
+        Forgot::LiveLease {
+            expires_at: lease.expires_at,
+            attempt: lease.attempt,
+        }
+    );
+    assert_eq!(
+        record(&store, &k).await,
+        before,
+        "a refused forget changes nothing"
+    );
+    commit_ok(&store, &lease, Some(b"ok")).await;
+}
+
+/// With `force`, forgetting a record that holds a live lease removes it: its worker's
+/// commit is `LeaseLost` and writes nothing, and the next claim starts over at fence 1.
+pub async fn forget_with_force_removes_a_live_lease_and_its_holder_loses_it<F: StoreFactory>(
+    factory: &F,
+) where
+    F::Store: Admin,
+{
+    let (_ctx, store) = setup(
+        factory,
+        "forget_with_force_removes_a_live_lease_and_its_holder_loses_it",
+    )
+    .await;
+    let k = key("live");
+    let old = acquire(&store, &k).await;
+    assert_eq!(
+        forget(&store, &k, true).await,
+        Forgot::Forgot {
+            status: Status::InFlight,
+            fence: 1,
+            attempt: 1,
+        }
+    );
+    assert_lease_lost(
+        store.commit(&old, Some(b"late")).await,
+        &k,
+        "the old worker's commit after a forced forget",
+    );
+    assert_eq!(
+        record(&store, &k).await,
+        None,
+        "the lost commit wrote nothing"
+    );
+    let next = expect_acquired(
+        claim(&store, &k, &opts()).await,
+        "the claim after a forced forget",
+    );
+    assert_eq!((next.fence, next.attempt), (1, 1), "the key starts over");
+}
+
+/// Forgetting a key without a record is `NotFound`, and creates none.
+pub async fn forget_of_an_absent_key_is_not_found<F: StoreFactory>(factory: &F)
+where
+    F::Store: Admin,
+{
+    let (_ctx, store) = setup(factory, "forget_of_an_absent_key_is_not_found").await;
+    let k = key("absent");
+    assert_eq!(forget(&store, &k, true).await, Forgot::NotFound);
+    assert_eq!(forget(&store, &k, false).await, Forgot::NotFound);
+    assert_eq!(record(&store, &k).await, None, "forget creates nothing");
 }

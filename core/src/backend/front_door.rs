@@ -17,10 +17,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{AdminStorage, Storage, check, purge};
-use crate::admin::{ListFilter, PurgeCount, Stats};
+use crate::admin::{Forgot, ListFilter, PurgeCount, Released, Stats};
 use crate::{
-    Admin, Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, ItemResult,
-    Key, Lease, PurgeOptions, PurgeReport, Record, Result, Timestamp,
+    Admin, Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error,
+    ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record, RecordState, Result,
+    Timestamp,
 };
 
 #[async_trait]
@@ -110,4 +111,52 @@ impl<S: AdminStorage> Admin for S {
             .await
             .map_err(|e| e.during("counting purgeable records"))
     }
+
+    async fn release_key(&self, key: &Key, force: bool) -> Result<Released> {
+        release_key(self, key, force)
+            .await
+            .map_err(|e| e.during("releasing a lease by hand"))
+    }
+
+    async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
+        AdminStorage::forget(self, key, force)
+            .await
+            .map_err(|e| e.during("forgetting a record"))
+    }
+}
+
+/// How many times [`release_key`] reads the record again when the key changed hands
+/// between its read and its revocation.
+const RELEASE_TRIES: usize = 3;
+
+/// `Admin::release_key`: read the record, decide at the store's "now", and revoke the lease
+/// read only if the record still holds it (see [`AdminStorage::revoke`]).
+async fn release_key<S: AdminStorage>(store: &S, key: &Key, force: bool) -> Result<Released> {
+    for _ in 0..RELEASE_TRIES {
+        let now = AdminStorage::now(store).await?;
+        let Some(record) = Storage::get(store, key).await? else {
+            return Ok(Released::NotFound);
+        };
+        let (token, expires_at) = match record.state {
+            RecordState::Completed { processed_at, .. } => {
+                return Ok(Released::Completed { processed_at });
+            }
+            RecordState::InFlight { token, expires_at } => (token, expires_at),
+        };
+        let was_live = now < expires_at;
+        if was_live && !force {
+            return Ok(Released::LiveLease {
+                expires_at,
+                attempt: record.attempt,
+            });
+        }
+        if AdminStorage::revoke(store, key, token, force, LeaseToken::random()).await? {
+            return Ok(Released::Released {
+                fence: record.fence,
+                attempt: record.attempt,
+                was_live,
+            });
+        }
+    }
+    Err(Error::lease_lost(key))
 }

@@ -29,10 +29,10 @@ use std::time::Duration;
 pub use decode::{RawRecord, RawState, attempt_from, fence_from};
 pub use purge::{PurgeBatch, PurgeBatches, PurgeStep};
 
-use crate::admin::{ListFilter, PurgeCount, Stats};
+use crate::admin::{Forgot, ListFilter, PurgeCount, Stats};
 use crate::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, ItemResult, Key, Lease, Record,
-    Result, Timestamp,
+    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, ItemResult, Key, Lease,
+    LeaseToken, Record, Result, Timestamp,
 };
 use async_trait::async_trait;
 
@@ -65,9 +65,10 @@ pub trait Storage: PurgeBatches {
     fn capabilities(&self) -> Capabilities;
 }
 
-/// The operator's reads a backend implements; every `AdminStorage` is an
+/// The operator's operations a backend implements; every `AdminStorage` is an
 /// [`Admin`](crate::Admin) through the blanket implementation in this module, which checks
-/// the input first. Each method has the meaning of the `Admin` method of the same name.
+/// the input first. Each method but [`revoke`](Self::revoke) has the meaning of the `Admin`
+/// method of the same name; `Admin::release_key` is built from `get` and `revoke`.
 #[async_trait]
 pub trait AdminStorage: Storage {
     /// [`Admin::now`](crate::Admin::now).
@@ -78,4 +79,20 @@ pub trait AdminStorage: Storage {
     async fn stats(&self, top: usize) -> Result<Stats>;
     /// [`Admin::count_purgeable`](crate::Admin::count_purgeable).
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount>;
+    /// [`Admin::forget`](crate::Admin::forget), as one atomic operation on the storage
+    /// ([`transition::forget`] at the store's "now"): a record is removed only if, at the
+    /// instant it is removed, it holds no live lease or `force` is given, so a record a
+    /// worker just claimed is never removed without `force`.
+    async fn forget(&self, key: &Key, force: bool) -> Result<Forgot>;
+    /// As one atomic operation on the storage: if `key`'s record is in flight holding
+    /// `token`, and its lease is not live or `force` is given, expire the lease and replace
+    /// its token by `new_token` ([`transition::revoke`] at the store's "now") and answer
+    /// `true`; otherwise change nothing and answer `false`.
+    async fn revoke(
+        &self,
+        key: &Key,
+        token: LeaseToken,
+        force: bool,
+        new_token: LeaseToken,
+    ) -> Result<bool>;
 }

@@ -294,3 +294,57 @@ pub fn purgeable(record: &Record, now: Timestamp, retention: Duration) -> Option
         _ => None,
     }
 }
+
+/// An operator's `forget(key, force)` at `now` ([`Admin::forget`](crate::Admin::forget)):
+/// the answer. The record is removed exactly when the answer is
+/// [`Forgot::Forgot`](crate::Forgot::Forgot): any record without a live lease, and one
+/// with a live lease only with `force`.
+pub fn forget(record: Option<&Record>, force: bool, now: Timestamp) -> crate::Forgot {
+    let Some(rec) = record else {
+        return crate::Forgot::NotFound;
+    };
+    let status = crate::Status::of(rec, now);
+    match &rec.state {
+        RecordState::InFlight { expires_at, .. } if status == crate::Status::InFlight && !force => {
+            crate::Forgot::LiveLease {
+                expires_at: *expires_at,
+                attempt: rec.attempt,
+            }
+        }
+        _ => crate::Forgot::Forgot {
+            status,
+            fence: rec.fence,
+            attempt: rec.attempt,
+        },
+    }
+}
+
+/// An operator's revoking release at `now` of the lease holding `token`
+/// ([`Admin::release_key`](crate::Admin::release_key)): when `record` is in flight holding
+/// `token`, and its lease is not live or `force` is given, the record it becomes (the
+/// lease expired, `expires_at = min(expires_at, now)`, and its token replaced by
+/// `new_token`, so the old holder's commit, renew and release are `LeaseLost`; fence and
+/// attempt kept, so the next claim is a takeover with fence + 1). `None` otherwise:
+/// nothing is written.
+pub fn revoke(
+    record: Option<&Record>,
+    token: LeaseToken,
+    force: bool,
+    new_token: LeaseToken,
+    now: Timestamp,
+) -> Option<Record> {
+    let rec = record?;
+    match &rec.state {
+        RecordState::InFlight {
+            token: held,
+            expires_at,
+        } if *held == token && (force || *expires_at <= now) => Some(Record {
+            state: RecordState::InFlight {
+                token: new_token,
+                expires_at: (*expires_at).min(now),
+            },
+            ..rec.clone()
+        }),
+        _ => None,
+    }
+}

@@ -20,7 +20,8 @@ pub struct InboxConfig {
     /// kind of poison). A delivery that would be attempt `max_attempts + 1` does not run
     /// the handler: the key is completed as dead-lettered and the delivery, and every later
     /// one, gets [`Handled::DeadLetter`](super::Handled::DeadLetter). An operator resets
-    /// the key by deleting its record (see the crate README).
+    /// the key with [`Admin::forget`](crate::Admin::forget) (`dedup forget CONSUMER ID`):
+    /// the next delivery runs the handler again as attempt 1.
     pub max_attempts: Option<u32>,
     /// What a handler error does to the key.
     pub failures: FailurePolicy,

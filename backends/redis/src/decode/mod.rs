@@ -7,7 +7,7 @@ pub(crate) mod fresh;
 pub(crate) mod purge;
 
 use dedup_core::backend::{RawRecord, RawState, attempt_from, fence_from};
-use dedup_core::{Claim, Error, Key, Lease, LeaseToken, Record, Result, Timestamp};
+use dedup_core::{Claim, Error, Forgot, Key, Lease, LeaseToken, Record, Result, Status, Timestamp};
 use redis::Value;
 
 /// A script's reply array, with the key it was about (for errors).
@@ -184,6 +184,39 @@ pub(crate) fn release(lease: &Lease, value: Value) -> Result<()> {
     match r.tag()? {
         "OK" => Ok(()),
         tag => Err(r.common(tag, Some(lease))),
+    }
+}
+
+/// `forget.lua`'s reply.
+pub(crate) fn forget(key: &Key, value: Value) -> Result<Forgot> {
+    let r = Reply::new(key, value)?;
+    match r.tag()? {
+        "F" => Ok(Forgot::Forgot {
+            status: match r.text(1)? {
+                Some("i") => Status::InFlight,
+                Some("e") => Status::Expired,
+                Some("c") => Status::Completed,
+                other => return Err(r.corrupt(format!("unknown status {other:?}"))),
+            },
+            fence: r.fence(2)?,
+            attempt: r.attempt(3)?,
+        }),
+        "H" => Ok(Forgot::LiveLease {
+            expires_at: r.timestamp(1)?,
+            attempt: r.attempt(2)?,
+        }),
+        "N" => Ok(Forgot::NotFound),
+        tag => Err(r.common(tag, None)),
+    }
+}
+
+/// `revoke.lua`'s reply: whether the lease was revoked.
+pub(crate) fn revoke(key: &Key, value: Value) -> Result<bool> {
+    let r = Reply::new(key, value)?;
+    match r.tag()? {
+        "OK" => Ok(true),
+        "L" => Ok(false),
+        tag => Err(r.common(tag, None)),
     }
 }
 

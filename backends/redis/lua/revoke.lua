@@ -1,0 +1,23 @@
+-- revoke(KEYS[1]): an operator's release (transition::revoke): the lease expires and its
+-- token is replaced, so its holder's commit, renew and release are lost; fence and attempt
+-- are kept.
+-- ARGV: now ('' = server TIME), the token read, force ('1' or '0'), the new token,
+--       retention ms.
+-- Reply: {'OK'} revoked | {'L'} the record no longer holds the token, or its lease is live
+--        and not forced (unchanged) | {'X', detail}
+local key = KEYS[1]
+local now = now_ms(ARGV[1])
+local rec, err = load(key, now)
+if err then
+    return {'X', err}
+end
+if not rec or rec.state ~= 'i' or rec.token ~= ARGV[2] then
+    return {'L'}
+end
+if rec.expires_at > now and ARGV[3] ~= '1' then
+    return {'L'}
+end
+local expires_at = math.min(rec.expires_at, now)
+store(key, now, 'i', rec.fence, rec.attempt, expires_at, expires_at + tonumber(ARGV[5]),
+    ARGV[4], rec.fingerprint)
+return {'OK'}
