@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use dedup_core::layers::metric_names as m;
 use dedup_core::{
-    DedupStore, DuplicateLog, FailurePolicy, Handled, HandlerRetry, Inbox, InboxConfig,
-    InboxError, Key, MemoryStore, RecordState, Transient,
+    DedupStore, DuplicateLog, FailurePolicy, Handled, HandlerRetry, Inbox, InboxConfig, InboxError,
+    Key, MemoryStore, RecordState, Transient,
 };
 use metrics_util::debugging::DebuggingRecorder;
 use support::Recorded;
@@ -56,7 +56,10 @@ async fn a_transient_error_runs_again_as_a_new_attempt_after_the_delay() {
         "{handled:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
-    assert!(started.elapsed() >= Duration::from_secs(4), "two 2 s delays");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "two 2 s delays"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -92,8 +95,14 @@ async fn retries_used_up_give_the_error_back_and_never_store_it() {
         })
         .await
         .unwrap_err();
-    assert_eq!(runs.load(Ordering::SeqCst), 3, "the first run and 2 retries");
-    let io = err.handler_error::<std::io::Error>().expect("seen through Transient");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "the first run and 2 retries"
+    );
+    let io = err
+        .handler_error::<std::io::Error>()
+        .expect("seen through Transient");
     assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
     let record = inbox.store().get(&key()).await.unwrap().unwrap();
     assert!(
@@ -174,7 +183,10 @@ async fn a_duplicate_during_the_delay_is_busy() {
             .await
     };
     let (first, duplicate) = tokio::join!(first, duplicate);
-    assert!(matches!(duplicate, Ok(Handled::Busy { attempt: 1, .. })), "{duplicate:?}");
+    assert!(
+        matches!(duplicate, Ok(Handled::Busy { attempt: 1, .. })),
+        "{duplicate:?}"
+    );
     assert!(
         matches!(&first, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
         "{first:?}"

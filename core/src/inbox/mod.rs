@@ -480,11 +480,9 @@ fn retry_counted(key: &Key, mode: Mode, reason: &'static str) {
 fn log_duplicate(log: DuplicateLog, key: &Key, result: &'static str) {
     match log {
         DuplicateLog::Off => {}
-        DuplicateLog::WithoutMessageIds => tracing::warn!(
-            consumer = key.consumer(),
-            result,
-            "duplicate suppressed"
-        ),
+        DuplicateLog::WithoutMessageIds => {
+            tracing::warn!(consumer = key.consumer(), result, "duplicate suppressed")
+        }
         DuplicateLog::WithMessageIds => tracing::warn!(
             consumer = key.consumer(),
             message_id = key.message_id(),

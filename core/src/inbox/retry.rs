@@ -181,8 +181,8 @@ impl HandlerRetry {
                 let full = initial.saturating_mul(1 << doublings).min(max);
                 if jitter {
                     // Uniform in [full / 2, full], from the random bits of a v4 UUID.
-                    let unit = (uuid::Uuid::new_v4().as_u128() as u64 >> 11) as f64
-                        / (1u64 << 53) as f64;
+                    let unit =
+                        (uuid::Uuid::new_v4().as_u128() as u64 >> 11) as f64 / (1u64 << 53) as f64;
                     full.mul_f64(0.5 + unit / 2.0)
                 } else {
                     full

@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use super::{
-    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop, Stored,
-    Transient, error_chain, failure_stored, handler_finished, result_name, retry_counted,
+    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop, Stored, Transient,
+    error_chain, failure_stored, handler_finished, result_name, retry_counted,
 };
 use crate::layers::metric_names as m;
 use crate::layers::{ObserveOptions, Observed, RetryPolicy};
