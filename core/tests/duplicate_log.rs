@@ -71,8 +71,7 @@ fn warnings_with(log: DuplicateLog) -> Vec<BTreeMap<String, String>> {
             .unwrap();
         assert!(matches!(again, Handled::Duplicate { .. }));
     });
-    let seen = warnings.0.lock().unwrap().clone();
-    seen
+    warnings.0.lock().unwrap().clone()
 }
 
 #[test]
