@@ -109,12 +109,6 @@ pub(crate) async fn check(world: &World, expect: Expectations<'_>) -> Vec<Violat
         completed.push(done);
     }
     let st = world.lock();
-    for (m, panic) in st.panics.iter().map(|(w, p)| (*w, p.clone())) {
-        violations.push(Violation::Panicked {
-            worker: m,
-            detail: panic,
-        });
-    }
     for (m, message) in world.messages.iter().enumerate() {
         let name = message.name();
         if !completed[m] {

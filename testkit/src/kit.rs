@@ -272,8 +272,18 @@ impl Kit {
             self.max_steps,
             self.failures,
         );
+        let tally = std::sync::Mutex::new((BTreeMap::new(), BTreeMap::new()));
         let result = runner.run(&strategy, |schedule| {
             let ran = bench.case(&schedule);
+            {
+                let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+                for k in &ran.kills_at {
+                    *t.0.entry(k.clone()).or_insert(0) += 1;
+                }
+                for f in &ran.failures_at {
+                    *t.1.entry(f.clone()).or_insert(0) += 1;
+                }
+            }
             if ran.violations.is_empty() {
                 Ok(())
             } else {
@@ -287,12 +297,15 @@ impl Kit {
             }
         });
         let cases_run = bench.cases.load(Ordering::SeqCst);
+        let (kills, failures) = tally.into_inner().unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(()) => Ok(Report {
                 cases: self.cases,
                 runs: cases_run,
                 seed: hex(&seed),
                 elapsed: started.elapsed(),
+                kills,
+                failures,
             }),
             Err(TestError::Fail(reason, schedule)) => {
                 // proptest shrinks a tuple's parts once each, in order; finish the job
@@ -329,6 +342,11 @@ pub struct Report {
     pub seed: String,
     /// Wall-clock time of the whole run, setup included.
     pub elapsed: Duration,
+    /// Kills over all cases, by where the worker stood (`before the commit`, ...): which
+    /// windows the run explored.
+    pub kills: BTreeMap<String, usize>,
+    /// Injected failures over all cases, by the operation that failed.
+    pub failures: BTreeMap<String, usize>,
 }
 
 /// A broken guarantee: the smallest schedule proptest shrank the failure to, what it
@@ -392,6 +410,8 @@ impl std::error::Error for Failure {}
 struct Ran {
     violations: Vec<Violation>,
     story: Vec<String>,
+    kills_at: Vec<String>,
+    failures_at: Vec<String>,
 }
 
 /// Everything a run's cases share.
@@ -448,12 +468,20 @@ impl Bench {
                 schedule.workers,
             );
             driver.run(schedule).await;
-            if let Some(detail) = driver.stuck.take() {
+            let panicked = world.lock().panics.first().cloned();
+            let halted = match (panicked, driver.stuck.take()) {
+                (Some((worker, detail)), _) => Some(Violation::Panicked { worker, detail }),
+                (None, Some(detail)) => Some(Violation::Stuck { detail }),
+                (None, None) => None,
+            };
+            if let Some(violation) = halted {
                 driver.abort();
-                let story = world.lock().story.clone();
+                let st = world.lock();
                 return Ran {
-                    violations: vec![Violation::Stuck { detail }],
-                    story,
+                    violations: vec![violation],
+                    story: st.story.clone(),
+                    kills_at: st.kills_at.clone(),
+                    failures_at: st.failures_at.clone(),
                 };
             }
             let queried = match &self.kit.query {
@@ -475,8 +503,13 @@ impl Bench {
                 },
             )
             .await;
-            let story = world.lock().story.clone();
-            Ran { violations, story }
+            let st = world.lock();
+            Ran {
+                violations,
+                story: st.story.clone(),
+                kills_at: st.kills_at.clone(),
+                failures_at: st.failures_at.clone(),
+            }
         })
     }
 }

@@ -48,7 +48,7 @@ impl Driver {
             st.say(format!("broker: delivers {}", names.join(", ")));
         }
         for step in &schedule.steps {
-            if self.stuck.is_some() {
+            if self.halted() {
                 return;
             }
             self.step(*step).await;
@@ -191,6 +191,7 @@ impl Driver {
                 Some(point) => format!("before {point}"),
                 None => "after its work".to_owned(),
             };
+            st.kills_at.push(at.clone());
             st.runs[run].killed = true;
             st.slots[w].dead = true;
             st.held.remove(&run);
@@ -279,7 +280,7 @@ impl Driver {
         let workers = self.tasks.len();
         let mut idle_rounds = 0;
         for _ in 0..MAX_DRAIN_ROUNDS {
-            if self.stuck.is_some() {
+            if self.halted() {
                 return;
             }
             let before = {
@@ -311,7 +312,12 @@ impl Driver {
         ));
     }
 
-    /// End every task still running (a stuck case).
+    /// Whether the case cannot go on: a worker stuck, or a consumer that panicked.
+    pub(crate) fn halted(&self) -> bool {
+        self.stuck.is_some() || !self.world.lock().panics.is_empty()
+    }
+
+    /// End every task still running (a stuck or panicked case).
     pub(crate) fn abort(&mut self) {
         let mut st = self.world.lock();
         for w in 0..self.tasks.len() {

@@ -189,6 +189,9 @@ pub(crate) struct State {
     /// while its handler runs), by run.
     pub(crate) held: BTreeMap<usize, Lease>,
     pub(crate) panics: Vec<(usize, String)>,
+    /// Where kills and injected failures hit (the point's description), for the report.
+    pub(crate) kills_at: Vec<String>,
+    pub(crate) failures_at: Vec<String>,
 }
 
 impl State {
@@ -234,6 +237,8 @@ impl World {
                 keys_used: BTreeSet::new(),
                 held: BTreeMap::new(),
                 panics: Vec::new(),
+                kills_at: Vec::new(),
+                failures_at: Vec::new(),
             }),
             changed: Notify::new(),
             clock,
@@ -555,6 +560,7 @@ impl World {
             let m = self.m(st.runs[run].message);
             let seq = st.seq + 1;
             st.runs[run].interrupts.push(seq);
+            st.failures_at.push(point.to_string());
             st.say(format!("w{w}: {point} for {m} fails (injected)"));
         }
     }

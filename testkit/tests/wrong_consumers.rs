@@ -30,8 +30,19 @@ fn a_right_lease_consumer_passes_256_cases_on_memory_store_in_seconds() {
         took.as_secs_f64(),
         report.seed
     );
+    eprintln!("kills by window: {:?}", report.kills);
+    eprintln!("failures injected: {:?}", report.failures);
     assert_eq!(report.runs, 256);
     assert!(took.as_secs() < 60, "256 cases took {took:?}");
+    // Every window of the lease-mode consumer was hit by some kill.
+    for window in [
+        "before the claim",
+        "before effect \"charge\"",
+        "before the commit",
+        "before the ack",
+    ] {
+        assert!(report.kills.contains_key(window), "{window}: {report:?}");
+    }
 }
 
 #[test]
