@@ -105,3 +105,8 @@ pub use tx::{PostgresTx, postgres_tx};
 #[cfg(feature = "sqlite")]
 pub use tx::{SqliteTx, sqlite_tx};
 pub use world::{InterruptKind, Interrupted, Point};
+
+/// The README's example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

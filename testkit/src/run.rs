@@ -17,7 +17,7 @@ use crate::world::{Actor, STALL, World};
 const MAX_DRAIN_ROUNDS: usize = 400;
 /// Drain rounds without progress before the clock moves (a dead worker's lease must run
 /// out before its message can be taken over).
-const IDLE_ROUNDS_BEFORE_EXPIRE: usize = 2;
+const IDLE_ROUNDS_BEFORE_EXPIRE: usize = 4;
 
 /// Runs one case.
 pub(crate) struct Driver {

@@ -99,6 +99,7 @@ fn check_then_act_is_caught_with_two_invoices_from_one_duplicate_delivery() {
         .expect_effect("invoice")
         .run(CheckThenAct)
         .expect_err("check-then-act must be caught");
+    eprintln!("{f}");
     assert!(f.reproduced, "{f}");
     assert_eq!(
         f.violations,
