@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dedup_core::{BoxError, DedupStore, InboxConfig, ManualClock, MemoryStore};
+use dedup_core::{BoxError, DedupStore, Error, InboxConfig, Key, ManualClock, MemoryStore};
 use futures::future::BoxFuture;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
@@ -140,13 +140,11 @@ impl Kit {
         self
     }
 
-    /// Replay a run: the seed a failure printed (64 hex digits). Panics on anything else.
-    pub fn seed(mut self, hex: &str) -> Self {
-        self.seed = Some(
-            parse_seed(hex)
-                .unwrap_or_else(|| panic!("dedup-testkit: a seed is 64 hex digits, not {hex:?}")),
-        );
-        self
+    /// Replay a run: the seed a failure printed (64 hex digits); anything else is
+    /// [`Error::InvalidInput`].
+    pub fn seed(mut self, hex: &str) -> Result<Self, Error> {
+        self.seed = Some(parse_seed(hex).ok_or_else(|| bad_seed(hex))?);
+        Ok(self)
     }
 
     /// The inbox configuration (lease, attempt limit, failure policy) the consumer runs
@@ -157,10 +155,12 @@ impl Kit {
         self
     }
 
-    /// The consumer name of the keys (`Key::new(name, message id)`).
-    pub fn consumer_name(mut self, name: &str) -> Self {
+    /// The consumer name of the keys (`Key::new(name, message id)`); a name a [`Key`]
+    /// refuses is [`Error::InvalidInput`].
+    pub fn consumer_name(mut self, name: &str) -> Result<Self, Error> {
+        Key::new(name, "m")?;
         self.consumer_name = name.to_owned();
-        self
+        Ok(self)
     }
 
     /// Every message must get the ledger effect `name` at least once (nothing lost).
@@ -251,12 +251,11 @@ impl Kit {
             cases: AtomicU64::new(0),
             runtime,
         };
-        let seed = match self.seed {
-            Some(s) => s,
-            None => std::env::var(SEED_ENV)
-                .ok()
-                .and_then(|s| parse_seed(&s))
-                .unwrap_or_else(random_seed),
+        let seed = match (self.seed, std::env::var(SEED_ENV)) {
+            (Some(s), _) => s,
+            (None, Ok(hex)) if !hex.trim().is_empty() => parse_seed(&hex)
+                .unwrap_or_else(|| panic!("dedup-testkit: {SEED_ENV}: {}", bad_seed(&hex))),
+            (None, _) => random_seed(),
         };
         let mut runner = TestRunner::new_with_rng(
             Config {
@@ -398,7 +397,7 @@ impl fmt::Display for Failure {
         }
         write!(
             f,
-            "replay: Kit::new().seed(\"{seed}\") or {SEED_ENV}={seed}",
+            "replay: Kit::new().seed(\"{seed}\")? or {SEED_ENV}={seed}",
             seed = self.seed
         )
     }
@@ -518,9 +517,16 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+fn bad_seed(hex: &str) -> Error {
+    Error::invalid(
+        "seed",
+        format!("{hex:?} is not a seed: 64 hex digits, as a failure prints them"),
+    )
+}
+
 fn parse_seed(s: &str) -> Option<[u8; 32]> {
     let s = s.trim();
-    if s.len() != 64 || !s.is_ascii() {
+    if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let mut out = [0u8; 32];

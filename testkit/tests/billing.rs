@@ -138,6 +138,16 @@ fn billing_tx(cases: u32, with_key: bool) -> Result<dedup_testkit::Report, dedup
 fn billing_in_transactional_mode_passes_on_sqlite() {
     let report = billing_tx(256, true).unwrap_or_else(|f| panic!("{f}"));
     eprintln!("billing, transactional mode, SQLite: {report:?}");
+    // Every window was hit by some kill: before the claim, inside the transaction before
+    // the charge and before the commit, between the commit and the ack.
+    for window in [
+        "before the claim",
+        "before effect \"charge\"",
+        "before the transaction's commit",
+        "before the ack",
+    ] {
+        assert!(report.kills.contains_key(window), "{window}: {report:?}");
+    }
 }
 
 #[test]

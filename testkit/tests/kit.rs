@@ -76,3 +76,15 @@ fn an_expected_effect_that_never_happens_is_lost() {
         "{f}"
     );
 }
+
+#[test]
+fn a_bad_seed_or_consumer_name_is_a_typed_error() {
+    for bad in ["", "12", &"g".repeat(64), &"0".repeat(63)] {
+        let e = Kit::new().seed(bad).expect_err(bad);
+        assert!(e.is_invalid_input(), "{bad:?}: {e}");
+    }
+    assert!(Kit::new().seed(&"0f".repeat(32)).is_ok());
+    let e = Kit::new().consumer_name("").expect_err("empty");
+    assert!(e.is_invalid_input(), "{e}");
+    assert!(Kit::new().consumer_name("billing").is_ok());
+}

@@ -269,6 +269,7 @@ fn a_failure_replays_from_its_seed_to_the_same_schedule_and_story() {
     let again = Kit::new()
         .expect_effect("invoice")
         .seed(&first.seed)
+        .expect("the printed seed is a seed")
         .run(CheckThenAct)
         .expect_err("caught again");
     assert_eq!(first.schedule, again.schedule);
