@@ -126,7 +126,7 @@ pub(crate) async fn check(world: &World, expect: Expectations<'_>) -> Vec<Violat
             .iter()
             .filter(|e| e.message == m && e.applied)
             .collect();
-        for effect in &*expect.expected {
+        for effect in expect.expected {
             if !mine.iter().any(|e| &e.name == effect) {
                 violations.push(Violation::EffectMissing {
                     message: name.clone(),

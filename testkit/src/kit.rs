@@ -207,7 +207,7 @@ impl Kit {
     }
 
     /// Run `consumer` on a [`MemoryStore`] on the kit's clock.
-    pub fn run<C: Consumer>(self, consumer: C) -> Result<Report, Failure> {
+    pub fn run<C: Consumer>(self, consumer: C) -> Result<Report, Box<Failure>> {
         self.run_with(|clock| async move {
             Ok(Subject {
                 store: Arc::new(MemoryStore::with_clock(clock)) as Arc<dyn DedupStore>,
@@ -223,7 +223,7 @@ impl Kit {
     /// (message ids are unique per case), so an application's own database works.
     ///
     /// Panics if `setup` fails (the test cannot run).
-    pub fn run_with<C, F, Fut>(self, setup: F) -> Result<Report, Failure>
+    pub fn run_with<C, F, Fut>(self, setup: F) -> Result<Report, Box<Failure>>
     where
         C: Consumer,
         F: FnOnce(Arc<ManualClock>) -> Fut,
@@ -312,7 +312,7 @@ impl Kit {
                 // its story.
                 let schedule = bench.minimize(schedule);
                 let again = bench.case(&schedule);
-                Err(Failure {
+                Err(Box::new(Failure {
                     seed: hex(&seed),
                     reproduced: !again.violations.is_empty(),
                     violations: again.violations,
@@ -321,7 +321,7 @@ impl Kit {
                     story: again.story,
                     mode: bench.consumer.mode(),
                     elapsed: started.elapsed(),
-                })
+                }))
             }
             Err(TestError::Abort(reason)) => {
                 panic!("dedup-testkit: proptest aborted the run: {reason}")

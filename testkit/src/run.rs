@@ -283,17 +283,17 @@ impl Driver {
             if self.halted() {
                 return;
             }
-            let before = {
+            let (done, before) = {
                 let st = self.world.lock();
-                if st.queue.is_empty() && st.slots.iter().all(|s| s.idle()) {
-                    drop(st);
-                    for w in 0..workers {
-                        self.reap(w).await;
-                    }
-                    return;
-                }
-                st.progress
+                let done = st.queue.is_empty() && st.slots.iter().all(|s| s.idle());
+                (done, st.progress)
             };
+            if done {
+                for w in 0..workers {
+                    self.reap(w).await;
+                }
+                return;
+            }
             for w in 0..workers {
                 self.advance(w).await;
             }

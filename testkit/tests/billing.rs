@@ -114,7 +114,10 @@ fn billing_in_lease_mode_passes_on_sqlite() {
 
 /// The billing consumer in transactional mode, with or without the idempotency key on the
 /// charge.
-fn billing_tx(cases: u32, with_key: bool) -> Result<dedup_testkit::Report, dedup_testkit::Failure> {
+fn billing_tx(
+    cases: u32,
+    with_key: bool,
+) -> Result<dedup_testkit::Report, Box<dedup_testkit::Failure>> {
     let (_dir, db) = database();
     let path = db.clone();
     Kit::new()

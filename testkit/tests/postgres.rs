@@ -34,7 +34,7 @@ async fn invoices_table(pool: &PgPool, schema: &str) -> Result<(), BoxError> {
 fn run(
     with_key: bool,
     cases: u32,
-) -> Option<Result<dedup_testkit::Report, dedup_testkit::Failure>> {
+) -> Option<Result<dedup_testkit::Report, Box<dedup_testkit::Failure>>> {
     let url = dedup_conformance::server_url("DEDUP_POSTGRES_URL")?;
     let schema = schema(with_key);
     let pool: Arc<std::sync::OnceLock<PgPool>> = Arc::default();
