@@ -271,7 +271,7 @@ impl Kit {
             self.max_steps,
             self.failures,
         );
-        let tally = std::sync::Mutex::new((BTreeMap::new(), BTreeMap::new()));
+        let tally = std::sync::Mutex::new((BTreeMap::new(), BTreeMap::new(), 0));
         let result = runner.run(&strategy, |schedule| {
             let ran = bench.case(&schedule);
             {
@@ -282,6 +282,7 @@ impl Kit {
                 for f in &ran.failures_at {
                     *t.1.entry(f.clone()).or_insert(0) += 1;
                 }
+                t.2 += ran.excused;
             }
             if ran.violations.is_empty() {
                 Ok(())
@@ -296,7 +297,8 @@ impl Kit {
             }
         });
         let cases_run = bench.cases.load(Ordering::SeqCst);
-        let (kills, failures) = tally.into_inner().unwrap_or_else(|p| p.into_inner());
+        let (kills, failures, excused_repeats) =
+            tally.into_inner().unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(()) => Ok(Report {
                 cases: self.cases,
@@ -305,6 +307,7 @@ impl Kit {
                 elapsed: started.elapsed(),
                 kills,
                 failures,
+                excused_repeats,
             }),
             Err(TestError::Fail(reason, schedule)) => {
                 // proptest shrinks a tuple's parts once each, in order; finish the job
@@ -346,6 +349,9 @@ pub struct Report {
     pub kills: BTreeMap<String, usize>,
     /// Injected failures over all cases, by the operation that failed.
     pub failures: BTreeMap<String, usize>,
+    /// Lease mode: repeated effects the mode excused over all cases (each made by a run
+    /// interrupted between the effect and its commit). Transactional mode: always 0.
+    pub excused_repeats: usize,
 }
 
 /// A broken guarantee: the smallest schedule proptest shrank the failure to, what it
@@ -408,6 +414,7 @@ impl std::error::Error for Failure {}
 /// What one run of a case produced.
 struct Ran {
     violations: Vec<Violation>,
+    excused: usize,
     story: Vec<String>,
     kills_at: Vec<String>,
     failures_at: Vec<String>,
@@ -478,6 +485,7 @@ impl Bench {
                 let st = world.lock();
                 return Ran {
                     violations: vec![violation],
+                    excused: 0,
                     story: st.story.clone(),
                     kills_at: st.kills_at.clone(),
                     failures_at: st.failures_at.clone(),
@@ -493,7 +501,7 @@ impl Bench {
                 }
                 None => None,
             };
-            let violations = check::check(
+            let checked = check::check(
                 &world,
                 Expectations {
                     mode: self.consumer.mode(),
@@ -504,7 +512,8 @@ impl Bench {
             .await;
             let st = world.lock();
             Ran {
-                violations,
+                violations: checked.violations,
+                excused: checked.excused,
                 story: st.story.clone(),
                 kills_at: st.kills_at.clone(),
                 failures_at: st.failures_at.clone(),
