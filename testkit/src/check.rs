@@ -75,7 +75,7 @@ impl fmt::Display for Violation {
                 excused,
             } => write!(
                 f,
-                "repeated: effect {effect:?} happened {times} times for {message}; {excused} of them excused (interrupted between the effect and the commit, lease mode only)"
+                "repeated: effect {effect:?} happened {times} times for {message}, {excused} of them excused (only lease mode excuses a repeat: one by a run interrupted between the effect and its commit, without an idempotency key)"
             ),
             Violation::NeverAcked { message } => {
                 write!(f, "lost: {message} was never acknowledged")

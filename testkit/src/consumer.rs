@@ -255,6 +255,11 @@ impl Cx {
         self.world.gate(&self.actor, point, false).await
     }
 
+    /// Add `line` to the story, as this worker.
+    pub fn tell(&self, line: &str) {
+        self.world.tell(&self.actor, line.to_owned(), false);
+    }
+
     /// Acknowledge the delivery (a stopping point first: a kill there loses the ack, and
     /// the broker delivers the message again).
     pub async fn ack(&self) -> Result<(), Interrupted> {

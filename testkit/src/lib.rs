@@ -18,7 +18,7 @@
 //!
 //! ```text
 //! dedup-testkit: the consumer broke a guarantee (lease mode)
-//!   repeated: effect "invoice" happened 2 times for m0; 0 of them excused (...)
+//!   repeated: effect "invoice" happened 2 times for m0, 0 of them excused (...)
 //! smallest schedule: 1 message, 2 workers: duplicate m0
 //! what happened:
 //!     1. broker: delivers m0

@@ -192,11 +192,17 @@ impl Driver {
                 None => "after its work".to_owned(),
             };
             st.kills_at.push(at.clone());
+            let in_tx = st.slots[w].pending.front().is_some_and(|a| a.in_tx);
+            let rollback = if in_tx {
+                ", inside its transaction, which rolls back"
+            } else {
+                ""
+            };
             st.runs[run].killed = true;
             st.slots[w].dead = true;
             st.held.remove(&run);
             st.say(format!(
-                "w{w}: dies {at} ({name}); a fresh worker takes its place"
+                "w{w}: dies {at} ({name}){rollback}; a fresh worker takes its place"
             ));
             self.world.kill_pending(&mut st, w);
         }

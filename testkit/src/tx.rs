@@ -93,6 +93,10 @@ mod sqlite {
             let (inbox, handler) = (self.inbox.clone(), Arc::clone(&self.handler));
             Box::pin(async move {
                 cx.stop(Point::Claim).await?;
+                cx.tell(&format!(
+                    "hands {} to the TxInbox (claim)",
+                    cx.message().name()
+                ));
                 let (message, fx) = (cx.message().clone(), cx.effects());
                 let inner = fx.clone();
                 let handled = inbox
@@ -183,6 +187,10 @@ mod postgres {
             let (inbox, handler) = (self.inbox.clone(), Arc::clone(&self.handler));
             Box::pin(async move {
                 cx.stop(Point::Claim).await?;
+                cx.tell(&format!(
+                    "hands {} to the TxInbox (claim)",
+                    cx.message().name()
+                ));
                 let (message, fx) = (cx.message().clone(), cx.effects());
                 let handled = inbox
                     .handle(&cx.key(), None, |conn, lease| {

@@ -109,7 +109,7 @@ enum Verdict {
 pub(crate) struct Arrival {
     point: Point,
     /// Inside a transaction: no other worker moves until this one leaves it.
-    in_tx: bool,
+    pub(crate) in_tx: bool,
     reply: oneshot::Sender<Verdict>,
 }
 

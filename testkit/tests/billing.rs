@@ -158,6 +158,7 @@ fn a_charge_outside_the_transaction_without_the_key_is_caught_in_transactional_m
     // The charge runs inside the handler but is not part of the transaction: a worker that
     // dies after it and before the commit rolls the invoice back, not the charge.
     let f = billing_tx(256, false).expect_err("the repeated charge must be caught");
+    eprintln!("{f}");
     assert!(f.reproduced, "{f}");
     assert_eq!(
         f.violations,
