@@ -109,6 +109,9 @@ fn billing_in_lease_mode_passes_on_sqlite() {
                 }),
             })
         });
+    // It passes the lease rule. The report's excused repeats are second invoices: a kill
+    // after the invoice and before the commit, then the retry writes it again (the
+    // charge itself is keyed and never repeats); transactional mode has none.
     eprintln!("billing, lease mode, SQLite: {report:?}");
 }
 
