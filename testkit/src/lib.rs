@@ -75,7 +75,7 @@
 //!   swallows it and carries on is not a dead one.
 //! - In transactional mode the `TxInbox` claims and releases on its own store: a kill
 //!   inside the transaction rolls it back and the `TxInbox` releases the lease (a crashed
-//!   process would leave it to run out), see the `sqlite_tx` and `postgres_tx` docs.
+//!   process would leave it to run out), see `sqlite_tx`.
 //! - One transaction at a time: while a worker stands inside a transaction no other
 //!   worker moves (SQLite has one writer; the kit serialises PostgreSQL the same way).
 //! - Consumers that spawn their own tasks are run deterministically only as far as the

@@ -47,6 +47,12 @@ mod sqlite {
     /// `_blocking` methods: the handler runs on a blocking thread). Build `inbox` from the
     /// store you return in [`Subject`](crate::Subject); the kit applies its inbox
     /// configuration to it.
+    ///
+    /// Stopping points: before the claim, at each [`Effects`] call or probe inside the
+    /// transaction, after the handler and before the transaction's commit, before the
+    /// ack. A kill inside the transaction rolls it back; the `TxInbox` then releases the
+    /// lease (it claims on its own store, which the kit does not stop), where a crashed
+    /// process would leave it to run out: the next delivery takes the key over at once.
     pub fn sqlite_tx<H>(inbox: TxInbox, handler: H) -> SqliteTx<H>
     where
         H: Fn(&Transaction<'_>, &Lease, &Message, &Effects) -> Result<Option<Vec<u8>>, BoxError>
@@ -130,7 +136,8 @@ mod postgres {
     /// [`TxInbox::handle`], inside the transaction that completes the key. `handler` gets
     /// the transaction's connection, the lease, the message and the [`Effects`] ledger.
     /// Build `inbox` from the store you return in [`Subject`](crate::Subject); the kit
-    /// applies its inbox configuration to it.
+    /// applies its inbox configuration to it. Stopping points and kills as for
+    /// `sqlite_tx`.
     pub fn postgres_tx<H>(inbox: TxInbox, handler: H) -> PostgresTx<H>
     where
         H: for<'c> Fn(
