@@ -25,6 +25,9 @@ pub const SEED_ENV: &str = "DEDUP_TESTKIT_SEED";
 /// The most runs spent simplifying a schedule proptest shrank.
 const MINIMIZE_RUNS: usize = 2_000;
 
+/// The most runs spent looking for a counter-example of at most two steps.
+const SMALL_RUNS: usize = 400;
+
 /// The renewal interval the kit gives inboxes: never, within a run (the kit renews live
 /// workers' leases itself when it moves the clock).
 const NO_RENEWAL: Duration = Duration::from_secs(24 * 3600);
@@ -449,6 +452,24 @@ impl Bench {
                 }
             }
             break;
+        }
+        // A greedy pass can stop in a local minimum (a smaller counter-example needs two
+        // changes at once); every schedule of at most two steps, smallest first, finds the
+        // tiny ones.
+        let mut budget = SMALL_RUNS;
+        for candidate in Schedule::small(
+            schedule.messages,
+            schedule.workers,
+            self.kit.failures,
+            schedule.size(),
+        ) {
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
+            if !self.case(&candidate).violations.is_empty() {
+                return candidate;
+            }
         }
         schedule
     }

@@ -135,14 +135,69 @@ impl Schedule {
         self
     }
 
+    /// How big a schedule is, for "smallest first": messages + workers + steps.
+    pub(crate) fn size(&self) -> usize {
+        self.messages + self.workers + self.steps.len()
+    }
+
+    /// Every schedule of at most two steps with at most `messages` messages and `workers`
+    /// workers and of size below `below`, smallest first (plainer steps first among
+    /// equals).
+    pub(crate) fn small(
+        messages: usize,
+        workers: usize,
+        failures: bool,
+        below: usize,
+    ) -> Vec<Schedule> {
+        let mut out = Vec::new();
+        for size in 2..below {
+            for m in 1..=messages {
+                for w in 1..=workers {
+                    let Some(len) = size.checked_sub(m + w) else {
+                        continue;
+                    };
+                    if len > 2 {
+                        continue;
+                    }
+                    let mut alphabet: Vec<Step> = (0..w).map(Step::Run).collect();
+                    alphabet.extend((0..w).map(Step::Kill));
+                    if failures {
+                        alphabet.extend((0..w).map(Step::Fail));
+                    }
+                    alphabet.push(Step::Expire);
+                    alphabet.extend((0..m).map(Step::Duplicate));
+                    let mut steps_of_len: Vec<Vec<Step>> = vec![Vec::new()];
+                    for _ in 0..len {
+                        steps_of_len = steps_of_len
+                            .iter()
+                            .flat_map(|prefix| {
+                                alphabet.iter().map(move |s| {
+                                    let mut v = prefix.clone();
+                                    v.push(*s);
+                                    v
+                                })
+                            })
+                            .collect();
+                    }
+                    out.extend(steps_of_len.into_iter().map(|steps| Schedule {
+                        messages: m,
+                        workers: w,
+                        steps,
+                    }));
+                }
+            }
+        }
+        out
+    }
+
     /// Schedules one simplification away from this one, smallest first: steps removed
-    /// (one, or a few in a row), one message fewer (with the steps that handled the first
+    /// (any run of them), one message fewer (with the steps that handled the first
     /// message, a prefix, removed too), one worker fewer, a step turned into a plain
     /// `Run`, a lower index.
     pub(crate) fn simpler(&self) -> Vec<Schedule> {
         let len = self.steps.len();
         let mut out = Vec::new();
-        for size in 1..=len.min(4) {
+        for size in 1..=len {
             for start in 0..=len - size {
                 let mut s = self.clone();
                 s.steps.drain(start..start + size);
