@@ -235,7 +235,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             match bench_one(store.as_deref(), &variant, &params).await {
                 Ok(found) => rows.extend(found),
                 Err(e) => {
-                    let e = format!("bench of {}{variant}: {e}", dedup::redact(name));
+                    // The whole chain: a store error's cause is in its sources.
+                    let mut chain = e.to_string();
+                    let mut source = e.source();
+                    while let Some(cause) = source {
+                        chain.push_str(&format!(": {cause}"));
+                        source = cause.source();
+                    }
+                    let e = format!("bench of {}{variant}: {chain}", dedup::redact(name));
                     eprintln!("{e}");
                     failed.push(e);
                 }
