@@ -330,7 +330,9 @@ listen_addresses = '$HOST'
 port = $port
 unix_socket_directories = '$dir/run'
 max_connections = 300
-# Test data is thrown away afterwards: durability is not needed, speed is.
+# Test data is thrown away afterwards: durability is not needed, speed is. The bench does
+# not measure on this: it sets fsync, synchronous_commit and full_page_writes itself
+# (ALTER SYSTEM, reload; --postgres-durability), reports them, and resets them when done.
 fsync = off
 synchronous_commit = off
 full_page_writes = off

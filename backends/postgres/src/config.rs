@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::backend::names::sql_identifier;
-use dedup_core::{Clock, Error, Result, TlsFiles};
+use dedup_core::{Clock, Error, MAX_BATCH_LEN, Result, TlsFiles};
 
 /// How a [`PostgresStore`](crate::PostgresStore) is set up.
 ///
@@ -45,6 +45,57 @@ pub struct PostgresConfig {
     /// store): a missing or older table is [`Error::SchemaNotMigrated`], a newer one
     /// [`Error::SchemaTooNew`]. For read-only tools such as `dedup stats`.
     pub migrate: bool,
+    /// Group commit of single claims and single commits: concurrent
+    /// [`claim`](dedup_core::DedupStore::claim) calls on this store share one statement
+    /// (and one transaction, so one flush of the server's log) per round, and so do
+    /// concurrent [`commit`](dedup_core::DedupStore::commit) calls; each caller gets its own
+    /// result, as if it had run alone, once the statement holding its request committed. A
+    /// lone caller runs at once, on its own statement. Default: on
+    /// ([`GroupCommit::default`]); `None` runs every call on its own statement.
+    pub group_commit: Option<GroupCommit>,
+}
+
+/// How [`PostgresConfig::group_commit`] groups concurrent single claims (and, apart,
+/// single commits) of one store.
+///
+/// A call queues its request and waits for one of `rounds` permits; whoever gets one takes
+/// every request queued by then (up to `max_requests`) and runs them as one statement.
+/// While `rounds` statements of a kind run, new calls of that kind queue behind them, so
+/// under load the statements carry many requests each, and with little load each call
+/// runs alone at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupCommit {
+    /// Statements of one kind (claims, or commits) running at once, at least 1. Default 2:
+    /// one statement gathers callers while the other waits for its commit to be durable.
+    /// Each running statement holds a pool connection.
+    pub rounds: usize,
+    /// Most requests one statement carries, 1 to [`MAX_BATCH_LEN`]. Default 256.
+    pub max_requests: usize,
+}
+
+impl Default for GroupCommit {
+    fn default() -> Self {
+        GroupCommit {
+            rounds: 2,
+            max_requests: 256,
+        }
+    }
+}
+
+impl GroupCommit {
+    /// Check the bounds.
+    pub fn validate(&self) -> Result<()> {
+        if self.rounds == 0 {
+            return Err(Error::invalid("group_commit.rounds", "must be at least 1"));
+        }
+        if !(1..=MAX_BATCH_LEN).contains(&self.max_requests) {
+            return Err(Error::invalid(
+                "group_commit.max_requests",
+                format!("must be 1 to {MAX_BATCH_LEN}"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for PostgresConfig {
@@ -57,18 +108,22 @@ impl Default for PostgresConfig {
             connect_timeout: Duration::from_secs(5),
             tls: TlsFiles::default(),
             migrate: true,
+            group_commit: Some(GroupCommit::default()),
         }
     }
 }
 
 impl PostgresConfig {
     /// Check the schema and table names (they are spliced into SQL, quoted), the connect
-    /// timeout and the TLS files.
+    /// timeout, the group commit bounds and the TLS files.
     pub fn validate(&self) -> Result<()> {
         sql_identifier("schema", &self.schema)?;
         sql_identifier("table", &self.table)?;
         if self.connect_timeout.is_zero() {
             return Err(Error::invalid("connect_timeout", "must not be zero"));
+        }
+        if let Some(group) = &self.group_commit {
+            group.validate()?;
         }
         self.tls.validate()
     }

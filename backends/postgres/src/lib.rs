@@ -5,6 +5,7 @@ mod config;
 mod connect;
 mod decode;
 mod error;
+mod group;
 mod purge;
 mod rounds;
 mod schema;
@@ -13,7 +14,7 @@ mod store;
 mod tx;
 mod tx_inbox;
 
-pub use config::PostgresConfig;
+pub use config::{GroupCommit, PostgresConfig};
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
 pub use sqlx;
 pub use store::PostgresStore;

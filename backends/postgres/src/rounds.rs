@@ -150,6 +150,30 @@ impl<'r, O: Op> Rounds<'r, O> {
         Ok(())
     }
 
+    /// Take in only the rows the statement that ran [`next_round`](Self::next_round)
+    /// wrote (the read of the others failed): the requests written are answered, every
+    /// other request stays pending.
+    pub(crate) fn apply_written(&mut self, rows: &StatementRows) {
+        let requests = self.requests;
+        self.pending.retain(|key, queue| {
+            let first = queue[0];
+            match rows.by_key.get(*key) {
+                Some(row) if row.wrote => {
+                    self.results[first] = Some(O::written(&requests[first], &row.record));
+                    queue.pop_front();
+                    !queue.is_empty()
+                }
+                _ => true,
+            }
+        });
+    }
+
+    /// The results decided so far, in request order (`None`: not yet), for a run that
+    /// stopped on an error.
+    pub(crate) fn decided(self) -> Vec<Option<Result<O::Out>>> {
+        self.results
+    }
+
     /// The results, in request order (call when [`next_round`](Self::next_round) is `None`).
     pub(crate) fn finish(self) -> Vec<Result<O::Out>> {
         self.results

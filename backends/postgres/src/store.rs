@@ -15,14 +15,17 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use crate::config::PostgresConfig;
 use crate::decode::{StatementRows, decode_record};
-use crate::error::backend;
+use crate::error::{BACKEND, backend};
+use crate::group::Grouper;
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 use crate::statements::Statements;
 
 /// A [`DedupStore`](dedup_core::DedupStore) keeping its records in one PostgreSQL table.
 ///
-/// Cheap to clone (the clones share the pool). Every write is one statement (an answer
-/// that writes nothing reads the record with a second one; see the crate docs); lease time comes from the server's clock unless the
+/// Cheap to clone (the clones share the pool and the group commit queues). Every write is
+/// one statement (an answer that writes nothing reads the record with a second one; see the
+/// crate docs), and concurrent single claims, and commits, share statements
+/// ([`PostgresConfig::group_commit`]); lease time comes from the server's clock unless the
 /// [`PostgresConfig`] injects one. [`claim_in_tx`](Self::claim_in_tx) and
 /// [`commit_in_tx`](Self::commit_in_tx) join the caller's own transaction.
 #[derive(Clone)]
@@ -35,6 +38,10 @@ struct Inner {
     config: PostgresConfig,
     table: String,
     sql: Statements,
+    /// Single claims waiting for a grouped statement (`None`: group commit is off).
+    claims: Option<Grouper<ClaimRequest, Claim>>,
+    /// Single commits waiting for a grouped statement (`None`: group commit is off).
+    commits: Option<Grouper<CommitRequest, ()>>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -82,12 +89,15 @@ impl PostgresStore {
     pub async fn from_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
         config.validate()?;
         let table = config.qualified_table();
+        let group = config.group_commit;
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,
                 sql: Statements::new(&table),
                 table,
                 config,
+                claims: group.map(|g| Grouper::new(g.rounds, g.max_requests)),
+                commits: group.map(|g| Grouper::new(g.rounds, g.max_requests)),
             }),
         })
     }
@@ -176,6 +186,19 @@ impl PostgresStore {
         requests: &[ClaimRequest],
     ) -> Result<Vec<Result<Claim>>> {
         let mut rounds = Rounds::<ClaimOp>::new(requests);
+        self.claim_rounds(conn, &mut rounds)
+            .await
+            .map_err(|f| f.error)?;
+        Ok(rounds.finish())
+    }
+
+    /// Run `rounds` of lease-mode claims to the end, or to the first error (the results
+    /// decided by then stay in `rounds`).
+    async fn claim_rounds(
+        &self,
+        conn: &mut PgConnection,
+        rounds: &mut Rounds<'_, ClaimOp>,
+    ) -> Result<(), Failure> {
         while let Some(round) = rounds.next_round() {
             let rows = match round[..] {
                 [one] => {
@@ -216,12 +239,11 @@ impl PostgresStore {
                         .fetch_all(&mut *conn)
                         .await
                 }
-            }
-            .map_err(backend)?;
+            };
             let keys: Vec<&Key> = round.iter().map(|r| &r.key).collect();
-            rounds.apply(self.with_unwritten(conn, &rows, &keys).await?)?;
+            self.settle(conn, rounds, rows, &keys).await?;
         }
-        Ok(rounds.finish())
+        Ok(())
     }
 
     /// Run commits, on the pool's connection or the caller's transaction.
@@ -231,6 +253,19 @@ impl PostgresStore {
         requests: &[CommitRef<'_>],
     ) -> Result<Vec<Result<()>>> {
         let mut rounds = Rounds::<CommitOp<'_>>::new(requests);
+        self.commit_rounds(conn, &mut rounds)
+            .await
+            .map_err(|f| f.error)?;
+        Ok(rounds.finish())
+    }
+
+    /// Run `rounds` of commits to the end, or to the first error (the results decided by
+    /// then stay in `rounds`).
+    async fn commit_rounds(
+        &self,
+        conn: &mut PgConnection,
+        rounds: &mut Rounds<'_, CommitOp<'_>>,
+    ) -> Result<(), Failure> {
         while let Some(round) = rounds.next_round() {
             let keys: Vec<&Key> = round.iter().map(|r| CommitOp::key(r)).collect();
             let rows = match round[..] {
@@ -259,11 +294,193 @@ impl PostgresStore {
                         .fetch_all(&mut *conn)
                         .await
                 }
-            }
-            .map_err(backend)?;
-            rounds.apply(self.with_unwritten(conn, &rows, &keys).await?)?;
+            };
+            self.settle(conn, rounds, rows, &keys).await?;
         }
-        Ok(rounds.finish())
+        Ok(())
+    }
+
+    /// Take in what a round's statement on `keys` returned: its rows plus the records of
+    /// the keys it did not write (read on `conn`) answer the round's requests. When the
+    /// read fails, the requests the statement wrote are still answered, so those left
+    /// pending were not written by it.
+    async fn settle<O: Op>(
+        &self,
+        conn: &mut PgConnection,
+        rounds: &mut Rounds<'_, O>,
+        rows: std::result::Result<Vec<PgRow>, sqlx::Error>,
+        keys: &[&Key],
+    ) -> Result<(), Failure> {
+        let rows = rows.map_err(|e| Failure {
+            // The server reports a statement it aborted (rolled back); anything else (a
+            // connection lost mid-statement) leaves what it wrote unknown.
+            unknown: !matches!(e, sqlx::Error::Database(_)),
+            error: backend(e),
+        })?;
+        match self.with_unwritten(conn, &rows, keys).await {
+            Ok(read) => rounds.apply(read).map_err(Failure::known),
+            Err(error) => match StatementRows::decode(&rows, keys.iter().copied()) {
+                Ok(written) => {
+                    rounds.apply_written(&written);
+                    Err(Failure::known(error))
+                }
+                Err(_) => Err(Failure {
+                    error,
+                    unknown: true,
+                }),
+            },
+        }
+    }
+
+    /// One claim on its own statement (group commit off, or alone in its group).
+    async fn claim_alone(&self, request: &ClaimRequest) -> Result<Claim> {
+        let mut conn = self.conn().await?;
+        only(
+            self.run_claims(&mut conn, std::slice::from_ref(request))
+                .await?,
+        )
+    }
+
+    /// One commit on its own statement (group commit off, or alone in its group).
+    async fn commit_alone(&self, request: CommitRef<'_>) -> Result<()> {
+        let mut conn = self.conn().await?;
+        only(self.run_commits(&mut conn, &[request]).await?)
+    }
+
+    /// A group of single claims (see [`crate::group`]): one batch, in queue order. If the
+    /// batch fails as a whole, each claim it did not answer runs again alone, so one
+    /// request's failure never decides another's result; only when the failed statement's
+    /// outcome is unknown (the connection was lost) does each unanswered request get that
+    /// error, as it would have alone.
+    async fn claim_group(self, requests: Vec<ClaimRequest>) -> Vec<Result<Claim>> {
+        if let [one] = &requests[..] {
+            return vec![self.claim_alone(one).await];
+        }
+        let mut conn = match self.conn().await {
+            Ok(conn) => conn,
+            Err(e) => return shared_error(e, requests.len()),
+        };
+        let mut rounds = Rounds::<ClaimOp>::new(&requests);
+        let ran = self.claim_rounds(&mut conn, &mut rounds).await;
+        drop(conn);
+        let failure = match ran {
+            Ok(()) => return rounds.finish(),
+            Err(failure) => failure,
+        };
+        let decided = rounds.decided();
+        if failure.unknown {
+            return fill_undecided(decided, failure.error);
+        }
+        let alone = decided
+            .into_iter()
+            .zip(&requests)
+            .map(|(decided, request)| {
+                let store = &self;
+                async move {
+                    match decided {
+                        Some(result) => result,
+                        None => store.claim_alone(request).await,
+                    }
+                }
+            });
+        futures::future::join_all(alone).await
+    }
+
+    /// A group of single commits: as [`claim_group`](Self::claim_group).
+    async fn commit_group(self, requests: Vec<CommitRequest>) -> Vec<Result<()>> {
+        let refs: Vec<CommitRef<'_>> = requests.iter().map(CommitRef::from).collect();
+        if let [one] = refs[..] {
+            return vec![self.commit_alone(one).await];
+        }
+        let mut conn = match self.conn().await {
+            Ok(conn) => conn,
+            Err(e) => return shared_error(e, refs.len()),
+        };
+        let mut rounds = Rounds::<CommitOp<'_>>::new(&refs);
+        let ran = self.commit_rounds(&mut conn, &mut rounds).await;
+        drop(conn);
+        let failure = match ran {
+            Ok(()) => return rounds.finish(),
+            Err(failure) => failure,
+        };
+        let decided = rounds.decided();
+        if failure.unknown {
+            return fill_undecided(decided, failure.error);
+        }
+        let alone = decided.into_iter().zip(&refs).map(|(decided, &request)| {
+            let store = &self;
+            async move {
+                match decided {
+                    Some(result) => result,
+                    None => store.commit_alone(request).await,
+                }
+            }
+        });
+        futures::future::join_all(alone).await
+    }
+}
+
+/// Why a run of rounds stopped.
+pub(crate) struct Failure {
+    /// The error.
+    pub(crate) error: Error,
+    /// Whether the last statement may have written requests left unanswered (its outcome
+    /// is unknown); otherwise every unanswered request is as it was before the run.
+    unknown: bool,
+}
+
+impl Failure {
+    fn known(error: Error) -> Self {
+        Failure {
+            error,
+            unknown: false,
+        }
+    }
+}
+
+/// `error` as the result of each of `n` requests (no connection for their group's
+/// statement: nothing ran).
+fn shared_error<T>(error: Error, n: usize) -> Vec<Result<T>> {
+    fill_undecided((0..n).map(|_| None).collect(), error)
+}
+
+/// The results decided, and for the others `error` (no connection for their group's
+/// statement, or its outcome is unknown: what each would have got alone), shared: the same
+/// error as the source of each one's.
+fn fill_undecided<T>(decided: Vec<Option<Result<T>>>, error: Error) -> Vec<Result<T>> {
+    let retryable = error.is_retryable();
+    let shared = Arc::new(error);
+    decided
+        .into_iter()
+        .map(|d| {
+            d.unwrap_or_else(|| {
+                Err(Error::backend(
+                    BACKEND,
+                    retryable,
+                    GroupFailed(Arc::clone(&shared)),
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The error of a group's statement, shared by its requests.
+#[derive(Debug)]
+struct GroupFailed(Arc<Error>);
+
+impl fmt::Display for GroupFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the grouped statement holding this request failed: {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for GroupFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
     }
 }
 
@@ -278,9 +495,15 @@ fn message_ids<'k>(keys: &[&'k Key]) -> Vec<&'k str> {
 #[async_trait]
 impl Storage for PostgresStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        let request = [ClaimRequest::new(key.clone(), options.clone())];
-        let mut conn = self.conn().await?;
-        only(self.run_claims(&mut conn, &request).await?)
+        let request = ClaimRequest::new(key.clone(), options.clone());
+        match &self.inner.claims {
+            Some(group) => {
+                group
+                    .submit(request, |requests| self.clone().claim_group(requests))
+                    .await
+            }
+            None => self.claim_alone(&request).await,
+        }
     }
 
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
@@ -317,11 +540,18 @@ impl Storage for PostgresStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        let mut conn = self.conn().await?;
-        only(
-            self.run_commits(&mut conn, &[CommitRef { lease, outcome }])
-                .await?,
-        )
+        match &self.inner.commits {
+            Some(group) => {
+                let request = CommitRequest {
+                    lease: lease.clone(),
+                    outcome: outcome.map(<[u8]>::to_vec),
+                };
+                group
+                    .submit(request, |requests| self.clone().commit_group(requests))
+                    .await
+            }
+            None => self.commit_alone(CommitRef { lease, outcome }).await,
+        }
     }
 
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
@@ -367,5 +597,156 @@ impl Storage for PostgresStore {
             first_claim_time: true,
             ..Capabilities::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dedup_core::DedupStore;
+    use sqlx::AssertSqlSafe;
+
+    use super::*;
+    use crate::GroupCommit;
+
+    async fn store(url: &str) -> PostgresStore {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let config = PostgresConfig {
+            schema: "dedup_test".into(),
+            table: format!("t_group_{}", &id[..16]),
+            group_commit: Some(GroupCommit {
+                rounds: 1,
+                max_requests: 256,
+            }),
+            ..PostgresConfig::default()
+        };
+        PostgresStore::connect_with(url, config)
+            .await
+            .expect("connect")
+    }
+
+    /// The transactions that wrote the table's rows now (one per grouped statement).
+    async fn writers(store: &PostgresStore) -> i64 {
+        let sql = format!("SELECT count(DISTINCT xmin::text) FROM {}", store.table());
+        let (n,): (i64,) = sqlx::query_as(AssertSqlSafe(sql))
+            .fetch_one(store.pool())
+            .await
+            .expect("count writers");
+        n
+    }
+
+    /// Claims queued behind a running round go out as one statement (one transaction wrote
+    /// all their rows), each caller with its own answer as if the claims had run one after
+    /// another: of three claims of one key, one is acquired and two are `InFlight` at its
+    /// attempt; then the commits of the acquired leases, queued the same way, are one
+    /// statement too, and a second commit of one lease in that group is `Ok`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queued_claims_and_commits_share_one_statement_each() {
+        let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
+            eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set (see scripts/test.sh)");
+            return;
+        };
+        let store = store(&url).await;
+        let options = ClaimOptions::lease(Duration::from_secs(30));
+        let keys: Vec<Key> = ["a", "a", "b", "a", "c"]
+            .iter()
+            .map(|id| Key::new("group", *id).unwrap())
+            .collect();
+
+        let held = store.inner.claims.as_ref().unwrap().hold().await;
+        let claims: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (store, key, options) = (store.clone(), key.clone(), options.clone());
+                tokio::spawn(async move { DedupStore::claim(&store, &key, &options).await })
+            })
+            .collect();
+        while store.inner.claims.as_ref().unwrap().queued() < keys.len() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(held);
+        let mut answers = Vec::new();
+        for claim in claims {
+            answers.push(claim.await.unwrap().unwrap());
+        }
+        assert_eq!(writers(&store).await, 1, "one statement wrote every claim");
+        let mut leases = Vec::new();
+        let mut in_flight = 0;
+        for (key, answer) in keys.iter().zip(&answers) {
+            match answer {
+                Claim::Acquired(lease) => {
+                    assert_eq!((lease.fence, lease.attempt), (1, 1), "{key:?}");
+                    leases.push(lease.clone());
+                }
+                Claim::InFlight { attempt, .. } => {
+                    assert_eq!((key.message_id(), *attempt), ("a", 1));
+                    in_flight += 1;
+                }
+                other => panic!("{key:?}: {other:?}"),
+            }
+        }
+        assert_eq!((leases.len(), in_flight), (3, 2));
+
+        leases.push(leases[0].clone());
+        let held = store.inner.commits.as_ref().unwrap().hold().await;
+        let commits: Vec<_> = leases
+            .iter()
+            .map(|lease| {
+                let (store, lease) = (store.clone(), lease.clone());
+                tokio::spawn(async move { DedupStore::commit(&store, &lease, Some(b"done")).await })
+            })
+            .collect();
+        while store.inner.commits.as_ref().unwrap().queued() < leases.len() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(held);
+        for commit in commits {
+            commit.await.unwrap().expect("commit");
+        }
+        assert_eq!(writers(&store).await, 1, "one statement wrote every commit");
+        for key in &keys {
+            let record = DedupStore::get(&store, key)
+                .await
+                .unwrap()
+                .expect("a record");
+            assert!(
+                matches!(record.state, dedup_core::RecordState::Completed { .. }),
+                "{key:?}: {record:?}"
+            );
+        }
+    }
+
+    /// A caller that stops waiting while its claim is queued takes it out: it is never
+    /// written, and the others' claims are.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_whose_caller_stopped_waiting_is_never_written() {
+        let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
+            eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set (see scripts/test.sh)");
+            return;
+        };
+        let store = store(&url).await;
+        let options = ClaimOptions::lease(Duration::from_secs(30));
+        let held = store.inner.claims.as_ref().unwrap().hold().await;
+        let spawn = |id: &str| {
+            let (store, key, options) = (
+                store.clone(),
+                Key::new("cancel", id).unwrap(),
+                options.clone(),
+            );
+            tokio::spawn(async move { DedupStore::claim(&store, &key, &options).await })
+        };
+        let (kept, dropped, other) = (spawn("kept"), spawn("dropped"), spawn("other"));
+        while store.inner.claims.as_ref().unwrap().queued() < 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        dropped.abort();
+        assert!(dropped.await.unwrap_err().is_cancelled());
+        drop(held);
+        for task in [kept, other] {
+            assert!(matches!(task.await.unwrap().unwrap(), Claim::Acquired(_)));
+        }
+        let dropped_key = Key::new("cancel", "dropped").unwrap();
+        assert_eq!(DedupStore::get(&store, &dropped_key).await.unwrap(), None);
     }
 }

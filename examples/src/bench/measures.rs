@@ -32,7 +32,8 @@ const PREFILL_CONCURRENCY: usize = 4;
 /// One line of the result.
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct Row {
-    /// `sqlite`, `postgres`, `redis`, `redis-cluster`.
+    /// `sqlite`, `postgres` (durable settings), `postgres-nosync`, `redis`,
+    /// `redis-cluster`, `valkey`, `valkey-cluster`.
     pub(crate) backend: &'static str,
     /// What was measured: `claim_commit`, `claim_commit_duplicates`, `batch`,
     /// `tx_claim_vs_insert_alone` and `tx_claim_vs_two_transactions` (SQL backends),
@@ -68,13 +69,27 @@ pub(crate) async fn run(target: &Target, params: &Params, names: &Names) -> Resu
             run: &names.run,
         };
         eprintln!("  {} at concurrency {concurrency}...", target.backend);
-        rows.push(bench.claim_commit(0).await?);
-        rows.push(bench.claim_commit(params.duplicate_percent).await?);
-        rows.push(bench.batch().await?);
-        if let Some(tx) = &target.tx {
+        let wanted = |m: &str| {
+            params
+                .only
+                .as_ref()
+                .is_none_or(|only| only.iter().any(|o| o == m))
+        };
+        if wanted("claim_commit") {
+            rows.push(bench.claim_commit(0).await?);
+        }
+        if wanted("claim_commit_duplicates") {
+            rows.push(bench.claim_commit(params.duplicate_percent).await?);
+        }
+        if wanted("batch") {
+            rows.push(bench.batch().await?);
+        }
+        if let (Some(tx), true) = (&target.tx, wanted("tx")) {
             rows.extend(bench.transactional(tx).await?);
         }
-        rows.extend(bench.purge_latency().await?);
+        if wanted("purge") {
+            rows.extend(bench.purge_latency().await?);
+        }
     }
     Ok(rows)
 }

@@ -58,6 +58,77 @@ pub(crate) struct Params {
     /// store's schema from the cost of its statements.
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) raw_indexes: bool,
+    /// Only these measures (`claim_commit`, `claim_commit_duplicates`, `batch`, `tx`,
+    /// `purge`); `None`: all.
+    pub(crate) only: Option<Vec<String>>,
+    /// PostgreSQL group commit rounds (`Some(0)`: off; `None`: the store's default).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) postgres_group_rounds: Option<usize>,
+    /// The PostgreSQL settings to bench on, each in turn.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) postgres_durability: Vec<Durability>,
+}
+
+/// The PostgreSQL settings a run measures on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// `fsync`, `synchronous_commit`, `full_page_writes` on (PostgreSQL's defaults): each
+    /// commit waits for the log to reach the disk.
+    Durable,
+    /// All three off: the test servers' setting, no production database's.
+    Fast,
+    /// As the server is set.
+    Server,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "durable" => Ok(Durability::Durable),
+            "fast" => Ok(Durability::Fast),
+            "server" => Ok(Durability::Server),
+            other => Err(format!(
+                "--postgres-durability: {other:?} is not durable, fast or server"
+            )),
+        }
+    }
+}
+
+/// One configuration of a store to bench: the server's settings where the bench sets them.
+#[derive(Clone, Debug)]
+pub(crate) enum Variant {
+    /// The store as it is.
+    AsIs,
+    /// PostgreSQL on these settings.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres(Durability),
+}
+
+impl std::fmt::Display for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Variant::AsIs => Ok(()),
+            Variant::Postgres(d) => write!(f, " ({d:?} settings)"),
+        }
+    }
+}
+
+/// The configurations to bench `url` in (`None`: the temporary SQLite file).
+#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+pub(crate) fn variants(url: Option<&str>, params: &Params) -> Vec<Variant> {
+    #[cfg(feature = "postgres")]
+    if let Some(Ok(StoreTarget::Postgres { .. })) =
+        url.map(|u| StoreUrl::parse(u).map(StoreUrl::into_target))
+    {
+        return params
+            .postgres_durability
+            .iter()
+            .map(|&d| Variant::Postgres(d))
+            .collect();
+    }
+    vec![Variant::AsIs]
 }
 
 impl Params {
@@ -113,14 +184,25 @@ impl Names {
     not(all(feature = "sqlite", feature = "postgres")),
     allow(unused_variables)
 )]
-pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Target> {
+pub(crate) async fn open(
+    url: &str,
+    variant: &Variant,
+    names: &Names,
+    params: &Params,
+) -> Result<Target> {
     match StoreUrl::parse(url)?.into_target() {
         #[cfg(feature = "sqlite")]
         StoreTarget::Sqlite {
             path: Some(path), ..
         } => sqlite::open(Some(path.display().to_string()), names, params).await,
         #[cfg(feature = "postgres")]
-        StoreTarget::Postgres { url, .. } => postgres::open(&url, names, params).await,
+        StoreTarget::Postgres { url, .. } => {
+            let durability = match variant {
+                Variant::Postgres(d) => *d,
+                Variant::AsIs => Durability::Server,
+            };
+            postgres::open(&url, durability, names, params).await
+        }
         #[cfg(feature = "redis")]
         StoreTarget::Redis { url, .. } => redis::open(redis::Servers::Standalone(url), names).await,
         #[cfg(feature = "redis")]

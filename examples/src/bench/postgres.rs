@@ -1,8 +1,13 @@
 //! PostgreSQL: the store on a table of its own, and the raw baseline on a plain table of
 //! the same shape through an sqlx pool built with the store's pool options. The
 //! transactional mode runs on that pool too, with a business table beside.
+//!
+//! The server's durability settings are part of the figure: the bench sets them first
+//! ([`Durability`], `ALTER SYSTEM` and a reload), checks them with `SHOW` on a fresh
+//! connection, names the rows after them and resets them when done.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dedup_core::{BoxError, Clock, Key, ManualClock, TxClaim};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
@@ -11,7 +16,96 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::target::{Raw, Target, Transactional, TxFlavor};
-use super::{Names, Params, Result, now_ms, token};
+use super::{Durability, Names, Params, Result, now_ms, token};
+
+/// The settings that decide whether a commit waits for the disk, as `ALTER SYSTEM` sets
+/// them for [`Durability::Durable`] and [`Durability::Fast`].
+const DURABILITY_SETTINGS: [&str; 3] = ["fsync", "synchronous_commit", "full_page_writes"];
+
+/// How long a reload may take to reach new connections.
+const RELOAD_WAIT: Duration = Duration::from_secs(10);
+
+/// The server's durability settings now, as `SHOW` gives them on a fresh connection.
+async fn show_settings(url: &str) -> Result<Vec<(&'static str, String)>> {
+    use dedup_postgres::sqlx::Connection;
+    let mut conn = PgConnection::connect(url).await?;
+    let mut out = Vec::new();
+    for name in DURABILITY_SETTINGS {
+        let (value,): (String,) = sqlx::query_as(SqlSafeStr::into_sql_str(AssertSqlSafe(format!(
+            "SHOW {name}"
+        ))))
+        .fetch_one(&mut conn)
+        .await?;
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+/// Set the server to `durability` (nothing for [`Durability::Server`]) and wait until a
+/// fresh connection sees it; the settings as `SHOW` then reports them, and whether they
+/// are durable (a commit returns once its log record is on disk).
+async fn apply_durability(url: &str, durability: Durability) -> Result<(String, bool)> {
+    use dedup_postgres::sqlx::Connection;
+    let wanted = match durability {
+        Durability::Durable => Some("on"),
+        Durability::Fast => Some("off"),
+        Durability::Server => None,
+    };
+    if let Some(value) = wanted {
+        let mut conn = PgConnection::connect(url).await?;
+        // One statement per query: ALTER SYSTEM cannot run in a transaction block.
+        for name in DURABILITY_SETTINGS {
+            let sql = format!("ALTER SYSTEM SET {name} = {value}");
+            sqlx::raw_sql(SqlSafeStr::into_sql_str(AssertSqlSafe(sql)))
+                .execute(&mut conn)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "setting {name} = {value} (ALTER SYSTEM needs a superuser; \
+                         --postgres-durability server benches the server as it is): {e}"
+                    )
+                })?;
+        }
+        sqlx::raw_sql("SELECT pg_reload_conf()")
+            .execute(&mut conn)
+            .await?;
+    }
+    let started = Instant::now();
+    loop {
+        let settings = show_settings(url).await?;
+        let on = |name: &str| settings.iter().any(|(n, v)| *n == name && v == "on");
+        let applied = wanted.is_none_or(|w| settings.iter().all(|(_, v)| v == w));
+        if applied {
+            let shown = settings
+                .iter()
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            return Ok((shown, on("fsync") && on("synchronous_commit")));
+        }
+        if started.elapsed() > RELOAD_WAIT {
+            return Err(format!(
+                "the server did not take the {durability:?} settings within {RELOAD_WAIT:?}: {settings:?}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Undo [`apply_durability`]: back to the server's configuration files.
+async fn reset_durability(pool: &PgPool) -> Result<()> {
+    for name in DURABILITY_SETTINGS {
+        let sql = format!("ALTER SYSTEM RESET {name}");
+        sqlx::raw_sql(SqlSafeStr::into_sql_str(AssertSqlSafe(sql)))
+            .execute(pool)
+            .await?;
+    }
+    sqlx::raw_sql("SELECT pg_reload_conf()")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
 
 /// Columns and primary key of the store's table (see dedup-postgres's migration), without
 /// its check constraint and purge indexes.
@@ -75,12 +169,29 @@ const LOCK_ROW: &str = "SELECT processed_at IS NOT NULL FROM {table} \
 
 const DROP: &str = "DROP TABLE IF EXISTS {table}";
 
-/// Connect the store, the purge store and the baseline to `url`.
-pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Target> {
-    let config = PostgresConfig {
+/// Set the server to `durability`, then connect the store, the purge store and the
+/// baseline to `url`.
+pub(crate) async fn open(
+    url: &str,
+    durability: Durability,
+    names: &Names,
+    params: &Params,
+) -> Result<Target> {
+    let (settings, durable) = apply_durability(url, durability).await?;
+    let mut config = PostgresConfig {
         table: names.table.clone(),
         ..PostgresConfig::default()
     };
+    match params.postgres_group_rounds {
+        Some(0) => config.group_commit = None,
+        Some(rounds) => {
+            config.group_commit = Some(dedup_postgres::GroupCommit {
+                rounds,
+                ..Default::default()
+            })
+        }
+        None => {}
+    }
     let store = PostgresStore::connect_with(url, config.clone()).await?;
     let clock = Arc::new(ManualClock::starting_now());
     let purge_store = PostgresStore::connect_with(
@@ -140,6 +251,7 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
             })
             .collect(),
             pool,
+            reset: durability != Durability::Server,
         }),
     };
     let tx = PostgresTx {
@@ -148,15 +260,23 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         inbox: TxInbox::new(store.clone()),
     };
     Ok(Target {
-        backend: "postgres",
+        backend: if durable {
+            "postgres"
+        } else {
+            "postgres-nosync"
+        },
         store: Arc::new(store),
         purge_store: Arc::new(purge_store),
         clock,
         raw: Arc::new(raw),
         tx: Some(Arc::new(tx)),
         setup: format!(
-            "pool {} (store and raw, the store's pool options){}",
+            "{settings}; pool {} (store and raw, the store's pool options); group commit {}{}",
             config.max_connections,
+            match config.group_commit {
+                Some(g) => format!("{} rounds of at most {}", g.rounds, g.max_requests),
+                None => "off".into(),
+            },
             if params.raw_indexes {
                 ", raw with the store's indexes"
             } else {
@@ -180,6 +300,8 @@ struct Inner {
     insert_business: SqlStr,
     lock_row: SqlStr,
     drops: Vec<SqlStr>,
+    /// The bench set the server's durability settings: reset them at cleanup.
+    reset: bool,
 }
 
 impl Inner {
@@ -305,6 +427,9 @@ impl Raw for PostgresRaw {
         async move {
             for drop in &inner.drops {
                 sqlx::raw_sql(drop.clone()).execute(&inner.pool).await?;
+            }
+            if inner.reset {
+                reset_durability(&inner.pool).await?;
             }
             Ok(())
         }

@@ -37,8 +37,34 @@ pub(crate) enum Servers {
     Cluster(Vec<String>),
 }
 
+/// The server's name and version (`INFO server` of the first node): `(true, "9.1.2")` for
+/// Valkey, `(false, "7.0.15")` for Redis.
+async fn server_version(url: &str) -> Result<(bool, String)> {
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.trim().to_owned())
+    };
+    Ok(match field("valkey_version") {
+        Some(v) => (true, v),
+        None => (false, field("redis_version").unwrap_or_default()),
+    })
+}
+
 /// Connect the store, the purge store and the baseline.
 pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
+    let first = match &servers {
+        Servers::Standalone(url) => url.clone(),
+        Servers::Cluster(urls) => urls.first().cloned().unwrap_or_default(),
+    };
+    let (valkey, version) = server_version(&first).await?;
     let clock = Arc::new(ManualClock::starting_now());
     let config = RedisConfig {
         prefix: names.redis_prefix("lib"),
@@ -61,7 +87,7 @@ pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
             )
             .await?;
             (
-                "redis",
+                if valkey { "valkey" } else { "redis" },
                 RedisStore::connect_with(url, config.clone()).await?,
                 RedisStore::connect_with(url, purge_config).await?,
                 RawConn::Standalone(manager),
@@ -73,18 +99,25 @@ pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
                 builder = builder.response_timeout(t);
             }
             (
-                "redis-cluster",
+                if valkey {
+                    "valkey-cluster"
+                } else {
+                    "redis-cluster"
+                },
                 RedisStore::connect_cluster(urls, config.clone()).await?,
                 RedisStore::connect_cluster(urls, purge_config).await?,
                 RawConn::Cluster(builder.build()?.get_async_connection().await?),
             )
         }
     };
-    let mut setup = match conn {
-        RawConn::Standalone(_) => "one multiplexed connection (store and raw)",
-        RawConn::Cluster(_) => "cluster connection (store and raw), one pipeline per slot",
-    }
-    .to_owned();
+    let mut setup = format!(
+        "{} {version}; {}",
+        if valkey { "Valkey" } else { "Redis" },
+        match conn {
+            RawConn::Standalone(_) => "one multiplexed connection (store and raw)",
+            RawConn::Cluster(_) => "cluster connection (store and raw), one pipeline per slot",
+        }
+    );
     // Valkey >= 8.1 / Redis >= 8.4: the holder's commits and renewals are one plain command.
     if store.uses_set_ifeq() {
         setup.push_str("; commit and renew by SET ... IFEQ (no script)");

@@ -70,7 +70,8 @@ pub(crate) trait Transactional: Send + Sync {
 
 /// One backend under test.
 pub(crate) struct Target {
-    /// `sqlite`, `postgres`, `redis`, `redis-cluster`.
+    /// `sqlite`, `postgres` (durable settings), `postgres-nosync`, `redis`,
+    /// `redis-cluster`, `valkey`, `valkey-cluster`.
     pub(crate) backend: &'static str,
     /// The store as an application opens it (default clock), on names of its own.
     pub(crate) store: Arc<dyn DedupStore>,

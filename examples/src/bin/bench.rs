@@ -16,10 +16,18 @@
 //! it, the full run purges 1 000 000 and measures longer.
 //!
 //! Without `--store`, it benches SQLite in a temporary file plus every server named by
-//! `DEDUP_POSTGRES_URL`, `DEDUP_REDIS_URL` and `DEDUP_REDIS_CLUSTER_URLS` (comma-separated
-//! node URLs). Each run works on tables / key prefixes of its own (`dedup_bench_<id>`,
-//! `dedup-bench:<id>:`): SQL tables are dropped at the end, Redis keys expire by themselves
-//! after ten minutes (the purge measure's are purged).
+//! `DEDUP_POSTGRES_URL`, `DEDUP_REDIS_URL`, `DEDUP_REDIS_CLUSTER_URLS` (comma-separated
+//! node URLs), `DEDUP_VALKEY_URL` and `DEDUP_VALKEY_CLUSTER_URLS`. Each run works on tables /
+//! key prefixes of its own (`dedup_bench_<id>`, `dedup-bench:<id>:`): SQL tables are dropped
+//! at the end, Redis keys expire by themselves after ten minutes (the purge measure's are
+//! purged).
+//!
+//! PostgreSQL is benched once per `--postgres-durability` setting (default `durable,fast`):
+//! the bench sets the server's `fsync`, `synchronous_commit` and `full_page_writes`
+//! (`ALTER SYSTEM`, reload; a superuser is needed), checks them with `SHOW` on a fresh
+//! connection, names the rows `postgres` (durable) or `postgres-nosync`, prints the settings
+//! in the setup line, and resets them at the end (`ALTER SYSTEM RESET`). `server` leaves
+//! the server as it is (the rows are named by what `SHOW` reports).
 
 #[path = "../bench/mod.rs"]
 mod bench;
@@ -27,7 +35,7 @@ mod bench;
 use clap::Parser;
 use dedup_examples::report::{print_json, print_table};
 
-use bench::{Names, Params, Row};
+use bench::{Names, Params, Row, Variant};
 
 /// Library against raw driver, batches against raw batches, the transactional claim
 /// against its alternatives, claim latency during a purge.
@@ -87,6 +95,20 @@ struct Args {
     /// of the store's schema and the cost of its statements).
     #[arg(long)]
     raw_indexes: bool,
+    /// The PostgreSQL settings to bench on, each in turn: `durable` (fsync,
+    /// synchronous_commit and full_page_writes on), `fast` (all three off: test servers
+    /// only), `server` (as the server is set). The first two are set with `ALTER SYSTEM`
+    /// and reset at the end.
+    #[arg(long, value_delimiter = ',', default_values = ["durable", "fast"])]
+    postgres_durability: Vec<String>,
+    /// Run only these measures (comma-separated: claim_commit, claim_commit_duplicates,
+    /// batch, tx, purge) [default: all].
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// PostgreSQL group commit: statements of each kind in flight at once (0: off, every
+    /// call on its own statement) [default: the store's default].
+    #[arg(long)]
+    postgres_group_rounds: Option<usize>,
     /// Also print one `JSON {...}` line per row.
     #[arg(long)]
     json: bool,
@@ -108,6 +130,16 @@ impl Args {
         if !(1..=dedup_core::MAX_BATCH_LEN).contains(&self.batch) {
             return Err(format!("--batch must be 1..={}", dedup_core::MAX_BATCH_LEN));
         }
+        const MEASURES: [&str; 5] = [
+            "claim_commit",
+            "claim_commit_duplicates",
+            "batch",
+            "tx",
+            "purge",
+        ];
+        if let Some(bad) = self.only.iter().find(|m| !MEASURES.contains(&m.as_str())) {
+            return Err(format!("--only: {bad:?} is none of {MEASURES:?}"));
+        }
         if self.duplicate_percent > 90 {
             return Err("--duplicate-percent must be 0..=90".into());
         }
@@ -126,6 +158,13 @@ impl Args {
             min_secs: self.min_secs.unwrap_or(if quick { 1.0 } else { 3.0 }),
             warmup: self.warmup,
             raw_indexes: self.raw_indexes,
+            postgres_group_rounds: self.postgres_group_rounds,
+            only: (!self.only.is_empty()).then(|| self.only.clone()),
+            postgres_durability: self
+                .postgres_durability
+                .iter()
+                .map(|d| d.parse())
+                .collect::<Result<_, _>>()?,
         })
     }
 }
@@ -142,13 +181,21 @@ fn stores(args: &Args) -> Vec<Option<String>> {
     if let Some(nodes) = env("DEDUP_REDIS_CLUSTER_URLS") {
         stores.push(Some(dedup::redis_cluster_url(&nodes)));
     }
+    stores.extend(env("DEDUP_VALKEY_URL").map(Some));
+    if let Some(nodes) = env("DEDUP_VALKEY_CLUSTER_URLS") {
+        stores.push(Some(dedup::redis_cluster_url(&nodes)));
+    }
     stores
 }
 
-async fn bench_one(store: Option<&str>, params: &Params) -> Result<Vec<Row>, bench::BoxError> {
+async fn bench_one(
+    store: Option<&str>,
+    variant: &Variant,
+    params: &Params,
+) -> Result<Vec<Row>, bench::BoxError> {
     let names = Names::new();
     let target = match store {
-        Some(url) => bench::open(url, &names, params).await?,
+        Some(url) => bench::open(url, variant, &names, params).await?,
         #[cfg(feature = "sqlite")]
         None => bench::open_default_sqlite(&names, params).await?,
         #[cfg(not(feature = "sqlite"))]
@@ -184,12 +231,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut failed = Vec::new();
     for store in stores(&args) {
         let name = store.as_deref().unwrap_or("sqlite (temporary file)");
-        match bench_one(store.as_deref(), &params).await {
-            Ok(found) => rows.extend(found),
-            Err(e) => {
-                let e = format!("bench of {}: {e}", dedup::redact(name));
-                eprintln!("{e}");
-                failed.push(e);
+        for variant in bench::variants(store.as_deref(), &params) {
+            match bench_one(store.as_deref(), &variant, &params).await {
+                Ok(found) => rows.extend(found),
+                Err(e) => {
+                    // The whole chain: a store error's cause is in its sources.
+                    let mut chain = e.to_string();
+                    let mut source = e.source();
+                    while let Some(cause) = source {
+                        chain.push_str(&format!(": {cause}"));
+                        source = cause.source();
+                    }
+                    let e = format!("bench of {}{variant}: {chain}", dedup::redact(name));
+                    eprintln!("{e}");
+                    failed.push(e);
+                }
             }
         }
     }
