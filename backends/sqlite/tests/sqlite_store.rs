@@ -134,7 +134,7 @@ async fn tables_in_one_file_are_independent_and_versioned_separately() {
         .expect("rows");
     assert_eq!(
         versions,
-        vec![("inbox_a".into(), 2), ("inbox_a_purge".into(), 2)]
+        vec![("inbox_a".into(), 3), ("inbox_a_purge".into(), 3)]
     );
     let user_version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
