@@ -236,6 +236,15 @@ mod tests {
             .query_row(&versions_sql(SELECT_VERSION), ["t"], |r| r.get(0))
             .unwrap();
         assert_eq!(version, CURRENT_VERSION);
+        // Version 3's column: unknown for records written before it.
+        let unknown: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM t WHERE first_claimed_at IS NULL",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(unknown, 2);
         // Both records are found by the new index: a purge at 300 with cutoff 250.
         let q = crate::statements::Statements::new("t");
         let purged: Vec<String> = conn
