@@ -86,8 +86,14 @@ pub(crate) struct Statements {
     pub(crate) claim_in_tx: String,
     /// Clear the marker token of a transactional claim that wrote.
     pub(crate) clear_marker: String,
-    /// Commit a lease in the caller's transaction (a locking update by token).
+    /// Commit a lease by its token (in the caller's transaction, or alone: the lease-mode
+    /// fast path). Parameters: now, outcome, consumer, message id, token.
     pub(crate) commit_in_tx: String,
+    /// Renew a lease held by its token, the new expiry reported as `LAST_INSERT_ID`.
+    /// Parameters: now, extension (ms), consumer, message id, token.
+    pub(crate) renew: String,
+    /// Release a lease held by its token. Parameters: now, consumer, message id, token.
+    pub(crate) release: String,
     /// One purge batch's victims, locked, skipping rows others hold.
     pub(crate) purge_select: String,
     /// Count what a purge would remove now.
@@ -128,6 +134,16 @@ impl Statements {
              SET t.processed_at = n.ms, t.expires_at = NULL, t.outcome = ? \
              WHERE t.consumer = ? AND t.message_id = ? AND t.token = ? AND t.processed_at IS NULL"
         );
+        let renew = format!(
+            "UPDATE {table} t CROSS JOIN (SELECT {NOW_MS} AS ms) n \
+             SET t.expires_at = LAST_INSERT_ID(n.ms + ?) \
+             WHERE t.consumer = ? AND t.message_id = ? AND t.token = ? AND t.processed_at IS NULL"
+        );
+        let release = format!(
+            "UPDATE {table} t CROSS JOIN (SELECT {NOW_MS} AS ms) n \
+             SET t.expires_at = LEAST(t.expires_at, n.ms) \
+             WHERE t.consumer = ? AND t.message_id = ? AND t.token = ? AND t.processed_at IS NULL"
+        );
         let get = format!("SELECT {cols} FROM {table} WHERE consumer = ? AND message_id = ?");
         // Walks the claimed_at index from the cursor `?` (the largest claimed_at the
         // previous batch removed), oldest claim first, so a long purge never rescans what
@@ -149,6 +165,8 @@ impl Statements {
             claim_in_tx,
             clear_marker,
             commit_in_tx,
+            renew,
+            release,
             purge_select,
             count_purgeable,
         }
@@ -187,6 +205,45 @@ impl Statements {
             sql.push_str(&sets.join(", "));
         }
         sql
+    }
+
+    /// The fast path of claims of `n` new keys: one plain insert of fresh leases (fence 1,
+    /// attempt 1), failing with a duplicate key when any key has a record (the caller then
+    /// takes the general path). "Now" is reported as `LAST_INSERT_ID` (MySQL hands the
+    /// value of `LAST_INSERT_ID(expr)` in an `INSERT ... SELECT` to the client as the
+    /// statement's insert id), so no read follows. Parameters: per key consumer, message
+    /// id, token, lease (ms), fingerprint; then now.
+    pub(crate) fn claim_fresh(&self, n: usize) -> String {
+        let mut keys = String::from("(SELECT ? AS c, ? AS m, ? AS tok, ? AS l, ? AS f");
+        for _ in 1..n {
+            keys.push_str(" UNION ALL SELECT ?, ?, ?, ?, ?");
+        }
+        keys.push_str(") q");
+        format!(
+            "INSERT INTO {} ({}) \
+             SELECT q.c, q.m, q.tok, 1, 1, n.ms, n.ms + q.l, NULL, NULL, q.f \
+             FROM {keys} CROSS JOIN (SELECT LAST_INSERT_ID({NOW_MS}) AS ms) n",
+            self.table,
+            row_cols(""),
+        )
+    }
+
+    /// The fast path of commits of `n` leases on distinct keys: each row still held by its
+    /// token is completed; the matched count says whether all were. Parameters: per key
+    /// consumer, message id, token, outcome; then now.
+    pub(crate) fn commit_held(&self, n: usize) -> String {
+        let mut keys = String::from("(SELECT ? AS c, ? AS m, ? AS tok, ? AS o");
+        for _ in 1..n {
+            keys.push_str(" UNION ALL SELECT ?, ?, ?, ?");
+        }
+        keys.push_str(") q");
+        format!(
+            "UPDATE {} t JOIN {keys} ON t.consumer = q.c AND t.message_id = q.m \
+             CROSS JOIN (SELECT {NOW_MS} AS ms) n \
+             SET t.processed_at = n.ms, t.expires_at = NULL, t.outcome = q.o \
+             WHERE t.token = q.tok AND t.processed_at IS NULL",
+            self.table
+        )
     }
 
     /// Delete the records of `n` keys (parameters: the key parts).

@@ -395,9 +395,109 @@ fn bind_record<'q>(
         .bind(record.fingerprint.as_ref().map(|f| f.as_str().to_owned()))
 }
 
+/// What a fast path found.
+enum Fast<T> {
+    /// Done, with this answer.
+    Done(T),
+    /// Not the common case: take the general path.
+    General,
+}
+
+impl MySqlStore {
+    /// Claims of new, distinct keys as one autocommit insert (see
+    /// [`Statements::claim_fresh`]); `General` when any key has a record or repeats.
+    async fn claim_fresh(&self, requests: &[(&Key, &ClaimOptions)]) -> Result<Fast<Vec<Claim>>> {
+        let mut keys: Vec<&Key> = requests.iter().map(|(k, _)| *k).collect();
+        keys.sort();
+        keys.dedup();
+        if keys.len() != requests.len() {
+            return Ok(Fast::General);
+        }
+        let tokens: Vec<LeaseToken> = requests.iter().map(|_| LeaseToken::random()).collect();
+        let mut query = sqlx::query(AssertSqlSafe(self.inner.sql.claim_fresh(requests.len())));
+        for ((key, options), token) in requests.iter().zip(&tokens) {
+            query = query
+                .bind(key.consumer())
+                .bind(key.message_id())
+                .bind(token.to_string())
+                .bind(dedup_core::duration_millis(options.lease))
+                .bind(fingerprint_param(options.fingerprint.as_ref()));
+        }
+        let done = match query.bind(self.now_param()).execute(&self.inner.pool).await {
+            Ok(done) => done,
+            Err(e) if crate::error::error_number(&e) == Some(1062) => return Ok(Fast::General),
+            Err(e) => return Err(backend(e)),
+        };
+        let now = i64::try_from(done.last_insert_id())
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map(Timestamp::from_millis)
+            .ok_or_else(|| raced("claim: the server reported no time for the insert"))?;
+        Ok(Fast::Done(
+            requests
+                .iter()
+                .zip(tokens)
+                .map(|((key, options), token)| {
+                    Claim::Acquired(Lease {
+                        key: (*key).clone(),
+                        token,
+                        fence: 1,
+                        attempt: 1,
+                        expires_at: now.saturating_add(options.lease),
+                    })
+                })
+                .collect(),
+        ))
+    }
+
+    /// Commits of leases on distinct keys still held by their tokens, as one autocommit
+    /// update; `General` unless every one of them was.
+    async fn commit_held(&self, requests: &[(&Lease, Option<&[u8]>)]) -> Result<Fast<()>> {
+        let mut keys: Vec<&Key> = requests.iter().map(|(l, _)| &l.key).collect();
+        keys.sort();
+        keys.dedup();
+        if keys.len() != requests.len() {
+            return Ok(Fast::General);
+        }
+        let done = if let [(lease, outcome)] = requests {
+            sqlx::query(AssertSqlSafe(self.inner.sql.commit_in_tx.clone()))
+                .bind(self.now_param())
+                .bind(*outcome)
+                .bind(lease.key.consumer())
+                .bind(lease.key.message_id())
+                .bind(lease.token.to_string())
+                .execute(&self.inner.pool)
+                .await
+        } else {
+            let mut query = sqlx::query(AssertSqlSafe(self.inner.sql.commit_held(requests.len())));
+            for (lease, outcome) in requests {
+                query = query
+                    .bind(lease.key.consumer())
+                    .bind(lease.key.message_id())
+                    .bind(lease.token.to_string())
+                    .bind(*outcome);
+            }
+            query.bind(self.now_param()).execute(&self.inner.pool).await
+        }
+        .map_err(backend)?;
+        // sqlx counts matched rows (CLIENT_FOUND_ROWS): each matched row was held by the
+        // token and is now completed.
+        Ok(if done.rows_affected() == requests.len() as u64 {
+            Fast::Done(())
+        } else {
+            Fast::General
+        })
+    }
+}
+
 #[async_trait]
 impl Storage for MySqlStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+        if let Fast::Done(mut claims) = self.claim_fresh(&[(key, options)]).await? {
+            if let Some(claim) = claims.pop() {
+                return Ok(claim);
+            }
+        }
         self.locked("claim", &[key], |w| {
             let (claim, write) =
                 transition::claim(w.record(key), key, options, w.now, LeaseToken::random())?;
@@ -410,6 +510,11 @@ impl Storage for MySqlStore {
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
         if requests.is_empty() {
             return Ok(Vec::new());
+        }
+        let fresh: Vec<(&Key, &ClaimOptions)> =
+            requests.iter().map(|r| (&r.key, &r.options)).collect();
+        if let Fast::Done(claims) = self.claim_fresh(&fresh).await? {
+            return Ok(claims.into_iter().map(Ok).collect());
         }
         let keys: Vec<&Key> = requests.iter().map(|r| &r.key).collect();
         self.locked("claim", &keys, |w| {
@@ -433,6 +538,24 @@ impl Storage for MySqlStore {
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
         let key = &lease.key;
+        let done = sqlx::query(AssertSqlSafe(self.inner.sql.renew.clone()))
+            .bind(self.now_param())
+            .bind(dedup_core::duration_millis(extend_by))
+            .bind(key.consumer())
+            .bind(key.message_id())
+            .bind(lease.token.to_string())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(backend)?;
+        if done.rows_affected() == 1
+            && let Ok(expires_at) = i64::try_from(done.last_insert_id())
+        {
+            // Held by the token: the same acquisition, so the same fence and attempt.
+            return Ok(Lease {
+                expires_at: Timestamp::from_millis(expires_at),
+                ..lease.clone()
+            });
+        }
         self.locked("renew", &[key], |w| {
             let (renewed, write) = transition::renew(w.record(key), lease, extend_by, w.now)?;
             w.apply(key, write, false);
@@ -442,6 +565,9 @@ impl Storage for MySqlStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        if let Fast::Done(()) = self.commit_held(&[(lease, outcome)]).await? {
+            return Ok(());
+        }
         let key = &lease.key;
         self.locked("commit", &[key], |w| {
             let write = transition::commit(w.record(key), lease, outcome, w.now)?;
@@ -454,6 +580,13 @@ impl Storage for MySqlStore {
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
         if requests.is_empty() {
             return Ok(Vec::new());
+        }
+        let held: Vec<(&Lease, Option<&[u8]>)> = requests
+            .iter()
+            .map(|r| (&r.lease, r.outcome.as_deref()))
+            .collect();
+        if let Fast::Done(()) = self.commit_held(&held).await? {
+            return Ok(requests.iter().map(|_| Ok(())).collect());
         }
         let keys: Vec<&Key> = requests.iter().map(|r| &r.lease.key).collect();
         self.locked("commit", &keys, |w| {
@@ -473,6 +606,17 @@ impl Storage for MySqlStore {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let key = &lease.key;
+        let done = sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
+            .bind(self.now_param())
+            .bind(key.consumer())
+            .bind(key.message_id())
+            .bind(lease.token.to_string())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(backend)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
         self.locked("release", &[key], |w| {
             let write = transition::release(w.record(key), lease, w.now)?;
             w.apply(key, write, false);
