@@ -15,7 +15,7 @@
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
-#   scripts/services.sh crash-restart postgres   # kill -9 style restart, data kept (tests)
+#   scripts/services.sh crash-restart postgres|mariadb   # kill -9 style restart, data kept (tests)
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -845,6 +845,32 @@ SQL
     write_tls_env mariadb
 }
 
+# Kill mariadbd (SIGKILL: no shutdown, InnoDB recovers from its redo log on start) and
+# start it again on the same data dir and port.
+crash_restart_mariadb() {
+    local dir=$STATE_DIR/mariadb bin i
+    [[ -f $dir/port && -d $dir/data ]] || die "MariaDB is not running in $STATE_DIR"
+    bin=$(mariadb_server_bin) || die "mariadbd not found"
+    local pid
+    pid=$(head -n 1 "$dir/run/mysqld.pid" 2>/dev/null || true)
+    if [[ $pid =~ ^[0-9]+$ ]]; then
+        kill -KILL "$pid" 2>/dev/null || true
+        for ((i = 0; i < 100; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+    fi
+    local user_opt=()
+    if is_root; then user_opt=(--user=mysql); fi
+    setsid "$bin" --defaults-file="$dir/my.cnf" "${user_opt[@]}" </dev/null >>"$dir/stdout.log" 2>&1 &
+    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+        mariadb_ping && break
+        sleep 0.2
+    done
+    mariadb_ping || { show_log "$dir/error.log"; die "MariaDB did not come back on port $(<"$dir/port")"; }
+    log "mariadb crash-restarted"
+}
+
 stop_mariadb() {
     local dir=$STATE_DIR/mariadb
     [[ -d $dir ]] || return 0
@@ -949,7 +975,11 @@ cmd_stop() {
 # tests, which run their own state dir.
 cmd_crash_restart() {
     local svc=${1:-} dir bin port
-    [[ $svc == postgres ]] || die "crash-restart supports: postgres"
+    if [[ $svc == mariadb ]]; then
+        crash_restart_mariadb
+        return
+    fi
+    [[ $svc == postgres ]] || die "crash-restart supports: postgres, mariadb"
     dir=$STATE_DIR/postgres
     [[ -f $dir/port && -d $dir/data ]] || die "PostgreSQL is not running in $STATE_DIR"
     bin=$(pg_bindir) || die "PostgreSQL binaries not found"

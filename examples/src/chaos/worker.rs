@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use dedup_core::{Claim, ClaimOptions, DedupStore, Key, Result, TxClaim};
+#[cfg(feature = "mysql")]
+use dedup_mysql::{MySqlConfig, MySqlStore};
 use dedup_postgres::sqlx::{self, PgPool};
 use dedup_postgres::{PostgresConfig, PostgresStore};
 use dedup_sqlite::SqliteStore;
@@ -124,6 +126,8 @@ enum Store {
     Any(std::sync::Arc<dyn DedupStore>),
     Postgres(PostgresStore),
     Sqlite(SqliteStore),
+    #[cfg(feature = "mysql")]
+    Mysql(MySqlStore),
 }
 
 /// Run a worker until the queue is drained.
@@ -153,6 +157,20 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
             })
             .await?,
         )),
+        #[cfg(feature = "mysql")]
+        (Backend::Mysql, Mode::Transactional) => Store::Mysql(
+            retried("connect", || {
+                MySqlStore::connect_with(&args.store, mysql_config())
+            })
+            .await?,
+        ),
+        #[cfg(feature = "mysql")]
+        (Backend::Mysql, Mode::Lease) => Store::Any(std::sync::Arc::new(
+            retried("connect", || {
+                MySqlStore::connect_with(&args.store, mysql_config())
+            })
+            .await?,
+        )),
         (Backend::Redis, _) => Store::Any(std::sync::Arc::new(
             retried("connect", || dedup_redis::RedisStore::connect(&args.store)).await?,
         )),
@@ -172,6 +190,8 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
             Store::Any(store) => lease_mode(&**store, id, &options, &args).await?,
             Store::Postgres(store) => postgres_tx(store, id, args.worker).await?,
             Store::Sqlite(store) => sqlite_tx(store, id, args.worker)?,
+            #[cfg(feature = "mysql")]
+            Store::Mysql(store) => mysql_tx(store, id, args.worker).await?,
         };
         if done {
             queue_call("ack", || queue.ack(id)).await?;
@@ -184,6 +204,51 @@ pub fn postgres_config() -> PostgresConfig {
     PostgresConfig {
         max_connections: 2,
         ..PostgresConfig::default()
+    }
+}
+
+/// The MySQL store's configuration (default table in the private server).
+#[cfg(feature = "mysql")]
+pub fn mysql_config() -> MySqlConfig {
+    MySqlConfig {
+        max_connections: 2,
+        ..MySqlConfig::default()
+    }
+}
+
+/// Transactional mode on MySQL: claim and the effect row in one transaction.
+#[cfg(feature = "mysql")]
+async fn mysql_tx(store: &MySqlStore, id: u64, worker: u32) -> std::result::Result<bool, BoxError> {
+    use dedup_mysql::sqlx as mysqlx;
+    let key = key(id);
+    let attempt = async {
+        let mut tx = store.pool().begin().await.map_err(BoxError::from)?;
+        match store.claim_in_tx(&mut tx, &key, None).await? {
+            TxClaim::Completed { .. } => return Ok(true),
+            TxClaim::InFlight { .. } => return Ok(false),
+            TxClaim::Claimed { fence } => {
+                announce(Window::ClaimEffect, id);
+                mysqlx::query("INSERT INTO chaos_effects (msg, worker, fence) VALUES (?, ?, ?)")
+                    .bind(id as i64)
+                    .bind(worker as i64)
+                    .bind(fence as i64)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        announce(Window::EffectCommit, id);
+        tx.commit().await?;
+        announce(Window::CommitAck, id);
+        Ok::<bool, BoxError>(true)
+    };
+    match attempt.await {
+        Ok(done) => Ok(done),
+        Err(e) => {
+            // The transaction rolled back (a restart cut it): the next delivery retries.
+            eprintln!("message {id}: transaction failed: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(false)
+        }
     }
 }
 
