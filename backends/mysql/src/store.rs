@@ -493,10 +493,10 @@ impl MySqlStore {
 #[async_trait]
 impl Storage for MySqlStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        if let Fast::Done(mut claims) = self.claim_fresh(&[(key, options)]).await? {
-            if let Some(claim) = claims.pop() {
-                return Ok(claim);
-            }
+        if let Fast::Done(mut claims) = self.claim_fresh(&[(key, options)]).await?
+            && let Some(claim) = claims.pop()
+        {
+            return Ok(claim);
         }
         self.locked("claim", &[key], |w| {
             let (claim, write) =

@@ -333,10 +333,10 @@ impl Transactional for MySqlTx {
                 }
                 TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
                 TxFlavor::TwoTransactions => {
-                    // Lock or insert the inbox row, commit.
-                    if inner.lock_row(&mut tx, consumer, id).await?.is_none() {
-                        inner.try_insert(&mut tx, consumer, id).await?;
-                    }
+                    // Insert the inbox row, or meet it, and commit. Insert first: a locking
+                    // read of an absent row at REPEATABLE READ takes a gap lock, and two
+                    // such transactions on neighbouring keys deadlock on their inserts.
+                    inner.try_insert(&mut tx, consumer, id).await?;
                     tx.commit().await?;
                     // Lock it again, work, mark it consumed (committed below).
                     tx = inner.pool.begin().await?;
