@@ -107,6 +107,7 @@ pub(crate) fn record_json(record: &Record, now: Timestamp) -> Value {
         "attempt": record.attempt,
         "fingerprint": record.fingerprint.as_ref().map(|f| f.as_str()),
         "idempotency_key": idempotency_key(&record.key),
+        "first_claimed_at": record.first_claimed_at.map(time_json),
     });
     let fields = match &record.state {
         RecordState::InFlight { token, expires_at } => json!({
@@ -138,6 +139,12 @@ pub(crate) fn record_text(record: &Record, now: Timestamp) -> String {
         ("status", describe(status).to_owned()),
         ("fence", record.fence.to_string()),
         ("attempt", record.attempt.to_string()),
+        (
+            "first claimed",
+            record
+                .first_claimed_at
+                .map_or("not kept by this backend".into(), |t| when(t, now)),
+        ),
     ];
     match &record.state {
         RecordState::InFlight { token, expires_at } => {

@@ -298,6 +298,16 @@ async fn scenario(t: Target) {
         human.contains("0xff00 (2 bytes, not UTF-8)") && human.contains(" ago)"),
         "{human}"
     );
+    // The first claim's time, two days back, where the backend keeps it.
+    let old2 = t.json(&["inspect", "billing", "old-2"]);
+    let first_ms = old2["first_claimed_at"]["ms"].as_i64();
+    if matches!(t.backend, Backend::Sqlite | Backend::Postgres) {
+        let day_ago = SystemClock.now().as_millis() - 86_400_000;
+        assert!(first_ms.is_some_and(|ms| ms < day_ago), "{old2}");
+        assert!(human.contains("first claimed:"), "{human}");
+    } else {
+        assert!(old2["first_claimed_at"].is_null(), "{old2}");
+    }
     let missing = t.expect(3, &["inspect", "billing", "nope"]);
     assert!(
         stderr(&missing).starts_with("error: no record for billing/nope"),

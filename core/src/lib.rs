@@ -20,7 +20,8 @@ pub mod backend;
 pub use admin::{Admin, Forgot, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
 pub use inbox::{
-    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, TxAttempt, TxAttempts, TxEngine,
+    Backoff, DuplicateLog, FailurePolicy, Handled, HandlerRetry, Inbox, InboxConfig, InboxError,
+    Transient, TxAttempt, TxAttempts, TxEngine,
 };
 pub use key::Key;
 pub use memory::MemoryStore;

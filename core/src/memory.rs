@@ -164,6 +164,7 @@ impl Storage for MemoryStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             native_batch: true,
+            first_claim_time: true,
             ..Capabilities::default()
         }
     }

@@ -302,6 +302,11 @@ pub struct Record {
     pub attempt: u32,
     /// The fingerprint stored with the record, if any claim carried one.
     pub fingerprint: Option<Fingerprint>,
+    /// When the key was first claimed, by the store's clock: the first acquisition (or
+    /// transactional claim) that created the record, kept through takeovers, releases and
+    /// the commit (MassTransit's `Received`). `None` where the backend does not keep it
+    /// (Redis) and for records written before the store kept it.
+    pub first_claimed_at: Option<Timestamp>,
     /// In flight or completed.
     pub state: RecordState,
 }
@@ -494,6 +499,8 @@ pub struct Capabilities {
     pub transactional: bool,
     /// Lease time comes from the server's clock by default.
     pub server_clock: bool,
+    /// Records keep when their key was first claimed ([`Record::first_claimed_at`]).
+    pub first_claim_time: bool,
 }
 
 /// The result of claiming a key inside the caller's own SQL transaction (the SQL backends'

@@ -12,8 +12,8 @@ use std::time::Duration;
 use dedup_core::layers::metric_names as m;
 use dedup_core::layers::{ObserveOptions, RetryPolicy};
 use dedup_core::{
-    DedupStore, Error, FailurePolicy, Handled, InboxConfig, Key, Lease, MemoryStore, TxAttempt,
-    TxAttempts, TxEngine,
+    DedupStore, Error, FailurePolicy, Handled, HandlerRetry, InboxConfig, InboxError, Key, Lease,
+    MemoryStore, RecordState, Transient, TxAttempt, TxAttempts, TxEngine,
 };
 use futures::future::BoxFuture;
 use metrics_util::debugging::DebuggingRecorder;
@@ -25,6 +25,8 @@ enum Step {
     Commit,
     Fail,
     Conflict,
+    /// A handler error marked `Transient`.
+    Timeout,
 }
 
 struct Fake {
@@ -42,6 +44,10 @@ impl TxAttempts for Fake {
                 },
                 Step::Fail => TxAttempt::HandlerFailed {
                     source: "declined".into(),
+                    retryable: false,
+                },
+                Step::Timeout => TxAttempt::HandlerFailed {
+                    source: Box::new(Transient::new("courier API timed out")),
                     retryable: false,
                 },
                 Step::Conflict => {
@@ -138,30 +144,61 @@ fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_wit
             });
             let failed = run("f", &[Step::Fail], storing).await.unwrap();
             assert!(matches!(failed, Handled::Failed { replay: false, .. }));
+            // A transient error, run again in process as attempt 2, which commits; then one
+            // that stays transient past the retry: given back, never stored as the result,
+            // even under FailurePolicy::Store.
+            let retrying = engine.clone().with_config(InboxConfig {
+                failures: FailurePolicy::Store,
+                handler_retry: HandlerRetry::immediate(1),
+                ..config.clone()
+            });
+            let handled = run("t", &[Step::Timeout, Step::Commit], retrying.clone()).await;
+            assert!(
+                matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
+                "{handled:?}"
+            );
+            let given_back = run("u", &[Step::Timeout, Step::Timeout], retrying).await;
+            assert!(
+                matches!(given_back, Err(InboxError::Handler { .. })),
+                "{given_back:?}"
+            );
+            let record = store.get(&key("u")).await.unwrap().unwrap();
+            assert!(
+                !matches!(record.state, RecordState::Completed { .. }),
+                "{record:?}"
+            );
         })
     });
     let snap = Recorded::take(&snapshotter);
     let tx = ("mode", "tx");
-    // Claims: m1..m3, c, p, f acquired; c's retry and p's dead-letter run are takeovers;
-    // m1, m2 and p's replay are duplicates.
-    assert_eq!(snap.counter(m::CLAIMS_TOTAL, &[("outcome", "acquired")]), 6);
-    assert_eq!(snap.counter(m::CLAIMS_TOTAL, &[("outcome", "takeover")]), 2);
+    // Claims: m1..m3, c, p, f, t, u acquired; the retries of c, t and u and p's
+    // dead-letter run are takeovers; m1, m2 and p's replay are duplicates.
+    assert_eq!(snap.counter(m::CLAIMS_TOTAL, &[("outcome", "acquired")]), 8);
+    assert_eq!(snap.counter(m::CLAIMS_TOTAL, &[("outcome", "takeover")]), 4);
     assert_eq!(
         snap.counter(m::CLAIMS_TOTAL, &[("outcome", "completed")]),
         3
     );
-    // Commits: 4 inside a transaction (m1..m3, c), 2 in lease mode (p's dead letter, f's
-    // stored failure).
-    assert_eq!(snap.counter(m::COMMITS_TOTAL, &[("backend", "memory")]), 6);
-    // Releases: c before its retry, p after its failure.
-    assert_eq!(snap.counter(m::RELEASES_TOTAL, &[]), 2);
+    // Commits: 5 inside a transaction (m1..m3, c, t), 2 in lease mode (p's dead letter,
+    // f's stored failure).
+    assert_eq!(snap.counter(m::COMMITS_TOTAL, &[("backend", "memory")]), 7);
+    // Releases: c, t and u before their retries, p and u after their last failure.
+    assert_eq!(snap.counter(m::RELEASES_TOTAL, &[]), 5);
     assert_eq!(
         snap.observations(m::HANDLER_DURATION_SECONDS, &[tx, ("result", "ok")]),
-        4
+        5
     );
     assert_eq!(
         snap.observations(m::HANDLER_DURATION_SECONDS, &[tx, ("result", "error")]),
-        3
+        6
+    );
+    assert_eq!(
+        snap.counter(m::HANDLER_RETRIES_TOTAL, &[tx, ("reason", "database")]),
+        1
+    );
+    assert_eq!(
+        snap.counter(m::HANDLER_RETRIES_TOTAL, &[tx, ("reason", "transient")]),
+        2
     );
     assert_eq!(
         snap.observations(m::HANDLER_DURATION_SECONDS, &[("mode", "lease")]),

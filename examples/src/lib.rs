@@ -3,6 +3,8 @@
 //!
 //! The programs themselves live in `src/bin/`; see the README.
 
+#[cfg(feature = "sqlite")]
+pub mod billing;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "redis"))]
 pub mod chaos;
 pub mod exit;

@@ -425,7 +425,10 @@ impl MySqlStore {
         }
         let done = match query.bind(self.now_param()).execute(&self.inner.pool).await {
             Ok(done) => done,
-            Err(e) if crate::error::error_number(&e) == Some(1062) => return Ok(Fast::General),
+            // A key with a record (duplicate key), or a deadlock with a concurrent batch
+            // inserting the same keys in another order: the general path decides (and
+            // runs again after a lost race).
+            Err(e) if lost_race(&e) => return Ok(Fast::General),
             Err(e) => return Err(backend(e)),
         };
         let now = i64::try_from(done.last_insert_id())
@@ -478,8 +481,13 @@ impl MySqlStore {
                     .bind(*outcome);
             }
             query.bind(self.now_param()).execute(&self.inner.pool).await
-        }
-        .map_err(backend)?;
+        };
+        let done = match done {
+            Ok(done) => done,
+            // A deadlock with a concurrent batch: the general path runs it again.
+            Err(e) if lost_race(&e) => return Ok(Fast::General),
+            Err(e) => return Err(backend(e)),
+        };
         // sqlx counts matched rows (CLIENT_FOUND_ROWS): each matched row was held by the
         // token and is now completed.
         Ok(if done.rows_affected() == requests.len() as u64 {

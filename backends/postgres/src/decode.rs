@@ -87,6 +87,7 @@ pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
         processed_at,
         outcome: row.try_get("outcome").map_err(backend)?,
         fingerprint: row.try_get("fingerprint").map_err(backend)?,
+        first_claimed_at: row.try_get("first_claimed_at").map_err(backend)?,
     }
     .decode(key)
 }

@@ -77,6 +77,10 @@ CREATE INDEX IF NOT EXISTS "{claimed_idx}" ON {table} (claimed_at);
 DROP INDEX IF EXISTS "{schema}"."{completed_idx}";
 DROP INDEX IF EXISTS "{schema}"."{expiring_idx}";
 "#,
+    // 3: when the key was first claimed (`Record::first_claimed_at`, ms since the Unix
+    // epoch), written by the inserting claim and never updated; NULL for older rows.
+    r#"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS first_claimed_at bigint;
+"#,
 ];
 
 /// The schema version this build creates and understands: the number of [`MIGRATIONS`].

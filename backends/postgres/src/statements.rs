@@ -54,6 +54,7 @@ fn record_cols(alias: &str) -> String {
         "processed_at",
         "outcome",
         "fingerprint",
+        "first_claimed_at",
     ]
     .iter()
     .map(|c| {
@@ -170,8 +171,8 @@ impl Statements {
         };
 
         let claim = format!(
-            "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint) \
-               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text FROM {now_row} \
+            "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint, first_claimed_at) \
+               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text, now.ms FROM {now_row} \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = excluded.token, fence = r.fence + 1, attempt = r.attempt + 1, \
                  claimed_at = excluded.claimed_at, expires_at = excluded.expires_at, \
@@ -188,8 +189,8 @@ impl Statements {
              req AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[]) \
                      WITH ORDINALITY AS q(consumer, message_id, token, lease_ms, fingerprint, ord)), \
              ins AS ( \
-               INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint) \
-               SELECT q.consumer, q.message_id, q.token::uuid, 1, 1, now.ms, now.ms + q.lease_ms, q.fingerprint \
+               INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint, first_claimed_at) \
+               SELECT q.consumer, q.message_id, q.token::uuid, 1, 1, now.ms, now.ms + q.lease_ms, q.fingerprint, now.ms \
                FROM req q CROSS JOIN now ORDER BY q.ord \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = excluded.token, fence = r.fence + 1, attempt = r.attempt + 1, \
@@ -203,8 +204,8 @@ impl Statements {
         // A completed row (no token, no lease, no outcome). An expired lease-mode record is
         // taken over the same way as in lease mode, and becomes completed.
         let claim_in_tx = format!(
-            "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, processed_at, fingerprint) \
-               SELECT $2, $3, NULL, 1, 1, now.ms, now.ms, $4::text FROM {now_row} \
+            "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, processed_at, fingerprint, first_claimed_at) \
+               SELECT $2, $3, NULL, 1, 1, now.ms, now.ms, $4::text, now.ms FROM {now_row} \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = NULL, fence = r.fence + 1, attempt = r.attempt + 1, \
                  claimed_at = excluded.claimed_at, expires_at = NULL, \

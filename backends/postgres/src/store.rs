@@ -364,6 +364,7 @@ impl Storage for PostgresStore {
             native_batch: true,
             transactional: true,
             server_clock: self.inner.config.clock.is_none(),
+            first_claim_time: true,
             ..Capabilities::default()
         }
     }

@@ -30,7 +30,9 @@ use crate::error::{BACKEND, backend};
 /// the handler again in a fresh transaction, as a new attempt, under the
 /// [`retry`](Self::with_retry) policy. The database writes of a failed run are rolled
 /// back; the handler's other side effects (an e-mail, an HTTP call) are not, so they must
-/// be idempotent (use [`Lease::idempotency_key`]).
+/// be idempotent (use [`Lease::idempotency_key`]). Handler errors marked
+/// [`Transient`](dedup_core::Transient) run again the same way under
+/// [`InboxConfig::handler_retry`].
 ///
 /// ```no_run
 /// # async fn demo(store: dedup_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

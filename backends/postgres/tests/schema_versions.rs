@@ -119,7 +119,7 @@ INSERT INTO {t} VALUES
     assert_eq!(version_of(&store).await, None, "no version recorded yet");
 
     store.migrate().await.expect("upgrade");
-    assert_eq!(version_of(&store).await, Some(2), "upgraded to version 2");
+    assert_eq!(version_of(&store).await, Some(3), "upgraded to version 3");
     assert_eq!(
         indexes_of(&store).await,
         vec![format!("{table}_claimed_idx"), format!("{table}_pkey")],
@@ -127,7 +127,7 @@ INSERT INTO {t} VALUES
     );
     // A second migrate (another node starting) changes nothing.
     store.migrate().await.expect("migrate again");
-    assert_eq!(version_of(&store).await, Some(2));
+    assert_eq!(version_of(&store).await, Some(3));
 
     // The old records read, answer and purge as before.
     let done = Key::new("billing", "done").unwrap();
@@ -140,6 +140,10 @@ INSERT INTO {t} VALUES
     let record = store.get(&stuck).await.unwrap().expect("stuck record");
     assert_eq!((record.fence, record.attempt), (2, 2));
     assert!(matches!(record.state, RecordState::InFlight { .. }));
+    assert_eq!(
+        record.first_claimed_at, None,
+        "not known for rows written before v3"
+    );
     let report = store
         .purge(&PurgeOptions::older_than(Duration::from_secs(3600)))
         .await
@@ -159,6 +163,12 @@ INSERT INTO {t} VALUES
         .await
         .unwrap();
     assert!(fresh.is_acquired(), "{fresh:?}");
+    let new = store
+        .get(&Key::new("billing", "new").unwrap())
+        .await
+        .unwrap()
+        .expect("new record");
+    assert!(new.first_claimed_at.is_some(), "{new:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,7 +198,7 @@ async fn a_newer_schema_is_refused_and_left_unchanged() {
             &err,
             Error::SchemaTooNew {
                 found: 99,
-                known: 2,
+                known: 3,
                 ..
             }
         ),

@@ -104,6 +104,7 @@ async fn a_store_describes_itself() {
                 native_ttl: true,
                 server_clock: true,
                 transactional: false,
+                first_claim_time: false,
             }
         );
         // With an injected clock the store no longer takes lease time from the server.

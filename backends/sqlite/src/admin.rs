@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::SqliteStore;
 use crate::decode::{self, RawRow};
 use crate::error::backend;
-use crate::statements::{COLUMNS, PURGEABLE};
+use crate::statements::{COLUMN_COUNT, COLUMNS, PURGEABLE};
 
 /// The condition selecting records in `status` at now `?now`.
 fn status_condition(status: Option<Status>) -> &'static str {
@@ -34,8 +34,8 @@ fn status_condition(status: Option<Status>) -> &'static str {
 
 /// A row of `SELECT {COLUMNS}, consumer, message_id` as a record.
 fn record_of(row: &Row<'_>) -> rusqlite::Result<(Key, RawRow)> {
-    let consumer: String = row.get(8)?;
-    let message_id: String = row.get(9)?;
+    let consumer: String = row.get(COLUMN_COUNT)?;
+    let message_id: String = row.get(COLUMN_COUNT + 1)?;
     let key = Key::new(consumer, message_id).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(8, rusqlite::types::Type::Text, e.into())
     })?;

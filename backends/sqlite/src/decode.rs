@@ -3,7 +3,7 @@
 //! two mappings of the state column stay in step.
 
 use dedup_core::backend::{RawRecord, RawState};
-use dedup_core::{Error, Fingerprint, Key, Record, RecordState, Result};
+use dedup_core::{Error, Fingerprint, Key, Record, RecordState, Result, Timestamp};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::backend;
@@ -22,6 +22,7 @@ pub(crate) struct RawRow {
     processed_at: Option<i64>,
     outcome: Option<Vec<u8>>,
     fingerprint: Option<String>,
+    first_claimed_at: Option<i64>,
 }
 
 impl RawRow {
@@ -35,6 +36,7 @@ impl RawRow {
             processed_at: row.get(5)?,
             outcome: row.get(6)?,
             fingerprint: row.get(7)?,
+            first_claimed_at: row.get(8)?,
         })
     }
 
@@ -54,6 +56,7 @@ impl RawRow {
             processed_at: self.processed_at,
             outcome: self.outcome,
             fingerprint: self.fingerprint.as_deref(),
+            first_claimed_at: self.first_claimed_at,
         }
         .decode(key)
     }
@@ -116,6 +119,7 @@ pub(crate) fn put(conn: &Connection, statements: &Statements, record: &Record) -
                 processed_at,
                 outcome,
                 record.fingerprint.as_ref().map(Fingerprint::as_str),
+                record.first_claimed_at.map(Timestamp::as_millis),
             ])
         })
         .map_err(backend)?;
@@ -142,6 +146,7 @@ mod tests {
             processed_at: Some(5),
             outcome: None,
             fingerprint: None,
+            first_claimed_at: Some(4),
         }
     }
 

@@ -38,6 +38,9 @@ const MIGRATIONS: &[&str] = &[
     "CREATE INDEX \"{table}_purge_idx\" ON \"{table}\" (coalesce(processed_at, expires_at));
     DROP INDEX \"{table}_purge_completed\";
     DROP INDEX \"{table}_purge_expired\";",
+    // 3: when the key was first claimed (`Record::first_claimed_at`), kept through
+    // takeovers; NULL for records written before this version.
+    "ALTER TABLE \"{table}\" ADD COLUMN first_claimed_at INTEGER;",
 ];
 
 /// The schema version this build creates and understands.

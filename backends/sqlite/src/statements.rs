@@ -4,20 +4,23 @@
 //! by the validated name (see [`SqliteConfig::validate`](crate::SqliteConfig::validate)).
 
 /// The columns of a record, in the order [`crate::decode`] reads and writes them.
-pub(crate) const COLUMNS: &str =
-    "state, token, fence, attempt, expires_at, processed_at, outcome, fingerprint";
+pub(crate) const COLUMNS: &str = "state, token, fence, attempt, expires_at, processed_at, \
+     outcome, fingerprint, first_claimed_at";
+/// How many columns [`COLUMNS`] names: a select of `{COLUMNS}, consumer, message_id` has
+/// the key at this index and the next.
+pub(crate) const COLUMN_COUNT: usize = 9;
 
 /// One key's record.
 const SELECT: &str = "SELECT {columns} FROM \"{table}\" WHERE consumer = ?1 AND message_id = ?2";
 
 /// Store a record as the reference model's `Write::Put` says: insert or replace every column.
 const PUT: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
      ON CONFLICT (consumer, message_id) DO UPDATE SET \
      state = excluded.state, token = excluded.token, fence = excluded.fence, \
      attempt = excluded.attempt, expires_at = excluded.expires_at, \
      processed_at = excluded.processed_at, outcome = excluded.outcome, \
-     fingerprint = excluded.fingerprint";
+     fingerprint = excluded.fingerprint, first_claimed_at = excluded.first_claimed_at";
 
 /// One purge batch: at most ?3 rows that `transition::purgeable` accepts at now ?2 with
 /// cutoff ?1 (= now - retention). Returns the state of every removed row.
@@ -33,14 +36,14 @@ pub(crate) const PURGEABLE: &str = "coalesce(processed_at, expires_at) < ?1 \
           OR (state = 'in_flight' AND expires_at < ?1 AND expires_at <= ?2))";
 
 /// The transactional claim (?1 consumer, ?2 message id, ?3 now, ?4 fingerprint): insert a
-/// completed row, or take over an in-flight row whose lease expired at now, unless its
-/// fingerprint differs. Returns the fence when the key was claimed, no row otherwise (the
+/// completed row (first claimed now), or take over an in-flight row whose lease expired at
+/// now, unless its fingerprint differs (the takeover keeps the first claim time). Returns the fence when the key was claimed, no row otherwise (the
 /// caller then reads the record to tell in flight, completed and mismatch apart).
 ///
 /// It writes before it reads, so even inside a deferred transaction it takes the write lock
 /// first (waiting for it under the busy timeout) instead of failing on a stale snapshot.
 const TX_CLAIM: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
-     VALUES (?1, ?2, 'completed', NULL, 1, 1, NULL, ?3, NULL, ?4) \
+     VALUES (?1, ?2, 'completed', NULL, 1, 1, NULL, ?3, NULL, ?4, ?3) \
      ON CONFLICT (consumer, message_id) DO UPDATE SET \
      state = 'completed', token = NULL, fence = fence + 1, attempt = attempt + 1, \
      expires_at = NULL, processed_at = excluded.processed_at, outcome = NULL, \
@@ -51,10 +54,11 @@ const TX_CLAIM: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}
      RETURNING fence";
 
 /// A claim of a key that has no record (?1 consumer, ?2 message id, ?3 token, ?4 expires at,
-/// ?5 fingerprint): the first acquisition, fence 1, attempt 1, in one statement. One row
+/// ?5 fingerprint, ?6 now): the first acquisition, fence 1, attempt 1, first claimed now,
+/// in one statement. One row
 /// changed means acquired; none means a record exists and the model decides from it.
 const CLAIM_FRESH: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
-     VALUES (?1, ?2, 'in_flight', ?3, 1, 1, ?4, NULL, NULL, ?5) \
+     VALUES (?1, ?2, 'in_flight', ?3, 1, 1, ?4, NULL, NULL, ?5, ?6) \
      ON CONFLICT (consumer, message_id) DO NOTHING";
 
 /// The commit (?1 consumer, ?2 message id, ?3 token, ?4 now, ?5 outcome), in lease mode and
@@ -106,6 +110,11 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn column_count_counts_the_columns() {
+        assert_eq!(COLUMNS.split(',').count(), COLUMN_COUNT);
+    }
 
     fn plan(conn: &rusqlite::Connection, sql: &str, params: impl rusqlite::Params) -> String {
         conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))

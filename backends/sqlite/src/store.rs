@@ -230,6 +230,7 @@ impl Inner {
                     token.to_string(),
                     expires_at.as_millis(),
                     options.fingerprint.as_ref().map(Fingerprint::as_str),
+                    now.as_millis(),
                 ])
             })
             .map_err(backend)?;
@@ -358,6 +359,7 @@ impl Storage for SqliteStore {
             multi_process: file,
             native_batch: true,
             transactional: file,
+            first_claim_time: true,
             ..Capabilities::default()
         }
     }

@@ -83,6 +83,7 @@ async fn a_file_store_is_persistent_shareable_transactional_and_in_wal_mode() {
                 multi_process: true,
                 native_batch: true,
                 transactional: true,
+                first_claim_time: true,
                 ..Capabilities::default()
             }
         );
@@ -237,6 +238,7 @@ async fn an_in_memory_store_keeps_the_contract_but_shares_nothing() {
         store.capabilities(),
         Capabilities {
             native_batch: true,
+            first_claim_time: true,
             ..Capabilities::default()
         }
     );

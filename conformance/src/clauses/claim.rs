@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dedup_core::{Claim, Key, Record, RecordState};
+use dedup_core::{Claim, DedupStore, Key, Record, RecordState};
 
 use crate::StoreFactory;
 use crate::support::{
@@ -180,12 +180,16 @@ pub async fn get_reports_the_record_faithfully<F: StoreFactory>(factory: &F) {
         "an absent key has no record"
     );
     let fp = fingerprint("v1");
+    // Kept from the first claim on, through takeover, release and commit, where the
+    // backend keeps it.
+    let first_claimed_at = store.capabilities().first_claim_time.then_some(ctx.now());
     let first = acquire_with(&store, &k, &opts_fp("v1")).await;
     let expect = |fence, attempt, state| Record {
         key: k.clone(),
         fence,
         attempt,
         fingerprint: Some(fp.clone()),
+        first_claimed_at,
         state,
     };
     let first_record = Some(expect(

@@ -42,13 +42,23 @@ async fn tx_claim<F: TransactionalFactory>(
         .await
 }
 
-/// The record a transactional claim leaves once committed.
-fn tx_completed(key: &Key, fence: u64, processed_at: dedup_core::Timestamp) -> Record {
+/// The record a transactional claim leaves once committed (first claimed at
+/// `processed_at`, where the store keeps that time).
+fn tx_completed<S: DedupStore + ?Sized>(
+    store: &S,
+    key: &Key,
+    fence: u64,
+    processed_at: dedup_core::Timestamp,
+) -> Record {
     Record {
         key: key.clone(),
         fence,
         attempt: fence as u32,
         fingerprint: None,
+        first_claimed_at: store
+            .capabilities()
+            .first_claim_time
+            .then_some(processed_at),
         state: RecordState::Completed {
             token: None,
             processed_at,
@@ -93,7 +103,7 @@ pub async fn tx_claim_then_commit_completes_the_key_with_its_business_row<
         record(&store, &k).await,
         Some(Record {
             fingerprint: Some(fingerprint("v1")),
-            ..tx_completed(&k, 1, ctx.now())
+            ..tx_completed(&store, &k, 1, ctx.now())
         })
     );
     assert_eq!(claim(&store, &k, &opts()).await, completed(ctx.now(), None));
@@ -196,6 +206,7 @@ pub async fn tx_claim_of_a_live_lease_gives_in_flight<F: TransactionalFactory>(f
 pub async fn tx_claim_takes_over_an_expired_lease<F: TransactionalFactory>(factory: &F) {
     let (ctx, store) = setup(factory, "tx_claim_takes_over_an_expired_lease").await;
     let k = key("m1");
+    let claimed_at = ctx.now();
     let stale = acquire_with(&store, &k, &opts_fp("v1")).await;
     ctx.clock.advance(LEASE);
     let result = tx_claim(factory, &store, &k, None, "row", TxEnd::Commit).await;
@@ -203,7 +214,9 @@ pub async fn tx_claim_takes_over_an_expired_lease<F: TransactionalFactory>(facto
     assert_rows(factory, &store, &k, &["row"], "after a takeover").await;
     let taken = Record {
         fingerprint: Some(fingerprint("v1")),
-        ..tx_completed(&k, 2, ctx.now())
+        // The lease-mode claim's time, kept by the takeover.
+        first_claimed_at: store.capabilities().first_claim_time.then_some(claimed_at),
+        ..tx_completed(&store, &k, 2, ctx.now())
     };
     assert_eq!(record(&store, &k).await, Some(taken));
     let lost = unchanged(&store, &k, "a stale commit", store.commit(&stale, None)).await;
@@ -301,7 +314,7 @@ pub async fn a_tx_claim_waiting_on_a_rolled_back_one_claims<F: TransactionalFact
     .await;
     assert_eq!(
         record(&store, &k).await,
-        Some(tx_completed(&k, 1, ctx.now()))
+        Some(tx_completed(&store, &k, 1, ctx.now()))
     );
 }
 

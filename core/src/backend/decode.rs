@@ -33,6 +33,8 @@ pub struct RawRecord<'a> {
     pub outcome: Option<Vec<u8>>,
     /// The stored fingerprint.
     pub fingerprint: Option<&'a str>,
+    /// When the key was first claimed (ms), if the backend keeps it.
+    pub first_claimed_at: Option<i64>,
 }
 
 impl RawRecord<'_> {
@@ -71,6 +73,7 @@ impl RawRecord<'_> {
             fence,
             attempt,
             fingerprint,
+            first_claimed_at: self.first_claimed_at.map(Timestamp::from_millis),
             state,
         })
     }
@@ -108,6 +111,7 @@ mod tests {
             processed_at: Some(5),
             outcome: None,
             fingerprint: None,
+            first_claimed_at: Some(4),
         }
     }
 

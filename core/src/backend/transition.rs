@@ -128,6 +128,7 @@ pub fn claim(
         } => (fence, attempt, fingerprint),
     };
     let expires_at = now.saturating_add(options.lease);
+    let first_claimed_at = first_claim(record, now);
     let lease = Lease {
         key: key.clone(),
         token,
@@ -140,6 +141,7 @@ pub fn claim(
         fence,
         attempt,
         fingerprint,
+        first_claimed_at,
         state: RecordState::InFlight { token, expires_at },
     };
     Ok((Claim::Acquired(lease), Write::Put(record)))
@@ -155,6 +157,12 @@ fn held_by<'r>(record: Option<&'r Record>, lease: &Lease) -> Option<(&'r Record,
         },
         None => None,
     }
+}
+
+/// The first-claim time a claim at `now` writes: `now` for a new record, the stored one
+/// (possibly unknown) for a record taken over.
+fn first_claim(record: Option<&Record>, now: Timestamp) -> Option<Timestamp> {
+    record.map_or(Some(now), |r| r.first_claimed_at)
 }
 
 fn lost(lease: &Lease) -> Error {
@@ -187,6 +195,7 @@ pub fn tx_claim(
                 fence,
                 attempt,
                 fingerprint,
+                first_claimed_at: first_claim(record, now),
                 state: RecordState::Completed {
                     token: None,
                     processed_at: now,

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::HandlerRetry;
 use crate::layers::RetryPolicy;
 
 /// How an [`Inbox`](super::Inbox) claims, renews, commits and treats failures.
@@ -25,11 +26,19 @@ pub struct InboxConfig {
     pub max_attempts: Option<u32>,
     /// What a handler error does to the key.
     pub failures: FailurePolicy,
+    /// How a handler that failed with a [`Transient`](super::Transient) error runs again in
+    /// process before the delivery is given back (default: never), in
+    /// [`Inbox::handle_retrying`](super::Inbox::handle_retrying) and the transactional
+    /// inboxes.
+    pub handler_retry: HandlerRetry,
+    /// Whether each suppressed duplicate is logged (default: no).
+    pub log_duplicates: DuplicateLog,
 }
 
 impl Default for InboxConfig {
     /// A 30-second lease renewed every 10 seconds, the default commit [`RetryPolicy`], no
-    /// attempt limit, failures released for a retry.
+    /// attempt limit, failures released for a retry, no retry in process, no log line per
+    /// duplicate.
     fn default() -> Self {
         InboxConfig {
             lease: Duration::from_secs(30),
@@ -37,6 +46,8 @@ impl Default for InboxConfig {
             commit_retry: RetryPolicy::default(),
             max_attempts: None,
             failures: FailurePolicy::Retry,
+            handler_retry: HandlerRetry::NEVER,
+            log_duplicates: DuplicateLog::Off,
         }
     }
 }
@@ -54,4 +65,26 @@ pub enum FailurePolicy {
     /// without running the handler (what payment APIs do with an idempotency key). For
     /// failures that repeating cannot fix: a declined card, a validation error.
     Store,
+}
+
+/// Whether an inbox logs each delivery it did not run the handler for because the key was
+/// already completed (a duplicate, a replayed failure or dead letter) or is being processed
+/// by another worker (busy): one `WARN` event, target `dedup_core::inbox`, message
+/// `duplicate suppressed`, fields `consumer`, `result` (`duplicate`, `failed`,
+/// `dead_letter`, `busy`) and, if allowed, `message_id`.
+///
+/// Off by default: at-least-once delivery makes duplicates routine, and the
+/// `dedup_claims_total{result="completed"}` counter already counts them. Turn it on to see
+/// *which* messages a producer or broker sends twice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DuplicateLog {
+    /// No log line per duplicate.
+    #[default]
+    Off,
+    /// A `WARN` per duplicate with the consumer, without the message id (for message ids
+    /// that carry personal data, like [`ObserveOptions::without_message_ids`](crate::layers::ObserveOptions::without_message_ids)).
+    WithoutMessageIds,
+    /// A `WARN` per duplicate with the consumer and the message id.
+    WithMessageIds,
 }

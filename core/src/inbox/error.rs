@@ -48,10 +48,15 @@ pub enum InboxError {
 }
 
 impl InboxError {
-    /// The handler's error, if this is [`InboxError::Handler`] and it is an `E`.
+    /// The handler's error, if this is [`InboxError::Handler`] and it is an `E` (or a
+    /// [`Transient`](super::Transient) wrapping an `E`).
     pub fn handler_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
-            InboxError::Handler { source, .. } => source.downcast_ref(),
+            InboxError::Handler { source, .. } => source.downcast_ref().or_else(|| {
+                source
+                    .downcast_ref::<super::Transient>()
+                    .and_then(|t| t.get_ref().downcast_ref())
+            }),
             _ => None,
         }
     }

@@ -16,7 +16,9 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
     /// A stored outcome that is not `T`'s JSON (written by another version of the handler,
     /// or raw bytes) is [`InboxError::Outcome`]; a key completed without an outcome decodes
     /// as JSON `null` (fine for `Option<_>` and `()`). Evolve `T` the way you evolve any
-    /// JSON message: add optional fields, do not rename.
+    /// JSON message: add optional fields, do not rename. Like `handle`, it runs the handler
+    /// at most once ([`InboxConfig::handler_retry`](super::InboxConfig::handler_retry) does
+    /// not apply).
     pub async fn handle_json<T, F, Fut, E>(
         &self,
         key: &Key,
@@ -29,8 +31,15 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         Fut: Future<Output = Result<T, E>>,
         E: Into<BoxError>,
     {
-        self.run(key, fingerprint, handler, encode::<T>, decode::<T>)
-            .await
+        self.run(
+            key,
+            fingerprint,
+            super::once(handler),
+            &super::HandlerRetry::NEVER,
+            encode::<T>,
+            decode::<T>,
+        )
+        .await
     }
 }
 

@@ -6,6 +6,7 @@ mod error;
 mod handled;
 #[cfg(feature = "serde")]
 mod json;
+mod retry;
 mod stored;
 mod tx;
 
@@ -17,9 +18,10 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use tracing::Instrument;
 
-pub use config::{FailurePolicy, InboxConfig};
+pub use config::{DuplicateLog, FailurePolicy, InboxConfig};
 pub use error::InboxError;
 pub use handled::Handled;
+pub use retry::{Backoff, HandlerRetry, Transient};
 use stored::Stored;
 pub use tx::{TxAttempt, TxAttempts, TxEngine};
 
@@ -38,14 +40,18 @@ type Decode<T> = fn(Option<Vec<u8>>) -> Result<T, BoxError>;
 /// with [`FailurePolicy::Store`], commit the failure); release on panic, before the panic
 /// continues; report a duplicate with the stored outcome; report busy when another worker
 /// holds a live lease; and past [`InboxConfig::max_attempts`] report a dead letter without
-/// running the handler. If the future returned by [`handle`](Self::handle) is dropped
+/// running the handler. A handler error marked [`Transient`] runs the handler again in
+/// process, as a new attempt, under [`InboxConfig::handler_retry`] (off by default). If the
+/// future returned by [`handle`](Self::handle) is dropped
 /// mid-handler (a cancelled task, a shutdown), the lease is released in the background so
 /// the key is not stuck until the lease expires.
 ///
 /// Observability: each call runs in a `dedup_inbox` span (fields `consumer`, `attempt`,
 /// `result`; never the message id: the store's spans carry it when allowed), records
 /// [`dedup_handler_duration_seconds`](crate::layers::metric_names::HANDLER_DURATION_SECONDS)
-/// and counts dead letters and stored failures. Its store operations (claims, takeovers,
+/// and counts dead letters, stored failures and runs again
+/// ([`dedup_handler_retries_total`](crate::layers::metric_names::HANDLER_RETRIES_TOTAL));
+/// [`InboxConfig::log_duplicates`] logs each suppressed duplicate. Its store operations (claims, takeovers,
 /// renewals, lost leases, commits) are counted by wrapping the store in
 /// [`Observed`](crate::layers::Observed).
 ///
@@ -114,6 +120,10 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
     /// [`MAX_OUTCOME_LEN`](crate::MAX_OUTCOME_LEN) bytes, not starting with the reserved
     /// bytes `\0dedup:`). Its error may be any type that converts into a
     /// `Box<dyn Error + Send + Sync>` (`std` errors, `anyhow::Error`, `String`, `&str`).
+    ///
+    /// The handler runs at most once in this call (it is `FnOnce`), so
+    /// [`InboxConfig::handler_retry`] does not apply: use
+    /// [`handle_retrying`](Self::handle_retrying) for that.
     pub async fn handle<F, Fut, E>(
         &self,
         key: &Key,
@@ -125,7 +135,34 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         Fut: Future<Output = Result<Option<Vec<u8>>, E>>,
         E: Into<BoxError>,
     {
-        self.run(key, fingerprint, handler, |o| Ok(o.clone()), Ok)
+        self.run(
+            key,
+            fingerprint,
+            once(handler),
+            &HandlerRetry::NEVER,
+            |o| Ok(o.clone()),
+            Ok,
+        )
+        .await
+    }
+
+    /// [`handle`](Self::handle) for a handler that may run more than once in this call:
+    /// after an error it marks [`Transient`], it runs again under
+    /// [`InboxConfig::handler_retry`], each run as a new attempt (see [`HandlerRetry`]).
+    /// With the default `HandlerRetry::NEVER` this is exactly `handle`.
+    pub async fn handle_retrying<F, Fut, E>(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        handler: F,
+    ) -> Result<Handled, InboxError>
+    where
+        F: FnMut(Lease) -> Fut,
+        Fut: Future<Output = Result<Option<Vec<u8>>, E>>,
+        E: Into<BoxError>,
+    {
+        let retry = self.config.handler_retry;
+        self.run(key, fingerprint, handler, &retry, |o| Ok(o.clone()), Ok)
             .await
     }
 
@@ -134,12 +171,13 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
-        handler: F,
+        mut handler: F,
+        retry: &HandlerRetry,
         encode: Encode<T>,
         decode: Decode<T>,
     ) -> Result<Handled<T>, InboxError>
     where
-        F: FnOnce(Lease) -> Fut,
+        F: FnMut(Lease) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: Into<BoxError>,
     {
@@ -151,31 +189,33 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             result = tracing::field::Empty,
         );
         let handled = async {
-            let options = ClaimOptions {
-                lease: self.config.lease,
-                fingerprint,
-            };
-            let lease = match self.store.claim(key, &options).await {
-                Ok(Claim::Acquired(lease)) => lease,
-                Ok(Claim::InFlight {
-                    expires_at,
-                    attempt,
-                }) => {
-                    return Ok(Handled::Busy {
-                        expires_at,
-                        attempt,
-                    });
+            let mut retries = 0;
+            loop {
+                let lease = match self
+                    .acquire(key, fingerprint.as_ref(), decode, Mode::Lease)
+                    .await
+                {
+                    Ok(lease) => lease,
+                    Err(answer) => return answer,
+                };
+                span.record("attempt", lease.attempt);
+                if let Some(max) = self.config.max_attempts
+                    && lease.attempt > max
+                {
+                    return self.dead_letter(&lease, Mode::Lease).await;
                 }
-                Ok(Claim::Completed {
-                    processed_at,
-                    outcome,
-                }) => return replay(key, processed_at, outcome, decode, Mode::Lease),
-                Err(e) => return Err(InboxError::Store(e)),
-            };
-            span.record("attempt", lease.attempt);
-            match self.config.max_attempts {
-                Some(max) if lease.attempt > max => self.dead_letter(&lease, Mode::Lease).await,
-                _ => self.run_handler(lease, handler, encode).await,
+                match self
+                    .run_handler(lease, &mut handler, encode, retry, retries)
+                    .await
+                {
+                    Ran::Settled(answer) => return answer,
+                    Ran::Again(lease) => {
+                        retries += 1;
+                        retry_counted(key, Mode::Lease, "transient");
+                        let delay = retry.delay(retries);
+                        self.pause_then_release(&lease, delay).await?;
+                    }
+                }
             }
         }
         .instrument(span.clone())
@@ -184,15 +224,79 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         handled
     }
 
-    /// Run the handler under `lease` and settle the key with what it returned.
+    /// Claim `key` in lease mode: `Ok(lease)` to run the handler; otherwise the delivery's
+    /// answer (busy, a replayed outcome, failure or dead letter) as `Err(Ok(..))`, or the
+    /// store's error. Logs a suppressed duplicate if [`InboxConfig::log_duplicates`] asks.
+    async fn acquire<T>(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        decode: Decode<T>,
+        mode: Mode,
+    ) -> Result<Lease, Result<Handled<T>, InboxError>> {
+        let options = ClaimOptions {
+            lease: self.config.lease,
+            fingerprint: fingerprint.cloned(),
+        };
+        let answer = match self.store.claim(key, &options).await {
+            Ok(Claim::Acquired(lease)) => return Ok(lease),
+            Ok(Claim::InFlight {
+                expires_at,
+                attempt,
+            }) => Ok(Handled::Busy {
+                expires_at,
+                attempt,
+            }),
+            Ok(Claim::Completed {
+                processed_at,
+                outcome,
+            }) => replay(key, processed_at, outcome, decode, mode),
+            Err(e) => return Err(Err(InboxError::Store(e))),
+        };
+        if let Ok(handled) = &answer {
+            log_duplicate(self.config.log_duplicates, key, handled_name(handled));
+        }
+        Err(answer)
+    }
+
+    /// Keep `lease` through `delay` (renewed, so duplicates meanwhile answer busy), then
+    /// release it for the next run's claim.
+    async fn pause_then_release(&self, lease: &Lease, delay: Duration) -> Result<(), InboxError> {
+        let mut guard = ReleaseOnDrop {
+            store: Arc::clone(&self.store),
+            lease: Some(lease.clone()),
+        };
+        tokio::select! {
+            biased;
+            lost = self.keep_renewed(lease) => {
+                guard.disarm();
+                return Err(InboxError::LeaseLost { key: lost.key });
+            }
+            () = tokio::time::sleep(delay) => {}
+        }
+        guard.disarm();
+        match self.store.release(lease).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_lease_lost() => Err(InboxError::LeaseLost {
+                key: lease.key.clone(),
+            }),
+            Err(e) => Err(InboxError::Store(e)),
+        }
+    }
+
+    /// Run the handler under `lease` and settle the key with what it returned, or hand the
+    /// lease back for another run ([`Ran::Again`]) after a [`Transient`] error the
+    /// [`HandlerRetry`] still covers (`retries` runs again so far).
     async fn run_handler<T, F, Fut, E>(
         &self,
         lease: Lease,
-        handler: F,
+        handler: &mut F,
         encode: Encode<T>,
-    ) -> Result<Handled<T>, InboxError>
+        retry: &HandlerRetry,
+        retries: u32,
+    ) -> Ran<T>
     where
-        F: FnOnce(Lease) -> Fut,
+        F: FnMut(Lease) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: Into<BoxError>,
     {
@@ -208,11 +312,11 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             lost = self.keep_renewed(&lease) => {
                 guard.disarm();
                 handler_finished(&key, Mode::Lease, "lease_lost", started);
-                return Err(InboxError::LeaseLost { key: lost.key });
+                return Ran::Settled(Err(InboxError::LeaseLost { key: lost.key }));
             }
             result = work => result,
         };
-        match result {
+        Ran::Settled(match result {
             Err(panic) => {
                 handler_finished(&key, Mode::Lease, "panic", started);
                 guard.disarm();
@@ -222,18 +326,24 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             Ok(Err(e)) => {
                 handler_finished(&key, Mode::Lease, "error", started);
                 let source: BoxError = e.into();
-                if self.config.failures == FailurePolicy::Store {
-                    let error = error_chain(&*source);
-                    let committed = self.commit(&lease, Some(&Stored::failed(&error))).await;
-                    guard.disarm();
-                    committed?;
-                    failure_stored(&key, Mode::Lease);
-                    return Ok(Handled::Failed {
-                        error,
-                        replay: false,
-                    });
-                }
                 guard.disarm();
+                if retry.again(retries, &*source) {
+                    return Ran::Again(lease);
+                }
+                if self.config.failures == FailurePolicy::Store && !Transient::is_in(&*source) {
+                    let error = error_chain(&*source);
+                    return Ran::Settled(
+                        self.commit(&lease, Some(&Stored::failed(&error)))
+                            .await
+                            .map(|()| {
+                                failure_stored(&key, Mode::Lease);
+                                Handled::Failed {
+                                    error,
+                                    replay: false,
+                                }
+                            }),
+                    );
+                }
                 let _ = self.store.release(&lease).await;
                 Err(InboxError::Handler { key, source })
             }
@@ -254,18 +364,17 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                     Err(source) => {
                         guard.disarm();
                         let _ = self.store.release(&lease).await;
-                        return Err(InboxError::Outcome { key, source });
+                        return Ran::Settled(Err(InboxError::Outcome { key, source }));
                     }
                 };
                 let committed = self.commit(&lease, bytes.as_deref()).await;
                 guard.disarm();
-                committed?;
-                Ok(Handled::Processed {
+                committed.map(|()| Handled::Processed {
                     outcome: value,
                     lease,
                 })
             }
-        }
+        })
     }
 
     /// Complete a key that used up its attempts as dead-lettered, without running the
@@ -345,6 +454,44 @@ fn replay<T>(
     }
 }
 
+/// An `FnOnce` handler as the `FnMut` the run loop takes; called at most once, since
+/// [`handle`](Inbox::handle) runs it under [`HandlerRetry::NEVER`].
+fn once<F: FnOnce(Lease) -> Fut, Fut>(handler: F) -> impl FnMut(Lease) -> Fut {
+    let mut handler = Some(handler);
+    move |lease| (handler.take().expect("an FnOnce handler runs at most once"))(lease)
+}
+
+/// How one run of the handler ended.
+enum Ran<T> {
+    /// The delivery's answer.
+    Settled(Result<Handled<T>, InboxError>),
+    /// A [`Transient`] error the [`HandlerRetry`] covers: run again as a new attempt; the
+    /// lease is still held.
+    Again(Lease),
+}
+
+/// Count a handler run started again, by `reason` (`transient`, `database`).
+fn retry_counted(key: &Key, mode: Mode, reason: &'static str) {
+    metrics::counter!(m::HANDLER_RETRIES_TOTAL, "consumer" => key.consumer().to_owned(), "mode" => mode.label(), "reason" => reason)
+        .increment(1);
+}
+
+/// Log a delivery that did not run the handler, as [`DuplicateLog`] asks.
+fn log_duplicate(log: DuplicateLog, key: &Key, result: &'static str) {
+    match log {
+        DuplicateLog::Off => {}
+        DuplicateLog::WithoutMessageIds => {
+            tracing::warn!(consumer = key.consumer(), result, "duplicate suppressed")
+        }
+        DuplicateLog::WithMessageIds => tracing::warn!(
+            consumer = key.consumer(),
+            message_id = key.message_id(),
+            result,
+            "duplicate suppressed"
+        ),
+    }
+}
+
 /// Count a dead-lettered delivery and say so.
 fn dead_letter_counted<T>(
     key: &Key,
@@ -384,15 +531,22 @@ impl Mode {
 /// The `result` field of the `dedup_inbox` span.
 fn result_name<T>(handled: &Result<Handled<T>, InboxError>) -> &'static str {
     match handled {
-        Ok(Handled::Processed { .. }) => "processed",
-        Ok(Handled::Duplicate { .. }) => "duplicate",
-        Ok(Handled::Busy { .. }) => "busy",
-        Ok(Handled::Failed { .. }) => "failed",
-        Ok(Handled::DeadLetter { .. }) => "dead_letter",
+        Ok(handled) => handled_name(handled),
         Err(InboxError::Handler { .. }) => "handler_error",
         Err(InboxError::LeaseLost { .. }) => "lease_lost",
         Err(InboxError::Store(_)) => "store_error",
         Err(InboxError::Outcome { .. }) => "outcome_error",
+    }
+}
+
+/// The name of a [`Handled`] in spans and logs.
+fn handled_name<T>(handled: &Handled<T>) -> &'static str {
+    match handled {
+        Handled::Processed { .. } => "processed",
+        Handled::Duplicate { .. } => "duplicate",
+        Handled::Busy { .. } => "busy",
+        Handled::Failed { .. } => "failed",
+        Handled::DeadLetter { .. } => "dead_letter",
     }
 }
 

@@ -10,12 +10,12 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use super::{
-    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop, Stored,
-    error_chain, failure_stored, handler_finished, replay, result_name,
+    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop, Stored, Transient,
+    error_chain, failure_stored, handler_finished, result_name, retry_counted,
 };
 use crate::layers::metric_names as m;
 use crate::layers::{ObserveOptions, Observed, RetryPolicy};
-use crate::{BoxError, Claim, ClaimOptions, DedupStore, Error, Fingerprint, Key, Lease};
+use crate::{BoxError, DedupStore, Error, Fingerprint, Key, Lease};
 
 /// How one run of the handler inside the backend's transaction ended. The backend rolls
 /// the transaction back in every case but [`Committed`](TxAttempt::Committed).
@@ -72,9 +72,14 @@ pub trait TxAttempts: Send {
 /// 3. **On failure** the transaction is rolled back (no business row, no completion) and:
 ///    - an error the database asks to retry (serialization failure, deadlock, SQLite busy)
 ///      runs again after the [`retry`](Self::retry) policy's backoff, in a fresh
-///      transaction and as a new attempt (the lease is released and claimed again, so each
-///      run counts toward `max_attempts`, and another worker may take it instead: then
-///      this call answers what that claim answered);
+///      transaction and as a new attempt (the lease is held, renewed, through the backoff,
+///      then released and claimed again, so each run counts toward `max_attempts`, and
+///      another worker may take it instead: then this call answers what that claim
+///      answered);
+///    - a handler error marked [`Transient`] runs again the same way under
+///      [`InboxConfig::handler_retry`] (its own count and delays; see
+///      [`HandlerRetry`](super::HandlerRetry)); used up, it is given back as
+///      [`InboxError::Handler`] and never stored as the key's result;
 ///    - any other handler error, with [`FailurePolicy::Retry`], releases the lease and
 ///      returns [`InboxError::Handler`]; with [`FailurePolicy::Store`], commits the failure
 ///      as the key's result in lease mode and returns [`Handled::Failed`];
@@ -217,25 +222,7 @@ impl TxEngine {
         key: &Key,
         fingerprint: Option<&Fingerprint>,
     ) -> Result<Lease, Result<Handled, InboxError>> {
-        let options = ClaimOptions {
-            lease: self.config().lease,
-            fingerprint: fingerprint.cloned(),
-        };
-        match self.inbox.store().claim(key, &options).await {
-            Ok(Claim::Acquired(lease)) => Ok(lease),
-            Ok(Claim::InFlight {
-                expires_at,
-                attempt,
-            }) => Err(Ok(Handled::Busy {
-                expires_at,
-                attempt,
-            })),
-            Ok(Claim::Completed {
-                processed_at,
-                outcome,
-            }) => Err(replay(key, processed_at, outcome, Ok, Mode::Tx)),
-            Err(e) => Err(Err(InboxError::Store(e))),
-        }
+        self.inbox.acquire(key, fingerprint, Ok, Mode::Tx).await
     }
 
     async fn settle(
@@ -250,7 +237,10 @@ impl TxEngine {
             Ok(lease) => lease,
             Err(answer) => return answer,
         };
+        // Runs again so far: after errors the database asked to retry, and after
+        // `Transient` handler errors (each counted against its own policy).
         let mut retries = 0;
+        let mut transient_retries = 0;
         let mut backoff = self.retry.initial_backoff;
         loop {
             span.record("attempt", lease.attempt);
@@ -284,7 +274,25 @@ impl TxEngine {
                     handler_finished(key, Mode::Tx, "error", started);
                     if retryable && retries < self.retry.max_retries {
                         // Run again below.
-                    } else if !retryable && self.config().failures == FailurePolicy::Store {
+                    } else if !retryable
+                        && self
+                            .config()
+                            .handler_retry
+                            .again(transient_retries, &*source)
+                    {
+                        transient_retries += 1;
+                        retry_counted(key, Mode::Tx, "transient");
+                        let delay = self.config().handler_retry.delay(transient_retries);
+                        self.inbox.pause_then_release(&lease, delay).await?;
+                        lease = match self.claim(key, fingerprint.as_ref()).await {
+                            Ok(lease) => lease,
+                            Err(answer) => return answer,
+                        };
+                        continue;
+                    } else if !retryable
+                        && self.config().failures == FailurePolicy::Store
+                        && !Transient::is_in(&*source)
+                    {
                         let error = error_chain(&*source);
                         self.inbox
                             .commit(&lease, Some(&Stored::failed(&error)))
@@ -327,15 +335,9 @@ impl TxEngine {
             }
             // The database asked for another run: a new attempt, in a fresh transaction.
             retries += 1;
-            tokio::time::sleep(backoff).await;
+            retry_counted(key, Mode::Tx, "database");
+            self.inbox.pause_then_release(&lease, backoff).await?;
             backoff = (backoff * 2).min(self.retry.max_backoff);
-            match store.release(&lease).await {
-                Ok(()) => {}
-                Err(e) if e.is_lease_lost() => {
-                    return Err(InboxError::LeaseLost { key: key.clone() });
-                }
-                Err(e) => return Err(InboxError::Store(e)),
-            }
             lease = match self.claim(key, fingerprint.as_ref()).await {
                 Ok(lease) => lease,
                 Err(answer) => return answer,

@@ -43,3 +43,8 @@ pub const DEAD_LETTERS_TOTAL: &str = "dedup_dead_letters_total";
 /// Counter: handler failures the [`Inbox`](crate::Inbox) stored as the key's outcome
 /// ([`FailurePolicy::Store`](crate::FailurePolicy::Store)). Labels `consumer`, `mode`.
 pub const STORED_FAILURES_TOTAL: &str = "dedup_stored_failures_total";
+/// Counter: handler runs started again in process after a
+/// [`Transient`](crate::Transient) error ([`HandlerRetry`](crate::HandlerRetry)), and, in
+/// the transactional inbox, after an error the database asked to retry, by `reason`:
+/// `transient` or `database`. Labels `consumer`, `mode`, `reason`.
+pub const HANDLER_RETRIES_TOTAL: &str = "dedup_handler_retries_total";

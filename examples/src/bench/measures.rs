@@ -209,10 +209,11 @@ impl Bench<'_> {
         ))
     }
 
-    /// Measures 4 and 5: a message processed inside one transaction with the library's
+    /// Measures 4 to 7: a message processed inside one transaction with the library's
     /// transactional claim, against the business insert alone and against the
-    /// two-transaction (MassTransit-style) inbox.
-    async fn transactional(&self, tx: &Arc<dyn Transactional>) -> Result<[Row; 2]> {
+    /// two-transaction (MassTransit-style) inbox; and with the library's `TxInbox`,
+    /// against the hand-written transactional claim and the business insert alone.
+    async fn transactional(&self, tx: &Arc<dyn Transactional>) -> Result<[Row; 4]> {
         let (p, c) = (self.params, self.concurrency);
         let flavor = |flavor: TxFlavor, what: String, n: usize| {
             let (tx, consumer) = (Arc::clone(tx), self.consumer(&what));
@@ -227,6 +228,7 @@ impl Bench<'_> {
             (TxFlavor::Library, "tx-lib"),
             (TxFlavor::BusinessOnly, "tx-alone"),
             (TxFlavor::TwoTransactions, "tx-two"),
+            (TxFlavor::Inbox, "tx-inbox"),
         ];
         for (f, what) in flavors {
             flavor(f, format!("warm-{what}"), p.warmup).await?;
@@ -242,7 +244,7 @@ impl Bench<'_> {
                 .collect(),
         )
         .await?;
-        let (lib, alone, two) = (&runs[0], &runs[1], &runs[2]);
+        let (lib, alone, two, inbox) = (&runs[0], &runs[1], &runs[2], &runs[3]);
         Ok([
             self.throughput_row(
                 "tx_claim_vs_insert_alone",
@@ -258,6 +260,22 @@ impl Bench<'_> {
                 lib,
                 two,
                 "two_transactions",
+                Map::new(),
+            ),
+            self.throughput_row(
+                "tx_inbox_vs_claim_in_tx",
+                p.messages,
+                inbox,
+                lib,
+                "claim_in_tx",
+                Map::new(),
+            ),
+            self.throughput_row(
+                "tx_inbox_vs_insert_alone",
+                p.messages,
+                inbox,
+                alone,
+                "insert_alone",
                 Map::new(),
             ),
         ])

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use dedup_core::{Clock, Key, ManualClock, TxClaim};
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection, MySqlPool};
-use dedup_mysql::{MySqlConfig, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::target::{Raw, Target, Transactional, TxFlavor};
-use super::{Names, Params, Result, now_ms, token};
+use super::{BoxError, Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-mysql's migration), without
 /// its check constraint and purge index.
@@ -121,6 +121,7 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
     let tx = MySqlTx {
         inner: Arc::clone(&raw.inner),
         store: store.clone(),
+        inbox: TxInbox::new(store.clone()),
     };
     Ok(Target {
         backend: "mysql",
@@ -310,6 +311,7 @@ impl Raw for MySqlRaw {
 struct MySqlTx {
     inner: Arc<Inner>,
     store: MySqlStore,
+    inbox: TxInbox,
 }
 
 impl Transactional for MySqlTx {
@@ -321,6 +323,24 @@ impl Transactional for MySqlTx {
         message_id: String,
     ) -> BoxFuture<'static, Result<()>> {
         let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
+        if flavor == TxFlavor::Inbox {
+            let inbox = self.inbox.clone();
+            return async move {
+                let key = Key::new(&*consumer, &message_id)?;
+                inbox
+                    .handle(&key, None, |conn, _lease| {
+                        let (inner, consumer) = (Arc::clone(&inner), Arc::clone(&consumer));
+                        let id = message_id.clone();
+                        Box::pin(async move {
+                            inner.insert_business(conn, &consumer, &id).await?;
+                            Ok::<_, BoxError>(None)
+                        })
+                    })
+                    .await?;
+                Ok(())
+            }
+            .boxed();
+        }
         async move {
             let (consumer, id) = (&*consumer, message_id.as_str());
             let mut tx = inner.pool.begin().await?;
@@ -332,6 +352,7 @@ impl Transactional for MySqlTx {
                     }
                 }
                 TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
+                TxFlavor::Inbox => unreachable!("handled above"),
                 TxFlavor::TwoTransactions => {
                     // Insert the inbox row, or meet it, and commit. Insert first: a locking
                     // read of an absent row at REPEATABLE READ takes a gap lock, and two

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use dedup_core::{Clock, Key, ManualClock, TxClaim};
+use dedup_core::{BoxError, Clock, Key, ManualClock, TxClaim};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
-use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -145,6 +145,7 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
     let tx = PostgresTx {
         inner: Arc::clone(&raw.inner),
         store: store.clone(),
+        inbox: TxInbox::new(store.clone()),
     };
     Ok(Target {
         backend: "postgres",
@@ -316,6 +317,7 @@ impl Raw for PostgresRaw {
 struct PostgresTx {
     inner: Arc<Inner>,
     store: PostgresStore,
+    inbox: TxInbox,
 }
 
 impl Transactional for PostgresTx {
@@ -327,6 +329,24 @@ impl Transactional for PostgresTx {
         message_id: String,
     ) -> BoxFuture<'static, Result<()>> {
         let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
+        if flavor == TxFlavor::Inbox {
+            let inbox = self.inbox.clone();
+            return async move {
+                let key = Key::new(&*consumer, &message_id)?;
+                inbox
+                    .handle(&key, None, |conn, _lease| {
+                        let (inner, consumer) = (Arc::clone(&inner), Arc::clone(&consumer));
+                        let id = message_id.clone();
+                        Box::pin(async move {
+                            inner.insert_business(conn, &consumer, &id).await?;
+                            Ok::<_, BoxError>(None)
+                        })
+                    })
+                    .await?;
+                Ok(())
+            }
+            .boxed();
+        }
         async move {
             let (consumer, id) = (&*consumer, message_id.as_str());
             let mut tx = inner.pool.begin().await?;
@@ -338,6 +358,7 @@ impl Transactional for PostgresTx {
                     }
                 }
                 TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
+                TxFlavor::Inbox => unreachable!("handled above"),
                 TxFlavor::TwoTransactions => {
                     // Lock or insert the inbox row, commit.
                     if inner.lock_row(&mut tx, consumer, id).await?.is_none() {

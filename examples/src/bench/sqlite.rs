@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use dedup_core::{Clock, Key, ManualClock, TxClaim};
+use dedup_core::{BoxError, Clock, Key, ManualClock, TxClaim};
 use dedup_sqlite::rusqlite::{
     Connection, OptionalExtension, Transaction, TransactionBehavior, params,
 };
-use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore, Synchronous};
+use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore, Synchronous, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -113,6 +113,7 @@ pub(crate) async fn open(path: Option<String>, names: &Names, params: &Params) -
     let tx = SqliteTx {
         inner: Arc::clone(&raw.inner),
         store: store.clone(),
+        inbox: TxInbox::new(store.clone()),
     };
     Ok(Target {
         backend: "sqlite",
@@ -339,6 +340,7 @@ impl Raw for SqliteRaw {
 struct SqliteTx {
     inner: Arc<Inner>,
     store: SqliteStore,
+    inbox: TxInbox,
 }
 
 impl Inner {
@@ -365,6 +367,20 @@ impl Transactional for SqliteTx {
         message_id: String,
     ) -> BoxFuture<'static, Result<()>> {
         let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
+        if flavor == TxFlavor::Inbox {
+            let inbox = self.inbox.clone();
+            return async move {
+                let key = Key::new(&*consumer, &message_id)?;
+                inbox
+                    .handle(&key, None, move |tx, _lease| {
+                        inner.insert_business(tx, &consumer, &message_id)?;
+                        Ok::<_, BoxError>(None)
+                    })
+                    .await?;
+                Ok(())
+            }
+            .boxed();
+        }
         blocking(move || {
             let mut conn = inner.connection(worker);
             let (consumer, id) = (&*consumer, message_id.as_str());
@@ -381,6 +397,7 @@ impl Transactional for SqliteTx {
                 TxFlavor::BusinessOnly => {
                     inner.in_tx(&mut conn, |tx| inner.insert_business(tx, consumer, id))
                 }
+                TxFlavor::Inbox => unreachable!("handled above"),
                 TxFlavor::TwoTransactions => {
                     // Lock or insert the inbox row, commit.
                     inner.in_tx(&mut conn, |tx| {

@@ -35,7 +35,7 @@ pub(crate) trait Raw: Send + Sync {
     fn cleanup(&self) -> BoxFuture<'static, Result<()>>;
 }
 
-/// The three ways of processing a message inside a database transaction that the
+/// The ways of processing a message inside a database transaction that the
 /// transactional measures compare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TxFlavor {
@@ -48,6 +48,10 @@ pub(crate) enum TxFlavor {
     /// if present) and commits; a second locks it again, checks it is not consumed, does
     /// the business insert, marks the row consumed and commits.
     TwoTransactions,
+    /// The library's transactional inbox (`TxInbox`): the attempt-counting lease-mode
+    /// claim committed first, then one transaction holding the business insert and the
+    /// key's completion.
+    Inbox,
 }
 
 /// Processing a message inside a transaction: the library's transactional claim against

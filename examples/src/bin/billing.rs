@@ -13,15 +13,21 @@
 //! 4. the same order published twice under two different message ids: message-id dedup
 //!    cannot know they are the same order; a natural key (a unique order id on the invoice
 //!    table, insert-or-ignore before paying) catches it. Both layers are needed.
+//!
+//! The handlers (`dedup_examples::billing`) pass the lease's idempotency key to the payment
+//! provider, which honours it: without it a worker that dies between the charge and the
+//! commit charges again on the retry, in both modes (the test kit's billing tests show it).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dedup_core::{Handled, Inbox, InboxConfig, Key};
+use dedup_core::{BoxError, Handled, Inbox, InboxConfig, Key};
+use dedup_examples::billing::{self, Payments};
 use dedup_examples::report::{print_json, print_table};
-use dedup_sqlite::rusqlite::{self, Connection, params};
+use dedup_sqlite::rusqlite::{self, Connection};
 use dedup_sqlite::{SqliteStore, TxInbox};
 
 const PAYMENT: Duration = Duration::from_millis(200);
@@ -40,6 +46,8 @@ struct Row {
 struct World {
     db: PathBuf,
     charges: AtomicU32,
+    /// Idempotency keys the provider has charged under.
+    keys: Mutex<HashSet<String>>,
 }
 
 impl World {
@@ -48,20 +56,13 @@ impl World {
         let name = variant.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
         let db = dir.join(format!("{name}.db"));
         let conn = connect(&db)?;
-        conn.execute_batch(
-            "CREATE TABLE invoices (order_id TEXT NOT NULL, amount_cents INTEGER NOT NULL);
-             CREATE TABLE processed_messages (message_id TEXT PRIMARY KEY);",
-        )?;
+        conn.execute_batch(billing::SCHEMA)?;
+        conn.execute_batch("CREATE TABLE processed_messages (message_id TEXT PRIMARY KEY);")?;
         Ok(Arc::new(World {
             db,
             charges: AtomicU32::new(0),
+            keys: Mutex::default(),
         }))
-    }
-
-    /// The payment provider: every call charges the card.
-    fn pay_blocking(&self) {
-        std::thread::sleep(PAYMENT);
-        self.charges.fetch_add(1, Ordering::SeqCst);
     }
 
     fn invoices(&self) -> rusqlite::Result<i64> {
@@ -75,6 +76,20 @@ impl World {
             charges: self.charges.load(Ordering::SeqCst),
             invoices: self.invoices()?,
         })
+    }
+}
+
+impl Payments for World {
+    /// The payment provider: every call charges the card, but a repeated idempotency key.
+    fn charge(&self, _order_id: &str, idempotency_key: Option<&str>) -> Result<(), BoxError> {
+        std::thread::sleep(PAYMENT);
+        if let Some(key) = idempotency_key
+            && !self.keys.lock().expect("lock").insert(key.to_owned())
+        {
+            return Ok(());
+        }
+        self.charges.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -129,8 +144,11 @@ async fn naive(dir: &Path) -> Result<Row, Box<dyn std::error::Error>> {
                     |r| r.get(0),
                 )?;
                 if seen == 0 {
-                    w.pay_blocking();
-                    conn.execute("INSERT INTO invoices VALUES (?1, 4999)", [ORDER])?;
+                    w.charge(ORDER, None)?;
+                    conn.execute(
+                        "INSERT INTO invoices VALUES (?1, ?2)",
+                        rusqlite::params![ORDER, billing::AMOUNT_CENTS],
+                    )?;
                     conn.execute(
                         "INSERT OR IGNORE INTO processed_messages VALUES (?1)",
                         [message_id],
@@ -162,17 +180,15 @@ async fn lease_mode(
         async move {
             let key = Key::new("billing", message_id)?;
             let handled = inbox
-                .handle(&key, None, |_lease| {
+                .handle(&key, None, |lease| {
                     let w = Arc::clone(&w);
                     async move {
                         tokio::task::spawn_blocking(move || {
-                            w.pay_blocking();
-                            connect(&w.db)?
-                                .execute("INSERT INTO invoices VALUES (?1, 4999)", [ORDER])
+                            let conn = connect(&w.db)?;
+                            let key = lease.idempotency_key();
+                            billing::charge_then_invoice(&conn, &*w, ORDER, Some(&key))
                         })
                         .await?
-                        .map_err(std::io::Error::other)?;
-                        Ok::<_, std::io::Error>(Some(b"invoiced".to_vec()))
                     }
                 })
                 .await?;
@@ -198,8 +214,7 @@ async fn transactional(
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let world = World::new(dir, variant)?;
     if natural_key {
-        connect(&world.db)?
-            .execute_batch("CREATE UNIQUE INDEX invoices_order ON invoices (order_id)")?;
+        connect(&world.db)?.execute_batch(billing::NATURAL_KEY)?;
     }
     let inbox = TxInbox::new(SqliteStore::open(&world.db).await?);
     let w = Arc::clone(&world);
@@ -208,18 +223,11 @@ async fn transactional(
         async move {
             let key = Key::new("billing", message_id)?;
             let handled = inbox
-                .handle(&key, None, move |tx, _lease| {
-                    let insert = if natural_key {
-                        "INSERT OR IGNORE INTO invoices VALUES (?1, 4999)"
-                    } else {
-                        "INSERT INTO invoices VALUES (?1, 4999)"
-                    };
-                    if tx.execute(insert, params![ORDER])? == 1 {
-                        // The payment runs inside the transaction: if it fails, the
-                        // rollback removes the invoice and leaves the key unprocessed.
-                        w.pay_blocking();
-                    }
-                    Ok::<_, rusqlite::Error>(Some(b"invoiced".to_vec()))
+                .handle(&key, None, move |tx, lease| {
+                    // The payment runs inside the transaction: if it fails, the rollback
+                    // removes the invoice and leaves the key unprocessed.
+                    let key = lease.idempotency_key();
+                    billing::invoice_in_tx(tx, &*w, ORDER, natural_key, Some(&key))
                 })
                 .await?;
             // Busy: as in lease mode, a real consumer nacks; the redelivery then finds the

@@ -12,13 +12,13 @@ use std::io::{BufRead, Write as _};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use dedup_core::{Claim, ClaimOptions, DedupStore, Key, Result, TxClaim};
+use dedup_core::{Claim, ClaimOptions, DedupStore, Handled, InboxConfig, InboxError, Key, Result};
 #[cfg(feature = "mysql")]
-use dedup_mysql::{MySqlConfig, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox as MySqlTxInbox};
 use dedup_postgres::sqlx::{self, PgPool};
-use dedup_postgres::{PostgresConfig, PostgresStore};
-use dedup_sqlite::SqliteStore;
-use dedup_sqlite::rusqlite::{TransactionBehavior, params};
+use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox as PgTxInbox};
+use dedup_sqlite::rusqlite::params;
+use dedup_sqlite::{SqliteStore, TxInbox as SqliteTxInbox};
 
 use super::queue::Queue;
 use super::{Backend, Mode, Window};
@@ -124,10 +124,10 @@ fn key(id: u64) -> Key {
 /// The store a worker uses.
 enum Store {
     Any(std::sync::Arc<dyn DedupStore>),
-    Postgres(PostgresStore),
-    Sqlite(SqliteStore),
+    Postgres(PgTxInbox),
+    Sqlite(SqliteTxInbox),
     #[cfg(feature = "mysql")]
-    Mysql(MySqlStore),
+    Mysql(MySqlTxInbox),
 }
 
 /// Run a worker until the queue is drained.
@@ -138,16 +138,24 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
         &args.queue_table,
         Duration::from_millis(args.visibility_ms),
     );
+    let lease = Duration::from_millis(args.lease_ms);
+    let tx_config = InboxConfig {
+        lease,
+        ..InboxConfig::default()
+    };
     let store = match (args.backend, args.mode) {
         (Backend::Postgres, Mode::Transactional) => Store::Postgres(
-            retried("connect", || {
-                PostgresStore::connect_with(&args.store, postgres_config())
-            })
-            .await?,
+            PgTxInbox::new(
+                retried("connect", || {
+                    PostgresStore::connect_with(&args.store, postgres_config())
+                })
+                .await?,
+            )
+            .with_config(tx_config),
         ),
-        (Backend::Sqlite, Mode::Transactional) => {
-            Store::Sqlite(SqliteStore::open(&args.store).await?)
-        }
+        (Backend::Sqlite, Mode::Transactional) => Store::Sqlite(
+            SqliteTxInbox::new(SqliteStore::open(&args.store).await?).with_config(tx_config),
+        ),
         (Backend::Sqlite, Mode::Lease) => {
             Store::Any(std::sync::Arc::new(SqliteStore::open(&args.store).await?))
         }
@@ -159,10 +167,13 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
         )),
         #[cfg(feature = "mysql")]
         (Backend::Mysql, Mode::Transactional) => Store::Mysql(
-            retried("connect", || {
-                MySqlStore::connect_with(&args.store, mysql_config())
-            })
-            .await?,
+            MySqlTxInbox::new(
+                retried("connect", || {
+                    MySqlStore::connect_with(&args.store, mysql_config())
+                })
+                .await?,
+            )
+            .with_config(tx_config),
         ),
         #[cfg(feature = "mysql")]
         (Backend::Mysql, Mode::Lease) => Store::Any(std::sync::Arc::new(
@@ -175,7 +186,7 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
             retried("connect", || dedup_redis::RedisStore::connect(&args.store)).await?,
         )),
     };
-    let options = ClaimOptions::lease(Duration::from_millis(args.lease_ms));
+    let options = ClaimOptions::lease(lease);
     loop {
         let Some(id) = queue_call("receive", || queue.receive()).await? else {
             if queue_call("stats", || queue.stats()).await?.acked_all() {
@@ -188,10 +199,10 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
         announce(Window::BeforeClaim, id);
         let done = match &store {
             Store::Any(store) => lease_mode(&**store, id, &options, &args).await?,
-            Store::Postgres(store) => postgres_tx(store, id, args.worker).await?,
-            Store::Sqlite(store) => sqlite_tx(store, id, args.worker)?,
+            Store::Postgres(inbox) => postgres_tx(inbox, id, args.worker).await?,
+            Store::Sqlite(inbox) => sqlite_tx(inbox, id, args.worker).await?,
             #[cfg(feature = "mysql")]
-            Store::Mysql(store) => mysql_tx(store, id, args.worker).await?,
+            Store::Mysql(inbox) => mysql_tx(inbox, id, args.worker).await?,
         };
         if done {
             queue_call("ack", || queue.ack(id)).await?;
@@ -216,40 +227,31 @@ pub fn mysql_config() -> MySqlConfig {
     }
 }
 
-/// Transactional mode on MySQL: claim and the effect row in one transaction.
+/// Transactional mode on MySQL: `TxInbox` runs the effect row's insert in the
+/// transaction that completes the key.
 #[cfg(feature = "mysql")]
-async fn mysql_tx(store: &MySqlStore, id: u64, worker: u32) -> std::result::Result<bool, BoxError> {
+async fn mysql_tx(
+    inbox: &MySqlTxInbox,
+    id: u64,
+    worker: u32,
+) -> std::result::Result<bool, BoxError> {
     use dedup_mysql::sqlx as mysqlx;
-    let key = key(id);
-    let attempt = async {
-        let mut tx = store.pool().begin().await.map_err(BoxError::from)?;
-        match store.claim_in_tx(&mut tx, &key, None).await? {
-            TxClaim::Completed { .. } => return Ok(true),
-            TxClaim::InFlight { .. } => return Ok(false),
-            TxClaim::Claimed { fence } => {
+    let handled = inbox
+        .handle(&key(id), None, |conn, lease| {
+            Box::pin(async move {
                 announce(Window::ClaimEffect, id);
                 mysqlx::query("INSERT INTO chaos_effects (msg, worker, fence) VALUES (?, ?, ?)")
                     .bind(id as i64)
                     .bind(worker as i64)
-                    .bind(fence as i64)
-                    .execute(&mut *tx)
+                    .bind(lease.fence as i64)
+                    .execute(&mut *conn)
                     .await?;
-            }
-        }
-        announce(Window::EffectCommit, id);
-        tx.commit().await?;
-        announce(Window::CommitAck, id);
-        Ok::<bool, BoxError>(true)
-    };
-    match attempt.await {
-        Ok(done) => Ok(done),
-        Err(e) => {
-            // The transaction rolled back (a restart cut it): the next delivery retries.
-            eprintln!("message {id}: transaction failed: {e}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Ok(false)
-        }
-    }
+                announce(Window::EffectCommit, id);
+                Ok::<_, mysqlx::Error>(Some(b"done".to_vec()))
+            })
+        })
+        .await;
+    tx_answer(id, handled).await
 }
 
 /// Lease mode: claim, effect (a line appended to the effects file, fsynced), commit.
@@ -299,37 +301,21 @@ async fn lease_mode(
     Ok(true)
 }
 
-/// Transactional mode on PostgreSQL: claim and the effect row in one transaction.
-async fn postgres_tx(
-    store: &PostgresStore,
+/// Whether to acknowledge a delivery `TxInbox` answered; an error (a restart cut the
+/// transaction, which rolled back) leaves it for the next delivery.
+async fn tx_answer(
     id: u64,
-    worker: u32,
+    handled: std::result::Result<Handled, InboxError>,
 ) -> std::result::Result<bool, BoxError> {
-    let key = key(id);
-    let attempt = async {
-        let mut tx = store.pool().begin().await.map_err(BoxError::from)?;
-        match store.claim_in_tx(&mut tx, &key, None).await? {
-            TxClaim::Completed { .. } => return Ok(true),
-            TxClaim::InFlight { .. } => return Ok(false),
-            TxClaim::Claimed { fence } => {
-                announce(Window::ClaimEffect, id);
-                sqlx::query("INSERT INTO chaos_effects (msg, worker, fence) VALUES ($1, $2, $3)")
-                    .bind(id as i64)
-                    .bind(worker as i64)
-                    .bind(fence as i64)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+    match handled {
+        Ok(Handled::Busy { .. }) => Ok(false),
+        Ok(Handled::Processed { .. }) => {
+            announce(Window::CommitAck, id);
+            Ok(true)
         }
-        announce(Window::EffectCommit, id);
-        tx.commit().await?;
-        announce(Window::CommitAck, id);
-        Ok::<bool, BoxError>(true)
-    };
-    match attempt.await {
-        Ok(done) => Ok(done),
+        Ok(Handled::Duplicate { .. }) => Ok(true),
+        Ok(other) => Err(format!("message {id}: unexpected {other:?}").into()),
         Err(e) => {
-            // The transaction rolled back (a restart cut it): the next delivery retries.
             eprintln!("message {id}: transaction failed: {e}");
             tokio::time::sleep(Duration::from_millis(100)).await;
             Ok(false)
@@ -337,24 +323,48 @@ async fn postgres_tx(
     }
 }
 
-/// Transactional mode on SQLite: claim and the effect row in one transaction.
-fn sqlite_tx(store: &SqliteStore, id: u64, worker: u32) -> std::result::Result<bool, BoxError> {
-    let key = key(id);
-    let mut conn = store.open_connection()?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    match store.claim_in_tx(&tx, &key, None)? {
-        TxClaim::Completed { .. } => return Ok(true),
-        TxClaim::InFlight { .. } => return Ok(false),
-        TxClaim::Claimed { fence } => {
+/// Transactional mode on PostgreSQL: `TxInbox` runs the effect row's insert in the
+/// transaction that completes the key.
+async fn postgres_tx(
+    inbox: &PgTxInbox,
+    id: u64,
+    worker: u32,
+) -> std::result::Result<bool, BoxError> {
+    let handled = inbox
+        .handle(&key(id), None, |conn, lease| {
+            Box::pin(async move {
+                announce(Window::ClaimEffect, id);
+                sqlx::query("INSERT INTO chaos_effects (msg, worker, fence) VALUES ($1, $2, $3)")
+                    .bind(id as i64)
+                    .bind(worker as i64)
+                    .bind(lease.fence as i64)
+                    .execute(&mut *conn)
+                    .await?;
+                announce(Window::EffectCommit, id);
+                Ok::<_, sqlx::Error>(Some(b"done".to_vec()))
+            })
+        })
+        .await;
+    tx_answer(id, handled).await
+}
+
+/// Transactional mode on SQLite: `TxInbox` runs the effect row's insert in the
+/// transaction that completes the key.
+async fn sqlite_tx(
+    inbox: &SqliteTxInbox,
+    id: u64,
+    worker: u32,
+) -> std::result::Result<bool, BoxError> {
+    let handled = inbox
+        .handle(&key(id), None, move |tx, lease| {
             announce(Window::ClaimEffect, id);
             tx.execute(
                 "INSERT INTO chaos_effects (msg, worker, fence) VALUES (?1, ?2, ?3)",
-                params![id as i64, worker, fence as i64],
+                params![id as i64, worker, lease.fence as i64],
             )?;
-        }
-    }
-    announce(Window::EffectCommit, id);
-    tx.commit()?;
-    announce(Window::CommitAck, id);
-    Ok(true)
+            announce(Window::EffectCommit, id);
+            Ok::<_, dedup_sqlite::rusqlite::Error>(Some(b"done".to_vec()))
+        })
+        .await;
+    tx_answer(id, handled).await
 }

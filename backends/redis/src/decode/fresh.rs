@@ -138,6 +138,8 @@ pub(crate) fn completed(
             processed_at: Some(processed_at),
             outcome,
             fingerprint: (fp_len > 0).then_some(fingerprint),
+            // Redis records do not keep the first claim time.
+            first_claimed_at: None,
         }
         .decode(key),
     )

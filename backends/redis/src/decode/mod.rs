@@ -240,6 +240,8 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
                 processed_at: r.optional_int(6)?,
                 outcome: r.bytes(7)?,
                 fingerprint: r.text(8)?,
+                // Redis records do not keep the first claim time.
+                first_claimed_at: None,
             }
             .decode(key)
             .map(Some)
