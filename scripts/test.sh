@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's one test command (the README's and CI's): starts PostgreSQL, Redis, Redis
-# Cluster, Valkey, Valkey Cluster and RabbitMQ (and the TLS servers) on loopback (installing
+# Cluster, Valkey, Valkey Cluster, RabbitMQ and MariaDB (and the TLS servers) on loopback (installing
 # them first when missing: scripts/services.sh), exports their URLs, runs every test of
 # the workspace against them, and stops them again, also on failure or Ctrl-C.
 #

@@ -30,7 +30,7 @@ struct Cli {
 /// Which store to open.
 #[derive(Debug, Args)]
 struct StoreArgs {
-    /// The store: sqlite:PATH, postgres://..., redis://..., redis+cluster://h1:p1,h2:p2,
+    /// The store: sqlite:PATH, postgres://..., mysql://..., redis://..., redis+cluster://h1:p1,h2:p2,
     /// memory: (with the `dedup` crate's URL parameters: table=, prefix=, connect_timeout=...)
     #[arg(
         long = "store",

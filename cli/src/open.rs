@@ -23,7 +23,7 @@ use crate::failure::Failure;
 pub(crate) struct Opened {
     /// The store.
     pub(crate) store: Arc<dyn Admin>,
-    /// The backend's name (`sqlite`, `postgres`, `redis`, `redis-cluster`, `memory`).
+    /// The backend's name (`sqlite`, `postgres`, `mysql`, `redis`, `redis-cluster`, `memory`).
     pub(crate) backend: &'static str,
     /// Where the records are: a table, a key prefix.
     pub(crate) location: String,
@@ -44,7 +44,7 @@ pub(crate) enum Access {
 pub(crate) async fn open(args: &StoreArgs, access: Access) -> Result<Opened, Failure> {
     let Some(url) = &args.url else {
         return Err(Failure::usage("no store given").hint(
-            "pass --store URL or set DEDUP_STORE_URL (sqlite:PATH, postgres://..., redis://...)",
+            "pass --store URL or set DEDUP_STORE_URL (sqlite:PATH, postgres://..., mysql://..., redis://...)",
         ));
     };
     let mut overrides: Vec<(&str, &str)> = [
@@ -68,7 +68,7 @@ pub(crate) async fn open(args: &StoreArgs, access: Access) -> Result<Opened, Fai
         })
     };
     let mut parsed = parse(&overrides)?;
-    if access == Access::Read && matches!(parsed.backend(), "sqlite" | "postgres") {
+    if access == Access::Read && matches!(parsed.backend(), "sqlite" | "postgres" | "mysql") {
         overrides.push(("migrate", "false"));
         parsed = parse(&overrides)?;
     }

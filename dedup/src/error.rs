@@ -69,7 +69,7 @@ impl From<OpenError> for dedup_core::Error {
 pub enum UrlError {
     /// The scheme names no store.
     #[error(
-        "unknown scheme {scheme:?}: use memory:, sqlite:PATH, postgres://, redis://, rediss://, \
+        "unknown scheme {scheme:?}: use memory:, sqlite:PATH, postgres://, mysql://, mariadb://, redis://, rediss://, \
          redis+cluster:// or rediss+cluster://"
     )]
     UnknownScheme {

@@ -4,14 +4,24 @@ mod error;
 mod open;
 // Helpers of the backends a build leaves out are unused in it.
 #[cfg_attr(
-    not(all(feature = "sqlite", feature = "postgres", feature = "redis")),
+    not(all(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "redis",
+        feature = "mysql"
+    )),
     allow(dead_code)
 )]
 mod params;
 mod redact;
 // Helpers of the backends a build leaves out are unused in it.
 #[cfg_attr(
-    not(all(feature = "sqlite", feature = "postgres", feature = "redis")),
+    not(all(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "redis",
+        feature = "mysql"
+    )),
     allow(dead_code)
 )]
 mod url;
@@ -33,6 +43,12 @@ pub use dedup_sqlite::{SqliteConfig, SqliteStore, Synchronous};
 pub use dedup_postgres as postgres;
 #[cfg(feature = "postgres")]
 pub use dedup_postgres::{PostgresConfig, PostgresStore};
+
+/// The MySQL / MariaDB backend (`dedup-mysql`), with the `mysql` feature.
+#[cfg(feature = "mysql")]
+pub use dedup_mysql as mysql;
+#[cfg(feature = "mysql")]
+pub use dedup_mysql::{MySqlConfig, MySqlStore};
 
 /// The Redis backend (`dedup-redis`), with the `redis` feature.
 #[cfg(feature = "redis")]

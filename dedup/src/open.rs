@@ -8,7 +8,7 @@ use crate::error::OpenError;
 use crate::url::{StoreTarget, StoreUrl};
 
 /// Open the store `url` names, ready to use: connected, schema created or migrated, on
-/// the backend's default clock (the server's for PostgreSQL and Redis unless the URL says
+/// the backend's default clock (the server's for PostgreSQL, MySQL and Redis unless the URL says
 /// `clock=local`). See the crate docs for the URL forms and parameters.
 ///
 /// The URL is checked completely before anything is contacted or written: an unknown
@@ -66,6 +66,10 @@ async fn open_target(target: StoreTarget) -> dedup_core::Result<Arc<dyn Admin>> 
         #[cfg(feature = "postgres")]
         StoreTarget::Postgres { url, config } => {
             Arc::new(dedup_postgres::PostgresStore::connect_with(&url, config).await?)
+        }
+        #[cfg(feature = "mysql")]
+        StoreTarget::MySql { url, config } => {
+            Arc::new(dedup_mysql::MySqlStore::connect_with(&url, config).await?)
         }
         #[cfg(feature = "redis")]
         StoreTarget::Redis { url, config } => {

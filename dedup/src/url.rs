@@ -57,6 +57,16 @@ pub enum StoreTarget {
         /// The store's configuration.
         config: dedup_postgres::PostgresConfig,
     },
+    /// `mysql://...` or `mariadb://...`: MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    MySql {
+        /// The connection URL handed to the driver (`mysql://`, dedup's own parameters
+        /// removed; it may hold a password: do not print it, use the [`StoreUrl`]'s
+        /// `Display`).
+        url: String,
+        /// The store's configuration.
+        config: dedup_mysql::MySqlConfig,
+    },
     /// `redis://...` or `rediss://...`: a standalone server.
     #[cfg(feature = "redis")]
     Redis {
@@ -90,6 +100,12 @@ impl fmt::Debug for StoreTarget {
             #[cfg(feature = "postgres")]
             StoreTarget::Postgres { url, config } => f
                 .debug_struct("Postgres")
+                .field("url", &redact(url))
+                .field("config", config)
+                .finish(),
+            #[cfg(feature = "mysql")]
+            StoreTarget::MySql { url, config } => f
+                .debug_struct("MySql")
                 .field("url", &redact(url))
                 .field("config", config)
                 .finish(),
@@ -148,7 +164,8 @@ impl StoreUrl {
     }
 
     /// Where this store keeps its records, for people: `FILE, table T` (SQLite), `table
-    /// SCHEMA.T` (PostgreSQL), `key prefix P` (Redis), `this process's memory`.
+    /// SCHEMA.T` (PostgreSQL), `table T` (MySQL), `key prefix P` (Redis), `this process's
+    /// memory`.
     pub fn location(&self) -> String {
         match &self.target {
             StoreTarget::Memory { .. } => "this process's memory (empty)".to_owned(),
@@ -163,6 +180,8 @@ impl StoreUrl {
             StoreTarget::Postgres { config, .. } => {
                 format!("table {}.{}", config.schema, config.table)
             }
+            #[cfg(feature = "mysql")]
+            StoreTarget::MySql { config, .. } => format!("table {}", config.table),
             #[cfg(feature = "redis")]
             StoreTarget::Redis { config, .. } | StoreTarget::RedisCluster { config, .. } => {
                 format!("key prefix {}", config.prefix)
@@ -179,7 +198,8 @@ impl StoreUrl {
         }
     }
 
-    /// The backend's name: `memory`, `sqlite`, `postgres`, `redis` or `redis-cluster`.
+    /// The backend's name: `memory`, `sqlite`, `postgres`, `mysql`, `redis` or
+    /// `redis-cluster`.
     pub fn backend(&self) -> &'static str {
         match &self.target {
             StoreTarget::Memory { .. } => "memory",
@@ -187,6 +207,8 @@ impl StoreUrl {
             StoreTarget::Sqlite { .. } => "sqlite",
             #[cfg(feature = "postgres")]
             StoreTarget::Postgres { .. } => "postgres",
+            #[cfg(feature = "mysql")]
+            StoreTarget::MySql { .. } => "mysql",
             #[cfg(feature = "redis")]
             StoreTarget::Redis { .. } => "redis",
             #[cfg(feature = "redis")]
@@ -213,6 +235,8 @@ impl StoreUrl {
             StoreTarget::Sqlite { config, .. } => &mut config.clock,
             #[cfg(feature = "postgres")]
             StoreTarget::Postgres { config, .. } => &mut config.clock,
+            #[cfg(feature = "mysql")]
+            StoreTarget::MySql { config, .. } => &mut config.clock,
             #[cfg(feature = "redis")]
             StoreTarget::Redis { config, .. } | StoreTarget::RedisCluster { config, .. } => {
                 &mut config.clock
@@ -242,7 +266,8 @@ impl fmt::Debug for StoreUrl {
 fn target(url: &str) -> Result<StoreTarget, UrlError> {
     let Some((scheme, rest)) = url.split_once(':') else {
         return Err(malformed(
-            "no scheme: start with memory:, sqlite:, postgres://, redis:// or redis+cluster://",
+            "no scheme: start with memory:, sqlite:, postgres://, mysql://, redis:// or \
+             redis+cluster://",
         ));
     };
     let (rest, query) = match rest.split_once('?') {
@@ -253,6 +278,7 @@ fn target(url: &str) -> Result<StoreTarget, UrlError> {
         "memory" => memory(rest, query),
         "sqlite" => sqlite(rest, query),
         "postgres" | "postgresql" => postgres(scheme, rest, query),
+        "mysql" | "mariadb" => mysql(rest, query),
         "redis" | "rediss" => redis(scheme, rest, query),
         "redis+cluster" | "rediss+cluster" => redis_cluster(scheme, rest, query),
         _ => Err(UrlError::UnknownScheme {
@@ -387,7 +413,7 @@ const POSTGRES_PARAMS: &[&str] = &[
 ];
 
 /// `scheme://rest`, checked as a URL with a host (the driver parses it again).
-#[cfg(any(feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "postgres", feature = "redis", feature = "mysql"))]
 fn server_url(scheme: &str, rest: &str, what: &str) -> Result<String, UrlError> {
     if !rest.starts_with("//") {
         return Err(malformed(format!("{what} URLs start with {scheme}://")));
@@ -464,6 +490,92 @@ fn postgres(scheme: &str, rest: &str, query: Option<&str>) -> Result<StoreTarget
 #[cfg(not(feature = "postgres"))]
 fn postgres(_: &str, _: &str, _: Option<&str>) -> Result<StoreTarget, UrlError> {
     Err(disabled("postgres backend", "postgres"))
+}
+
+/// Parameters of `mysql://` and `mariadb://` URLs: dedup's own, then the driver's (passed
+/// through).
+const MYSQL_PARAMS: &[&str] = &[
+    "table",
+    "pool_size",
+    "clock",
+    "connect_timeout",
+    "migrate",
+    "ssl-mode",
+    "sslmode",
+    "ssl-ca",
+    "sslca",
+    "ssl-cert",
+    "sslcert",
+    "ssl-key",
+    "sslkey",
+    "charset",
+    "collation",
+    "statement-cache-capacity",
+    "socket",
+    "timezone",
+    "time-zone",
+];
+
+/// `mysql://` or `mariadb://` (the driver is given `mysql://`).
+#[cfg(feature = "mysql")]
+fn mysql(rest: &str, query: Option<&str>) -> Result<StoreTarget, UrlError> {
+    use dedup_mysql::MySqlConfig;
+    let base = server_url("mysql", rest, "MySQL")?;
+    let mut params = Params::parse(query, "mysql", MYSQL_PARAMS)?;
+    let mut config = MySqlConfig {
+        clock: server_or_local_clock(&mut params)?,
+        ..MySqlConfig::default()
+    };
+    if let Some(table) = params.take("table") {
+        config.table = table;
+    }
+    if let Some(n) = params.take_with("pool_size", params::count)? {
+        config.max_connections = n;
+    }
+    if let Some(t) = params.take_with("connect_timeout", params::duration)? {
+        config.connect_timeout = t;
+    }
+    if let Some(migrate) = params.take_with("migrate", params::boolean)? {
+        config.migrate = migrate;
+    }
+    let mut ssl_mode = None;
+    for name in ["ssl-mode", "sslmode"] {
+        if let Some(mode) = params.take(name) {
+            let tls = match mode.to_ascii_uppercase().as_str() {
+                "DISABLED" | "PREFERRED" => false,
+                "REQUIRED" | "VERIFY_CA" | "VERIFY_IDENTITY" => true,
+                _ => {
+                    return Err(params::invalid(
+                        name,
+                        &mode,
+                        "expected DISABLED, PREFERRED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY",
+                    ));
+                }
+            };
+            if tls && !cfg!(feature = "tls") {
+                return Err(disabled("TLS", "tls"));
+            }
+            ssl_mode = Some(mode);
+        }
+    }
+    config.validate().map_err(UrlError::Config)?;
+    let mut driver = params.rest();
+    if let Some(mode) = ssl_mode {
+        let pair = format!("ssl-mode={mode}");
+        driver = Some(match driver {
+            Some(q) => format!("{q}&{pair}"),
+            None => pair,
+        });
+    }
+    Ok(StoreTarget::MySql {
+        url: with_query(base, driver),
+        config,
+    })
+}
+
+#[cfg(not(feature = "mysql"))]
+fn mysql(_: &str, _: Option<&str>) -> Result<StoreTarget, UrlError> {
+    Err(disabled("mysql backend", "mysql"))
 }
 
 /// Parameters of `redis://` and `redis+cluster://` URLs (`protocol` is the driver's).

@@ -111,6 +111,22 @@ async fn postgres_silent_server_fails_within_the_connect_timeout() {
 }
 
 #[tokio::test]
+async fn mysql_nothing_listening_fails_at_once_with_the_os_cause() {
+    nothing_listening("mysql", |port| {
+        format!("mysql://app:hunter2@127.0.0.1:{port}/db?connect_timeout=3s")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_silent_server_fails_within_the_connect_timeout() {
+    silent_server("mysql", |port| {
+        format!("mysql://app:hunter2@127.0.0.1:{port}/db?connect_timeout=500ms")
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn redis_nothing_listening_fails_at_once_with_the_os_cause() {
     nothing_listening("redis", |port| {
         format!("redis://:hunter2@127.0.0.1:{port}/?connect_timeout=3s")

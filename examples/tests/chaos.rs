@@ -69,6 +69,12 @@ fn chaos(backend: &str, expected_runs: usize) {
         if backend == "redis" {
             assert_eq!(run["restarts"]["redis"], 1, "Redis restarted once: {run}");
         }
+        if backend == "mysql" {
+            assert_eq!(
+                run["restarts"]["mariadb"], 1,
+                "MariaDB restarted once: {run}"
+            );
+        }
         match run["mode"].as_str() {
             Some("transactional") => {
                 assert_eq!(n("doubled"), 0, "transactional mode never doubles: {run}");
@@ -92,6 +98,14 @@ fn chaos_sqlite_transactional_and_lease() {
 #[test]
 fn chaos_postgres_transactional_and_lease() {
     chaos("postgres", 2);
+}
+
+/// Starts a private MariaDB of its own (scripts/services.sh), like the PostgreSQL every
+/// run starts.
+#[cfg(feature = "mysql")]
+#[test]
+fn chaos_mysql_transactional_and_lease() {
+    chaos("mysql", 2);
 }
 
 #[test]

@@ -7,6 +7,8 @@
 
 mod driver;
 mod measures;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -56,7 +58,10 @@ pub(crate) struct Params {
     pub(crate) warmup: usize,
     /// Give the raw SQL tables the store's purge indexes too, to tell the cost of the
     /// store's schema from the cost of its statements.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) raw_indexes: bool,
     /// Only these measures (`claim_commit`, `claim_commit_duplicates`, `batch`, `tx`,
     /// `purge`); `None`: all.
@@ -144,7 +149,10 @@ pub(crate) const MAX_ROUNDS: usize = 10;
 
 /// The names one bench run creates: tables (SQL) or key prefixes (Redis), unique per run.
 #[derive(Clone, Debug)]
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) struct Names {
     /// This run's id (8 hex digits).
     pub(crate) run: String,
@@ -203,6 +211,8 @@ pub(crate) async fn open(
             };
             postgres::open(&url, durability, names, params).await
         }
+        #[cfg(feature = "mysql")]
+        StoreTarget::MySql { url, .. } => mysql::open(&url, names, params).await,
         #[cfg(feature = "redis")]
         StoreTarget::Redis { url, .. } => redis::open(redis::Servers::Standalone(url), names).await,
         #[cfg(feature = "redis")]
@@ -211,7 +221,7 @@ pub(crate) async fn open(
         }
         _ => Err(format!(
             "{}: the bench needs a backend other processes could share (sqlite:PATH, \
-             postgres://, redis://)",
+             postgres://, mysql://, redis://)",
             dedup::redact(url)
         )
         .into()),
@@ -226,7 +236,12 @@ pub(crate) async fn open_default_sqlite(names: &Names, params: &Params) -> Resul
 
 /// A random lease token, as text.
 #[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "redis",
+        feature = "mysql"
+    )),
     allow(dead_code)
 )]
 pub(crate) fn token() -> String {
@@ -234,7 +249,10 @@ pub(crate) fn token() -> String {
 }
 
 /// Wall-clock milliseconds since the epoch.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -42,9 +42,10 @@ use bench::{Names, Params, Row, Variant};
 #[derive(Parser, Debug)]
 #[command(about)]
 struct Args {
-    /// A store to bench (repeatable): `sqlite:PATH`, `postgres://...`, `redis://...`,
-    /// `redis+cluster://h1:p1,h2:p2`. Default: SQLite in a temporary file plus the servers
-    /// in DEDUP_POSTGRES_URL / DEDUP_REDIS_URL / DEDUP_REDIS_CLUSTER_URLS.
+    /// A store to bench (repeatable): `sqlite:PATH`, `postgres://...`, `mysql://...`,
+    /// `redis://...`, `redis+cluster://h1:p1,h2:p2`. Default: SQLite in a temporary file
+    /// plus the servers in DEDUP_POSTGRES_URL / DEDUP_MYSQL_URL / DEDUP_REDIS_URL /
+    /// DEDUP_REDIS_CLUSTER_URLS.
     #[arg(long = "store")]
     stores: Vec<String>,
     /// The quick run (a few minutes): fewer messages, shorter measures, a purge of
@@ -177,6 +178,7 @@ fn stores(args: &Args) -> Vec<Option<String>> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let mut stores = vec![None];
     stores.extend(env("DEDUP_POSTGRES_URL").map(Some));
+    stores.extend(env("DEDUP_MYSQL_URL").map(Some));
     stores.extend(env("DEDUP_REDIS_URL").map(Some));
     if let Some(nodes) = env("DEDUP_REDIS_CLUSTER_URLS") {
         stores.push(Some(dedup::redis_cluster_url(&nodes)));

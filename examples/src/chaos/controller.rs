@@ -14,6 +14,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 use super::queue::Queue;
+#[cfg(feature = "mysql")]
+use super::servers::MariaDb;
 use super::servers::{Postgres, Redis};
 use super::worker::{EFFECTS_FILE, EFFECTS_TABLE, postgres_config, queue_call};
 use super::{Backend, Figures, Mode, Window};
@@ -169,6 +171,17 @@ async fn effects(
                     .await?;
             counts.extend(rows.into_iter().map(|(m, c)| (m as u64, c as u64)));
         }
+        #[cfg(feature = "mysql")]
+        (Mode::Transactional, Backend::Mysql) => {
+            use dedup_mysql::sqlx as mysqlx;
+            let pool = mysqlx::MySqlPool::connect(store).await?;
+            let rows: Vec<(i64, i64)> = mysqlx::query_as(
+                "SELECT msg, CAST(count(*) AS SIGNED) FROM chaos_effects GROUP BY msg",
+            )
+            .fetch_all(&pool)
+            .await?;
+            counts.extend(rows.into_iter().map(|(m, c)| (m as u64, c as u64)));
+        }
         (Mode::Transactional, _) => {
             let conn = dedup_sqlite::rusqlite::Connection::open(store)?;
             let mut stmt = conn.prepare("SELECT msg, count(*) FROM chaos_effects GROUP BY msg")?;
@@ -189,7 +202,9 @@ async fn prepare_store(
     dir: &Path,
     postgres: &Postgres,
     redis_url: Option<String>,
+    mysql_url: Option<String>,
 ) -> Result<String, BoxError> {
+    let _ = &mysql_url;
     let effects_ddl =
         format!("CREATE TABLE {EFFECTS_TABLE} (msg bigint NOT NULL, worker bigint, fence bigint)");
     match config.backend {
@@ -207,6 +222,16 @@ async fn prepare_store(
             Ok(postgres.url.clone())
         }
         Backend::Redis => Ok(redis_url.ok_or("no redis")?),
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => {
+            let url = mysql_url.ok_or("no mysql")?;
+            let store =
+                dedup_mysql::MySqlStore::connect_with(&url, super::worker::mysql_config()).await?;
+            dedup_mysql::sqlx::query(dedup_mysql::sqlx::AssertSqlSafe(effects_ddl))
+                .execute(store.pool())
+                .await?;
+            Ok(url)
+        }
     }
 }
 
@@ -241,7 +266,22 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         _ => None,
     };
     let redis_url = redis.as_ref().map(|r| lock(r).url());
-    let store = prepare_store(config, &dir, &postgres, redis_url).await?;
+    #[cfg(feature = "mysql")]
+    let mariadb = match config.backend {
+        Backend::Mysql => Some(Arc::new(
+            tokio::task::spawn_blocking({
+                let dir = dir.join("mariadb");
+                move || MariaDb::start(&dir)
+            })
+            .await??,
+        )),
+        _ => None,
+    };
+    #[cfg(feature = "mysql")]
+    let mysql_url = mariadb.as_ref().map(|m| m.url.clone());
+    #[cfg(not(feature = "mysql"))]
+    let mysql_url = None;
+    let store = prepare_store(config, &dir, &postgres, redis_url, mysql_url).await?;
     let mode = match config.mode {
         Mode::Lease => "lease",
         Mode::Transactional => "transactional",
@@ -250,6 +290,8 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         Backend::Sqlite => "sqlite",
         Backend::Postgres => "postgres",
         Backend::Redis => "redis",
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => "mysql",
     };
     let args: Vec<String> = [
         "worker",
@@ -307,6 +349,15 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
                 let redis = redis.clone();
                 tokio::task::spawn_blocking(move || lock(&redis).kill_and_restart()).await??;
                 restarts.insert("redis", 1);
+            }
+            #[cfg(feature = "mysql")]
+            if let Some(mariadb) = &mariadb
+                && !restarts.contains_key("mariadb")
+                && acked * 3 >= config.messages * 2
+            {
+                let mariadb = mariadb.clone();
+                tokio::task::spawn_blocking(move || mariadb.crash_restart()).await??;
+                restarts.insert("mariadb", 1);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

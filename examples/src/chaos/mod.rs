@@ -14,7 +14,7 @@
 //!   is covered; after that each announcement is killed with the configured probability.
 //! - Lease mode (every backend): claim, append the effect to a file and `fsync` it (an
 //!   external side effect the store cannot roll back), commit, acknowledge.
-//!   Transactional mode (PostgreSQL, SQLite): claim inside a database transaction, insert
+//!   Transactional mode (PostgreSQL, SQLite, MySQL): claim inside a database transaction, insert
 //!   the effect row in the same transaction, commit it, acknowledge.
 //! - Servers are private to the run: a PostgreSQL from `scripts/services.sh` (its queue
 //!   table, and the PostgreSQL store's table), crash-restarted once (`pg_ctl -m immediate`)
@@ -49,6 +49,10 @@ pub enum Backend {
     Postgres,
     /// `RedisStore` on the run's private redis-server (AOF, fsync always).
     Redis,
+    /// `MySqlStore` on the run's private MariaDB (from `scripts/services.sh`), killed
+    /// (`SIGKILL`) and restarted once at two thirds.
+    #[cfg(feature = "mysql")]
+    Mysql,
 }
 
 /// How workers make their effect permanent.

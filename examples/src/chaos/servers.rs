@@ -68,6 +68,47 @@ impl Drop for Postgres {
     }
 }
 
+/// A private MariaDB from `scripts/services.sh`, stopped when dropped.
+#[cfg(feature = "mysql")]
+pub struct MariaDb {
+    dir: PathBuf,
+    /// Its URL.
+    pub url: String,
+}
+
+#[cfg(feature = "mysql")]
+impl MariaDb {
+    /// Start one with its state in `dir`.
+    pub fn start(dir: &Path) -> Result<Self, BoxError> {
+        let mut server = MariaDb {
+            dir: dir.to_path_buf(),
+            url: String::new(),
+        };
+        services(dir, &["start", "mariadb"])?;
+        let env = services(dir, &["env"])?;
+        let env = String::from_utf8_lossy(&env.stdout).into_owned();
+        server.url = env
+            .lines()
+            .find_map(|l| l.strip_prefix("export DEDUP_MYSQL_URL="))
+            .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string())
+            .ok_or_else(|| format!("no DEDUP_MYSQL_URL in {env}"))?;
+        Ok(server)
+    }
+
+    /// Kill the server (`SIGKILL`: no shutdown) and start it again on its data; returns
+    /// when it accepts connections.
+    pub fn crash_restart(&self) -> Result<(), BoxError> {
+        services(&self.dir, &["crash-restart", "mariadb"]).map(|_| ())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Drop for MariaDb {
+    fn drop(&mut self) {
+        let _ = services(&self.dir, &["stop"]);
+    }
+}
+
 /// A private redis-server persisting every write (`appendfsync always`), killed when
 /// dropped.
 pub struct Redis {

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use dedup_core::{Claim, ClaimOptions, DedupStore, Handled, InboxConfig, InboxError, Key, Result};
+#[cfg(feature = "mysql")]
+use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox as MySqlTxInbox};
 use dedup_postgres::sqlx::{self, PgPool};
 use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox as PgTxInbox};
 use dedup_sqlite::rusqlite::params;
@@ -124,6 +126,8 @@ enum Store {
     Any(std::sync::Arc<dyn DedupStore>),
     Postgres(PgTxInbox),
     Sqlite(SqliteTxInbox),
+    #[cfg(feature = "mysql")]
+    Mysql(MySqlTxInbox),
 }
 
 /// Run a worker until the queue is drained.
@@ -161,6 +165,23 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
             })
             .await?,
         )),
+        #[cfg(feature = "mysql")]
+        (Backend::Mysql, Mode::Transactional) => Store::Mysql(
+            MySqlTxInbox::new(
+                retried("connect", || {
+                    MySqlStore::connect_with(&args.store, mysql_config())
+                })
+                .await?,
+            )
+            .with_config(tx_config),
+        ),
+        #[cfg(feature = "mysql")]
+        (Backend::Mysql, Mode::Lease) => Store::Any(std::sync::Arc::new(
+            retried("connect", || {
+                MySqlStore::connect_with(&args.store, mysql_config())
+            })
+            .await?,
+        )),
         (Backend::Redis, _) => Store::Any(std::sync::Arc::new(
             retried("connect", || dedup_redis::RedisStore::connect(&args.store)).await?,
         )),
@@ -180,6 +201,8 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
             Store::Any(store) => lease_mode(&**store, id, &options, &args).await?,
             Store::Postgres(inbox) => postgres_tx(inbox, id, args.worker).await?,
             Store::Sqlite(inbox) => sqlite_tx(inbox, id, args.worker).await?,
+            #[cfg(feature = "mysql")]
+            Store::Mysql(inbox) => mysql_tx(inbox, id, args.worker).await?,
         };
         if done {
             queue_call("ack", || queue.ack(id)).await?;
@@ -193,6 +216,42 @@ pub fn postgres_config() -> PostgresConfig {
         max_connections: 2,
         ..PostgresConfig::default()
     }
+}
+
+/// The MySQL store's configuration (default table in the private server).
+#[cfg(feature = "mysql")]
+pub fn mysql_config() -> MySqlConfig {
+    MySqlConfig {
+        max_connections: 2,
+        ..MySqlConfig::default()
+    }
+}
+
+/// Transactional mode on MySQL: `TxInbox` runs the effect row's insert in the
+/// transaction that completes the key.
+#[cfg(feature = "mysql")]
+async fn mysql_tx(
+    inbox: &MySqlTxInbox,
+    id: u64,
+    worker: u32,
+) -> std::result::Result<bool, BoxError> {
+    use dedup_mysql::sqlx as mysqlx;
+    let handled = inbox
+        .handle(&key(id), None, |conn, lease| {
+            Box::pin(async move {
+                announce(Window::ClaimEffect, id);
+                mysqlx::query("INSERT INTO chaos_effects (msg, worker, fence) VALUES (?, ?, ?)")
+                    .bind(id as i64)
+                    .bind(worker as i64)
+                    .bind(lease.fence as i64)
+                    .execute(&mut *conn)
+                    .await?;
+                announce(Window::EffectCommit, id);
+                Ok::<_, mysqlx::Error>(Some(b"done".to_vec()))
+            })
+        })
+        .await;
+    tx_answer(id, handled).await
 }
 
 /// Lease mode: claim, effect (a line appended to the effects file, fsynced), commit.

@@ -1,0 +1,184 @@
+//! [`AdminStorage`] (the operator's reads) for [`MySqlStore`]: listing and counting with
+//! plain queries on the table; forget and revoke as the store's own locked transactions.
+//!
+//! "Now" is the statements' own ([`crate::statements::NOW_MS`]). Listing walks the primary
+//! key from the `after` id in byte order (the key columns are `VARBINARY`, so paging agrees
+//! with every other store); the counts and the most retried keys read the whole table; the
+//! size is InnoDB's `data_length + index_length` from `information_schema.tables` (an
+//! estimate the server refreshes with its statistics).
+//!
+//! Forgetting and revoking read the record with a lock and apply
+//! `transition::forget` / `transition::revoke` to it, in one transaction.
+
+use async_trait::async_trait;
+use std::time::Duration;
+
+use dedup_core::admin::{Forgot, KeySummary, ListFilter, PurgeCount, Stats, Status};
+use dedup_core::backend::AdminStorage;
+use dedup_core::backend::transition::{self, Write};
+use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
+use sqlx::mysql::MySqlRow;
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::MySqlStore;
+use crate::decode::decode_keyed_record;
+use crate::error::backend;
+use crate::statements::{NOW_MS, retention_param, row_cols};
+
+/// The condition selecting rows in `status` at the time `now` (an SQL expression, in ms).
+fn status_condition(status: Option<Status>, now: &str) -> String {
+    match status {
+        None => "TRUE".to_owned(),
+        Some(Status::InFlight) => format!("processed_at IS NULL AND expires_at > {now}"),
+        Some(Status::Expired) => format!("processed_at IS NULL AND expires_at <= {now}"),
+        Some(Status::Completed) => "processed_at IS NOT NULL".to_owned(),
+    }
+}
+
+/// The count in column `name` of `row`.
+fn count_of(row: &MySqlRow, name: &str) -> Result<u64> {
+    let n: i64 = row.try_get(name).map_err(backend)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+#[async_trait]
+impl AdminStorage for MySqlStore {
+    async fn now(&self) -> Result<Timestamp> {
+        let ms: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {NOW_MS}")))
+            .bind(self.now_param())
+            .fetch_one(self.pool())
+            .await
+            .map_err(backend)?;
+        Ok(Timestamp::from_millis(ms))
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let sql = format!(
+            "SELECT {columns} FROM (SELECT {NOW_MS} AS ms) n STRAIGHT_JOIN {table} \
+             WHERE consumer = ? AND message_id > ? AND {status} \
+             ORDER BY message_id LIMIT ?",
+            columns = row_cols(""),
+            table = self.table(),
+            status = status_condition(filter.status, "n.ms"),
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(self.now_param())
+            .bind(&filter.consumer)
+            .bind(filter.after.as_deref().unwrap_or("").as_bytes())
+            .bind(i64::try_from(filter.limit).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await
+            .map_err(backend)?
+            .iter()
+            .map(decode_keyed_record)
+            .collect()
+    }
+
+    async fn stats(&self, top: usize) -> Result<Stats> {
+        let table = self.table();
+        let columns = row_cols("");
+        // Every part uses the "now" just read, so they agree with the counts.
+        let now = AdminStorage::now(self).await?;
+        let count = |status| {
+            format!(
+                "CAST(COALESCE(SUM({}), 0) AS SIGNED)",
+                status_condition(Some(status), "?")
+            )
+        };
+        let counts = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {} AS in_flight, {} AS expired, {} AS completed FROM {table}",
+            count(Status::InFlight),
+            count(Status::Expired),
+            count(Status::Completed),
+        )))
+        .bind(now.as_millis())
+        .bind(now.as_millis())
+        .fetch_one(self.pool())
+        .await
+        .map_err(backend)?;
+        let mut stats = Stats::at(now);
+        stats.in_flight = count_of(&counts, "in_flight")?;
+        stats.expired = count_of(&counts, "expired")?;
+        stats.completed = count_of(&counts, "completed")?;
+        let size: Option<i64> = sqlx::query_scalar(
+            "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = ?",
+        )
+        .bind(&self.config().table)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(backend)?;
+        stats.size_bytes = size.and_then(|s| u64::try_from(s).ok());
+        let oldest = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {columns} FROM {table} WHERE {} \
+             ORDER BY expires_at, consumer, message_id LIMIT 1",
+            status_condition(Some(Status::InFlight), "?")
+        )))
+        .bind(now.as_millis())
+        .fetch_optional(self.pool())
+        .await
+        .map_err(backend)?;
+        stats.oldest_live = oldest
+            .as_ref()
+            .map(decode_keyed_record)
+            .transpose()?
+            .map(|r| KeySummary::of(&r, now));
+        let retried = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {columns} FROM {table} WHERE attempt >= 2 \
+             ORDER BY attempt DESC, consumer, message_id LIMIT ?"
+        )))
+        .bind(i64::try_from(top).unwrap_or(i64::MAX))
+        .fetch_all(self.pool())
+        .await
+        .map_err(backend)?
+        .iter()
+        .map(decode_keyed_record)
+        .collect::<Result<Vec<_>>>();
+        stats.most_retried = retried?.iter().map(|r| KeySummary::of(r, now)).collect();
+        Ok(stats)
+    }
+
+    async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
+        // The purge batches' own condition and cutoff, counted.
+        let row = sqlx::query(AssertSqlSafe(self.statements().count_purgeable.clone()))
+            .bind(self.now_param())
+            .bind(retention_param(retention))
+            .fetch_one(self.pool())
+            .await
+            .map_err(backend)?;
+        Ok(PurgeCount {
+            completed: count_of(&row, "completed")?,
+            expired: count_of(&row, "expired")?,
+        })
+    }
+
+    async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
+        self.locked("forget", &[key], |w| {
+            let forgot = transition::forget(w.record(key), force, w.now);
+            if matches!(forgot, Forgot::Forgot { .. }) {
+                w.remove(key);
+            }
+            forgot
+        })
+        .await
+    }
+
+    async fn revoke(
+        &self,
+        key: &Key,
+        token: LeaseToken,
+        force: bool,
+        new_token: LeaseToken,
+    ) -> Result<bool> {
+        self.locked("revoke", &[key], |w| {
+            match transition::revoke(w.record(key), token, force, new_token, w.now) {
+                Some(record) => {
+                    w.apply(key, Write::Put(record), false);
+                    true
+                }
+                None => false,
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,73 @@
+//! [`MySqlConfig`]: where the records live and which clock leases use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedup_core::backend::names::sql_identifier;
+use dedup_core::{Clock, Error, Result, TlsFiles};
+
+/// How a [`MySqlStore`](crate::MySqlStore) is set up.
+///
+/// Build it with struct-update syntax so new fields keep your code compiling:
+///
+/// ```
+/// use dedup_mysql::MySqlConfig;
+/// let config = MySqlConfig { table: "billing_inbox".into(), ..Default::default() };
+/// assert_eq!(config.max_connections, 10);
+/// ```
+#[derive(Clone, Debug)]
+pub struct MySqlConfig {
+    /// The table holding the records, in the connection's database. Default
+    /// `dedup_inbox`. ASCII letters, digits and `_`, at most 63 bytes.
+    pub table: String,
+    /// The clock for lease arithmetic. `None` (the default): the server's clock
+    /// (`UTC_TIMESTAMP(6)`), so nodes with skewed clocks agree. Inject one (a
+    /// [`ManualClock`](dedup_core::ManualClock)) to control expiry in tests.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// Pool size used by [`MySqlStore::connect`](crate::MySqlStore::connect) and
+    /// [`connect_with`](crate::MySqlStore::connect_with) (ignored by `from_pool`). Default 10.
+    pub max_connections: u32,
+    /// How long [`connect`](crate::MySqlStore::connect) may take to establish its first
+    /// connection (TCP, TLS and authentication) before it fails with the cause. Default 5 s.
+    pub connect_timeout: Duration,
+    /// TLS certificate files, applied on top of the URL's own `ssl-ca`, `ssl-cert`,
+    /// `ssl-key`. A CA given here with no `ssl-mode` in the URL means `VERIFY_IDENTITY`.
+    /// TLS needs this crate's `tls` feature.
+    pub tls: TlsFiles,
+    /// Whether [`connect`](crate::MySqlStore::connect) /
+    /// [`connect_with`](crate::MySqlStore::connect_with) create or upgrade the table
+    /// ([`migrate`](crate::MySqlStore::migrate)). Default `true`. With `false` they only
+    /// check it, writing nothing: a missing or older table is [`Error::SchemaNotMigrated`],
+    /// a newer one [`Error::SchemaTooNew`].
+    pub migrate: bool,
+}
+
+impl Default for MySqlConfig {
+    fn default() -> Self {
+        MySqlConfig {
+            table: "dedup_inbox".into(),
+            clock: None,
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
+            tls: TlsFiles::default(),
+            migrate: true,
+        }
+    }
+}
+
+impl MySqlConfig {
+    /// Check the table name (it is spliced into SQL, quoted), the connect timeout and the
+    /// TLS files.
+    pub fn validate(&self) -> Result<()> {
+        sql_identifier("table", &self.table)?;
+        if self.connect_timeout.is_zero() {
+            return Err(Error::invalid("connect_timeout", "must not be zero"));
+        }
+        self.tls.validate()
+    }
+
+    /// `` `table` ``, ready to splice into SQL (call [`validate`](Self::validate) first).
+    pub(crate) fn quoted_table(&self) -> String {
+        format!("`{}`", self.table)
+    }
+}

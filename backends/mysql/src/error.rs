@@ -1,0 +1,93 @@
+//! Mapping driver errors onto [`dedup_core::Error`].
+
+use dedup_core::Error;
+use sqlx::mysql::MySqlDatabaseError;
+
+/// The backend name in [`Error::Backend`].
+pub(crate) const BACKEND: &str = "mysql";
+
+/// A driver error as [`Error::Backend`], keeping it as the source and saying whether a
+/// retry can help.
+pub(crate) fn backend(error: sqlx::Error) -> Error {
+    let retryable = is_retryable(&error);
+    Error::backend(BACKEND, retryable, error)
+}
+
+/// The server's error number, when `error` is one the server sent.
+pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
+    match error {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// Transient failures: the connection (I/O, pool exhaustion, a server going away) or the
+/// server resolving a conflict by refusing us (deadlock, lock wait timeout, `NOWAIT`).
+pub(crate) fn is_retryable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            error_number(error).is_some_and(retryable_number)
+                || db.code().is_some_and(|code| code.starts_with("08"))
+        }
+        _ => false,
+    }
+}
+
+/// Server error numbers worth retrying.
+fn retryable_number(number: u16) -> bool {
+    matches!(
+        number,
+        1205 // ER_LOCK_WAIT_TIMEOUT (MariaDB's NOWAIT too)
+            | 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back
+            | 3572 // ER_LOCK_NOWAIT (MySQL 8)
+            | 1040 // ER_CON_COUNT_ERROR: too many connections
+            | 1053 // ER_SERVER_SHUTDOWN
+            | 1927 // ER_CONNECTION_KILLED (MariaDB)
+            | 4031 // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8: idle connection closed)
+    )
+}
+
+/// A statement of our own transaction that lost a race with a concurrent writer and may
+/// simply run again: a duplicate key (a concurrent insert of a key our locking read found
+/// absent), a deadlock, a lock wait timeout.
+pub(crate) fn lost_race(error: &sqlx::Error) -> bool {
+    matches!(error_number(error), Some(1062 | 1213 | 1205))
+}
+
+/// A transient contract-level failure of our own (an operation kept racing concurrent
+/// writers): retryable, with a message as source.
+pub(crate) fn raced(what: &'static str) -> Error {
+    Error::backend(
+        BACKEND,
+        true,
+        format!("{what}: the record kept changing under concurrent writers; try again"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        for n in [1205, 1213, 3572, 1040, 1053, 1927] {
+            assert!(retryable_number(n), "{n}");
+        }
+        for n in [1062, 1146, 1064, 1406] {
+            assert!(!retryable_number(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn io_and_pool_errors_are_retryable() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        let e = backend(io);
+        assert!(e.is_retryable());
+        assert!(std::error::Error::source(&e).is_some(), "source kept");
+        assert!(backend(sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(!backend(sqlx::Error::RowNotFound).is_retryable());
+    }
+}

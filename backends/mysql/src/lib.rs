@@ -1,0 +1,19 @@
+#![doc = include_str!("../README.md")]
+
+mod admin;
+mod config;
+mod connect;
+mod decode;
+mod error;
+mod purge;
+mod schema;
+mod statements;
+mod store;
+mod tx;
+mod tx_inbox;
+
+pub use config::MySqlConfig;
+pub use connect::{PING_IF_IDLE_FOR, pool_options};
+pub use sqlx;
+pub use store::MySqlStore;
+pub use tx_inbox::TxInbox;
