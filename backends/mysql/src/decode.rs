@@ -58,9 +58,7 @@ pub(crate) fn decode_record(row: &MySqlRow, key: &Key) -> Result<Record> {
         processed_at,
         outcome: row.try_get("outcome").map_err(backend)?,
         fingerprint: fingerprint.as_deref(),
-        // Not stored yet (`Capabilities::first_claim_time` is false): a schema version 2
-        // with the column is left to a follow-up.
-        first_claimed_at: None,
+        first_claimed_at: row.try_get("first_claimed_at").map_err(backend)?,
     }
     .decode(key)
 }

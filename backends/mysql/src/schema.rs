@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     processed_at BIGINT,                   -- ms since the Unix epoch; NULL while in flight
     outcome      MEDIUMBLOB,
     fingerprint  VARBINARY(512),
+    first_claimed_at BIGINT,              -- ms since the Unix epoch: the claim that created the row
     PRIMARY KEY (consumer, message_id),
     KEY claimed_idx (claimed_at),
     CHECK (processed_at IS NOT NULL OR (token IS NOT NULL AND expires_at IS NOT NULL))
@@ -192,7 +193,7 @@ async fn recorded_version(conn: &mut MySqlConnection, config: &MySqlConfig) -> R
 }
 
 /// The columns of the version 1 layout.
-const V1_COLUMNS: [&str; 10] = crate::statements::COLUMNS;
+const V1_COLUMNS: [&str; 11] = crate::statements::COLUMNS;
 
 /// The version of a table without a recorded version: 0 when it does not exist, 1 when it
 /// has the columns. A table that lacks them is someone else's: refused, and nothing is

@@ -29,7 +29,7 @@ pub(crate) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; 
 
 /// The record's columns, in the order [`crate::decode`] reads them and the inserts write
 /// them.
-pub(crate) const COLUMNS: [&str; 10] = [
+pub(crate) const COLUMNS: [&str; 11] = [
     "consumer",
     "message_id",
     "token",
@@ -40,6 +40,7 @@ pub(crate) const COLUMNS: [&str; 10] = [
     "processed_at",
     "outcome",
     "fingerprint",
+    "first_claimed_at",
 ];
 
 /// The columns qualified by `alias` (`"t."` or `""`).
@@ -115,7 +116,7 @@ impl Statements {
         let mine = "token <=> VALUES(token)";
         let claim_in_tx = format!(
             "INSERT INTO {table} ({cols}) \
-             SELECT ?, ?, ?, 1, 1, n.ms, NULL, n.ms, NULL, ? FROM (SELECT {NOW_MS} AS ms) n \
+             SELECT ?, ?, ?, 1, 1, n.ms, NULL, n.ms, NULL, ?, n.ms FROM (SELECT {NOW_MS} AS ms) n \
              ON DUPLICATE KEY UPDATE \
                token = IF({takeover}, VALUES(token), token), \
                fence = IF({mine}, fence + 1, fence), \
@@ -221,7 +222,7 @@ impl Statements {
         keys.push_str(") q");
         format!(
             "INSERT INTO {} ({}) \
-             SELECT q.c, q.m, q.tok, 1, 1, n.ms, n.ms + q.l, NULL, NULL, q.f \
+             SELECT q.c, q.m, q.tok, 1, 1, n.ms, n.ms + q.l, NULL, NULL, q.f, n.ms \
              FROM {keys} CROSS JOIN (SELECT LAST_INSERT_ID({NOW_MS}) AS ms) n",
             self.table,
             row_cols(""),

@@ -363,7 +363,7 @@ fn bind_record<'q>(
     record: &Record,
     claimed_at: i64,
 ) -> Query<'q, MySql, MySqlArguments> {
-    debug_assert_eq!(COLUMNS.len(), 10);
+    debug_assert_eq!(COLUMNS.len(), 11);
     let (token, expires_at, processed_at, outcome) = match &record.state {
         RecordState::InFlight { token, expires_at } => (
             Some(token.to_string()),
@@ -393,6 +393,7 @@ fn bind_record<'q>(
         .bind(processed_at)
         .bind(outcome)
         .bind(record.fingerprint.as_ref().map(|f| f.as_str().to_owned()))
+        .bind(record.first_claimed_at.map(|t| t.as_millis()))
 }
 
 /// What a fast path found.
@@ -651,6 +652,7 @@ impl Storage for MySqlStore {
             native_batch: true,
             transactional: true,
             server_clock: self.inner.config.clock.is_none(),
+            first_claim_time: true,
             ..Capabilities::default()
         }
     }
