@@ -72,7 +72,7 @@ fn demo_rejects_bad_flags_with_a_clear_message() {
         out.contains("--crash-rate must be between 0 and 1"),
         "{out}"
     );
-    let out = support::run_example_expect_failure("demo", &["--store", "mysql://x"]);
+    let out = support::run_example_expect_failure("demo", &["--store", "oracle://x"]);
     assert!(out.contains("unknown scheme"), "{out}");
 }
 

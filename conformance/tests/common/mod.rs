@@ -380,6 +380,8 @@ impl DedupStore for FaultyStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             native_batch: true,
+            // Records are written by `transition`, which keeps the first claim's time.
+            first_claim_time: true,
             ..Capabilities::default()
         }
     }
