@@ -101,7 +101,7 @@ step "doc tests" cargo test --workspace --all-features --doc
 if [[ $checks != 0 ]]; then
     step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
     step rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
-    for feature in sqlite postgres redis; do
+    for feature in sqlite postgres redis mysql; do
         step "examples with only $feature" \
             cargo check -p dedup-examples --bins --no-default-features --features "$feature"
         step "dedup with only $feature" \
