@@ -7,6 +7,7 @@ pub mod linearizability;
 mod macros;
 mod memory_factory;
 pub mod model;
+pub mod outbox;
 pub mod proxy;
 pub mod purgers;
 pub mod restart;

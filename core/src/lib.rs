@@ -7,6 +7,7 @@ mod inbox;
 mod key;
 pub mod layers;
 mod memory;
+pub mod outbox;
 mod purger;
 mod store;
 mod time;

@@ -56,3 +56,32 @@ pub fn list(filter: &ListFilter) -> Result<()> {
 pub fn stats(top: usize) -> Result<()> {
     validate_top(top)
 }
+
+/// Most rows one outbox take may ask for.
+pub const MAX_OUTBOX_TAKE: usize = 10_000;
+
+/// Most rows one outbox listing may return.
+pub const MAX_OUTBOX_LIST: usize = 10_000;
+
+/// An outbox take: 1 to [`MAX_OUTBOX_TAKE`] rows, a hold within the lease limits.
+pub fn outbox_take(limit: usize, hold: Duration) -> Result<()> {
+    if limit == 0 || limit > MAX_OUTBOX_TAKE {
+        return Err(crate::Error::InvalidInput {
+            what: "outbox take limit",
+            reason: format!("{limit}: must be 1 to {MAX_OUTBOX_TAKE}"),
+        });
+    }
+    validate_lease(hold)
+}
+
+/// An outbox listing's limit (0 means 100), at most [`MAX_OUTBOX_LIST`]; the limit to use.
+pub fn outbox_list_limit(limit: usize) -> Result<usize> {
+    match limit {
+        0 => Ok(100),
+        n if n <= MAX_OUTBOX_LIST => Ok(n),
+        n => Err(crate::Error::InvalidInput {
+            what: "outbox list limit",
+            reason: format!("{n}: at most {MAX_OUTBOX_LIST}"),
+        }),
+    }
+}

@@ -169,7 +169,14 @@ impl HandlerRetry {
 
     /// The delay before retry number `retry` (1 for the first).
     pub fn delay(&self, retry: u32) -> Duration {
-        match self.backoff {
+        self.backoff.delay(retry)
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `retry` (1 for the first).
+    pub fn delay(&self, retry: u32) -> Duration {
+        match *self {
             Backoff::Immediate => Duration::ZERO,
             Backoff::Interval(every) => every,
             Backoff::Exponential {

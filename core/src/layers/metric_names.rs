@@ -48,3 +48,27 @@ pub const STORED_FAILURES_TOTAL: &str = "dedup_stored_failures_total";
 /// the transactional inbox, after an error the database asked to retry, by `reason`:
 /// `transient` or `database`. Labels `consumer`, `mode`, `reason`.
 pub const HANDLER_RETRIES_TOTAL: &str = "dedup_handler_retries_total";
+
+/// Counter: outbox rows published and marked sent by a relay. Labels `publisher`,
+/// `destination`.
+pub const OUTBOX_PUBLISHED_TOTAL: &str = "dedup_outbox_published_total";
+/// Counter: failed publishes of outbox rows. Labels `publisher`, `destination`.
+pub const OUTBOX_PUBLISH_FAILURES_TOTAL: &str = "dedup_outbox_publish_failures_total";
+/// Counter: outbox rows made dead after their last attempt. Label `destination`.
+pub const OUTBOX_DEAD_TOTAL: &str = "dedup_outbox_dead_total";
+/// Counter: outbox rows a relay published but could not mark, because its hold ran out and
+/// another relay took them (they are published again). Label `backend`.
+pub const OUTBOX_LOST_MARKS_TOTAL: &str = "dedup_outbox_lost_marks_total";
+/// Histogram: time a relay's publish of one batch took, in seconds. Label `publisher`.
+pub const OUTBOX_PUBLISH_DURATION_SECONDS: &str = "dedup_outbox_publish_duration_seconds";
+/// Histogram: from a row's commit (its write time) to its publish, in seconds. Label
+/// `publisher`.
+pub const OUTBOX_COMMIT_TO_PUBLISH_SECONDS: &str = "dedup_outbox_commit_to_publish_seconds";
+/// Gauge: outbox rows not yet sent (pending or held), as a relay last read them. Label
+/// `backend`.
+pub const OUTBOX_PENDING: &str = "dedup_outbox_pending";
+/// Gauge: dead outbox rows, as a relay last read them. Label `backend`.
+pub const OUTBOX_DEAD: &str = "dedup_outbox_dead";
+/// Gauge: age in seconds of the oldest unsent outbox row, as a relay last read it. Label
+/// `backend`.
+pub const OUTBOX_OLDEST_UNSENT_SECONDS: &str = "dedup_outbox_oldest_unsent_seconds";

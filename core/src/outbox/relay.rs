@@ -1,0 +1,410 @@
+//! [`Relay`]: takes due rows, publishes them, marks them, and keeps going.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::{AfterFailure, Held, OutboxStore, Publisher};
+use crate::layers::metric_names as names;
+use crate::{Backoff, Result};
+
+/// How a [`Relay`] works. The defaults suit most services; see each field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayConfig {
+    /// Rows per take (default 100).
+    pub batch_size: usize,
+    /// How long a take holds its rows (default 30 s). A round that takes longer (a broker
+    /// that hangs) lets another relay take the rows again: they are then published twice,
+    /// which the downstream inbox absorbs.
+    pub hold: Duration,
+    /// How often to look for due rows when nothing wakes the relay (default 1 s). The
+    /// relay is correct on polling alone; notifications only make it quicker.
+    pub poll_interval: Duration,
+    /// Publish attempts before a row is dead (default 10).
+    pub max_attempts: u32,
+    /// The delay before a failed row is due again, by attempt (default: exponential from
+    /// 1 s to 5 min, with jitter).
+    pub backoff: Backoff,
+    /// How long [`RelayHandle::stop`] lets a round in flight finish before it hands its
+    /// rows back (default 10 s).
+    pub stop_grace: Duration,
+    /// How often the relay reads [`OutboxStore::stats`] for its gauges (default 15 s).
+    pub stats_interval: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: 100,
+            hold: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            max_attempts: 10,
+            backoff: Backoff::Exponential {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(300),
+                jitter: true,
+            },
+            stop_grace: Duration::from_secs(10),
+            stats_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// The same configuration with `batch_size` rows per take.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+    /// The same configuration holding taken rows for `hold`.
+    pub fn hold(mut self, hold: Duration) -> Self {
+        self.hold = hold;
+        self
+    }
+    /// The same configuration polling every `every`.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+    /// The same configuration with `n` attempts before a row is dead.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+    /// The same configuration with another backoff.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+    /// The same configuration with another stop grace.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+}
+
+/// What one round of a relay did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayRound {
+    /// Rows taken.
+    pub taken: u64,
+    /// Rows published and marked sent.
+    pub sent: u64,
+    /// Rows whose publish failed and that are due again later.
+    pub failed: u64,
+    /// Rows whose publish failed for the last allowed time, now dead.
+    pub dead: u64,
+    /// Rows published whose mark was refused because the hold had run out and another
+    /// relay took them (they are published again by it).
+    pub lost: u64,
+    /// Rows handed back unpublished (a stop).
+    pub handed_back: u64,
+}
+
+impl RelayRound {
+    fn add(&mut self, other: RelayRound) {
+        self.taken += other.taken;
+        self.sent += other.sent;
+        self.failed += other.failed;
+        self.dead += other.dead;
+        self.lost += other.lost;
+        self.handed_back += other.handed_back;
+    }
+}
+
+/// Publishes an outbox: takes due rows in batches under a hold, publishes them through a
+/// [`Publisher`], marks them sent, retries failures with backoff and makes a row dead
+/// after [`RelayConfig::max_attempts`], without holding up the rows behind it.
+///
+/// Run as many relays as you like, on as many nodes: the store never gives one row to two
+/// live holds. Each published row is published at least once; a relay that dies between
+/// the publish and the mark leaves the row to be published again when its hold runs out,
+/// with the same message id, so the consumer's inbox drops the copy.
+///
+/// Metrics (names in [`metric_names`](crate::layers::metric_names)): published rows,
+/// publish failures, dead rows, lost marks, publish time and commit-to-publish latency,
+/// and gauges of pending and dead rows and the age of the oldest unsent row. Each round is
+/// a `dedup.outbox.round` span.
+#[derive(Clone, Debug)]
+pub struct Relay {
+    store: Arc<dyn OutboxStore>,
+    publisher: Arc<dyn Publisher>,
+    config: RelayConfig,
+}
+
+impl Relay {
+    /// A relay of `store` through `publisher`, with the default [`RelayConfig`].
+    pub fn new(store: Arc<dyn OutboxStore>, publisher: Arc<dyn Publisher>) -> Self {
+        Relay {
+            store,
+            publisher,
+            config: RelayConfig::default(),
+        }
+    }
+
+    /// The same relay with another configuration.
+    pub fn with_config(mut self, config: RelayConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
+    /// One round: take due rows, publish them, mark each. For tests and for callers that
+    /// drive the relay themselves; [`start`](Self::start) runs rounds in a loop.
+    pub async fn run_once(&self) -> Result<RelayRound> {
+        let held = self
+            .store
+            .take(self.config.batch_size, self.config.hold)
+            .await?;
+        self.settle(held, None).await
+    }
+
+    /// Run rounds in a tokio task until [`RelayHandle::stop`]: back to back while full
+    /// batches come back, otherwise waiting for a wakeup from the store or the poll
+    /// interval. Store errors are logged and retried after the poll interval.
+    pub fn start(self) -> RelayHandle {
+        let (stop, stopped) = watch::channel(false);
+        let totals = Arc::new(Totals::default());
+        let task = tokio::spawn(self.run(stopped, Arc::clone(&totals)));
+        RelayHandle { stop, task, totals }
+    }
+
+    async fn run(self, mut stopped: watch::Receiver<bool>, totals: Arc<Totals>) -> RelayRound {
+        let mut all = RelayRound::default();
+        let mut wakeups = self.subscribe().await;
+        let mut last_stats: Option<Instant> = None;
+        loop {
+            if *stopped.borrow() {
+                return all;
+            }
+            if last_stats.is_none_or(|t| t.elapsed() >= self.config.stats_interval) {
+                self.report_stats().await;
+                last_stats = Some(Instant::now());
+            }
+            let round = match self
+                .store
+                .take(self.config.batch_size, self.config.hold)
+                .await
+            {
+                Ok(held) => self.settle(held, Some(&mut stopped)).await,
+                Err(e) => Err(e),
+            };
+            let full = match round {
+                Ok(round) => {
+                    totals.add(&round);
+                    all.add(round);
+                    round.taken as usize >= self.config.batch_size
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, source = ?std::error::Error::source(&e), backend = self.store.backend(), "dedup outbox relay: round failed; trying again after the poll interval");
+                    false
+                }
+            };
+            if full {
+                continue;
+            }
+            let wait = tokio::time::sleep(self.config.poll_interval);
+            tokio::select! {
+                _ = stopped.changed() => return all,
+                () = wait => {}
+                woke = next_wakeup(&mut wakeups) => {
+                    if !woke {
+                        // The notification stream ended (a dropped connection): poll
+                        // until it is back.
+                        wakeups = self.subscribe().await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn subscribe(&self) -> Option<BoxStream<'static, ()>> {
+        match self.store.wakeups().await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "dedup outbox relay: cannot listen for notifications; polling only");
+                None
+            }
+        }
+    }
+
+    async fn report_stats(&self) {
+        let backend = self.store.backend();
+        match self.store.stats().await {
+            Ok(stats) => {
+                metrics::gauge!(names::OUTBOX_PENDING, "backend" => backend)
+                    .set((stats.pending + stats.held) as f64);
+                metrics::gauge!(names::OUTBOX_DEAD, "backend" => backend).set(stats.dead as f64);
+                metrics::gauge!(names::OUTBOX_OLDEST_UNSENT_SECONDS, "backend" => backend)
+                    .set(stats.oldest_unsent_age().as_secs_f64());
+            }
+            Err(e) => tracing::debug!(error = %e, "dedup outbox relay: stats failed"),
+        }
+    }
+
+    /// Publish `held`'s rows and mark each. With `stopped`, a stop during the publish gives
+    /// it [`RelayConfig::stop_grace`] to finish, then hands the rows back.
+    async fn settle(
+        &self,
+        held: Held,
+        stopped: Option<&mut watch::Receiver<bool>>,
+    ) -> Result<RelayRound> {
+        let mut round = RelayRound {
+            taken: held.rows.len() as u64,
+            ..RelayRound::default()
+        };
+        if held.rows.is_empty() {
+            return Ok(round);
+        }
+        let backend = self.store.backend();
+        let span = tracing::info_span!(
+            "dedup.outbox.round",
+            backend,
+            publisher = self.publisher.name(),
+            taken = held.rows.len()
+        );
+        async {
+            let started = Instant::now();
+            let publish = self.publisher.publish_all(&held.rows);
+            let results = match stopped {
+                None => publish.await,
+                Some(stopped) => {
+                    tokio::pin!(publish);
+                    let finished = tokio::select! {
+                        r = &mut publish => Some(r),
+                        _ = stopped.changed() => None,
+                    };
+                    match finished {
+                        Some(r) => r,
+                        None => match tokio::time::timeout(self.config.stop_grace, publish).await {
+                            Ok(r) => r,
+                            Err(_) => {
+                                let ids: Vec<i64> = held.rows.iter().map(|r| r.id).collect();
+                                round.handed_back = self.store.hand_back(&held.token, &ids).await?;
+                                tracing::warn!(rows = ids.len(), "dedup outbox relay: stopped with a publish in flight; rows handed back (some may be published again)");
+                                return Ok(round);
+                            }
+                        },
+                    }
+                }
+            };
+            metrics::histogram!(names::OUTBOX_PUBLISH_DURATION_SECONDS, "publisher" => self.publisher.name())
+                .record(started.elapsed().as_secs_f64());
+            let mut ok = Vec::new();
+            for (row, result) in held.rows.iter().zip(results) {
+                match result {
+                    Ok(()) => ok.push(row.id),
+                    Err(e) => {
+                        let after = if row.attempts >= self.config.max_attempts {
+                            AfterFailure::Dead
+                        } else {
+                            AfterFailure::RetryAfter(self.config.backoff.delay(row.attempts))
+                        };
+                        let text = error_chain(&*e);
+                        metrics::counter!(names::OUTBOX_PUBLISH_FAILURES_TOTAL, "publisher" => self.publisher.name(), "destination" => row.destination.clone()).increment(1);
+                        if self.store.mark_failed(&held.token, row.id, &text, after).await? {
+                            if after == AfterFailure::Dead {
+                                round.dead += 1;
+                                metrics::counter!(names::OUTBOX_DEAD_TOTAL, "destination" => row.destination.clone()).increment(1);
+                                tracing::error!(id = row.id, message_id = %row.message_id, destination = %row.destination, attempts = row.attempts, error = %text, "dedup outbox: row is dead after its last attempt; `dedup outbox retry` sends it again");
+                            } else {
+                                round.failed += 1;
+                                tracing::warn!(id = row.id, message_id = %row.message_id, destination = %row.destination, attempts = row.attempts, error = %text, "dedup outbox: publish failed; retrying later");
+                            }
+                        } else {
+                            round.lost += 1;
+                        }
+                    }
+                }
+            }
+            if !ok.is_empty() {
+                let marked = self.store.mark_sent(&held.token, &ok).await?;
+                round.sent = marked.len() as u64;
+                round.lost += (ok.len() - marked.len()) as u64;
+                let now = crate::Timestamp::from_system_time(std::time::SystemTime::now());
+                for row in held.rows.iter().filter(|r| marked.contains(&r.id)) {
+                    metrics::counter!(names::OUTBOX_PUBLISHED_TOTAL, "publisher" => self.publisher.name(), "destination" => row.destination.clone()).increment(1);
+                    metrics::histogram!(names::OUTBOX_COMMIT_TO_PUBLISH_SECONDS, "publisher" => self.publisher.name())
+                        .record(now.since(row.written_at).as_secs_f64());
+                }
+            }
+            if round.lost > 0 {
+                metrics::counter!(names::OUTBOX_LOST_MARKS_TOTAL, "backend" => backend).increment(round.lost);
+                tracing::warn!(rows = round.lost, "dedup outbox relay: hold ran out before the mark; another relay publishes these rows again (raise RelayConfig::hold?)");
+            }
+            Ok(round)
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+async fn next_wakeup(wakeups: &mut Option<BoxStream<'static, ()>>) -> bool {
+    match wakeups {
+        Some(stream) => stream.next().await.is_some(),
+        None => std::future::pending().await,
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    sent: AtomicU64,
+    failed: AtomicU64,
+    dead: AtomicU64,
+}
+
+impl Totals {
+    fn add(&self, round: &RelayRound) {
+        self.sent.fetch_add(round.sent, Ordering::Relaxed);
+        self.failed.fetch_add(round.failed, Ordering::Relaxed);
+        self.dead.fetch_add(round.dead, Ordering::Relaxed);
+    }
+}
+
+/// A running relay, from [`Relay::start`].
+#[derive(Debug)]
+pub struct RelayHandle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<RelayRound>,
+    totals: Arc<Totals>,
+}
+
+impl RelayHandle {
+    /// Rows published and marked sent so far.
+    pub fn sent(&self) -> u64 {
+        self.totals.sent.load(Ordering::Relaxed)
+    }
+
+    /// Rows made dead so far.
+    pub fn dead(&self) -> u64 {
+        self.totals.dead.load(Ordering::Relaxed)
+    }
+
+    /// Stop: a round in flight finishes (or, after [`RelayConfig::stop_grace`], hands its
+    /// rows back). Returns what the relay did in all.
+    pub async fn stop(self) -> RelayRound {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}

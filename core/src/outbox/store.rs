@@ -1,0 +1,238 @@
+//! [`OutboxStore`]: what a relay needs from the table the producers write to.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+use crate::{LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp};
+
+/// Longest error text kept with a row ([`OutboxEntry::last_error`]); longer texts are cut
+/// at a character boundary.
+pub const MAX_ERROR_LEN: usize = 2000;
+
+/// Where a row is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutboxState {
+    /// Waiting to be published (when due).
+    Pending,
+    /// Taken by a relay, until its hold runs out.
+    Held,
+    /// Published and confirmed by the broker.
+    Sent,
+    /// Failed [`RelayConfig::max_attempts`](super::RelayConfig::max_attempts) times; kept
+    /// for an operator (`dedup outbox retry`).
+    Dead,
+}
+
+impl OutboxState {
+    /// The name stored in the table and shown by the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutboxState::Pending => "pending",
+            OutboxState::Held => "held",
+            OutboxState::Sent => "sent",
+            OutboxState::Dead => "dead",
+        }
+    }
+
+    /// Parse [`as_str`](Self::as_str)'s form.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => OutboxState::Pending,
+            "held" => OutboxState::Held,
+            "sent" => OutboxState::Sent,
+            "dead" => OutboxState::Dead,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for OutboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One message as the relay publishes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxRow {
+    /// The row's id in the table (increasing in insertion order; not a commit order).
+    pub id: i64,
+    /// Where it goes.
+    pub destination: String,
+    /// Its stable id: publishers set it as the broker's message id.
+    pub message_id: String,
+    /// Its headers.
+    pub headers: Vec<(String, String)>,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// Its ordering key.
+    pub ordering_key: Option<String>,
+    /// When its transaction wrote it, by the store's clock.
+    pub written_at: Timestamp,
+    /// Publish attempts so far, this one included (a take counts one).
+    pub attempts: u32,
+}
+
+/// Rows a relay took: publish them, then [`mark_sent`](OutboxStore::mark_sent),
+/// [`mark_failed`](OutboxStore::mark_failed) or [`hand_back`](OutboxStore::hand_back) each
+/// with `token` before `until`.
+#[derive(Clone, Debug)]
+pub struct Held {
+    /// The token that fences every later call on these rows.
+    pub token: LeaseToken,
+    /// When the hold runs out by the store's clock; after that another relay may take the
+    /// rows (and publish them again).
+    pub until: Timestamp,
+    /// The rows, by due time then id; at most one per ordering key.
+    pub rows: Vec<OutboxRow>,
+}
+
+/// What happens to a row whose publish failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Back to pending, due again after this delay.
+    RetryAfter(Duration),
+    /// Dead: kept, never taken again until an operator retries it.
+    Dead,
+}
+
+/// Counts of rows by state, and the age of the oldest pending one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Rows waiting (due or not).
+    pub pending: u64,
+    /// Rows held by a relay.
+    pub held: u64,
+    /// Published rows not yet purged.
+    pub sent: u64,
+    /// Dead rows.
+    pub dead: u64,
+    /// When the oldest pending or held row was written.
+    pub oldest_unsent: Option<Timestamp>,
+    /// The store's clock when the counts were taken.
+    pub now: Timestamp,
+}
+
+impl OutboxStats {
+    /// How long the oldest unsent row has waited (zero when none waits).
+    pub fn oldest_unsent_age(&self) -> Duration {
+        self.oldest_unsent
+            .map(|t| self.now.since(t))
+            .unwrap_or_default()
+    }
+}
+
+/// One row as an operator sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxEntry {
+    /// The row.
+    pub row: OutboxRow,
+    /// Its state.
+    pub state: OutboxState,
+    /// When it is (or was) due.
+    pub due_at: Timestamp,
+    /// When it was published.
+    pub sent_at: Option<Timestamp>,
+    /// The last publish error, cut to [`MAX_ERROR_LEN`].
+    pub last_error: Option<String>,
+}
+
+/// Which rows [`OutboxStore::list`] returns, by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutboxQuery {
+    /// Only rows in this state.
+    pub state: Option<OutboxState>,
+    /// Only rows for this destination.
+    pub destination: Option<String>,
+    /// Only rows with an id greater than this (for paging).
+    pub after_id: Option<i64>,
+    /// At most this many rows (0: 100).
+    pub limit: usize,
+}
+
+/// The outbox table as a relay and an operator use it. Producers write to it with their
+/// backend's `enqueue`, inside their own transaction; everything after the commit goes
+/// through this trait.
+///
+/// # Contract
+///
+/// - **Only committed rows exist.** A row written in a transaction that rolled back is
+///   never returned by anything here.
+/// - **A message id is kept once.** Enqueueing an id that is already in the table (in any
+///   state, until purged) writes nothing.
+/// - **No two live holds on one row.** [`take`](Self::take) returns due pending rows, and
+///   held rows whose hold ran out, under a fresh token; a row is in at most one live hold.
+///   It counts one attempt on each row it takes.
+/// - **Due rows are found by state and due time**, never by a position in the id sequence,
+///   so a row whose transaction committed after rows with greater ids is still taken.
+/// - **Order per ordering key.** A row with an ordering key is not taken while a row of the
+///   same key with a smaller id is pending or held; a take returns at most one row per key.
+///   Dead rows do not block their key. Rows of different keys never wait for each other.
+/// - **Fenced marks.** [`mark_sent`](Self::mark_sent), [`mark_failed`](Self::mark_failed)
+///   and [`hand_back`](Self::hand_back) change a row only while `token` holds it; a relay
+///   whose hold was taken over changes nothing (its publish is the at-least-once
+///   re-publish the downstream inbox absorbs).
+/// - **Sent rows are purged** by [`purge`](Self::purge) once sent longer ago than
+///   `options.retention`; pending, held and dead rows never are.
+#[async_trait]
+pub trait OutboxStore: Send + Sync + fmt::Debug {
+    /// The backend's name (`sqlite`, `postgres`, `memory`), for metrics and messages.
+    fn backend(&self) -> &'static str;
+
+    /// Take at most `limit` due rows for `hold` (see the contract). An empty
+    /// [`Held::rows`] when nothing is due.
+    async fn take(&self, limit: usize, hold: Duration) -> Result<Held>;
+
+    /// Mark `ids` sent, where `token` still holds them. Returns the ids it marked.
+    async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>>;
+
+    /// Record a failed publish of `id` (the error text cut to [`MAX_ERROR_LEN`]) and
+    /// return the row to pending or make it dead, where `token` still holds it. Returns
+    /// whether it did.
+    async fn mark_failed(
+        &self,
+        token: &LeaseToken,
+        id: i64,
+        error: &str,
+        after: AfterFailure,
+    ) -> Result<bool>;
+
+    /// Return `ids` to pending, due now, without counting their attempt (a relay stopping
+    /// before it published them). Returns how many it returned.
+    async fn hand_back(&self, token: &LeaseToken, ids: &[i64]) -> Result<u64>;
+
+    /// Remove sent rows older than `options.retention`, in batches paced as `options.pace`
+    /// says. Counts them as `completed` in the report.
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport>;
+
+    /// Rows by state.
+    async fn stats(&self) -> Result<OutboxStats>;
+
+    /// Rows matching `query`, by id.
+    async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>>;
+
+    /// Make a dead (or pending) row pending, due now, with its attempts back to zero. Returns
+    /// whether a row was changed (`false`: no such row, or it is held or sent).
+    async fn retry(&self, id: i64) -> Result<bool>;
+
+    /// A stream that yields when rows may have become due (PostgreSQL `NOTIFY`), or `None`
+    /// when the store has no such signal. Only a hint: a relay polls as well.
+    async fn wakeups(&self) -> Result<Option<BoxStream<'static, ()>>> {
+        Ok(None)
+    }
+}
+
+/// Cut `error` to [`MAX_ERROR_LEN`] bytes at a character boundary.
+pub fn cut_error(error: &str) -> &str {
+    if error.len() <= MAX_ERROR_LEN {
+        return error;
+    }
+    let mut end = MAX_ERROR_LEN;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    &error[..end]
+}
