@@ -1,0 +1,181 @@
+//! The outbox relay's own behaviour on the reference model: its loop, its stop, its
+//! metrics. (What it does per store is in the conformance clauses.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_core::BoxError;
+use dedup_core::layers::metric_names as names;
+use dedup_core::outbox::{
+    MemoryOutbox, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxRow, OutboxState,
+    OutboxStore, Publisher, Relay, RelayConfig,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+fn msg(id: &str) -> OutboxMessage {
+    OutboxMessage::new("orders", id, id.as_bytes().to_vec()).unwrap()
+}
+
+/// A publisher that takes `delay` per batch (forever when `None`), then accepts it.
+#[derive(Debug)]
+struct Slow {
+    delay: Option<Duration>,
+    inner: MemoryPublisher,
+}
+
+#[async_trait]
+impl Publisher for Slow {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+    async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
+        match self.delay {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending::<()>().await,
+        }
+        self.inner.publish(row).await
+    }
+}
+
+#[tokio::test]
+async fn a_started_relay_publishes_rows_committed_after_it_started() {
+    let outbox = MemoryOutbox::new();
+    let publisher = MemoryPublisher::new();
+    let handle = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher.clone()))
+        .with_config(RelayConfig::default().poll_interval(Duration::from_millis(10)))
+        .start();
+    outbox.enqueue(&[msg("a"), msg("b")]).unwrap();
+    for _ in 0..200 {
+        if publisher.message_ids().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let all = handle.stop().await;
+    assert_eq!(publisher.message_ids(), ["a", "b"]);
+    assert_eq!(all.sent, 2, "{all:?}");
+}
+
+#[tokio::test]
+async fn full_batches_are_taken_back_to_back_without_waiting_for_the_poll() {
+    let outbox = MemoryOutbox::new();
+    let ids: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
+    outbox
+        .enqueue(&ids.iter().map(|i| msg(i)).collect::<Vec<_>>())
+        .unwrap();
+    let publisher = MemoryPublisher::new();
+    let handle = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher.clone()))
+        .with_config(
+            RelayConfig::default()
+                .batch_size(5)
+                .poll_interval(Duration::from_secs(3600)),
+        )
+        .start();
+    for _ in 0..200 {
+        if publisher.message_ids().len() == 50 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handle.stop().await;
+    assert_eq!(
+        publisher.message_ids().len(),
+        50,
+        "ten full batches of 5 and then one empty round, with an hour's poll interval"
+    );
+}
+
+#[tokio::test]
+async fn a_stop_hands_back_rows_whose_publish_does_not_finish_in_the_grace() {
+    let outbox = MemoryOutbox::new();
+    outbox.enqueue(&[msg("stuck-1"), msg("stuck-2")]).unwrap();
+    let inner = MemoryPublisher::new();
+    let handle = Relay::new(
+        Arc::new(outbox.clone()),
+        Arc::new(Slow {
+            delay: None,
+            inner: inner.clone(),
+        }),
+    )
+    .with_config(RelayConfig::default().stop_grace(Duration::from_millis(50)))
+    .start();
+    // Let it take the rows.
+    for _ in 0..100 {
+        if outbox.stats().await.unwrap().held == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let all = handle.stop().await;
+    assert_eq!(all.handed_back, 2, "{all:?}");
+    let rows = outbox.list(&OutboxQuery::default()).await.unwrap();
+    assert!(
+        rows.iter()
+            .all(|e| e.state == OutboxState::Pending && e.row.attempts == 0),
+        "handed back, attempt not counted: {rows:?}"
+    );
+    assert!(inner.message_ids().is_empty());
+}
+
+#[tokio::test]
+async fn a_stop_lets_a_publish_in_flight_finish_within_the_grace() {
+    let outbox = MemoryOutbox::new();
+    outbox.enqueue(&[msg("slow")]).unwrap();
+    let inner = MemoryPublisher::new();
+    let handle = Relay::new(
+        Arc::new(outbox.clone()),
+        Arc::new(Slow {
+            delay: Some(Duration::from_millis(200)),
+            inner: inner.clone(),
+        }),
+    )
+    .with_config(RelayConfig::default().stop_grace(Duration::from_secs(10)))
+    .start();
+    for _ in 0..100 {
+        if outbox.stats().await.unwrap().held == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let all = handle.stop().await;
+    assert_eq!((all.sent, all.handed_back), (1, 0), "{all:?}");
+    assert_eq!(inner.message_ids(), ["slow"]);
+    assert_eq!(outbox.stats().await.unwrap().sent, 1);
+}
+
+#[test]
+fn the_relay_counts_published_failed_and_dead_rows() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let outbox = MemoryOutbox::new();
+            outbox.enqueue(&[msg("ok-1"), msg("ok-2"), msg("bad")]).unwrap();
+            let publisher = MemoryPublisher::new();
+            publisher.fail("bad", None);
+            let relay = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher))
+                .with_config(RelayConfig::default().max_attempts(1));
+            let round = relay.run_once().await.unwrap();
+            assert_eq!((round.sent, round.dead), (2, 1), "{round:?}");
+        })
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let counter = |name: &str| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(k, ..)| k.key().name() == name)
+            .map(|(.., v)| match v {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(counter(names::OUTBOX_PUBLISHED_TOTAL), 2);
+    assert_eq!(counter(names::OUTBOX_PUBLISH_FAILURES_TOTAL), 1);
+    assert_eq!(counter(names::OUTBOX_DEAD_TOTAL), 1);
+}
