@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::outbox::OutboxStore;
 use crate::{DedupStore, PurgeOptions};
 
 /// Why a [`Purger`] refused to start.
@@ -168,13 +169,26 @@ impl Purger {
         self,
         store: Arc<S>,
     ) -> Result<PurgerHandle, PurgerError> {
+        self.start_target(Box::new(Inbox(store)))
+    }
+
+    /// Start purging the sent rows of an outbox in a tokio task, with the same retention,
+    /// period, jitter and pacing (its retention is how long sent rows, and with them their
+    /// message ids, are kept: an id enqueued again within it is still dropped). Several
+    /// nodes may run one each: the jitter spreads their runs, and paced batches keep each
+    /// short.
+    pub fn start_outbox(self, outbox: Arc<dyn OutboxStore>) -> Result<PurgerHandle, PurgerError> {
+        self.start_target(Box::new(Outbox(outbox)))
+    }
+
+    fn start_target(self, target: Box<dyn Target>) -> Result<PurgerHandle, PurgerError> {
         let warnings = self.check()?;
         for w in &warnings {
             tracing::warn!(warning = ?w, "dedup purger: retention is shorter than the redelivery window; late duplicates will be processed again");
         }
         let removed = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(self.run(store, Arc::clone(&removed), stopped));
+        let task = tokio::spawn(self.run(target, Arc::clone(&removed), stopped));
         Ok(PurgerHandle {
             stop,
             task,
@@ -183,9 +197,9 @@ impl Purger {
         })
     }
 
-    async fn run<S: DedupStore + ?Sized>(
+    async fn run(
         self,
-        store: Arc<S>,
+        target: Box<dyn Target>,
         removed: Arc<AtomicU64>,
         mut stopped: watch::Receiver<bool>,
     ) -> PurgerStats {
@@ -199,7 +213,7 @@ impl Purger {
             // A run in progress finishes before a stop takes effect (bound it with
             // `PurgeOptions::max_batches`).
             let started = std::time::Instant::now();
-            match store.purge(&self.options).await {
+            match target.purge(&self.options).await {
                 Ok(report) => {
                     stats.runs += 1;
                     stats.removed += report.total();
@@ -211,6 +225,7 @@ impl Purger {
                             expired = report.expired,
                             batches = report.batches,
                             elapsed_ms = started.elapsed().as_millis() as u64,
+                            what = target.what(),
                             "dedup purger removed old records"
                         );
                     } else {
@@ -228,6 +243,37 @@ impl Purger {
             let spread = self.jitter * (2.0 * random_unit() - 1.0);
             wait = self.every.mul_f64(1.0 + spread);
         }
+    }
+}
+
+/// What a purger purges: an inbox's records or an outbox's sent rows.
+#[async_trait::async_trait]
+trait Target: Send + Sync {
+    async fn purge(&self, options: &PurgeOptions) -> crate::Result<crate::PurgeReport>;
+    fn what(&self) -> &'static str;
+}
+
+struct Inbox<S: ?Sized>(Arc<S>);
+
+#[async_trait::async_trait]
+impl<S: DedupStore + ?Sized + 'static> Target for Inbox<S> {
+    async fn purge(&self, options: &PurgeOptions) -> crate::Result<crate::PurgeReport> {
+        self.0.purge(options).await
+    }
+    fn what(&self) -> &'static str {
+        "inbox"
+    }
+}
+
+struct Outbox(Arc<dyn OutboxStore>);
+
+#[async_trait::async_trait]
+impl Target for Outbox {
+    async fn purge(&self, options: &PurgeOptions) -> crate::Result<crate::PurgeReport> {
+        self.0.purge(options).await
+    }
+    fn what(&self) -> &'static str {
+        "outbox"
     }
 }
 

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use dedup_core::BoxError;
 use dedup_core::layers::metric_names as names;
 use dedup_core::outbox::{
-    MemoryOutbox, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxRow, OutboxState,
-    OutboxStore, Publisher, Relay, RelayConfig,
+    MemoryOutbox, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxRow, OutboxState, OutboxStore,
+    Publisher, Relay, RelayConfig,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -155,7 +155,9 @@ fn the_relay_counts_published_failed_and_dead_rows() {
     metrics::with_local_recorder(&recorder, || {
         runtime.block_on(async {
             let outbox = MemoryOutbox::new();
-            outbox.enqueue(&[msg("ok-1"), msg("ok-2"), msg("bad")]).unwrap();
+            outbox
+                .enqueue(&[msg("ok-1"), msg("ok-2"), msg("bad")])
+                .unwrap();
             let publisher = MemoryPublisher::new();
             publisher.fail("bad", None);
             let relay = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher))
@@ -178,4 +180,32 @@ fn the_relay_counts_published_failed_and_dead_rows() {
     assert_eq!(counter(names::OUTBOX_PUBLISHED_TOTAL), 2);
     assert_eq!(counter(names::OUTBOX_PUBLISH_FAILURES_TOTAL), 1);
     assert_eq!(counter(names::OUTBOX_DEAD_TOTAL), 1);
+}
+
+#[tokio::test]
+async fn a_purger_removes_an_outboxs_sent_rows_only() {
+    let clock = Arc::new(dedup_core::ManualClock::starting_now());
+    let outbox = MemoryOutbox::with_clock(clock.clone());
+    outbox.enqueue(&[msg("sent"), msg("dead")]).unwrap();
+    let publisher = MemoryPublisher::new();
+    publisher.fail("dead", None);
+    Relay::new(Arc::new(outbox.clone()), Arc::new(publisher))
+        .with_config(RelayConfig::default().max_attempts(1))
+        .run_once()
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(7200));
+    let purger = dedup_core::Purger::new(Duration::from_secs(3600), Duration::from_millis(10))
+        .start_outbox(Arc::new(outbox.clone()))
+        .unwrap();
+    for _ in 0..200 {
+        if outbox.stats().await.unwrap().sent == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = purger.stop().await;
+    assert_eq!(stats.removed, 1, "{stats:?}");
+    let left = outbox.stats().await.unwrap();
+    assert_eq!((left.sent, left.dead), (0, 1), "{left:?}");
 }
