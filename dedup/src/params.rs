@@ -107,6 +107,16 @@ pub(crate) fn boolean(text: &str) -> Result<bool, String> {
     }
 }
 
+/// A feature switch (`group_commit`): `on` or `off` (`true` / `false` also do).
+#[cfg(feature = "postgres")]
+pub(crate) fn on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err("expected on or off".to_owned()),
+    }
+}
+
 /// Where lease time comes from: `server` (the database's clock) or `local` (this
 /// machine's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -397,6 +397,9 @@ const POSTGRES_PARAMS: &[&str] = &[
     "clock",
     "connect_timeout",
     "migrate",
+    "group_commit",
+    "group_commit_rounds",
+    "group_commit_max",
     "sslmode",
     "sslrootcert",
     "sslcert",
@@ -455,6 +458,7 @@ fn postgres(scheme: &str, rest: &str, query: Option<&str>) -> Result<StoreTarget
     if let Some(migrate) = params.take_with("migrate", params::boolean)? {
         config.migrate = migrate;
     }
+    config.group_commit = group_commit(&mut params)?;
     let sslmode = params.take("sslmode");
     if let Some(mode) = &sslmode {
         let tls = match mode.as_str() {
@@ -485,6 +489,33 @@ fn postgres(scheme: &str, rest: &str, query: Option<&str>) -> Result<StoreTarget
         url: with_query(base, driver),
         config,
     })
+}
+
+/// `group_commit=on|off`, `group_commit_rounds=N`, `group_commit_max=N` (either bound
+/// alone turns it on; with `off` they are refused as contradictory).
+#[cfg(feature = "postgres")]
+fn group_commit(params: &mut Params) -> Result<Option<dedup_postgres::GroupCommit>, UrlError> {
+    let on = params.take_with("group_commit", params::on_off)?;
+    let rounds = params.take_with("group_commit_rounds", params::count)?;
+    let max = params.take_with("group_commit_max", params::count)?;
+    if on == Some(false) && (rounds.is_some() || max.is_some()) {
+        return Err(params::invalid(
+            "group_commit",
+            "off",
+            "group_commit_rounds / group_commit_max need group commit on",
+        ));
+    }
+    if on == Some(false) {
+        return Ok(None);
+    }
+    let mut group = dedup_postgres::GroupCommit::default();
+    if let Some(n) = rounds {
+        group.rounds = n as usize;
+    }
+    if let Some(n) = max {
+        group.max_requests = n as usize;
+    }
+    Ok(Some(group))
 }
 
 #[cfg(not(feature = "postgres"))]

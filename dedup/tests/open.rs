@@ -162,6 +162,11 @@ async fn postgres_opens_with_its_parameters_and_passes_the_smoke_clauses() {
         (config.schema.as_str(), config.table.as_str()),
         (ns.as_str(), "inbox")
     );
+    assert_eq!(
+        config.group_commit,
+        Some(dedup::postgres::GroupCommit::default()),
+        "group commit is on by default"
+    );
     assert_eq!(config.max_connections, 3);
     assert_eq!(config.connect_timeout, Duration::from_secs(3));
     assert!(
@@ -173,6 +178,23 @@ async fn postgres_opens_with_its_parameters_and_passes_the_smoke_clauses() {
         "the driver's own parameters pass through, dedup's do not: {driver}"
     );
     round_trip(&url).await;
+    for (query, expected) in [
+        ("group_commit=off", None),
+        (
+            "group_commit_rounds=4&group_commit_max=32",
+            Some(dedup::postgres::GroupCommit {
+                rounds: 4,
+                max_requests: 32,
+            }),
+        ),
+    ] {
+        let StoreTarget::Postgres { config, .. } = target(&format!("{base}?schema={ns}&{query}"))
+        else {
+            panic!("not a postgres target");
+        };
+        assert_eq!(config.group_commit, expected, "{query}");
+    }
+    round_trip(&format!("{base}?schema={ns}&group_commit=off")).await;
     // postgresql:// is the same.
     round_trip(&format!(
         "{}?schema={ns}",
@@ -295,6 +317,9 @@ fn bad_urls_are_typed_errors() {
         "postgres://h/db?sslmode=maybe",
         "mysql://h/db?ssl-mode=maybe",
         "postgres://h/db?connect_timeout=soon",
+        "postgres://h/db?group_commit=off&group_commit_rounds=2",
+        "postgres://h/db?group_commit=maybe",
+        "postgres://h/db?group_commit_rounds=0",
         "redis://h:1?retention=5w",
         "memory:?clock=server",
     ];
@@ -310,6 +335,7 @@ fn bad_urls_are_typed_errors() {
         "redis://h:1?prefix=a b",
         "redis://h:1?retention=0s",
         "postgres://h/db?connect_timeout=0s",
+        "postgres://h/db?group_commit_max=100000",
     ];
     for url in invalid_config {
         match problem(url) {
