@@ -15,7 +15,7 @@
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
-#   scripts/services.sh crash-restart postgres|mariadb   # kill -9 style restart, data kept (tests)
+#   scripts/services.sh crash-restart postgres|mariadb|rabbitmq   # kill -9 style restart, data kept (tests)
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -724,6 +724,15 @@ start_rabbitmq() {
         sleep 0.1
     done
 
+    launch_rabbitmq "$dir"
+    write_url rabbitmq DEDUP_AMQP_URL "amqp://guest:guest@$HOST:$amqp/%2f"
+}
+
+# Start the node of $1 (its env file, ports and node name written by start_rabbitmq) and
+# wait until it serves AMQP.
+launch_rabbitmq() {
+    local dir=$1 amqp
+    amqp=$(<"$dir/port")
     # setsid: a Ctrl-C in the calling terminal must not reach the node before `stop` runs.
     # shellcheck disable=SC2016 # $1/$2 are expanded by the inner bash
     setsid nohup bash -c 'set -a; . "$1"; set +a; exec "$2"' \
@@ -750,7 +759,24 @@ start_rabbitmq() {
     done
     rabbitmqctl_ "$RABBITMQ_WAIT" -q await_startup >/dev/null ||
         { show_log "$dir/log/server.out"; die "RabbitMQ did not finish booting"; }
-    write_url rabbitmq DEDUP_AMQP_URL "amqp://guest:guest@$HOST:$amqp/%2f"
+}
+
+# Kill the node (SIGKILL to its whole process tree: no shutdown; durable queues and
+# persistent, confirmed messages are recovered from disk on start) and start it again on
+# the same ports and data.
+crash_restart_rabbitmq() {
+    local dir=$STATE_DIR/rabbitmq pid pids i
+    [[ -f $dir/port && -f $dir/server.pid ]] || die "RabbitMQ is not running in $STATE_DIR"
+    pids=$(process_tree "$(<"$dir/server.pid")")
+    for pid in $pids; do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in $pids; do
+        for ((i = 0; i < 100; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+    done
+    launch_rabbitmq "$dir"
+    log "rabbitmq crash-restarted"
 }
 
 stop_rabbitmq() {
@@ -977,11 +1003,11 @@ cmd_stop() {
 # tests, which run their own state dir.
 cmd_crash_restart() {
     local svc=${1:-} dir bin port
-    if [[ $svc == mariadb ]]; then
-        crash_restart_mariadb
-        return
-    fi
-    [[ $svc == postgres ]] || die "crash-restart supports: postgres, mariadb"
+    case $svc in
+        mariadb) crash_restart_mariadb; return ;;
+        rabbitmq) crash_restart_rabbitmq; return ;;
+    esac
+    [[ $svc == postgres ]] || die "crash-restart supports: postgres, mariadb, rabbitmq"
     dir=$STATE_DIR/postgres
     [[ -f $dir/port && -d $dir/data ]] || die "PostgreSQL is not running in $STATE_DIR"
     bin=$(pg_bindir) || die "PostgreSQL binaries not found"
