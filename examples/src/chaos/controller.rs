@@ -16,7 +16,7 @@ use tokio::process::Command;
 use super::queue::Queue;
 #[cfg(feature = "mysql")]
 use super::servers::MariaDb;
-use super::servers::{Postgres, Redis};
+use super::servers::{Postgres, Redis, Service};
 use super::worker::{EFFECTS_FILE, EFFECTS_TABLE, postgres_config, queue_call};
 use super::{Backend, Figures, Mode, Window};
 use crate::rng::Rng;
@@ -200,7 +200,7 @@ async fn effects(
 async fn prepare_store(
     config: &RunConfig,
     dir: &Path,
-    postgres: &Postgres,
+    postgres: &Service,
     redis_url: Option<String>,
     mysql_url: Option<String>,
 ) -> Result<String, BoxError> {

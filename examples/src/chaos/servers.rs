@@ -1,5 +1,5 @@
-//! The run's private servers: a PostgreSQL from `scripts/services.sh` (crash-restartable)
-//! and a `redis-server` with `appendonly yes`, `appendfsync always` (SIGKILL and restart).
+//! The run's private servers: PostgreSQL, MariaDB and RabbitMQ from `scripts/services.sh`
+//! (crash-restartable) and a `redis-server` with `appendonly yes`, `appendfsync always` (SIGKILL and restart).
 //! Private, so that restarting them disturbs nothing else on the machine.
 
 use std::net::TcpListener;
@@ -29,83 +29,80 @@ fn services(dir: &Path, args: &[&str]) -> Result<Output, BoxError> {
     Ok(out)
 }
 
-/// A private PostgreSQL, stopped when dropped.
-pub struct Postgres {
+/// A private server from `scripts/services.sh` in a state dir of its own, stopped when
+/// dropped: PostgreSQL, MariaDB or RabbitMQ.
+pub struct Service {
     dir: PathBuf,
+    name: &'static str,
     /// Its URL.
     pub url: String,
 }
 
-impl Postgres {
-    /// Start one with its state in `dir`.
-    pub fn start(dir: &Path) -> Result<Self, BoxError> {
+impl Service {
+    /// Start `name` with its state in `dir`; its URL is the `url_var` line of
+    /// `services.sh env`.
+    pub fn start(dir: &Path, name: &'static str, url_var: &str) -> Result<Self, BoxError> {
         // Built first, so that a start failing halfway is stopped by `drop`.
-        let mut server = Postgres {
+        let mut server = Service {
             dir: dir.to_path_buf(),
+            name,
             url: String::new(),
         };
-        services(dir, &["start", "postgres"])?;
+        services(dir, &["start", name])?;
         let env = services(dir, &["env"])?;
         let env = String::from_utf8_lossy(&env.stdout).into_owned();
+        let prefix = format!("export {url_var}=");
         server.url = env
             .lines()
-            .find_map(|l| l.strip_prefix("export DEDUP_POSTGRES_URL="))
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
             .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string())
-            .ok_or_else(|| format!("no DEDUP_POSTGRES_URL in {env}"))?;
+            .ok_or_else(|| format!("no {url_var} in {env}"))?;
         Ok(server)
     }
 
-    /// Crash (immediate stop: no checkpoint) and start again; returns when it accepts
-    /// connections.
+    /// Crash the server and start it again on its data (PostgreSQL: an immediate stop, no
+    /// checkpoint; MariaDB and RabbitMQ: `SIGKILL`); returns when it accepts connections.
     pub fn crash_restart(&self) -> Result<(), BoxError> {
-        services(&self.dir, &["crash-restart", "postgres"]).map(|_| ())
+        services(&self.dir, &["crash-restart", self.name]).map(|_| ())
     }
 }
 
-impl Drop for Postgres {
+impl Drop for Service {
     fn drop(&mut self) {
         let _ = services(&self.dir, &["stop"]);
     }
 }
 
-/// A private MariaDB from `scripts/services.sh`, stopped when dropped.
-#[cfg(feature = "mysql")]
-pub struct MariaDb {
-    dir: PathBuf,
-    /// Its URL.
-    pub url: String,
+/// A private PostgreSQL.
+pub struct Postgres;
+
+impl Postgres {
+    /// Start one with its state in `dir`.
+    pub fn start(dir: &Path) -> Result<Service, BoxError> {
+        Service::start(dir, "postgres", "DEDUP_POSTGRES_URL")
+    }
 }
+
+/// A private MariaDB.
+#[cfg(feature = "mysql")]
+pub struct MariaDb;
 
 #[cfg(feature = "mysql")]
 impl MariaDb {
     /// Start one with its state in `dir`.
-    pub fn start(dir: &Path) -> Result<Self, BoxError> {
-        let mut server = MariaDb {
-            dir: dir.to_path_buf(),
-            url: String::new(),
-        };
-        services(dir, &["start", "mariadb"])?;
-        let env = services(dir, &["env"])?;
-        let env = String::from_utf8_lossy(&env.stdout).into_owned();
-        server.url = env
-            .lines()
-            .find_map(|l| l.strip_prefix("export DEDUP_MYSQL_URL="))
-            .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string())
-            .ok_or_else(|| format!("no DEDUP_MYSQL_URL in {env}"))?;
-        Ok(server)
-    }
-
-    /// Kill the server (`SIGKILL`: no shutdown) and start it again on its data; returns
-    /// when it accepts connections.
-    pub fn crash_restart(&self) -> Result<(), BoxError> {
-        services(&self.dir, &["crash-restart", "mariadb"]).map(|_| ())
+    pub fn start(dir: &Path) -> Result<Service, BoxError> {
+        Service::start(dir, "mariadb", "DEDUP_MYSQL_URL")
     }
 }
 
-#[cfg(feature = "mysql")]
-impl Drop for MariaDb {
-    fn drop(&mut self) {
-        let _ = services(&self.dir, &["stop"]);
+/// A private RabbitMQ (its queues and confirmed persistent messages survive
+/// [`Service::crash_restart`]).
+pub struct RabbitMq;
+
+impl RabbitMq {
+    /// Start one with its state in `dir`.
+    pub fn start(dir: &Path) -> Result<Service, BoxError> {
+        Service::start(dir, "rabbitmq", "DEDUP_AMQP_URL")
     }
 }
 
