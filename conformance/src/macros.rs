@@ -55,6 +55,44 @@ macro_rules! __tx_inbox_clause_names {
     };
 }
 
+/// Expands to one `#[tokio::test]` per outbox clause, for factories implementing
+/// [`OutboxFactory`](crate::outbox::OutboxFactory).
+///
+/// ```ignore
+/// dedup_conformance::outbox_suite!(MyOutboxFactory::new());
+/// ```
+#[macro_export]
+macro_rules! outbox_suite {
+    ($factory:expr) => {
+        $crate::__outbox_clause_names!(outbox_tests $factory);
+    };
+}
+
+/// The outbox clauses, handed to `__clauses!` with the caller's arguments.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __outbox_clause_names {
+    ($($args:tt)*) => {
+        $crate::__clauses! { $($args)*;
+            outbox_publishes_every_committed_row,
+            outbox_never_publishes_a_rolled_back_row,
+            outbox_republishes_with_the_same_id_after_a_relay_died_before_its_mark,
+            outbox_two_relays_never_hold_one_row,
+            outbox_a_failing_row_dies_after_the_limit_and_later_rows_are_published,
+            outbox_keeps_order_per_ordering_key,
+            outbox_does_not_skip_a_row_that_committed_late,
+            outbox_purges_sent_rows_after_retention_only,
+            outbox_keeps_a_message_id_enqueued_twice_once,
+            outbox_refuses_bad_input_and_writes_nothing,
+            outbox_a_relay_whose_hold_was_taken_over_changes_nothing,
+            outbox_hand_back_makes_rows_due_without_counting_the_attempt,
+            outbox_retry_makes_a_dead_row_pending_again,
+            outbox_delayed_rows_wait_until_due,
+            outbox_stats_and_list_agree_with_the_rows,
+        }
+    };
+}
+
 /// Expands to one `#[tokio::test]` per clause of the operator's extension
 /// ([`Admin`](dedup_core::Admin)), for factories whose store implements it.
 ///
@@ -190,6 +228,17 @@ macro_rules! __clauses {
             async fn $clause() {
                 let factory = $factory;
                 if $crate::should_run(&factory, stringify!($clause)) {
+                    $crate::clauses::$clause(&factory).await;
+                }
+            }
+        )*
+    };
+    (outbox_tests $factory:expr; $($clause:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $clause() {
+                let factory = $factory;
+                if $crate::outbox::should_run_outbox(&factory, stringify!($clause)) {
                     $crate::clauses::$clause(&factory).await;
                 }
             }

@@ -12,3 +12,7 @@ async fn concurrent_purgers_and_claimers_on_200_000_records() {
     let figures = purgers_and_claimers_at_once(vec![store], clock, &Purging::default()).await;
     println!("{figures:#?}");
 }
+
+mod outbox {
+    dedup_conformance::outbox_suite!(dedup_conformance::outbox::MemoryOutboxFactory::default());
+}

@@ -9,6 +9,7 @@ mod commit;
 mod concurrency;
 mod fingerprint_outcome;
 mod hostile;
+mod outbox;
 mod persistence;
 mod purge;
 mod purger;
@@ -26,6 +27,7 @@ pub use commit::*;
 pub use concurrency::*;
 pub use fingerprint_outcome::*;
 pub use hostile::*;
+pub use outbox::*;
 pub use persistence::*;
 pub use purge::*;
 pub use purger::*;
@@ -36,6 +38,7 @@ pub use validation::*;
 
 use futures::future::BoxFuture;
 
+use crate::outbox::OutboxFactory;
 use crate::{StoreFactory, TransactionalFactory, TxInboxFactory};
 
 /// One clause, by name, runnable against a factory (see [`lease_clauses`]).
@@ -76,6 +79,11 @@ pub fn tx_inbox_clauses<F: TxInboxFactory>() -> Vec<Clause<F>> {
     crate::__tx_inbox_clause_names!(list)
 }
 
+/// Every outbox clause, for running by hand (as `conformance/tests/broken_outbox.rs` does).
+pub fn outbox_clauses<F: OutboxFactory>() -> Vec<Clause<F>> {
+    crate::__outbox_clause_names!(list)
+}
+
 #[cfg(test)]
 mod tests {
     /// Every public clause fn in the sources is listed (so `suite!` runs it), exactly once.
@@ -89,6 +97,7 @@ mod tests {
             include_str!("concurrency.rs"),
             include_str!("fingerprint_outcome.rs"),
             include_str!("hostile.rs"),
+            include_str!("outbox.rs"),
             include_str!("persistence.rs"),
             include_str!("purge.rs"),
             include_str!("purger.rs"),
@@ -109,7 +118,8 @@ mod tests {
         let transactional: &[&str] = &crate::__transactional_clause_names!(names);
         let admin: &[&str] = &crate::__admin_clause_names!(names);
         let tx_inbox: &[&str] = &crate::__tx_inbox_clause_names!(names);
-        let mut listed: Vec<&str> = [lease, transactional, admin, tx_inbox].concat();
+        let outbox: &[&str] = &crate::__outbox_clause_names!(names);
+        let mut listed: Vec<&str> = [lease, transactional, admin, tx_inbox, outbox].concat();
         defined.sort_unstable();
         listed.sort_unstable();
         assert_eq!(defined, listed);
