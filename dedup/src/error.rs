@@ -110,6 +110,12 @@ pub enum UrlError {
         /// The cargo feature that brings it.
         feature: &'static str,
     },
+    /// The URL names a store without an outbox ([`open_outbox`](crate::open_outbox)).
+    #[error("the outbox needs a SQL store (sqlite:PATH or postgres://); {backend} has no outbox")]
+    NoOutbox {
+        /// The backend the URL names.
+        backend: &'static str,
+    },
     /// The backend's configuration built from the URL is invalid (an unsafe table name, a
     /// zero timeout...).
     #[error(transparent)]

@@ -28,7 +28,7 @@ mod url;
 
 pub use dedup_core::*;
 pub use error::{OpenError, UrlError};
-pub use open::{open, open_admin, open_with_clock};
+pub use open::{open, open_admin, open_outbox, open_with_clock};
 pub use redact::redact;
 pub use url::{StoreTarget, StoreUrl, redis_cluster_url};
 
@@ -36,13 +36,13 @@ pub use url::{StoreTarget, StoreUrl, redis_cluster_url};
 #[cfg(feature = "sqlite")]
 pub use dedup_sqlite as sqlite;
 #[cfg(feature = "sqlite")]
-pub use dedup_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+pub use dedup_sqlite::{SqliteConfig, SqliteOutbox, SqliteStore, Synchronous};
 
 /// The PostgreSQL backend (`dedup-postgres`), with the `postgres` feature.
 #[cfg(feature = "postgres")]
 pub use dedup_postgres as postgres;
 #[cfg(feature = "postgres")]
-pub use dedup_postgres::{PostgresConfig, PostgresStore};
+pub use dedup_postgres::{PostgresConfig, PostgresOutbox, PostgresStore};
 
 /// The MySQL / MariaDB backend (`dedup-mysql`), with the `mysql` feature.
 #[cfg(feature = "mysql")]

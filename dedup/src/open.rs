@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
+use dedup_core::outbox::{MemoryOutbox, OutboxStore};
 use dedup_core::{Admin, Clock, DedupStore, MemoryStore};
 
-use crate::error::OpenError;
+use crate::error::{OpenError, UrlError};
 use crate::url::{StoreTarget, StoreUrl};
 
 /// Open the store `url` names, ready to use: connected, schema created or migrated, on
@@ -24,6 +25,15 @@ pub async fn open(url: &str) -> Result<Arc<dyn DedupStore>, OpenError> {
 /// implements [`Admin`], so this is the same store `open` returns, with more methods.
 pub async fn open_admin(url: &str) -> Result<Arc<dyn Admin>, OpenError> {
     StoreUrl::parse(url)?.open_admin().await
+}
+
+/// The transactional outbox of the store `url` names, for relays and operators (`dedup
+/// outbox`): the outbox table of a `sqlite:` or `postgres://` store (opened, and migrated
+/// unless the URL says `migrate=false`, as [`open`] does), or a fresh
+/// [`MemoryOutbox`] for `memory:`. Redis and MySQL stores have no outbox: that is an
+/// [`OpenError::Url`] with [`UrlError::NoOutbox`], before anything is contacted.
+pub async fn open_outbox(url: &str) -> Result<Arc<dyn OutboxStore>, OpenError> {
+    StoreUrl::parse(url)?.open_outbox().await
 }
 
 /// [`open`] with an injected clock for lease arithmetic (simulations, tests).
@@ -46,6 +56,55 @@ impl StoreUrl {
         open_target(self.into_target())
             .await
             .map_err(|source| OpenError::Store { url, source })
+    }
+}
+
+impl StoreUrl {
+    /// Open the store's outbox (see [`open_outbox`]).
+    pub async fn open_outbox(self) -> Result<Arc<dyn OutboxStore>, OpenError> {
+        let url = self.to_string();
+        let backend = self.backend();
+        let target = self.into_target();
+        let outbox: Arc<dyn OutboxStore> = match target {
+            StoreTarget::Memory { clock } => Arc::new(match clock {
+                Some(c) => MemoryOutbox::with_clock(c),
+                None => MemoryOutbox::new(),
+            }),
+            #[cfg(feature = "sqlite")]
+            StoreTarget::Sqlite { path, config } => {
+                use dedup_sqlite::SqliteStore;
+                let store = match path {
+                    Some(path) => SqliteStore::open_with(path, config).await,
+                    None => SqliteStore::open_in_memory_with(config).await,
+                };
+                let store = store.map_err(|source| OpenError::Store {
+                    url: url.clone(),
+                    source,
+                })?;
+                Arc::new(store.outbox())
+            }
+            #[cfg(feature = "postgres")]
+            StoreTarget::Postgres {
+                url: server,
+                config,
+            } => {
+                let store = dedup_postgres::PostgresStore::connect_with(&server, config)
+                    .await
+                    .map_err(|source| OpenError::Store {
+                        url: url.clone(),
+                        source,
+                    })?;
+                Arc::new(store.outbox())
+            }
+            #[allow(unreachable_patterns)] // with only the SQL backends built
+            _ => {
+                return Err(OpenError::Url {
+                    url,
+                    problem: UrlError::NoOutbox { backend },
+                });
+            }
+        };
+        Ok(outbox)
     }
 }
 

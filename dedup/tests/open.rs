@@ -428,3 +428,37 @@ async fn open_admin_gives_the_operators_view_of_the_same_store() {
     let stats = admin.stats(0).await.unwrap();
     assert_eq!(stats.completed, 1, "the record round_trip committed");
 }
+
+/// `open_outbox`: the outbox of a SQLite file (the same rows through a second open), and a
+/// typed refusal, before anything is contacted, for the stores without an outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_outbox_gives_sql_stores_outbox_and_refuses_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("o.db").display());
+    let store = dedup::SqliteStore::open(dir.path().join("o.db"))
+        .await
+        .unwrap();
+    let conn = store.open_connection().unwrap();
+    let m = dedup::outbox::OutboxMessage::new("orders", "m-1", b"x".to_vec()).unwrap();
+    assert_eq!(store.outbox().enqueue(&conn, &[m]).unwrap(), 1);
+    let outbox = dedup::open_outbox(&url).await.unwrap();
+    assert_eq!(outbox.backend(), "sqlite");
+    assert_eq!(outbox.stats().await.unwrap().pending, 1);
+
+    // Port 1: nothing is contacted, so nothing needs to listen there.
+    for (url, backend) in [
+        ("redis://127.0.0.1:1/0", "redis"),
+        ("mysql://u:p@127.0.0.1:1/db", "mysql"),
+    ] {
+        let err = dedup::open_outbox(url).await.unwrap_err();
+        assert!(
+            matches!(err.url_problem(), Some(UrlError::NoOutbox { backend: b }) if *b == backend),
+            "{url}: {err:?}"
+        );
+        assert!(
+            chain(&err).contains("the outbox needs a SQL store"),
+            "{}",
+            chain(&err)
+        );
+    }
+}

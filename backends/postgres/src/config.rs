@@ -53,6 +53,13 @@ pub struct PostgresConfig {
     /// lone caller runs at once, on its own statement. Default: on
     /// ([`GroupCommit::default`]); `None` runs every call on its own statement.
     pub group_commit: Option<GroupCommit>,
+    /// The outbox's table ([`PostgresStore::outbox`](crate::PostgresStore::outbox)), in
+    /// `schema`, created and migrated with the records table by
+    /// [`migrate`](crate::PostgresStore::migrate). `None` (the default): the records
+    /// table's name plus `_outbox` (`dedup_inbox_outbox`; see
+    /// [`names::outbox_table`](dedup_core::backend::names::outbox_table)). Same rules as
+    /// `table`, and not the same name.
+    pub outbox_table: Option<String>,
 }
 
 /// How [`PostgresConfig::group_commit`] groups concurrent single claims (and, apart,
@@ -109,6 +116,7 @@ impl Default for PostgresConfig {
             tls: TlsFiles::default(),
             migrate: true,
             group_commit: Some(GroupCommit::default()),
+            outbox_table: None,
         }
     }
 }
@@ -119,6 +127,15 @@ impl PostgresConfig {
     pub fn validate(&self) -> Result<()> {
         sql_identifier("schema", &self.schema)?;
         sql_identifier("table", &self.table)?;
+        if let Some(outbox) = &self.outbox_table {
+            sql_identifier("outbox table", outbox)?;
+            if outbox == &self.table || outbox == crate::schema::VERSIONS_TABLE {
+                return Err(Error::invalid(
+                    "outbox table",
+                    format!("{outbox:?} is one of the store's other tables"),
+                ));
+            }
+        }
         if self.connect_timeout.is_zero() {
             return Err(Error::invalid("connect_timeout", "must not be zero"));
         }
@@ -131,5 +148,18 @@ impl PostgresConfig {
     /// `"schema"."table"`, ready to splice into SQL (call [`validate`](Self::validate) first).
     pub(crate) fn qualified_table(&self) -> String {
         format!("\"{}\".\"{}\"", self.schema, self.table)
+    }
+
+    /// The outbox's table name: [`outbox_table`](Self::outbox_table), or the name derived
+    /// from [`table`](Self::table).
+    pub fn outbox_table_name(&self) -> String {
+        self.outbox_table
+            .clone()
+            .unwrap_or_else(|| dedup_core::backend::names::outbox_table(&self.table))
+    }
+
+    /// `"schema"."outbox table"`, ready to splice into SQL.
+    pub(crate) fn qualified_outbox_table(&self) -> String {
+        format!("\"{}\".\"{}\"", self.schema, self.outbox_table_name())
     }
 }

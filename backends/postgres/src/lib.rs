@@ -6,6 +6,9 @@ mod connect;
 mod decode;
 mod error;
 mod group;
+mod outbox;
+mod outbox_schema;
+mod outbox_statements;
 mod purge;
 mod rounds;
 mod schema;
@@ -16,6 +19,7 @@ mod tx_inbox;
 
 pub use config::{GroupCommit, PostgresConfig};
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
+pub use outbox::PostgresOutbox;
 pub use sqlx;
 pub use store::PostgresStore;
 pub use tx_inbox::TxInbox;

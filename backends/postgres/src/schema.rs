@@ -14,7 +14,7 @@ const MAX_IDENTIFIER: usize = 63;
 
 /// FNV-1a, 64 bits: a stable hash (unlike std's hasher, it never changes between Rust
 /// releases), for names and lock keys that must be the same on every node and version.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -89,6 +89,12 @@ pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
 /// `migration` for `config`'s table, its placeholders (see [`MIGRATIONS`]) filled in. An
 /// unknown placeholder is left as it is (a unit test checks there is none).
 fn render(migration: &str, config: &PostgresConfig) -> String {
+    render_table(migration, &config.schema, &config.table)
+}
+
+/// [`render`] for any of the store's tables: `table` in `schema`.
+pub(crate) fn render_table(migration: &str, schema: &str, table: &str) -> String {
+    let qualified = format!("\"{schema}\".\"{table}\"");
     let mut out = String::with_capacity(migration.len() + 64);
     let mut rest = migration;
     while let Some(open) = rest.find('{') {
@@ -98,9 +104,9 @@ fn render(migration: &str, config: &PostgresConfig) -> String {
         };
         let placeholder = &rest[open..=open + len];
         match &placeholder[1..len] {
-            "table" => out.push_str(&config.qualified_table()),
-            "schema" => out.push_str(&config.schema),
-            index if index.ends_with("_idx") => out.push_str(&index_name(&config.table, index)),
+            "table" => out.push_str(&qualified),
+            "schema" => out.push_str(schema),
+            index if index.ends_with("_idx") => out.push_str(&index_name(table, index)),
             _ => out.push_str(placeholder),
         }
         rest = &rest[open + len + 1..];
@@ -184,6 +190,8 @@ pub(crate) async fn migrate(pool: &PgPool, config: &PostgresConfig) -> Result<()
         .await
         .map_err(backend)?;
     }
+    // One entry point for both tables: the outbox's, under the same lock.
+    crate::outbox_schema::migrate_in(&mut tx, config).await?;
     tx.commit().await.map_err(backend)
 }
 
@@ -227,7 +235,7 @@ pub(crate) async fn check(pool: &PgPool, config: &PostgresConfig) -> Result<()> 
 }
 
 /// Run DDL whose names were validated (ASCII letters, digits, '_'), so safe to splice.
-async fn execute(tx: &mut PgConnection, ddl: String) -> Result<()> {
+pub(crate) async fn execute(tx: &mut PgConnection, ddl: String) -> Result<()> {
     sqlx::raw_sql(AssertSqlSafe(ddl))
         .execute(&mut *tx)
         .await
@@ -237,11 +245,20 @@ async fn execute(tx: &mut PgConnection, ddl: String) -> Result<()> {
 
 /// The version recorded for the store's table, if any.
 async fn recorded_version(tx: &mut PgConnection, config: &PostgresConfig) -> Result<Option<i64>> {
+    recorded_version_of(tx, &config.schema, &config.table).await
+}
+
+/// The version recorded for `table` in `schema`, if any.
+pub(crate) async fn recorded_version_of(
+    tx: &mut PgConnection,
+    schema: &str,
+    table: &str,
+) -> Result<Option<i64>> {
     let version: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT version FROM \"{}\".{VERSIONS_TABLE} WHERE table_name = $1",
-        config.schema
+        schema
     )))
-    .bind(&config.table)
+    .bind(table)
     .fetch_optional(&mut *tx)
     .await
     .map_err(backend)?;

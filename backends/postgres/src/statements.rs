@@ -140,7 +140,7 @@ pub(crate) struct Statements {
     pub(crate) revoke: SqlStr,
 }
 
-fn sql(text: String) -> SqlStr {
+pub(crate) fn sql(text: String) -> SqlStr {
     // Safe: the only spliced text is the table name, validated by
     // `dedup_core::backend::names::sql_identifier` (ASCII letters, digits, '_') and quoted.
     sqlx::SqlSafeStr::into_sql_str(AssertSqlSafe(std::sync::Arc::<str>::from(text)))

@@ -17,6 +17,7 @@ use crate::config::PostgresConfig;
 use crate::decode::{StatementRows, decode_record};
 use crate::error::{BACKEND, backend};
 use crate::group::Grouper;
+use crate::outbox::OutboxTable;
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 use crate::statements::Statements;
 
@@ -38,6 +39,8 @@ struct Inner {
     config: PostgresConfig,
     table: String,
     sql: Statements,
+    /// The outbox's table ([`PostgresStore::outbox`]).
+    outbox: OutboxTable,
     /// Single claims waiting for a grouped statement (`None`: group commit is off).
     claims: Option<Grouper<ClaimRequest, Claim>>,
     /// Single commits waiting for a grouped statement (`None`: group commit is off).
@@ -94,6 +97,7 @@ impl PostgresStore {
             inner: Arc::new(Inner {
                 pool,
                 sql: Statements::new(&table),
+                outbox: OutboxTable::new(&config),
                 table,
                 config,
                 claims: group.map(|g| Grouper::new(g.rounds, g.max_requests)),
@@ -102,10 +106,16 @@ impl PostgresStore {
         })
     }
 
-    /// Create the schema, table and indexes when missing. Idempotent, and safe to run from
+    /// Create the schema, the records and outbox tables and their indexes when missing. Idempotent, and safe to run from
     /// many nodes at once (they take turns under an advisory lock).
     pub async fn migrate(&self) -> Result<()> {
-        crate::schema::migrate(&self.inner.pool, &self.inner.config).await
+        crate::schema::migrate(&self.inner.pool, &self.inner.config).await?;
+        self.inner.outbox.migrated();
+        Ok(())
+    }
+
+    pub(crate) fn outbox_table(&self) -> &OutboxTable {
+        &self.inner.outbox
     }
 
     /// The connection pool.

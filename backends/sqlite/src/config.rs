@@ -64,6 +64,12 @@ pub struct SqliteConfig {
     /// [`Error::SchemaNotMigrated`], a newer one [`Error::SchemaTooNew`]. For read-only
     /// tools such as `dedup stats`.
     pub migrate: bool,
+    /// The outbox's table ([`SqliteStore::outbox`](crate::SqliteStore::outbox)), created and
+    /// migrated with the records table. `None` (the default): the records table's name plus
+    /// `_outbox` (`dedup_inbox_outbox`; see
+    /// [`names::outbox_table`](dedup_core::backend::names::outbox_table)). Same rules as
+    /// [`table`](Self::table), and not the same name.
+    pub outbox_table: Option<String>,
 }
 
 impl Default for SqliteConfig {
@@ -76,6 +82,7 @@ impl Default for SqliteConfig {
             pool_size: 4,
             block_in_place: true,
             migrate: true,
+            outbox_table: None,
         }
     }
 }
@@ -92,21 +99,15 @@ impl SqliteConfig {
     /// Check the configuration: a safe table name, a pool of 1 to 64 connections, a busy
     /// timeout SQLite can represent (at most `i32::MAX` milliseconds).
     pub fn validate(&self) -> Result<()> {
-        names::sql_identifier("table", &self.table)?;
-        if self.table.to_ascii_lowercase().starts_with("sqlite_") {
-            return Err(Error::invalid(
-                "table",
-                format!(
-                    "{:?}: names starting with sqlite_ are reserved by SQLite",
-                    self.table
-                ),
-            ));
-        }
-        if self.table.eq_ignore_ascii_case(SCHEMA_VERSIONS_TABLE) {
-            return Err(Error::invalid(
-                "table",
-                format!("{SCHEMA_VERSIONS_TABLE:?} is the store's own schema version table"),
-            ));
+        table_name("table", &self.table)?;
+        if let Some(outbox) = &self.outbox_table {
+            table_name("outbox table", outbox)?;
+            if outbox.eq_ignore_ascii_case(&self.table) {
+                return Err(Error::invalid(
+                    "outbox table",
+                    format!("{outbox:?} is the records table"),
+                ));
+            }
         }
         if !(1..=64).contains(&self.pool_size) {
             return Err(Error::invalid(
@@ -125,6 +126,35 @@ impl SqliteConfig {
         }
         Ok(())
     }
+}
+
+impl SqliteConfig {
+    /// The outbox's table: [`outbox_table`](Self::outbox_table), or the name derived from
+    /// [`table`](Self::table).
+    pub fn outbox_table_name(&self) -> String {
+        self.outbox_table
+            .clone()
+            .unwrap_or_else(|| names::outbox_table(&self.table))
+    }
+}
+
+/// A table name the store may splice into SQL: a safe identifier, not SQLite's own and not
+/// the versions table.
+fn table_name(what: &'static str, table: &str) -> Result<()> {
+    names::sql_identifier(what, table)?;
+    if table.to_ascii_lowercase().starts_with("sqlite_") {
+        return Err(Error::invalid(
+            what,
+            format!("{table:?}: names starting with sqlite_ are reserved by SQLite"),
+        ));
+    }
+    if table.eq_ignore_ascii_case(SCHEMA_VERSIONS_TABLE) {
+        return Err(Error::invalid(
+            what,
+            format!("{SCHEMA_VERSIONS_TABLE:?} is the store's own schema version table"),
+        ));
+    }
+    Ok(())
 }
 
 /// SQLite's `PRAGMA synchronous` in WAL mode: what a committed claim survives.
@@ -177,6 +207,21 @@ mod tests {
         ] {
             let err = SqliteConfig::with_table(bad).validate().unwrap_err();
             assert!(err.is_invalid_input(), "{bad:?} gave {err:?}");
+        }
+    }
+
+    #[test]
+    fn outbox_table_names_are_validated() {
+        assert_eq!(
+            SqliteConfig::default().outbox_table_name(),
+            "dedup_inbox_outbox"
+        );
+        for bad in ["dedup_inbox", "sqlite_x", "dedup_schema_versions", "a b"] {
+            let config = SqliteConfig {
+                outbox_table: Some(bad.into()),
+                ..SqliteConfig::default()
+            };
+            assert!(config.validate().unwrap_err().is_invalid_input(), "{bad}");
         }
     }
 

@@ -6,6 +6,9 @@ mod config;
 mod connect;
 mod decode;
 mod error;
+mod outbox;
+mod outbox_schema;
+mod outbox_statements;
 mod purge;
 mod schema;
 mod statements;
@@ -15,6 +18,7 @@ mod tx_inbox;
 mod writes;
 
 pub use config::{DEFAULT_TABLE, SCHEMA_VERSIONS_TABLE, SqliteConfig, Synchronous};
+pub use outbox::SqliteOutbox;
 pub use store::SqliteStore;
 pub use tx_inbox::TxInbox;
 

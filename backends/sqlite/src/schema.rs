@@ -65,6 +65,13 @@ fn versions_sql(template: &str) -> String {
 /// instead of being silently adopted. A table at a newer version than this build knows is
 /// an error.
 pub(crate) fn migrate(conn: &mut Connection, table: &str) -> Result<()> {
+    migrate_table(conn, table, MIGRATIONS)
+}
+
+/// [`migrate`] for any of the store's tables: `migrations` is that table's list (migration
+/// `n` brings it from version `n - 1` to `n`), versioned in the same versions table.
+pub(crate) fn migrate_table(conn: &mut Connection, table: &str, migrations: &[&str]) -> Result<()> {
+    let current = migrations.len() as i64;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(backend)?;
@@ -75,23 +82,23 @@ pub(crate) fn migrate(conn: &mut Connection, table: &str) -> Result<()> {
         .optional()
         .map_err(backend)?
         .unwrap_or(0);
-    if found > CURRENT_VERSION {
+    if found > current {
         return Err(Error::SchemaTooNew {
             table: table.to_owned(),
             found,
-            known: CURRENT_VERSION,
+            known: current,
         });
     }
-    if found == CURRENT_VERSION {
+    if found == current {
         return Ok(()); // dropping tx rolls back the (empty) transaction
     }
-    for migration in &MIGRATIONS[found as usize..] {
+    for migration in &migrations[found as usize..] {
         tx.execute_batch(&migration.replace("{table}", table))
             .map_err(backend)?;
     }
     tx.execute(
         &versions_sql(SET_VERSION),
-        rusqlite::params![table, CURRENT_VERSION],
+        rusqlite::params![table, current],
     )
     .map_err(backend)?;
     tx.commit().map_err(backend)
@@ -101,6 +108,11 @@ pub(crate) fn migrate(conn: &mut Connection, table: &str) -> Result<()> {
 /// without migrating. A missing or older table is [`Error::SchemaNotMigrated`], a newer one
 /// [`Error::SchemaTooNew`].
 pub(crate) fn check(conn: &Connection, table: &str) -> Result<()> {
+    check_table(conn, table, CURRENT_VERSION)
+}
+
+/// [`check`] for any of the store's tables, expected at version `current`.
+pub(crate) fn check_table(conn: &Connection, table: &str, current: i64) -> Result<()> {
     let versions: bool = conn
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
@@ -116,17 +128,17 @@ pub(crate) fn check(conn: &Connection, table: &str) -> Result<()> {
             .map_err(backend)?
             .unwrap_or(0),
     };
-    match found.cmp(&CURRENT_VERSION) {
+    match found.cmp(&current) {
         std::cmp::Ordering::Equal => Ok(()),
         std::cmp::Ordering::Less => Err(Error::SchemaNotMigrated {
             table: table.to_owned(),
             found,
-            expected: CURRENT_VERSION,
+            expected: current,
         }),
         std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
             table: table.to_owned(),
             found,
-            known: CURRENT_VERSION,
+            known: current,
         }),
     }
 }

@@ -23,9 +23,10 @@ use crate::config::SqliteConfig;
 use crate::connect::{ConnectionSettings, Location, Pool, Wait, retry_busy};
 use crate::decode;
 use crate::error::backend;
-use crate::schema;
+use crate::outbox::OutboxTable;
 use crate::statements::Statements;
 use crate::writes::{WriteOp, WriteQueue};
+use crate::{outbox_schema, schema};
 
 /// A [`DedupStore`](dedup_core::DedupStore) in a SQLite database file (or in memory), with
 /// the transactional extension [`claim_in_tx`](SqliteStore::claim_in_tx) /
@@ -54,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) pool: Pool,
     /// [`SqliteConfig::block_in_place`].
     pub(crate) in_place: bool,
+    /// The outbox's table ([`SqliteStore::outbox`]).
+    pub(crate) outbox: OutboxTable,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -103,9 +106,12 @@ impl SqliteStore {
                     .map_err(|e| crate::error::open_error(e, path))?,
                 Location::Memory => settings.open_memory()?,
             };
+            let outbox_table = config.outbox_table_name();
             if config.migrate {
+                // One entry point for both tables: the records' and the outbox's.
                 retry_busy(settings.busy_timeout, || {
-                    schema::migrate(&mut first, &config.table)
+                    schema::migrate(&mut first, &config.table)?;
+                    outbox_schema::migrate(&mut first, &outbox_table)
                 })
                 .map_err(|e| e.during("migrating the schema"))?;
             } else {
@@ -122,6 +128,7 @@ impl SqliteStore {
                     pool: Pool::new(location, settings, first, config.pool_size),
                     table: config.table,
                     in_place,
+                    outbox: OutboxTable::new(outbox_table, config.migrate),
                 }),
             })
         });

@@ -134,7 +134,13 @@ async fn tables_in_one_file_are_independent_and_versioned_separately() {
         .expect("rows");
     assert_eq!(
         versions,
-        vec![("inbox_a".into(), 3), ("inbox_a_purge".into(), 3)]
+        vec![
+            ("inbox_a".into(), 3),
+            ("inbox_a_outbox".into(), 1),
+            ("inbox_a_purge".into(), 3),
+            ("inbox_a_purge_outbox".into(), 1),
+        ],
+        "each store's records and outbox tables are versioned on their own"
     );
     let user_version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))

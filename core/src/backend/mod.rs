@@ -21,6 +21,7 @@ pub mod check;
 mod decode;
 mod front_door;
 pub mod names;
+pub mod outbox;
 pub mod purge;
 pub mod transition;
 

@@ -40,6 +40,30 @@ pub fn sql_identifier(what: &'static str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The outbox table's default name for the inbox table `table`: `<table>_outbox`, or, when
+/// that is longer than [`MAX_IDENTIFIER_LEN`], `table` cut short plus a hash of the whole
+/// name (so two long inbox tables never share an outbox table). Always a valid
+/// [`sql_identifier`] when `table` is one.
+pub fn outbox_table(table: &str) -> String {
+    const SUFFIX: &str = "_outbox";
+    let name = format!("{table}{SUFFIX}");
+    if name.len() <= MAX_IDENTIFIER_LEN {
+        return name;
+    }
+    // FNV-1a, 64 bits: stable across Rust releases and nodes.
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let hash = format!("{hash:016x}");
+    let keep = MAX_IDENTIFIER_LEN - hash.len() - SUFFIX.len() - 1;
+    // Validated names are ASCII, so byte slicing is safe; cut at a char boundary anyway.
+    let mut end = keep.min(table.len());
+    while !table.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}_{hash}{SUFFIX}", &table[..end])
+}
+
 /// Accept `prefix` as a Redis key prefix: non-empty, at most [`MAX_KEY_PREFIX_LEN`] bytes,
 /// printable ASCII without spaces, braces (`{`/`}` would change Redis Cluster hash slots)
 /// or glob characters (`*?[]`, which would break pattern scans).
@@ -85,6 +109,20 @@ mod tests {
                 sql_identifier("table", bad).unwrap_err().is_invalid_input(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn outbox_tables_are_derived_and_fit() {
+        assert_eq!(outbox_table("dedup_inbox"), "dedup_inbox_outbox");
+        let a = "a".repeat(63);
+        let b = format!("{}b", "a".repeat(62));
+        let (oa, ob) = (outbox_table(&a), outbox_table(&b));
+        assert_ne!(oa, ob);
+        for name in [&oa, &ob] {
+            assert!(name.len() <= MAX_IDENTIFIER_LEN, "{name}");
+            assert!(name.ends_with("_outbox"), "{name}");
+            sql_identifier("table", name).unwrap();
         }
     }
 
