@@ -21,6 +21,8 @@ mod shutdown;
 
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "redis-streams")]
+pub mod redis_streams;
 
 pub use action::{Action, ConsumerStats, action_for, refusal};
 pub use config::ConsumerConfig;

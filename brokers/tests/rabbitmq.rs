@@ -1,19 +1,21 @@
 //! The RabbitMQ publisher and consumer against the real RabbitMQ (`DEDUP_AMQP_URL`).
 
-use std::collections::HashMap;
+mod support;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use dedup_brokers::rabbitmq::{DeadLetters, RabbitConsumer, RabbitPublisher};
-use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Delivery, shutdown, with_inbox};
-use dedup_core::outbox::{OutboxRow, Publisher};
-use dedup_core::{Handled, Inbox, InboxConfig, Key, MemoryStore, Timestamp};
+use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Shutdown, shutdown};
+use dedup_core::outbox::Publisher;
+use dedup_core::{InboxConfig, MemoryStore};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use support::{Runs, all_once, commit_then_hang, config, counting, poison, row, wait_until};
 
 struct Fixture {
     conn: Connection,
@@ -100,69 +102,6 @@ impl Fixture {
     }
 }
 
-fn row(destination: &str, id: &str) -> OutboxRow {
-    OutboxRow {
-        id: 1,
-        destination: destination.into(),
-        message_id: id.into(),
-        headers: vec![("tenant".into(), "acme".into())],
-        payload: format!("payload of {id}").into_bytes(),
-        ordering_key: None,
-        written_at: Timestamp::from_system_time(SystemTime::now()),
-        attempts: 1,
-    }
-}
-
-fn config() -> ConsumerConfig {
-    ConsumerConfig {
-        in_flight: 4,
-        retry_delay: Duration::from_millis(50),
-        max_retry_delay: Duration::from_millis(200),
-        ..ConsumerConfig::default()
-    }
-}
-
-type Runs = Arc<Mutex<HashMap<String, u32>>>;
-
-fn counting_inbox(
-    inbox: Inbox<MemoryStore>,
-    runs: &Runs,
-    calls: &Arc<AtomicU32>,
-) -> impl dedup_brokers::Handle {
-    let runs = Arc::clone(runs);
-    let calls = Arc::clone(calls);
-    let inner = Arc::new(with_inbox(inbox, move |_lease, d: Delivery| {
-        let runs = Arc::clone(&runs);
-        async move {
-            *runs
-                .lock()
-                .unwrap()
-                .entry(d.message_id.clone().unwrap())
-                .or_default() += 1;
-            Ok::<_, std::io::Error>(Some(b"done".to_vec()))
-        }
-    }));
-    move |key: Key, d: Delivery| {
-        let inner = Arc::clone(&inner);
-        let calls = Arc::clone(&calls);
-        async move {
-            let answer = dedup_brokers::Handle::handle(&*inner, &key, &d).await;
-            calls.fetch_add(1, Ordering::SeqCst);
-            answer
-        }
-    }
-}
-
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
-
 #[tokio::test]
 async fn a_published_row_arrives_with_its_message_id_headers_and_timestamp() {
     let Some(fx) = Fixture::new().await else {
@@ -212,7 +151,13 @@ async fn duplicates_published_on_purpose_are_acked_without_running_the_handler()
 
     let runs = Runs::default();
     let calls = Arc::new(AtomicU32::new(0));
-    let handler = counting_inbox(Inbox::new(MemoryStore::new()), &runs, &calls);
+    let handler = counting(
+        &Arc::new(MemoryStore::new()),
+        InboxConfig::default(),
+        &runs,
+        &calls,
+        Duration::ZERO,
+    );
     let (stop, signal) = shutdown();
     let consumer = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config());
     let task = tokio::spawn(consumer.run(handler, signal));
@@ -223,11 +168,7 @@ async fn duplicates_published_on_purpose_are_acked_without_running_the_handler()
     stop.shut_down();
     let stats = task.await.unwrap().unwrap();
     assert_eq!((stats.processed, stats.duplicates), (3, 2), "{stats:?}");
-    let runs = runs.lock().unwrap().clone();
-    assert_eq!(
-        runs,
-        HashMap::from([("a".into(), 1), ("b".into(), 1), ("c".into(), 1)])
-    );
+    assert!(all_once(&runs, 3), "a, b and c ran once each");
     assert!(
         fx.drain(&fx.queue).await.is_empty(),
         "every delivery was acked"
@@ -254,53 +195,25 @@ async fn a_consumer_killed_before_its_ack_has_its_redelivery_absorbed() {
         .await
         .unwrap();
     let committed = Arc::new(AtomicU32::new(0));
-    let inner = Arc::new(with_inbox(
-        Inbox::from_arc(Arc::clone(&store), InboxConfig::default()),
-        {
-            let runs = Arc::clone(&runs);
-            move |_lease, d: Delivery| {
-                let runs = Arc::clone(&runs);
-                async move {
-                    *runs
-                        .lock()
-                        .unwrap()
-                        .entry(d.message_id.unwrap())
-                        .or_default() += 1;
-                    Ok::<_, std::io::Error>(None)
-                }
-            }
-        },
-    ));
-    let hang = {
-        let committed = Arc::clone(&committed);
-        move |key: Key, d: Delivery| {
-            let inner = Arc::clone(&inner);
-            let committed = Arc::clone(&committed);
-            async move {
-                let answer = dedup_brokers::Handle::handle(&*inner, &key, &d).await;
-                assert!(matches!(answer, Ok(Handled::Processed { .. })));
-                committed.fetch_add(1, Ordering::SeqCst);
-                std::future::pending::<()>().await;
-                answer
-            }
-        }
-    };
+    let hang = commit_then_hang(&store, &runs, &committed);
     let a = RabbitConsumer::new(
         conn_a.create_channel().await.unwrap(),
         fx.queue.clone(),
         config(),
     );
-    let task_a = tokio::spawn(a.run(hang, dedup_brokers::Shutdown::never()));
+    let task_a = tokio::spawn(a.run(hang, Shutdown::never()));
     wait_until("A committed", || committed.load(Ordering::SeqCst) == 1).await;
     // Killed: the task and its connection are gone without an ack.
     task_a.abort();
     conn_a.close(0, "killed".into()).await.unwrap();
 
     let calls = Arc::new(AtomicU32::new(0));
-    let b_handler = counting_inbox(
-        Inbox::from_arc(Arc::clone(&store), InboxConfig::default()),
+    let b_handler = counting(
+        &store,
+        InboxConfig::default(),
         &runs,
         &calls,
+        Duration::ZERO,
     );
     let (stop, signal) = shutdown();
     let b = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config());
@@ -309,7 +222,7 @@ async fn a_consumer_killed_before_its_ack_has_its_redelivery_absorbed() {
     stop.shut_down();
     let stats = task_b.await.unwrap().unwrap();
     assert_eq!((stats.processed, stats.duplicates), (0, 1), "{stats:?}");
-    assert_eq!(runs.lock().unwrap()["order-1"], 1, "the handler ran once");
+    assert!(all_once(&runs, 1), "the handler ran once");
     assert!(fx.drain(&fx.queue).await.is_empty());
     fx.cleanup().await;
 }
@@ -334,7 +247,13 @@ async fn deliveries_without_an_id_or_older_than_the_floor_are_dead_lettered_unha
     .await;
     let runs = Runs::default();
     let calls = Arc::new(AtomicU32::new(0));
-    let handler = counting_inbox(Inbox::new(MemoryStore::new()), &runs, &calls);
+    let handler = counting(
+        &Arc::new(MemoryStore::new()),
+        InboxConfig::default(),
+        &runs,
+        &calls,
+        Duration::ZERO,
+    );
     let (stop, signal) = shutdown();
     let consumer = RabbitConsumer::new(
         fx.channel().await,
@@ -375,17 +294,7 @@ async fn a_poison_message_reaches_the_dead_letters_after_max_attempts() {
     let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
     publisher.publish(&row(&fx.dest(), "poison")).await.unwrap();
     let runs = Arc::new(AtomicU32::new(0));
-    let inbox = Inbox::new(MemoryStore::new()).with_config(InboxConfig {
-        max_attempts: Some(3),
-        ..InboxConfig::default()
-    });
-    let handler = with_inbox(inbox, {
-        let runs = Arc::clone(&runs);
-        move |_lease, _d: Delivery| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            async { Err::<Option<Vec<u8>>, _>("cannot parse") }
-        }
-    });
+    let handler = poison(MemoryStore::new(), 3, &runs);
     let (stop, signal) = shutdown();
     let consumer = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config())
         .dead_letters(DeadLetters::Publish {
@@ -446,22 +355,14 @@ async fn shutdown_with_messages_in_flight_loses_none() {
     assert!(publisher.publish_all(&rows).await.iter().all(Result::is_ok));
     let store = Arc::new(MemoryStore::new());
     let runs = Runs::default();
+    let calls = Arc::new(AtomicU32::new(0));
     let slow = |runs: &Runs| {
-        let runs = Arc::clone(runs);
-        with_inbox(
-            Inbox::from_arc(Arc::clone(&store), InboxConfig::default()),
-            move |_lease, d: Delivery| {
-                let runs = Arc::clone(&runs);
-                async move {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    *runs
-                        .lock()
-                        .unwrap()
-                        .entry(d.message_id.unwrap())
-                        .or_default() += 1;
-                    Ok::<_, std::io::Error>(None)
-                }
-            },
+        counting(
+            &store,
+            InboxConfig::default(),
+            runs,
+            &calls,
+            Duration::from_millis(100),
         )
     };
     let (stop, signal) = shutdown();

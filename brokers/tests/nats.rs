@@ -1,0 +1,1 @@
+//! The NATS JetStream adapter tests (the adapter is not written yet).
