@@ -19,6 +19,8 @@ mod handle;
 mod in_flight;
 mod shutdown;
 
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 #[cfg(feature = "redis-streams")]
