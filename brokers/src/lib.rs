@@ -1,0 +1,37 @@
+//! Broker adapters for dedup: outbox [`Publisher`](dedup_core::outbox::Publisher)s and
+//! inbox consumers for RabbitMQ (feature `rabbitmq`), Redis Streams (`redis-streams`) and
+//! NATS JetStream (`nats`).
+//!
+//! A consumer takes each delivery's message id from the broker's id property, refuses
+//! (dead-letters, with a reason) a delivery without one or older than the admission floor,
+//! runs a [`Handle`] (an [`Inbox`](dedup_core::Inbox) in lease mode through
+//! [`with_inbox`], or a transactional inbox through a closure), and turns the answer into
+//! one broker [`Action`] ([`action_for`]: ack, retry after a delay, dead-letter). It keeps at
+//! most [`ConsumerConfig::in_flight`] messages in flight and stops gracefully on a
+//! [`Shutdown`]. The broker-specific parts (how to ack, nack, dead-letter, reclaim) live in
+//! one folder per broker; see the crate README for each broker's choices.
+
+mod action;
+mod config;
+mod delivery;
+mod error;
+mod handle;
+mod in_flight;
+mod shutdown;
+
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis-streams")]
+pub mod redis_streams;
+
+pub use action::{Action, ConsumerStats, action_for, refusal};
+pub use config::ConsumerConfig;
+pub use delivery::Delivery;
+pub use error::BrokerError;
+pub use handle::{Handle, InboxHandler, with_inbox};
+pub use shutdown::{Shutdown, ShutdownTrigger, shutdown};
+
+/// The header (AMQP, NATS) or stream field (Redis) a dead letter carries its reason in.
+pub const DEAD_LETTER_REASON: &str = "x-dedup-dead-letter-reason";

@@ -1,0 +1,15 @@
+//! RabbitMQ (AMQP 0-9-1, lapin): [`RabbitPublisher`] and [`RabbitConsumer`].
+//!
+//! Destinations are `exchange` or `exchange/routing-key` (the first `/` splits; an empty
+//! exchange is the default exchange, so `/orders` goes straight to queue `orders`).
+
+mod consumer;
+mod publisher;
+
+pub use consumer::{DeadLetters, RabbitConsumer};
+pub use publisher::RabbitPublisher;
+
+/// `exchange` or `exchange/routing-key` into its two parts.
+pub fn split_destination(destination: &str) -> (&str, &str) {
+    destination.split_once('/').unwrap_or((destination, ""))
+}

@@ -1,0 +1,140 @@
+//! Helpers the broker tests share.
+#![allow(dead_code)] // each test file uses a part
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use dedup_brokers::{ConsumerConfig, Delivery, Handle, with_inbox};
+use dedup_core::outbox::OutboxRow;
+use dedup_core::{
+    DedupStore, Handled, Inbox, InboxConfig, InboxError, Key, MemoryStore, Timestamp,
+};
+
+/// Handler runs per message id.
+pub type Runs = Arc<Mutex<HashMap<String, u32>>>;
+
+pub fn row(destination: &str, id: &str) -> OutboxRow {
+    OutboxRow {
+        id: 1,
+        destination: destination.into(),
+        message_id: id.into(),
+        headers: vec![("tenant".into(), "acme".into())],
+        payload: format!("payload of {id}").into_bytes(),
+        ordering_key: None,
+        written_at: Timestamp::from_system_time(SystemTime::now()),
+        attempts: 1,
+    }
+}
+
+pub fn config() -> ConsumerConfig {
+    ConsumerConfig {
+        in_flight: 4,
+        retry_delay: Duration::from_millis(50),
+        max_retry_delay: Duration::from_millis(200),
+        ..ConsumerConfig::default()
+    }
+}
+
+/// A lease-mode handler over `store` that counts its runs in `runs` (after `sleep`) and
+/// every settled answer (duplicates included; not `Busy`, not errors) in `calls`.
+pub fn counting(
+    store: &Arc<MemoryStore>,
+    config: InboxConfig,
+    runs: &Runs,
+    calls: &Arc<AtomicU32>,
+    sleep: Duration,
+) -> impl Handle + use<> {
+    let runs = Arc::clone(runs);
+    let calls = Arc::clone(calls);
+    let inner = Arc::new(with_inbox(
+        Inbox::from_arc(Arc::clone(store), config),
+        move |_lease, d: Delivery| {
+            let runs = Arc::clone(&runs);
+            async move {
+                tokio::time::sleep(sleep).await;
+                *runs
+                    .lock()
+                    .unwrap()
+                    .entry(d.message_id.unwrap())
+                    .or_default() += 1;
+                Ok::<_, std::io::Error>(Some(b"done".to_vec()))
+            }
+        },
+    ));
+    move |key: Key, d: Delivery| {
+        let inner = Arc::clone(&inner);
+        let calls = Arc::clone(&calls);
+        async move {
+            let answer = inner.handle(&key, &d).await;
+            if answer.as_ref().is_ok_and(Handled::is_settled) {
+                calls.fetch_add(1, Ordering::SeqCst);
+            }
+            answer
+        }
+    }
+}
+
+/// A handler that processes (commits) and then hangs forever before returning: its
+/// consumer never acks, as if killed right after the commit. `committed` counts commits.
+pub fn commit_then_hang(
+    store: &Arc<MemoryStore>,
+    runs: &Runs,
+    committed: &Arc<AtomicU32>,
+) -> impl Handle + use<> {
+    let inner = Arc::new(counting(
+        store,
+        InboxConfig::default(),
+        runs,
+        &Arc::new(AtomicU32::new(0)),
+        Duration::ZERO,
+    ));
+    let committed = Arc::clone(committed);
+    move |key: Key, d: Delivery| {
+        let inner = Arc::clone(&inner);
+        let committed = Arc::clone(&committed);
+        async move {
+            let answer: Result<Handled, InboxError> = inner.handle(&key, &d).await;
+            assert!(
+                matches!(answer, Ok(Handled::Processed { .. })),
+                "{answer:?}"
+            );
+            committed.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+            answer
+        }
+    }
+}
+
+/// A handler that always fails, under an inbox allowing `max_attempts`; counts its runs.
+pub fn poison<S: DedupStore + 'static>(
+    store: S,
+    max_attempts: u32,
+    runs: &Arc<AtomicU32>,
+) -> impl Handle + use<S> {
+    let inbox = Inbox::new(store).with_config(InboxConfig {
+        max_attempts: Some(max_attempts),
+        ..InboxConfig::default()
+    });
+    let runs = Arc::clone(runs);
+    with_inbox(inbox, move |_lease, _d: Delivery| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async { Err::<Option<Vec<u8>>, _>("cannot parse") }
+    })
+}
+
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+pub fn all_once(runs: &Runs, n: usize) -> bool {
+    let runs = runs.lock().unwrap();
+    runs.len() == n && runs.values().all(|r| *r == 1)
+}
