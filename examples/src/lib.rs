@@ -8,6 +8,14 @@ pub mod billing;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "redis"))]
 pub mod chaos;
 pub mod exit;
+#[cfg(all(
+    feature = "postgres",
+    feature = "rabbitmq",
+    feature = "http",
+    feature = "sqlite",
+    feature = "redis"
+))]
+pub mod outbox_story;
 pub mod report;
 pub mod rng;
 pub mod sim;

@@ -1,0 +1,145 @@
+//! The inbox and the outbox together, on PostgreSQL and RabbitMQ: an orders API writes each
+//! order and its `OrderPlaced` in one transaction; relays publish the outbox; billing
+//! consumes with `TxInbox` and writes the invoice and `InvoiceCreated` in its transaction;
+//! mail consumes with the lease-mode `Inbox` and sends one e-mail per invoice. Prints
+//! orders, invoices, e-mails, doubled and lost (see `dedup_examples::outbox_story`).
+//!
+//! ```sh
+//! eval "$(scripts/services.sh env)"   # after scripts/services.sh start postgres rabbitmq
+//! cargo run --release -p dedup-examples --features full --bin outbox -- \
+//!     --postgres "$DEDUP_POSTGRES_URL" --amqp "$DEDUP_AMQP_URL"
+//! # The same with every role in its own process, SIGKILLed at every step, and PostgreSQL
+//! # and RabbitMQ crash-restarted mid-run (private servers in a temporary folder):
+//! cargo run --release -p dedup-examples --features full --bin outbox -- --chaos
+//! ```
+//!
+//! Exits with status 1 when an order is lost or doubled.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use dedup_examples::outbox_story::roles::Ctx;
+use dedup_examples::outbox_story::run::{Role, RunConfig, run};
+use dedup_examples::outbox_story::{Killer, Names};
+use dedup_examples::report::{print_json, print_table};
+
+/// Orders -> outbox -> RabbitMQ -> billing (TxInbox + outbox) -> mail (Inbox).
+#[derive(Parser, Debug)]
+#[command(about, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    worker: Option<Internal>,
+    /// PostgreSQL URL (not with --chaos, which starts its own).
+    #[arg(long)]
+    postgres: Option<String>,
+    /// RabbitMQ URL (not with --chaos, which starts its own).
+    #[arg(long)]
+    amqp: Option<String>,
+    /// Orders to place.
+    #[arg(long, default_value_t = 100)]
+    orders: u64,
+    /// Run each role in worker processes that are SIGKILLed at every step, and
+    /// crash-restart PostgreSQL and RabbitMQ mid-run.
+    #[arg(long)]
+    chaos: bool,
+    /// With --chaos: the probability of a kill at a step after its first (which always
+    /// kills).
+    #[arg(long, default_value_t = 0.02)]
+    kill_rate: f64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 240)]
+    timeout_secs: u64,
+    /// One JSON line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Internal {
+    /// One worker process (started by --chaos; not for direct use).
+    Worker {
+        #[arg(long, value_enum)]
+        role: Role,
+        #[arg(long)]
+        postgres: String,
+        #[arg(long)]
+        amqp: String,
+        #[arg(long)]
+        run_id: String,
+        #[arg(long)]
+        run_dir: PathBuf,
+        #[arg(long)]
+        kill_rate: f64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    dedup_examples::exit::report(main_result().await)
+}
+
+async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    if let Some(Internal::Worker {
+        role,
+        postgres,
+        amqp,
+        run_id,
+        run_dir,
+        kill_rate,
+    }) = cli.worker
+    {
+        let ctx = Ctx {
+            postgres,
+            amqp,
+            names: Names::for_run(&run_id),
+        };
+        let killer = Killer {
+            dir: run_dir,
+            rate: kill_rate,
+        };
+        // Runs until killed; an error (a lost connection) exits, and the run starts the
+        // worker again.
+        role.run(&ctx, Some(killer), dedup_brokers::Shutdown::never())
+            .await
+            .map_err(|e| e as Box<dyn std::error::Error>)?;
+        return Ok(());
+    }
+    let config = RunConfig {
+        orders: cli.orders,
+        servers: cli.postgres.zip(cli.amqp),
+        kill_rate: cli.chaos.then_some(cli.kill_rate),
+        timeout: Duration::from_secs(cli.timeout_secs),
+    };
+    let figures = run(&config)
+        .await
+        .map_err(|e| e as Box<dyn std::error::Error>)?;
+    if cli.json {
+        print_json(&figures);
+    } else {
+        print_table(
+            &[
+                "orders", "requests", "invoices", "e-mails", "doubled", "lost", "kills",
+                "restarts", "seconds",
+            ],
+            &[vec![
+                figures.orders.to_string(),
+                figures.requests.to_string(),
+                figures.invoices.to_string(),
+                figures.emails.to_string(),
+                figures.doubled.to_string(),
+                figures.lost.to_string(),
+                figures.kills.values().sum::<u64>().to_string(),
+                figures.restarts.len().to_string(),
+                format!("{:.1}", figures.seconds),
+            ]],
+        );
+    }
+    let violations = figures.violations();
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations.join("; ").into())
+    }
+}

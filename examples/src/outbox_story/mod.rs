@@ -1,0 +1,255 @@
+//! The whole story of `src/bin/outbox.rs`: an orders API, an outbox relay, a billing
+//! consumer and a mail consumer, on PostgreSQL and RabbitMQ.
+//!
+//! 1. `POST /orders` (behind `dedup-http`'s `Idempotency-Key` layer) writes the order and
+//!    its `OrderPlaced` message in one transaction ([`api`]).
+//! 2. Relays publish the outbox to RabbitMQ with publisher confirms ([`roles::relay`]).
+//! 3. Billing consumes `OrderPlaced` through `TxInbox`: the invoice and its
+//!    `InvoiceCreated` message (ids from `ConsumerOutbox`) commit with the inbox record
+//!    ([`roles::billing`]).
+//! 4. Mail consumes `InvoiceCreated` through the lease-mode `Inbox` and sends one e-mail
+//!    per invoice through a provider that honours the lease's idempotency key
+//!    ([`roles::mail`]).
+//!
+//! [`run`] runs it all; with chaos on, it runs the roles as processes it SIGKILLs at every step, and crash-restarts
+//! PostgreSQL and RabbitMQ under them. [`count`] reads what happened: every order must
+//! have exactly one invoice and one e-mail.
+
+pub mod api;
+pub mod roles;
+pub mod run;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use dedup_postgres::sqlx::{self, PgPool};
+use dedup_postgres::{PostgresConfig, PostgresStore};
+use serde::Serialize;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where one run keeps everything: a PostgreSQL schema and two RabbitMQ queues of its own.
+#[derive(Clone, Debug)]
+pub struct Names {
+    /// The schema of the business tables, the inbox and the outbox.
+    pub schema: String,
+    /// The queue `OrderPlaced` goes to.
+    pub orders_queue: String,
+    /// The queue `InvoiceCreated` goes to.
+    pub invoices_queue: String,
+}
+
+impl Names {
+    /// Fresh names for a run.
+    pub fn fresh() -> Self {
+        Self::for_run(&uuid::Uuid::new_v4().simple().to_string()[..10])
+    }
+
+    /// The names of run `id` (`[a-z0-9]`).
+    pub fn for_run(id: &str) -> Self {
+        Names {
+            schema: format!("outbox_story_{id}"),
+            orders_queue: format!("orders-{id}"),
+            invoices_queue: format!("invoices-{id}"),
+        }
+    }
+
+    /// The run id these names were made from.
+    pub fn run_id(&self) -> &str {
+        self.schema.trim_start_matches("outbox_story_")
+    }
+
+    /// The dedup store (inbox and outbox tables) in the run's schema.
+    pub async fn store(&self, url: &str) -> Result<PostgresStore, BoxError> {
+        let config = PostgresConfig {
+            schema: self.schema.clone(),
+            max_connections: 8,
+            ..PostgresConfig::default()
+        };
+        Ok(PostgresStore::connect_with(url, config).await?)
+    }
+}
+
+/// Create the run's schema and business tables (idempotent).
+pub async fn prepare(pool: &PgPool, names: &Names) -> Result<(), BoxError> {
+    let s = &names.schema;
+    for statement in [
+        format!("CREATE SCHEMA IF NOT EXISTS {s}"),
+        format!("CREATE TABLE IF NOT EXISTS {s}.orders (id TEXT PRIMARY KEY, item TEXT NOT NULL)"),
+        // No unique order_id: a doubled invoice must be countable.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {s}.invoices (id BIGSERIAL PRIMARY KEY, \
+             order_id TEXT NOT NULL, fence BIGINT NOT NULL)"
+        ),
+        // The mail provider's own records: it accepts a send once per idempotency key, as
+        // payment and mail APIs that take one do, and counts the calls.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {s}.mail_provider (idempotency_key TEXT PRIMARY KEY, \
+             order_id TEXT NOT NULL, calls INT NOT NULL DEFAULT 1)"
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Drop the run's schema.
+pub async fn drop_schema(pool: &PgPool, names: &Names) -> Result<(), BoxError> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {} CASCADE",
+        names.schema
+    )))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Figures {
+    /// Orders the client placed (each once).
+    pub orders: u64,
+    /// `POST /orders` requests sent, client retries with the same key included.
+    pub requests: u64,
+    /// Order rows written.
+    pub order_rows: u64,
+    /// Invoices written.
+    pub invoices: u64,
+    /// E-mails the provider accepted.
+    pub emails: u64,
+    /// Calls made to the mail provider (a call repeated after a kill is refused by it).
+    pub mail_calls: u64,
+    /// Orders with more than one invoice or e-mail.
+    pub doubled: u64,
+    /// Orders without an invoice or without an e-mail.
+    pub lost: u64,
+    /// Outbox rows still unsent (pending, held or dead) at the end.
+    pub unsent: u64,
+    /// SIGKILLs by where they landed.
+    pub kills: BTreeMap<String, u64>,
+    /// Worker processes that exited by themselves (a broker connection lost in a restart)
+    /// and were started again.
+    pub worker_exits: u64,
+    /// Server crash-restarts made mid-run.
+    pub restarts: BTreeMap<&'static str, u64>,
+    /// Wall time, in seconds.
+    pub seconds: f64,
+}
+
+impl Figures {
+    /// The checks this run failed (empty: passed): no order lost, none doubled.
+    pub fn violations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.order_rows != self.orders {
+            out.push(format!(
+                "{} order rows for {} orders",
+                self.order_rows, self.orders
+            ));
+        }
+        if self.lost > 0 {
+            out.push(format!("{} orders without an invoice or e-mail", self.lost));
+        }
+        if self.doubled > 0 {
+            out.push(format!(
+                "{} orders with a doubled invoice or e-mail",
+                self.doubled
+            ));
+        }
+        out
+    }
+
+    /// Whether every order has its invoice and e-mail (the run may stop waiting).
+    pub fn complete(&self) -> bool {
+        self.orders > 0 && self.invoices >= self.orders && self.emails >= self.orders
+    }
+}
+
+impl fmt::Display for Figures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} orders, {} invoices, {} e-mails, {} doubled, {} lost",
+            self.orders, self.invoices, self.emails, self.doubled, self.lost
+        )
+    }
+}
+
+/// Count what the run wrote into `figures`.
+pub async fn count(pool: &PgPool, names: &Names, figures: &mut Figures) -> Result<(), BoxError> {
+    let s = &names.schema;
+    let (order_rows, invoices, emails, calls, doubled, lost): (i64, i64, i64, i64, i64, i64) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "WITH per_order AS ( \
+               SELECT o.id, \
+                 (SELECT count(*) FROM {s}.invoices i WHERE i.order_id = o.id) AS invoices, \
+                 (SELECT count(*) FROM {s}.mail_provider m WHERE m.order_id = o.id) AS emails \
+               FROM {s}.orders o) \
+             SELECT (SELECT count(*) FROM {s}.orders), \
+                    (SELECT count(*) FROM {s}.invoices), \
+                    (SELECT count(*) FROM {s}.mail_provider), \
+                    (SELECT coalesce(sum(calls), 0) FROM {s}.mail_provider), \
+                    (SELECT count(*) FROM per_order WHERE invoices > 1 OR emails > 1), \
+                    (SELECT count(*) FROM per_order WHERE invoices = 0 OR emails = 0)"
+        )))
+        .fetch_one(pool)
+        .await?;
+    figures.order_rows = order_rows as u64;
+    figures.invoices = invoices as u64;
+    figures.emails = emails as u64;
+    figures.mail_calls = calls as u64;
+    figures.doubled = doubled as u64;
+    figures.lost = lost as u64 + figures.orders.saturating_sub(order_rows as u64);
+    Ok(())
+}
+
+/// Where a worker may be killed, and how often.
+#[derive(Clone, Debug)]
+pub struct Killer {
+    /// The run's folder: one marker file per point already hit, and `kills.log`.
+    pub dir: PathBuf,
+    /// Probability that a point kills after its first time (the first always does).
+    pub rate: f64,
+}
+
+impl Killer {
+    /// Kill this process (SIGKILL, no cleanup) at `point`: always the first time any
+    /// worker reaches it, afterwards with the configured probability.
+    pub fn point(&self, point: &str) {
+        let first = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(self.dir.join(format!("reached-{point}")))
+            .is_ok();
+        if !first && !crate::rng::Rng::new(random_seed()).chance(self.rate) {
+            return;
+        }
+        use std::io::Write;
+        if let Ok(mut log) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.dir.join("kills.log"))
+        {
+            let _ = writeln!(log, "{point}");
+            let _ = log.sync_all();
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &std::process::id().to_string()])
+            .status();
+        // SIGKILL does not return; this line is for the type checker.
+        std::process::abort();
+    }
+}
+
+/// An optional [`Killer`]: `None` in the demo.
+pub fn checkpoint(killer: &Option<Killer>, point: &str) {
+    if let Some(k) = killer {
+        k.point(point);
+    }
+}
+
+fn random_seed() -> u64 {
+    uuid::Uuid::new_v4().as_u128() as u64
+}

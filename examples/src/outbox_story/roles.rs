@@ -1,0 +1,254 @@
+//! The three roles of the story, each a few lines over `dedup-brokers`: the relay, billing
+//! (transactional inbox + consumer outbox) and mail (lease-mode inbox). The chaos run calls
+//! the same functions in worker processes, with a [`Killer`] at each step.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher};
+use dedup_brokers::{ConsumerConfig, ConsumerStats, Delivery, Handle, Shutdown, with_inbox};
+use dedup_core::outbox::{
+    ConsumerOutbox, OutboxRow, OutboxStore, Publisher, Relay, RelayConfig, RelayRound,
+};
+use dedup_core::{Backoff, BoxError, Handled, Inbox, InboxConfig, Key, Lease};
+use dedup_postgres::{TxInbox, sqlx};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+
+use super::{Killer, Names, checkpoint};
+
+/// What every role connects to.
+#[derive(Clone, Debug)]
+pub struct Ctx {
+    /// PostgreSQL URL.
+    pub postgres: String,
+    /// RabbitMQ URL.
+    pub amqp: String,
+    /// The run's schema and queues.
+    pub names: Names,
+}
+
+/// Leases of the inboxes: short, so a killed worker's message comes back quickly.
+const LEASE: Duration = Duration::from_secs(3);
+
+/// Connect to RabbitMQ and declare the run's two durable queues.
+pub async fn connect(ctx: &Ctx) -> Result<Connection, BoxError> {
+    let connection = Connection::connect(&ctx.amqp, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    for queue in [&ctx.names.orders_queue, &ctx.names.invoices_queue] {
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    Ok(connection)
+}
+
+/// Publish the outbox until `shutdown` (or until the RabbitMQ connection is lost: an
+/// error, so a supervisor starts the relay again on a fresh connection).
+pub async fn relay(
+    ctx: &Ctx,
+    killer: Option<Killer>,
+    shutdown: Shutdown,
+) -> Result<RelayRound, BoxError> {
+    let store = ctx.names.store(&ctx.postgres).await?;
+    let connection = connect(ctx).await?;
+    let publisher = Checkpointed {
+        inner: RabbitPublisher::new(&connection).await?,
+        killer,
+    };
+    let outbox: Arc<dyn OutboxStore> = Arc::new(store.outbox());
+    let handle = Relay::new(outbox, Arc::new(publisher))
+        .with_config(
+            RelayConfig::default()
+                .batch_size(50)
+                .hold(Duration::from_secs(5))
+                .poll_interval(Duration::from_millis(500))
+                // A broker restart fails publishes for a while; rows must not die of it.
+                .max_attempts(1000)
+                .backoff(Backoff::Interval(Duration::from_millis(300))),
+        )
+        .start();
+    let lost = until_shutdown_or_lost(&connection, &shutdown).await;
+    let all = handle.stop().await;
+    if lost {
+        return Err("the RabbitMQ connection was lost".into());
+    }
+    Ok(all)
+}
+
+/// Consume `OrderPlaced` in a transactional inbox: the invoice, its `InvoiceCreated`
+/// message and the inbox record commit together.
+pub async fn billing(
+    ctx: &Ctx,
+    killer: Option<Killer>,
+    shutdown: Shutdown,
+) -> Result<ConsumerStats, BoxError> {
+    let store = ctx.names.store(&ctx.postgres).await?;
+    let inbox = TxInbox::new(store.clone()).with_config(InboxConfig {
+        lease: LEASE,
+        ..InboxConfig::default()
+    });
+    let outbox = store.outbox();
+    let invoices = format!("{}.invoices", ctx.names.schema);
+    let destination = format!("/{}", ctx.names.invoices_queue);
+    let bill = move |key: Key, delivery: Delivery| {
+        let (inbox, outbox, killer) = (inbox.clone(), outbox.clone(), killer.clone());
+        let (invoices, destination) = (invoices.clone(), destination.clone());
+        async move {
+            let order_id = order_id(&delivery);
+            let handled = inbox
+                .handle(&key, None, |conn, lease| {
+                    let (outbox, killer) = (outbox.clone(), killer.clone());
+                    let (invoices, destination, order_id) =
+                        (invoices.clone(), destination.clone(), order_id.clone());
+                    Box::pin(async move {
+                        checkpoint(&killer, "billing_claim_effect");
+                        sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "INSERT INTO {invoices} (order_id, fence) VALUES ($1, $2)"
+                        )))
+                        .bind(&order_id)
+                        .bind(lease.fence as i64)
+                        .execute(&mut *conn)
+                        .await?;
+                        let created = ConsumerOutbox::new(lease)
+                            .message(destination, invoice_created(&order_id))?
+                            .header("type", "InvoiceCreated")?;
+                        outbox.enqueue(conn, &[created]).await?;
+                        checkpoint(&killer, "billing_effect_commit");
+                        Ok::<_, BoxError>(Some(b"invoiced".to_vec()))
+                    })
+                })
+                .await;
+            if matches!(handled, Ok(Handled::Processed { .. })) {
+                checkpoint(&killer, "billing_commit_ack");
+            }
+            handled
+        }
+    };
+    consume(ctx, &ctx.names.orders_queue, bill, shutdown).await
+}
+
+/// Consume `InvoiceCreated` in the lease-mode inbox: one e-mail per invoice, sent through a
+/// provider that honours the lease's idempotency key (so a worker killed between the send
+/// and the commit does not send twice when the message comes back).
+pub async fn mail(
+    ctx: &Ctx,
+    killer: Option<Killer>,
+    shutdown: Shutdown,
+) -> Result<ConsumerStats, BoxError> {
+    let store = ctx.names.store(&ctx.postgres).await?;
+    let pool = store.pool().clone();
+    let provider = format!("{}.mail_provider", ctx.names.schema);
+    let inbox = Inbox::new(store).with_config(InboxConfig {
+        lease: LEASE,
+        ..InboxConfig::default()
+    });
+    let send_killer = killer.clone();
+    let send = Arc::new(with_inbox(
+        inbox,
+        move |lease: Lease, delivery: Delivery| {
+            let (pool, provider, killer) = (pool.clone(), provider.clone(), send_killer.clone());
+            async move {
+                checkpoint(&killer, "mail_claim_send");
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO {provider} (idempotency_key, order_id) VALUES ($1, $2) \
+                 ON CONFLICT (idempotency_key) DO UPDATE SET calls = {provider}.calls + 1"
+                )))
+                .bind(lease.idempotency_key())
+                .bind(order_id(&delivery))
+                .execute(&pool)
+                .await?;
+                checkpoint(&killer, "mail_send_commit");
+                Ok::<_, BoxError>(Some(b"sent".to_vec()))
+            }
+        },
+    ));
+    let handler = move |key: Key, delivery: Delivery| {
+        let (send, killer) = (Arc::clone(&send), killer.clone());
+        async move {
+            let handled = send.handle(&key, &delivery).await;
+            if matches!(handled, Ok(Handled::Processed { .. })) {
+                checkpoint(&killer, "mail_commit_ack");
+            }
+            handled
+        }
+    };
+    consume(ctx, &ctx.names.invoices_queue, handler, shutdown).await
+}
+
+async fn consume<H: Handle>(
+    ctx: &Ctx,
+    queue: &str,
+    handler: H,
+    shutdown: Shutdown,
+) -> Result<ConsumerStats, BoxError> {
+    let connection = connect(ctx).await?;
+    let config = ConsumerConfig {
+        in_flight: 8,
+        retry_delay: Duration::from_millis(300),
+        ..ConsumerConfig::default()
+    };
+    let consumer = RabbitConsumer::new(connection.create_channel().await?, queue, config);
+    Ok(consumer.run(handler, shutdown).await?)
+}
+
+fn order_id(delivery: &Delivery) -> String {
+    let order: serde_json::Value = serde_json::from_slice(&delivery.payload).unwrap_or_default();
+    order["order_id"].as_str().unwrap_or_default().to_owned()
+}
+
+fn invoice_created(order_id: &str) -> Vec<u8> {
+    serde_json::json!({"order_id": order_id})
+        .to_string()
+        .into_bytes()
+}
+
+async fn until_shutdown_or_lost(connection: &Connection, shutdown: &Shutdown) -> bool {
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => return false,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {
+                if !connection.status().connected() {
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+/// The relay's publisher, with a kill point after the take (nothing published yet) and
+/// one after the broker confirmed a batch (not yet marked sent).
+#[derive(Debug)]
+struct Checkpointed {
+    inner: RabbitPublisher,
+    killer: Option<Killer>,
+}
+
+#[async_trait]
+impl Publisher for Checkpointed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
+        self.inner.publish(row).await
+    }
+
+    async fn publish_all(&self, rows: &[OutboxRow]) -> Vec<Result<(), BoxError>> {
+        checkpoint(&self.killer, "relay_take_publish");
+        let results = self.inner.publish_all(rows).await;
+        if results.iter().all(Result::is_ok) {
+            checkpoint(&self.killer, "relay_publish_mark");
+        }
+        results
+    }
+}

@@ -1,0 +1,288 @@
+//! One run of the story: servers, the API, the roles (tasks, or with chaos worker
+//! processes that are SIGKILLed and started again), the client, the count.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dedup_brokers::{Shutdown, ShutdownTrigger, shutdown};
+use lapin::options::QueueDeleteOptions;
+use serde::Serialize;
+
+use super::roles::{self, Ctx};
+use super::{BoxError, Figures, Killer, Names, api, count, drop_schema, prepare};
+use crate::chaos::servers::{Postgres, RabbitMq, Service};
+
+/// The roles and how many of each run.
+pub const ROLES: [(Role, u32); 3] = [(Role::Relay, 2), (Role::Billing, 2), (Role::Mail, 1)];
+
+/// One of the story's workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Publishes the outbox.
+    Relay,
+    /// Consumes `OrderPlaced`, writes invoices.
+    Billing,
+    /// Consumes `InvoiceCreated`, sends e-mails.
+    Mail,
+}
+
+impl Role {
+    /// Run this role until `shutdown` or an error.
+    pub async fn run(
+        self,
+        ctx: &Ctx,
+        killer: Option<Killer>,
+        shutdown: Shutdown,
+    ) -> Result<(), BoxError> {
+        match self {
+            Role::Relay => roles::relay(ctx, killer, shutdown).await.map(|_| ()),
+            Role::Billing => roles::billing(ctx, killer, shutdown).await.map(|_| ()),
+            Role::Mail => roles::mail(ctx, killer, shutdown).await.map(|_| ()),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Role::Relay => "relay",
+            Role::Billing => "billing",
+            Role::Mail => "mail",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Orders the client places.
+    pub orders: u64,
+    /// PostgreSQL and RabbitMQ to use (without chaos; chaos starts private ones).
+    pub servers: Option<(String, String)>,
+    /// Chaos: the probability of a kill at a step after its first (which always kills);
+    /// `None`: no chaos.
+    pub kill_rate: Option<f64>,
+    /// Give up waiting for every order's e-mail after this long.
+    pub timeout: Duration,
+}
+
+/// Run the story once (see [the module](super)).
+pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
+    let started = Instant::now();
+    let dir = tempfile::tempdir()?;
+    let chaos = config.kill_rate.is_some();
+    let mut private: Option<(Service, Service)> = None;
+    let (postgres, amqp) = match (&config.servers, chaos) {
+        (Some(urls), false) => urls.clone(),
+        (_, true) => {
+            let root = dir.path().to_path_buf();
+            let servers = tokio::task::spawn_blocking(move || -> Result<_, String> {
+                let pg = Postgres::start(&root.join("postgres")).map_err(|e| e.to_string())?;
+                let mq = RabbitMq::start(&root.join("rabbitmq")).map_err(|e| e.to_string())?;
+                Ok((pg, mq))
+            })
+            .await??;
+            let urls = (servers.0.url.clone(), servers.1.url.clone());
+            private = Some(servers);
+            urls
+        }
+        (None, false) => return Err("give --postgres and --amqp (or run with --chaos)".into()),
+    };
+    let names = Names::fresh();
+    let store = names.store(&postgres).await?;
+    prepare(store.pool(), &names).await?;
+    let ctx = Ctx {
+        postgres,
+        amqp,
+        names: names.clone(),
+    };
+    let connection = roles::connect(&ctx).await?;
+    let addr = api::serve(store.clone(), names.clone()).await?;
+    let killer = config.kill_rate.map(|rate| Killer {
+        dir: dir.path().to_path_buf(),
+        rate,
+    });
+    let mut workers = Workers::start(&ctx, killer.as_ref())?;
+
+    let orders = config.orders;
+    let client = tokio::spawn(place_all(addr, orders));
+    let mut figures = Figures {
+        orders,
+        ..Figures::default()
+    };
+    let mut client = Some(client);
+    let deadline = started + config.timeout;
+    let mut complete_since: Option<Instant> = None;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        figures.worker_exits += workers.supervise(&ctx, killer.as_ref())?;
+        if let Some(c) = client.take_if(|c| c.is_finished()) {
+            figures.requests = c.await??;
+        }
+        if count(store.pool(), &names, &mut figures).await.is_err() {
+            continue; // PostgreSQL restarting
+        }
+        if let Some((pg, mq)) = &private {
+            if figures.invoices * 3 >= orders && !figures.restarts.contains_key("postgres") {
+                crash_restart(pg).await?;
+                figures.restarts.insert("postgres", 1);
+            } else if figures.emails * 3 >= orders * 2 && !figures.restarts.contains_key("rabbitmq")
+            {
+                crash_restart(mq).await?;
+                figures.restarts.insert("rabbitmq", 1);
+            }
+        }
+        // Done when every order has its e-mail and a second has passed without a change
+        // (so late copies would be counted).
+        if client.is_none() && figures.complete() {
+            match complete_since {
+                None => complete_since = Some(Instant::now()),
+                Some(t) if t.elapsed() > Duration::from_secs(1) => break,
+                Some(_) => {}
+            }
+        }
+    }
+    workers.stop().await;
+    count(store.pool(), &names, &mut figures).await?;
+    figures.unsent = {
+        let stats = dedup_core::outbox::OutboxStore::stats(&store.outbox()).await?;
+        stats.pending + stats.held + stats.dead
+    };
+    figures.kills = read_kills(dir.path());
+    figures.seconds = started.elapsed().as_secs_f64();
+    if !chaos {
+        // The shared servers keep nothing of the run.
+        drop_schema(store.pool(), &names).await?;
+        let channel = connection.create_channel().await?;
+        for queue in [&names.orders_queue, &names.invoices_queue] {
+            channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await?;
+        }
+    }
+    drop(private);
+    Ok(figures)
+}
+
+/// Place `orders` orders, each until the API answers 2xx (a 5xx or a dropped connection,
+/// e.g. while PostgreSQL restarts, is retried with the same key); every fourth order is
+/// sent once more afterwards, as a client that missed the answer would. Returns the
+/// requests sent.
+async fn place_all(addr: std::net::SocketAddr, orders: u64) -> Result<u64, BoxError> {
+    let mut requests = 0;
+    for i in 0..orders {
+        let (key, id) = (format!("key-{i}"), format!("order-{i}"));
+        let copies = if i % 4 == 0 { 2 } else { 1 };
+        for _ in 0..copies {
+            let give_up = Instant::now() + Duration::from_secs(60);
+            loop {
+                requests += 1;
+                match api::post_order(addr, &key, &id, "tea").await {
+                    Ok(status) if (200..300).contains(&status) => break,
+                    _ if Instant::now() > give_up => {
+                        return Err(format!("order {id} was refused for 60 s").into());
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }
+    }
+    Ok(requests)
+}
+
+async fn crash_restart(server: &Service) -> Result<(), BoxError> {
+    tokio::task::block_in_place(|| server.crash_restart())
+}
+
+fn read_kills(dir: &Path) -> std::collections::BTreeMap<String, u64> {
+    let mut kills = std::collections::BTreeMap::new();
+    if let Ok(text) = std::fs::read_to_string(dir.join("kills.log")) {
+        for point in text.lines() {
+            *kills.entry(point.to_owned()).or_default() += 1;
+        }
+    }
+    kills
+}
+
+/// The running roles: tasks in this process, or (with chaos) worker processes.
+enum Workers {
+    Tasks {
+        trigger: ShutdownTrigger,
+        tasks: Vec<tokio::task::JoinHandle<Result<(), BoxError>>>,
+    },
+    Processes(Vec<(Role, Child)>),
+}
+
+impl Workers {
+    fn start(ctx: &Ctx, killer: Option<&Killer>) -> Result<Self, BoxError> {
+        let roles = ROLES
+            .iter()
+            .flat_map(|(role, n)| std::iter::repeat_n(*role, *n as usize));
+        match killer {
+            None => {
+                let (trigger, stop) = shutdown();
+                let tasks = roles
+                    .map(|role| {
+                        let (ctx, stop) = (ctx.clone(), stop.clone());
+                        tokio::spawn(async move { role.run(&ctx, None, stop).await })
+                    })
+                    .collect();
+                Ok(Workers::Tasks { trigger, tasks })
+            }
+            Some(killer) => Ok(Workers::Processes(
+                roles
+                    .map(|role| Ok((role, spawn(role, ctx, killer)?)))
+                    .collect::<Result<_, BoxError>>()?,
+            )),
+        }
+    }
+
+    /// Start again every worker process that ended; returns how many ended by themselves
+    /// (not by a kill).
+    fn supervise(&mut self, ctx: &Ctx, killer: Option<&Killer>) -> Result<u64, BoxError> {
+        let (Workers::Processes(children), Some(killer)) = (self, killer) else {
+            return Ok(0);
+        };
+        let mut exits = 0;
+        for (role, child) in children.iter_mut() {
+            if let Some(status) = child.try_wait()? {
+                use std::os::unix::process::ExitStatusExt;
+                if status.signal().is_none() {
+                    exits += 1;
+                }
+                *child = spawn(*role, ctx, killer)?;
+            }
+        }
+        Ok(exits)
+    }
+
+    async fn stop(self) {
+        match self {
+            Workers::Tasks { trigger, tasks } => {
+                trigger.shut_down();
+                for task in tasks {
+                    let _ = task.await;
+                }
+            }
+            Workers::Processes(children) => {
+                for (_, mut child) in children {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+        }
+    }
+}
+
+fn spawn(role: Role, ctx: &Ctx, killer: &Killer) -> Result<Child, BoxError> {
+    Ok(Command::new(std::env::current_exe()?)
+        .args(["worker", "--role", role.name()])
+        .args(["--postgres", &ctx.postgres, "--amqp", &ctx.amqp])
+        .args(["--run-id", ctx.names.run_id()])
+        .arg("--run-dir")
+        .arg(&killer.dir)
+        .args(["--kill-rate", &killer.rate.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()?)
+}

@@ -1,0 +1,88 @@
+//! The outbox story against real PostgreSQL and RabbitMQ: once on the servers the test
+//! script started, and once under chaos (worker processes SIGKILLed at every step, private
+//! PostgreSQL and RabbitMQ crash-restarted mid-run).
+
+mod support;
+
+use support::{json_lines, run_example};
+
+#[test]
+fn every_order_gives_one_invoice_and_one_email() {
+    let (Some(pg), Some(amqp)) = (
+        dedup_conformance::server_url("DEDUP_POSTGRES_URL"),
+        dedup_conformance::server_url("DEDUP_AMQP_URL"),
+    ) else {
+        eprintln!("SKIPPED: DEDUP_POSTGRES_URL or DEDUP_AMQP_URL not set");
+        return;
+    };
+    let out = run_example(
+        "outbox",
+        &[
+            "--postgres",
+            &pg,
+            "--amqp",
+            &amqp,
+            "--orders",
+            "40",
+            "--json",
+        ],
+    );
+    let r = &json_lines(&out)[0];
+    assert_eq!(r["orders"], 40, "{out}");
+    assert_eq!(
+        r["order_rows"], 40,
+        "one order row per order, retries included: {out}"
+    );
+    assert!(
+        r["requests"].as_u64().unwrap() >= 50,
+        "every fourth order sent twice: {out}"
+    );
+    assert_eq!(r["invoices"], 40, "{out}");
+    assert_eq!(r["emails"], 40, "{out}");
+    assert_eq!(
+        (r["doubled"].as_u64(), r["lost"].as_u64()),
+        (Some(0), Some(0)),
+        "{out}"
+    );
+    assert_eq!(r["unsent"], 0, "the outbox is drained: {out}");
+}
+
+#[test]
+fn under_chaos_every_order_still_gives_one_invoice_and_one_email() {
+    if dedup_conformance::server_url("DEDUP_POSTGRES_URL").is_none() {
+        eprintln!("SKIPPED: the servers' binaries are installed by scripts/test.sh");
+        return;
+    }
+    let out = run_example(
+        "outbox",
+        &["--chaos", "--orders", "60", "--kill-rate", "0.03", "--json"],
+    );
+    let r = &json_lines(&out)[0];
+    assert_eq!(
+        (r["doubled"].as_u64(), r["lost"].as_u64()),
+        (Some(0), Some(0)),
+        "{out}"
+    );
+    assert_eq!(r["invoices"], 60, "{out}");
+    assert_eq!(r["emails"], 60, "{out}");
+    let kills = r["kills"].as_object().expect("kills");
+    for point in [
+        "relay_take_publish",
+        "relay_publish_mark",
+        "billing_claim_effect",
+        "billing_effect_commit",
+        "billing_commit_ack",
+        "mail_claim_send",
+        "mail_send_commit",
+        "mail_commit_ack",
+    ] {
+        assert!(kills.contains_key(point), "no kill at {point}: {out}");
+    }
+    assert_eq!(r["restarts"]["postgres"], 1, "{out}");
+    assert_eq!(r["restarts"]["rabbitmq"], 1, "{out}");
+    assert!(
+        r["mail_calls"].as_u64().unwrap() > r["emails"].as_u64().unwrap(),
+        "a mail worker killed between its send and its commit calls the provider again, \
+         which keeps one e-mail: {out}"
+    );
+}
