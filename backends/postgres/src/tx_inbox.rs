@@ -34,6 +34,13 @@ use crate::error::{BACKEND, backend};
 /// [`Transient`](dedup_core::Transient) run again the same way under
 /// [`InboxConfig::handler_retry`].
 ///
+/// Messages the handler sends go through the store's outbox in the same transaction, with
+/// ids derived from the incoming key so a re-run writes the same ones:
+/// `store.outbox().enqueue(conn, &[ConsumerOutbox::new(lease).message("/invoices", payload)?])`
+/// (see [`PostgresOutbox`](crate::PostgresOutbox) and
+/// [`ConsumerOutbox`](dedup_core::outbox::ConsumerOutbox)); a relay publishes them after
+/// the commit.
+///
 /// ```no_run
 /// # async fn demo(store: dedup_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// use dedup_core::{Handled, Key};
