@@ -9,6 +9,8 @@ mod driver;
 mod measures;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq"))]
+pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
