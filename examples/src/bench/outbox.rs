@@ -36,11 +36,11 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection as AmqpConnection};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, json};
 
 use super::driver::{Run, drive, percentile_ms};
 use super::measures::{best_of, contender};
-use super::{Names, Params, Result, Row};
+use super::{Names, Params, Result, Row, row};
 
 /// How often the latency measure's producer commits a row.
 pub(crate) const LATENCY_TICK: Duration = Duration::from_millis(4);
@@ -67,27 +67,6 @@ pub(crate) struct Servers {
     pub(crate) postgres: Option<String>,
     /// `DEDUP_AMQP_URL`.
     pub(crate) amqp: Option<String>,
-}
-
-/// A row of a group measure: `library` against `baseline`.
-pub(crate) fn row(
-    backend: &'static str,
-    measure: &'static str,
-    concurrency: usize,
-    unit: &'static str,
-    (library, baseline): (f64, f64),
-    details: Map<String, Value>,
-) -> Row {
-    Row {
-        backend,
-        measure,
-        concurrency,
-        unit,
-        library,
-        baseline,
-        ratio: library / baseline,
-        details,
-    }
 }
 
 /// Every outbox row: SQLite always, PostgreSQL (and RabbitMQ) when named.
@@ -129,6 +108,8 @@ pub(crate) async fn run(params: &Params, servers: &Servers) -> Result<Vec<Row>> 
     let measured = async {
         eprintln!("outbox: postgres enqueue...");
         let mut rows = pg_enqueue(params, &pg).await?;
+        // Its messages go nowhere: the relays must not see them.
+        exec(&pg.pool, format!("TRUNCATE {}", pg.outbox.table())).await?;
         match &servers.amqp {
             Some(amqp) => {
                 eprintln!("outbox: relay throughput...");

@@ -261,6 +261,15 @@ async fn run_group(
             };
             Some(bench::outbox::run(params, &servers).await?)
         }
+        #[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
+        "brokers" => {
+            let servers = bench::brokers::Servers {
+                amqp: env_url("DEDUP_AMQP_URL"),
+                redis: env_url("DEDUP_REDIS_URL"),
+                nats: env_url("DEDUP_NATS_URL"),
+            };
+            Some(bench::brokers::run(params, &servers).await?)
+        }
         _ => None,
     };
     match rows {
