@@ -3,17 +3,20 @@
 //! `--batch-messages` pre-published messages three ways, with at most `c` in flight (AMQP
 //! prefetch, `XREADGROUP COUNT`, JetStream batch and `max_ack_pending`):
 //!
-//! - `raw`: the broker's client reading and acking each message, one after the other;
-//! - `inbox_loop`: the same hand-written loop with `Inbox::handle` (a [`MemoryStore`],
-//!   so the store costs next to nothing and the adapter's own cost shows) around an empty
-//!   handler before each ack;
+//! - `raw`: a hand-written loop on the broker's client reading messages and acking each
+//!   (inline with one in flight; with more, each ack in a task holding one of `c` slots,
+//!   reads asking for as many messages as slots are free);
+//! - `inbox_loop`: the same loop with `Inbox::handle` (a [`MemoryStore`], so the store
+//!   costs next to nothing and the adapter's own cost shows) around an empty handler
+//!   before each ack;
 //! - `adapter`: the `dedup-brokers` consumer with `with_inbox` around the same empty
 //!   handler and store.
 //!
 //! Rows: `consumer_adapter_vs_inbox_loop` (the adapter's cost over the hand-written loop)
-//! and `consumer_adapter_vs_raw`. A run ends when the last message was handled (raw:
-//! acked). Every run consumes messages published for it alone (not measured).
+//! and `consumer_adapter_vs_raw`. A run ends when the last message was acked (adapter:
+//! handled, its ack follows). Every run consumes messages published for it alone (not measured).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -24,6 +27,8 @@ use dedup_core::{BoxError, Handled, Inbox, InboxError, Key, MemoryStore};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use serde_json::{Map, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 
 use super::driver::Run;
 use super::measures::{Contender, best_of, contender};
@@ -239,6 +244,63 @@ where
     })
 }
 
+/// How the hand-written loops (raw and inbox_loop) run each message's work: inline with one
+/// in flight, else as a task holding one of `in_flight` slots, as a hand-written consumer
+/// with that many in flight would.
+struct Workers {
+    slots: Arc<Semaphore>,
+    tasks: JoinSet<Result<()>>,
+    inline: bool,
+}
+
+impl Workers {
+    fn new(in_flight: usize) -> Self {
+        Workers {
+            slots: Arc::new(Semaphore::new(in_flight.max(1))),
+            tasks: JoinSet::new(),
+            inline: in_flight <= 1,
+        }
+    }
+
+    /// Wait for a free slot, then take every free one (a finished task's error fails the
+    /// run here).
+    async fn free(&mut self) -> Result<Vec<OwnedSemaphorePermit>> {
+        let mut slots = vec![Arc::clone(&self.slots).acquire_owned().await?];
+        while let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
+            slots.push(slot);
+        }
+        while let Some(done) = self.tasks.try_join_next() {
+            done??;
+        }
+        Ok(slots)
+    }
+
+    /// Run `work` in `slot`.
+    async fn run(
+        &mut self,
+        slot: OwnedSemaphorePermit,
+        work: impl Future<Output = Result<()>> + Send + 'static,
+    ) -> Result<()> {
+        if self.inline {
+            return work.await;
+        }
+        self.tasks.spawn(async move {
+            let done = work.await;
+            drop(slot);
+            done
+        });
+        Ok(())
+    }
+
+    /// Wait for every task.
+    async fn finish(mut self) -> Result<()> {
+        while let Some(done) = self.tasks.join_next().await {
+            done??;
+        }
+        Ok(())
+    }
+}
+
 fn config(in_flight: usize) -> ConsumerConfig {
     ConsumerConfig {
         in_flight,
@@ -350,7 +412,8 @@ mod rabbit {
                         .await?
                     }
                     Kind::Raw | Kind::InboxLoop => {
-                        let inbox = Inbox::new(MemoryStore::new());
+                        let inbox = Arc::new(Inbox::new(MemoryStore::new()));
+                        let mut workers = Workers::new(in_flight);
                         let started = Instant::now();
                         channel
                             .basic_qos(in_flight as u16, BasicQosOptions::default())
@@ -365,14 +428,28 @@ mod rabbit {
                             .await?;
                         let mut seen = 0;
                         while seen < n {
-                            let d = consumer.next().await.ok_or("the consumer closed")??;
-                            if kind == Kind::InboxLoop {
-                                let id = d.properties.message_id().as_ref().map(|s| s.as_str());
-                                handle_once(&inbox, &queue, id).await?;
+                            let mut slots = workers.free().await?;
+                            while let Some(slot) = slots.pop() {
+                                let d = consumer.next().await.ok_or("the consumer closed")??;
+                                let (inbox, queue) = (Arc::clone(&inbox), queue.clone());
+                                workers
+                                    .run(slot, async move {
+                                        if kind == Kind::InboxLoop {
+                                            let id = d.properties.message_id().as_ref();
+                                            handle_once(&inbox, &queue, id.map(|s| s.as_str()))
+                                                .await?;
+                                        }
+                                        d.acker.ack(BasicAckOptions::default()).await?;
+                                        Ok(())
+                                    })
+                                    .await?;
+                                seen += 1;
+                                if seen == n {
+                                    break;
+                                }
                             }
-                            d.acker.ack(BasicAckOptions::default()).await?;
-                            seen += 1;
                         }
+                        workers.finish().await?;
                         let elapsed = started.elapsed();
                         channel
                             .basic_cancel(consumer.tag(), BasicCancelOptions::default())
@@ -394,7 +471,7 @@ mod rabbit {
 
         fn setup(&self) -> String {
             "RabbitMQ: a durable queue per run, persistent messages, manual acks, prefetch = \
-             in flight; raw and inbox_loop ack one by one"
+             in flight"
                 .into()
         }
     }
@@ -493,7 +570,7 @@ mod streams {
 
         fn setup(&self) -> String {
             "Redis Streams: a stream and group per run; XREADGROUP COUNT in flight, BLOCK \
-             200 ms; one XACK per entry (raw and inbox_loop: one after the other)"
+             200 ms; one XACK per entry"
                 .into()
         }
     }
@@ -505,7 +582,8 @@ mod streams {
         n: usize,
         in_flight: usize,
     ) -> Result<Run> {
-        let inbox = Inbox::new(MemoryStore::new());
+        let inbox = Arc::new(Inbox::new(MemoryStore::new()));
+        let mut workers = Workers::new(in_flight);
         let started = Instant::now();
         let mut conn = client.get_multiplexed_async_connection().await?;
         let _: () = redis::cmd("XGROUP")
@@ -516,28 +594,39 @@ mod streams {
             .arg("MKSTREAM")
             .query_async(&mut conn)
             .await?;
-        let opts = StreamReadOptions::default()
-            .group(GROUP, "w1")
-            .count(in_flight)
-            .block(200);
+        let acks = client.get_multiplexed_async_connection().await?;
         let mut seen = 0;
         while seen < n {
+            let mut slots = workers.free().await?;
+            let opts = StreamReadOptions::default()
+                .group(GROUP, "w1")
+                .count(slots.len())
+                .block(200);
             let reply: Option<StreamReadReply> =
                 redis::AsyncCommands::xread_options(&mut conn, &[stream], &[">"], &opts).await?;
             for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
-                if kind == Kind::InboxLoop {
-                    let id: Option<String> = entry.get(MESSAGE_ID_FIELD);
-                    handle_once(&inbox, GROUP, id.as_deref()).await?;
-                }
-                let _: () = redis::cmd("XACK")
-                    .arg(stream)
-                    .arg(GROUP)
-                    .arg(&entry.id)
-                    .query_async(&mut conn)
+                let slot = slots.pop().ok_or("more entries than asked for")?;
+                let (inbox, mut acks, stream) =
+                    (Arc::clone(&inbox), acks.clone(), stream.to_owned());
+                workers
+                    .run(slot, async move {
+                        if kind == Kind::InboxLoop {
+                            let id: Option<String> = entry.get(MESSAGE_ID_FIELD);
+                            handle_once(&inbox, GROUP, id.as_deref()).await?;
+                        }
+                        let _: () = redis::cmd("XACK")
+                            .arg(&stream)
+                            .arg(GROUP)
+                            .arg(&entry.id)
+                            .query_async(&mut acks)
+                            .await?;
+                        Ok(())
+                    })
                     .await?;
                 seen += 1;
             }
         }
+        workers.finish().await?;
         Ok(Run {
             elapsed: started.elapsed(),
             samples: Vec::new(),
@@ -625,14 +714,14 @@ mod nats {
 
         fn setup(&self) -> String {
             "NATS JetStream: a stream and durable pull consumer per run (explicit acks, \
-             max_ack_pending = in flight), batches of in flight with 200 ms expiry; \
-             raw and inbox_loop ack one by one"
+             max_ack_pending = in flight), batches of the free slots with 200 ms expiry"
                 .into()
         }
     }
 
     async fn raw(js: &Context, name: &str, kind: Kind, n: usize, in_flight: usize) -> Result<Run> {
-        let inbox = Inbox::new(MemoryStore::new());
+        let inbox = Arc::new(Inbox::new(MemoryStore::new()));
+        let mut workers = Workers::new(in_flight);
         let started = Instant::now();
         let consumer: PullConsumer = js
             .get_stream(name)
@@ -649,26 +738,35 @@ mod nats {
             .await?;
         let mut seen = 0;
         while seen < n {
+            let mut slots = workers.free().await?;
             let mut batch = consumer
                 .batch()
-                .max_messages(in_flight)
+                .max_messages(slots.len())
                 .expires(Duration::from_millis(200))
                 .messages()
                 .await?;
             while let Some(message) = batch.next().await {
                 let message = message?;
-                if kind == Kind::InboxLoop {
-                    let id = message
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get(MSG_ID_HEADER))
-                        .map(|v| v.as_str().to_owned());
-                    handle_once(&inbox, DURABLE, id.as_deref()).await?;
-                }
-                message.ack().await?;
+                let slot = slots.pop().ok_or("more messages than asked for")?;
+                let inbox = Arc::clone(&inbox);
+                workers
+                    .run(slot, async move {
+                        if kind == Kind::InboxLoop {
+                            let id = message
+                                .headers
+                                .as_ref()
+                                .and_then(|h| h.get(MSG_ID_HEADER))
+                                .map(|v| v.as_str().to_owned());
+                            handle_once(&inbox, DURABLE, id.as_deref()).await?;
+                        }
+                        message.ack().await?;
+                        Ok(())
+                    })
+                    .await?;
                 seen += 1;
             }
         }
+        workers.finish().await?;
         Ok(Run {
             elapsed: started.elapsed(),
             samples: Vec::new(),

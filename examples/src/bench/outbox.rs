@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -162,6 +163,18 @@ fn message(destination: &str, id: String) -> Result<OutboxMessage> {
     .header("type", "OrderPlaced")?)
 }
 
+/// What a PostgreSQL producer transaction writes besides its business row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Extra {
+    /// Nothing: the business row alone.
+    Nothing,
+    /// One message through `PostgresOutbox::enqueue`.
+    Enqueue,
+    /// The same outbox row by a plain `INSERT`, without `enqueue`'s `pg_notify`: where
+    /// `enqueue`'s cost goes (diagnostic).
+    RowWithoutNotify,
+}
+
 /// The PostgreSQL side: the store's pool and outbox, and the business insert.
 #[derive(Clone)]
 struct Pg {
@@ -172,30 +185,51 @@ struct Pg {
 }
 
 impl Pg {
-    /// One transaction: the business row, and the message when `with_outbox`.
-    async fn write(&self, id: String, with_outbox: bool, destination: &str) -> Result<()> {
+    /// One transaction: the business row, and `extra`.
+    async fn write(&self, id: String, extra: Extra, destination: &str) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(SqlSafeStr::into_sql_str(AssertSqlSafe(self.insert.clone())))
             .bind(&id)
             .bind(100_i32)
             .execute(&mut *tx)
             .await?;
-        if with_outbox {
-            self.outbox
-                .enqueue(&mut tx, &[message(destination, id)?])
-                .await?;
+        match extra {
+            Extra::Nothing => {}
+            Extra::Enqueue => {
+                self.outbox
+                    .enqueue(&mut tx, &[message(destination, id)?])
+                    .await?;
+            }
+            Extra::RowWithoutNotify => {
+                let m = message(destination, id)?;
+                let sql = format!(
+                    "INSERT INTO {} (destination, message_id, headers, payload, ordering_key, \
+                     written_at, due_at, attempts, state) \
+                     SELECT $1, $2, $3::jsonb, $4, NULL, ms, ms, 0, 'pending' \
+                     FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now \
+                     ON CONFLICT (message_id) DO NOTHING",
+                    self.outbox.table()
+                );
+                sqlx::query(SqlSafeStr::into_sql_str(AssertSqlSafe(sql)))
+                    .bind(m.destination())
+                    .bind(m.message_id())
+                    .bind(serde_json::to_string(m.headers())?)
+                    .bind(m.payload())
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         tx.commit().await?;
         Ok(())
     }
 }
 
-/// Measure 2a on PostgreSQL.
+/// Measure 2a on PostgreSQL (and the diagnostic: the outbox row without `NOTIFY`).
 async fn pg_enqueue(params: &Params, pg: &Pg) -> Result<Vec<Row>> {
     let n = params.messages;
     let mut rows = Vec::new();
     for &c in &params.concurrency {
-        let run = |with: bool, what: String, n: usize| {
+        let run = |extra: Extra, what: String, n: usize| {
             let pg = pg.clone();
             drive(
                 c,
@@ -203,27 +237,36 @@ async fn pg_enqueue(params: &Params, pg: &Pg) -> Result<Vec<Row>> {
                 move |_, i| {
                     let pg = pg.clone();
                     let id = format!("{what}-{i}");
-                    async move { pg.write(id, with, "/nowhere").await }
+                    async move { pg.write(id, extra, "/nowhere").await }
                 },
             )
             .boxed()
         };
-        let kinds = [(true, "enqueue"), (false, "alone")];
-        for (with, what) in kinds {
-            run(with, format!("warm-c{c}-{what}"), params.warmup).await?;
+        let kinds = [
+            (Extra::Enqueue, "enqueue"),
+            (Extra::Nothing, "alone"),
+            (Extra::RowWithoutNotify, "no-notify"),
+        ];
+        for (extra, what) in kinds {
+            run(extra, format!("warm-c{c}-{what}"), params.warmup).await?;
         }
         let run = &run;
         let runs = best_of(
             params,
             kinds
                 .iter()
-                .map(|&(with, what)| {
-                    contender(move |round| run(with, format!("c{c}-{what}-{round}"), n))
+                .map(|&(extra, what)| {
+                    contender(move |round| run(extra, format!("c{c}-{what}-{round}"), n))
                 })
                 .collect(),
         )
         .await?;
-        rows.push(enqueue_row("postgres", c, n, &runs, &pg.setup));
+        let mut row = enqueue_row("postgres", c, n, &runs, &pg.setup);
+        row.details.insert(
+            "row_without_notify_msgs_per_s".into(),
+            json!(runs[2].throughput(n)),
+        );
+        rows.push(row);
     }
     Ok(rows)
 }
@@ -380,14 +423,16 @@ async fn relay_throughput(params: &Params, pg: &Pg, amqp: &str, names: &Names) -
     let connection = AmqpConnection::connect(amqp, lapin::ConnectionProperties::default()).await?;
     let admin = declare(&connection, &queue).await?;
     let publisher = RabbitPublisher::new(&connection).await?;
-    let outbox: Arc<dyn OutboxStore> = Arc::new(pg.outbox.clone());
+    let probe = Arc::new(Probe::new(pg.outbox.clone(), true));
+    let outbox: Arc<dyn OutboxStore> = Arc::clone(&probe) as Arc<dyn OutboxStore>;
     let relay = Arc::new(
         Relay::new(outbox, Arc::new(publisher))
             .with_config(RelayConfig::default().batch_size(RELAY_BATCH)),
     );
     let raw = connection.create_channel().await?;
     raw.confirm_select(ConfirmSelectOptions::default()).await?;
-    let rounds_taken = Arc::new(Mutex::new(0usize));
+    // The fastest relay run: its time, its seconds in take and mark_sent, its rounds.
+    let fastest = Arc::new(Mutex::new(None::<(Duration, f64, f64, usize)>));
 
     let relay_run = |round: usize| {
         let (relay, pg, destination, admin, queue) = (
@@ -397,9 +442,10 @@ async fn relay_throughput(params: &Params, pg: &Pg, amqp: &str, names: &Names) -
             admin.clone(),
             queue.clone(),
         );
-        let rounds_taken = Arc::clone(&rounds_taken);
+        let (fastest, probe) = (Arc::clone(&fastest), Arc::clone(&probe));
         async move {
             prefill(&pg, &destination, &format!("relay-{round}"), n).await?;
+            probe.split();
             let started = Instant::now();
             let (mut sent, mut rounds) = (0, 0);
             loop {
@@ -417,7 +463,13 @@ async fn relay_throughput(params: &Params, pg: &Pg, amqp: &str, names: &Names) -
             if sent != n {
                 return Err(format!("the relay sent {sent} rows, expected {n}").into());
             }
-            *lock(&rounds_taken) = rounds;
+            let (take, mark) = probe.split();
+            {
+                let mut fastest = lock(&fastest);
+                if fastest.is_none_or(|(e, ..)| elapsed < e) {
+                    *fastest = Some((elapsed, take, mark, rounds));
+                }
+            }
             admin
                 .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
                 .await?;
@@ -466,7 +518,14 @@ async fn relay_throughput(params: &Params, pg: &Pg, amqp: &str, names: &Names) -
     details.insert("library_secs".into(), json!(relay_r.elapsed.as_secs_f64()));
     details.insert("raw_secs".into(), json!(raw_r.elapsed.as_secs_f64()));
     details.insert("relay_batch".into(), json!(RELAY_BATCH));
-    details.insert("relay_rounds".into(), json!(*lock(&rounds_taken)));
+    let (_, take, mark, rounds) = lock(&fastest).unwrap_or_default();
+    details.insert("relay_rounds".into(), json!(rounds));
+    details.insert("relay_take_secs".into(), json!(take));
+    details.insert("relay_mark_sent_secs".into(), json!(mark));
+    details.insert(
+        "relay_publish_and_rest_secs".into(),
+        json!(relay_r.elapsed.as_secs_f64() - take - mark),
+    );
     details.insert("messages".into(), json!(n));
     details.insert(
         "setup".into(),
@@ -520,20 +579,53 @@ async fn publish_raw(
         .await?)
 }
 
-/// The PostgreSQL outbox without its `NOTIFY` wakeups: a relay on it polls only.
+/// The PostgreSQL outbox as a relay sees it: with or without its `NOTIFY` wakeups (a
+/// relay without them polls only), timing its `take` and `mark_sent` calls.
 #[derive(Debug)]
-struct PollOnly(PostgresOutbox);
+struct Probe {
+    inner: PostgresOutbox,
+    wakeups: bool,
+    take_ns: AtomicU64,
+    mark_ns: AtomicU64,
+}
+
+impl Probe {
+    fn new(inner: PostgresOutbox, wakeups: bool) -> Self {
+        Probe {
+            inner,
+            wakeups,
+            take_ns: AtomicU64::new(0),
+            mark_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Seconds spent in `take` and in `mark_sent` since the last call, and reset.
+    fn split(&self) -> (f64, f64) {
+        let secs = |a: &AtomicU64| a.swap(0, AtomicOrdering::Relaxed) as f64 / 1e9;
+        (secs(&self.take_ns), secs(&self.mark_ns))
+    }
+}
+
+fn add_elapsed(counter: &AtomicU64, started: Instant) {
+    counter.fetch_add(started.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+}
 
 #[async_trait]
-impl OutboxStore for PollOnly {
+impl OutboxStore for Probe {
     fn backend(&self) -> &'static str {
-        self.0.backend()
+        self.inner.backend()
     }
     async fn take(&self, limit: usize, hold: Duration) -> dedup_core::Result<Held> {
-        self.0.take(limit, hold).await
+        let started = Instant::now();
+        let held = self.inner.take(limit, hold).await;
+        add_elapsed(&self.take_ns, started);
+        held
     }
     async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> dedup_core::Result<Vec<i64>> {
-        self.0.mark_sent(token, ids).await
+        let started = Instant::now();
+        let marked = self.inner.mark_sent(token, ids).await;
+        add_elapsed(&self.mark_ns, started);
+        marked
     }
     async fn mark_failed(
         &self,
@@ -542,25 +634,28 @@ impl OutboxStore for PollOnly {
         error: &str,
         after: AfterFailure,
     ) -> dedup_core::Result<bool> {
-        self.0.mark_failed(token, id, error, after).await
+        self.inner.mark_failed(token, id, error, after).await
     }
     async fn hand_back(&self, token: &LeaseToken, ids: &[i64]) -> dedup_core::Result<u64> {
-        self.0.hand_back(token, ids).await
+        self.inner.hand_back(token, ids).await
     }
     async fn purge(&self, options: &PurgeOptions) -> dedup_core::Result<PurgeReport> {
-        self.0.purge(options).await
+        self.inner.purge(options).await
     }
     async fn stats(&self) -> dedup_core::Result<OutboxStats> {
-        self.0.stats().await
+        self.inner.stats().await
     }
     async fn list(&self, query: &OutboxQuery) -> dedup_core::Result<Vec<OutboxEntry>> {
-        self.0.list(query).await
+        self.inner.list(query).await
     }
     async fn retry(&self, id: i64) -> dedup_core::Result<bool> {
-        self.0.retry(id).await
+        self.inner.retry(id).await
     }
     async fn wakeups(&self) -> dedup_core::Result<Option<BoxStream<'static, ()>>> {
-        Ok(None)
+        match self.wakeups {
+            true => self.inner.wakeups().await,
+            false => Ok(None),
+        }
     }
 }
 
@@ -607,10 +702,7 @@ async fn commit_to_publish(
     let measured = async {
         let mut out = Vec::new();
         for (mode, poll, notify) in [("notify", NOTIFY_POLL, true), ("polling", POLL_ONLY, false)] {
-            let store: Arc<dyn OutboxStore> = match notify {
-                true => Arc::new(pg.outbox.clone()),
-                false => Arc::new(PollOnly(pg.outbox.clone())),
-            };
+            let store: Arc<dyn OutboxStore> = Arc::new(Probe::new(pg.outbox.clone(), notify));
             let publisher = RabbitPublisher::new(&connection).await?;
             let relay = Relay::new(store, Arc::new(publisher))
                 .with_config(
@@ -627,7 +719,7 @@ async fn commit_to_publish(
             for i in 0..n {
                 tick.tick().await;
                 let id = format!("{mode}-{i}");
-                pg.write(id.clone(), true, &destination).await?;
+                pg.write(id.clone(), Extra::Enqueue, &destination).await?;
                 commits.push((id, Instant::now()));
             }
             let deadline = Instant::now() + Duration::from_secs(30);
