@@ -173,6 +173,8 @@ enum Extra {
     /// The same outbox row by a plain `INSERT`, without `enqueue`'s `pg_notify`: where
     /// `enqueue`'s cost goes (diagnostic).
     RowWithoutNotify,
+    /// A `SELECT 1`: the price of one more round trip in the transaction (diagnostic).
+    RoundTrip,
 }
 
 /// The PostgreSQL side: the store's pool and outbox, and the business insert.
@@ -195,6 +197,9 @@ impl Pg {
             .await?;
         match extra {
             Extra::Nothing => {}
+            Extra::RoundTrip => {
+                sqlx::query("SELECT 1").execute(&mut *tx).await?;
+            }
             Extra::Enqueue => {
                 self.outbox
                     .enqueue(&mut tx, &[message(destination, id)?])
@@ -224,7 +229,8 @@ impl Pg {
     }
 }
 
-/// Measure 2a on PostgreSQL (and the diagnostic: the outbox row without `NOTIFY`).
+/// Measure 2a on PostgreSQL, and two diagnostics: the outbox row without `NOTIFY`, and
+/// the business row plus a `SELECT 1` (one more round trip, no work).
 async fn pg_enqueue(params: &Params, pg: &Pg) -> Result<Vec<Row>> {
     let n = params.messages;
     let mut rows = Vec::new();
@@ -246,6 +252,7 @@ async fn pg_enqueue(params: &Params, pg: &Pg) -> Result<Vec<Row>> {
             (Extra::Enqueue, "enqueue"),
             (Extra::Nothing, "alone"),
             (Extra::RowWithoutNotify, "no-notify"),
+            (Extra::RoundTrip, "round-trip"),
         ];
         for (extra, what) in kinds {
             run(extra, format!("warm-c{c}-{what}"), params.warmup).await?;
@@ -265,6 +272,10 @@ async fn pg_enqueue(params: &Params, pg: &Pg) -> Result<Vec<Row>> {
         row.details.insert(
             "row_without_notify_msgs_per_s".into(),
             json!(runs[2].throughput(n)),
+        );
+        row.details.insert(
+            "one_more_round_trip_msgs_per_s".into(),
+            json!(runs[3].throughput(n)),
         );
         rows.push(row);
     }
