@@ -65,36 +65,54 @@ const PAYLOAD: &[u8] = br#"{"order_id":"o-1","item":"book","amount":100}"#;
 /// How long a run may take before it counts as stuck.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Every broker row, for the brokers named.
-pub(crate) async fn run(params: &Params, servers: &Servers) -> Result<Vec<Row>> {
+/// Every broker row, for the brokers named, and the failures of brokers that failed (the
+/// other brokers' rows are kept).
+pub(crate) async fn run(params: &Params, servers: &Servers) -> (Vec<Row>, Vec<String>) {
     let names = Names::new();
-    let mut rows = Vec::new();
+    let (mut rows, mut failed) = (Vec::new(), Vec::new());
+    let mut keep = |broker: &str, measured: Result<Vec<Row>>| match measured {
+        Ok(found) => rows.extend(found),
+        Err(e) => failed.push(format!("{broker}: {e}")),
+    };
     #[cfg(feature = "rabbitmq")]
     match &servers.amqp {
-        Some(url) => {
-            let broker = rabbit::Rabbit::connect(url, &names).await?;
-            rows.extend(bench_broker("rabbitmq", params, &broker).await?);
-            broker.close().await?;
-        }
+        Some(url) => keep(
+            "rabbitmq",
+            async {
+                let broker = rabbit::Rabbit::connect(url, &names).await?;
+                let rows = bench_broker("rabbitmq", params, &broker).await;
+                broker.close().await?;
+                rows
+            }
+            .await,
+        ),
         None => eprintln!("brokers: DEDUP_AMQP_URL not set: no RabbitMQ rows"),
     }
     #[cfg(feature = "redis")]
     match &servers.redis {
-        Some(url) => {
-            let broker = streams::Streams::connect(url, &names).await?;
-            rows.extend(bench_broker("redis-streams", params, &broker).await?);
-        }
+        Some(url) => keep(
+            "redis-streams",
+            async {
+                let broker = streams::Streams::connect(url, &names).await?;
+                bench_broker("redis-streams", params, &broker).await
+            }
+            .await,
+        ),
         None => eprintln!("brokers: DEDUP_REDIS_URL not set: no Redis Streams rows"),
     }
     #[cfg(feature = "nats")]
     match &servers.nats {
-        Some(url) => {
-            let broker = nats::Nats::connect(url, &names).await?;
-            rows.extend(bench_broker("nats", params, &broker).await?);
-        }
+        Some(url) => keep(
+            "nats",
+            async {
+                let broker = nats::Nats::connect(url, &names).await?;
+                bench_broker("nats", params, &broker).await
+            }
+            .await,
+        ),
         None => eprintln!("brokers: DEDUP_NATS_URL not set: no NATS rows"),
     }
-    Ok(rows)
+    (rows, failed)
 }
 
 /// One broker's way of publishing and consuming.
@@ -679,18 +697,22 @@ mod nats {
                 })
                 .await?;
                 let run = async {
-                    let mut acks = Vec::with_capacity(n);
-                    for k in 0..n {
-                        let mut headers = async_nats::HeaderMap::new();
-                        headers.insert(MSG_ID_HEADER, format!("{tag}-{k}").as_str());
-                        headers.insert("type", "OrderPlaced");
-                        acks.push(
-                            js.publish_with_headers(subject.clone(), headers, PAYLOAD.into())
-                                .await?,
-                        );
-                    }
-                    for ack in acks {
-                        ack.await?;
+                    // Acks awaited every 500 publishes: the client times out acks left
+                    // waiting longer.
+                    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+                        let mut acks = Vec::with_capacity(chunk.len());
+                        for k in chunk {
+                            let mut headers = async_nats::HeaderMap::new();
+                            headers.insert(MSG_ID_HEADER, format!("{tag}-{k}").as_str());
+                            headers.insert("type", "OrderPlaced");
+                            acks.push(
+                                js.publish_with_headers(subject.clone(), headers, PAYLOAD.into())
+                                    .await?,
+                            );
+                        }
+                        for ack in acks {
+                            ack.await?;
+                        }
                     }
                     match kind {
                         Kind::Adapter => {

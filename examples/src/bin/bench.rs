@@ -241,8 +241,9 @@ fn env_url(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-/// The rows of group `group` (see [`GROUPS`]). A group this build cannot run fails when
-/// it was asked for by name, and is skipped with a note when `by_default`.
+/// The rows of group `group` (see [`GROUPS`]) and the failures of its parts that failed
+/// (the other parts' rows are kept). A group this build cannot run fails when it was asked
+/// for by name, and is skipped with a note when `by_default`.
 #[cfg_attr(
     not(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq")),
     allow(unused_variables)
@@ -251,15 +252,15 @@ async fn run_group(
     group: &str,
     params: &Params,
     by_default: bool,
-) -> Result<Vec<Row>, bench::BoxError> {
-    let rows: Option<Vec<Row>> = match group {
+) -> Result<(Vec<Row>, Vec<String>), bench::BoxError> {
+    let rows: Option<(Vec<Row>, Vec<String>)> = match group {
         #[cfg(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq"))]
         "outbox" => {
             let servers = bench::outbox::Servers {
                 postgres: env_url("DEDUP_POSTGRES_URL"),
                 amqp: env_url("DEDUP_AMQP_URL"),
             };
-            Some(bench::outbox::run(params, &servers).await?)
+            Some((bench::outbox::run(params, &servers).await?, Vec::new()))
         }
         #[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
         "brokers" => {
@@ -268,7 +269,7 @@ async fn run_group(
                 redis: env_url("DEDUP_REDIS_URL"),
                 nats: env_url("DEDUP_NATS_URL"),
             };
-            Some(bench::brokers::run(params, &servers).await?)
+            Some(bench::brokers::run(params, &servers).await)
         }
         _ => None,
     };
@@ -276,7 +277,7 @@ async fn run_group(
         Some(rows) => Ok(rows),
         None if by_default => {
             eprintln!("bench group {group}: not in this build (see the features it needs)");
-            Ok(Vec::new())
+            Ok((Vec::new(), Vec::new()))
         }
         None => {
             Err(format!("group {group} is not in this build (build with --features full)").into())
@@ -322,7 +323,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     for group in GROUPS.into_iter().filter(|g| asked(g)) {
         match run_group(group, &params, args.only.is_empty()).await {
-            Ok(found) => rows.extend(found),
+            Ok((found, failures)) => {
+                rows.extend(found);
+                for e in failures {
+                    let e = format!("bench group {group}: {e}");
+                    eprintln!("{e}");
+                    failed.push(e);
+                }
+            }
             Err(e) => {
                 let e = format!("bench group {group}: {}", error_chain(&*e));
                 eprintln!("{e}");
