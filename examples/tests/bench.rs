@@ -72,6 +72,10 @@ fn bench_reports_every_measure_for_every_backend_and_concurrency() {
         "0",
         "--warmup",
         "10",
+        // The per-store measures only: the outbox and broker groups have a test of their
+        // own.
+        "--only",
+        "claim_commit,claim_commit_duplicates,batch,tx,purge",
         "--json",
     ]
     .map(String::from)
@@ -167,6 +171,126 @@ fn check_row(row: &Value, baseline_name: Option<&str>, out: &str) {
             }
         }
     }
+}
+
+/// The outbox and broker groups, tiny: every row for every server the environment names
+/// (SQLite always), with the figures each promises.
+#[cfg(all(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "rabbitmq",
+    feature = "redis",
+    feature = "nats"
+))]
+#[test]
+fn bench_reports_the_outbox_and_broker_groups() {
+    let url = |name: &str| {
+        let url = dedup_conformance::server_url(name);
+        if url.is_none() {
+            eprintln!("SKIPPED the rows needing {name}: not set");
+        }
+        url.is_some()
+    };
+    let (postgres, amqp, redis, nats) = (
+        url("DEDUP_POSTGRES_URL"),
+        url("DEDUP_AMQP_URL"),
+        url("DEDUP_REDIS_URL"),
+        url("DEDUP_NATS_URL"),
+    );
+    let concurrency = CONCURRENCY.map(|c| c.to_string()).join(",");
+    let out = run_example(
+        "bench",
+        &[
+            "--only",
+            "outbox,brokers",
+            "--messages",
+            "40",
+            "--batch-messages",
+            "150",
+            "--concurrency",
+            &concurrency,
+            "--rounds",
+            "1",
+            "--min-secs",
+            "0",
+            "--warmup",
+            "5",
+            "--json",
+        ],
+    );
+    let rows = json_lines(&out);
+    let mut expected: Vec<(&str, &str, u64)> = Vec::new();
+    for c in CONCURRENCY {
+        expected.push(("sqlite", "outbox_enqueue_vs_insert_alone", c));
+        if postgres {
+            expected.push(("postgres", "outbox_enqueue_vs_insert_alone", c));
+        }
+        for (broker, there) in [("rabbitmq", amqp), ("redis-streams", redis), ("nats", nats)] {
+            if there {
+                expected.push((broker, "consumer_adapter_vs_inbox_loop", c));
+                expected.push((broker, "consumer_adapter_vs_raw", c));
+            }
+        }
+    }
+    if postgres && amqp {
+        for measure in [
+            "relay_vs_raw_publish",
+            "commit_to_publish_p50",
+            "commit_to_publish_p99",
+        ] {
+            expected.push(("postgres+rabbitmq", measure, 1));
+        }
+    }
+    for &(backend, measure, c) in &expected {
+        let found: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["backend"] == backend && r["measure"] == measure && r["concurrency"] == c)
+            .collect();
+        assert_eq!(found.len(), 1, "{backend} {measure} c={c}:\n{out}");
+        let row = found[0];
+        for field in ["library", "baseline", "ratio"] {
+            let v = number(row, field, &out);
+            assert!(v.is_finite() && v > 0.0, "{measure} {field} = {v}:\n{out}");
+        }
+        let quotient = number(row, "library", &out) / number(row, "baseline", &out);
+        assert!(
+            (number(row, "ratio", &out) - quotient).abs() <= 1e-9 * quotient,
+            "{row}"
+        );
+        assert!(row["setup"].is_string(), "{row}");
+        match measure {
+            "commit_to_publish_p50" | "commit_to_publish_p99" => {
+                assert_eq!(row["unit"], "ms", "{row}");
+                // Every committed message was published by each relay and received.
+                assert_eq!(row["notify_sent"], row["messages"], "{row}");
+                assert_eq!(row["polling_sent"], row["messages"], "{row}");
+            }
+            "relay_vs_raw_publish" => {
+                assert_eq!(row["messages"], 150, "{row}");
+                // 150 rows in batches of 100: two rounds.
+                assert_eq!(row["relay_rounds"], 2, "{row}");
+            }
+            "consumer_adapter_vs_inbox_loop" => {
+                assert_eq!(row["store"], "MemoryStore", "{row}");
+                assert_eq!(
+                    number(row, "library", &out),
+                    number(row, "library_msgs_per_s", &out)
+                );
+                assert_eq!(
+                    number(row, "baseline", &out),
+                    number(row, "inbox_loop_msgs_per_s", &out)
+                );
+            }
+            "consumer_adapter_vs_raw" => {
+                assert_eq!(
+                    number(row, "baseline", &out),
+                    number(row, "raw_msgs_per_s", &out)
+                );
+            }
+            _ => assert_eq!(row["unit"], "msgs/s", "{row}"),
+        }
+    }
+    assert_eq!(rows.len(), expected.len(), "unexpected rows:\n{out}");
 }
 
 #[test]

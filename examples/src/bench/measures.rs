@@ -122,9 +122,11 @@ fn delivery(i: usize, percent: usize) -> (usize, bool) {
 }
 
 /// A measured run by round number, as [`best_of`] takes them.
-type Contender<'a> = Box<dyn Fn(usize) -> BoxFuture<'static, Result<Run>> + 'a>;
+pub(crate) type Contender<'a> = Box<dyn Fn(usize) -> BoxFuture<'static, Result<Run>> + 'a>;
 
-fn contender<'a>(run: impl Fn(usize) -> BoxFuture<'static, Result<Run>> + 'a) -> Contender<'a> {
+pub(crate) fn contender<'a>(
+    run: impl Fn(usize) -> BoxFuture<'static, Result<Run>> + 'a,
+) -> Contender<'a> {
     Box::new(run)
 }
 
@@ -474,7 +476,7 @@ impl Drop for Running {
 /// Run the contenders in rounds, rotating which goes first, at least `params.rounds`
 /// times and on until they ran `params.min_secs` together (at most [`MAX_ROUNDS`]); the
 /// fastest run of each, in the contenders' order.
-async fn best_of(params: &Params, contenders: Vec<Contender<'_>>) -> Result<Vec<Run>> {
+pub(crate) async fn best_of(params: &Params, contenders: Vec<Contender<'_>>) -> Result<Vec<Run>> {
     let n = contenders.len();
     let mut best: Vec<Option<Run>> = (0..n).map(|_| None).collect();
     let mut spent = Duration::ZERO;

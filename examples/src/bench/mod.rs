@@ -5,10 +5,14 @@
 //! against claim latency without it, at each concurrency asked for. Only ratios measured in one run on one
 //! machine are meant to be compared; absolute figures are printed as context.
 
+#[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
+pub(crate) mod brokers;
 mod driver;
 mod measures;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq"))]
+pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -20,6 +24,7 @@ mod target;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dedup::{StoreTarget, StoreUrl};
+use serde_json::{Map, Value};
 
 pub(crate) use dedup_core::BoxError;
 pub(crate) use measures::{PURGE_RATE_FLOOR, Row, run};
@@ -141,6 +146,31 @@ impl Params {
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) fn max_concurrency(&self) -> usize {
         self.concurrency.iter().copied().max().unwrap_or(1)
+    }
+}
+
+#[cfg_attr(
+    not(any(feature = "rabbitmq", feature = "redis", feature = "nats")),
+    allow(dead_code)
+)]
+/// A row of a group measure: `library` against `baseline`.
+pub(crate) fn row(
+    backend: &'static str,
+    measure: &'static str,
+    concurrency: usize,
+    unit: &'static str,
+    (library, baseline): (f64, f64),
+    details: Map<String, Value>,
+) -> Row {
+    Row {
+        backend,
+        measure,
+        concurrency,
+        unit,
+        library,
+        baseline,
+        ratio: library / baseline,
+        details,
     }
 }
 

@@ -103,7 +103,10 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["durable", "fast"])]
     postgres_durability: Vec<String>,
     /// Run only these measures (comma-separated: claim_commit, claim_commit_duplicates,
-    /// batch, tx, purge) [default: all].
+    /// batch, tx, purge) and groups (outbox: enqueue cost, relay throughput and
+    /// commit-to-publish latency on SQLite, DEDUP_POSTGRES_URL and DEDUP_AMQP_URL;
+    /// brokers: consumer throughput on DEDUP_AMQP_URL, DEDUP_REDIS_URL, DEDUP_NATS_URL)
+    /// [default: all].
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// PostgreSQL group commit: statements of each kind in flight at once (0: off, every
@@ -131,15 +134,14 @@ impl Args {
         if !(1..=dedup_core::MAX_BATCH_LEN).contains(&self.batch) {
             return Err(format!("--batch must be 1..={}", dedup_core::MAX_BATCH_LEN));
         }
-        const MEASURES: [&str; 5] = [
-            "claim_commit",
-            "claim_commit_duplicates",
-            "batch",
-            "tx",
-            "purge",
-        ];
-        if let Some(bad) = self.only.iter().find(|m| !MEASURES.contains(&m.as_str())) {
-            return Err(format!("--only: {bad:?} is none of {MEASURES:?}"));
+        if let Some(bad) = self
+            .only
+            .iter()
+            .find(|m| !MEASURES.contains(&m.as_str()) && !GROUPS.contains(&m.as_str()))
+        {
+            return Err(format!(
+                "--only: {bad:?} is none of {MEASURES:?} nor of the groups {GROUPS:?}"
+            ));
         }
         if self.duplicate_percent > 90 {
             return Err("--duplicate-percent must be 0..=90".into());
@@ -169,6 +171,18 @@ impl Args {
         })
     }
 }
+
+/// The measures run on each store.
+const MEASURES: [&str; 5] = [
+    "claim_commit",
+    "claim_commit_duplicates",
+    "batch",
+    "tx",
+    "purge",
+];
+
+/// The groups that run once on the servers the environment names, not per store.
+const GROUPS: [&str; 2] = ["outbox", "brokers"];
 
 /// The stores to bench: `--store` URLs, or the default set (`None`: temporary SQLite).
 fn stores(args: &Args) -> Vec<Option<String>> {
@@ -211,6 +225,66 @@ async fn bench_one(
     Ok(rows)
 }
 
+/// The whole chain: a store error's cause is in its sources.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        chain.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    chain
+}
+
+/// A server URL from the environment, if set and not blank.
+fn env_url(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The rows of group `group` (see [`GROUPS`]) and the failures of its parts that failed
+/// (the other parts' rows are kept). A group this build cannot run fails when it was asked
+/// for by name, and is skipped with a note when `by_default`.
+#[cfg_attr(
+    not(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq")),
+    allow(unused_variables)
+)]
+async fn run_group(
+    group: &str,
+    params: &Params,
+    by_default: bool,
+) -> Result<(Vec<Row>, Vec<String>), bench::BoxError> {
+    let rows: Option<(Vec<Row>, Vec<String>)> = match group {
+        #[cfg(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq"))]
+        "outbox" => {
+            let servers = bench::outbox::Servers {
+                postgres: env_url("DEDUP_POSTGRES_URL"),
+                amqp: env_url("DEDUP_AMQP_URL"),
+            };
+            Some((bench::outbox::run(params, &servers).await?, Vec::new()))
+        }
+        #[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
+        "brokers" => {
+            let servers = bench::brokers::Servers {
+                amqp: env_url("DEDUP_AMQP_URL"),
+                redis: env_url("DEDUP_REDIS_URL"),
+                nats: env_url("DEDUP_NATS_URL"),
+            };
+            Some(bench::brokers::run(params, &servers).await)
+        }
+        _ => None,
+    };
+    match rows {
+        Some(rows) => Ok(rows),
+        None if by_default => {
+            eprintln!("bench group {group}: not in this build (see the features it needs)");
+            Ok((Vec::new(), Vec::new()))
+        }
+        None => {
+            Err(format!("group {group} is not in this build (build with --features full)").into())
+        }
+    }
+}
+
 fn format_value(unit: &str, v: f64) -> String {
     match unit {
         "ms" => format!("{v:.2} ms"),
@@ -231,23 +305,36 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // A backend that fails does not cost the others' figures: they are printed, and the
     // run fails at the end.
     let mut failed = Vec::new();
-    for store in stores(&args) {
+    let asked = |what: &str| args.only.is_empty() || args.only.iter().any(|o| o == what);
+    let per_store = MEASURES.iter().any(|m| asked(m));
+    for store in stores(&args).into_iter().filter(|_| per_store) {
         let name = store.as_deref().unwrap_or("sqlite (temporary file)");
         for variant in bench::variants(store.as_deref(), &params) {
             match bench_one(store.as_deref(), &variant, &params).await {
                 Ok(found) => rows.extend(found),
                 Err(e) => {
-                    // The whole chain: a store error's cause is in its sources.
-                    let mut chain = e.to_string();
-                    let mut source = e.source();
-                    while let Some(cause) = source {
-                        chain.push_str(&format!(": {cause}"));
-                        source = cause.source();
-                    }
+                    let chain = error_chain(&*e);
                     let e = format!("bench of {}{variant}: {chain}", dedup::redact(name));
                     eprintln!("{e}");
                     failed.push(e);
                 }
+            }
+        }
+    }
+    for group in GROUPS.into_iter().filter(|g| asked(g)) {
+        match run_group(group, &params, args.only.is_empty()).await {
+            Ok((found, failures)) => {
+                rows.extend(found);
+                for e in failures {
+                    let e = format!("bench group {group}: {e}");
+                    eprintln!("{e}");
+                    failed.push(e);
+                }
+            }
+            Err(e) => {
+                let e = format!("bench group {group}: {}", error_chain(&*e));
+                eprintln!("{e}");
+                failed.push(e);
             }
         }
     }

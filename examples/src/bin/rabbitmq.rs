@@ -1,29 +1,31 @@
 //! RabbitMQ consumer with manual acks and prefetch, deduplicated with an `Inbox`.
 //!
 //! The run: a publisher sends five orders, one of them twice (a publisher retry: same
-//! `message_id`). Consumer A, a separate OS process with prefetch 10, processes orders and
+//! `message_id`). Consumer A, a separate OS process with prefetch 1, processes orders and
 //! is killed (abort) right after committing order-3 and before acknowledging it; RabbitMQ
 //! requeues everything A had not acknowledged, order-3 with the redelivered flag. Consumer B
 //! then drains the queue: the redelivered order-3 is a duplicate (acknowledged without
 //! charging), order-4 and order-5 are processed. Every order is charged exactly once.
 //!
+//! Both consumers are `dedup-brokers`' `RabbitConsumer` running `with_inbox`: the adapter
+//! takes each key from the AMQP `message_id`, acks processed messages and duplicates, and
+//! requeues a busy one; this program only counts what its handler saw.
+//!
 //! Needs a RabbitMQ server: `--amqp URL` or `DEDUP_AMQP_URL` (scripts/services.sh starts
 //! one on loopback).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dedup_core::{DedupStore, Handled, Inbox, InboxConfig, Key};
+use dedup_brokers::rabbitmq::RabbitConsumer;
+use dedup_brokers::{ConsumerConfig, Delivery, Handle, Shutdown, shutdown, with_inbox};
+use dedup_core::{BoxError, DedupStore, Handled, Inbox, InboxConfig, InboxError, Key};
 use dedup_examples::report::{print_json, print_table};
-use futures::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
-    BasicQosOptions, BasicRejectOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 /// RabbitMQ consumer killed before its ack; the redelivery is processed once.
 #[derive(Parser, Debug)]
@@ -123,55 +125,31 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .status()?;
     let killed = !status.success();
 
-    // Consumer B: drain the queue (everything A had not acked is back).
+    // Consumer B: drain the queue (everything A had not acked is back), stopping once no
+    // delivery came for IDLE.
     let store = dedup::open(&store_url).await?;
-    let inbox = inbox(store);
-    let mut b = Tally {
+    let tally = Arc::new(Mutex::new(Tally {
         consumer: "B".into(),
         ..Tally::default()
-    };
-    let mut empty_polls = 0;
-    while empty_polls < 3 {
-        match channel
-            .basic_get(queue.as_str().into(), BasicGetOptions::default())
-            .await?
-        {
-            None => {
-                empty_polls += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Some(msg) => {
-                empty_polls = 0;
-                let d = msg.delivery;
-                b.deliveries += 1;
-                b.redelivered += u32::from(d.redelivered);
-                let id = message_id(&d.properties)?;
-                match handle(&inbox, &ledger, &id).await? {
-                    Handled::Processed { .. } => b.processed += 1,
-                    Handled::Duplicate { .. } => b.duplicates += 1,
-                    Handled::Busy { .. } => {
-                        d.acker
-                            .nack(BasicNackOptions {
-                                requeue: true,
-                                ..Default::default()
-                            })
-                            .await?;
-                        continue;
-                    }
-                    // Settled for good without processing (this inbox sets no attempt limit
-                    // and stores no failures, so it never happens here): reject without
-                    // requeue, which routes it to the queue's dead-letter exchange if any.
-                    Handled::Failed { .. } | Handled::DeadLetter { .. } => {
-                        d.acker
-                            .reject(BasicRejectOptions { requeue: false })
-                            .await?;
-                        continue;
-                    }
-                }
-                d.acker.ack(BasicAckOptions::default()).await?;
-            }
+    }));
+    let last = Arc::new(Mutex::new(Instant::now()));
+    let handler = counting(
+        charging(store, &ledger),
+        Arc::clone(&tally),
+        Arc::clone(&last),
+    );
+    let (stop, stopped) = shutdown();
+    let idle = tokio::spawn(async move {
+        while lock(&last).elapsed() < IDLE {
+            tokio::time::sleep(IDLE / 3).await;
         }
-    }
+        stop.shut_down();
+    });
+    consumer(conn.create_channel().await?, &queue, 10)
+        .run(handler, stopped)
+        .await?;
+    idle.await?;
+    let b = std::mem::take(&mut *lock(&tally));
     channel
         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
         .await?;
@@ -230,45 +208,73 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn inbox(store: Arc<dyn DedupStore>) -> Inbox<dyn DedupStore> {
-    Inbox::from_arc(
+/// How long consumer B waits for another delivery before it stops.
+const IDLE: Duration = Duration::from_millis(300);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A consumer of `queue` with `prefetch` in flight, keys under the consumer name `billing`.
+fn consumer(channel: lapin::Channel, queue: &str, prefetch: usize) -> RabbitConsumer {
+    RabbitConsumer::new(
+        channel,
+        queue,
+        ConsumerConfig {
+            consumer: Some("billing".into()),
+            in_flight: prefetch,
+            ..ConsumerConfig::default()
+        },
+    )
+}
+
+/// Charge the order once: the ledger write under the inbox (lease mode).
+fn charging(store: Arc<dyn DedupStore>, ledger: &Path) -> Arc<dyn Handle> {
+    let inbox = Inbox::from_arc(
         store,
         InboxConfig {
             lease: Duration::from_secs(10),
             ..InboxConfig::default()
         },
-    )
-}
-
-fn message_id(props: &BasicProperties) -> Result<String, Box<dyn std::error::Error>> {
-    Ok(props
-        .message_id()
-        .as_ref()
-        .ok_or("message without message_id")?
-        .as_str()
-        .to_string())
-}
-
-/// Charge the order once: the handler under the inbox.
-async fn handle(
-    inbox: &Inbox<dyn DedupStore>,
-    ledger: &Path,
-    id: &str,
-) -> Result<Handled, Box<dyn std::error::Error>> {
-    let key = Key::new("billing", id)?;
+    );
     let ledger = ledger.to_path_buf();
-    let order = id.to_string();
-    Ok(inbox
-        .handle(&key, None, |_lease| async move {
+    Arc::new(with_inbox(inbox, move |_lease, delivery: Delivery| {
+        let ledger = ledger.clone();
+        async move {
+            let order = delivery.message_id.unwrap_or_default();
             Ledger::charge(&ledger, &order)?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Some(b"charged".to_vec()))
-        })
-        .await
-        .map_err(|e| e.to_string())?)
+            Ok::<_, BoxError>(Some(b"charged".to_vec()))
+        }
+    }))
 }
 
-/// Consumer A: prefetch 10, manual acks; aborts (as a `kill -9` would) right after the
-/// commit of order-3, before its ack.
+/// `inner`, counting into `tally` what it was given and answered, and stamping `last`.
+fn counting(
+    inner: Arc<dyn Handle>,
+    tally: Arc<Mutex<Tally>>,
+    last: Arc<Mutex<Instant>>,
+) -> impl Handle {
+    move |key: Key, delivery: Delivery| {
+        let (inner, tally, last) = (Arc::clone(&inner), Arc::clone(&tally), Arc::clone(&last));
+        async move {
+            let handled = inner.handle(&key, &delivery).await;
+            let mut t = lock(&tally);
+            t.deliveries += 1;
+            t.redelivered += u32::from(delivery.redelivered);
+            match &handled {
+                Ok(Handled::Processed { .. }) => t.processed += 1,
+                Ok(Handled::Duplicate { .. }) => t.duplicates += 1,
+                _ => {}
+            }
+            *lock(&last) = Instant::now();
+            handled
+        }
+    }
+}
+
+/// Consumer A: prefetch 1 (the adapter runs as many handlers at once as its prefetch, so
+/// with more A would handle orders past order-3 before it dies); aborts (as a `kill -9`
+/// would) right after the inbox committed order-3, before the adapter acks it.
 async fn consumer_a(
     amqp: &str,
     queue: &str,
@@ -276,36 +282,28 @@ async fn consumer_a(
     ledger: &Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let conn = Connection::connect(amqp, ConnectionProperties::default()).await?;
-    let channel: Channel = conn.create_channel().await?;
-    channel.basic_qos(10, BasicQosOptions::default()).await?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "consumer-a".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let counted: Arc<dyn Handle> = Arc::new(counting(
+        charging(dedup::open(store_url).await?, ledger),
+        Arc::clone(&tally),
+        Arc::new(Mutex::new(Instant::now())),
+    ));
+    let ledger = ledger.to_path_buf();
+    let handler = move |key: Key, delivery: Delivery| {
+        let (counted, tally, ledger) = (Arc::clone(&counted), Arc::clone(&tally), ledger.clone());
+        async move {
+            let handled: Result<Handled, InboxError> = counted.handle(&key, &delivery).await;
+            if delivery.message_id.as_deref() == Some(KILLED_AT) {
+                let json = serde_json::to_string(&*lock(&tally)).unwrap_or_default();
+                let _ = std::fs::write(ledger.with_extension("a.json"), json);
+                std::process::abort(); // killed after the commit, before the ack
+            }
+            handled
+        }
+    };
+    consumer(conn.create_channel().await?, queue, 1)
+        .run(handler, Shutdown::never())
         .await?;
-    let inbox = inbox(dedup::open(store_url).await?);
-    let mut tally = Tally::default();
-    while let Some(delivery) = consumer.next().await {
-        let d = delivery?;
-        tally.deliveries += 1;
-        let id = message_id(&d.properties)?;
-        match handle(&inbox, ledger, &id).await? {
-            Handled::Processed { .. } => tally.processed += 1,
-            Handled::Duplicate { .. } => tally.duplicates += 1,
-            Handled::Busy { .. } | Handled::Failed { .. } | Handled::DeadLetter { .. } => {}
-        }
-        if id == KILLED_AT {
-            std::fs::write(
-                ledger.with_extension("a.json"),
-                serde_json::to_string(&tally)?,
-            )?;
-            std::process::abort(); // killed after the commit, before the ack
-        }
-        d.acker.ack(BasicAckOptions::default()).await?;
-    }
     Err("queue closed before consumer A reached order-3".into())
 }
 

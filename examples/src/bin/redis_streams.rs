@@ -7,6 +7,11 @@
 //! entry is a duplicate (acknowledged without charging). Worker 2 then reads the new
 //! entries and processes them. Every order is charged exactly once and nothing stays pending.
 //!
+//! Both workers are `dedup-brokers`' `StreamConsumer` running `with_inbox`: the adapter
+//! takes each key from the entry's `message_id` field, `XACK`s processed entries and
+//! duplicates, and reclaims idle pending entries; this program only counts what its handler
+//! saw, and makes worker 1 hang after each commit until it is killed.
+//!
 //! Needs a Redis server: `--redis URL` or `DEDUP_REDIS_URL`.
 
 use std::collections::HashMap;
@@ -14,13 +19,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use dedup_core::{DedupStore, Handled, Inbox, InboxConfig, Key};
+use dedup_brokers::redis_streams::StreamConsumer;
+use dedup_brokers::{ConsumerConfig, Delivery, Handle, shutdown, with_inbox};
+use dedup_core::{BoxError, DedupStore, Handled, Inbox, InboxConfig, InboxError, Key};
 use dedup_examples::report::{print_json, print_table};
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
-use redis::streams::{
-    StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
-};
 
 /// Redis Streams: a dead consumer's pending entries reclaimed and processed once.
 #[derive(Parser, Debug)]
@@ -40,10 +43,14 @@ const MIN_IDLE: Duration = Duration::from_millis(200);
 #[derive(serde::Serialize, Default)]
 struct Tally {
     worker: &'static str,
+    /// New entries handled.
     read: u32,
+    /// Reclaimed entries handled.
     reclaimed: u32,
     processed: u32,
     duplicates: u32,
+    /// Handled entries the adapter acks (processed or duplicate); none for worker 1, which
+    /// hangs before its acks.
     acked: u32,
 }
 
@@ -62,16 +69,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
     let tmp = tempfile::tempdir()?;
     let store_url = dedup_examples::url_or_temp_sqlite(args.store, tmp.path(), "inbox.db");
-    let inbox = Inbox::from_arc(
-        dedup::open(&store_url).await?,
-        InboxConfig {
-            lease: Duration::from_secs(10),
-            ..InboxConfig::default()
-        },
-    );
-    let mut redis = redis::Client::open(url.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
+    let store = dedup::open(&store_url).await?;
+    let client = redis::Client::open(url.as_str())?;
+    let mut redis = client.get_multiplexed_async_connection().await?;
     let stream = format!(
         "dedup-orders-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -88,53 +88,64 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let charges: Charges = Arc::default();
 
-    // Worker 1: reads four entries, processes them, dies before its batched XACK.
-    let mut w1 = Tally {
+    // Worker 1: four entries in flight at most; each handler commits, then hangs (the
+    // process is as good as dead before its XACKs); killed once it handled four.
+    let w1 = Arc::new(Mutex::new(Tally {
         worker: "worker-1 (died before XACK)",
         ..Tally::default()
+    }));
+    let (handled_four, mut four_handled) = tokio::sync::watch::channel(0u32);
+    let worker_1 = {
+        let counted = counting(
+            charging(Arc::clone(&store), &charges),
+            Arc::clone(&w1),
+            false,
+        );
+        let handler = move |key: Key, delivery: Delivery| {
+            let (counted, handled_four) = (Arc::clone(&counted), handled_four.clone());
+            async move {
+                let _ = counted.handle(&key, &delivery).await;
+                handled_four.send_modify(|n| *n += 1);
+                std::future::pending::<Result<Handled, InboxError>>().await
+            }
+        };
+        let consumer = StreamConsumer::new(client.clone(), &stream, GROUP, "worker-1", config(4));
+        tokio::spawn(async move { consumer.run(handler, shutdown().1).await })
     };
-    let batch = read_new(&mut redis, &stream, "worker-1", 4).await?;
-    w1.read = batch.len() as u32;
-    for entry in &batch {
-        match handle(&inbox, &charges, entry).await? {
-            Handled::Processed { .. } => w1.processed += 1,
-            _ => w1.duplicates += 1,
-        }
-    }
-    // ... the process dies here: no XACK.
+    tokio::time::timeout(Duration::from_secs(10), four_handled.wait_for(|n| *n >= 4)).await??;
+    worker_1.abort(); // ... the process dies here: no XACK.
 
-    // Worker 2: reclaims what has been pending long enough, then reads new entries.
+    // Worker 2: reclaims what has been pending long enough, reads new entries; stops once
+    // it handled all six entries.
     tokio::time::sleep(MIN_IDLE + Duration::from_millis(50)).await;
-    let mut w2 = Tally {
+    let w2 = Arc::new(Mutex::new(Tally {
         worker: "worker-2",
         ..Tally::default()
-    };
-    let reclaimed: StreamAutoClaimReply = redis
-        .xautoclaim_options(
-            &stream,
-            GROUP,
-            "worker-2",
-            MIN_IDLE.as_millis() as u64,
-            "0-0",
-            StreamAutoClaimOptions::default().count(100),
-        )
-        .await?;
-    w2.reclaimed = reclaimed.claimed.len() as u32;
-    let fresh = read_new(&mut redis, &stream, "worker-2", 100).await?;
-    w2.read = fresh.len() as u32;
-    for entry in reclaimed.claimed.iter().chain(&fresh) {
-        match handle(&inbox, &charges, entry).await? {
-            Handled::Processed { .. } => w2.processed += 1,
-            Handled::Duplicate { .. } => w2.duplicates += 1,
-            Handled::Busy { .. } => continue, // leave it pending: reclaimed later
-            // Settled for good without processing (no attempt limit or stored failures are
-            // configured here): acknowledge, as a real consumer would after copying the
-            // entry to its dead-letter stream.
-            Handled::Failed { .. } | Handled::DeadLetter { .. } => {}
+    }));
+    let counted = counting(charging(store, &charges), Arc::clone(&w2), true);
+    let (stop, stopped) = shutdown();
+    let (handled, mut all_handled) = tokio::sync::watch::channel(0usize);
+    let handler = move |key: Key, delivery: Delivery| {
+        let (counted, handled) = (Arc::clone(&counted), handled.clone());
+        async move {
+            let answer = counted.handle(&key, &delivery).await;
+            handled.send_modify(|n| *n += 1);
+            answer
         }
-        let n: u32 = redis.xack(&stream, GROUP, &[&entry.id]).await?;
-        w2.acked += n;
-    }
+    };
+    let worker_2 =
+        StreamConsumer::new(client, &stream, GROUP, "worker-2", config(10)).claim_idle(MIN_IDLE);
+    let watcher = tokio::spawn(async move {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            all_handled.wait_for(|n| *n >= orders.len()),
+        )
+        .await;
+        stop.shut_down();
+    });
+    worker_2.run(handler, stopped).await?;
+    watcher.await?;
+    let (w1, w2) = (take(&w1), take(&w2));
     let pending: redis::Value = redis::cmd("XPENDING")
         .arg(&stream)
         .arg(GROUP)
@@ -190,33 +201,64 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn read_new(
-    redis: &mut MultiplexedConnection,
-    stream: &str,
-    consumer: &str,
-    count: usize,
-) -> redis::RedisResult<Vec<StreamId>> {
-    let opts = StreamReadOptions::default()
-        .group(GROUP, consumer)
-        .count(count);
-    let reply: Option<StreamReadReply> = redis.xread_options(&[stream], &[">"], &opts).await?;
-    Ok(reply
-        .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
-        .unwrap_or_default())
+fn config(in_flight: usize) -> ConsumerConfig {
+    ConsumerConfig {
+        consumer: Some(GROUP.into()),
+        in_flight,
+        ..ConsumerConfig::default()
+    }
 }
 
-async fn handle(
-    inbox: &Inbox<dyn DedupStore>,
-    charges: &Charges,
-    entry: &StreamId,
-) -> Result<Handled, Box<dyn std::error::Error>> {
-    let order: String = entry.get("message_id").ok_or("entry without message_id")?;
-    let key = Key::new("billing", order.as_str())?;
+fn take(tally: &Mutex<Tally>) -> Tally {
+    std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Charge the order once: the charge under the inbox (lease mode).
+fn charging(store: Arc<dyn DedupStore>, charges: &Charges) -> Arc<dyn Handle> {
+    let inbox = Inbox::from_arc(
+        store,
+        InboxConfig {
+            lease: Duration::from_secs(10),
+            ..InboxConfig::default()
+        },
+    );
     let charges = Arc::clone(charges);
-    Ok(inbox
-        .handle(&key, None, |_lease| async move {
+    Arc::new(with_inbox(inbox, move |_lease, delivery: Delivery| {
+        let charges = Arc::clone(&charges);
+        async move {
+            let order = delivery.message_id.unwrap_or_default();
             *charges.lock().expect("lock").entry(order).or_default() += 1;
-            Ok::<_, std::io::Error>(Some(b"charged".to_vec()))
-        })
-        .await?)
+            Ok::<_, BoxError>(Some(b"charged".to_vec()))
+        }
+    }))
+}
+
+/// `inner`, counting into `tally` what it was given and answered, and (`acks`: a worker
+/// that lives to ack) what the adapter acks: entries processed or duplicate.
+fn counting(inner: Arc<dyn Handle>, tally: Arc<Mutex<Tally>>, acks: bool) -> Arc<dyn Handle> {
+    Arc::new(move |key: Key, delivery: Delivery| {
+        let (inner, tally) = (Arc::clone(&inner), Arc::clone(&tally));
+        async move {
+            let handled = inner.handle(&key, &delivery).await;
+            let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+            match delivery.redelivered {
+                true => t.reclaimed += 1,
+                false => t.read += 1,
+            }
+            match &handled {
+                Ok(Handled::Processed { .. }) => t.processed += 1,
+                Ok(Handled::Duplicate { .. }) => t.duplicates += 1,
+                _ => {}
+            }
+            if acks
+                && matches!(
+                    &handled,
+                    Ok(Handled::Processed { .. } | Handled::Duplicate { .. })
+                )
+            {
+                t.acked += 1;
+            }
+            handled
+        }
+    })
 }
