@@ -209,3 +209,50 @@ async fn a_purger_removes_an_outboxs_sent_rows_only() {
     let left = outbox.stats().await.unwrap();
     assert_eq!((left.sent, left.dead), (0, 1), "{left:?}");
 }
+
+#[tokio::test]
+async fn rounds_in_flight_keep_each_keys_order_and_publish_every_row_once() {
+    let outbox = MemoryOutbox::new();
+    let mut messages = Vec::new();
+    for i in 0..12 {
+        messages.push(
+            OutboxMessage::new("orders", format!("k-{i}"), b"x".to_vec())
+                .unwrap()
+                .ordering_key("account-1")
+                .unwrap(),
+        );
+        messages.push(msg(&format!("free-{i}")));
+    }
+    outbox.enqueue(&messages).unwrap();
+    let inner = MemoryPublisher::new();
+    let handle = Relay::new(
+        Arc::new(outbox.clone()),
+        Arc::new(Slow {
+            delay: Some(Duration::from_millis(20)),
+            inner: inner.clone(),
+        }),
+    )
+    .with_config(
+        RelayConfig::default()
+            .batch_size(2)
+            .rounds_in_flight(4)
+            .poll_interval(Duration::from_millis(5)),
+    )
+    .start();
+    for _ in 0..400 {
+        if inner.message_ids().len() == 24 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handle.stop().await;
+    let published = inner.message_ids();
+    let keyed: Vec<String> = published
+        .iter()
+        .filter(|id| id.starts_with("k-"))
+        .cloned()
+        .collect();
+    let expected: Vec<String> = (0..12).map(|i| format!("k-{i}")).collect();
+    assert_eq!(keyed, expected, "one key's rows in order, one at a time");
+    assert_eq!(published.len(), 24, "every row once: {published:?}");
+}

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
 use super::{AfterFailure, Held, OutboxStore, Publisher};
@@ -36,6 +36,11 @@ pub struct RelayConfig {
     pub stop_grace: Duration,
     /// How often the relay reads [`OutboxStore::stats`] for its gauges (default 15 s).
     pub stats_interval: Duration,
+    /// Rounds one relay runs at once (default 4): while one round waits for the broker's
+    /// confirms, the others take and publish further rows. The store never gives one row
+    /// to two rounds, and a row of an ordering key waits while an earlier row of its key
+    /// is held, so per-key order holds at any number.
+    pub rounds_in_flight: usize,
 }
 
 impl Default for RelayConfig {
@@ -52,6 +57,7 @@ impl Default for RelayConfig {
             },
             stop_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(15),
+            rounds_in_flight: 4,
         }
     }
 }
@@ -80,6 +86,11 @@ impl RelayConfig {
     /// The same configuration with another backoff.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
+        self
+    }
+    /// The same configuration running `n` rounds at once (at least 1).
+    pub fn rounds_in_flight(mut self, n: usize) -> Self {
+        self.rounds_in_flight = n.max(1);
         self
     }
     /// The same configuration with another stop grace.
@@ -169,8 +180,9 @@ impl Relay {
         self.settle(held, None).await
     }
 
-    /// Run rounds in a tokio task until [`RelayHandle::stop`]: back to back while full
-    /// batches come back, otherwise waiting for a wakeup from the store or the poll
+    /// Run rounds in tokio tasks until [`RelayHandle::stop`]:
+    /// [`RelayConfig::rounds_in_flight`] loops, each taking rounds back to back while full
+    /// batches come back, otherwise waiting for a wake-up from the store or the poll
     /// interval. Store errors are logged and retried after the poll interval.
     pub fn start(self) -> RelayHandle {
         let (stop, stopped) = watch::channel(false);
@@ -179,18 +191,78 @@ impl Relay {
         RelayHandle { stop, task, totals }
     }
 
-    async fn run(self, mut stopped: watch::Receiver<bool>, totals: Arc<Totals>) -> RelayRound {
+    async fn run(self, stopped: watch::Receiver<bool>, totals: Arc<Totals>) -> RelayRound {
+        let relay = Arc::new(self);
+        let woken = Arc::new(Notify::new());
+        // One task listens for the store's wake-ups and wakes every round loop.
+        let listener = tokio::spawn({
+            let (relay, woken, mut stopped) =
+                (Arc::clone(&relay), Arc::clone(&woken), stopped.clone());
+            async move {
+                loop {
+                    let mut wakeups = relay.subscribe().await;
+                    loop {
+                        tokio::select! {
+                            _ = stopped.changed() => return,
+                            woke = next_wakeup(&mut wakeups) => {
+                                if !woke {
+                                    break; // The stream ended (a dropped connection).
+                                }
+                                woken.notify_waiters();
+                            }
+                        }
+                    }
+                    // Poll only until the next attempt to listen.
+                    tokio::select! {
+                        _ = stopped.changed() => return,
+                        () = tokio::time::sleep(relay.config.poll_interval) => {}
+                    }
+                }
+            }
+        });
+        let loops: Vec<_> = (0..relay.config.rounds_in_flight.max(1))
+            .map(|n| {
+                let (relay, woken, stopped, totals) = (
+                    Arc::clone(&relay),
+                    Arc::clone(&woken),
+                    stopped.clone(),
+                    Arc::clone(&totals),
+                );
+                tokio::spawn(async move { relay.round_loop(n == 0, woken, stopped, totals).await })
+            })
+            .collect();
         let mut all = RelayRound::default();
-        let mut wakeups = self.subscribe().await;
+        for one in futures::future::join_all(loops).await {
+            all.add(one.unwrap_or_default());
+        }
+        listener.abort();
+        all
+    }
+
+    /// One loop of rounds: back to back while full batches come back, otherwise waiting
+    /// for a wake-up or the poll interval. The first loop also reports the gauges.
+    async fn round_loop(
+        &self,
+        reports_stats: bool,
+        woken: Arc<Notify>,
+        mut stopped: watch::Receiver<bool>,
+        totals: Arc<Totals>,
+    ) -> RelayRound {
+        let mut all = RelayRound::default();
         let mut last_stats: Option<Instant> = None;
         loop {
             if *stopped.borrow() {
                 return all;
             }
-            if last_stats.is_none_or(|t| t.elapsed() >= self.config.stats_interval) {
+            if reports_stats && last_stats.is_none_or(|t| t.elapsed() >= self.config.stats_interval)
+            {
                 self.report_stats().await;
                 last_stats = Some(Instant::now());
             }
+            // Registered before the take, so a wake-up during the round is not missed.
+            let wake = woken.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
             let round = match self
                 .store
                 .take(self.config.batch_size, self.config.hold)
@@ -213,17 +285,10 @@ impl Relay {
             if full {
                 continue;
             }
-            let wait = tokio::time::sleep(self.config.poll_interval);
             tokio::select! {
                 _ = stopped.changed() => return all,
-                () = wait => {}
-                woke = next_wakeup(&mut wakeups) => {
-                    if !woke {
-                        // The notification stream ended (a dropped connection): poll
-                        // until it is back.
-                        wakeups = self.subscribe().await;
-                    }
-                }
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = wake => {}
             }
         }
     }
