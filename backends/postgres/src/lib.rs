@@ -19,7 +19,7 @@ mod tx_inbox;
 
 pub use config::{GroupCommit, PostgresConfig};
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
-pub use outbox::PostgresOutbox;
+pub use outbox::{NOTIFY_EVERY, PostgresOutbox};
 pub use sqlx;
 pub use store::PostgresStore;
 pub use tx_inbox::TxInbox;

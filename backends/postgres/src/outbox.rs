@@ -4,6 +4,7 @@
 //! each operation one statement, and wakes on `NOTIFY`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -40,7 +41,13 @@ pub(crate) struct OutboxTable {
     sql: OutboxStatements,
     /// Set once the table is known to be current (migrated, or checked on first use).
     ready: OnceCell<()>,
+    /// When this store last sent a `NOTIFY` (ms since `epoch`), for [`NOTIFY_EVERY`].
+    last_notify_ms: AtomicU64,
+    epoch: Instant,
 }
+
+/// At most one `NOTIFY` per this interval per store (see [`PostgresOutbox::enqueue`]).
+pub const NOTIFY_EVERY: Duration = Duration::from_millis(10);
 
 impl OutboxTable {
     pub(crate) fn new(config: &PostgresConfig) -> Self {
@@ -52,7 +59,20 @@ impl OutboxTable {
             channel: if full.len() <= 63 { full } else { name },
             qualified,
             ready: OnceCell::new(),
+            last_notify_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
+    }
+
+    /// Whether this enqueue should notify: none was sent in the last [`NOTIFY_EVERY`].
+    fn take_notify_turn(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64 + NOTIFY_EVERY.as_millis() as u64;
+        let last = self.last_notify_ms.load(Ordering::Relaxed);
+        now >= last + NOTIFY_EVERY.as_millis() as u64
+            && self
+                .last_notify_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// The table was just migrated: no check needed.
@@ -148,7 +168,13 @@ impl PostgresOutbox {
     /// [`channel`](Self::channel), which PostgreSQL delivers when the transaction commits
     /// (and never on rollback): relays listening with
     /// [`wakeups`](OutboxStore::wakeups) take the rows at once instead of at their next
-    /// poll.
+    /// poll. A transaction that notified takes a database-wide lock while it commits
+    /// (PostgreSQL queues notifications in commit order), so notifying commits run one at
+    /// a time; to keep concurrent producers from queueing behind it, one store sends at
+    /// most one notification per [`NOTIFY_EVERY`] (10 ms). A row whose notification was
+    /// skipped is taken by the relay's next look: relays look again
+    /// [`RelayConfig::linger`](dedup_core::outbox::RelayConfig::linger) after a round that
+    /// took rows, else at their poll interval.
     ///
     /// Written at, and due after each message's delay from, the store's "now" (the server's
     /// clock unless one is injected).
@@ -199,7 +225,11 @@ impl PostgresOutbox {
                     .map(|m| duration_millis(m.delay()))
                     .collect::<Vec<_>>(),
             )
-            .bind(self.channel())
+            .bind(
+                self.table_state()
+                    .take_notify_turn()
+                    .then(|| self.channel()),
+            )
             .fetch_one(&mut *conn)
             .await
             .map_err(backend)?;

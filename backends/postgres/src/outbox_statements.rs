@@ -72,7 +72,7 @@ impl OutboxStatements {
             lock_keys: sql(
                 "SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k)".to_owned(),
             ),
-            // $2..$7 the messages' columns (delays in ms), $8 the channel. Inserted in the
+            // $2..$7 the messages' columns (delays in ms), $8 the channel (NULL: no notify). Inserted in the
             // caller's order, so ids follow it.
             enqueue: sql(format!(
                 "WITH now AS (SELECT {NOW_MS} AS ms), \
@@ -90,7 +90,7 @@ impl OutboxStatements {
                    RETURNING 1), \
                  written AS (SELECT count(*) AS n FROM ins) \
                  SELECT n AS written, \
-                        CASE WHEN n > 0 THEN pg_notify($8, '')::text END AS notified \
+                        CASE WHEN n > 0 AND $8::text IS NOT NULL THEN pg_notify($8, '')::text END AS notified \
                  FROM written"
             )),
             // $2 token, $3 limit, $4 hold in ms. Due pending rows and held rows whose hold

@@ -206,6 +206,56 @@ async fn the_relay_wakes_on_notify() {
     relay.stop().await;
 }
 
+/// A burst of producers notifies at most once per `NOTIFY_EVERY` (notifying commits take a
+/// database-wide lock), and every row of the burst is still published at once: the relay
+/// looks again `linger` after a round that took rows, well before its 60 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_notifies_sparingly_and_every_row_still_goes_out_at_once() {
+    let url = url_or_skip!();
+    let store = common::store(&url, "outbox_notify_burst", None).await;
+    let mut wakeups = store
+        .outbox()
+        .wakeups()
+        .await
+        .unwrap()
+        .expect("postgres listens");
+    let publisher = Arc::new(MemoryPublisher::new());
+    let relay = Relay::new(Arc::new(store.outbox()), publisher.clone())
+        .with_config(RelayConfig::default().poll_interval(Duration::from_secs(60)))
+        .start();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    const BURST: usize = 30;
+    let started = Instant::now();
+    for i in 0..BURST {
+        let m = OutboxMessage::new("orders", format!("burst-{i}"), b"x".to_vec()).unwrap();
+        assert_eq!(enqueue(&store, &[m]).await, 1);
+    }
+    let burst_took = started.elapsed();
+    let mut notifications = 0;
+    while let Ok(Some(())) = tokio::time::timeout(
+        Duration::from_millis(300),
+        futures::StreamExt::next(&mut wakeups),
+    )
+    .await
+    {
+        notifications += 1;
+    }
+    let most = burst_took.as_millis() / dedup_postgres::NOTIFY_EVERY.as_millis() + 1;
+    assert!(
+        (1..=most as usize).contains(&notifications),
+        "{notifications} notifications for {BURST} commits in {burst_took:?}"
+    );
+    while publisher.message_ids().len() < BURST {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "only {} of {BURST} published within 5 s (poll interval 60 s)",
+            publisher.message_ids().len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    relay.stop().await;
+}
+
 /// A rolled-back enqueue notifies nothing and an enqueue of known ids writes (and
 /// notifies) nothing, while a new row notifies once its transaction commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

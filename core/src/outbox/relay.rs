@@ -36,6 +36,11 @@ pub struct RelayConfig {
     pub stop_grace: Duration,
     /// How often the relay reads [`OutboxStore::stats`] for its gauges (default 15 s).
     pub stats_interval: Duration,
+    /// After a round that took rows but not a full batch, look again this soon instead of
+    /// waiting for a wake-up or the poll interval (default 20 ms): rows whose producers
+    /// committed just after the take, and whose notification a store skipped (PostgreSQL
+    /// sends at most one per 10 ms), go out without waiting for the next poll.
+    pub linger: Duration,
     /// Rounds one relay runs at once (default 4): while one round waits for the broker's
     /// confirms, the others take and publish further rows. The store never gives one row
     /// to two rounds, and a row of an ordering key waits while an earlier row of its key
@@ -58,6 +63,7 @@ impl Default for RelayConfig {
             stop_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(15),
             rounds_in_flight: 4,
+            linger: Duration::from_millis(20),
         }
     }
 }
@@ -91,6 +97,11 @@ impl RelayConfig {
     /// The same configuration running `n` rounds at once (at least 1).
     pub fn rounds_in_flight(mut self, n: usize) -> Self {
         self.rounds_in_flight = n.max(1);
+        self
+    }
+    /// The same configuration looking again `linger` after a round that took rows.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
         self
     }
     /// The same configuration with another stop grace.
@@ -271,23 +282,28 @@ impl Relay {
                 Ok(held) => self.settle(held, Some(&mut stopped)).await,
                 Err(e) => Err(e),
             };
-            let full = match round {
+            let taken = match round {
                 Ok(round) => {
                     totals.add(&round);
                     all.add(round);
-                    round.taken as usize >= self.config.batch_size
+                    round.taken as usize
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, source = ?std::error::Error::source(&e), backend = self.store.backend(), "dedup outbox relay: round failed; trying again after the poll interval");
-                    false
+                    0
                 }
             };
-            if full {
+            if taken >= self.config.batch_size {
                 continue;
             }
+            let wait = if taken > 0 {
+                self.config.linger.min(self.config.poll_interval)
+            } else {
+                self.config.poll_interval
+            };
             tokio::select! {
                 _ = stopped.changed() => return all,
-                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = tokio::time::sleep(wait) => {}
                 () = wake => {}
             }
         }
