@@ -37,7 +37,11 @@ async fn now(store: &dyn dedup_core::Admin) -> Result<dedup_core::Timestamp, Fai
 /// Run the command `cli` names.
 pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let as_json = cli.json;
+    if let Command::Outbox { command } = cli.command {
+        return crate::outbox::run(&cli.store, as_json, command).await;
+    }
     let access = match &cli.command {
+        Command::Outbox { .. } => unreachable!("handled above"),
         Command::Migrate => Access::Migrate,
         Command::Stats { .. } | Command::Inspect { .. } | Command::List { .. } => Access::Read,
         Command::Purge { dry_run: true, .. } => Access::Read,
@@ -300,6 +304,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 .map_err(|e| Failure::store(format!("cannot forget {key}"), e))?;
             forget_answer(&key, forgot, as_json)?;
         }
+        Command::Outbox { .. } => unreachable!("handled above"),
     }
     Ok(())
 }

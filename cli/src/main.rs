@@ -3,6 +3,7 @@
 mod commands;
 mod failure;
 mod open;
+mod outbox;
 mod render;
 
 use std::process::ExitCode;
@@ -121,6 +122,63 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// The transactional outbox of an SQL store (sqlite:, postgres://).
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+/// `dedup outbox ...`.
+#[derive(Debug, Subcommand)]
+enum OutboxCommand {
+    /// Rows by state (pending, held, sent, dead) and the age of the oldest unsent one.
+    Stats,
+    /// Rows in id order.
+    List {
+        /// Only rows in this state.
+        #[arg(long, value_enum)]
+        state: Option<OutboxStateArg>,
+        /// Only rows for this destination.
+        #[arg(long)]
+        destination: Option<String>,
+        /// At most this many rows (1 to 10000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Start after this row id (the last one of the previous page).
+        #[arg(long, value_name = "ID")]
+        after: Option<i64>,
+    },
+    /// Make a dead (or pending) row pending again, due now, its attempts reset.
+    Retry {
+        /// The row's id (see `dedup outbox list --state dead`).
+        id: i64,
+    },
+    /// Remove sent rows older than the retention.
+    Purge {
+        /// The retention: a number and a unit (ms, s, m, h, d), e.g. 7d.
+        #[arg(long, value_name = "DURATION")]
+        retention: String,
+        /// The largest batch (rows per statement or transaction).
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Run batches back to back instead of pacing them.
+        #[arg(long)]
+        unpaced: bool,
+    },
+}
+
+/// The states `outbox list --state` takes.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OutboxStateArg {
+    /// Waiting to be published.
+    Pending,
+    /// Taken by a relay.
+    Held,
+    /// Published.
+    Sent,
+    /// Failed too often; waiting for `dedup outbox retry`.
+    Dead,
 }
 
 /// The states `list --state` takes.

@@ -14,7 +14,8 @@
 
 use std::sync::Arc;
 
-use dedup::{Admin, StoreUrl};
+use dedup::outbox::OutboxStore;
+use dedup::{Admin, StoreUrl, UrlError};
 
 use crate::StoreArgs;
 use crate::failure::Failure;
@@ -42,6 +43,50 @@ pub(crate) enum Access {
 
 /// Open the store `args` name, as `access` allows.
 pub(crate) async fn open(args: &StoreArgs, access: Access) -> Result<Opened, Failure> {
+    let parsed = parse(args, access)?;
+    let backend = parsed.backend();
+    let location = parsed.location();
+    let store = parsed.open_admin().await.map_err(|e| opening(backend, e))?;
+    Ok(Opened {
+        store,
+        backend,
+        location,
+    })
+}
+
+/// The outbox of the store `args` name, as `access` allows (`dedup outbox ...`).
+pub(crate) async fn open_outbox(
+    args: &StoreArgs,
+    access: Access,
+) -> Result<(Arc<dyn OutboxStore>, &'static str), Failure> {
+    let parsed = parse(args, access)?;
+    let backend = parsed.backend();
+    let outbox = parsed
+        .open_outbox()
+        .await
+        .map_err(|e| match e.url_problem() {
+            Some(UrlError::NoOutbox { .. }) => {
+                Failure::usage(format!("the {backend} store has no outbox"))
+                    .cause(e)
+                    .hint("the outbox lives in SQL stores: pass a sqlite:PATH or postgres:// URL")
+            }
+            _ => opening(backend, e),
+        })?;
+    Ok((outbox, backend))
+}
+
+/// Why the store could not be opened.
+fn opening(backend: &str, e: dedup::OpenError) -> Failure {
+    match e {
+        dedup::OpenError::Store { source, .. } => {
+            Failure::store(format!("cannot open the {backend} store"), source)
+        }
+        other => Failure::new(format!("cannot open the {backend} store")).cause(other),
+    }
+}
+
+/// The URL `args` give, checked, with the overrides and the access's `migrate`.
+fn parse(args: &StoreArgs, access: Access) -> Result<StoreUrl, Failure> {
     let Some(url) = &args.url else {
         return Err(Failure::usage("no store given").hint(
             "pass --store URL or set DEDUP_STORE_URL (sqlite:PATH, postgres://..., mysql://..., redis://...)",
@@ -81,17 +126,5 @@ pub(crate) async fn open(args: &StoreArgs, access: Access) -> Result<Opened, Fai
                 .hint("check the path, or create the store with `dedup migrate`"),
         );
     }
-    let backend = parsed.backend();
-    let location = parsed.location();
-    let store = parsed.open_admin().await.map_err(|e| match e {
-        dedup::OpenError::Store { source, .. } => {
-            Failure::store(format!("cannot open the {backend} store"), source)
-        }
-        other => Failure::new(format!("cannot open the {backend} store")).cause(other),
-    })?;
-    Ok(Opened {
-        store,
-        backend,
-        location,
-    })
+    Ok(parsed)
 }

@@ -651,3 +651,160 @@ fn usage_errors_exit_2_and_a_missing_store_says_what_to_do() {
     );
     assert!(text.contains("\nhint: "), "{text}");
 }
+
+/// Enqueue `messages` through the library, in a committed transaction, on a store on
+/// `clock`; its outbox for the relay's calls.
+async fn outbox_on(
+    t: &Target,
+    clock: Option<Arc<dyn Clock>>,
+    messages: &[dedup_core::outbox::OutboxMessage],
+) -> Arc<dyn dedup_core::outbox::OutboxStore> {
+    match t.backend {
+        Backend::Sqlite => {
+            let store = SqliteStore::open_with(
+                &t.url,
+                SqliteConfig {
+                    clock,
+                    ..SqliteConfig::default()
+                },
+            )
+            .await
+            .expect("open sqlite");
+            let conn = store.open_connection().expect("connection");
+            store.outbox().enqueue(&conn, messages).expect("enqueue");
+            Arc::new(store.outbox())
+        }
+        Backend::Postgres => {
+            let store = PostgresStore::connect_with(
+                &t.url,
+                PostgresConfig {
+                    table: t.name.clone(),
+                    clock,
+                    max_connections: 2,
+                    ..PostgresConfig::default()
+                },
+            )
+            .await
+            .expect("connect postgres");
+            let mut tx = store.pool().begin().await.expect("begin");
+            store
+                .outbox()
+                .enqueue(&mut tx, messages)
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+            Arc::new(store.outbox())
+        }
+        _ => unreachable!("the outbox lives in SQL stores"),
+    }
+}
+
+/// `dedup outbox stats | list | retry | purge` on rows written through the library: one
+/// sent and one dead two days ago, one pending now.
+async fn outbox_scenario(t: Target) {
+    use dedup_core::outbox::{AfterFailure, OutboxMessage};
+    let message = |id: &str| OutboxMessage::new("invoices", id, b"x".to_vec()).unwrap();
+    let two_days_ago = Arc::new(ManualClock::new(
+        SystemClock
+            .now()
+            .saturating_sub(Duration::from_secs(2 * 24 * 3600)),
+    ));
+    let old = outbox_on(
+        &t,
+        Some(two_days_ago),
+        &[message("sent-1"), message("dead-1")],
+    )
+    .await;
+    let held = old.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(held.rows.len(), 2);
+    let (sent, dead) = (held.rows[0].id, held.rows[1].id);
+    assert_eq!(
+        old.mark_sent(&held.token, &[sent]).await.unwrap(),
+        vec![sent]
+    );
+    assert!(
+        old.mark_failed(&held.token, dead, "the broker said no", AfterFailure::Dead)
+            .await
+            .unwrap()
+    );
+    outbox_on(&t, None, &[message("pending-1")]).await;
+
+    let stats = t.json(&["outbox", "stats"]);
+    assert_eq!(
+        (
+            &stats["pending"],
+            &stats["held"],
+            &stats["sent"],
+            &stats["dead"]
+        ),
+        (
+            &Value::from(1),
+            &Value::from(0),
+            &Value::from(1),
+            &Value::from(1)
+        ),
+        "{stats}"
+    );
+    let text = String::from_utf8_lossy(&t.expect(0, &["outbox", "stats"]).stdout).into_owned();
+    assert!(text.contains("dead:     1"), "{text}");
+
+    let list = t.json(&["outbox", "list", "--state", "dead"]);
+    let rows = list["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{list}");
+    assert_eq!(rows[0]["message_id"], "dead-1");
+    assert_eq!(rows[0]["last_error"], "the broker said no");
+    let all = t.json(&[
+        "outbox",
+        "list",
+        "--destination",
+        "invoices",
+        "--limit",
+        "2",
+    ]);
+    assert_eq!(all["rows"].as_array().unwrap().len(), 2, "{all}");
+
+    let retried = t.json(&["outbox", "retry", &dead.to_string()]);
+    assert_eq!(retried["retried"], true);
+    t.expect(3, &["outbox", "retry", &sent.to_string()]);
+    let stats = t.json(&["outbox", "stats"]);
+    assert_eq!(
+        (&stats["pending"], &stats["dead"]),
+        (&Value::from(2), &Value::from(0))
+    );
+
+    let purged = t.json(&["outbox", "purge", "--retention", "1d"]);
+    assert_eq!(purged["removed"], 1, "{purged}");
+    let stats = t.json(&["outbox", "stats"]);
+    assert_eq!(
+        (&stats["sent"], &stats["pending"]),
+        (&Value::from(0), &Value::from(2))
+    );
+    t.expect(2, &["outbox", "purge", "--retention", "soon"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_outbox_on_sqlite() {
+    outbox_scenario(Target::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_outbox_on_postgres() {
+    match Target::postgres() {
+        Some(t) => outbox_scenario(t).await,
+        None => eprintln!("SKIPPED cli_outbox_on_postgres: DEDUP_POSTGRES_URL is not set"),
+    }
+}
+
+/// A store without an outbox is a usage error naming the SQL stores, before any
+/// connection (nothing listens on port 1).
+#[test]
+fn the_outbox_of_a_redis_store_is_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(["outbox", "stats", "--store", "redis://127.0.0.1:1/0"])
+        .env_remove("DEDUP_STORE_URL")
+        .output()
+        .expect("run dedup");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("the outbox needs a SQL store"), "{stderr}");
+}

@@ -727,6 +727,76 @@ mod tests {
         }
     }
 
+    /// A grouped statement that fails as a whole (here: a lock timeout on one key's row,
+    /// locked by a foreign transaction) decides nobody's result: the other claims of its
+    /// round run again alone and are acquired; only the locked key's claim fails, with the
+    /// database's retryable error, and claims normally once the lock is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grouped_statement_that_fails_whole_lets_each_other_claim_run_alone() {
+        let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
+            eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set (see scripts/test.sh)");
+            return;
+        };
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let store = store(&format!(
+            "{url}{separator}options=-c%20lock_timeout%3D300ms"
+        ))
+        .await;
+        let options = ClaimOptions::lease(Duration::from_secs(30));
+        let key = |id: &str| Key::new("grouped_failure", id).unwrap();
+        // "locked" has a record, and a foreign transaction holds its row.
+        let first = DedupStore::claim(&store, &key("locked"), &options)
+            .await
+            .unwrap();
+        let Claim::Acquired(lease) = first else {
+            panic!("{first:?}")
+        };
+        DedupStore::release(&store, &lease).await.unwrap();
+        let mut blocker = store.pool().begin().await.unwrap();
+        let lock = format!(
+            "SELECT 1 FROM {} WHERE consumer = 'grouped_failure' AND message_id = 'locked' FOR UPDATE",
+            store.table()
+        );
+        sqlx::query(AssertSqlSafe(lock))
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+
+        let held = store.inner.claims.as_ref().unwrap().hold().await;
+        let ids = ["free-1", "locked", "free-2"];
+        let claims: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (store, key, options) = (store.clone(), key(id), options.clone());
+                tokio::spawn(async move { DedupStore::claim(&store, &key, &options).await })
+            })
+            .collect();
+        while store.inner.claims.as_ref().unwrap().queued() < ids.len() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(held);
+        let mut answers = Vec::new();
+        for claim in claims {
+            answers.push(claim.await.unwrap());
+        }
+        for (id, answer) in ids.iter().zip(&answers) {
+            match (*id, answer) {
+                ("locked", Err(e)) => assert!(e.is_retryable(), "{e}"),
+                ("locked", other) => panic!("the locked key's claim: {other:?}"),
+                (_, Ok(Claim::Acquired(lease))) => assert_eq!(lease.fence, 1, "{id}"),
+                (_, other) => panic!("{id} was decided by another key's failure: {other:?}"),
+            }
+        }
+        blocker.rollback().await.unwrap();
+        let again = DedupStore::claim(&store, &key("locked"), &options)
+            .await
+            .unwrap();
+        assert!(
+            matches!(&again, Claim::Acquired(l) if l.fence == 2),
+            "once the lock is gone: {again:?}"
+        );
+    }
+
     /// A caller that stops waiting while its claim is queued takes it out: it is never
     /// written, and the others' claims are.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,13 @@ use crate::error::{BACKEND, backend};
 /// [`Transient`](dedup_core::Transient) run again the same way under
 /// [`InboxConfig::handler_retry`].
 ///
+/// Messages the handler sends go through the store's outbox in the same transaction, with
+/// ids derived from the incoming key so a re-run writes the same ones:
+/// `store.outbox().enqueue(conn, &[ConsumerOutbox::new(lease).message("/invoices", payload)?])`
+/// (see [`PostgresOutbox`](crate::PostgresOutbox) and
+/// [`ConsumerOutbox`](dedup_core::outbox::ConsumerOutbox)); a relay publishes them after
+/// the commit.
+///
 /// ```no_run
 /// # async fn demo(store: dedup_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// use dedup_core::{Handled, Key};
@@ -128,6 +135,119 @@ impl TxInbox {
             handler,
         };
         self.engine.run(key, fingerprint, &mut attempts).await
+    }
+}
+
+impl TxInbox {
+    /// Process `key` at most once inside the caller's own transaction (`&mut *tx` of a
+    /// `sqlx::Transaction<'_, Postgres>`), for a consumer that already has one open (a
+    /// unit of work spanning several messages, a transaction its framework began).
+    ///
+    /// As [`handle`](Self::handle), with these differences:
+    /// - The handler runs under a savepoint in the caller's transaction, and the key is
+    ///   completed in it (`commit_in_tx`); [`Handled::Processed`] means "written in your
+    ///   transaction": the completion becomes visible when the caller commits. If the
+    ///   caller rolls back instead, nothing of the run remains but the attempt, and the key
+    ///   answers [`Handled::Busy`] until the lease runs out, then runs again as the next
+    ///   attempt.
+    /// - A failed run rolls back to the savepoint, so the caller's own earlier writes stay
+    ///   and its transaction stays usable; [`Transient`](dedup_core::Transient) errors run
+    ///   again under [`InboxConfig::handler_retry`] in a fresh savepoint.
+    /// - Errors the database asks to retry are not retried here (the transaction is the
+    ///   caller's to run again): they come back as [`InboxError::Handler`] /
+    ///   [`InboxError::Store`] with the driver error as the source.
+    /// - The attempt is still counted by a lease-mode claim committed on the store's pool
+    ///   before the handler runs, so `max_attempts` and stored failures work as in
+    ///   [`handle`](Self::handle); the caller's transaction must not hold a lock on this
+    ///   key's inbox row when it calls (it holds none unless it touched the row itself).
+    pub async fn handle_in<H, E>(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        handler: H,
+    ) -> Result<Handled, InboxError>
+    where
+        H: for<'c> FnMut(
+                &'c mut PgConnection,
+                &'c Lease,
+            ) -> BoxFuture<'c, Result<Option<Vec<u8>>, E>>
+            + Send,
+        E: Into<BoxError>,
+    {
+        let mut attempts = Joined {
+            store: &self.store,
+            conn,
+            handler,
+        };
+        self.engine
+            .clone()
+            .with_retry(RetryPolicy::NEVER)
+            .run(key, fingerprint, &mut attempts)
+            .await
+    }
+}
+
+/// One run of the handler under a savepoint of the caller's transaction.
+struct Joined<'s, 'c, H> {
+    store: &'s PostgresStore,
+    conn: &'c mut PgConnection,
+    handler: H,
+}
+
+const SAVEPOINT: &str = "SAVEPOINT dedup_tx_inbox";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT dedup_tx_inbox";
+const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT dedup_tx_inbox";
+
+impl<H, E> TxAttempts for Joined<'_, '_, H>
+where
+    H: for<'c> FnMut(&'c mut PgConnection, &'c Lease) -> BoxFuture<'c, Result<Option<Vec<u8>>, E>>
+        + Send,
+    E: Into<BoxError>,
+{
+    fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
+        Box::pin(async move {
+            if let Err(e) = sqlx::query(SAVEPOINT).execute(&mut *self.conn).await {
+                return TxAttempt::Store(backend(e));
+            }
+            let ran = (self.handler)(&mut *self.conn, lease)
+                .await
+                .map_err(Into::into);
+            let answer = match ran {
+                Err(source) => {
+                    let source: BoxError = source;
+                    let retryable = asks_for_retry(&*source);
+                    TxAttempt::HandlerFailed { source, retryable }
+                }
+                Ok(outcome) => match TxEngine::check_outcome(outcome.as_deref()) {
+                    Err(source) => TxAttempt::Outcome(source),
+                    Ok(()) => match self
+                        .store
+                        .commit_in_tx(&mut *self.conn, lease, outcome.as_deref())
+                        .await
+                    {
+                        Err(e) => TxAttempt::Store(e),
+                        Ok(()) => {
+                            return match sqlx::query(RELEASE_SAVEPOINT)
+                                .execute(&mut *self.conn)
+                                .await
+                            {
+                                Ok(_) => TxAttempt::Committed(outcome),
+                                Err(e) => TxAttempt::Store(backend(e)),
+                            };
+                        }
+                    },
+                },
+            };
+            // Undo the run, keep the caller's transaction usable.
+            let _ = sqlx::query(ROLLBACK_TO_SAVEPOINT)
+                .execute(&mut *self.conn)
+                .await;
+            let _ = sqlx::query(RELEASE_SAVEPOINT)
+                .execute(&mut *self.conn)
+                .await;
+            answer
+        })
     }
 }
 

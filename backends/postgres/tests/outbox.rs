@@ -220,7 +220,11 @@ async fn notifications_follow_commits_of_new_rows_only() {
         .expect("postgres listens");
     let m = OutboxMessage::new("orders", "n-1", b"x".to_vec()).unwrap();
     let mut tx = store.pool().begin().await.unwrap();
-    store.outbox().enqueue(&mut tx, &[m.clone()]).await.unwrap();
+    store
+        .outbox()
+        .enqueue(&mut tx, std::slice::from_ref(&m))
+        .await
+        .unwrap();
     tx.rollback().await.unwrap();
     let quiet = tokio::time::timeout(
         Duration::from_millis(300),
@@ -228,7 +232,7 @@ async fn notifications_follow_commits_of_new_rows_only() {
     )
     .await;
     assert!(quiet.is_err(), "a rollback woke the relay");
-    assert_eq!(enqueue(&store, &[m.clone()]).await, 1);
+    assert_eq!(enqueue(&store, std::slice::from_ref(&m)).await, 1);
     let woke = tokio::time::timeout(
         Duration::from_secs(2),
         futures::StreamExt::next(&mut wakeups),

@@ -42,6 +42,18 @@ use crate::store::SqliteStore;
 /// [`Transient`](dedup_core::Transient) run again the same way under
 /// [`InboxConfig::handler_retry`].
 ///
+/// There is no `handle_in` joining a transaction the caller opened, as PostgreSQL's
+/// `TxInbox` has: the attempt-counting claim runs on another connection, and SQLite lets
+/// one writer in at a time, so it would wait for the caller's own write lock. A caller
+/// with its own transaction uses [`SqliteStore::claim_in_tx`] by hand.
+///
+/// Messages the handler sends go through the store's outbox in the same transaction, with
+/// ids derived from the incoming key so a re-run writes the same ones:
+/// `store.outbox().enqueue(conn, &[ConsumerOutbox::new(lease).message("/invoices", payload)?])`
+/// (see [`SqliteOutbox`](crate::SqliteOutbox) and
+/// [`ConsumerOutbox`](dedup_core::outbox::ConsumerOutbox)); a relay publishes them after
+/// the commit.
+///
 /// ```no_run
 /// # async fn demo(store: dedup_sqlite::SqliteStore) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// use dedup_core::{Handled, Key};

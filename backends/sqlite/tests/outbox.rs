@@ -221,7 +221,10 @@ async fn an_unmigrated_outbox_is_refused_and_enqueue_outside_a_transaction_commi
     let err = readonly.outbox().stats().await.unwrap_err();
     assert!(matches!(err, Error::SchemaNotMigrated { .. }), "{err:?}");
     let m = OutboxMessage::new("orders", "m-1", b"x".to_vec()).unwrap();
-    let err = readonly.outbox().enqueue(&conn, &[m.clone()]).unwrap_err();
+    let err = readonly
+        .outbox()
+        .enqueue(&conn, std::slice::from_ref(&m))
+        .unwrap_err();
     assert!(matches!(err, Error::SchemaNotMigrated { .. }), "{err:?}");
 
     let store = SqliteStore::open(&path).await.unwrap();

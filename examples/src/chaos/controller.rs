@@ -252,13 +252,7 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     })
     .await??;
     let admin = PgPool::connect(&postgres.url).await?;
-    // The scripts' servers trade durability for speed; a crash must not lose commits here.
-    for statement in [
-        "ALTER SYSTEM SET synchronous_commit = on",
-        "SELECT pg_reload_conf()",
-    ] {
-        sqlx::raw_sql(statement).execute(&admin).await?;
-    }
+    Postgres::commit_durably(&admin).await?;
     let queue = Queue::new(admin, QUEUE_TABLE, config.visibility);
     queue.create(config.messages).await?;
     let redis = match config.backend {

@@ -81,6 +81,20 @@ impl Postgres {
     pub fn start(dir: &Path) -> Result<Service, BoxError> {
         Service::start(dir, "postgres", "DEDUP_POSTGRES_URL")
     }
+
+    /// Turn `synchronous_commit` back on: the scripts' servers trade durability for speed,
+    /// and a crash-restart must not lose commits in a chaos run.
+    pub async fn commit_durably(admin: &dedup_postgres::sqlx::PgPool) -> Result<(), BoxError> {
+        for statement in [
+            "ALTER SYSTEM SET synchronous_commit = on",
+            "SELECT pg_reload_conf()",
+        ] {
+            dedup_postgres::sqlx::raw_sql(statement)
+                .execute(admin)
+                .await?;
+        }
+        Ok(())
+    }
 }
 
 /// A private MariaDB.

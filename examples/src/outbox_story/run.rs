@@ -90,6 +90,9 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     };
     let names = Names::fresh();
     let store = names.store(&postgres).await?;
+    if chaos {
+        Postgres::commit_durably(store.pool()).await?;
+    }
     prepare(store.pool(), &names).await?;
     let ctx = Ctx {
         postgres,
@@ -149,6 +152,9 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         stats.pending + stats.held + stats.dead
     };
     figures.kills = read_kills(dir.path());
+    if figures.lost > 0 {
+        explain_lost(&store, &ctx.amqp, &names).await;
+    }
     figures.seconds = started.elapsed().as_secs_f64();
     if !chaos {
         // The shared servers keep nothing of the run.
@@ -192,6 +198,68 @@ async fn place_all(addr: std::net::SocketAddr, orders: u64) -> Result<u64, BoxEr
 
 async fn crash_restart(server: &Service) -> Result<(), BoxError> {
     tokio::task::block_in_place(|| server.crash_restart())
+}
+
+/// Print, for each order without an invoice or e-mail, where its messages are: the outbox
+/// rows, the inbox records, the queues' depths (to standard error).
+async fn explain_lost(store: &dedup_postgres::PostgresStore, amqp: &str, names: &Names) {
+    use dedup_core::DedupStore;
+    use dedup_postgres::sqlx;
+    let sql = format!(
+        "SELECT o.id FROM {s}.orders o WHERE NOT EXISTS (SELECT 1 FROM {s}.invoices i          WHERE i.order_id = o.id) OR NOT EXISTS (SELECT 1 FROM {s}.mail_provider m          WHERE m.order_id = o.id)",
+        s = names.schema
+    );
+    let lost: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_all(store.pool())
+        .await
+        .unwrap_or_default();
+    let rows = dedup_core::outbox::OutboxStore::list(
+        &store.outbox(),
+        &dedup_core::outbox::OutboxQuery {
+            limit: 10_000,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_default();
+    for id in lost {
+        let placed = format!("order-placed-{id}");
+        let row = rows.iter().find(|e| e.row.message_id == placed);
+        let record = match dedup_core::Key::new(names.orders_queue.as_str(), placed.as_str()) {
+            Ok(key) => store.get(&key).await.ok().flatten(),
+            Err(_) => None,
+        };
+        eprintln!(
+            "LOST {id}: OrderPlaced outbox row {:?} (attempts {:?}, error {:?}); billing record {:?}",
+            row.map(|e| e.state),
+            row.map(|e| e.row.attempts),
+            row.and_then(|e| e.last_error.clone()),
+            record
+        );
+    }
+    let connection = lapin::Connection::connect(amqp, lapin::ConnectionProperties::default()).await;
+    if let Ok(channel) = match &connection {
+        Ok(c) => c.create_channel().await,
+        Err(_) => return,
+    } {
+        for queue in [&names.orders_queue, &names.invoices_queue] {
+            let options = lapin::options::QueueDeclareOptions {
+                passive: true,
+                durable: true,
+                ..Default::default()
+            };
+            if let Ok(q) = channel
+                .queue_declare(queue.as_str().into(), options, Default::default())
+                .await
+            {
+                eprintln!(
+                    "queue {queue}: {} ready, {} consumers",
+                    q.message_count(),
+                    q.consumer_count()
+                );
+            }
+        }
+    }
 }
 
 fn read_kills(dir: &Path) -> std::collections::BTreeMap<String, u64> {
