@@ -22,6 +22,15 @@
 //! at the end, Redis keys expire by themselves after ten minutes (the purge measure's are
 //! purged).
 //!
+//! Two groups run once, not per store (by default without `--store`; `--only outbox`,
+//! `--only brokers` pick them): `outbox` (an `enqueue` inside a business transaction
+//! against the insert alone on SQLite and PostgreSQL, the relay against raw confirmed
+//! publishes to RabbitMQ, commit-to-publish latency with `NOTIFY` against polling alone:
+//! `DEDUP_POSTGRES_URL`, `DEDUP_AMQP_URL`) and `brokers` (per broker, consumer throughput
+//! of the raw client, of a hand-written `Inbox::handle` loop and of the `dedup-brokers`
+//! adapter with `with_inbox`: `DEDUP_AMQP_URL`, `DEDUP_REDIS_URL`, `DEDUP_NATS_URL`). Their
+//! queues, streams and schemas are removed at the end.
+//!
 //! PostgreSQL is benched once per `--postgres-durability` setting (default `durable,fast`):
 //! the bench sets the server's `fsync`, `synchronous_commit` and `full_page_writes`
 //! (`ALTER SYSTEM`, reload; a superuser is needed), checks them with `SHOW` on a fresh
@@ -45,7 +54,8 @@ struct Args {
     /// A store to bench (repeatable): `sqlite:PATH`, `postgres://...`, `mysql://...`,
     /// `redis://...`, `redis+cluster://h1:p1,h2:p2`. Default: SQLite in a temporary file
     /// plus the servers in DEDUP_POSTGRES_URL / DEDUP_MYSQL_URL / DEDUP_REDIS_URL /
-    /// DEDUP_REDIS_CLUSTER_URLS.
+    /// DEDUP_REDIS_CLUSTER_URLS, and the outbox and brokers groups (with `--store`, those
+    /// run only when `--only` names them).
     #[arg(long = "store")]
     stores: Vec<String>,
     /// The quick run (a few minutes): fewer messages, shorter measures, a purge of
@@ -321,8 +331,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    for group in GROUPS.into_iter().filter(|g| asked(g)) {
-        match run_group(group, &params, args.only.is_empty()).await {
+    // The groups run on the servers the environment names: by default only when no
+    // `--store` picks the backends explicitly.
+    let by_default = args.only.is_empty() && args.stores.is_empty();
+    let groups = GROUPS
+        .into_iter()
+        .filter(|g| by_default || args.only.iter().any(|o| o == g));
+    for group in groups {
+        match run_group(group, &params, by_default).await {
             Ok((found, failures)) => {
                 rows.extend(found);
                 for e in failures {
