@@ -64,6 +64,13 @@ impl OutboxStatements {
         let now = format!("(SELECT {NOW_MS} AS ms) now");
         // The fence of every mark: $2 the hold's token, the row still held by it at now.
         let held_by = "t.state = 'held' AND t.holder = $2::uuid AND t.held_until > now.ms";
+        // No earlier row of the same ordering key is pending or held.
+        let in_order = format!(
+            "(c.ordering_key IS NULL OR NOT EXISTS ( \
+               SELECT 1 FROM {table} e \
+               WHERE e.ordering_key = c.ordering_key AND e.id < c.id \
+                 AND e.state IN ('pending', 'held')))"
+        );
         let due = "((c.state = 'pending' AND c.due_at <= (SELECT ms FROM now)) \
                    OR (c.state = 'held' AND c.held_until <= (SELECT ms FROM now)))";
         OutboxStatements {
@@ -100,16 +107,24 @@ impl OutboxStatements {
             // snapshot). One row comes back even when nothing was taken, for "now".
             take: sql(format!(
                 "WITH now AS (SELECT {NOW_MS} AS ms), \
-                 picked AS ( \
-                   SELECT c.id FROM {table} c \
-                   WHERE {due} \
-                     AND (c.ordering_key IS NULL OR NOT EXISTS ( \
-                          SELECT 1 FROM {table} e \
-                          WHERE e.ordering_key = c.ordering_key AND e.id < c.id \
-                            AND e.state IN ('pending', 'held'))) \
+                 pending AS ( \
+                   SELECT c.id, c.due_at FROM {table} c \
+                   WHERE c.state = 'pending' AND c.due_at <= (SELECT ms FROM now) \
+                     AND {in_order} \
                    ORDER BY c.due_at, c.id \
                    LIMIT $3 \
                    FOR UPDATE OF c SKIP LOCKED), \
+                 expired AS ( \
+                   SELECT c.id, c.due_at FROM {table} c \
+                   WHERE c.state = 'held' AND c.held_until <= (SELECT ms FROM now) \
+                     AND {in_order} \
+                   ORDER BY c.due_at, c.id \
+                   LIMIT $3 \
+                   FOR UPDATE OF c SKIP LOCKED), \
+                 picked AS ( \
+                   SELECT id FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) u \
+                   ORDER BY due_at, id \
+                   LIMIT $3), \
                  taken AS ( \
                    UPDATE {table} c \
                    SET state = 'held', holder = $2::uuid, \
