@@ -207,7 +207,11 @@ pub fn strict() -> bool {
 /// Called by the generated tests: true when the clause should run; prints why not otherwise.
 #[doc(hidden)]
 pub fn should_run<F: StoreFactory>(factory: &F, clause: &str) -> bool {
-    let ok = factory.available();
+    report_available(factory.available(), clause)
+}
+
+/// `ok`, after printing why `clause` is skipped when it is not.
+pub(crate) fn report_available(ok: bool, clause: &str) -> bool {
     if !ok {
         eprintln!(
             "SKIPPED {clause}: backend unavailable (set its DEDUP_* URL, see scripts/test.sh)"

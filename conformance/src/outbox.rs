@@ -67,13 +67,7 @@ pub trait OutboxFactory: Send + Sync + 'static {
 /// otherwise.
 #[doc(hidden)]
 pub fn should_run_outbox<F: OutboxFactory>(factory: &F, clause: &str) -> bool {
-    let ok = factory.available();
-    if !ok {
-        eprintln!(
-            "SKIPPED {clause}: backend unavailable (set its DEDUP_* URL, see scripts/test.sh)"
-        );
-    }
-    ok
+    crate::harness::report_available(factory.available(), clause)
 }
 
 /// The outbox clauses on [`MemoryOutbox`], the reference model (one outbox per namespace).

@@ -557,7 +557,7 @@ fn handler_finished(key: &Key, mode: Mode, result: &'static str, started: Instan
 }
 
 /// An error's message followed by its sources' (`outer: inner: root`).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

@@ -10,6 +10,7 @@ use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
 use super::{AfterFailure, Held, OutboxStore, Publisher};
+use crate::inbox::error_chain;
 use crate::layers::metric_names as names;
 use crate::{Backoff, Result};
 
@@ -435,17 +436,6 @@ async fn next_wakeup(wakeups: &mut Option<BoxStream<'static, ()>>) -> bool {
         Some(stream) => stream.next().await.is_some(),
         None => std::future::pending().await,
     }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[derive(Debug, Default)]
