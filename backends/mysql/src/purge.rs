@@ -8,7 +8,7 @@ use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::MySqlStore;
-use crate::error::backend;
+use crate::error::{backend, lost_race};
 use crate::statements::{BEGIN, retention_param};
 
 /// Where the next batch starts in the `claimed_at` index: the largest `claimed_at` the
@@ -35,21 +35,47 @@ impl PurgeBatches for MySqlStore {
     /// One transaction: the batch's victims read and locked (`FOR UPDATE SKIP LOCKED`,
     /// at most `step.limit`), deleted by primary key, committed. Its work time is the
     /// transaction's, without the wait for a pooled connection.
+    ///
+    /// Concurrent purgers and claimers can deadlock on InnoDB's index locks even with
+    /// `SKIP LOCKED`; the loser's transaction was rolled back whole (nothing deleted, the
+    /// cursor unmoved), so the batch runs again after a short pause, up to
+    /// [`BATCH_TRIES`] times in all.
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
+        let mut tries = 1;
+        loop {
+            match self.purge_batch_once(step, cursor).await {
+                Err(e) if lost_race(&e) && tries < BATCH_TRIES => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(tries)))
+                        .await;
+                    tries += 1;
+                }
+                done => return done.map_err(backend),
+            }
+        }
+    }
+}
+
+/// How many times a purge batch runs when it loses a race (see `purge_batch`).
+const BATCH_TRIES: u32 = 10;
+
+impl MySqlStore {
+    /// One batch, as one transaction (see `purge_batch`).
+    async fn purge_batch_once(
+        &self,
+        step: &PurgeStep,
+        cursor: &mut Cursor,
+    ) -> std::result::Result<PurgeBatch, sqlx::Error> {
         let limit = i64::try_from(step.limit).unwrap_or(i64::MAX);
-        let mut conn = self.pool().acquire().await.map_err(backend)?;
+        let mut conn = self.pool().acquire().await?;
         let started = Instant::now();
-        let mut tx = sqlx::Connection::begin_with(&mut *conn, BEGIN)
-            .await
-            .map_err(backend)?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, BEGIN).await?;
         let rows = sqlx::query(AssertSqlSafe(self.statements().purge_select.clone()))
             .bind(self.now_param())
             .bind(retention_param(step.retention))
             .bind(cursor.claimed_from)
             .bind(limit)
             .fetch_all(&mut *tx)
-            .await
-            .map_err(backend)?;
+            .await?;
         let mut batch = PurgeBatch {
             exhausted: rows.len() < step.limit,
             ..PurgeBatch::default()
@@ -57,10 +83,10 @@ impl PurgeBatches for MySqlStore {
         let mut keys = Vec::with_capacity(rows.len());
         let mut claimed_from = cursor.claimed_from;
         for row in &rows {
-            let consumer: Vec<u8> = row.try_get("consumer").map_err(backend)?;
-            let message_id: Vec<u8> = row.try_get("message_id").map_err(backend)?;
-            let processed_at: Option<i64> = row.try_get("processed_at").map_err(backend)?;
-            let claimed_at: i64 = row.try_get("claimed_at").map_err(backend)?;
+            let consumer: Vec<u8> = row.try_get("consumer")?;
+            let message_id: Vec<u8> = row.try_get("message_id")?;
+            let processed_at: Option<i64> = row.try_get("processed_at")?;
+            let claimed_at: i64 = row.try_get("claimed_at")?;
             claimed_from = claimed_from.max(claimed_at);
             match processed_at {
                 Some(_) => batch.completed += 1,
@@ -73,9 +99,9 @@ impl PurgeBatches for MySqlStore {
             for (consumer, message_id) in chunk {
                 query = query.bind(consumer).bind(message_id);
             }
-            query.execute(&mut *tx).await.map_err(backend)?;
+            query.execute(&mut *tx).await?;
         }
-        tx.commit().await.map_err(backend)?;
+        tx.commit().await?;
         cursor.claimed_from = claimed_from;
         batch.work = Some(started.elapsed());
         Ok(batch)
