@@ -39,7 +39,7 @@ impl PurgeBatches for MySqlStore {
     /// Concurrent purgers and claimers can deadlock on InnoDB's index locks even with
     /// `SKIP LOCKED`; the loser's transaction was rolled back whole (nothing deleted, the
     /// cursor unmoved), so the batch runs again after a short pause, up to
-    /// [`BATCH_TRIES`] times in all.
+    /// 10 times in all (`BATCH_TRIES`).
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
         let mut tries = 1;
         loop {

@@ -24,8 +24,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dedup_brokers::{ConsumerConfig, Delivery, Handle, ShutdownTrigger, shutdown, with_inbox};
 use dedup_core::{BoxError, Handled, Inbox, InboxError, Key, MemoryStore};
+use futures::FutureExt;
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+use futures::StreamExt;
 use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
 use serde_json::{Map, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -38,10 +40,13 @@ use super::{Names, Params, Result, Row, row};
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Servers {
     /// `DEDUP_AMQP_URL`.
+    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
     pub(crate) amqp: Option<String>,
     /// `DEDUP_REDIS_URL`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) redis: Option<String>,
     /// `DEDUP_NATS_URL`.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
     pub(crate) nats: Option<String>,
 }
 

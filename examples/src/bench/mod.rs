@@ -23,6 +23,15 @@ mod target;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+#[cfg_attr(
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    )),
+    allow(unused_imports)
+)]
 use dedup::{StoreTarget, StoreUrl};
 use serde_json::{Map, Value};
 

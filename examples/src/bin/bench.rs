@@ -247,6 +247,7 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A server URL from the environment, if set and not blank.
+#[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
 fn env_url(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
