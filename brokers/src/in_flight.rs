@@ -50,11 +50,18 @@ impl InFlight {
         permits
     }
 
-    /// Run `work` holding `permit`.
-    pub(crate) fn spawn<F>(&mut self, permit: OwnedSemaphorePermit, work: F)
+    /// Run `work` holding `permit`: in a task of its own, or right here when at most one
+    /// message may be in flight (the caller could not take another before it ends anyway,
+    /// and a task would only add a spawn and a wake-up per message).
+    pub(crate) async fn start<F>(&mut self, permit: OwnedSemaphorePermit, work: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        if self.max == 1 {
+            work.await;
+            drop(permit);
+            return;
+        }
         self.tasks.spawn(async move {
             work.await;
             drop(permit);

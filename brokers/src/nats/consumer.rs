@@ -130,7 +130,9 @@ impl NatsConsumer {
                     Ok(message) => {
                         let Some(permit) = permits.pop() else { break };
                         let shared = Arc::clone(&shared);
-                        in_flight.spawn(permit, async move { shared.settle(message).await });
+                        in_flight
+                            .start(permit, async move { shared.settle(message).await })
+                            .await;
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "batch ended");

@@ -116,7 +116,9 @@ impl RabbitConsumer {
             match next {
                 Some(Ok(delivery)) => {
                     let shared = Arc::clone(&shared);
-                    in_flight.spawn(permit, async move { shared.settle(delivery).await });
+                    in_flight
+                        .start(permit, async move { shared.settle(delivery).await })
+                        .await;
                 }
                 Some(Err(e)) => {
                     failure = Some(BrokerError::broker("consuming", e));

@@ -141,7 +141,8 @@ impl StreamConsumer {
                             let Some(permit) = permits.pop() else { break };
                             let shared = Arc::clone(&shared);
                             in_flight
-                                .spawn(permit, async move { shared.settle(entry, true).await });
+                                .start(permit, async move { shared.settle(entry, true).await })
+                                .await;
                         }
                     }
                     Err(e) => {
@@ -173,7 +174,9 @@ impl StreamConsumer {
                     for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
                         let Some(permit) = permits.pop() else { break };
                         let shared = Arc::clone(&shared);
-                        in_flight.spawn(permit, async move { shared.settle(entry, false).await });
+                        in_flight
+                            .start(permit, async move { shared.settle(entry, false).await })
+                            .await;
                     }
                 }
                 Err(e) => {
