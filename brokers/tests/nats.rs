@@ -12,7 +12,10 @@ use dedup_brokers::nats::{MSG_ID_HEADER, NatsConsumer, NatsPublisher};
 use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Shutdown, shutdown};
 use dedup_core::outbox::Publisher;
 use dedup_core::{InboxConfig, MemoryStore};
-use support::{Runs, all_once, commit_then_hang, config, counting, poison, row, wait_until};
+use support::{
+    Runs, all_once, commit_then_hang, config, counting, ids, one_at_a_time_probe, poison, row,
+    wait_until,
+};
 
 const DURABLE: &str = "billing";
 /// JetStream's own duplicate window, short so the tests can publish copies it lets through.
@@ -307,5 +310,33 @@ async fn shutdown_with_messages_in_flight_loses_none() {
     let second = task.await.unwrap().unwrap();
     assert_eq!(first.processed + second.processed, 20);
     assert!(all_once(&runs, 20));
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn with_one_in_flight_messages_run_one_at_a_time_in_stream_order() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let publisher = NatsPublisher::from_client(fx.client.clone());
+    for id in ids(10) {
+        publisher.publish(&row(&fx.subject, &id)).await.unwrap();
+    }
+    let (order, most) = (Arc::default(), Arc::new(AtomicU32::new(0)));
+    let one = ConsumerConfig {
+        in_flight: 1,
+        ..config()
+    };
+    let (stop, signal) = shutdown();
+    let task = tokio::spawn(
+        fx.consumer(one)
+            .run(one_at_a_time_probe(&order, &most), signal),
+    );
+    wait_until("all ran", || order.lock().unwrap().len() == 10).await;
+    stop.shut_down();
+    let stats = task.await.unwrap().unwrap();
+    assert_eq!(stats.processed, 10, "{stats:?}");
+    assert_eq!(*order.lock().unwrap(), ids(10));
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
     fx.cleanup().await;
 }

@@ -15,7 +15,10 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use support::{Runs, all_once, commit_then_hang, config, counting, poison, row, wait_until};
+use support::{
+    Runs, all_once, commit_then_hang, config, counting, ids, one_at_a_time_probe, poison, row,
+    wait_until,
+};
 
 struct Fixture {
     conn: Connection,
@@ -384,6 +387,33 @@ async fn shutdown_with_messages_in_flight_loses_none() {
         runs.lock().unwrap().values().all(|n| *n == 1),
         "each ran once"
     );
+    assert!(fx.drain(&fx.queue).await.is_empty());
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn with_one_in_flight_messages_run_one_at_a_time_in_queue_order() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
+    for id in ids(10) {
+        publisher.publish(&row(&fx.dest(), &id)).await.unwrap();
+    }
+    let (order, most) = (Arc::default(), Arc::new(AtomicU32::new(0)));
+    let one = ConsumerConfig {
+        in_flight: 1,
+        ..config()
+    };
+    let (stop, signal) = shutdown();
+    let consumer = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), one);
+    let task = tokio::spawn(consumer.run(one_at_a_time_probe(&order, &most), signal));
+    wait_until("all ran", || order.lock().unwrap().len() == 10).await;
+    stop.shut_down();
+    let stats = task.await.unwrap().unwrap();
+    assert_eq!(stats.processed, 10, "{stats:?}");
+    assert_eq!(*order.lock().unwrap(), ids(10));
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
     assert!(fx.drain(&fx.queue).await.is_empty());
     fx.cleanup().await;
 }

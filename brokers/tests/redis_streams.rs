@@ -14,7 +14,10 @@ use dedup_core::{InboxConfig, MemoryStore};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
-use support::{Runs, all_once, commit_then_hang, config, counting, poison, row, wait_until};
+use support::{
+    Runs, all_once, commit_then_hang, config, counting, ids, one_at_a_time_probe, poison, row,
+    wait_until,
+};
 
 const GROUP: &str = "billing";
 const IDLE: Duration = Duration::from_millis(150);
@@ -307,5 +310,33 @@ async fn shutdown_with_entries_in_flight_loses_none() {
     let second = task.await.unwrap().unwrap();
     assert_eq!(first.processed + second.processed, 20);
     assert!(all_once(&runs, 20));
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn with_one_in_flight_entries_run_one_at_a_time_in_stream_order() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let publisher = StreamPublisher::connect(&fx.client).await.unwrap();
+    for id in ids(10) {
+        publisher.publish(&row(&fx.stream, &id)).await.unwrap();
+    }
+    let (order, most) = (Arc::default(), Arc::new(AtomicU32::new(0)));
+    let one = ConsumerConfig {
+        in_flight: 1,
+        ..config()
+    };
+    let (stop, signal) = shutdown();
+    let task = tokio::spawn(
+        fx.consumer("w1", one)
+            .run(one_at_a_time_probe(&order, &most), signal),
+    );
+    wait_until("all ran", || order.lock().unwrap().len() == 10).await;
+    stop.shut_down();
+    let stats = task.await.unwrap().unwrap();
+    assert_eq!(stats.processed, 10, "{stats:?}");
+    assert_eq!(*order.lock().unwrap(), ids(10));
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
     fx.cleanup().await;
 }

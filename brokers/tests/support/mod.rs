@@ -138,3 +138,33 @@ pub fn all_once(runs: &Runs, n: usize) -> bool {
     let runs = runs.lock().unwrap();
     runs.len() == n && runs.values().all(|r| *r == 1)
 }
+
+/// A handler (under a lease-mode inbox over a fresh store) that records the message ids in
+/// the order it starts them in `order`, and the most runs it ever saw at once in `most`.
+pub fn one_at_a_time_probe(
+    order: &Arc<Mutex<Vec<String>>>,
+    most: &Arc<AtomicU32>,
+) -> impl Handle + use<> {
+    let (order, most) = (Arc::clone(order), Arc::clone(most));
+    let running = Arc::new(AtomicU32::new(0));
+    with_inbox(
+        Inbox::new(MemoryStore::new()),
+        move |_lease, d: Delivery| {
+            let (order, most, running) =
+                (Arc::clone(&order), Arc::clone(&most), Arc::clone(&running));
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                order.lock().unwrap().push(d.message_id.unwrap());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Some(b"done".to_vec()))
+            }
+        },
+    )
+}
+
+/// `m-0` .. `m-{n-1}`.
+pub fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("m-{i}")).collect()
+}
