@@ -860,7 +860,7 @@ mod tests {
             .await
             .unwrap();
         sqlx::query("SET synchronous_commit = on")
-            .execute(&mut *conn)
+            .execute(&mut conn)
             .await
             .unwrap();
         let cases: [(&PostgresStore, Vec<ClaimRequest>, &str); 4] = [
@@ -874,13 +874,13 @@ mod tests {
             ),
         ];
         for (handle, requests, inside) in cases {
-            sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+            sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
             let claims = handle.run_claims(&mut conn, &requests).await.unwrap();
             for claim in claims {
                 assert!(matches!(claim, Ok(Claim::Acquired(_))), "{claim:?}");
             }
             assert_eq!(setting(&mut conn).await, inside, "{requests:?}");
-            sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
+            sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
             assert_eq!(setting(&mut conn).await, "on", "after {requests:?}");
         }
         // And through the trait, outside any transaction (grouped or alone).
@@ -899,7 +899,10 @@ mod tests {
             .fetch_one(&mut *conn)
             .await
             .unwrap();
-            assert!(!changed, "a pool connection kept synchronous_commit changed");
+            assert!(
+                !changed,
+                "a pool connection kept synchronous_commit changed"
+            );
             pooled.push(conn);
         }
     }
