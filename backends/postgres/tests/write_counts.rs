@@ -33,6 +33,46 @@ struct Counters {
     wal_sync: i64,
     wal_write: i64,
     wal_records: i64,
+    /// CPU seconds (user + system) of the server's processes, exited backends included
+    /// (the postmaster's children's times), when it runs on this machine (`/proc`).
+    server_cpu: Option<f64>,
+    /// CPU seconds of this process (the client).
+    client_cpu: Option<f64>,
+}
+
+/// Clock ticks per second of `/proc/*/stat` times (100 on Linux).
+const TICKS: f64 = 100.0;
+
+/// The `/proc/PID/stat` fields after the command: (ppid, utime + stime, cutime + cstime) in
+/// ticks.
+fn proc_stat(pid: &str) -> Option<(u32, f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    Some((f.get(1)?.parse().ok()?, n(11)? + n(12)?, n(13)? + n(14)?))
+}
+
+/// CPU seconds of the postmaster `postmaster` and its live children, plus its exited
+/// children's.
+fn server_cpu(postmaster: u32) -> Option<f64> {
+    let (_, own, exited) = proc_stat(&postmaster.to_string())?;
+    let mut total = own + exited;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        if let Some((ppid, cpu, _)) = proc_stat(pid)
+            && ppid == postmaster
+        {
+            total += cpu;
+        }
+    }
+    Some(total / TICKS)
 }
 
 async fn counters(url: &str) -> Counters {
@@ -47,11 +87,21 @@ async fn counters(url: &str) -> Counters {
     .fetch_one(&mut conn)
     .await
     .expect("read the counters");
+    let (backend,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .expect("read the backend's pid");
+    let postmaster = proc_stat(&backend.to_string()).map(|(ppid, _, _)| ppid);
+    // This connection's own backend is counted too: the same small amount every time.
+    let server_cpu = postmaster.and_then(server_cpu);
+    let client_cpu = proc_stat("self").map(|(_, cpu, _)| cpu / TICKS);
     Counters {
         xact_commit,
         wal_sync,
         wal_write,
         wal_records,
+        server_cpu,
+        client_cpu,
     }
 }
 
@@ -88,13 +138,23 @@ fn report(name: &str, concurrency: usize, elapsed: Duration, before: Counters, a
     let per = |a: i64, b: i64| (a - b) as f64 / MESSAGES as f64;
     println!(
         "{name:<22} c={concurrency:<2} {:>7.0} msg/s  per message: {:.2} commits, {:.3} log flushes, \
-         {:.3} log writes, {:.2} log records",
+         {:.3} log writes, {:.2} log records, CPU µs server {} client {}",
         MESSAGES as f64 / elapsed.as_secs_f64(),
         per(after.xact_commit, before.xact_commit),
         per(after.wal_sync, before.wal_sync),
         per(after.wal_write, before.wal_write),
         per(after.wal_records, before.wal_records),
+        cpu(before.server_cpu, after.server_cpu),
+        cpu(before.client_cpu, after.client_cpu),
     );
+}
+
+/// CPU microseconds per message between two readings, or `n/a`.
+fn cpu(before: Option<f64>, after: Option<f64>) -> String {
+    match (before, after) {
+        (Some(b), Some(a)) => format!("{:.0}", (a - b) * 1e6 / MESSAGES as f64),
+        _ => "n/a".into(),
+    }
 }
 
 async fn store(url: &str) -> PostgresStore {
