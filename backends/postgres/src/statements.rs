@@ -107,6 +107,14 @@ fn purgeable() -> String {
     )
 }
 
+/// A condition that is always true and sets `synchronous_commit` to `off` for the
+/// statement's own (implicit) transaction, as `SET LOCAL` would, in the same round trip:
+/// the commit then returns without waiting for its log record to reach the disk. The
+/// function is volatile, so the planner neither folds nor drops it: it runs for each row of
+/// the statement's source (once for a single claim), before anything is written. The
+/// setting ends with the transaction.
+pub(crate) const LAZY_COMMIT: &str = "set_config('synchronous_commit', 'off', true) = 'off'";
+
 /// The statements of one store.
 #[derive(Debug)]
 pub(crate) struct Statements {
@@ -114,6 +122,10 @@ pub(crate) struct Statements {
     pub(crate) claim: SqlStr,
     /// Lease-mode claim of many distinct keys (parallel arrays).
     pub(crate) claim_many: SqlStr,
+    /// [`claim`](Self::claim) committed asynchronously (see [`LAZY_COMMIT`]).
+    pub(crate) claim_lazy: SqlStr,
+    /// [`claim_many`](Self::claim_many) committed asynchronously (see [`LAZY_COMMIT`]).
+    pub(crate) claim_many_lazy: SqlStr,
     /// Claim inside the caller's transaction: a completed row.
     pub(crate) claim_in_tx: SqlStr,
     /// Commit of one lease.
@@ -172,7 +184,7 @@ impl Statements {
 
         let claim = format!(
             "INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint, first_claimed_at) \
-               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text, now.ms FROM {now_row} \
+               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text, now.ms FROM {now_row} {{lazy}}\
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = excluded.token, fence = r.fence + 1, attempt = r.attempt + 1, \
                  claimed_at = excluded.claimed_at, expires_at = excluded.expires_at, \
@@ -191,7 +203,7 @@ impl Statements {
              ins AS ( \
                INSERT INTO {table} AS r (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint, first_claimed_at) \
                SELECT q.consumer, q.message_id, q.token::uuid, 1, 1, now.ms, now.ms + q.lease_ms, q.fingerprint, now.ms \
-               FROM req q CROSS JOIN now ORDER BY q.ord \
+               FROM req q CROSS JOIN now {{lazy}}ORDER BY q.ord \
                ON CONFLICT (consumer, message_id) DO UPDATE SET \
                  token = excluded.token, fence = r.fence + 1, attempt = r.attempt + 1, \
                  claimed_at = excluded.claimed_at, expires_at = excluded.expires_at, \
@@ -326,8 +338,17 @@ impl Statements {
              RETURNING r.fence"
         );
 
+        // The lazy forms: the same text with `LAZY_COMMIT` as the source's condition.
+        let lazy = |text: &str| text.replace("{lazy}", &format!("WHERE {LAZY_COMMIT} "));
+        let claim_lazy = lazy(&claim);
+        let claim_many_lazy = lazy(&claim_many);
+        let claim = claim.replace("{lazy}", "");
+        let claim_many = claim_many.replace("{lazy}", "");
+
         Statements {
             forget: sql(forget),
+            claim_lazy: sql(claim_lazy),
+            claim_many_lazy: sql(claim_many_lazy),
             revoke: sql(revoke),
             claim: sql(claim),
             claim_many: sql(claim_many),

@@ -32,6 +32,8 @@ use crate::statements::Statements;
 #[derive(Clone)]
 pub struct PostgresStore {
     inner: Arc<Inner>,
+    /// This handle's claims commit asynchronously ([`Self::lazy_claims`]).
+    lazy_claims: bool,
 }
 
 struct Inner {
@@ -43,6 +45,8 @@ struct Inner {
     outbox: OutboxTable,
     /// Single claims waiting for a grouped statement (`None`: group commit is off).
     claims: Option<Grouper<ClaimRequest, Claim>>,
+    /// The same for the claims of [`PostgresStore::lazy_claims`] handles.
+    lazy_claims: Option<Grouper<ClaimRequest, Claim>>,
     /// Single commits waiting for a grouped statement (`None`: group commit is off).
     commits: Option<Grouper<CommitRequest, ()>>,
 }
@@ -52,6 +56,7 @@ impl fmt::Debug for PostgresStore {
         f.debug_struct("PostgresStore")
             .field("table", &self.inner.table)
             .field("clock", &self.inner.config.clock)
+            .field("lazy_claims", &self.lazy_claims)
             .field("pool", &self.inner.pool)
             .finish()
     }
@@ -101,8 +106,10 @@ impl PostgresStore {
                 table,
                 config,
                 claims: group.map(|g| Grouper::new(g.rounds, g.max_requests)),
+                lazy_claims: group.map(|g| Grouper::new(g.rounds, g.max_requests)),
                 commits: group.map(|g| Grouper::new(g.rounds, g.max_requests)),
             }),
+            lazy_claims: false,
         })
     }
 
@@ -112,6 +119,22 @@ impl PostgresStore {
         crate::schema::migrate(&self.inner.pool, &self.inner.config).await?;
         self.inner.outbox.migrated();
         Ok(())
+    }
+
+    /// A handle on the same store (pool, table, queues) whose lease-mode claims
+    /// ([`claim`](dedup_core::DedupStore::claim), `claim_many`) commit asynchronously:
+    /// each claim statement sets `synchronous_commit = off` for its own transaction (see
+    /// [`crate::statements::LAZY_COMMIT`]), so it returns once written, without waiting for
+    /// the log flush. Everything else (commits, renewals, releases, reads) is unchanged.
+    ///
+    /// For [`TxInbox`](crate::TxInbox)'s attempt-counting claim only: a server crash can
+    /// lose such a claim unless a later durable commit on the server flushed the log past
+    /// it (the log is flushed in order).
+    pub(crate) fn lazy_claims(&self) -> PostgresStore {
+        PostgresStore {
+            inner: Arc::clone(&self.inner),
+            lazy_claims: true,
+        }
     }
 
     pub(crate) fn outbox_table(&self) -> &OutboxTable {
@@ -212,7 +235,12 @@ impl PostgresStore {
         while let Some(round) = rounds.next_round() {
             let rows = match round[..] {
                 [one] => {
-                    sqlx::query(self.inner.sql.claim.clone())
+                    let sql = if self.lazy_claims {
+                        &self.inner.sql.claim_lazy
+                    } else {
+                        &self.inner.sql.claim
+                    };
+                    sqlx::query(sql.clone())
                         .bind(self.now_param())
                         .bind(one.key.consumer())
                         .bind(one.key.message_id())
@@ -224,7 +252,12 @@ impl PostgresStore {
                 }
                 _ => {
                     let keys: Vec<&Key> = round.iter().map(|r| &r.key).collect();
-                    sqlx::query(self.inner.sql.claim_many.clone())
+                    let sql = if self.lazy_claims {
+                        &self.inner.sql.claim_many_lazy
+                    } else {
+                        &self.inner.sql.claim_many
+                    };
+                    sqlx::query(sql.clone())
                         .bind(self.now_param())
                         .bind(consumers(&keys))
                         .bind(message_ids(&keys))
@@ -506,7 +539,12 @@ fn message_ids<'k>(keys: &[&'k Key]) -> Vec<&'k str> {
 impl Storage for PostgresStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
         let request = ClaimRequest::new(key.clone(), options.clone());
-        match &self.inner.claims {
+        let claims = if self.lazy_claims {
+            &self.inner.lazy_claims
+        } else {
+            &self.inner.claims
+        };
+        match claims {
             Some(group) => {
                 group
                     .submit(request, |requests| self.clone().claim_group(requests))
@@ -795,6 +833,78 @@ mod tests {
             matches!(&again, Claim::Acquired(l) if l.fence == 2),
             "once the lock is gone: {again:?}"
         );
+    }
+
+    /// A lazy handle's claim sets `synchronous_commit = off` for its own transaction only:
+    /// inside a transaction the setting reads `off` after the claim and `on` again once
+    /// that transaction ended, for the single and the batch statements alike; a plain
+    /// handle's claim leaves it `on`. No pool connection keeps the change afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lazy_claim_commits_asynchronously_and_only_its_own_transaction() {
+        let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
+            eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set (see scripts/test.sh)");
+            return;
+        };
+        let store = store(&url).await;
+        let options = ClaimOptions::lease(Duration::from_secs(30));
+        let request = |id: &str| ClaimRequest::new(Key::new("lazy", id).unwrap(), options.clone());
+        async fn setting(conn: &mut PgConnection) -> String {
+            let (value,): (String,) = sqlx::query_as("SHOW synchronous_commit")
+                .fetch_one(conn)
+                .await
+                .expect("show");
+            value
+        }
+        // A connection of its own: its session setting is changed below.
+        let mut conn = <PgConnection as sqlx::Connection>::connect(&url)
+            .await
+            .unwrap();
+        sqlx::query("SET synchronous_commit = on")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let cases: [(&PostgresStore, Vec<ClaimRequest>, &str); 4] = [
+            (&store, vec![request("plain")], "on"),
+            (&store, vec![request("plain-1"), request("plain-2")], "on"),
+            (&store.lazy_claims(), vec![request("lazy")], "off"),
+            (
+                &store.lazy_claims(),
+                vec![request("lazy-1"), request("lazy-2")],
+                "off",
+            ),
+        ];
+        for (handle, requests, inside) in cases {
+            sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+            let claims = handle.run_claims(&mut conn, &requests).await.unwrap();
+            for claim in claims {
+                assert!(matches!(claim, Ok(Claim::Acquired(_))), "{claim:?}");
+            }
+            assert_eq!(setting(&mut conn).await, inside, "{requests:?}");
+            sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
+            assert_eq!(setting(&mut conn).await, "on", "after {requests:?}");
+        }
+        // And through the trait, outside any transaction (grouped or alone).
+        let lazy = store.lazy_claims();
+        let claim = DedupStore::claim(&lazy, &Key::new("lazy", "trait").unwrap(), &options)
+            .await
+            .unwrap();
+        assert!(matches!(claim, Claim::Acquired(_)), "{claim:?}");
+        // No pool connection kept a session-level change.
+        let mut pooled = Vec::new();
+        for _ in 0..store.config().max_connections {
+            let mut conn = store.pool().acquire().await.unwrap();
+            let (changed,): (bool,) = sqlx::query_as(
+                "SELECT setting <> reset_val FROM pg_settings WHERE name = 'synchronous_commit'",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+            assert!(
+                !changed,
+                "a pool connection kept synchronous_commit changed"
+            );
+            pooled.push(conn);
+        }
     }
 
     /// A caller that stops waiting while its claim is queued takes it out: it is never

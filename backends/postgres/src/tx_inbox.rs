@@ -24,6 +24,21 @@ use crate::error::{BACKEND, backend};
 /// transaction ended by [`commit_in_tx`](PostgresStore::commit_in_tx): two statements and
 /// two commits beside the handler's) is in [`TxEngine`]'s docs.
 ///
+/// **The attempt-counting claim commits asynchronously** (`synchronous_commit = off` for
+/// that claim's own transaction, set inside its one statement): it does not wait for the
+/// server's log flush, so a message pays one durable commit, the handler's. Nothing is lost
+/// by it while the server runs: the claim is visible to every other worker as soon as it
+/// returns. The handler's transaction commits durably after it, and the server flushes its
+/// log in order, so once the handler's commit returns (or the commit of a stored failure
+/// or a dead letter, or any later durable commit on the server) the claim is durable too.
+/// What a server crash (or a failover to an asynchronous replica) can lose is therefore
+/// exactly the claims not yet covered by such a flush: the attempt count, fence and lease
+/// of a run whose transaction had not committed. After the restart the key is as before
+/// that claim, so the next delivery runs as the same attempt number with the same fence
+/// (a handler's side effects outside the database, keyed by
+/// [`Lease::idempotency_key`], then see that run again). A completion, stored outcome,
+/// stored failure or dead letter is never lost: each commits durably.
+///
 /// Errors the database asks to retry (serialization failure `40001`, deadlock `40P01`,
 /// lock timeout, a dropped connection), found as a `sqlx::Error` or a
 /// [`dedup_core::Error`] in the handler's error's source chain or raised by the commit, run
@@ -72,7 +87,8 @@ impl TxInbox {
     /// A transactional inbox over `store` with the default [`InboxConfig`] and
     /// [`RetryPolicy`].
     pub fn new(store: PostgresStore) -> Self {
-        let shared: Arc<dyn DedupStore> = Arc::new(store.clone());
+        // The attempt-counting claim commits asynchronously: see the type's docs.
+        let shared: Arc<dyn DedupStore> = Arc::new(store.lazy_claims());
         TxInbox {
             engine: TxEngine::new(shared, InboxConfig::default()),
             store,
