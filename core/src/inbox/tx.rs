@@ -89,7 +89,9 @@ pub trait TxAttempts: Send {
 /// Cost against a hand-written `claim_in_tx`: one more statement and one more commit per
 /// message (the lease-mode claim), plus a renewal per [`renew_every`](InboxConfig) of
 /// handler time; a failure adds a release (or a lease-mode commit), a retry a release and a
-/// claim.
+/// claim. A backend may commit that claim without waiting for its log flush when the
+/// handler's durable commit follows and flushes past it (PostgreSQL's `TxInbox` does, and
+/// documents what a server crash can then lose).
 pub struct TxEngine {
     inbox: Inbox<dyn DedupStore>,
     retry: RetryPolicy,
