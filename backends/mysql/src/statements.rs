@@ -66,7 +66,10 @@ pub(crate) fn retention_param(retention: Duration) -> i64 {
 /// `n` keys as a row-constructor list, `(consumer, message_id) IN ((?, ?), ...)`: `2 n`
 /// parameters, consumer then message id. One primary-key lookup per key.
 fn keys_in(n: usize) -> String {
-    format!("(consumer, message_id) IN ({})", vec!["(?, ?)"; n].join(", "))
+    format!(
+        "(consumer, message_id) IN ({})",
+        vec!["(?, ?)"; n].join(", ")
+    )
 }
 
 /// Which records are purgeable at the cutoff `c.cutoff` (now less the retention):

@@ -223,10 +223,7 @@ impl MySqlStore {
         for key in keys {
             query = query.bind(key.consumer()).bind(key.message_id());
         }
-        let rows: Vec<MySqlRow> = query
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(ReadError::Sql)?;
+        let rows: Vec<MySqlRow> = query.fetch_all(&mut *conn).await.map_err(ReadError::Sql)?;
         let mut now = None;
         let mut found = Vec::with_capacity(rows.len());
         for row in &rows {

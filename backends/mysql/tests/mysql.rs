@@ -437,7 +437,10 @@ async fn common_cases_are_one_statement_each_prepared_once() {
     let mut tx_mode = Vec::new();
     let mut prepared = Vec::new();
     for round in 0..3 {
-        let (k, t) = (key("c", &format!("k{round}")), key("c", &format!("t{round}")));
+        let (k, t) = (
+            key("c", &format!("k{round}")),
+            key("c", &format!("t{round}")),
+        );
         let (q0, p0) = session_counts(&pool).await;
         let Claim::Acquired(l) = store.claim(&k, &lease(30)).await.expect("claim") else {
             panic!("a new key is acquired");
@@ -449,7 +452,10 @@ async fn common_cases_are_one_statement_each_prepared_once() {
         let mut tx = pool.begin().await.expect("begin");
         let (q2, p2) = session_counts(&mut *tx).await;
         assert_eq!(
-            store.claim_in_tx(&mut tx, &t, None).await.expect("tx claim"),
+            store
+                .claim_in_tx(&mut tx, &t, None)
+                .await
+                .expect("tx claim"),
             TxClaim::Claimed { fence: 1 }
         );
         let (q3, p3) = session_counts(&mut *tx).await;
@@ -458,7 +464,11 @@ async fn common_cases_are_one_statement_each_prepared_once() {
         prepared.push((p1 - p0) + (p3 - p2));
     }
     assert_eq!(lease_mode[1..], [2, 2], "claim + commit: {lease_mode:?}");
-    assert_eq!(tx_mode[1..], [1, 1], "claim_in_tx of a new key: {tx_mode:?}");
+    assert_eq!(
+        tx_mode[1..],
+        [1, 1],
+        "claim_in_tx of a new key: {tx_mode:?}"
+    );
     assert_eq!(prepared[1..], [0, 0], "prepared again: {prepared:?}");
 
     // commit_in_tx of a held lease: one statement.
@@ -469,7 +479,10 @@ async fn common_cases_are_one_statement_each_prepared_once() {
     for round in 0..2 {
         let mut tx = pool.begin().await.expect("begin");
         let (q0, _) = session_counts(&mut *tx).await;
-        store.commit_in_tx(&mut tx, &l, None).await.expect("commit_in_tx");
+        store
+            .commit_in_tx(&mut tx, &l, None)
+            .await
+            .expect("commit_in_tx");
         let (q1, _) = session_counts(&mut *tx).await;
         if round == 0 {
             // Rolled back: still held for the next round.
