@@ -5,11 +5,13 @@ use std::time::Instant;
 use async_trait::async_trait;
 use dedup_core::Result;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::mysql::{MySqlArguments, MySqlRow};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, MySql, Row};
 
 use crate::MySqlStore;
 use crate::error::{backend, lost_race};
-use crate::statements::{BEGIN, retention_param};
+use crate::statements::{BEGIN, CUTOFF_USES, retention_param};
 
 /// Where the next batch starts in the `claimed_at` index: the largest `claimed_at` the
 /// previous batches removed. Rows a batch skipped because another transaction held them
@@ -32,18 +34,25 @@ impl Default for Cursor {
 impl PurgeBatches for MySqlStore {
     type PurgeCursor = Cursor;
 
-    /// One transaction: the batch's victims read and locked (`FOR UPDATE SKIP LOCKED`,
-    /// at most `step.limit`), deleted by primary key, committed. Its work time is the
-    /// transaction's, without the wait for a pooled connection.
+    /// On MariaDB, one statement: `DELETE ... ORDER BY claimed_at LIMIT n RETURNING`, in
+    /// its own (autocommit) transaction. On MySQL, which has no `DELETE ... RETURNING`,
+    /// one transaction: the batch's victims read and locked (`FOR UPDATE SKIP LOCKED`, at
+    /// most `step.limit`), deleted by primary key, committed. Its work time is the
+    /// statement's or the transaction's, without the wait for a pooled connection.
     ///
-    /// Concurrent purgers and claimers can deadlock on InnoDB's index locks even with
-    /// `SKIP LOCKED`; the loser's transaction was rolled back whole (nothing deleted, the
-    /// cursor unmoved), so the batch runs again after a short pause, up to
-    /// 10 times in all (`BATCH_TRIES`).
+    /// Concurrent purgers and claimers can deadlock on InnoDB's index locks; the loser's
+    /// statement or transaction was rolled back whole (nothing deleted, the cursor
+    /// unmoved), so the batch runs again after a short pause, up to 10 times in all
+    /// (`BATCH_TRIES`).
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
         let mut tries = 1;
         loop {
-            match self.purge_batch_once(step, cursor).await {
+            let once = match self.is_mariadb().await {
+                Ok(true) => self.purge_batch_returning(step, cursor).await,
+                Ok(false) => self.purge_batch_locked(step, cursor).await,
+                Err(e) => Err(e),
+            };
+            match once {
                 Err(e) if lost_race(&e) && tries < BATCH_TRIES => {
                     tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(tries)))
                         .await;
@@ -58,40 +67,85 @@ impl PurgeBatches for MySqlStore {
 /// How many times a purge batch runs when it loses a race (see `purge_batch`).
 const BATCH_TRIES: u32 = 10;
 
+/// What one batch removed, as its rows tell: `(processed_at, claimed_at)` each.
+fn tally(
+    rows: &[MySqlRow],
+    step: &PurgeStep,
+    cursor: &Cursor,
+) -> std::result::Result<(PurgeBatch, i64), sqlx::Error> {
+    let mut batch = PurgeBatch {
+        exhausted: rows.len() < step.limit,
+        ..PurgeBatch::default()
+    };
+    let mut claimed_from = cursor.claimed_from;
+    for row in rows {
+        let processed_at: Option<i64> = row.try_get("processed_at")?;
+        let claimed_at: i64 = row.try_get("claimed_at")?;
+        claimed_from = claimed_from.max(claimed_at);
+        match processed_at {
+            Some(_) => batch.completed += 1,
+            None => batch.expired += 1,
+        }
+    }
+    Ok((batch, claimed_from))
+}
+
 impl MySqlStore {
-    /// One batch, as one transaction (see `purge_batch`).
-    async fn purge_batch_once(
+    /// The purge statements' parameters: the cutoff's now and retention (see
+    /// `CUTOFF_USES`), the cursor, the limit.
+    fn purge_query<'q>(
+        &self,
+        sql: &str,
+        step: &PurgeStep,
+        cursor: &Cursor,
+    ) -> Query<'q, MySql, MySqlArguments> {
+        let limit = i64::try_from(step.limit).unwrap_or(i64::MAX);
+        let mut query = sqlx::query(AssertSqlSafe(sql.to_owned()));
+        for _ in 0..CUTOFF_USES {
+            query = query
+                .bind(self.now_param())
+                .bind(retention_param(step.retention));
+        }
+        query.bind(cursor.claimed_from).bind(limit)
+    }
+
+    /// One batch as one `DELETE ... RETURNING` (MariaDB).
+    async fn purge_batch_returning(
         &self,
         step: &PurgeStep,
         cursor: &mut Cursor,
     ) -> std::result::Result<PurgeBatch, sqlx::Error> {
-        let limit = i64::try_from(step.limit).unwrap_or(i64::MAX);
+        let mut conn = self.pool().acquire().await?;
+        let started = Instant::now();
+        let rows = self
+            .purge_query(&self.statements().purge_delete, step, cursor)
+            .fetch_all(&mut *conn)
+            .await?;
+        let work = started.elapsed();
+        let (mut batch, claimed_from) = tally(&rows, step, cursor)?;
+        cursor.claimed_from = claimed_from;
+        batch.work = Some(work);
+        Ok(batch)
+    }
+
+    /// One batch as one transaction (MySQL; see `purge_batch`).
+    async fn purge_batch_locked(
+        &self,
+        step: &PurgeStep,
+        cursor: &mut Cursor,
+    ) -> std::result::Result<PurgeBatch, sqlx::Error> {
         let mut conn = self.pool().acquire().await?;
         let started = Instant::now();
         let mut tx = sqlx::Connection::begin_with(&mut *conn, BEGIN).await?;
-        let rows = sqlx::query(AssertSqlSafe(self.statements().purge_select.clone()))
-            .bind(self.now_param())
-            .bind(retention_param(step.retention))
-            .bind(cursor.claimed_from)
-            .bind(limit)
+        let rows = self
+            .purge_query(&self.statements().purge_select, step, cursor)
             .fetch_all(&mut *tx)
             .await?;
-        let mut batch = PurgeBatch {
-            exhausted: rows.len() < step.limit,
-            ..PurgeBatch::default()
-        };
+        let (mut batch, claimed_from) = tally(&rows, step, cursor)?;
         let mut keys = Vec::with_capacity(rows.len());
-        let mut claimed_from = cursor.claimed_from;
         for row in &rows {
             let consumer: Vec<u8> = row.try_get("consumer")?;
             let message_id: Vec<u8> = row.try_get("message_id")?;
-            let processed_at: Option<i64> = row.try_get("processed_at")?;
-            let claimed_at: i64 = row.try_get("claimed_at")?;
-            claimed_from = claimed_from.max(claimed_at);
-            match processed_at {
-                Some(_) => batch.completed += 1,
-                None => batch.expired += 1,
-            }
             keys.push((consumer, message_id));
         }
         for chunk in keys.chunks(1000) {

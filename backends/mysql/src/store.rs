@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -52,6 +52,8 @@ struct Inner {
     config: MySqlConfig,
     table: String,
     sql: Statements,
+    /// Whether the server is MariaDB (not MySQL), once asked.
+    mariadb: OnceLock<bool>,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -155,6 +157,7 @@ impl MySqlStore {
                 sql: Statements::new(&table),
                 table,
                 config,
+                mariadb: OnceLock::new(),
             }),
         })
     }
@@ -184,6 +187,19 @@ impl MySqlStore {
         &self.inner.sql
     }
 
+    /// Whether the server is MariaDB, which has statements MySQL lacks (`DELETE ...
+    /// RETURNING`). Asked once (`SELECT VERSION()`), then remembered.
+    pub(crate) async fn is_mariadb(&self) -> std::result::Result<bool, sqlx::Error> {
+        if let Some(&mariadb) = self.inner.mariadb.get() {
+            return Ok(mariadb);
+        }
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let mariadb = version.to_ascii_lowercase().contains("mariadb");
+        Ok(*self.inner.mariadb.get_or_init(|| mariadb))
+    }
+
     /// The injected clock's time, bound for "now" (NULL: the server's clock).
     pub(crate) fn now_param(&self) -> Option<i64> {
         self.inner
@@ -194,7 +210,8 @@ impl MySqlStore {
     }
 
     /// Read `keys` (distinct, in key order) on `conn` with "now"; `locking` keeps the rows
-    /// found locked until the transaction ends.
+    /// found locked until the transaction ends. One statement, and one more for "now"
+    /// when none of the keys has a record.
     pub(crate) async fn read(
         &self,
         conn: &mut MySqlConnection,
@@ -202,17 +219,13 @@ impl MySqlStore {
         locking: bool,
     ) -> std::result::Result<(Timestamp, Vec<(Key, Stored)>), ReadError> {
         let sql = self.inner.sql.read(keys.len(), locking);
-        let mut query = sqlx::query(AssertSqlSafe(sql));
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(self.now_param());
         for key in keys {
             query = query.bind(key.consumer()).bind(key.message_id());
         }
-        let rows: Vec<MySqlRow> = query
-            .bind(self.now_param())
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(ReadError::Sql)?;
+        let rows: Vec<MySqlRow> = query.fetch_all(&mut *conn).await.map_err(ReadError::Sql)?;
         let mut now = None;
-        let mut found = Vec::new();
+        let mut found = Vec::with_capacity(rows.len());
         for row in &rows {
             let ms: i64 = sqlx::Row::try_get(row, "now_ms").map_err(ReadError::Sql)?;
             now = Some(Timestamp::from_millis(ms));
@@ -221,8 +234,23 @@ impl MySqlStore {
                 found.push((key, stored));
             }
         }
-        let now = now.ok_or(ReadError::Contract(raced("read")))?;
+        let now = match now {
+            Some(now) => now,
+            None => self.now(conn).await.map_err(ReadError::Sql)?,
+        };
         Ok((now, found))
+    }
+
+    /// "Now" (the injected clock's, else the server's), read on `conn`.
+    pub(crate) async fn now(
+        &self,
+        conn: &mut MySqlConnection,
+    ) -> std::result::Result<Timestamp, sqlx::Error> {
+        let ms: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.now.clone()))
+            .bind(self.now_param())
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(Timestamp::from_millis(ms))
     }
 
     /// Run `apply` on `keys`' records in a transaction of the store's own: a locking read,
@@ -415,16 +443,20 @@ impl MySqlStore {
             return Ok(Fast::General);
         }
         let tokens: Vec<LeaseToken> = requests.iter().map(|_| LeaseToken::random()).collect();
+        let now = self.now_param();
         let mut query = sqlx::query(AssertSqlSafe(self.inner.sql.claim_fresh(requests.len())));
         for ((key, options), token) in requests.iter().zip(&tokens) {
             query = query
                 .bind(key.consumer())
                 .bind(key.message_id())
                 .bind(token.to_string())
+                .bind(now)
+                .bind(now)
                 .bind(dedup_core::duration_millis(options.lease))
-                .bind(fingerprint_param(options.fingerprint.as_ref()));
+                .bind(fingerprint_param(options.fingerprint.as_ref()))
+                .bind(now);
         }
-        let done = match query.bind(self.now_param()).execute(&self.inner.pool).await {
+        let done = match query.execute(&self.inner.pool).await {
             Ok(done) => done,
             // A key with a record (duplicate key), or a deadlock with a concurrent batch
             // inserting the same keys in another order: the general path decides (and
@@ -472,8 +504,19 @@ impl MySqlStore {
                 .bind(lease.token.to_string())
                 .execute(&self.inner.pool)
                 .await
+        } else if requests.iter().all(|(_, outcome)| outcome.is_none()) {
+            let sql = self.inner.sql.commit_held(requests.len());
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(self.now_param());
+            for (lease, _) in requests {
+                query = query
+                    .bind(lease.key.consumer())
+                    .bind(lease.key.message_id())
+                    .bind(lease.token.to_string());
+            }
+            query.execute(&self.inner.pool).await
         } else {
-            let mut query = sqlx::query(AssertSqlSafe(self.inner.sql.commit_held(requests.len())));
+            let sql = self.inner.sql.commit_held_outcomes(requests.len());
+            let mut query = sqlx::query(AssertSqlSafe(sql));
             for (lease, outcome) in requests {
                 query = query
                     .bind(lease.key.consumer())

@@ -1,7 +1,7 @@
 //! The transactional extension: claim and commit inside the caller's own transaction.
 
 use dedup_core::backend::transition::{self, Write};
-use dedup_core::{Error, Fingerprint, Key, Lease, LeaseToken, RecordState, Result, TxClaim};
+use dedup_core::{Error, Fingerprint, Key, Lease, Result, TxClaim};
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use crate::MySqlStore;
@@ -25,35 +25,42 @@ impl MySqlStore {
     ///   worker holds a live lease. Do not process.
     /// - `Err(FingerprintMismatch)`: the stored record carries another fingerprint.
     ///
-    /// The claim is `INSERT ... ON DUPLICATE KEY UPDATE` (which never raises a duplicate
-    /// key) and a locking read of the row: a duplicate never fails a statement, so the
-    /// transaction stays usable and can commit. A concurrent transaction claiming the same
-    /// key waits on the row until this one ends, then sees `Completed` (commit) or claims
-    /// (rollback). Neither statement takes a gap lock (the insert locks only its own key,
-    /// the read only the row that now exists), so concurrent claims of neighbouring keys
-    /// do not deadlock, at READ COMMITTED and at REPEATABLE READ (MySQL's default) alike.
+    /// The claim is one `INSERT ... ON DUPLICATE KEY UPDATE` (which never raises a
+    /// duplicate key, so the transaction stays usable and can commit): it inserts the
+    /// completed record, or takes over an expired lease, and says which in the statement's
+    /// insert id. Only a duplicate it left alone is read again (locked), to answer. A
+    /// concurrent transaction claiming the same key waits on the row until this one ends,
+    /// then sees `Completed` (commit) or claims (rollback). Neither statement takes a gap
+    /// lock (the insert locks only its own key, the read only the row that exists), so
+    /// concurrent claims of neighbouring keys do not deadlock, at READ COMMITTED and at
+    /// REPEATABLE READ (MySQL's default) alike.
     ///
     /// Locks: the key's row stays locked until the transaction ends, also for a duplicate;
-    /// keep such transactions short. Three statements when it claims, two for a duplicate.
+    /// keep such transactions short. One statement when it claims, two for a duplicate.
     pub async fn claim_in_tx(
         &self,
         conn: &mut MySqlConnection,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
     ) -> Result<TxClaim> {
+        let now = self.now_param();
         for _ in 0..TX_CLAIM_TRIES {
-            // A token no record carries marks the row as written by this statement; it is
-            // cleared again (a transactional claim completes with no token).
-            let marker = LeaseToken::random().to_string();
-            sqlx::query(AssertSqlSafe(self.statements().claim_in_tx.clone()))
+            let done = sqlx::query(AssertSqlSafe(self.statements().claim_in_tx.clone()))
                 .bind(key.consumer())
                 .bind(key.message_id())
-                .bind(&marker)
+                .bind(now)
+                .bind(now)
                 .bind(fingerprint_param(fingerprint))
-                .bind(self.now_param())
+                .bind(now)
                 .execute(&mut *conn)
                 .await
                 .map_err(backend)?;
+            // 1: inserted (fence 1); 2 or more: an expired lease taken over, at that
+            // fence; 0: a duplicate left as it was (see `Statements::new`).
+            match done.last_insert_id() {
+                0 => {}
+                fence => return Ok(TxClaim::Claimed { fence }),
+            }
             let (now, found) = match self.read(conn, &[key], true).await {
                 Ok(read) => read,
                 Err(ReadError::Sql(e)) => return Err(backend(e)),
@@ -63,22 +70,7 @@ impl MySqlStore {
                 // Removed in between (an operator's forget with force): claim again.
                 continue;
             };
-            let record = stored.record;
-            if let RecordState::Completed { token: Some(t), .. } = &record.state
-                && t.to_string() == marker
-            {
-                sqlx::query(AssertSqlSafe(self.statements().clear_marker.clone()))
-                    .bind(key.consumer())
-                    .bind(key.message_id())
-                    .bind(&marker)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(backend)?;
-                return Ok(TxClaim::Claimed {
-                    fence: record.fence,
-                });
-            }
-            match transition::tx_claim(Some(&record), key, fingerprint, now)? {
+            match transition::tx_claim(Some(&stored.record), key, fingerprint, now)? {
                 (answer, Write::Unchanged) => return Ok(answer),
                 // The statement saw a live lease that has expired since: run it again.
                 (_, Write::Put(_)) => continue,
@@ -103,7 +95,7 @@ impl MySqlStore {
     ) -> Result<()> {
         dedup_core::backend::check::commit(outcome)?;
         let key = &lease.key;
-        sqlx::query(AssertSqlSafe(self.statements().commit_in_tx.clone()))
+        let done = sqlx::query(AssertSqlSafe(self.statements().commit_in_tx.clone()))
             .bind(self.now_param())
             .bind(outcome)
             .bind(key.consumer())
@@ -112,9 +104,13 @@ impl MySqlStore {
             .execute(&mut *conn)
             .await
             .map_err(backend)?;
-        // The row as it is now (locked by the update when it held the token): completed
-        // by this token means committed (now or by an earlier call); anything else is a
-        // lost lease.
+        // sqlx counts matched rows (CLIENT_FOUND_ROWS): the row was in flight under this
+        // token and is now completed by it, and locked until the transaction ends.
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        // The row as it is now: completed by this token means committed by an earlier
+        // call; anything else is a lost lease.
         let (now, found) = match self.read(conn, &[key], true).await {
             Ok(read) => read,
             Err(ReadError::Sql(e)) => return Err(backend(e)),

@@ -388,3 +388,138 @@ async fn a_killed_connection_is_a_retryable_error_and_the_pool_recovers() {
         );
     }
 }
+
+/// The session's `Questions` (statements the client sent: text queries and prepared
+/// executions, not pings or prepares) and `Com_stmt_prepare`, read on `conn` (the read
+/// itself counts one question).
+async fn session_counts<'c, E>(conn: E) -> (u64, u64)
+where
+    E: sqlx::Executor<'c, Database = sqlx::MySql>,
+{
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT CAST(VARIABLE_NAME AS CHAR), CAST(VARIABLE_VALUE AS CHAR) \
+         FROM information_schema.SESSION_STATUS \
+         WHERE VARIABLE_NAME IN ('QUESTIONS', 'COM_STMT_PREPARE')",
+    )
+    .fetch_all(conn)
+    .await
+    .expect("session status");
+    let get = |name: &str| {
+        rows.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {rows:?}"))
+    };
+    (get("QUESTIONS"), get("COM_STMT_PREPARE"))
+}
+
+/// The common cases cost one statement each, and statements are prepared once per
+/// connection: a claim of a new key, its commit, a transactional claim of a new key, a
+/// transactional commit, a purge batch (MariaDB). The counts are the session's own, on a
+/// pool of one connection.
+#[tokio::test]
+async fn common_cases_are_one_statement_each_prepared_once() {
+    let url = url_or_skip!();
+    let clock = common::manual_clock();
+    let config = MySqlConfig {
+        table: common::unique_table("one_statement"),
+        clock: Some(clock.clone()),
+        max_connections: 1,
+        ..MySqlConfig::default()
+    };
+    let store = MySqlStore::connect_with(&url, config)
+        .await
+        .expect("connect");
+    common::create_business_table(&store).await;
+    let pool = store.pool().clone();
+    // Statements per round, the first (preparing) round aside.
+    let mut lease_mode = Vec::new();
+    let mut tx_mode = Vec::new();
+    let mut prepared = Vec::new();
+    for round in 0..3 {
+        let (k, t) = (
+            key("c", &format!("k{round}")),
+            key("c", &format!("t{round}")),
+        );
+        let (q0, p0) = session_counts(&pool).await;
+        let Claim::Acquired(l) = store.claim(&k, &lease(30)).await.expect("claim") else {
+            panic!("a new key is acquired");
+        };
+        store.commit(&l, None).await.expect("commit");
+        let (q1, p1) = session_counts(&pool).await;
+        lease_mode.push(q1 - q0 - 1);
+
+        let mut tx = pool.begin().await.expect("begin");
+        let (q2, p2) = session_counts(&mut *tx).await;
+        assert_eq!(
+            store
+                .claim_in_tx(&mut tx, &t, None)
+                .await
+                .expect("tx claim"),
+            TxClaim::Claimed { fence: 1 }
+        );
+        let (q3, p3) = session_counts(&mut *tx).await;
+        tx.commit().await.expect("commit");
+        tx_mode.push(q3 - q2 - 1);
+        prepared.push((p1 - p0) + (p3 - p2));
+    }
+    assert_eq!(lease_mode[1..], [2, 2], "claim + commit: {lease_mode:?}");
+    assert_eq!(
+        tx_mode[1..],
+        [1, 1],
+        "claim_in_tx of a new key: {tx_mode:?}"
+    );
+    assert_eq!(prepared[1..], [0, 0], "prepared again: {prepared:?}");
+
+    // commit_in_tx of a held lease: one statement.
+    let k = key("c", "held");
+    let Claim::Acquired(l) = store.claim(&k, &lease(30)).await.expect("claim") else {
+        panic!("a new key is acquired");
+    };
+    for round in 0..2 {
+        let mut tx = pool.begin().await.expect("begin");
+        let (q0, _) = session_counts(&mut *tx).await;
+        store
+            .commit_in_tx(&mut tx, &l, None)
+            .await
+            .expect("commit_in_tx");
+        let (q1, _) = session_counts(&mut *tx).await;
+        if round == 0 {
+            // Rolled back: still held for the next round.
+            tx.rollback().await.expect("rollback");
+            assert_eq!(q1 - q0 - 1, 1, "commit_in_tx of a held lease");
+        } else {
+            tx.commit().await.expect("commit");
+        }
+    }
+
+    // A purge batch on MariaDB: one statement (the first purge also asks the version).
+    clock.advance(Duration::from_secs(3600));
+    let options = dedup_core::PurgeOptions::older_than(Duration::from_secs(60))
+        .batch_size(2)
+        .unpaced();
+    store.purge(&options).await.expect("warm purge");
+    for round in 0..3 {
+        let k = key("p", &format!("p{round}"));
+        let Claim::Acquired(l) = store.claim(&k, &lease(30)).await.expect("claim") else {
+            panic!("a new key is acquired");
+        };
+        store.commit(&l, None).await.expect("commit");
+    }
+    clock.advance(Duration::from_secs(3600));
+    let (q0, _) = session_counts(&pool).await;
+    let report = store.purge(&options).await.expect("purge");
+    let (q1, _) = session_counts(&pool).await;
+    assert_eq!(report.completed, 3, "{report:?}");
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    if version.to_ascii_lowercase().contains("mariadb") {
+        assert_eq!(
+            q1 - q0 - 1,
+            u64::from(report.batches),
+            "one statement per batch: {report:?}"
+        );
+    }
+}
