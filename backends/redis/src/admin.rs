@@ -165,7 +165,7 @@ impl AdminStorage for RedisStore {
         let call = Call::new(&FORGET, self.redis_key(key))
             .arg(self.now_arg())
             .arg(if force { "1" } else { "0" });
-        let value = self.conn().eval_one(&call).await.map_err(backend)?;
+        let value = self.conn().eval(&call).await.map_err(backend)?;
         decode::forget(key, value)
     }
 
@@ -182,7 +182,7 @@ impl AdminStorage for RedisStore {
             .arg(if force { "1" } else { "0" })
             .arg(new_token.to_string())
             .arg(duration_millis(self.config().retention));
-        let value = self.conn().eval_one(&call).await.map_err(backend)?;
+        let value = self.conn().eval(&call).await.map_err(backend)?;
         decode::revoke(key, value)
     }
 }

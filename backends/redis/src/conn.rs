@@ -1,8 +1,7 @@
 //! The one connection the store logic talks through, and single calls on it: a standalone
 //! server behind a [`ConnectionManager`] (multiplexed, reconnects by itself) or a Redis
 //! Cluster behind a [`ClusterConnection`] (multiplexed per node, follows slot moves and
-//! failovers) with the primaries' map and connections of [`Primaries`], which batches and
-//! single operations on a key use ([`crate::pipeline`]).
+//! failovers) with the primaries' map and connections of [`Primaries`] for batches.
 //!
 //! Everything the store does is an `EVALSHA` of one of [`crate::scripts`] on one key
 //! ([`Call`]), sent alone ([`Conn::eval`], here) or in pipelines ([`crate::pipeline`]:

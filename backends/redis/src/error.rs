@@ -54,12 +54,6 @@ pub(crate) fn refused(e: &RedisError) -> bool {
     e.code().is_some() && !is_retryable(e)
 }
 
-/// Whether `e` is a lost connection (an I/O error, the connection dropped or refused), not
-/// a reply or a timeout.
-pub(crate) fn connection_lost(e: &RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
-}
-
 /// Whether `e` says the server does not know the script (`NOSCRIPT`).
 pub(crate) fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)

@@ -23,7 +23,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, Value};
 
 use crate::conn::Conn;
-use crate::error::{connection_lost, is_noscript};
+use crate::error::is_noscript;
 use crate::schema;
 use crate::scripts::{Call, Lua, many_cmd};
 
@@ -103,7 +103,7 @@ impl Conn {
         let parts = self.plan(calls.iter().map(Call::slot)).await?;
         let replies = try_join_all(parts.iter().map(|part| async move {
             let cmds = part.items().map(|i| calls[i].cmd()).collect();
-            let (values, acked) = self.eval_group(part, cmds, wait).await?;
+            let (values, acked) = self.eval_group(&part.route, cmds, wait).await?;
             Ok::<_, RedisError>((part.items().collect(), values, acked))
         }))
         .await?;
@@ -131,7 +131,7 @@ impl Conn {
                 .iter()
                 .map(|slot| many_cmd(many, calls, slot))
                 .collect();
-            let (values, acked) = self.eval_group(part, cmds, wait).await?;
+            let (values, acked) = self.eval_group(&part.route, cmds, wait).await?;
             let mut items = Vec::with_capacity(part.len());
             for (slot, value) in part.slots.iter().zip(values) {
                 match value {
@@ -151,18 +151,12 @@ impl Conn {
         Ok(BatchReply::gather(calls.len(), replies))
     }
 
-    /// How to send calls on these slots: all in one pipeline on a standalone server. In
-    /// cluster mode by primary, from the cached slot map
-    /// ([`Primaries`](crate::primaries::Primaries)), single operations (one slot) included:
+    /// How to send calls on these slots: all in one pipeline on a standalone server, or
+    /// through the cluster client when they share one slot (a single operation). Otherwise
+    /// by primary, from the cached slot map ([`Primaries`](crate::primaries::Primaries)):
     /// one pipeline per primary, split in pipelines of about [`PIPELINE_ITEMS`] items; a
     /// slot the map has no primary for goes through the cluster client alone. Within a part,
     /// calls are grouped by slot, in call order within a slot.
-    ///
-    /// Why single operations too: the cluster client hands every request to its own task,
-    /// which routes it and passes it on to the node's connection (two hops, and a task
-    /// wake-up, per command); the primary's connection is one hop, as on a standalone
-    /// server. A one-slot part whose connection fails is sent again through the cluster
-    /// client ([`Conn::send`]), which waits out a failover as it did before.
     async fn plan(&self, slots: impl ExactSizeIterator<Item = u16>) -> RedisResult<Vec<Part>> {
         let len = slots.len();
         let whole = || match len {
@@ -186,8 +180,8 @@ impl Conn {
                 })
                 .push(i);
         }
-        if order.is_empty() {
-            return Ok(Vec::new());
+        if order.len() < 2 {
+            return Ok(whole());
         }
         let map = primaries.map(cluster).await?;
         let mut by_node: HashMap<usize, Vec<Vec<usize>>> = HashMap::new();
@@ -213,45 +207,8 @@ impl Conn {
         Ok(parts)
     }
 
-    /// Run one script call: in cluster mode straight to its slot's primary (see
-    /// [`Conn::plan`]), elsewhere as [`Conn::eval`]. The reply as `eval`'s: a server error
-    /// is an `Err`.
-    pub(crate) async fn eval_one(&self, call: &Call) -> RedisResult<Value> {
-        if !self.is_cluster() {
-            return self.eval(call).await;
-        }
-        let mut batch = self.eval_many(std::slice::from_ref(call), None).await?;
-        batch.values.pop().map_or_else(
-            || {
-                Err(RedisError::from((
-                    redis::ErrorKind::UnexpectedReturnType,
-                    "script reply",
-                    "no reply".to_owned(),
-                )))
-            },
-            Value::extract_error,
-        )
-    }
-
-    /// Run one plain command on `key`: in cluster mode straight to its slot's primary (see
-    /// [`Conn::plan`]), elsewhere as [`Conn::query`]. A server error is an `Err`.
-    pub(crate) async fn query_one(&self, key: &[u8], cmd: &Cmd) -> RedisResult<Value> {
-        if !self.is_cluster() {
-            return self.query(cmd).await;
-        }
-        let mut replies = self.run_keyed(&[(key, cmd.clone())]).await?;
-        replies.pop().unwrap_or_else(|| {
-            Err(RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "command reply",
-                "no reply".to_owned(),
-            )))
-        })
-    }
-
-    /// Run plain commands all on `key`, in order, as one pipeline (in cluster mode straight
-    /// to its slot's primary, see [`Conn::run_keyed`]). One result per command, a server
-    /// error as its `Err`.
+    /// Run plain commands all on `key`, in order, as one pipeline (in cluster mode as
+    /// [`Conn::run_keyed`] sends them). One result per command, a server error as its `Err`.
     pub(crate) async fn run_on_key<'a>(
         &self,
         key: &[u8],
@@ -286,7 +243,7 @@ impl Conn {
             .await?;
         let replies = try_join_all(parts.iter().map(|part| async move {
             let pipe = pipeline_of(part.items().map(|i| &cmds[i].1));
-            let values = self.send(part, &pipe).await?;
+            let values = self.send(&part.route, &pipe).await?;
             let mut results = Vec::with_capacity(values.len());
             for (v, i) in values.into_iter().zip(part.items()) {
                 results.push(match v {
@@ -325,30 +282,18 @@ impl Conn {
             .collect())
     }
 
-    /// Send `part`'s `pipe`; every reply, server errors included as
+    /// Send `pipe` along `route`; every reply, server errors included as
     /// [`Value::ServerError`]. A failed connection to a primary drops the slot map and its
-    /// connections (the next batch connects again); a part of one slot (a single operation)
-    /// whose connection was lost is then sent again through the cluster client, which
-    /// reconnects, follows the slot's move and retries as for any command it routes (the
-    /// connection failed, so the commands most likely did not run; if they did, running
-    /// them again is what the cluster client's own retry does too, and every store
-    /// operation is safe to retry). A timeout is returned as it is.
-    async fn send(&self, part: &Part, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
-        match &part.route {
+    /// connections (the next batch connects again).
+    async fn send(&self, route: &Route, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        match route {
             Route::Conn => self.query_pipeline(pipe).await,
             Route::Node(node) => {
                 let sent = pipe.query_async(&mut node.clone()).await;
-                match (sent, self) {
-                    (Err(e), Conn::Cluster(_, primaries)) => {
-                        primaries.broken();
-                        if part.slots.len() == 1 && connection_lost(&e) {
-                            self.query_pipeline(pipe).await
-                        } else {
-                            Err(e)
-                        }
-                    }
-                    (sent, _) => sent,
+                if let (Err(_), Conn::Cluster(_, primaries)) = (&sent, self) {
+                    primaries.broken();
                 }
+                sent
             }
         }
     }
@@ -371,11 +316,11 @@ impl Conn {
         }
     }
 
-    /// Send `cmds` along `part`'s route as one pipeline, followed by `WAIT` when `wait` is set;
+    /// Send `cmds` along `route` as one pipeline, followed by `WAIT` when `wait` is set;
     /// one reply per command.
     async fn eval_group(
         &self,
-        part: &Part,
+        route: &Route,
         cmds: Vec<Cmd>,
         wait: Option<(u32, Duration)>,
     ) -> RedisResult<(Vec<Value>, Option<i64>)> {
@@ -383,7 +328,7 @@ impl Conn {
         if let Some(w) = wait {
             pipe.add_command(wait_cmd(w));
         }
-        let mut values = self.send(part, &pipe).await?;
+        let mut values = self.send(route, &pipe).await?;
         let mut acked = match wait {
             Some(_) => Some(wait_reply(values.pop())?),
             None => None,

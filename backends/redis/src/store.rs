@@ -243,17 +243,9 @@ impl RedisStore {
 
     /// Send `SET ... IFEQ` (`cmds[0]`, alone or first of a transaction) and read what the
     /// key held; `Ok(None)` when the server refused the command (the script runs instead).
-    async fn swap(
-        &self,
-        key: &str,
-        cmds: &[Cmd],
-        expected: &[u8],
-    ) -> Result<Option<(Swap, Vec<Value>)>> {
+    async fn swap(&self, cmds: &[Cmd], expected: &[u8]) -> Result<Option<(Swap, Vec<Value>)>> {
         let replies = if let [cmd] = cmds {
-            self.conn
-                .query_one(key.as_bytes(), cmd)
-                .await
-                .map(|v| vec![v])
+            self.conn.query::<Value>(cmd).await.map(|v| vec![v])
         } else {
             let mut pipe = redis::pipe();
             pipe.atomic();
@@ -303,7 +295,7 @@ impl RedisStore {
         else {
             return Ok(None);
         };
-        let answer = self.swap(&s.key, &[s.cmd], s.expected.as_bytes()).await?;
+        let answer = self.swap(&[s.cmd], s.expected.as_bytes()).await?;
         held.remove(lease.token);
         Ok(answer.and_then(|(swap, _)| committed_by_swap(lease, swap)))
     }
@@ -349,7 +341,7 @@ impl RedisStore {
             expiry.arg(&key);
             cmds.push(expiry);
         }
-        let answer = self.swap(&key, &cmds, value.as_bytes()).await?;
+        let answer = self.swap(&cmds, value.as_bytes()).await?;
         let (swap, replies) = match answer {
             Some(answer) => answer,
             None => {
@@ -418,7 +410,7 @@ impl RedisStore {
             value.as_bytes(),
             released.ttl_ms(Some(now)),
         );
-        let answer = self.swap(&key, &[cmd], value.as_bytes()).await?;
+        let answer = self.swap(&[cmd], value.as_bytes()).await?;
         Ok(match answer {
             Some((Swap::Written, _)) => {
                 held.insert(&key, released);
@@ -606,7 +598,7 @@ impl Storage for RedisStore {
             .lease_call(&RENEW, lease)
             .arg(duration_millis(extend_by))
             .arg(self.retention_ms());
-        let value = self.conn.eval_one(&call).await.map_err(backend)?;
+        let value = self.conn.eval(&call).await.map_err(backend)?;
         decode::renew(lease, value)
     }
 
@@ -618,7 +610,7 @@ impl Storage for RedisStore {
         }
         let call = self.commit_call(lease, outcome, &self.now_arg());
         if self.config.wait_for_replicas.is_none() {
-            let value = self.conn.eval_one(&call).await.map_err(backend)?;
+            let value = self.conn.eval(&call).await.map_err(backend)?;
             return decode::commit(lease, value);
         }
         let mut results = self.run_commits(&[call], &[lease]).await?;
@@ -690,13 +682,13 @@ impl Storage for RedisStore {
             return answer;
         }
         let call = self.lease_call(&RELEASE, lease).arg(self.retention_ms());
-        let value = self.conn.eval_one(&call).await.map_err(backend)?;
+        let value = self.conn.eval(&call).await.map_err(backend)?;
         decode::release(lease, value)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let call = Call::new(&GET, self.redis_key(key)).arg(self.now_arg());
-        let value = self.conn.eval_one(&call).await.map_err(backend)?;
+        let value = self.conn.eval(&call).await.map_err(backend)?;
         decode::get(key, value)
     }
 

@@ -1,8 +1,6 @@
 //! Redis (standalone or Cluster): the store under a key prefix of its own, and the raw
-//! baseline as plain `SET NX` / `SET XX` commands through one multiplexed
-//! `ConnectionManager` (as the store's), or on a cluster through redis-rs's
-//! `ClusterConnection` (the store sends to each primary on a connection of its own, which
-//! is faster than the cluster client: a cluster ratio above 1 is that difference).
+//! baseline as plain `SET NX` / `SET XX` commands through the same kind of connection the
+//! store uses (one multiplexed `ConnectionManager`, or a `ClusterConnection`).
 //!
 //! Nothing is deleted at the end: every key the bench writes expires by itself
 //! ([`RETENTION`]).
@@ -117,10 +115,7 @@ pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
         if valkey { "Valkey" } else { "Redis" },
         match conn {
             RawConn::Standalone(_) => "one multiplexed connection (store and raw)",
-            RawConn::Cluster(_) => {
-                "store: one connection per primary (batches and single operations); \
-                 raw: the cluster client's connection, one pipeline per slot"
-            }
+            RawConn::Cluster(_) => "cluster connection (store and raw), one pipeline per slot",
         }
     );
     // Valkey >= 8.1 / Redis >= 8.4: the holder's commits and renewals are one plain command.
