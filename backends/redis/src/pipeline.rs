@@ -207,6 +207,27 @@ impl Conn {
         Ok(parts)
     }
 
+    /// Run plain commands all on `key`, in order, as one pipeline (in cluster mode as
+    /// [`Conn::run_keyed`] sends them). One result per command, a server error as its `Err`.
+    pub(crate) async fn run_on_key<'a>(
+        &self,
+        key: &[u8],
+        cmds: impl IntoIterator<Item = &'a Cmd>,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        if self.is_cluster() {
+            let cmds: Vec<(&[u8], Cmd)> = cmds.into_iter().map(|c| (key, c.clone())).collect();
+            return self.run_keyed(&cmds).await;
+        }
+        let values = self.query_pipeline(&pipeline_of(cmds)).await?;
+        Ok(values
+            .into_iter()
+            .map(|v| match v {
+                Value::ServerError(se) => Err(RedisError::from(se)),
+                v => Ok(v),
+            })
+            .collect())
+    }
+
     /// Run plain commands, each on the one key given with it, as pipelines: one for a
     /// standalone server, one per primary in cluster mode (see [`Conn::plan`]; all sent
     /// concurrently). One result per command, in order, a server error as its `Err`; a
