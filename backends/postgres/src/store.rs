@@ -11,7 +11,7 @@ use dedup_core::{
     Key, Lease, LeaseToken, Record, Result, Timestamp, duration_millis,
 };
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row, SqlStr};
 
 use crate::config::PostgresConfig;
 use crate::decode::{StatementRows, decode_record};
@@ -137,6 +137,17 @@ impl PostgresStore {
         }
     }
 
+    /// This handle's single and many-key claim statements: the lazy forms for a
+    /// [`lazy_claims`](Self::lazy_claims) handle.
+    fn claim_statements(&self) -> (&SqlStr, &SqlStr) {
+        let sql = &self.inner.sql;
+        if self.lazy_claims {
+            (&sql.claim_lazy, &sql.claim_many_lazy)
+        } else {
+            (&sql.claim, &sql.claim_many)
+        }
+    }
+
     pub(crate) fn outbox_table(&self) -> &OutboxTable {
         &self.inner.outbox
     }
@@ -235,12 +246,7 @@ impl PostgresStore {
         while let Some(round) = rounds.next_round() {
             let rows = match round[..] {
                 [one] => {
-                    let sql = if self.lazy_claims {
-                        &self.inner.sql.claim_lazy
-                    } else {
-                        &self.inner.sql.claim
-                    };
-                    sqlx::query(sql.clone())
+                    sqlx::query(self.claim_statements().0.clone())
                         .bind(self.now_param())
                         .bind(one.key.consumer())
                         .bind(one.key.message_id())
@@ -252,12 +258,7 @@ impl PostgresStore {
                 }
                 _ => {
                     let keys: Vec<&Key> = round.iter().map(|r| &r.key).collect();
-                    let sql = if self.lazy_claims {
-                        &self.inner.sql.claim_many_lazy
-                    } else {
-                        &self.inner.sql.claim_many
-                    };
-                    sqlx::query(sql.clone())
+                    sqlx::query(self.claim_statements().1.clone())
                         .bind(self.now_param())
                         .bind(consumers(&keys))
                         .bind(message_ids(&keys))
