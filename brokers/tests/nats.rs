@@ -13,8 +13,8 @@ use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Shutdown, shutdown};
 use dedup_core::outbox::Publisher;
 use dedup_core::{InboxConfig, MemoryStore};
 use support::{
-    Runs, all_once, commit_then_hang, config, counting, ids, one_at_a_time_probe, poison, row,
-    wait_until,
+    Runs, all_once, assert_one_at_a_time, commit_then_hang, config, counting, ids,
+    one_at_a_time_probe, one_in_flight, poison, row, wait_until,
 };
 
 const DURABLE: &str = "billing";
@@ -323,10 +323,7 @@ async fn with_one_in_flight_messages_run_one_at_a_time_in_stream_order() {
         publisher.publish(&row(&fx.subject, &id)).await.unwrap();
     }
     let (order, most) = (Arc::default(), Arc::new(AtomicU32::new(0)));
-    let one = ConsumerConfig {
-        in_flight: 1,
-        ..config()
-    };
+    let one = one_in_flight();
     let (stop, signal) = shutdown();
     let task = tokio::spawn(
         fx.consumer(one)
@@ -335,8 +332,6 @@ async fn with_one_in_flight_messages_run_one_at_a_time_in_stream_order() {
     wait_until("all ran", || order.lock().unwrap().len() == 10).await;
     stop.shut_down();
     let stats = task.await.unwrap().unwrap();
-    assert_eq!(stats.processed, 10, "{stats:?}");
-    assert_eq!(*order.lock().unwrap(), ids(10));
-    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
+    assert_one_at_a_time(&stats, &order, &most, 10);
     fx.cleanup().await;
 }

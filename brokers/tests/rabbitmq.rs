@@ -16,8 +16,8 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use support::{
-    Runs, all_once, commit_then_hang, config, counting, ids, one_at_a_time_probe, poison, row,
-    wait_until,
+    Runs, all_once, assert_one_at_a_time, commit_then_hang, config, counting, ids,
+    one_at_a_time_probe, one_in_flight, poison, row, wait_until,
 };
 
 struct Fixture {
@@ -401,19 +401,14 @@ async fn with_one_in_flight_messages_run_one_at_a_time_in_queue_order() {
         publisher.publish(&row(&fx.dest(), &id)).await.unwrap();
     }
     let (order, most) = (Arc::default(), Arc::new(AtomicU32::new(0)));
-    let one = ConsumerConfig {
-        in_flight: 1,
-        ..config()
-    };
+    let one = one_in_flight();
     let (stop, signal) = shutdown();
     let consumer = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), one);
     let task = tokio::spawn(consumer.run(one_at_a_time_probe(&order, &most), signal));
     wait_until("all ran", || order.lock().unwrap().len() == 10).await;
     stop.shut_down();
     let stats = task.await.unwrap().unwrap();
-    assert_eq!(stats.processed, 10, "{stats:?}");
-    assert_eq!(*order.lock().unwrap(), ids(10));
-    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
+    assert_one_at_a_time(&stats, &order, &most, 10);
     assert!(fx.drain(&fx.queue).await.is_empty());
     fx.cleanup().await;
 }

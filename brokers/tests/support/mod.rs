@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use dedup_brokers::{ConsumerConfig, Delivery, Handle, with_inbox};
+use dedup_brokers::{ConsumerConfig, ConsumerStats, Delivery, Handle, with_inbox};
 use dedup_core::outbox::OutboxRow;
 use dedup_core::{
     DedupStore, Handled, Inbox, InboxConfig, InboxError, Key, MemoryStore, Timestamp,
@@ -167,4 +167,25 @@ pub fn one_at_a_time_probe(
 /// `m-0` .. `m-{n-1}`.
 pub fn ids(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("m-{i}")).collect()
+}
+
+/// [`config`] with at most one message in flight.
+pub fn one_in_flight() -> ConsumerConfig {
+    ConsumerConfig {
+        in_flight: 1,
+        ..config()
+    }
+}
+
+/// What a run of [`one_at_a_time_probe`] over `ids(n)` must show: every message processed,
+/// in publish order, never two at once.
+pub fn assert_one_at_a_time(
+    stats: &ConsumerStats,
+    order: &Mutex<Vec<String>>,
+    most: &AtomicU32,
+    n: usize,
+) {
+    assert_eq!(stats.processed as usize, n, "{stats:?}");
+    assert_eq!(*order.lock().unwrap(), ids(n));
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
 }
