@@ -214,3 +214,56 @@ fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_wit
     );
     assert_eq!(snap.counter(m::STORED_FAILURES_TOTAL, &[tx]), 1);
 }
+
+/// `with_store` moves the lease-mode operations to another store and keeps the observation
+/// (and the configuration): the claim lands in the new store only, and is counted.
+#[test]
+fn with_store_sends_the_claims_to_the_new_store_and_keeps_them_observed() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let (old, new) = (
+                Arc::new(support::tokio_store()),
+                Arc::new(support::tokio_store()),
+            );
+            let config = InboxConfig {
+                max_attempts: Some(3),
+                ..InboxConfig::default()
+            };
+            let shared: Arc<dyn DedupStore> = old.clone();
+            let engine = TxEngine::new(shared, config)
+                .observed(ObserveOptions::new("memory"))
+                .with_store(new.clone());
+            assert_eq!(engine.config().max_attempts, Some(3));
+            let mut fake = Fake {
+                store: Arc::clone(&new),
+                steps: [Step::Commit].into_iter().collect(),
+            };
+            let handled = engine.run(&key("m1"), None, &mut fake).await;
+            assert!(
+                matches!(handled, Ok(Handled::Processed { .. })),
+                "{handled:?}"
+            );
+            assert!(old.get(&key("m1")).await.unwrap().is_none());
+            let record = new.get(&key("m1")).await.unwrap().unwrap();
+            assert!(
+                matches!(record.state, RecordState::Completed { .. }),
+                "{record:?}"
+            );
+        })
+    });
+    let snap = Recorded::take(&snapshotter);
+    assert_eq!(
+        snap.counter(
+            m::CLAIMS_TOTAL,
+            &[("backend", "memory"), ("outcome", "acquired")]
+        ),
+        1
+    );
+}

@@ -10,7 +10,7 @@ use support::{json_lines, run_example, server_urls};
 
 /// Every measure, with the name of its baseline's figure (`None`: a latency or rate row),
 /// and whether only the SQL backends (transactional mode) report it.
-const MEASURES: [(&str, Option<&str>, bool); 10] = [
+const MEASURES: [(&str, Option<&str>, bool); 11] = [
     ("claim_commit", Some("raw"), false),
     ("claim_commit_duplicates", Some("raw"), false),
     ("batch", Some("raw"), false),
@@ -22,6 +22,7 @@ const MEASURES: [(&str, Option<&str>, bool); 10] = [
     ),
     ("tx_inbox_vs_claim_in_tx", Some("claim_in_tx"), true),
     ("tx_inbox_vs_insert_alone", Some("insert_alone"), true),
+    ("tx_inbox_vs_hand_written", Some("hand_written"), true),
     ("claim_p50_during_purge", None, false),
     ("claim_p99_during_purge", None, false),
     ("purge_rows_per_s", None, false),

@@ -38,6 +38,8 @@ use crate::error::{BACKEND, backend};
 /// (a handler's side effects outside the database, keyed by
 /// [`Lease::idempotency_key`], then see that run again). A completion, stored outcome,
 /// stored failure or dead letter is never lost: each commits durably.
+/// [`with_durable_claims`](Self::with_durable_claims) makes the claim wait for its own
+/// flush instead, for a second durable commit per message.
 ///
 /// Errors the database asks to retry (serialization failure `40001`, deadlock `40P01`,
 /// lock timeout, a dropped connection), found as a `sqlx::Error` or a
@@ -81,6 +83,7 @@ use crate::error::{BACKEND, backend};
 pub struct TxInbox {
     store: PostgresStore,
     engine: TxEngine,
+    durable_claims: bool,
 }
 
 impl TxInbox {
@@ -92,7 +95,27 @@ impl TxInbox {
         TxInbox {
             engine: TxEngine::new(shared, InboxConfig::default()),
             store,
+            durable_claims: false,
         }
+    }
+
+    /// The same inbox with an attempt-counting claim that waits for its own log flush,
+    /// as [`PostgresStore::claim`](dedup_core::DedupStore::claim) does: a server crash or a
+    /// failover to an asynchronous replica then loses no attempt count, fence or lease
+    /// either, at the cost of a second durable commit per message (see the type's docs for
+    /// what the default, asynchronous claim can lose). For a poison message that crashes
+    /// the database server itself, or a fence that must never be handed out twice.
+    pub fn with_durable_claims(mut self) -> Self {
+        self.durable_claims = true;
+        let store: Arc<dyn DedupStore> = Arc::new(self.store.clone());
+        self.engine = self.engine.with_store(store);
+        self
+    }
+
+    /// Whether the attempt-counting claim waits for its log flush
+    /// ([`with_durable_claims`](Self::with_durable_claims)).
+    pub fn durable_claims(&self) -> bool {
+        self.durable_claims
     }
 
     /// The same inbox with another configuration.

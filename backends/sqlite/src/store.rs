@@ -169,6 +169,12 @@ impl SqliteStore {
             .await
     }
 
+    /// Wait (asynchronously) for the store's write gate (see [`crate::writes`]), for a
+    /// transaction of this process that writes outside the write queue.
+    pub(crate) async fn write_gate(&self) -> OwnedMutexGuard<()> {
+        self.inner.writes.gate().await
+    }
+
     /// Run `op` on a pooled connection (see [`blocking`]), again while it fails busy
     /// (within the busy timeout). A `writer` first queues at the write gate.
     pub(crate) async fn run<T, F>(&self, writer: bool, mut op: F) -> Result<T>

@@ -26,11 +26,14 @@ use crate::store::SqliteStore;
 /// `BEGIN IMMEDIATE` transaction ended by [`commit_in_tx`](SqliteStore::commit_in_tx): two
 /// write transactions, so two disk flushes, per message) is in [`TxEngine`]'s docs.
 ///
-/// The handler runs on tokio's blocking pool (never in place, so the lease keeps being
-/// renewed while it runs), on a connection of the inbox's own to the store's file (see
-/// [`SqliteStore::open_connection`]; an in-memory store has none: every delivery then
-/// fails with [`Error::Unsupported`]). Connections are opened as needed and kept for the
-/// next runs.
+/// The handler runs on tokio's blocking pool (never in place), on a connection of the
+/// inbox's own to the store's file (see [`SqliteStore::open_connection`]; an in-memory
+/// store has none: every delivery then fails with [`Error::Unsupported`]). Connections are
+/// opened as needed and kept for the next runs. The transaction holds SQLite's one write
+/// lock from `BEGIN IMMEDIATE` to its commit, and the store's write gate with it: this
+/// process's other writers (other deliveries, the store's own writes, including this
+/// lease's renewals, and purge batches) wait their turn at the gate in arrival order, and
+/// no other worker can take the key over while the transaction is open.
 ///
 /// Errors the database asks to retry (`SQLITE_BUSY`, `SQLITE_LOCKED`: another connection
 /// held the lock past the busy timeout), found as a `rusqlite::Error` or a
@@ -171,7 +174,13 @@ where
                 Arc::clone(&self.connections),
                 lease.clone(),
             );
+            // The store's write gate, held for the whole transaction: this process's
+            // writers (other deliveries, the store's write groups, purge batches) queue for
+            // SQLite's one write lock in arrival order here, instead of meeting it held and
+            // sleeping in the busy handler.
+            let gate = store.write_gate().await;
             let ran = blocking(false, move || {
+                let _gate = gate;
                 let ran = run_once(&store, &connections, &lease, &mut handler);
                 (handler, ran)
             })

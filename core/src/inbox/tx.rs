@@ -141,6 +141,19 @@ impl TxEngine {
         self
     }
 
+    /// The same engine (configuration, retry policy, observation) with its lease-mode
+    /// operations going to `store` instead: a backend's other handle on the same records
+    /// (PostgreSQL's `TxInbox` switches between claims that commit asynchronously and
+    /// durably this way).
+    pub fn with_store(mut self, store: Arc<dyn DedupStore>) -> Self {
+        let store: Arc<dyn DedupStore> = match &self.observe {
+            Some(options) => Arc::new(Observed::new(store, options.clone())),
+            None => store,
+        };
+        self.inbox = Inbox::from_arc(store, self.inbox.config().clone());
+        self
+    }
+
     /// The same engine with another configuration.
     pub fn with_config(mut self, config: InboxConfig) -> Self {
         self.inbox = self.inbox.with_config(config);

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use dedup_core::{Clock, Key, ManualClock, TxClaim};
+use dedup_core::{Claim, ClaimOptions, Clock, DedupStore, Key, ManualClock, TxClaim};
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection, MySqlPool};
 use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox};
 use futures::FutureExt;
@@ -99,6 +99,13 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
             .execute(&pool)
             .await?;
     }
+    // The server's commit durability is part of the figure (1: every commit flushed, as
+    // production runs; 2, the test services' setting: written at commit, flushed once a
+    // second).
+    let (version, flush): (String, i64) =
+        sqlx::query_as("SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)")
+            .fetch_one(&pool)
+            .await?;
     let raw = MySqlRaw {
         inner: Arc::new(Inner {
             table: raw_table.clone(),
@@ -122,6 +129,7 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         inner: Arc::clone(&raw.inner),
         store: store.clone(),
         inbox: TxInbox::new(store.clone()),
+        inbox_as_hand: TxInbox::new(store.clone()),
     };
     Ok(Target {
         backend: "mysql",
@@ -131,7 +139,8 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         raw: Arc::new(raw),
         tx: Some(Arc::new(tx)),
         setup: format!(
-            "pool {} (store and raw, the store's pool options){}",
+            "{version}, innodb_flush_log_at_trx_commit={flush}; pool {} (store and raw, the \
+             store's pool options){}",
             config.max_connections,
             if params.raw_indexes {
                 ", raw with the store's index"
@@ -312,6 +321,8 @@ struct MySqlTx {
     inner: Arc<Inner>,
     store: MySqlStore,
     inbox: TxInbox,
+    /// The same `TxInbox`: its claim already commits as the store's own `claim` does.
+    inbox_as_hand: TxInbox,
 }
 
 impl Transactional for MySqlTx {
@@ -323,8 +334,12 @@ impl Transactional for MySqlTx {
         message_id: String,
     ) -> BoxFuture<'static, Result<()>> {
         let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
-        if flavor == TxFlavor::Inbox {
-            let inbox = self.inbox.clone();
+        if matches!(flavor, TxFlavor::Inbox | TxFlavor::InboxAsHandWritten) {
+            let inbox = if flavor == TxFlavor::Inbox {
+                self.inbox.clone()
+            } else {
+                self.inbox_as_hand.clone()
+            };
             return async move {
                 let key = Key::new(&*consumer, &message_id)?;
                 inbox
@@ -343,6 +358,25 @@ impl Transactional for MySqlTx {
         }
         async move {
             let (consumer, id) = (&*consumer, message_id.as_str());
+            if flavor == TxFlavor::HandWritten {
+                let key = Key::new(consumer, id)?;
+                let Claim::Acquired(lease) = store.claim(&key, &ClaimOptions::default()).await?
+                else {
+                    return Ok(());
+                };
+                let done: Result<()> = async {
+                    let mut tx = inner.pool.begin().await?;
+                    inner.insert_business(&mut tx, consumer, id).await?;
+                    store.commit_in_tx(&mut tx, &lease, None).await?;
+                    tx.commit().await?;
+                    Ok(())
+                }
+                .await;
+                if done.is_err() {
+                    let _ = store.release(&lease).await;
+                }
+                return done;
+            }
             let mut tx = inner.pool.begin().await?;
             match flavor {
                 TxFlavor::Library => {
@@ -352,7 +386,9 @@ impl Transactional for MySqlTx {
                     }
                 }
                 TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
-                TxFlavor::Inbox => unreachable!("handled above"),
+                TxFlavor::Inbox | TxFlavor::InboxAsHandWritten | TxFlavor::HandWritten => {
+                    unreachable!("handled above")
+                }
                 TxFlavor::TwoTransactions => {
                     // Insert the inbox row, or meet it, and commit. Insert first: a locking
                     // read of an absent row at REPEATABLE READ takes a gap lock, and two

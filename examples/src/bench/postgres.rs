@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_core::{BoxError, Clock, Key, ManualClock, TxClaim};
+use dedup_core::{BoxError, Claim, ClaimOptions, Clock, DedupStore, Key, ManualClock, TxClaim};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
 use futures::FutureExt;
@@ -258,6 +258,7 @@ pub(crate) async fn open(
         inner: Arc::clone(&raw.inner),
         store: store.clone(),
         inbox: TxInbox::new(store.clone()),
+        inbox_as_hand: TxInbox::new(store.clone()).with_durable_claims(),
     };
     Ok(Target {
         backend: if durable {
@@ -443,6 +444,8 @@ struct PostgresTx {
     inner: Arc<Inner>,
     store: PostgresStore,
     inbox: TxInbox,
+    /// `TxInbox` with durable claims, as the hand-written flavor's `claim`.
+    inbox_as_hand: TxInbox,
 }
 
 impl Transactional for PostgresTx {
@@ -454,8 +457,12 @@ impl Transactional for PostgresTx {
         message_id: String,
     ) -> BoxFuture<'static, Result<()>> {
         let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
-        if flavor == TxFlavor::Inbox {
-            let inbox = self.inbox.clone();
+        if matches!(flavor, TxFlavor::Inbox | TxFlavor::InboxAsHandWritten) {
+            let inbox = if flavor == TxFlavor::Inbox {
+                self.inbox.clone()
+            } else {
+                self.inbox_as_hand.clone()
+            };
             return async move {
                 let key = Key::new(&*consumer, &message_id)?;
                 inbox
@@ -474,6 +481,25 @@ impl Transactional for PostgresTx {
         }
         async move {
             let (consumer, id) = (&*consumer, message_id.as_str());
+            if flavor == TxFlavor::HandWritten {
+                let key = Key::new(consumer, id)?;
+                let Claim::Acquired(lease) = store.claim(&key, &ClaimOptions::default()).await?
+                else {
+                    return Ok(());
+                };
+                let done: Result<()> = async {
+                    let mut tx = inner.pool.begin().await?;
+                    inner.insert_business(&mut tx, consumer, id).await?;
+                    store.commit_in_tx(&mut tx, &lease, None).await?;
+                    tx.commit().await?;
+                    Ok(())
+                }
+                .await;
+                if done.is_err() {
+                    let _ = store.release(&lease).await;
+                }
+                return done;
+            }
             let mut tx = inner.pool.begin().await?;
             match flavor {
                 TxFlavor::Library => {
@@ -483,7 +509,9 @@ impl Transactional for PostgresTx {
                     }
                 }
                 TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
-                TxFlavor::Inbox => unreachable!("handled above"),
+                TxFlavor::Inbox | TxFlavor::InboxAsHandWritten | TxFlavor::HandWritten => {
+                    unreachable!("handled above")
+                }
                 TxFlavor::TwoTransactions => {
                     // Lock or insert the inbox row, commit.
                     if inner.lock_row(&mut tx, consumer, id).await?.is_none() {

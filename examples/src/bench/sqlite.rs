@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use dedup_core::{BoxError, Clock, Key, ManualClock, TxClaim};
+use dedup_core::{BoxError, Claim, ClaimOptions, Clock, DedupStore, Key, ManualClock, TxClaim};
 use dedup_sqlite::rusqlite::{
     Connection, OptionalExtension, Transaction, TransactionBehavior, params,
 };
@@ -367,7 +367,8 @@ impl Transactional for SqliteTx {
         message_id: String,
     ) -> BoxFuture<'static, Result<()>> {
         let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
-        if flavor == TxFlavor::Inbox {
+        // SQLite's `TxInbox` claims as the store's own `claim` does: one inbox serves both.
+        if matches!(flavor, TxFlavor::Inbox | TxFlavor::InboxAsHandWritten) {
             let inbox = self.inbox.clone();
             return async move {
                 let key = Key::new(&*consumer, &message_id)?;
@@ -378,6 +379,30 @@ impl Transactional for SqliteTx {
                     })
                     .await?;
                 Ok(())
+            }
+            .boxed();
+        }
+        if flavor == TxFlavor::HandWritten {
+            return async move {
+                let key = Key::new(&*consumer, &message_id)?;
+                let Claim::Acquired(lease) = store.claim(&key, &ClaimOptions::default()).await?
+                else {
+                    return Ok(());
+                };
+                let (held, committing) = (lease.clone(), store.clone());
+                let done = blocking(move || {
+                    let mut conn = inner.connection(worker);
+                    inner.in_tx(&mut conn, |tx| {
+                        inner.insert_business(tx, &consumer, &message_id)?;
+                        committing.commit_in_tx(tx, &held, None)?;
+                        Ok(())
+                    })
+                })
+                .await;
+                if done.is_err() {
+                    let _ = store.release(&lease).await;
+                }
+                done
             }
             .boxed();
         }
@@ -397,7 +422,9 @@ impl Transactional for SqliteTx {
                 TxFlavor::BusinessOnly => {
                     inner.in_tx(&mut conn, |tx| inner.insert_business(tx, consumer, id))
                 }
-                TxFlavor::Inbox => unreachable!("handled above"),
+                TxFlavor::Inbox | TxFlavor::InboxAsHandWritten | TxFlavor::HandWritten => {
+                    unreachable!("handled above")
+                }
                 TxFlavor::TwoTransactions => {
                     // Lock or insert the inbox row, commit.
                     inner.in_tx(&mut conn, |tx| {

@@ -52,6 +52,14 @@ pub(crate) enum TxFlavor {
     /// claim committed first, then one transaction holding the business insert and the
     /// key's completion.
     Inbox,
+    /// `TxInbox` with the claim committed as the store's own lease-mode claim commits
+    /// (PostgreSQL: `with_durable_claims`; the other backends' `TxInbox` already does): the
+    /// same statements and commits as [`HandWritten`](Self::HandWritten).
+    InboxAsHandWritten,
+    /// `TxInbox`'s steps written by hand with the public API: the store's lease-mode
+    /// `claim`, then one transaction holding the business insert and `commit_in_tx`. What
+    /// the wrapper itself costs is the gap between this and `InboxAsHandWritten`.
+    HandWritten,
 }
 
 /// Processing a message inside a transaction: the library's transactional claim against
