@@ -365,7 +365,8 @@ impl Transactional for MySqlTx {
                     return Ok(());
                 };
                 let done: Result<()> = async {
-                    let mut tx = inner.pool.begin().await?;
+                    // On the store's pool, as `TxInbox` does: both then share its connections.
+                    let mut tx = store.pool().begin().await?;
                     inner.insert_business(&mut tx, consumer, id).await?;
                     store.commit_in_tx(&mut tx, &lease, None).await?;
                     tx.commit().await?;
