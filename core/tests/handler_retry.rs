@@ -13,8 +13,6 @@ use dedup_core::{
     DedupStore, DuplicateLog, FailurePolicy, Handled, HandlerRetry, Inbox, InboxConfig, InboxError,
     Key, MemoryStore, RecordState, Transient,
 };
-use metrics_util::debugging::DebuggingRecorder;
-use support::Recorded;
 
 fn inbox(config: InboxConfig) -> Inbox<MemoryStore> {
     Inbox::new(support::tokio_store()).with_config(config)
@@ -195,37 +193,27 @@ async fn a_duplicate_during_the_delay_is_busy() {
 
 #[test]
 fn retries_are_counted_with_mode_lease() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let inbox = inbox(InboxConfig {
-                handler_retry: HandlerRetry::immediate(2),
-                log_duplicates: DuplicateLog::WithMessageIds,
-                ..InboxConfig::default()
-            });
-            let runs = AtomicU32::new(0);
-            let handled = inbox
-                .handle_retrying(&key(), None, |_| {
-                    let run = runs.fetch_add(1, Ordering::SeqCst);
-                    async move {
-                        if run < 2 {
-                            Err(Transient::new(timeout()))
-                        } else {
-                            Ok(None)
-                        }
+    let ((), snap) = support::recorded(|| async {
+        let inbox = inbox(InboxConfig {
+            handler_retry: HandlerRetry::immediate(2),
+            log_duplicates: DuplicateLog::WithMessageIds,
+            ..InboxConfig::default()
+        });
+        let runs = AtomicU32::new(0);
+        let handled = inbox
+            .handle_retrying(&key(), None, |_| {
+                let run = runs.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if run < 2 {
+                        Err(Transient::new(timeout()))
+                    } else {
+                        Ok(None)
                     }
-                })
-                .await;
-            assert!(matches!(handled, Ok(Handled::Processed { .. })));
-        })
+                }
+            })
+            .await;
+        assert!(matches!(handled, Ok(Handled::Processed { .. })));
     });
-    let snap = Recorded::take(&snapshotter);
     assert_eq!(
         snap.counter(
             m::HANDLER_RETRIES_TOTAL,

@@ -10,36 +10,26 @@ use std::time::Duration;
 use dedup_core::layers::metric_names as m;
 use dedup_core::layers::{Counts, ObserveOptions, Observed};
 use dedup_core::{Handled, Inbox, InboxConfig, InboxError, Key, MemoryStore};
-use metrics_util::debugging::DebuggingRecorder;
 use support::Recorded;
 
 type Store = Observed<MemoryStore>;
 
 /// Run `scenario` on a current-thread runtime with paused time and a recorder of its own.
 fn recorded<F: Future>(scenario: impl FnOnce(Inbox<Store>) -> F) -> (Recorded, Counts) {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    let counts = metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let store = Observed::new(support::tokio_store(), ObserveOptions::new("memory"));
-            let inbox = Inbox::from_arc(
-                Arc::new(store),
-                InboxConfig {
-                    lease: Duration::from_secs(3),
-                    renew_every: Some(Duration::from_secs(3600)), // no renewal: leases can be lost
-                    ..InboxConfig::default()
-                },
-            );
-            scenario(inbox.clone()).await;
-            inbox.store().counts()
-        })
+    let (counts, snap) = support::recorded(|| async {
+        let store = Observed::new(support::tokio_store(), ObserveOptions::new("memory"));
+        let inbox = Inbox::from_arc(
+            Arc::new(store),
+            InboxConfig {
+                lease: Duration::from_secs(3),
+                renew_every: Some(Duration::from_secs(3600)), // no renewal: leases can be lost
+                ..InboxConfig::default()
+            },
+        );
+        scenario(inbox.clone()).await;
+        inbox.store().counts()
     });
-    (Recorded::take(&snapshotter), counts)
+    (snap, counts)
 }
 
 fn key(id: &str) -> Key {

@@ -16,8 +16,6 @@ use dedup_core::{
     MemoryStore, RecordState, Transient, TxAttempt, TxAttempts, TxEngine,
 };
 use futures::future::BoxFuture;
-use metrics_util::debugging::DebuggingRecorder;
-use support::Recorded;
 
 /// What one run of the fake transaction does.
 #[derive(Clone, Copy)]
@@ -68,108 +66,98 @@ fn key(id: &str) -> Key {
 
 #[test]
 fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_with_mode_tx() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let store = Arc::new(support::tokio_store());
-            let shared: Arc<dyn DedupStore> = store.clone();
-            let config = InboxConfig {
-                renew_every: Some(Duration::from_secs(3600)),
-                ..InboxConfig::default()
+    let ((), snap) = support::recorded(|| async {
+        let store = Arc::new(support::tokio_store());
+        let shared: Arc<dyn DedupStore> = store.clone();
+        let config = InboxConfig {
+            renew_every: Some(Duration::from_secs(3600)),
+            ..InboxConfig::default()
+        };
+        let engine = TxEngine::new(shared, config.clone())
+            .observed(ObserveOptions::new("memory"))
+            .with_retry(RetryPolicy {
+                max_retries: 2,
+                initial_backoff: Duration::from_millis(1),
+                max_backoff: Duration::from_millis(1),
+            });
+        let run = |id: &'static str, steps: &[Step], engine: TxEngine| {
+            let mut fake = Fake {
+                store: Arc::clone(&store),
+                steps: steps.iter().copied().collect(),
             };
-            let engine = TxEngine::new(shared, config.clone())
-                .observed(ObserveOptions::new("memory"))
-                .with_retry(RetryPolicy {
-                    max_retries: 2,
-                    initial_backoff: Duration::from_millis(1),
-                    max_backoff: Duration::from_millis(1),
-                });
-            let run = |id: &'static str, steps: &[Step], engine: TxEngine| {
-                let mut fake = Fake {
-                    store: Arc::clone(&store),
-                    steps: steps.iter().copied().collect(),
-                };
-                async move {
-                    let handled = engine.run(&key(id), None, &mut fake).await;
-                    assert!(fake.steps.is_empty(), "{id}: every planned step ran");
-                    handled
+            async move {
+                let handled = engine.run(&key(id), None, &mut fake).await;
+                assert!(fake.steps.is_empty(), "{id}: every planned step ran");
+                handled
+            }
+        };
+        // 3 messages processed, then 2 duplicates.
+        for id in ["m1", "m2", "m3"] {
+            let handled = run(id, &[Step::Commit], engine.clone()).await;
+            assert!(
+                matches!(handled, Ok(Handled::Processed { .. })),
+                "{handled:?}"
+            );
+        }
+        for id in ["m1", "m2"] {
+            let handled = run(id, &[], engine.clone()).await;
+            assert!(
+                matches!(handled, Ok(Handled::Duplicate { .. })),
+                "{handled:?}"
+            );
+        }
+        // A conflict, retried as attempt 2, which commits.
+        let handled = run("c", &[Step::Conflict, Step::Commit], engine.clone()).await;
+        assert!(
+            matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
+            "{handled:?}"
+        );
+        // A poison message with one attempt: fails, then is dead-lettered, then replayed.
+        let poison = engine.clone().with_config(InboxConfig {
+            max_attempts: Some(1),
+            ..config.clone()
+        });
+        assert!(run("p", &[Step::Fail], poison.clone()).await.is_err());
+        for replay in [false, true] {
+            assert_eq!(
+                run("p", &[], poison.clone()).await.unwrap(),
+                Handled::DeadLetter {
+                    attempts: 1,
+                    replay
                 }
-            };
-            // 3 messages processed, then 2 duplicates.
-            for id in ["m1", "m2", "m3"] {
-                let handled = run(id, &[Step::Commit], engine.clone()).await;
-                assert!(
-                    matches!(handled, Ok(Handled::Processed { .. })),
-                    "{handled:?}"
-                );
-            }
-            for id in ["m1", "m2"] {
-                let handled = run(id, &[], engine.clone()).await;
-                assert!(
-                    matches!(handled, Ok(Handled::Duplicate { .. })),
-                    "{handled:?}"
-                );
-            }
-            // A conflict, retried as attempt 2, which commits.
-            let handled = run("c", &[Step::Conflict, Step::Commit], engine.clone()).await;
-            assert!(
-                matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
-                "{handled:?}"
             );
-            // A poison message with one attempt: fails, then is dead-lettered, then replayed.
-            let poison = engine.clone().with_config(InboxConfig {
-                max_attempts: Some(1),
-                ..config.clone()
-            });
-            assert!(run("p", &[Step::Fail], poison.clone()).await.is_err());
-            for replay in [false, true] {
-                assert_eq!(
-                    run("p", &[], poison.clone()).await.unwrap(),
-                    Handled::DeadLetter {
-                        attempts: 1,
-                        replay
-                    }
-                );
-            }
-            // A stored failure.
-            let storing = engine.clone().with_config(InboxConfig {
-                failures: FailurePolicy::Store,
-                ..config.clone()
-            });
-            let failed = run("f", &[Step::Fail], storing).await.unwrap();
-            assert!(matches!(failed, Handled::Failed { replay: false, .. }));
-            // A transient error, run again in process as attempt 2, which commits; then one
-            // that stays transient past the retry: given back, never stored as the result,
-            // even under FailurePolicy::Store.
-            let retrying = engine.clone().with_config(InboxConfig {
-                failures: FailurePolicy::Store,
-                handler_retry: HandlerRetry::immediate(1),
-                ..config.clone()
-            });
-            let handled = run("t", &[Step::Timeout, Step::Commit], retrying.clone()).await;
-            assert!(
-                matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
-                "{handled:?}"
-            );
-            let given_back = run("u", &[Step::Timeout, Step::Timeout], retrying).await;
-            assert!(
-                matches!(given_back, Err(InboxError::Handler { .. })),
-                "{given_back:?}"
-            );
-            let record = store.get(&key("u")).await.unwrap().unwrap();
-            assert!(
-                !matches!(record.state, RecordState::Completed { .. }),
-                "{record:?}"
-            );
-        })
+        }
+        // A stored failure.
+        let storing = engine.clone().with_config(InboxConfig {
+            failures: FailurePolicy::Store,
+            ..config.clone()
+        });
+        let failed = run("f", &[Step::Fail], storing).await.unwrap();
+        assert!(matches!(failed, Handled::Failed { replay: false, .. }));
+        // A transient error, run again in process as attempt 2, which commits; then one
+        // that stays transient past the retry: given back, never stored as the result,
+        // even under FailurePolicy::Store.
+        let retrying = engine.clone().with_config(InboxConfig {
+            failures: FailurePolicy::Store,
+            handler_retry: HandlerRetry::immediate(1),
+            ..config.clone()
+        });
+        let handled = run("t", &[Step::Timeout, Step::Commit], retrying.clone()).await;
+        assert!(
+            matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
+            "{handled:?}"
+        );
+        let given_back = run("u", &[Step::Timeout, Step::Timeout], retrying).await;
+        assert!(
+            matches!(given_back, Err(InboxError::Handler { .. })),
+            "{given_back:?}"
+        );
+        let record = store.get(&key("u")).await.unwrap().unwrap();
+        assert!(
+            !matches!(record.state, RecordState::Completed { .. }),
+            "{record:?}"
+        );
     });
-    let snap = Recorded::take(&snapshotter);
     let tx = ("mode", "tx");
     // Claims: m1..m3, c, p, f, t, u acquired; the retries of c, t and u and p's
     // dead-letter run are takeovers; m1, m2 and p's replay are duplicates.
@@ -219,46 +207,36 @@ fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_wit
 /// (and the configuration): the claim lands in the new store only, and is counted.
 #[test]
 fn with_store_sends_the_claims_to_the_new_store_and_keeps_them_observed() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let (old, new) = (
-                Arc::new(support::tokio_store()),
-                Arc::new(support::tokio_store()),
-            );
-            let config = InboxConfig {
-                max_attempts: Some(3),
-                ..InboxConfig::default()
-            };
-            let shared: Arc<dyn DedupStore> = old.clone();
-            let engine = TxEngine::new(shared, config)
-                .observed(ObserveOptions::new("memory"))
-                .with_store(new.clone());
-            assert_eq!(engine.config().max_attempts, Some(3));
-            let mut fake = Fake {
-                store: Arc::clone(&new),
-                steps: [Step::Commit].into_iter().collect(),
-            };
-            let handled = engine.run(&key("m1"), None, &mut fake).await;
-            assert!(
-                matches!(handled, Ok(Handled::Processed { .. })),
-                "{handled:?}"
-            );
-            assert!(old.get(&key("m1")).await.unwrap().is_none());
-            let record = new.get(&key("m1")).await.unwrap().unwrap();
-            assert!(
-                matches!(record.state, RecordState::Completed { .. }),
-                "{record:?}"
-            );
-        })
+    let ((), snap) = support::recorded(|| async {
+        let (old, new) = (
+            Arc::new(support::tokio_store()),
+            Arc::new(support::tokio_store()),
+        );
+        let config = InboxConfig {
+            max_attempts: Some(3),
+            ..InboxConfig::default()
+        };
+        let shared: Arc<dyn DedupStore> = old.clone();
+        let engine = TxEngine::new(shared, config)
+            .observed(ObserveOptions::new("memory"))
+            .with_store(new.clone());
+        assert_eq!(engine.config().max_attempts, Some(3));
+        let mut fake = Fake {
+            store: Arc::clone(&new),
+            steps: [Step::Commit].into_iter().collect(),
+        };
+        let handled = engine.run(&key("m1"), None, &mut fake).await;
+        assert!(
+            matches!(handled, Ok(Handled::Processed { .. })),
+            "{handled:?}"
+        );
+        assert!(old.get(&key("m1")).await.unwrap().is_none());
+        let record = new.get(&key("m1")).await.unwrap().unwrap();
+        assert!(
+            matches!(record.state, RecordState::Completed { .. }),
+            "{record:?}"
+        );
     });
-    let snap = Recorded::take(&snapshotter);
     assert_eq!(
         snap.counter(
             m::CLAIMS_TOTAL,

@@ -105,6 +105,20 @@ fn has_labels(key: &metrics::Key, labels: &[(&str, &str)]) -> bool {
         .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
 }
 
+/// Run `scenario` to completion on a current-thread runtime with paused time and a
+/// debugging recorder of its own: its output, and the metrics it recorded.
+pub fn recorded<F: std::future::Future>(scenario: impl FnOnce() -> F) -> (F::Output, Recorded) {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let out = metrics::with_local_recorder(&recorder, || runtime.block_on(scenario()));
+    (out, Recorded::take(&snapshotter))
+}
+
 /// The metrics a debugging recorder held at one instant (taking a snapshot resets its
 /// counters, so take one and query it).
 pub struct Recorded(Vec<(CompositeKey, DebugValue)>);
