@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use dedup_core::{Claim, ClaimOptions, Clock, DedupStore, Key, ManualClock, TxClaim};
+use dedup_core::{Clock, Key, ManualClock, TxClaim};
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection, MySqlPool};
 use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target, Transactional, TxFlavor};
+use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
 use super::{BoxError, Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-mysql's migration), without
@@ -360,23 +360,16 @@ impl Transactional for MySqlTx {
             let (consumer, id) = (&*consumer, message_id.as_str());
             if flavor == TxFlavor::HandWritten {
                 let key = Key::new(consumer, id)?;
-                let Claim::Acquired(lease) = store.claim(&key, &ClaimOptions::default()).await?
-                else {
-                    return Ok(());
-                };
-                let done: Result<()> = async {
+                let (store, inner) = (&store, &inner);
+                return hand_written(store, &key, |lease| async move {
                     // On the store's pool, as `TxInbox` does: both then share its connections.
                     let mut tx = store.pool().begin().await?;
                     inner.insert_business(&mut tx, consumer, id).await?;
                     store.commit_in_tx(&mut tx, &lease, None).await?;
                     tx.commit().await?;
                     Ok(())
-                }
+                })
                 .await;
-                if done.is_err() {
-                    let _ = store.release(&lease).await;
-                }
-                return done;
             }
             let mut tx = inner.pool.begin().await?;
             match flavor {

@@ -9,13 +9,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_core::{BoxError, Claim, ClaimOptions, Clock, DedupStore, Key, ManualClock, TxClaim};
+use dedup_core::{BoxError, Clock, Key, ManualClock, TxClaim};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target, Transactional, TxFlavor};
+use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
 use super::{Durability, Names, Params, Result, now_ms, token};
 
 /// The settings that decide whether a commit waits for the disk, as `ALTER SYSTEM` sets
@@ -483,23 +483,16 @@ impl Transactional for PostgresTx {
             let (consumer, id) = (&*consumer, message_id.as_str());
             if flavor == TxFlavor::HandWritten {
                 let key = Key::new(consumer, id)?;
-                let Claim::Acquired(lease) = store.claim(&key, &ClaimOptions::default()).await?
-                else {
-                    return Ok(());
-                };
-                let done: Result<()> = async {
+                let (store, inner) = (&store, &inner);
+                return hand_written(store, &key, |lease| async move {
                     // On the store's pool, as `TxInbox` does: both then share its connections.
                     let mut tx = store.pool().begin().await?;
                     inner.insert_business(&mut tx, consumer, id).await?;
                     store.commit_in_tx(&mut tx, &lease, None).await?;
                     tx.commit().await?;
                     Ok(())
-                }
+                })
                 .await;
-                if done.is_err() {
-                    let _ = store.release(&lease).await;
-                }
-                return done;
             }
             let mut tx = inner.pool.begin().await?;
             match flavor {

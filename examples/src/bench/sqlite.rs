@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use dedup_core::{BoxError, Claim, ClaimOptions, Clock, DedupStore, Key, ManualClock, TxClaim};
+use dedup_core::{BoxError, Clock, Key, ManualClock, TxClaim};
 use dedup_sqlite::rusqlite::{
     Connection, OptionalExtension, Transaction, TransactionBehavior, params,
 };
@@ -20,7 +20,7 @@ use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore, Synchronous
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target, Transactional, TxFlavor};
+use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
 use super::{Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-sqlite's schema), without its
@@ -385,24 +385,18 @@ impl Transactional for SqliteTx {
         if flavor == TxFlavor::HandWritten {
             return async move {
                 let key = Key::new(&*consumer, &message_id)?;
-                let Claim::Acquired(lease) = store.claim(&key, &ClaimOptions::default()).await?
-                else {
-                    return Ok(());
-                };
-                let (held, committing) = (lease.clone(), store.clone());
-                let done = blocking(move || {
-                    let mut conn = inner.connection(worker);
-                    inner.in_tx(&mut conn, |tx| {
-                        inner.insert_business(tx, &consumer, &message_id)?;
-                        committing.commit_in_tx(tx, &held, None)?;
-                        Ok(())
+                let committing = store.clone();
+                hand_written(&store, &key, |lease| {
+                    blocking(move || {
+                        let mut conn = inner.connection(worker);
+                        inner.in_tx(&mut conn, |tx| {
+                            inner.insert_business(tx, &consumer, &message_id)?;
+                            committing.commit_in_tx(tx, &lease, None)?;
+                            Ok(())
+                        })
                     })
                 })
-                .await;
-                if done.is_err() {
-                    let _ = store.release(&lease).await;
-                }
-                done
+                .await
             }
             .boxed();
         }

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use dedup_core::{DedupStore, ManualClock};
+use std::future::Future;
+
+use dedup_core::{Claim, ClaimOptions, DedupStore, Key, Lease, ManualClock};
 use futures::future::BoxFuture;
 
 use super::Result;
@@ -60,6 +62,27 @@ pub(crate) enum TxFlavor {
     /// `claim`, then one transaction holding the business insert and `commit_in_tx`. What
     /// the wrapper itself costs is the gap between this and `InboxAsHandWritten`.
     HandWritten,
+}
+
+/// The [`TxFlavor::HandWritten`] steps around the backend's transaction: the store's
+/// lease-mode claim of `key`; if acquired, `in_tx` (the transaction holding the business
+/// insert and `commit_in_tx` under the lease), and a release of the lease if it failed.
+pub(crate) async fn hand_written<Fut>(
+    store: &dyn DedupStore,
+    key: &Key,
+    in_tx: impl FnOnce(Lease) -> Fut,
+) -> Result<()>
+where
+    Fut: Future<Output = Result<()>>,
+{
+    let Claim::Acquired(lease) = store.claim(key, &ClaimOptions::default()).await? else {
+        return Ok(());
+    };
+    let done = in_tx(lease.clone()).await;
+    if done.is_err() {
+        let _ = store.release(&lease).await;
+    }
+    done
 }
 
 /// Processing a message inside a transaction: the library's transactional claim against
