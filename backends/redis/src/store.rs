@@ -11,7 +11,7 @@ use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Error, ItemResult, Key, Lease,
     LeaseToken, Record, Result, Timestamp, duration_millis,
 };
-use redis::{Cmd, Value};
+use redis::{Cmd, RedisResult, Value};
 use tokio::sync::OnceCell;
 
 use crate::RedisConfig;
@@ -453,6 +453,48 @@ fn now_arg(now: Option<Timestamp>) -> String {
     now.map(|t| t.as_millis().to_string()).unwrap_or_default()
 }
 
+impl RedisStore {
+    /// Settle a fresh-key claim of `key` (at `redis_key`) from its replies (see
+    /// [`fresh_replies`]): answered (an acquired lease's record is then remembered for the
+    /// one-command commit, renewal and release), or left for the claim script.
+    fn settle_fresh(
+        &self,
+        key: &Key,
+        redis_key: &str,
+        options: &ClaimOptions,
+        fresh: &FreshClaim,
+        now: Option<Timestamp>,
+        (set, expiry): (RedisResult<Value>, Option<Value>),
+    ) -> Result<Fresh> {
+        let key_expiry = decode::fresh::key_expiry(expiry.as_ref());
+        let expires_at = fresh.expires_at(key_expiry);
+        let token = fresh.record.token;
+        let answer =
+            decode::fresh::fresh_claim(key, token, options, expires_at, now, key_expiry, set)?;
+        if let (Some(held), Fresh::Answered(Ok(Claim::Acquired(_)))) = (&self.held, &answer) {
+            held.insert(redis_key, fresh.record.clone());
+        }
+        Ok(answer)
+    }
+}
+
+/// The replies to one [`FreshClaim`]'s commands, taken in order from `replies`: the `SET`'s,
+/// and the `PEXPIRETIME`'s when it was sent.
+fn fresh_replies(
+    key: &Key,
+    fresh: &FreshClaim,
+    replies: &mut impl Iterator<Item = RedisResult<Value>>,
+) -> Result<(RedisResult<Value>, Option<Value>)> {
+    let Some(set) = replies.next() else {
+        return Err(Error::corrupt(key, "no reply to SET"));
+    };
+    let expiry = match fresh.expiry {
+        Some(_) => replies.next().transpose().map_err(backend)?,
+        None => None,
+    };
+    Ok((set, expiry))
+}
+
 #[async_trait]
 impl Storage for RedisStore {
     /// A fresh key is claimed by `SET ... NX PX ... GET` alone (no script); a completed
@@ -472,22 +514,9 @@ impl Storage for RedisStore {
             .await
             .map_err(backend)?
             .into_iter();
-        let Some(set) = replies.next() else {
-            return Err(Error::corrupt(key, "no reply to SET"));
-        };
-        let expiry = match fresh.expiry {
-            Some(_) => replies.next().transpose().map_err(backend)?,
-            None => None,
-        };
-        let key_expiry = decode::fresh::key_expiry(expiry.as_ref());
-        let expires_at = fresh.expires_at(key_expiry);
-        match decode::fresh::fresh_claim(key, token, options, expires_at, now, key_expiry, set)? {
-            Fresh::Answered(claim) => {
-                if let (Some(held), Ok(Claim::Acquired(_))) = (&self.held, &claim) {
-                    held.insert(&redis_key, fresh.record);
-                }
-                claim
-            }
+        let answer = fresh_replies(key, &fresh, &mut replies)?;
+        match self.settle_fresh(key, &redis_key, options, &fresh, now, answer)? {
+            Fresh::Answered(claim) => claim,
             Fresh::Script => {
                 let call = self.claim_call(key, options, &now_arg(now), token);
                 let batch = self
@@ -535,30 +564,15 @@ impl Storage for RedisStore {
         let mut scripted: HashSet<&str> = HashSet::new();
         let mut to_script = Vec::new();
         for (i, f) in fresh.iter().enumerate() {
-            let Some(set) = replies.next() else {
-                return Err(Error::corrupt(&requests[i].key, "no reply to SET"));
-            };
-            let expiry = match f.expiry {
-                Some(_) => replies.next().transpose().map_err(backend)?,
-                None => None,
-            };
             let r = &requests[i];
+            let answer = fresh_replies(&r.key, f, &mut replies)?;
             let answer = if scripted.contains(keys[i].as_str()) {
                 Fresh::Script
             } else {
-                let key_expiry = decode::fresh::key_expiry(expiry.as_ref());
-                let expires_at = f.expires_at(key_expiry);
-                decode::fresh::fresh_claim(
-                    &r.key, tokens[i], &r.options, expires_at, now, key_expiry, set,
-                )?
+                self.settle_fresh(&r.key, &keys[i], &r.options, f, now, answer)?
             };
             results.push(match answer {
-                Fresh::Answered(claim) => {
-                    if let (Some(held), Ok(Claim::Acquired(_))) = (&self.held, &claim) {
-                        held.insert(&keys[i], f.record.clone());
-                    }
-                    Some(claim)
-                }
+                Fresh::Answered(claim) => Some(claim),
                 Fresh::Script => {
                     scripted.insert(&keys[i]);
                     to_script.push(i);
