@@ -217,7 +217,16 @@ pub struct Killer {
 impl Killer {
     /// Kill this process (SIGKILL, no cleanup) at `point`: always the first time any
     /// worker reaches it, afterwards with the configured probability.
+    ///
+    /// One point at a time per process, held through the kill: a worker handles several
+    /// deliveries at once, and without it another task could mark a point as reached in
+    /// the milliseconds this one spends killing the process, which then dies before that
+    /// point kills or is logged (so the point would never count as killed at).
     pub fn point(&self, point: &str) {
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _turn = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let first = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
