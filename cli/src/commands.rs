@@ -62,13 +62,14 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         store,
         backend,
         location,
+        has_schema,
     } = open(&cli.store, access).await?;
     match cli.command {
         Command::Migrate => {
-            let what = match backend {
-                "redis" | "redis-cluster" => "nothing to migrate: Redis keeps no schema",
-                "memory" => "nothing to migrate: a memory store has no schema",
-                _ => "schema created or already up to date",
+            let what = if has_schema {
+                "schema created or already up to date"
+            } else {
+                "nothing to migrate: this store keeps no schema"
             };
             print(
                 as_json,

@@ -4,7 +4,7 @@
 //! the same name, checked as if written in the URL (a backend without that notion refuses
 //! it).
 //!
-//! An SQLite path must already exist unless the command is `dedup migrate` (opening an
+//! A database file (SQLite's) must already exist unless the command is `dedup migrate` (opening an
 //! SQLite file creates the table in it, so a mistyped path would otherwise leave an empty
 //! database behind). Commands that only read (`stats`, `inspect`, `list`, `purge
 //! --dry-run`) open SQL stores with `migrate=false`: they create and upgrade nothing (a
@@ -28,6 +28,8 @@ pub(crate) struct Opened {
     pub(crate) backend: &'static str,
     /// Where the records are: a table, a key prefix.
     pub(crate) location: String,
+    /// Whether the store has a schema to migrate (its backend's descriptor says).
+    pub(crate) has_schema: bool,
 }
 
 /// How a command uses the store: what opening it may do.
@@ -46,11 +48,13 @@ pub(crate) async fn open(args: &StoreArgs, access: Access) -> Result<Opened, Fai
     let parsed = parse(args, access)?;
     let backend = parsed.backend();
     let location = parsed.location();
+    let has_schema = parsed.descriptor().has_schema;
     let store = parsed.open_admin().await.map_err(|e| opening(backend, e))?;
     Ok(Opened {
         store,
         backend,
         location,
+        has_schema,
     })
 }
 
@@ -68,11 +72,22 @@ pub(crate) async fn open_outbox(
             Some(UrlError::NoOutbox { .. }) => {
                 Failure::usage(format!("the {backend} store has no outbox"))
                     .cause(e)
-                    .hint("the outbox lives in SQL stores: pass a sqlite:PATH or postgres:// URL")
+                    .hint(format!(
+                        "the outbox lives in these stores: pass a {} URL",
+                        forms(|d| d.has_outbox && d.has_schema).join(" or ")
+                    ))
             }
             _ => opening(backend, e),
         })?;
     Ok((outbox, backend))
+}
+
+/// The URL forms of the backends this build has that `keep` accepts, for hints.
+fn forms(keep: impl Fn(&dedup::BackendDescriptor) -> bool) -> Vec<&'static str> {
+    dedup::backends()
+        .filter(|d| keep(d))
+        .flat_map(|d| d.forms.iter().copied())
+        .collect()
 }
 
 /// Why the store could not be opened.
@@ -88,9 +103,10 @@ fn opening(backend: &str, e: dedup::OpenError) -> Failure {
 /// The URL `args` give, checked, with the overrides and the access's `migrate`.
 fn parse(args: &StoreArgs, access: Access) -> Result<StoreUrl, Failure> {
     let Some(url) = &args.url else {
-        return Err(Failure::usage("no store given").hint(
-            "pass --store URL or set DEDUP_STORE_URL (sqlite:PATH, postgres://..., mysql://..., redis://...)",
-        ));
+        return Err(Failure::usage("no store given").hint(format!(
+            "pass --store URL or set DEDUP_STORE_URL ({})",
+            forms(|d| d.name != "memory").join(", ")
+        )));
     };
     let mut overrides: Vec<(&str, &str)> = [
         ("table", &args.table),
@@ -113,7 +129,7 @@ fn parse(args: &StoreArgs, access: Access) -> Result<StoreUrl, Failure> {
         })
     };
     let mut parsed = parse(&overrides)?;
-    if access == Access::Read && matches!(parsed.backend(), "sqlite" | "postgres" | "mysql") {
+    if access == Access::Read && parsed.descriptor().has_schema {
         overrides.push(("migrate", "false"));
         parsed = parse(&overrides)?;
     }
@@ -122,7 +138,7 @@ fn parse(args: &StoreArgs, access: Access) -> Result<StoreUrl, Failure> {
         && !path.exists()
     {
         return Err(
-            Failure::not_found(format!("no SQLite database at {}", path.display()))
+            Failure::not_found(format!("no database file at {}", path.display()))
                 .hint("check the path, or create the store with `dedup migrate`"),
         );
     }

@@ -1,4 +1,6 @@
-//! [`OpenError`] and [`UrlError`]: why [`open`](crate::open) failed.
+//! [`OpenError`]: why [`open`](crate::open) failed.
+
+use dedup_core::backend::url::UrlError;
 
 /// Why [`open`](crate::open) or [`StoreUrl::parse`](crate::StoreUrl::parse) failed.
 ///
@@ -61,63 +63,4 @@ impl From<OpenError> for dedup_core::Error {
             OpenError::Store { source, .. } => source,
         }
     }
-}
-
-/// What is wrong with a store URL.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum UrlError {
-    /// The scheme names no store.
-    #[error(
-        "unknown scheme {scheme:?}: use memory:, sqlite:PATH, postgres://, mysql://, mariadb://, redis://, rediss://, \
-         redis+cluster:// or rediss+cluster://"
-    )]
-    UnknownScheme {
-        /// The scheme as written.
-        scheme: String,
-    },
-    /// The URL's shape is wrong (no path, no host, no cluster node...).
-    #[error("{reason}")]
-    Malformed {
-        /// What is wrong, in words.
-        reason: String,
-    },
-    /// A query parameter this backend does not know.
-    #[error("unknown parameter {name:?} for {backend} (known: {})", known.join(", "))]
-    UnknownParameter {
-        /// The parameter as written.
-        name: String,
-        /// The backend the URL names.
-        backend: &'static str,
-        /// The parameters it accepts.
-        known: &'static [&'static str],
-    },
-    /// A query parameter with a value that cannot be used.
-    #[error("parameter {name}={value:?}: {reason}")]
-    InvalidParameter {
-        /// The parameter.
-        name: String,
-        /// Its value as written.
-        value: String,
-        /// Why it cannot be used.
-        reason: String,
-    },
-    /// The URL names a backend (or TLS) this build does not include.
-    #[error("this build has no {what}: enable the `{feature}` cargo feature of `dedup`")]
-    Disabled {
-        /// What is missing (`"postgres backend"`, `"TLS"`...).
-        what: &'static str,
-        /// The cargo feature that brings it.
-        feature: &'static str,
-    },
-    /// The URL names a store without an outbox ([`open_outbox`](crate::open_outbox)).
-    #[error("the outbox needs a SQL store (sqlite:PATH or postgres://); {backend} has no outbox")]
-    NoOutbox {
-        /// The backend the URL names.
-        backend: &'static str,
-    },
-    /// The backend's configuration built from the URL is invalid (an unsafe table name, a
-    /// zero timeout...).
-    #[error(transparent)]
-    Config(dedup_core::Error),
 }

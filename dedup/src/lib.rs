@@ -2,35 +2,15 @@
 
 mod error;
 mod open;
-// Helpers of the backends a build leaves out are unused in it.
-#[cfg_attr(
-    not(all(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "redis",
-        feature = "mysql"
-    )),
-    allow(dead_code)
-)]
-mod params;
-mod redact;
-// Helpers of the backends a build leaves out are unused in it.
-#[cfg_attr(
-    not(all(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "redis",
-        feature = "mysql"
-    )),
-    allow(dead_code)
-)]
+mod registry;
 mod url;
 
+pub use dedup_core::backend::url::{BackendDescriptor, StoreTarget, UrlError, redact};
 pub use dedup_core::*;
-pub use error::{OpenError, UrlError};
+pub use error::OpenError;
 pub use open::{open, open_admin, open_outbox, open_with_clock};
-pub use redact::redact;
-pub use url::{StoreTarget, StoreUrl, redis_cluster_url};
+pub use registry::backends;
+pub use url::StoreUrl;
 
 /// The SQLite backend (`dedup-sqlite`), with the `sqlite` feature (on by default).
 #[cfg(feature = "sqlite")]
@@ -53,5 +33,7 @@ pub use dedup_mysql::{MySqlConfig, MySqlStore};
 /// The Redis backend (`dedup-redis`), with the `redis` feature.
 #[cfg(feature = "redis")]
 pub use dedup_redis as redis;
+#[cfg(feature = "redis")]
+pub use dedup_redis::cluster_url as redis_cluster_url;
 #[cfg(feature = "redis")]
 pub use dedup_redis::{RedisConfig, RedisStore};

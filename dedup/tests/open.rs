@@ -6,6 +6,10 @@ mod common;
 use std::time::Duration;
 
 use common::{UrlFactory, chain, cluster_url, server, smoke};
+use dedup::mysql::MySqlTarget;
+use dedup::postgres::PostgresTarget;
+use dedup::redis::RedisTarget;
+use dedup::sqlite::SqliteTarget;
 use dedup::{ClaimOptions, Key, OpenError, StoreTarget, StoreUrl, UrlError};
 
 /// Claim, commit, claim again: the store works and keeps what it committed.
@@ -52,10 +56,10 @@ async fn sqlite_file_opens_with_its_parameters() {
         "sqlite:{}?table=orders_inbox&synchronous=normal&pool_size=2&busy_timeout=250ms&block_in_place=false",
         path.display()
     );
-    let StoreTarget::Sqlite {
+    let Ok(SqliteTarget {
         path: Some(p),
         config,
-    } = target(&url)
+    }) = target(&url).downcast()
     else {
         panic!("{url}: not an sqlite file target");
     };
@@ -85,8 +89,8 @@ async fn sqlite_file_opens_with_its_parameters() {
 #[tokio::test]
 async fn sqlite_in_memory_opens() {
     assert!(matches!(
-        target("sqlite::memory:"),
-        StoreTarget::Sqlite { path: None, .. }
+        target("sqlite::memory:").downcast(),
+        Ok(SqliteTarget { path: None, .. })
     ));
     round_trip("sqlite::memory:").await;
 }
@@ -102,10 +106,10 @@ async fn mysql_opens_with_its_parameters_and_passes_the_smoke_clauses() {
     );
     let url =
         format!("{base}?table={table}&pool_size=3&connect_timeout=3s&clock=local&charset=utf8mb4");
-    let StoreTarget::MySql {
+    let Ok(MySqlTarget {
         url: driver,
         config,
-    } = target(&url)
+    }) = target(&url).downcast()
     else {
         panic!("not a mysql target");
     };
@@ -127,7 +131,7 @@ async fn mysql_opens_with_its_parameters_and_passes_the_smoke_clauses() {
         "{}?table={table}",
         base.replacen("mysql://", "mariadb://", 1)
     );
-    let StoreTarget::MySql { url: driver, .. } = target(&mariadb) else {
+    let Ok(MySqlTarget { url: driver, .. }) = target(&mariadb).downcast() else {
         panic!("not a mysql target");
     };
     assert!(driver.starts_with("mysql://"), "{}", dedup::redact(&driver));
@@ -151,10 +155,10 @@ async fn postgres_opens_with_its_parameters_and_passes_the_smoke_clauses() {
     let url = format!(
         "{base}?schema={ns}&table=inbox&pool_size=3&connect_timeout=3s&clock=local&application_name=dedup-test"
     );
-    let StoreTarget::Postgres {
+    let Ok(PostgresTarget {
         url: driver,
         config,
-    } = target(&url)
+    }) = target(&url).downcast()
     else {
         panic!("not a postgres target");
     };
@@ -188,7 +192,8 @@ async fn postgres_opens_with_its_parameters_and_passes_the_smoke_clauses() {
             }),
         ),
     ] {
-        let StoreTarget::Postgres { config, .. } = target(&format!("{base}?schema={ns}&{query}"))
+        let Ok(PostgresTarget { config, .. }) =
+            target(&format!("{base}?schema={ns}&{query}")).downcast()
         else {
             panic!("not a postgres target");
         };
@@ -216,7 +221,7 @@ async fn redis_opens_with_its_parameters_and_passes_the_smoke_clauses() {
     let url = format!(
         "{base}?prefix=open-test:&retention=2d&connect_timeout=2s&response_timeout=3s&clock=server"
     );
-    let StoreTarget::Redis { config, .. } = target(&url) else {
+    let Ok(RedisTarget::Standalone { config, .. }) = target(&url).downcast() else {
         panic!("not a redis target");
     };
     assert_eq!(config.prefix, "open-test:");
@@ -238,7 +243,8 @@ async fn redis_cluster_opens_and_passes_the_smoke_clauses() {
         eprintln!("SKIPPED redis_cluster_opens: DEDUP_REDIS_CLUSTER_URLS is not set");
         return;
     };
-    let StoreTarget::RedisCluster { urls, .. } = target(&format!("{url}?prefix=c:")) else {
+    let Ok(RedisTarget::Cluster { urls, .. }) = target(&format!("{url}?prefix=c:")).downcast()
+    else {
         panic!("not a cluster target");
     };
     assert!(

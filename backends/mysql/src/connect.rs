@@ -53,6 +53,7 @@ pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 pub fn pool_options(config: &MySqlConfig) -> MySqlPoolOptions {
     MySqlPoolOptions::new()
         .max_connections(config.max_connections.max(1))
+        .acquire_timeout(config.acquire_timeout)
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {

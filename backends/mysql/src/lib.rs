@@ -11,9 +11,11 @@ mod statements;
 mod store;
 mod tx;
 mod tx_inbox;
+mod url;
 
 pub use config::MySqlConfig;
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
 pub use sqlx;
 pub use store::MySqlStore;
 pub use tx_inbox::TxInbox;
+pub use url::{DESCRIPTOR, MySqlTarget};

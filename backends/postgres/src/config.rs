@@ -28,9 +28,20 @@ pub struct PostgresConfig {
     pub clock: Option<Arc<dyn Clock>>,
     /// Pool size used by [`PostgresStore::connect`](crate::PostgresStore::connect) and
     /// [`connect_with`](crate::PostgresStore::connect_with) (ignored by `from_pool`).
-    /// Default 10. See the crate docs on sizing: lease mode needs about one connection per
-    /// concurrent store call; transactional mode one per message being handled.
+    /// Default 20: the broker consumers' default 16 messages in flight, each holding a
+    /// connection for its whole transaction in transactional mode, plus the 4 that group
+    /// commit's statements hold at most (2 × its default 2 rounds). See the crate docs on
+    /// sizing: lease mode needs about one connection per concurrent store call;
+    /// transactional mode one per message being handled.
     pub max_connections: u32,
+    /// How long a store call waits for a pool connection (a free one, or a new one opened
+    /// within [`connect_timeout`](Self::connect_timeout)) before it fails with a retryable
+    /// [`Error::Backend`] naming the pool timeout. Default 5 s, the connect timeout: longer
+    /// than opening one connection takes on a healthy network, and short enough that
+    /// during a database outage each attempt fails in seconds (sqlx's own default, 30 s,
+    /// held every message that long) and the caller's retry or the broker's redelivery
+    /// takes over. Not zero.
+    pub acquire_timeout: Duration,
     /// How long [`connect`](crate::PostgresStore::connect) may take to establish its first
     /// connection (TCP, TLS and authentication) before it fails with the cause. Default 5 s.
     pub connect_timeout: Duration,
@@ -111,7 +122,8 @@ impl Default for PostgresConfig {
             schema: "public".into(),
             table: "dedup_inbox".into(),
             clock: None,
-            max_connections: 10,
+            max_connections: 20,
+            acquire_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             tls: TlsFiles::default(),
             migrate: true,
@@ -139,10 +151,25 @@ impl PostgresConfig {
         if self.connect_timeout.is_zero() {
             return Err(Error::invalid("connect_timeout", "must not be zero"));
         }
+        if self.acquire_timeout.is_zero() {
+            return Err(Error::invalid("acquire_timeout", "must not be zero"));
+        }
         if let Some(group) = &self.group_commit {
             group.validate()?;
         }
         self.tls.validate()
+    }
+
+    /// This configuration with [`acquire_timeout`](Self::acquire_timeout) set to `timeout`.
+    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// This configuration with [`max_connections`](Self::max_connections) set to `n`.
+    pub fn with_max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
     }
 
     /// `"schema"."table"`, ready to splice into SQL (call [`validate`](Self::validate) first).

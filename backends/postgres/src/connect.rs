@@ -47,7 +47,7 @@ pub(crate) async fn pool(url: &str, config: &PostgresConfig) -> Result<PgPool> {
 pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// The pool options [`PostgresStore::connect_with`](crate::PostgresStore::connect_with) uses:
-/// `config.max_connections`, and a ping before handing out a connection only when it sat
+/// `config.max_connections`, `config.acquire_timeout`, and a ping before handing out a connection only when it sat
 /// idle longer than [`PING_IF_IDLE_FOR`].
 ///
 /// sqlx's default pings every connection at every checkout: one extra round trip per store
@@ -58,6 +58,7 @@ pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 pub fn pool_options(config: &PostgresConfig) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(config.max_connections.max(1))
+        .acquire_timeout(config.acquire_timeout)
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {

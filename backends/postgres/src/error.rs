@@ -9,8 +9,18 @@ pub(crate) const BACKEND: &str = "postgres";
 /// retry can help.
 pub(crate) fn backend(error: sqlx::Error) -> Error {
     let retryable = is_retryable(&error);
-    Error::backend(BACKEND, retryable, error)
+    let timed_out = matches!(error, sqlx::Error::PoolTimedOut);
+    let error = Error::backend(BACKEND, retryable, error);
+    if timed_out {
+        return error.with_hint(POOL_TIMED_OUT_HINT);
+    }
+    error
 }
+
+/// What [`backend`] adds to a pool timeout: why no connection came, and what to check.
+pub(crate) const POOL_TIMED_OUT_HINT: &str = "no pool connection became free or could be \
+    opened within acquire_timeout: the database may be down, slow or out of connections, or \
+    pool_size is below the work in flight (see the crate docs on pool sizing)";
 
 /// Transient failures: the connection (I/O, pool exhaustion, a server restart) or the
 /// server resolving a conflict by aborting us (serialization failure, deadlock, lock

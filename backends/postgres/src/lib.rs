@@ -16,6 +16,7 @@ mod statements;
 mod store;
 mod tx;
 mod tx_inbox;
+mod url;
 
 pub use config::{GroupCommit, PostgresConfig};
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
@@ -23,3 +24,4 @@ pub use outbox::{NOTIFY_EVERY, PostgresOutbox};
 pub use sqlx;
 pub use store::PostgresStore;
 pub use tx_inbox::TxInbox;
+pub use url::{DESCRIPTOR, PostgresTarget};

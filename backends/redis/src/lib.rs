@@ -14,10 +14,12 @@ mod purge;
 mod schema;
 mod scripts;
 mod store;
+mod url;
 
 pub use config::{MAX_RETENTION, RedisConfig};
 pub use error::ReplicationShortfall;
 pub use store::RedisStore;
+pub use url::{DESCRIPTOR, RedisTarget, cluster_url};
 
 /// The redis-rs version this crate is built on, for connection types and errors.
 pub use redis;

@@ -15,12 +15,14 @@ mod statements;
 mod store;
 mod tx;
 mod tx_inbox;
+mod url;
 mod writes;
 
 pub use config::{DEFAULT_TABLE, SCHEMA_VERSIONS_TABLE, SqliteConfig, Synchronous};
 pub use outbox::SqliteOutbox;
 pub use store::SqliteStore;
 pub use tx_inbox::TxInbox;
+pub use url::{DESCRIPTOR, SqliteTarget};
 
 /// The rusqlite this crate is built against, for the caller's transactions
 /// ([`SqliteStore::claim_in_tx`] takes a `rusqlite::Transaction`).

@@ -24,6 +24,7 @@ pub mod names;
 pub mod outbox;
 pub mod purge;
 pub mod transition;
+pub mod url;
 
 use std::time::Duration;
 

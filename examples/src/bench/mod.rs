@@ -32,7 +32,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
     )),
     allow(unused_imports)
 )]
-use dedup::{StoreTarget, StoreUrl};
+use dedup::StoreUrl;
+#[cfg(feature = "mysql")]
+use dedup::mysql::MySqlTarget;
+#[cfg(feature = "postgres")]
+use dedup::postgres::PostgresTarget;
+#[cfg(feature = "redis")]
+use dedup::redis::RedisTarget;
+#[cfg(feature = "sqlite")]
+use dedup::sqlite::SqliteTarget;
 use serde_json::{Map, Value};
 
 pub(crate) use dedup_core::BoxError;
@@ -138,8 +146,9 @@ impl std::fmt::Display for Variant {
 #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
 pub(crate) fn variants(url: Option<&str>, params: &Params) -> Vec<Variant> {
     #[cfg(feature = "postgres")]
-    if let Some(Ok(StoreTarget::Postgres { .. })) =
-        url.map(|u| StoreUrl::parse(u).map(StoreUrl::into_target))
+    if url
+        .and_then(|u| StoreUrl::parse(u).ok())
+        .is_some_and(|u| u.target().downcast_ref::<PostgresTarget>().is_some())
     {
         return params
             .postgres_durability
@@ -237,34 +246,51 @@ pub(crate) async fn open(
     names: &Names,
     params: &Params,
 ) -> Result<Target> {
-    match StoreUrl::parse(url)?.into_target() {
-        #[cfg(feature = "sqlite")]
-        StoreTarget::Sqlite {
+    let target = StoreUrl::parse(url)?.into_target();
+    #[cfg(feature = "sqlite")]
+    let target = match target.downcast::<SqliteTarget>() {
+        Ok(SqliteTarget {
             path: Some(path), ..
-        } => sqlite::open(Some(path.display().to_string()), names, params).await,
-        #[cfg(feature = "postgres")]
-        StoreTarget::Postgres { url, .. } => {
+        }) => return sqlite::open(Some(path.display().to_string()), names, params).await,
+        Ok(SqliteTarget { path: None, config }) => {
+            dedup::StoreTarget::new(SqliteTarget { path: None, config })
+        }
+        Err(other) => other,
+    };
+    #[cfg(feature = "postgres")]
+    let target = match target.downcast::<PostgresTarget>() {
+        Ok(PostgresTarget { url, .. }) => {
             let durability = match variant {
                 Variant::Postgres(d) => *d,
                 Variant::AsIs => Durability::Server,
             };
-            postgres::open(&url, durability, names, params).await
+            return postgres::open(&url, durability, names, params).await;
         }
-        #[cfg(feature = "mysql")]
-        StoreTarget::MySql { url, .. } => mysql::open(&url, names, params).await,
-        #[cfg(feature = "redis")]
-        StoreTarget::Redis { url, .. } => redis::open(redis::Servers::Standalone(url), names).await,
-        #[cfg(feature = "redis")]
-        StoreTarget::RedisCluster { urls, .. } => {
-            redis::open(redis::Servers::Cluster(urls), names).await
+        Err(other) => other,
+    };
+    #[cfg(feature = "mysql")]
+    let target = match target.downcast::<MySqlTarget>() {
+        Ok(MySqlTarget { url, .. }) => return mysql::open(&url, names, params).await,
+        Err(other) => other,
+    };
+    #[cfg(feature = "redis")]
+    let target = match target.downcast::<RedisTarget>() {
+        Ok(RedisTarget::Standalone { url, .. }) => {
+            return redis::open(redis::Servers::Standalone(url), names).await;
         }
-        _ => Err(format!(
-            "{}: the bench needs a backend other processes could share (sqlite:PATH, \
-             postgres://, mysql://, redis://)",
-            dedup::redact(url)
-        )
-        .into()),
-    }
+        Ok(RedisTarget::Cluster { urls, .. }) => {
+            return redis::open(redis::Servers::Cluster(urls), names).await;
+        }
+        Ok(other) => dedup::StoreTarget::new(other),
+        Err(other) => other,
+    };
+    let _ = target;
+    Err(format!(
+        "{}: the bench needs a backend other processes could share (sqlite:PATH, \
+         postgres://, mysql://, redis://)",
+        dedup::redact(url)
+    )
+    .into())
 }
 
 /// The embedded default: SQLite in a temporary file.

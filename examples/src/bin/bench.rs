@@ -199,17 +199,11 @@ fn stores(args: &Args) -> Vec<Option<String>> {
     if !args.stores.is_empty() {
         return args.stores.iter().cloned().map(Some).collect();
     }
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    // The default (a temporary file of the embedded store), then every compiled-in
+    // backend's test servers, as its descriptor reads them from the environment.
     let mut stores = vec![None];
-    stores.extend(env("DEDUP_POSTGRES_URL").map(Some));
-    stores.extend(env("DEDUP_MYSQL_URL").map(Some));
-    stores.extend(env("DEDUP_REDIS_URL").map(Some));
-    if let Some(nodes) = env("DEDUP_REDIS_CLUSTER_URLS") {
-        stores.push(Some(dedup::redis_cluster_url(&nodes)));
-    }
-    stores.extend(env("DEDUP_VALKEY_URL").map(Some));
-    if let Some(nodes) = env("DEDUP_VALKEY_CLUSTER_URLS") {
-        stores.push(Some(dedup::redis_cluster_url(&nodes)));
+    for backend in dedup::backends() {
+        stores.extend((backend.test_urls)().into_iter().map(Some));
     }
     stores
 }

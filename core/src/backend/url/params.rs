@@ -1,13 +1,17 @@
-//! Query parameters of a store URL: reading each one once, by name, and refusing the rest.
+//! [`Params`]: the query parameters of a store URL, read once each by name, the rest
+//! refused; and the value grammars every backend shares (durations, counts, switches,
+//! the clock).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::UrlError;
+use super::UrlError;
+use crate::{Clock, SystemClock};
 
-/// The query parameters of one URL, taken out one by one; [`Params::finish`] refuses
-/// whatever is left.
-pub(crate) struct Params {
+/// The query parameters of one URL, taken out one by one. Parsing refuses a parameter the
+/// backend does not take ([`UrlError::UnknownParameter`]) and one given twice.
+pub struct Params {
     backend: &'static str,
     known: &'static [&'static str],
     values: BTreeMap<String, String>,
@@ -15,7 +19,7 @@ pub(crate) struct Params {
 
 impl Params {
     /// Parse `query` (`a=1&b=2`, percent-decoded) for `backend`, which accepts `known`.
-    pub(crate) fn parse(
+    pub fn parse(
         query: Option<&str>,
         backend: &'static str,
         known: &'static [&'static str],
@@ -41,13 +45,13 @@ impl Params {
     }
 
     /// Take parameter `name`, when given.
-    pub(crate) fn take(&mut self, name: &str) -> Option<String> {
+    pub fn take(&mut self, name: &str) -> Option<String> {
         debug_assert!(self.known.contains(&name), "{} takes {name}", self.backend);
         self.values.remove(name)
     }
 
     /// Take `name` and parse it with `parse`, whose error says why the value is wrong.
-    pub(crate) fn take_with<T>(
+    pub fn take_with<T>(
         &mut self,
         name: &str,
         parse: impl FnOnce(&str) -> Result<T, String>,
@@ -60,8 +64,33 @@ impl Params {
         }
     }
 
+    /// `clock=local` (or no `clock`) for a store without a server: `None`, this machine's
+    /// clock; `clock=server` is refused, since there is no server clock to use.
+    pub fn local_clock(&mut self) -> Result<Option<Arc<dyn Clock>>, UrlError> {
+        match self.take_with("clock", clock)? {
+            None | Some(ClockChoice::Local) => Ok(None),
+            Some(ClockChoice::Server) => Err(invalid(
+                "clock",
+                "server",
+                &format!(
+                    "{} has no server clock; leases use this machine's clock",
+                    self.backend
+                ),
+            )),
+        }
+    }
+
+    /// `clock=server` (the default: `None`, the server's clock) or `clock=local` (this
+    /// machine's clock), for a store on a server.
+    pub fn server_or_local_clock(&mut self) -> Result<Option<Arc<dyn Clock>>, UrlError> {
+        Ok(match self.take_with("clock", clock)? {
+            None | Some(ClockChoice::Server) => None,
+            Some(ClockChoice::Local) => Some(Arc::new(SystemClock)),
+        })
+    }
+
     /// The parameters not taken, in URL query form (for the driver's own parameters).
-    pub(crate) fn rest(self) -> Option<String> {
+    pub fn rest(self) -> Option<String> {
         if self.values.is_empty() {
             return None;
         }
@@ -73,7 +102,8 @@ impl Params {
     }
 }
 
-pub(crate) fn invalid(name: &str, value: &str, reason: &str) -> UrlError {
+/// [`UrlError::InvalidParameter`]: `name=value` cannot be used, because `reason`.
+pub fn invalid(name: &str, value: &str, reason: &str) -> UrlError {
     UrlError::InvalidParameter {
         name: name.to_owned(),
         value: value.to_owned(),
@@ -81,25 +111,25 @@ pub(crate) fn invalid(name: &str, value: &str, reason: &str) -> UrlError {
     }
 }
 
-/// A duration parameter (`lease`, `connect_timeout`, ...): [`dedup_core::parse_duration`],
+/// A duration parameter (`lease`, `connect_timeout`, ...): [`crate::parse_duration`],
 /// the library's one duration grammar (a whole number and a unit: `500ms`, `5s`, `7d`).
-pub(crate) fn duration(text: &str) -> Result<Duration, String> {
-    dedup_core::parse_duration(text).map_err(|e| match e {
-        dedup_core::Error::InvalidInput { reason, .. } => reason,
+pub fn duration(text: &str) -> Result<Duration, String> {
+    crate::parse_duration(text).map_err(|e| match e {
+        crate::Error::InvalidInput { reason, .. } => reason,
         other => other.to_string(),
     })
 }
 
 /// A positive count (`pool_size`).
-pub(crate) fn count(text: &str) -> Result<u32, String> {
+pub fn count(text: &str) -> Result<u32, String> {
     match text.parse::<u32>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err("expected a whole number of at least 1".to_owned()),
     }
 }
 
-/// A yes/no switch (`block_in_place`): `true` or `false`.
-pub(crate) fn boolean(text: &str) -> Result<bool, String> {
+/// A yes/no switch (`block_in_place`, `migrate`): `true` or `false`.
+pub fn boolean(text: &str) -> Result<bool, String> {
     match text {
         "true" => Ok(true),
         "false" => Ok(false),
@@ -108,8 +138,7 @@ pub(crate) fn boolean(text: &str) -> Result<bool, String> {
 }
 
 /// A feature switch (`group_commit`): `on` or `off` (`true` / `false` also do).
-#[cfg(feature = "postgres")]
-pub(crate) fn on_off(text: &str) -> Result<bool, String> {
+pub fn on_off(text: &str) -> Result<bool, String> {
     match text {
         "on" | "true" => Ok(true),
         "off" | "false" => Ok(false),
@@ -120,12 +149,12 @@ pub(crate) fn on_off(text: &str) -> Result<bool, String> {
 /// Where lease time comes from: `server` (the database's clock) or `local` (this
 /// machine's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ClockChoice {
+enum ClockChoice {
     Server,
     Local,
 }
 
-pub(crate) fn clock(text: &str) -> Result<ClockChoice, String> {
+fn clock(text: &str) -> Result<ClockChoice, String> {
     match text {
         "server" => Ok(ClockChoice::Server),
         "local" => Ok(ClockChoice::Local),
@@ -155,5 +184,36 @@ mod tests {
         for bad in ["", "yes", "1", "TRUE "] {
             assert!(boolean(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn unknown_and_repeated_parameters_are_refused() {
+        let e = Params::parse(Some("tabel=x"), "sqlite", &["table"]).err();
+        assert!(
+            matches!(e, Some(UrlError::UnknownParameter { ref name, .. }) if name == "tabel"),
+            "{e:?}"
+        );
+        let e = Params::parse(Some("table=a&table=b"), "sqlite", &["table"]).err();
+        assert!(
+            matches!(e, Some(UrlError::InvalidParameter { .. })),
+            "{e:?}"
+        );
+        let mut p =
+            Params::parse(Some("table=a&charset=utf8"), "x", &["table", "charset"]).unwrap();
+        assert_eq!(p.take("table").as_deref(), Some("a"));
+        assert_eq!(p.rest().as_deref(), Some("charset=utf8"));
+    }
+
+    #[test]
+    fn clocks() {
+        let mut p = Params::parse(Some("clock=server"), "memory", &["clock"]).unwrap();
+        assert!(matches!(
+            p.local_clock(),
+            Err(UrlError::InvalidParameter { .. })
+        ));
+        let mut p = Params::parse(Some("clock=local"), "postgres", &["clock"]).unwrap();
+        assert!(p.server_or_local_clock().unwrap().is_some());
+        let mut p = Params::parse(None, "postgres", &["clock"]).unwrap();
+        assert!(p.server_or_local_clock().unwrap().is_none());
     }
 }

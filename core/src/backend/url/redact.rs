@@ -5,10 +5,10 @@
 ///
 /// ```
 /// assert_eq!(
-///     dedup::redact("postgres://app:s3cret@db:5432/orders?sslmode=verify-full"),
+///     dedup_core::backend::url::redact("postgres://app:s3cret@db:5432/orders?sslmode=verify-full"),
 ///     "postgres://app:***@db:5432/orders?sslmode=verify-full"
 /// );
-/// assert_eq!(dedup::redact("redis+cluster://:pw@a:1,:pw@b:2"), "redis+cluster://:***@a:1,:***@b:2");
+/// assert_eq!(dedup_core::backend::url::redact("redis+cluster://:pw@a:1,:pw@b:2"), "redis+cluster://:***@a:1,:***@b:2");
 /// ```
 pub fn redact(url: &str) -> String {
     let (base, query) = match url.split_once('?') {
