@@ -32,15 +32,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
     )),
     allow(unused_imports)
 )]
-use dedup::StoreUrl;
-#[cfg(feature = "mysql")]
-use dedup::mysql::MySqlTarget;
-#[cfg(feature = "postgres")]
-use dedup::postgres::PostgresTarget;
-#[cfg(feature = "redis")]
-use dedup::redis::RedisTarget;
-#[cfg(feature = "sqlite")]
-use dedup::sqlite::SqliteTarget;
+use dedup::{BackendDescriptor, StoreTarget, StoreUrl};
+use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 
 pub(crate) use dedup_core::BoxError;
@@ -128,35 +121,73 @@ impl std::str::FromStr for Durability {
 pub(crate) enum Variant {
     /// The store as it is.
     AsIs,
-    /// PostgreSQL on these settings.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Postgres(Durability),
+    /// The server on these settings (a backend whose [`Bench::settings`] is true).
+    Settings(Durability),
 }
 
 impl std::fmt::Display for Variant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Variant::AsIs => Ok(()),
-            Variant::Postgres(d) => write!(f, " ({d:?} settings)"),
+            Variant::Settings(d) => write!(f, " ({d:?} settings)"),
         }
     }
 }
 
-/// The configurations to bench `url` in (`None`: the temporary SQLite file).
-#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+/// The configurations to bench `url` in (`None`: the temporary default store).
 pub(crate) fn variants(url: Option<&str>, params: &Params) -> Vec<Variant> {
-    #[cfg(feature = "postgres")]
-    if url
+    let takes_settings = url
         .and_then(|u| StoreUrl::parse(u).ok())
-        .is_some_and(|u| u.target().downcast_ref::<PostgresTarget>().is_some())
-    {
+        .and_then(|u| bench_of(u.descriptor()))
+        .is_some_and(|b| b.settings);
+    if takes_settings {
         return params
             .postgres_durability
             .iter()
-            .map(|&d| Variant::Postgres(d))
+            .map(|&d| Variant::Settings(d))
             .collect();
     }
     vec![Variant::AsIs]
+}
+
+/// What the bench opens a store with, for one backend: its module's measures, chosen by
+/// the descriptor of the URL's backend.
+pub(crate) struct Bench {
+    /// The backend it measures.
+    pub(crate) descriptor: &'static BackendDescriptor,
+    /// Whether it runs once per server setting (`--postgres-durability`).
+    pub(crate) settings: bool,
+    /// Open the URL's target (of this backend) for the bench, on these server settings.
+    pub(crate) open:
+        for<'a> fn(StoreTarget, Durability, &'a Names, &'a Params) -> BoxFuture<'a, Result<Target>>,
+    /// A temporary store of this backend, the bench's default when no URL is given.
+    pub(crate) temporary:
+        Option<for<'a> fn(&'a Names, &'a Params) -> BoxFuture<'a, Result<Target>>>,
+}
+
+/// Why a store is refused: the bench needs one other processes could share.
+const NOT_SHARED: &str = "the bench needs a store other processes could share (a file or a server)";
+
+/// The bench modules of the compiled-in backends: one per backend module above.
+fn benches() -> Vec<&'static Bench> {
+    #[allow(unused_mut)]
+    let mut benches: Vec<&'static Bench> = Vec::new();
+    #[cfg(feature = "sqlite")]
+    benches.push(&sqlite::BENCH);
+    #[cfg(feature = "postgres")]
+    benches.push(&postgres::BENCH);
+    #[cfg(feature = "mysql")]
+    benches.push(&mysql::BENCH);
+    #[cfg(feature = "redis")]
+    benches.push(&redis::BENCH);
+    benches
+}
+
+/// The bench of the backend `descriptor` describes.
+fn bench_of(descriptor: &BackendDescriptor) -> Option<&'static Bench> {
+    benches()
+        .into_iter()
+        .find(|b| std::ptr::eq(b.descriptor, descriptor))
 }
 
 impl Params {
@@ -236,67 +267,29 @@ impl Names {
 }
 
 /// Open `url`'s backend for the bench.
-#[cfg_attr(
-    not(all(feature = "sqlite", feature = "postgres")),
-    allow(unused_variables)
-)]
 pub(crate) async fn open(
     url: &str,
     variant: &Variant,
     names: &Names,
     params: &Params,
 ) -> Result<Target> {
-    let target = StoreUrl::parse(url)?.into_target();
-    #[cfg(feature = "sqlite")]
-    let target = match target.downcast::<SqliteTarget>() {
-        Ok(SqliteTarget {
-            path: Some(path), ..
-        }) => return sqlite::open(Some(path.display().to_string()), names, params).await,
-        Ok(SqliteTarget { path: None, config }) => {
-            dedup::StoreTarget::new(SqliteTarget { path: None, config })
-        }
-        Err(other) => other,
+    let parsed = StoreUrl::parse(url)?;
+    let Some(bench) = bench_of(parsed.descriptor()) else {
+        return Err(format!("{}: {NOT_SHARED}", dedup::redact(url)).into());
     };
-    #[cfg(feature = "postgres")]
-    let target = match target.downcast::<PostgresTarget>() {
-        Ok(PostgresTarget { url, .. }) => {
-            let durability = match variant {
-                Variant::Postgres(d) => *d,
-                Variant::AsIs => Durability::Server,
-            };
-            return postgres::open(&url, durability, names, params).await;
-        }
-        Err(other) => other,
+    let durability = match variant {
+        Variant::Settings(d) => *d,
+        Variant::AsIs => Durability::Server,
     };
-    #[cfg(feature = "mysql")]
-    let target = match target.downcast::<MySqlTarget>() {
-        Ok(MySqlTarget { url, .. }) => return mysql::open(&url, names, params).await,
-        Err(other) => other,
-    };
-    #[cfg(feature = "redis")]
-    let target = match target.downcast::<RedisTarget>() {
-        Ok(RedisTarget::Standalone { url, .. }) => {
-            return redis::open(redis::Servers::Standalone(url), names).await;
-        }
-        Ok(RedisTarget::Cluster { urls, .. }) => {
-            return redis::open(redis::Servers::Cluster(urls), names).await;
-        }
-        Ok(other) => dedup::StoreTarget::new(other),
-        Err(other) => other,
-    };
-    let _ = target;
-    Err(format!(
-        "{}: the bench needs a backend other processes could share (sqlite:PATH, \
-         postgres://, mysql://, redis://)",
-        dedup::redact(url)
-    )
-    .into())
+    (bench.open)(parsed.into_target(), durability, names, params).await
 }
 
-/// The embedded default: SQLite in a temporary file.
-#[cfg(feature = "sqlite")]
-pub(crate) async fn open_default_sqlite(names: &Names, params: &Params) -> Result<Target> {
-    sqlite::open(None, names, params).await
+/// The default store: a temporary one of the first compiled-in backend that has one.
+pub(crate) async fn open_temporary(names: &Names, params: &Params) -> Result<Target> {
+    match benches().into_iter().find_map(|b| b.temporary) {
+        Some(open) => open(names, params).await,
+        None => Err("this build has no backend with a temporary store: pass --store".into()),
+    }
 }
 
 /// A random lease token, as text.

@@ -11,7 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
-use super::{BoxError, Names, Params, Result, now_ms, token};
+use super::{Bench, BoxError, NOT_SHARED, Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-mysql's migration), without
 /// its check constraint and purge index.
@@ -63,6 +63,21 @@ const LOCK_ROW: &str = "SELECT CAST(processed_at IS NOT NULL AS SIGNED) FROM {ta
      WHERE consumer = ? AND message_id = ? FOR UPDATE";
 
 const DROP: &str = "DROP TABLE IF EXISTS {table}";
+/// The MySQL / MariaDB bench, chosen by the store URL's descriptor.
+pub(crate) static BENCH: Bench = Bench {
+    descriptor: &dedup_mysql::DESCRIPTOR,
+    settings: false,
+    open: |target, _, names, params| {
+        async move {
+            let target = target
+                .downcast::<dedup_mysql::MySqlTarget>()
+                .map_err(|_| NOT_SHARED)?;
+            open(&target.url, names, params).await
+        }
+        .boxed()
+    },
+    temporary: None,
+};
 
 /// Connect the store, the purge store and the baseline to `url`.
 pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Target> {

@@ -16,7 +16,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
-use super::{Durability, Names, Params, Result, now_ms, token};
+use super::{Bench, Durability, NOT_SHARED, Names, Params, Result, now_ms, token};
 
 /// The settings that decide whether a commit waits for the disk, as `ALTER SYSTEM` sets
 /// them for [`Durability::Durable`] and [`Durability::Fast`].
@@ -168,6 +168,22 @@ const LOCK_ROW: &str = "SELECT processed_at IS NOT NULL FROM {table} \
      WHERE consumer = $1 AND message_id = $2 FOR UPDATE";
 
 const DROP: &str = "DROP TABLE IF EXISTS {table}";
+/// The PostgreSQL bench, chosen by the store URL's descriptor; it runs once per
+/// `--postgres-durability` setting.
+pub(crate) static BENCH: Bench = Bench {
+    descriptor: &dedup_postgres::DESCRIPTOR,
+    settings: true,
+    open: |target, durability, names, params| {
+        async move {
+            let target = target
+                .downcast::<dedup_postgres::PostgresTarget>()
+                .map_err(|_| NOT_SHARED)?;
+            open(&target.url, durability, names, params).await
+        }
+        .boxed()
+    },
+    temporary: None,
+};
 
 /// Set the server to `durability`, then connect the store, the purge store and the
 /// baseline to `url`.

@@ -20,7 +20,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, try_join_all};
 
 use super::target::{Raw, Target};
-use super::{Names, Result, token};
+use super::{Bench, NOT_SHARED, Names, Result, token};
 
 /// How long the bench's keys live: the store's retention and the raw keys' TTL.
 const RETENTION: Duration = Duration::from_secs(600);
@@ -57,6 +57,26 @@ async fn server_version(url: &str) -> Result<(bool, String)> {
         None => (false, field("redis_version").unwrap_or_default()),
     })
 }
+/// The Redis / Valkey bench (standalone or cluster), chosen by the store URL's descriptor.
+pub(crate) static BENCH: Bench = Bench {
+    descriptor: &dedup_redis::DESCRIPTOR,
+    settings: false,
+    open: |target, _, names, _| {
+        async move {
+            match target.downcast::<dedup_redis::RedisTarget>() {
+                Ok(dedup_redis::RedisTarget::Standalone { url, .. }) => {
+                    open(Servers::Standalone(url), names).await
+                }
+                Ok(dedup_redis::RedisTarget::Cluster { urls, .. }) => {
+                    open(Servers::Cluster(urls), names).await
+                }
+                _ => Err(NOT_SHARED.into()),
+            }
+        }
+        .boxed()
+    },
+    temporary: None,
+};
 
 /// Connect the store, the purge store and the baseline.
 pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {

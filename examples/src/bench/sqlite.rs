@@ -21,7 +21,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
-use super::{Names, Params, Result, now_ms, token};
+use super::{Bench, NOT_SHARED, Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-sqlite's schema), without its
 /// purge indexes: the plain table the raw statements run on.
@@ -70,6 +70,25 @@ const UPDATE: &str = "UPDATE \"{table}\" SET state = 'completed', expires_at = N
      processed_at = ?3 WHERE consumer = ?1 AND message_id = ?2";
 
 const DROP: &str = "DROP TABLE IF EXISTS \"{table}\"";
+/// The SQLite bench, chosen by the store URL's descriptor (a file; `sqlite::memory:` is
+/// refused: other processes could not share it). It also gives the default store, a
+/// temporary file.
+pub(crate) static BENCH: Bench = Bench {
+    descriptor: &dedup_sqlite::DESCRIPTOR,
+    settings: false,
+    open: |target, _, names, params| {
+        async move {
+            match target.downcast::<dedup_sqlite::SqliteTarget>() {
+                Ok(dedup_sqlite::SqliteTarget {
+                    path: Some(path), ..
+                }) => open(Some(path.display().to_string()), names, params).await,
+                _ => Err(NOT_SHARED.into()),
+            }
+        }
+        .boxed()
+    },
+    temporary: Some(|names, params| open(None, names, params).boxed()),
+};
 
 /// Open the store and the baseline on the file at `path` (a file in a new temporary
 /// folder when `None`).

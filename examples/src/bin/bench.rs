@@ -216,10 +216,7 @@ async fn bench_one(
     let names = Names::new();
     let target = match store {
         Some(url) => bench::open(url, variant, &names, params).await?,
-        #[cfg(feature = "sqlite")]
-        None => bench::open_default_sqlite(&names, params).await?,
-        #[cfg(not(feature = "sqlite"))]
-        None => return Err("this build has no sqlite backend: pass --store".into()),
+        None => bench::open_temporary(&names, params).await?,
     };
     eprintln!("bench {} ({})...", target.backend, target.setup);
     let rows = bench::run(&target, params, &names).await;
