@@ -158,17 +158,23 @@ pub(crate) struct Bench {
     /// Whether it runs once per server setting (`--postgres-durability`).
     pub(crate) settings: bool,
     /// Open the URL's target (of this backend) for the bench, on these server settings.
-    pub(crate) open:
-        for<'a> fn(StoreTarget, Durability, &'a Names, &'a Params) -> BoxFuture<'a, Result<Target>>,
+    pub(crate) open: Opener,
     /// A temporary store of this backend, the bench's default when no URL is given.
-    pub(crate) temporary:
-        Option<for<'a> fn(&'a Names, &'a Params) -> BoxFuture<'a, Result<Target>>>,
+    pub(crate) temporary: Option<Temporary>,
 }
+
+/// [`Bench::open`]: the URL's target (of the bench's backend), on these server settings.
+pub(crate) type Opener =
+    for<'a> fn(StoreTarget, Durability, &'a Names, &'a Params) -> BoxFuture<'a, Result<Target>>;
+
+/// [`Bench::temporary`]: a temporary store.
+pub(crate) type Temporary = for<'a> fn(&'a Names, &'a Params) -> BoxFuture<'a, Result<Target>>;
 
 /// Why a store is refused: the bench needs one other processes could share.
 const NOT_SHARED: &str = "the bench needs a store other processes could share (a file or a server)";
 
 /// The bench modules of the compiled-in backends: one per backend module above.
+#[allow(clippy::vec_init_then_push)] // one push per feature
 fn benches() -> Vec<&'static Bench> {
     #[allow(unused_mut)]
     let mut benches: Vec<&'static Bench> = Vec::new();
