@@ -79,21 +79,6 @@ pub(crate) static REGISTRY: &[Entry] = &[
     ),
 ];
 
-/// The registry line answering `scheme` (any case).
-pub(crate) fn entry(scheme: &str) -> Option<&'static Entry> {
-    REGISTRY
-        .iter()
-        .find(|e| e.schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme)))
-}
-
-/// Every URL form of every backend, enabled or not (for errors and help texts).
-pub(crate) fn all_forms() -> Vec<&'static str> {
-    REGISTRY
-        .iter()
-        .flat_map(|e| e.forms.iter().copied())
-        .collect()
-}
-
 /// The backends this build includes, `memory` first: to list them, or to pick one by
 /// its descriptor's properties (an outbox, a schema to migrate) rather than by name.
 pub fn backends() -> impl Iterator<Item = &'static BackendDescriptor> {

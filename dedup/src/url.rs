@@ -10,7 +10,7 @@ use dedup_core::backend::url::{
 };
 
 use crate::error::OpenError;
-use crate::registry::{all_forms, entry};
+use crate::registry::{Entry, REGISTRY};
 
 /// A store URL, parsed and checked: which backend, and the configuration it will be
 /// opened with. Parsing contacts nothing and writes nothing; [`open`](Self::open) does.
@@ -33,7 +33,7 @@ impl StoreUrl {
     /// Parse and check `url`. See the crate docs for the forms and their parameters.
     pub fn parse(url: &str) -> Result<Self, OpenError> {
         let shown = redact(url);
-        match target(url) {
+        match target(REGISTRY, url) {
             Ok(target) => Ok(StoreUrl { shown, target }),
             Err(problem) => Err(OpenError::Url {
                 url: shown,
@@ -124,18 +124,28 @@ impl fmt::Debug for StoreUrl {
     }
 }
 
-/// The scheme's registry line, then its backend's parser.
-fn target(url: &str) -> Result<StoreTarget, UrlError> {
+/// The scheme's line in `registry`, then its backend's parser.
+fn target(registry: &[Entry], url: &str) -> Result<StoreTarget, UrlError> {
+    let forms = || -> Vec<&'static str> {
+        registry
+            .iter()
+            .flat_map(|e| e.forms.iter().copied())
+            .collect()
+    };
     let Some(parts) = UrlParts::split(url) else {
         return Err(malformed(format!(
             "no scheme: start with one of {}",
-            all_forms().join(", ")
+            forms().join(", ")
         )));
     };
-    let Some(line) = entry(parts.scheme) else {
+    let Some(line) = registry.iter().find(|e| {
+        e.schemes
+            .iter()
+            .any(|s| s.eq_ignore_ascii_case(parts.scheme))
+    }) else {
         return Err(UrlError::UnknownScheme {
             scheme: parts.scheme.to_owned(),
-            known: all_forms(),
+            known: forms(),
         });
     };
     match line.descriptor {
@@ -144,5 +154,59 @@ fn target(url: &str) -> Result<StoreTarget, UrlError> {
             what: line.what,
             feature: line.feature,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A registry whose second line is a backend built without its feature: its URLs are
+    /// refused, before any parsing, with the feature to enable; the others still parse.
+    #[test]
+    fn a_disabled_backend_is_refused_with_its_feature() {
+        let registry = [
+            Entry {
+                what: "memory backend",
+                feature: "",
+                schemes: &["memory"],
+                forms: &["memory:"],
+                descriptor: Some(&dedup_core::backend::url::MEMORY),
+            },
+            Entry {
+                what: "postgres backend",
+                feature: "postgres",
+                schemes: &["postgres", "postgresql"],
+                forms: &["postgres://USER:PASSWORD@HOST/DB"],
+                descriptor: None,
+            },
+        ];
+        for url in ["postgres://h/db?tabel=x", "POSTGRESQL://h/db"] {
+            let problem = target(&registry, url).unwrap_err();
+            assert!(
+                matches!(
+                    problem,
+                    UrlError::Disabled {
+                        what: "postgres backend",
+                        feature: "postgres"
+                    }
+                ),
+                "{url}: {problem:?}"
+            );
+            assert!(
+                problem
+                    .to_string()
+                    .contains("enable the `postgres` cargo feature"),
+                "{problem}"
+            );
+        }
+        assert!(target(&registry, "memory:").is_ok());
+        let unknown = target(&registry, "redis://h:1").unwrap_err();
+        assert!(
+            unknown
+                .to_string()
+                .contains("memory:, postgres://USER:PASSWORD@HOST/DB"),
+            "{unknown}"
+        );
     }
 }
