@@ -171,7 +171,8 @@ pub(crate) type Opener =
 pub(crate) type Temporary = for<'a> fn(&'a Names, &'a Params) -> BoxFuture<'a, Result<Target>>;
 
 /// Why a store is refused: the bench needs one other processes could share.
-const NOT_SHARED: &str = "the bench needs a store other processes could share (a file or a server)";
+const NOT_SHARED: &str =
+    "the bench needs a backend other processes could share (a file or a server)";
 
 /// The bench modules of the compiled-in backends: one per backend module above.
 #[allow(clippy::vec_init_then_push)] // one push per feature
