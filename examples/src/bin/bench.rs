@@ -310,7 +310,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let asked = |what: &str| args.only.is_empty() || args.only.iter().any(|o| o == what);
     let per_store = MEASURES.iter().any(|m| asked(m));
     for store in stores(&args).into_iter().filter(|_| per_store) {
-        let name = store.as_deref().unwrap_or("sqlite (temporary file)");
+        let name = store.as_deref().unwrap_or("the temporary default store");
         for variant in bench::variants(store.as_deref(), &params) {
             match bench_one(store.as_deref(), &variant, &params).await {
                 Ok(found) => rows.extend(found),
