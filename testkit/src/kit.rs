@@ -157,7 +157,8 @@ impl Kit {
 
     /// The inbox configuration (lease, attempt limit, failure policy) the consumer runs
     /// with. The kit turns the renewal timer off (it renews live workers' leases when it
-    /// moves the clock) and moves the clock by `lease` + 1 ms to expire leases.
+    /// moves the clock), turns its retention purge off, and moves the clock by `lease` +
+    /// 1 ms to expire leases.
     pub fn inbox_config(mut self, config: InboxConfig) -> Self {
         self.config = config;
         self
@@ -211,10 +212,12 @@ impl Kit {
         self
     }
 
-    /// The inbox configuration the kit runs with (renewal timer off).
+    /// The inbox configuration the kit runs with (renewal timer and retention purge off:
+    /// a purge would be a store operation outside the schedule).
     pub fn config(&self) -> InboxConfig {
         InboxConfig {
             renew_every: Some(NO_RENEWAL),
+            retention: None,
             ..self.config.clone()
         }
     }
