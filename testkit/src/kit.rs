@@ -63,7 +63,7 @@ impl<C> fmt::Debug for Subject<C> {
 ///
 /// Defaults: 256 cases; up to 3 messages, 3 workers and 24 steps per case; the
 /// [`InboxConfig`] default (its 30-second lease, on the kit's clock); consumer name
-/// `testkit`; a [`MemoryStore`] on the kit's clock; a fresh random seed (or
+/// `testkit`; a [`MemoryStore`](dedup_core::MemoryStore) on the kit's clock; a fresh random seed (or
 /// [`SEED_ENV`]).
 #[derive(Clone)]
 pub struct Kit {
@@ -237,7 +237,7 @@ impl Kit {
         self.run_with(setup).unwrap_or_else(|f| panic!("{f}"))
     }
 
-    /// Run `consumer` on a [`MemoryStore`] on the kit's clock.
+    /// Run `consumer` on a [`MemoryStore`](dedup_core::MemoryStore) on the kit's clock.
     pub fn run<C: Consumer>(self, consumer: C) -> Result<Report, Box<Failure>> {
         self.run_with(|setup| async move {
             Ok(Subject {
