@@ -444,3 +444,38 @@ fn named_tables_are_an_explicit_opt_in_and_kept() {
     assert!(tables.contains_key("copy_outbox"), "{tables:?}");
     assert!(!tables["copy_inbox"].1.is_empty(), "{tables:?}");
 }
+
+#[test]
+fn a_panic_inside_the_run_still_drops_the_tables() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let db = dir.path().join("panics.db");
+    let path = db.clone();
+    let panicked = catch_unwind(AssertUnwindSafe(move || {
+        Kit::new()
+            .cases(4)
+            // A failing effects query panics inside the kit's runtime, mid-run.
+            .effects_query("broken", |_ids: Vec<String>| {
+                futures::future::ready(Err::<BTreeMap<String, usize>, BoxError>(
+                    "the query's table is missing".into(),
+                ))
+            })
+            .check_with(|setup| async move {
+                let store = setup.sqlite(&path, SqliteConfig::default()).await?;
+                Ok(Subject {
+                    store: Arc::new(store) as Arc<dyn DedupStore>,
+                    consumer: lease(|_, _, _| async { Ok(None) }),
+                })
+            })
+    }));
+    let story = panicked.expect_err("the query's failure panics");
+    let story = story.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(story.contains("the effects query failed"), "{story}");
+    let left = sqlite_snapshot(&db);
+    assert_eq!(
+        left.iter()
+            .map(|(name, (_, rows))| (name.as_str(), rows.len()))
+            .collect::<Vec<_>>(),
+        [("sqlite_sequence", 0)],
+        "{left:?}"
+    );
+}
