@@ -35,3 +35,8 @@ pub use shutdown::{Shutdown, ShutdownTrigger, shutdown};
 
 /// The header (AMQP, NATS) or stream field (Redis) a dead letter carries its reason in.
 pub const DEAD_LETTER_REASON: &str = "x-dedup-dead-letter-reason";
+
+/// The README's snippet, compiled as a doc test (it needs a broker to run).
+#[cfg(all(doctest, feature = "rabbitmq"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -26,7 +26,7 @@ pub use inbox::{
 };
 pub use key::Key;
 pub use memory::MemoryStore;
-pub use purger::{Purger, PurgerError, PurgerHandle, PurgerStats, PurgerWarning};
+pub use purger::{Purger, PurgerError, PurgerHandle, PurgerStats, PurgerWarning, Retention};
 pub use store::{DedupStore, ItemResult};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis, parse_duration};
 pub use tls::TlsFiles;

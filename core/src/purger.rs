@@ -1,7 +1,7 @@
 //! [`Purger`]: runs the store's purge in the background, on a jittered period, until stopped.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -9,6 +9,110 @@ use tokio::task::JoinHandle;
 
 use crate::outbox::OutboxStore;
 use crate::{DedupStore, PurgeOptions};
+
+/// How long a store keeps what it no longer needs, and how often a background purge removes
+/// the rest: what an [`Inbox`](crate::Inbox) (and so every transactional inbox) and an
+/// outbox [`Relay`](crate::outbox::Relay) run by default, without you starting a
+/// [`Purger`].
+///
+/// The default keeps records (and sent outbox rows) 7 days and looks every 10 minutes
+/// (± 20 %, so nodes started together do not purge in step), with paced batches
+/// ([`Pace::default`](crate::Pace)): live traffic never waits behind more than one short
+/// batch. Several nodes, and several inboxes on one store, may each run one: every batch
+/// removes a record at most once. Turn it off with `retention: None`
+/// ([`InboxConfig::retention`](crate::InboxConfig::retention),
+/// [`RelayConfig::retention`](crate::outbox::RelayConfig::retention)), for instance when
+/// one dedicated [`Purger`] or a cron `dedup purge` does the work.
+///
+/// Choose `keep` longer than the longest time a broker may redeliver a message (retries,
+/// dead-letter replays): a duplicate arriving after its record was purged runs again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Remove completed records (sent outbox rows) processed longer ago than this, and
+    /// in-flight records whose lease expired longer ago than this. Default 7 days.
+    pub keep: Duration,
+    /// How often the purge runs (± 20 %; the first run comes after a random part of it).
+    /// Default 10 minutes.
+    pub every: Duration,
+}
+
+impl Retention {
+    /// The default `keep`: 7 days.
+    pub const DEFAULT_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+    /// The default `every`: 10 minutes.
+    pub const DEFAULT_EVERY: Duration = Duration::from_secs(600);
+
+    /// The [`Purger`] this retention runs.
+    pub fn purger(&self) -> Purger {
+        Purger::new(self.keep, self.every)
+    }
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            keep: Self::DEFAULT_KEEP,
+            every: Self::DEFAULT_EVERY,
+        }
+    }
+}
+
+/// The retention purge of one [`Inbox`](crate::Inbox) and its clones: started by the
+/// first delivery handled (so only ever inside a tokio runtime, and once, not per call),
+/// stopped when the last clone is dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Background {
+    tried: AtomicBool,
+    running: Mutex<Option<PurgerHandle>>,
+}
+
+impl Background {
+    /// Start purging `store` under `retention` unless this was tried before. Settings the
+    /// [`Purger`] refuses (a retention shorter than `lease`) are logged at `WARN`, once.
+    pub(crate) fn start<S: DedupStore + ?Sized + 'static>(
+        &self,
+        store: &Arc<S>,
+        retention: Option<Retention>,
+        lease: Duration,
+    ) {
+        if self.tried.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(retention) = retention else {
+            self.tried.store(true, Ordering::Release);
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if self.tried.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match retention
+            .purger()
+            .longest_lease(lease)
+            .start(Arc::clone(store))
+        {
+            Ok(handle) => *running = Some(handle),
+            Err(e) => tracing::warn!(
+                error = %e,
+                source = ?std::error::Error::source(&e),
+                "dedup inbox: the retention purge did not start; nothing is purged (fix InboxConfig::retention)"
+            ),
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let running = self.running.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(handle) = running.take() {
+            // The task ends at its next wait (a run in progress finishes first).
+            let _ = handle.stop.send(true);
+        }
+    }
+}
 
 /// Why a [`Purger`] refused to start.
 #[derive(Debug, thiserror::Error)]
@@ -293,8 +397,8 @@ pub struct PurgerStats {
     pub removed: u64,
 }
 
-/// A running [`Purger`]. Stop it with [`stop`](Self::stop); dropping the handle leaves it
-/// running until the runtime shuts down.
+/// A running [`Purger`]. Stop it with [`stop`](Self::stop) (which waits for a run in
+/// progress and returns what it did); dropping the handle stops it too, without waiting.
 #[derive(Debug)]
 pub struct PurgerHandle {
     stop: watch::Sender<bool>,

@@ -22,3 +22,9 @@ pub mod sim;
 pub mod store_url;
 
 pub use store_url::url_or_temp_sqlite;
+
+/// The workspace README's snippets, compiled (and run where they need no server) as doc
+/// tests: `cargo test -p dedup-examples --doc --all-features`.
+#[cfg(all(doctest, feature = "postgres", feature = "rabbitmq"))]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

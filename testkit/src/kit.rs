@@ -9,14 +9,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dedup_core::{BoxError, DedupStore, Error, InboxConfig, Key, ManualClock, MemoryStore};
+use dedup_core::backend::names::sql_identifier;
+use dedup_core::{BoxError, DedupStore, Error, InboxConfig, Key, ManualClock};
 use futures::future::BoxFuture;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
 use crate::check::{self, Expectations, Violation};
 use crate::consumer::{Consumer, Message};
+use crate::report::{Failure, Report};
 use crate::run::Driver;
 use crate::schedule::Schedule;
+use crate::setup::{Cleanups, Rig, Setup};
 use crate::world::World;
 
 /// The environment variable that sets the seed of a run (what a failure prints).
@@ -60,7 +63,7 @@ impl<C> fmt::Debug for Subject<C> {
 ///
 /// Defaults: 256 cases; up to 3 messages, 3 workers and 24 steps per case; the
 /// [`InboxConfig`] default (its 30-second lease, on the kit's clock); consumer name
-/// `testkit`; a [`MemoryStore`] on the kit's clock; a fresh random seed (or
+/// `testkit`; a [`MemoryStore`](dedup_core::MemoryStore) on the kit's clock; a fresh random seed (or
 /// [`SEED_ENV`]).
 #[derive(Clone)]
 pub struct Kit {
@@ -72,6 +75,7 @@ pub struct Kit {
     seed: Option<[u8; 32]>,
     config: InboxConfig,
     consumer_name: String,
+    named_tables: Option<(String, String)>,
     expected: Vec<String>,
     query: Option<(String, Query)>,
 }
@@ -107,6 +111,7 @@ impl Kit {
             seed: None,
             config: InboxConfig::default(),
             consumer_name: "testkit".to_owned(),
+            named_tables: None,
             expected: Vec::new(),
             query: None,
         }
@@ -152,7 +157,8 @@ impl Kit {
 
     /// The inbox configuration (lease, attempt limit, failure policy) the consumer runs
     /// with. The kit turns the renewal timer off (it renews live workers' leases when it
-    /// moves the clock) and moves the clock by `lease` + 1 ms to expire leases.
+    /// moves the clock), turns its retention purge off, and moves the clock by `lease` +
+    /// 1 ms to expire leases.
     pub fn inbox_config(mut self, config: InboxConfig) -> Self {
         self.config = config;
         self
@@ -163,6 +169,26 @@ impl Kit {
     pub fn consumer_name(mut self, name: &str) -> Result<Self, Error> {
         Key::new(name, "m")?;
         self.consumer_name = name.to_owned();
+        Ok(self)
+    }
+
+    /// Run on the tables `inbox` and `outbox` instead of the kit's own: an explicit opt-in,
+    /// for a copy of your service's schema (never the live tables a running service or its
+    /// relay reads: the kit's clock runs hours ahead, and the kit's messages would be
+    /// relayed). [`Setup::sqlite`] and [`Setup::postgres`] open the store on them; the kit
+    /// does not drop them after the run. Names that are not safe SQL identifiers (ASCII
+    /// letters, digits and `_`, at most 63 bytes), or twice the same name, are
+    /// [`Error::InvalidInput`].
+    pub fn named_tables(mut self, inbox: &str, outbox: &str) -> Result<Self, Error> {
+        sql_identifier("inbox table", inbox)?;
+        sql_identifier("outbox table", outbox)?;
+        if inbox == outbox {
+            return Err(Error::invalid(
+                "outbox table",
+                format!("{outbox:?} is also the inbox table"),
+            ));
+        }
+        self.named_tables = Some((inbox.to_owned(), outbox.to_owned()));
         Ok(self)
     }
 
@@ -186,10 +212,12 @@ impl Kit {
         self
     }
 
-    /// The inbox configuration the kit runs with (renewal timer off).
+    /// The inbox configuration the kit runs with (renewal timer and retention purge off:
+    /// a purge would be a store operation outside the schedule).
     pub fn config(&self) -> InboxConfig {
         InboxConfig {
             renew_every: Some(NO_RENEWAL),
+            retention: None,
             ..self.config.clone()
         }
     }
@@ -203,43 +231,59 @@ impl Kit {
     pub fn check_with<C, F, Fut>(self, setup: F) -> Report
     where
         C: Consumer,
-        F: FnOnce(Arc<ManualClock>) -> Fut,
+        F: FnOnce(Setup) -> Fut,
         Fut: Future<Output = Result<Subject<C>, BoxError>>,
     {
         self.run_with(setup).unwrap_or_else(|f| panic!("{f}"))
     }
 
-    /// Run `consumer` on a [`MemoryStore`] on the kit's clock.
+    /// Run `consumer` on a [`MemoryStore`](dedup_core::MemoryStore) on the kit's clock.
     pub fn run<C: Consumer>(self, consumer: C) -> Result<Report, Box<Failure>> {
-        self.run_with(|clock| async move {
+        self.run_with(|setup| async move {
             Ok(Subject {
-                store: Arc::new(MemoryStore::with_clock(clock)) as Arc<dyn DedupStore>,
+                store: Arc::new(setup.memory_store()) as Arc<dyn DedupStore>,
                 consumer,
             })
         })
     }
 
     /// Run the consumer and store `setup` builds, on the kit's runtime (a current-thread
-    /// tokio runtime: build connection pools there), from the kit's clock: give it to your
-    /// store (`SqliteConfig::clock`, `PostgresConfig::clock`, `MemoryStore::with_clock`)
-    /// so expiring leases is the kit's to decide. Every case runs against this one store
-    /// (message ids are unique per case), so an application's own database works.
+    /// tokio runtime: build connection pools there), from the kit's [`Setup`]: its clock
+    /// (so expiring leases is the kit's to decide) and its own tables, fresh per run and
+    /// dropped after it. Build the store with [`Setup::sqlite`], [`Setup::postgres`] or
+    /// [`Setup::memory_store`]. Every case runs against this one store (message ids are
+    /// unique per case), so your service's database works: the kit's tables sit beside
+    /// the service's, which it never writes.
     ///
-    /// Panics if `setup` fails (the test cannot run).
+    /// Panics if `setup` fails (the test cannot run); what it created is dropped first.
     pub fn run_with<C, F, Fut>(self, setup: F) -> Result<Report, Box<Failure>>
     where
         C: Consumer,
-        F: FnOnce(Arc<ManualClock>) -> Fut,
+        F: FnOnce(Setup) -> Fut,
         Fut: Future<Output = Result<Subject<C>, BoxError>>,
     {
         let started = Instant::now();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("dedup-testkit: a tokio runtime");
+        let rig = Rig {
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("dedup-testkit: a tokio runtime"),
+            cleanups: Cleanups::default(),
+        };
         let clock = Arc::new(ManualClock::starting_now());
-        let subject = runtime
-            .block_on(setup(Arc::clone(&clock)))
+        let nonce = nonce();
+        let (tables, owned) = match &self.named_tables {
+            Some(named) => (named.clone(), false),
+            None => (own_tables(&nonce), true),
+        };
+        let subject = rig
+            .runtime
+            .block_on(setup(Setup::new(
+                Arc::clone(&clock),
+                tables,
+                owned,
+                rig.cleanups.clone(),
+            )))
             .unwrap_or_else(|e| panic!("dedup-testkit: the setup failed: {e}"));
         let mut consumer = subject.consumer;
         let config = self.config();
@@ -250,9 +294,9 @@ impl Kit {
             consumer: Arc::new(consumer),
             config,
             kit: self.clone(),
-            nonce: nonce(),
+            nonce,
             cases: AtomicU64::new(0),
-            runtime,
+            rig,
         };
         let seed = match (self.seed, std::env::var(SEED_ENV)) {
             (Some(s), _) => s,
@@ -336,84 +380,6 @@ impl Kit {
     }
 }
 
-/// What a passing run did.
-#[derive(Clone, Debug)]
-pub struct Report {
-    /// Cases asked for.
-    pub cases: u32,
-    /// Cases run.
-    pub runs: u64,
-    /// The seed (hex), to run the same cases again with [`Kit::seed`].
-    pub seed: String,
-    /// Wall-clock time of the whole run, setup included.
-    pub elapsed: Duration,
-    /// Kills over all cases, by where the worker stood (`before the commit`, ...): which
-    /// windows the run explored.
-    pub kills: BTreeMap<String, usize>,
-    /// Injected failures over all cases, by the operation that failed.
-    pub failures: BTreeMap<String, usize>,
-    /// Lease mode: repeated effects the mode excused over all cases (each made by a run
-    /// interrupted between the effect and its commit). Transactional mode: always 0.
-    pub excused_repeats: usize,
-}
-
-/// A broken guarantee: the smallest schedule proptest shrank the failure to, what it
-/// broke, and its story.
-#[derive(Clone, Debug)]
-pub struct Failure {
-    /// The seed of the run (hex): [`Kit::seed`] or [`SEED_ENV`] replays it.
-    pub seed: String,
-    /// The mode checked.
-    pub mode: crate::Mode,
-    /// The smallest failing schedule.
-    pub schedule: Schedule,
-    /// What it broke (empty if the rerun for the story did not fail again: see
-    /// [`reproduced`](Self::reproduced)).
-    pub violations: Vec<Violation>,
-    /// The failure as proptest recorded it.
-    pub reason: String,
-    /// The smallest schedule, as it ran: deliveries, stopping points passed, kills,
-    /// expiries, effects, commits, acks.
-    pub story: Vec<String>,
-    /// Whether running the smallest schedule again failed again (it should: a consumer
-    /// that only waits at the kit's stopping points runs the same way every time).
-    pub reproduced: bool,
-    /// Wall-clock time until the failure was shrunk.
-    pub elapsed: Duration,
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mode = match self.mode {
-            crate::Mode::Lease => "lease mode",
-            crate::Mode::Tx => "transactional mode",
-        };
-        writeln!(f, "dedup-testkit: the consumer broke a guarantee ({mode})")?;
-        if self.violations.is_empty() {
-            writeln!(f, "  {}", self.reason)?;
-            writeln!(
-                f,
-                "  (running the smallest schedule again did not fail: the consumer does not run the same way twice)"
-            )?;
-        }
-        for v in &self.violations {
-            writeln!(f, "  {v}")?;
-        }
-        writeln!(f, "smallest schedule: {}", self.schedule)?;
-        writeln!(f, "what happened:")?;
-        for (i, line) in self.story.iter().enumerate() {
-            writeln!(f, "  {:>3}. {line}", i + 1)?;
-        }
-        write!(
-            f,
-            "replay: Kit::new().seed(\"{seed}\")? or {SEED_ENV}={seed}",
-            seed = self.seed
-        )
-    }
-}
-
-impl std::error::Error for Failure {}
-
 /// What one run of a case produced.
 struct Ran {
     violations: Vec<Violation>,
@@ -432,8 +398,9 @@ struct Bench {
     kit: Kit,
     nonce: String,
     cases: AtomicU64,
-    /// Last: the store and the consumer (connection pools) drop while it still runs.
-    runtime: tokio::runtime::Runtime,
+    /// Last: the store and the consumer (connection pools) drop while its runtime still
+    /// runs, then it drops the kit's tables.
+    rig: Rig,
 }
 
 impl Bench {
@@ -488,7 +455,7 @@ impl Bench {
             messages,
             schedule.workers,
         ));
-        self.runtime.block_on(async {
+        self.rig.runtime.block_on(async {
             let mut driver = Driver::new(
                 Arc::clone(&world),
                 Arc::clone(&self.consumer),
@@ -583,6 +550,18 @@ fn random_seed() -> [u8; 32] {
         chunk.copy_from_slice(&random_u64().to_le_bytes());
     }
     seed
+}
+
+/// The kit's own tables for the run tagged `nonce`: `dedup_testkit_<nonce>` and that plus
+/// `_outbox`, both checked as SQL identifiers.
+fn own_tables(nonce: &str) -> (String, String) {
+    let inbox = format!("dedup_testkit_{nonce}");
+    let outbox = format!("{inbox}_outbox");
+    for (what, name) in [("inbox table", &inbox), ("outbox table", &outbox)] {
+        sql_identifier(what, name)
+            .unwrap_or_else(|e| panic!("dedup-testkit: the kit's own {what}: {e}"));
+    }
+    (inbox, outbox)
 }
 
 /// A tag unique to this run, so cases of several runs against one database never share a

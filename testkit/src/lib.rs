@@ -53,7 +53,7 @@
 //! schedule, the run is the same every time: that is what lets proptest shrink it.
 //!
 //! Time is the kit's [`ManualClock`](dedup_core::ManualClock), given to the store
-//! (`MemoryStore::with_clock`, `SqliteConfig::clock`, `PostgresConfig::clock`). The
+//! ([`Setup::sqlite`], [`Setup::postgres`], [`Setup::memory_store`]). The
 //! inbox's own renewal timer is off during a run; `Expire` moves the clock past the lease
 //! and renews the leases of live workers itself, as the renewal task would have: only a
 //! dead worker's lease runs out. (A live worker stalled past its lease, a GC pause, is not
@@ -84,22 +84,30 @@
 //! # Stores
 //!
 //! [`Kit::run`] uses a [`MemoryStore`](dedup_core::MemoryStore); [`Kit::run_with`] any
-//! store the application builds (its SQLite file, its PostgreSQL schema), all cases
-//! against the one store (message ids are unique per case and per run).
+//! store the application builds from the kit's [`Setup`] (its SQLite file, its PostgreSQL
+//! database), all cases against the one store (message ids are unique per case and per
+//! run). The store lives on the kit's own tables, fresh per run and dropped after it (also
+//! when it fails or panics), so the kit's clock never stamps a row of the service's own
+//! inbox or outbox; [`Kit::named_tables`] opts in to tables of your choosing.
 
 mod check;
 mod consumer;
 mod gated;
 mod kit;
+mod report;
 mod run;
 mod schedule;
+mod setup;
+mod tables;
 mod tx;
 mod world;
 
 pub use check::Violation;
 pub use consumer::{Consumer, Cx, Effects, LeaseConsumer, Message, Mode, lease};
-pub use kit::{Failure, Kit, Report, SEED_ENV, Subject};
+pub use kit::{Kit, SEED_ENV, Subject};
+pub use report::{Failure, Report};
 pub use schedule::{Schedule, Step};
+pub use setup::Setup;
 #[cfg(feature = "postgres")]
 pub use tx::{PostgresTx, postgres_tx};
 #[cfg(feature = "sqlite")]

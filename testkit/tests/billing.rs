@@ -13,7 +13,7 @@ use dedup_core::{BoxError, DedupStore};
 use dedup_examples::billing::{self, Payments};
 use dedup_sqlite::rusqlite::{Connection, params_from_iter};
 use dedup_sqlite::{SqliteConfig, SqliteStore, TxInbox};
-use dedup_testkit::{Effects, Kit, Subject, Violation, lease, sqlite_tx};
+use dedup_testkit::{Effects, Kit, Setup, Subject, Violation, lease, sqlite_tx};
 
 /// The payment provider as the kit's ledger: each charge is a stopping point and an
 /// effect, applied once per idempotency key.
@@ -67,15 +67,9 @@ fn invoices(
     }
 }
 
-async fn store(db: &Path, clock: Arc<dedup_core::ManualClock>) -> Result<SqliteStore, BoxError> {
-    Ok(SqliteStore::open_with(
-        db,
-        SqliteConfig {
-            clock: Some(clock),
-            ..SqliteConfig::default()
-        },
-    )
-    .await?)
+/// The kit's store in the application's database file (on the kit's own tables).
+async fn store(db: &Path, setup: Setup) -> Result<SqliteStore, BoxError> {
+    Ok(setup.sqlite(db, SqliteConfig::default()).await?)
 }
 
 #[test]
@@ -86,8 +80,8 @@ fn billing_in_lease_mode_passes_on_sqlite() {
         .cases(256)
         .expect_effect("charge")
         .effects_query("invoice", invoices(db.clone()))
-        .check_with(|clock| async move {
-            let store = store(&path, clock).await?;
+        .check_with(|setup| async move {
+            let store = store(&path, setup).await?;
             let db = path.clone();
             Ok(Subject {
                 store: Arc::new(store) as Arc<dyn DedupStore>,
@@ -127,8 +121,8 @@ fn billing_tx(
         .cases(cases)
         .expect_effect("charge")
         .effects_query("invoice", invoices(db.clone()))
-        .run_with(|clock| async move {
-            let store = store(&path, clock).await?;
+        .run_with(|setup| async move {
+            let store = store(&path, setup).await?;
             Ok(Subject {
                 store: Arc::new(store.clone()) as Arc<dyn DedupStore>,
                 consumer: sqlite_tx(TxInbox::new(store), move |tx, lease, message, fx| {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dedup_core::{BoxError, DedupStore};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
-use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
+use dedup_postgres::{PostgresConfig, TxInbox};
 use dedup_testkit::{Kit, Subject, Violation, postgres_tx};
 
 /// The schema of a test's tables (the store's and the invoices): one per test, as the two
@@ -60,16 +60,16 @@ fn run(
                     )
                 }
             })
-            .run_with(|clock| async move {
-                let store = PostgresStore::connect_with(
-                    &url,
-                    PostgresConfig {
-                        schema: schema.into(),
-                        clock: Some(clock),
-                        ..PostgresConfig::default()
-                    },
-                )
-                .await?;
+            .run_with(|setup| async move {
+                let store = setup
+                    .postgres(
+                        &url,
+                        PostgresConfig {
+                            schema: schema.into(),
+                            ..PostgresConfig::default()
+                        },
+                    )
+                    .await?;
                 invoices_table(store.pool(), schema).await?;
                 let _ = pool.set(store.pool().clone());
                 Ok(Subject {

@@ -116,7 +116,7 @@ pub(crate) fn render_table(migration: &str, schema: &str, table: &str) -> String
 }
 
 /// The table recording each store table's schema version, one per PostgreSQL schema.
-pub(crate) const VERSIONS_TABLE: &str = "dedup_schema_versions";
+pub const VERSIONS_TABLE: &str = "dedup_schema_versions";
 
 /// The DDL of the versions table (idempotent).
 fn versions_ddl(schema: &str) -> String {

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::HandlerRetry;
+use crate::Retention;
 use crate::layers::RetryPolicy;
 
 /// How an [`Inbox`](super::Inbox) claims, renews, commits and treats failures.
@@ -33,12 +34,20 @@ pub struct InboxConfig {
     pub handler_retry: HandlerRetry,
     /// Whether each suppressed duplicate is logged (default: no).
     pub log_duplicates: DuplicateLog,
+    /// The purge the inbox runs on its store in the background (default
+    /// [`Retention::default`]: records kept 7 days, a paced purge every 10 minutes).
+    /// `None` turns it off. It starts with the first delivery the inbox (or any clone of
+    /// it) handles, inside that delivery's tokio runtime, once, and stops when the last
+    /// clone is dropped; a `keep` shorter than [`lease`](Self::lease) is refused (logged at
+    /// `WARN`, nothing purged). Each inbox built runs its own (several on one store, or on
+    /// several nodes, are safe: see [`Retention`]).
+    pub retention: Option<Retention>,
 }
 
 impl Default for InboxConfig {
     /// A 30-second lease renewed every 10 seconds, the default commit [`RetryPolicy`], no
     /// attempt limit, failures released for a retry, no retry in process, no log line per
-    /// duplicate.
+    /// duplicate, records purged after 7 days.
     fn default() -> Self {
         InboxConfig {
             lease: Duration::from_secs(30),
@@ -48,6 +57,7 @@ impl Default for InboxConfig {
             failures: FailurePolicy::Retry,
             handler_retry: HandlerRetry::NEVER,
             log_duplicates: DuplicateLog::Off,
+            retention: Some(Retention::default()),
         }
     }
 }

@@ -26,6 +26,7 @@ use stored::Stored;
 pub use tx::{TxAttempt, TxAttempts, TxEngine};
 
 use crate::layers::metric_names as m;
+use crate::purger::Background;
 use crate::{BoxError, Claim, ClaimOptions, DedupStore, Fingerprint, Key, Lease, Timestamp};
 
 /// Turns a handler's value into outcome bytes.
@@ -75,6 +76,7 @@ type Decode<T> = fn(Option<Vec<u8>>) -> Result<T, BoxError>;
 pub struct Inbox<S: ?Sized> {
     config: InboxConfig,
     store: Arc<S>,
+    retention: Arc<Background>,
 }
 
 impl<S: ?Sized> Clone for Inbox<S> {
@@ -82,6 +84,7 @@ impl<S: ?Sized> Clone for Inbox<S> {
         Inbox {
             config: self.config.clone(),
             store: Arc::clone(&self.store),
+            retention: Arc::clone(&self.retention),
         }
     }
 }
@@ -96,13 +99,16 @@ impl<S: DedupStore + 'static> Inbox<S> {
 impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
     /// An inbox over a shared store (e.g. `Arc<dyn DedupStore>`) with `config`.
     pub fn from_arc(store: Arc<S>, config: InboxConfig) -> Self {
-        Inbox { config, store }
+        Inbox {
+            config,
+            store,
+            retention: Arc::default(),
+        }
     }
 
-    /// The same inbox with another configuration.
-    pub fn with_config(mut self, config: InboxConfig) -> Self {
-        self.config = config;
-        self
+    /// The same inbox with another configuration (and its own retention purge).
+    pub fn with_config(self, config: InboxConfig) -> Self {
+        Self::from_arc(self.store, config)
     }
 
     /// The configuration.
@@ -234,6 +240,8 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         decode: Decode<T>,
         mode: Mode,
     ) -> Result<Lease, Result<Handled<T>, InboxError>> {
+        self.retention
+            .start(&self.store, self.config.retention, self.config.lease);
         let options = ClaimOptions {
             lease: self.config.lease,
             fingerprint: fingerprint.cloned(),

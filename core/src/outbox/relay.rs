@@ -12,7 +12,7 @@ use tracing::Instrument;
 use super::{AfterFailure, Held, OutboxStore, Publisher};
 use crate::inbox::error_chain;
 use crate::layers::metric_names as names;
-use crate::{Backoff, Result};
+use crate::{Backoff, Result, Retention};
 
 /// How a [`Relay`] works. The defaults suit most services; see each field.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +47,10 @@ pub struct RelayConfig {
     /// to two rounds, and a row of an ordering key waits while an earlier row of its key
     /// is held, so per-key order holds at any number.
     pub rounds_in_flight: usize,
+    /// The purge of sent rows the relay runs beside its rounds while started (default
+    /// [`Retention::default`]: sent rows, and with them their message ids, kept 7 days; a
+    /// paced purge every 10 minutes). `None` turns it off. Safe on every node.
+    pub retention: Option<Retention>,
 }
 
 impl Default for RelayConfig {
@@ -65,6 +69,7 @@ impl Default for RelayConfig {
             stats_interval: Duration::from_secs(15),
             rounds_in_flight: 4,
             linger: Duration::from_millis(20),
+            retention: Some(Retention::default()),
         }
     }
 }
@@ -103,6 +108,11 @@ impl RelayConfig {
     /// The same configuration looking again `linger` after a round that took rows.
     pub fn linger(mut self, linger: Duration) -> Self {
         self.linger = linger;
+        self
+    }
+    /// The same configuration purging sent rows under `retention` (`None`: never).
+    pub fn retention(mut self, retention: Option<Retention>) -> Self {
+        self.retention = retention;
         self
     }
     /// The same configuration with another stop grace.
@@ -195,7 +205,8 @@ impl Relay {
     /// Run rounds in tokio tasks until [`RelayHandle::stop`]:
     /// [`RelayConfig::rounds_in_flight`] loops, each taking rounds back to back while full
     /// batches come back, otherwise waiting for a wake-up from the store or the poll
-    /// interval. Store errors are logged and retried after the poll interval.
+    /// interval. Store errors are logged and retried after the poll interval. Beside them,
+    /// the [`RelayConfig::retention`] purge of sent rows, stopped with the relay.
     pub fn start(self) -> RelayHandle {
         let (stop, stopped) = watch::channel(false);
         let totals = Arc::new(Totals::default());
@@ -204,6 +215,11 @@ impl Relay {
     }
 
     async fn run(self, stopped: watch::Receiver<bool>, totals: Arc<Totals>) -> RelayRound {
+        let purger = self.config.retention.and_then(|r| {
+            (r.purger().start_outbox(Arc::clone(&self.store)))
+                .inspect_err(|e| tracing::warn!(error = %e, "dedup outbox relay: the retention purge did not start; sent rows are not purged"))
+                .ok()
+        });
         let relay = Arc::new(self);
         let woken = Arc::new(Notify::new());
         // One task listens for the store's wake-ups and wakes every round loop.
@@ -248,6 +264,9 @@ impl Relay {
             all.add(one.unwrap_or_default());
         }
         listener.abort();
+        if let Some(purger) = purger {
+            purger.stop().await;
+        }
         all
     }
 

@@ -1,0 +1,228 @@
+//! The kit's stores on SQLite and PostgreSQL ([`Setup::sqlite`](crate::Setup::sqlite),
+//! [`Setup::postgres`](crate::Setup::postgres)): opened on the kit's tables and clock, with
+//! a cleanup that drops those tables (and their rows in the schema versions table) after
+//! the run.
+//!
+//! The versions table itself is dropped only when the kit created it: right after the
+//! store opened it held no row but the kit's two, and it is empty once they are gone.
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use dedup_core::Error;
+    use dedup_sqlite::rusqlite::{self, Connection, OptionalExtension, params};
+    use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore};
+
+    use crate::Setup;
+
+    impl Setup {
+        /// Open the SQLite database at `path` (your service's file, or a copy) with
+        /// `config`, on the kit's tables and clock: `config.table`, `config.outbox_table`
+        /// and `config.clock` are replaced, the rest is kept. Unless the tables are
+        /// [named](crate::Kit::named_tables), they are dropped after the run.
+        pub async fn sqlite(
+            &self,
+            path: impl AsRef<Path>,
+            config: SqliteConfig,
+        ) -> Result<SqliteStore, Error> {
+            let path = path.as_ref().to_path_buf();
+            let (inbox, outbox) = (
+                self.inbox_table().to_owned(),
+                self.outbox_table().to_owned(),
+            );
+            let store = SqliteStore::open_with(
+                &path,
+                SqliteConfig {
+                    table: inbox.clone(),
+                    outbox_table: Some(outbox.clone()),
+                    clock: Some(self.clock()),
+                    ..config
+                },
+            )
+            .await?;
+            if self.owns_tables() {
+                let read = versions_table_is_ours(&path, &inbox, &outbox);
+                let ours = *read.as_ref().unwrap_or(&false);
+                self.on_cleanup(move || async move {
+                    if let Err(e) = drop_tables(&path, &inbox, &outbox, ours) {
+                        eprintln!(
+                            "dedup-testkit: could not drop the kit's tables {inbox:?} and {outbox:?} in {}: {e}; drop them by hand",
+                            path.display()
+                        );
+                    }
+                });
+                read.map_err(|e| {
+                    Error::backend("sqlite", false, e).during("reading the schema versions")
+                })?;
+            }
+            Ok(store)
+        }
+    }
+
+    fn connect(path: &PathBuf) -> rusqlite::Result<Connection> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        Ok(conn)
+    }
+
+    /// Whether the versions table holds no row but the kit's (so the kit created it).
+    fn versions_table_is_ours(path: &PathBuf, inbox: &str, outbox: &str) -> rusqlite::Result<bool> {
+        let others: i64 = connect(path)?.query_row(
+            &format!(
+                "SELECT count(*) FROM \"{SCHEMA_VERSIONS_TABLE}\" WHERE table_name NOT IN (?1, ?2)"
+            ),
+            params![inbox, outbox],
+            |r| r.get(0),
+        )?;
+        Ok(others == 0)
+    }
+
+    fn drop_tables(
+        path: &PathBuf,
+        inbox: &str,
+        outbox: &str,
+        versions_ours: bool,
+    ) -> rusqlite::Result<()> {
+        let mut conn = connect(path)?;
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute_batch(&format!(
+            "DROP TABLE IF EXISTS \"{inbox}\"; DROP TABLE IF EXISTS \"{outbox}\";"
+        ))?;
+        let versions: Option<i64> = tx
+            .query_row(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                [SCHEMA_VERSIONS_TABLE],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if versions.is_some() {
+            tx.execute(
+                &format!("DELETE FROM \"{SCHEMA_VERSIONS_TABLE}\" WHERE table_name IN (?1, ?2)"),
+                params![inbox, outbox],
+            )?;
+            let left: i64 = tx.query_row(
+                &format!("SELECT count(*) FROM \"{SCHEMA_VERSIONS_TABLE}\""),
+                [],
+                |r| r.get(0),
+            )?;
+            if versions_ours && left == 0 {
+                tx.execute_batch(&format!("DROP TABLE \"{SCHEMA_VERSIONS_TABLE}\""))?;
+            }
+        }
+        tx.commit()
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use dedup_core::Error;
+    use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
+    use dedup_postgres::{PostgresConfig, PostgresStore, SCHEMA_VERSIONS_TABLE};
+
+    use crate::Setup;
+
+    impl Setup {
+        /// Connect to the PostgreSQL database at `url` (your service's, or a copy) with
+        /// `config`, on the kit's tables (in `config.schema`) and clock: `config.table`,
+        /// `config.outbox_table` and `config.clock` are replaced, the rest is kept. Unless
+        /// the tables are [named](crate::Kit::named_tables), they are dropped after the run.
+        pub async fn postgres(
+            &self,
+            url: &str,
+            config: PostgresConfig,
+        ) -> Result<PostgresStore, Error> {
+            let (inbox, outbox) = (
+                self.inbox_table().to_owned(),
+                self.outbox_table().to_owned(),
+            );
+            let store = PostgresStore::connect_with(
+                url,
+                PostgresConfig {
+                    table: inbox.clone(),
+                    outbox_table: Some(outbox.clone()),
+                    clock: Some(self.clock()),
+                    ..config
+                },
+            )
+            .await?;
+            if self.owns_tables() {
+                let pool = store.pool().clone();
+                let schema = store.config().schema.clone();
+                let read = versions_table_is_ours(&pool, &schema, &inbox, &outbox).await;
+                let ours = *read.as_ref().unwrap_or(&false);
+                self.on_cleanup(move || async move {
+                    if let Err(e) = drop_tables(&pool, &schema, &inbox, &outbox, ours).await {
+                        eprintln!(
+                            "dedup-testkit: could not drop the kit's tables \"{schema}\".{inbox:?} and {outbox:?}: {e}; drop them by hand"
+                        );
+                    }
+                    pool.close().await;
+                });
+                read.map_err(|e| {
+                    Error::backend("postgres", false, e).during("reading the schema versions")
+                })?;
+            }
+            Ok(store)
+        }
+    }
+
+    /// Whether the versions table holds no row but the kit's (so the kit created it).
+    async fn versions_table_is_ours(
+        pool: &PgPool,
+        schema: &str,
+        inbox: &str,
+        outbox: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let others: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{schema}\".{SCHEMA_VERSIONS_TABLE} WHERE table_name NOT IN ($1, $2)"
+        )))
+        .bind(inbox)
+        .bind(outbox)
+        .fetch_one(pool)
+        .await?;
+        Ok(others == 0)
+    }
+
+    async fn drop_tables(
+        pool: &PgPool,
+        schema: &str,
+        inbox: &str,
+        outbox: &str,
+        versions_ours: bool,
+    ) -> Result<(), sqlx::Error> {
+        let versions = format!("\"{schema}\".{SCHEMA_VERSIONS_TABLE}");
+        let mut tx = pool.begin().await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS \"{schema}\".\"{inbox}\", \"{schema}\".\"{outbox}\""
+        )))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {versions} WHERE table_name IN ($1, $2)"
+        )))
+        .bind(inbox)
+        .bind(outbox)
+        .execute(&mut *tx)
+        .await?;
+        if versions_ours {
+            // Under the lock, no other node records a table between the count and the drop.
+            sqlx::query(AssertSqlSafe(format!(
+                "LOCK TABLE {versions} IN ACCESS EXCLUSIVE MODE"
+            )))
+            .execute(&mut *tx)
+            .await?;
+            let left: i64 =
+                sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {versions}")))
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if left == 0 {
+                sqlx::query(AssertSqlSafe(format!("DROP TABLE {versions}")))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await
+    }
+}
