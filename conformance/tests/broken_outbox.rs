@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_conformance::TestContext;
+use dedup_conformance::TxEnd;
 use dedup_conformance::clauses::outbox_clauses;
-use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest, TxEnd};
+use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest};
 use dedup_core::outbox::{
     AfterFailure, Held, MemoryOutbox, OutboxEntry, OutboxMessage, OutboxQuery, OutboxState,
     OutboxStats, OutboxStore,

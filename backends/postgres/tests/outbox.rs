@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_conformance::TestContext;
-use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest, TxEnd};
+use dedup_conformance::TxEnd;
+use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest};
 use dedup_core::outbox::{
     ConsumerOutbox, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxStore, Relay, RelayConfig,
     derived_message_id,

@@ -17,7 +17,8 @@ use dedup_core::outbox::{
 use dedup_core::{Backoff, Error, PurgeOptions};
 
 use crate::TestContext;
-use crate::outbox::{OutboxFactory, OutboxUnderTest, TxEnd};
+use crate::TxEnd;
+use crate::outbox::{OutboxFactory, OutboxUnderTest};
 use crate::support::LEASE;
 
 const HOUR: Duration = Duration::from_secs(3600);
