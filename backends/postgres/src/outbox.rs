@@ -463,18 +463,19 @@ impl OutboxStore for PostgresOutbox {
     }
 
     /// A `LISTEN` on [`PostgresOutbox::channel`] over a connection of its own, as a stream
-    /// of `()`: one item per notification (per committed enqueue that wrote rows). sqlx
+    /// of `Ok(())`: one item per notification (per committed enqueue that wrote rows). sqlx
     /// reconnects a dropped listener by itself (notifications sent meanwhile are lost: the
-    /// relay's polling covers them); the stream ends at the first error it cannot recover.
-    async fn wakeups(&self) -> Result<Option<BoxStream<'static, ()>>> {
+    /// relay's polling covers them); the first error it cannot recover from (the server
+    /// shut down, or is still down) is the stream's last item, and the relay listens again
+    /// once the server answers.
+    async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {
         let mut listener = PgListener::connect_with(self.store.pool())
             .await
             .map_err(backend)?;
         listener.listen(self.channel()).await.map_err(backend)?;
         let stream = listener
             .into_stream()
-            .take_while(|n| std::future::ready(n.is_ok()))
-            .map(|_| ());
+            .map(|n| n.map(|_| ()).map_err(backend));
         Ok(Some(stream.boxed()))
     }
 }
