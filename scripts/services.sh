@@ -15,7 +15,8 @@
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
-#   scripts/services.sh crash-restart postgres|mariadb|rabbitmq   # kill -9 style restart, data kept (tests)
+#   scripts/services.sh crash-restart postgres|mariadb|rabbitmq [DOWN]   # kill -9 style restart, data kept (tests);
+#                             PostgreSQL stays down DOWN seconds (default 0) before it starts again
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -1027,7 +1028,7 @@ cmd_stop() {
 # in immediate mode (no shutdown checkpoint; WAL replay on start). For the server-restart
 # tests, which run their own state dir.
 cmd_crash_restart() {
-    local svc=${1:-} dir bin port
+    local svc=${1:-} down=${2:-0} dir bin port
     case $svc in
         mariadb) crash_restart_mariadb; return ;;
         rabbitmq) crash_restart_rabbitmq; return ;;
@@ -1037,7 +1038,9 @@ cmd_crash_restart() {
     [[ -f $dir/port && -d $dir/data ]] || die "PostgreSQL is not running in $STATE_DIR"
     bin=$(pg_bindir) || die "PostgreSQL binaries not found"
     port=$(<"$dir/port")
+    [[ $down =~ ^[0-9]+$ ]] || die "crash-restart: DOWN must be whole seconds, got '$down'"
     as_user postgres "$bin/pg_ctl" -D "$dir/data" -m immediate -t 30 stop >/dev/null 2>&1 || true
+    sleep "$down"
     as_user postgres setsid "$bin/pg_ctl" -D "$dir/data" -l "$dir/data/server.log" -W start >/dev/null
     wait_postgres "$bin" "$port" ||
         { show_log "$dir/data/server.log"; die "PostgreSQL did not come back on port $port"; }

@@ -54,7 +54,11 @@ impl<S: ?Sized, F> std::fmt::Debug for InboxHandler<S, F> {
 
 /// A handler running `work(lease, delivery)` through `inbox.handle` (no fingerprint): the
 /// outcome `work` returns is stored for duplicates, its error releases the lease (or is
-/// stored, per the inbox's [`FailurePolicy`](dedup_core::FailurePolicy)).
+/// stored, per the inbox's [`FailurePolicy`](dedup_core::FailurePolicy)). An error marked
+/// [`Transient`](dedup_core::Transient) runs `work` again within the same delivery, as a
+/// new attempt, under the inbox's
+/// [`handler_retry`](dedup_core::InboxConfig::handler_retry), before the delivery is
+/// given back to the broker.
 pub fn with_inbox<S, F, Fut, E>(inbox: Inbox<S>, work: F) -> InboxHandler<S, F>
 where
     S: DedupStore + ?Sized + 'static,
@@ -74,9 +78,8 @@ where
     E: Into<BoxError> + Send,
 {
     async fn handle(&self, key: &Key, delivery: &Delivery) -> Result<Handled, InboxError> {
-        let delivery = delivery.clone();
         self.inbox
-            .handle(key, None, |lease| (self.work)(lease, delivery))
+            .handle(key, None, |lease| (self.work)(lease, delivery.clone()))
             .await
     }
 }

@@ -16,8 +16,8 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use support::{
-    Runs, all_once, assert_one_at_a_time, commit_then_hang, config, counting, ids,
-    one_at_a_time_probe, one_in_flight, poison, row, wait_until,
+    Runs, all_once, assert_one_at_a_time, assert_retried_in_process, commit_then_hang, config,
+    counting, ids, one_at_a_time_probe, one_in_flight, poison, row, transient_once, wait_until,
 };
 
 struct Fixture {
@@ -410,5 +410,44 @@ async fn with_one_in_flight_messages_run_one_at_a_time_in_queue_order() {
     let stats = task.await.unwrap().unwrap();
     assert_one_at_a_time(&stats, &order, &most, 10);
     assert!(fx.drain(&fx.queue).await.is_empty());
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_transient_error_runs_again_inside_one_delivery_which_is_acked_once() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
+    publisher
+        .publish(&row(&fx.dest(), "parcel-1"))
+        .await
+        .unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let log = Arc::default();
+    let (stop, signal) = shutdown();
+    let consumer = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config());
+    let task = tokio::spawn(consumer.run(transient_once(&store, &log), signal));
+    wait_until("the second run", || log.lock().unwrap().len() == 2).await;
+    // Time for a wrongly requeued delivery to come back and run a third time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.shut_down();
+    let stats = task.await.unwrap().unwrap();
+    assert_retried_in_process(&stats, &log);
+    assert_eq!(stats.settle_errors, 0, "one ack, accepted: {stats:?}");
+    let key = dedup_core::Key::new(fx.queue.as_str(), "parcel-1").unwrap();
+    let record = dedup_core::DedupStore::get(&*store, &key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(record.state, dedup_core::RecordState::Completed { .. }) && record.attempt == 2,
+        "{record:?}"
+    );
+    assert!(
+        fx.drain(&fx.queue).await.is_empty(),
+        "acked: nothing left in the queue"
+    );
+    assert!(fx.drain(&fx.dead).await.is_empty(), "nothing dead-lettered");
     fx.cleanup().await;
 }

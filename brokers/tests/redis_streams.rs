@@ -15,8 +15,8 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
 use support::{
-    Runs, all_once, assert_one_at_a_time, commit_then_hang, config, counting, ids,
-    one_at_a_time_probe, one_in_flight, poison, row, wait_until,
+    Runs, all_once, assert_one_at_a_time, assert_retried_in_process, commit_then_hang, config,
+    counting, ids, one_at_a_time_probe, one_in_flight, poison, row, transient_once, wait_until,
 };
 
 const GROUP: &str = "billing";
@@ -333,5 +333,34 @@ async fn with_one_in_flight_entries_run_one_at_a_time_in_stream_order() {
     stop.shut_down();
     let stats = task.await.unwrap().unwrap();
     assert_one_at_a_time(&stats, &order, &most, 10);
+    fx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_transient_error_runs_again_inside_one_delivery_which_is_acked_once() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let publisher = StreamPublisher::connect(&fx.client).await.unwrap();
+    publisher
+        .publish(&row(&fx.stream, "parcel-1"))
+        .await
+        .unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let log = Arc::default();
+    let (stop, signal) = shutdown();
+    let task = tokio::spawn(
+        fx.consumer("w1", config())
+            .run(transient_once(&store, &log), signal),
+    );
+    wait_until("the second run", || log.lock().unwrap().len() == 2).await;
+    // Past `claim_idle`: an entry left pending would be reclaimed and run a third time.
+    tokio::time::sleep(IDLE * 3).await;
+    stop.shut_down();
+    let stats = task.await.unwrap().unwrap();
+    assert_retried_in_process(&stats, &log);
+    assert_eq!(stats.settle_errors, 0, "{stats:?}");
+    assert_eq!(fx.pending().await, 0, "XACKed: nothing pending");
+    assert!(fx.entries(&dead_stream(&fx.stream)).await.is_empty());
     fx.cleanup().await;
 }

@@ -79,12 +79,13 @@ pub trait StoreFactory: Send + Sync + 'static {
     }
 }
 
-/// How a transaction opened by [`TransactionalFactory`] ends.
+/// How a transaction opened by a test's factory ends ([`TransactionalFactory`], an
+/// [`OutboxProducer`](crate::outbox::OutboxProducer)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TxEnd {
-    /// Commit it.
+    /// Commit it: its rows become visible.
     Commit,
-    /// Roll it back.
+    /// Roll it back: nothing it wrote remains.
     Rollback,
 }
 

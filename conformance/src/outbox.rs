@@ -7,16 +7,7 @@ use async_trait::async_trait;
 use dedup_core::Result;
 use dedup_core::outbox::{MemoryOutbox, OutboxMessage, OutboxStore};
 
-use crate::TestContext;
-
-/// How a producer's transaction ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TxEnd {
-    /// It commits: the rows become visible.
-    Commit,
-    /// It rolls back: nothing is written.
-    Rollback,
-}
+use crate::{TestContext, TxEnd};
 
 /// Writes messages the way an application does: with the backend's `enqueue`, inside a
 /// transaction of its own that also writes a business row.

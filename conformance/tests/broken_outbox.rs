@@ -1,6 +1,13 @@
 //! Proof that the outbox clauses can fail: each runs against an outbox with one deliberate
 //! fault, and each fault must be caught by the clause named for it. The same outbox without
 //! a fault passes every clause (`memory.rs`), so each failure is the fault's doing.
+//!
+//! The broken outboxes are hand-written `OutboxStore`s (as a layer over a store is): only
+//! such a type can skip an input check, and the faults `Skips*` do, calling the
+//! `OutboxStorage` beneath directly; the suite catches each. A backend implements
+//! `OutboxStorage` and gets its `OutboxStore` from the front door, whose checks it cannot
+//! skip: `a_storage_that_checks_nothing_gets_no_bad_input_through_the_front_door` runs
+//! every clause over a storage that checks nothing and records any bad input reaching it.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -9,11 +16,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_conformance::TestContext;
+use dedup_conformance::TxEnd;
 use dedup_conformance::clauses::outbox_clauses;
-use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest, TxEnd};
+use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest};
+use dedup_core::backend::OutboxStorage;
+use dedup_core::backend::check::{self, MAX_OUTBOX_LIST, MAX_OUTBOX_TAKE};
 use dedup_core::outbox::{
-    AfterFailure, Held, MemoryOutbox, OutboxEntry, OutboxMessage, OutboxQuery, OutboxState,
-    OutboxStats, OutboxStore,
+    AfterFailure, Held, MAX_DELAY, MAX_ERROR_LEN, MemoryOutbox, OutboxEntry, OutboxMessage,
+    OutboxQuery, OutboxState, OutboxStats, OutboxStore,
 };
 use dedup_core::{LeaseToken, PurgeOptions, PurgeReport, Result};
 use futures::FutureExt;
@@ -40,12 +50,20 @@ enum Fault {
     KeepsDuplicates,
     /// A take of zero rows is answered instead of refused.
     AcceptsZeroTake,
+    /// Marks and hand-backs of more ids than a take may hold reach the storage unchecked.
+    SkipsIdCheck,
+    /// A retry delay over `MAX_DELAY` reaches the storage unchecked.
+    SkipsDelayCheck,
+    /// Invalid purge options reach the storage unchecked.
+    SkipsPurgeCheck,
     /// A hand-back counts the attempt.
     HandBackCounts,
     /// An operator's retry answers true and changes nothing.
     RetryIgnored,
     /// Delays are dropped on enqueue.
     IgnoresDelay,
+    /// No fault (the producer of the front-door proof).
+    Honest,
 }
 
 #[derive(Debug)]
@@ -64,23 +82,24 @@ impl OutboxStore for Broken {
 
     async fn take(&self, limit: usize, hold: Duration) -> Result<Held> {
         if self.fault == Fault::AcceptsZeroTake && limit == 0 {
-            return self.inner.take(1, hold).await.map(|mut h| {
+            return OutboxStore::take(&self.inner, 1, hold).await.map(|mut h| {
                 h.rows.clear();
                 h
             });
         }
-        let mut held = self.inner.take(limit, hold).await?;
+        let mut held = OutboxStore::take(&self.inner, limit, hold).await?;
         match self.fault {
             Fault::TakesHeldRows => {
                 let taken: Vec<i64> = held.rows.iter().map(|r| r.id).collect();
-                let others = self
-                    .inner
-                    .list(&OutboxQuery {
+                let others = OutboxStore::list(
+                    &self.inner,
+                    &OutboxQuery {
                         state: Some(OutboxState::Held),
                         limit: 1000,
                         ..OutboxQuery::default()
-                    })
-                    .await?;
+                    },
+                )
+                .await?;
                 held.rows.extend(
                     others
                         .into_iter()
@@ -106,17 +125,20 @@ impl OutboxStore for Broken {
     }
 
     async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>> {
+        if self.fault == Fault::SkipsIdCheck {
+            return OutboxStorage::mark_sent(&self.inner, token, ids).await;
+        }
         if self.fault == Fault::UnfencedMarks {
             let holders = self.holders.lock().unwrap().clone();
             let mut marked = Vec::new();
             for id in ids {
                 if let Some(t) = holders.get(id) {
-                    marked.extend(self.inner.mark_sent(t, &[*id]).await?);
+                    marked.extend(OutboxStore::mark_sent(&self.inner, t, &[*id]).await?);
                 }
             }
             return Ok(marked);
         }
-        self.inner.mark_sent(token, ids).await
+        OutboxStore::mark_sent(&self.inner, token, ids).await
     }
 
     async fn mark_failed(
@@ -126,57 +148,65 @@ impl OutboxStore for Broken {
         error: &str,
         after: AfterFailure,
     ) -> Result<bool> {
+        if self.fault == Fault::SkipsDelayCheck {
+            return OutboxStorage::mark_failed(&self.inner, token, id, error, after).await;
+        }
         let after = match (self.fault, after) {
             (Fault::NeverDies, AfterFailure::Dead) => AfterFailure::RetryAfter(Duration::ZERO),
             _ => after,
         };
-        self.inner.mark_failed(token, id, error, after).await
+        OutboxStore::mark_failed(&self.inner, token, id, error, after).await
     }
 
     async fn hand_back(&self, token: &LeaseToken, ids: &[i64]) -> Result<u64> {
+        if self.fault == Fault::SkipsIdCheck {
+            return OutboxStorage::hand_back(&self.inner, token, ids).await;
+        }
         if self.fault == Fault::HandBackCounts {
             let mut n = 0;
             for id in ids {
-                if self
-                    .inner
-                    .mark_failed(
-                        token,
-                        *id,
-                        "handed back",
-                        AfterFailure::RetryAfter(Duration::ZERO),
-                    )
-                    .await?
+                if OutboxStore::mark_failed(
+                    &self.inner,
+                    token,
+                    *id,
+                    "handed back",
+                    AfterFailure::RetryAfter(Duration::ZERO),
+                )
+                .await?
                 {
                     n += 1;
                 }
             }
             return Ok(n);
         }
-        self.inner.hand_back(token, ids).await
+        OutboxStore::hand_back(&self.inner, token, ids).await
     }
 
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        if self.fault == Fault::SkipsPurgeCheck {
+            return OutboxStorage::purge(&self.inner, options).await;
+        }
         if self.fault == Fault::PurgesEarly {
             let mut early = options.clone();
             early.retention = Duration::ZERO;
-            return self.inner.purge(&early).await;
+            return OutboxStore::purge(&self.inner, &early).await;
         }
-        self.inner.purge(options).await
+        OutboxStore::purge(&self.inner, options).await
     }
 
     async fn stats(&self) -> Result<OutboxStats> {
-        self.inner.stats().await
+        OutboxStore::stats(&self.inner).await
     }
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
-        self.inner.list(query).await
+        OutboxStore::list(&self.inner, query).await
     }
 
     async fn retry(&self, id: i64) -> Result<bool> {
         if self.fault == Fault::RetryIgnored {
             return Ok(true);
         }
-        self.inner.retry(id).await
+        OutboxStore::retry(&self.inner, id).await
     }
 }
 
@@ -335,4 +365,140 @@ proofs! {
     a_counting_hand_back_is_caught: HandBackCounts => outbox_hand_back_makes_rows_due_without_counting_the_attempt;
     an_ignored_retry_is_caught: RetryIgnored => outbox_retry_makes_a_dead_row_pending_again;
     ignored_delays_are_caught: IgnoresDelay => outbox_delayed_rows_wait_until_due;
+    a_skipped_id_check_is_caught: SkipsIdCheck => outbox_refuses_bad_input_and_writes_nothing;
+    a_skipped_delay_check_is_caught: SkipsDelayCheck => outbox_refuses_bad_input_and_writes_nothing;
+    a_skipped_purge_check_is_caught: SkipsPurgeCheck => outbox_refuses_bad_input_and_writes_nothing;
+}
+
+/// An outbox storage that checks nothing itself: it serves every call from a
+/// `MemoryOutbox`'s storage, unchecked, and records each input that a check should have
+/// refused. Behind the front door it is a correct `OutboxStore`.
+#[derive(Debug)]
+struct Lax {
+    inner: MemoryOutbox,
+    bad: Arc<Mutex<Vec<String>>>,
+}
+
+impl Lax {
+    fn bad_if(&self, bad: bool, what: String) {
+        if bad {
+            self.bad.lock().unwrap().push(what);
+        }
+    }
+}
+
+#[async_trait]
+impl OutboxStorage for Lax {
+    fn backend(&self) -> &'static str {
+        "lax"
+    }
+    async fn take(&self, limit: usize, hold: Duration) -> Result<Held> {
+        let bad = check::outbox_take(limit, hold).is_err();
+        self.bad_if(bad, format!("take {limit} {hold:?}"));
+        OutboxStorage::take(&self.inner, limit, hold).await
+    }
+    async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>> {
+        self.bad_if(
+            ids.len() > MAX_OUTBOX_TAKE,
+            format!("mark_sent {}", ids.len()),
+        );
+        OutboxStorage::mark_sent(&self.inner, token, ids).await
+    }
+    async fn mark_failed(
+        &self,
+        token: &LeaseToken,
+        id: i64,
+        error: &str,
+        after: AfterFailure,
+    ) -> Result<bool> {
+        let late = matches!(after, AfterFailure::RetryAfter(d) if d > MAX_DELAY);
+        self.bad_if(
+            late || error.len() > MAX_ERROR_LEN,
+            format!("mark_failed {after:?} {}", error.len()),
+        );
+        OutboxStorage::mark_failed(&self.inner, token, id, error, after).await
+    }
+    async fn hand_back(&self, token: &LeaseToken, ids: &[i64]) -> Result<u64> {
+        self.bad_if(
+            ids.len() > MAX_OUTBOX_TAKE,
+            format!("hand_back {}", ids.len()),
+        );
+        OutboxStorage::hand_back(&self.inner, token, ids).await
+    }
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        self.bad_if(check::purge(options).is_err(), format!("purge {options:?}"));
+        OutboxStorage::purge(&self.inner, options).await
+    }
+    async fn stats(&self) -> Result<OutboxStats> {
+        OutboxStorage::stats(&self.inner).await
+    }
+    async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
+        let bad = query.limit == 0 || query.limit > MAX_OUTBOX_LIST;
+        self.bad_if(bad, format!("list {}", query.limit));
+        OutboxStorage::list(&self.inner, query).await
+    }
+    async fn retry(&self, id: i64) -> Result<bool> {
+        OutboxStorage::retry(&self.inner, id).await
+    }
+}
+
+/// One lax outbox: the storage behind the front door and the producer that writes to it.
+type LaxPair = (Arc<Lax>, Arc<Producer>);
+
+#[derive(Clone, Default)]
+struct LaxFactory {
+    stores: Arc<Mutex<HashMap<String, LaxPair>>>,
+    bad: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl OutboxFactory for LaxFactory {
+    async fn open(&self, ctx: &TestContext) -> OutboxUnderTest {
+        let (store, producer) = self
+            .stores
+            .lock()
+            .unwrap()
+            .entry(ctx.namespace.clone())
+            .or_insert_with(|| {
+                let inner = MemoryOutbox::with_clock(ctx.clock.clone());
+                (
+                    Arc::new(Lax {
+                        inner: inner.clone(),
+                        bad: Arc::clone(&self.bad),
+                    }),
+                    Arc::new(Producer {
+                        inner,
+                        fault: Fault::Honest,
+                        seen: Mutex::default(),
+                    }),
+                )
+            })
+            .clone();
+        OutboxUnderTest { store, producer }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_storage_that_checks_nothing_gets_no_bad_input_through_the_front_door() {
+    let factory = LaxFactory::default();
+    let mut failed = Vec::new();
+    for clause in outbox_clauses::<LaxFactory>() {
+        if AssertUnwindSafe((clause.run)(&factory))
+            .catch_unwind()
+            .await
+            .is_err()
+        {
+            failed.push(clause.name);
+        }
+    }
+    assert!(failed.is_empty(), "clauses failed: {failed:?}");
+    assert!(
+        factory.stores.lock().unwrap().len() >= outbox_clauses::<LaxFactory>().len(),
+        "every clause opened an outbox"
+    );
+    assert_eq!(
+        *factory.bad.lock().unwrap(),
+        Vec::<String>::new(),
+        "bad input reached the storage"
+    );
 }

@@ -35,7 +35,7 @@ async fn a_transient_error_runs_again_as_a_new_attempt_after_the_delay() {
     let runs = AtomicU32::new(0);
     let started = tokio::time::Instant::now();
     let handled = inbox
-        .handle_retrying(&key(), None, |lease| {
+        .handle(&key(), None, |lease| {
             let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
                 // Each run is a new attempt and a new owner for fencing.
@@ -68,7 +68,7 @@ async fn an_error_not_marked_transient_is_given_back_at_once() {
     });
     let runs = AtomicU32::new(0);
     let err = inbox
-        .handle_retrying(&key(), None, |_| {
+        .handle(&key(), None, |_| {
             runs.fetch_add(1, Ordering::SeqCst);
             async { Err::<Option<Vec<u8>>, _>(timeout()) }
         })
@@ -87,7 +87,7 @@ async fn retries_used_up_give_the_error_back_and_never_store_it() {
     });
     let runs = AtomicU32::new(0);
     let err = inbox
-        .handle_retrying(&key(), None, |_| {
+        .handle(&key(), None, |_| {
             runs.fetch_add(1, Ordering::SeqCst);
             async { Err::<Option<Vec<u8>>, _>(Transient::new(timeout())) }
         })
@@ -111,22 +111,59 @@ async fn retries_used_up_give_the_error_back_and_never_store_it() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn handle_runs_an_fnonce_handler_once_whatever_the_retry_setting() {
+async fn a_handler_owning_its_input_runs_again_with_a_clone_per_run() {
     let inbox = inbox(InboxConfig {
         handler_retry: HandlerRetry::immediate(5),
         ..InboxConfig::default()
     });
-    let request = String::from("moved into the handler");
-    let err = inbox
-        .handle(&key(), None, move |_| async move {
-            drop(request);
-            Err::<Option<Vec<u8>>, _>(Transient::new(timeout()))
+    let request = String::from("parcel for Ada");
+    let runs = AtomicU32::new(0);
+    let handled = inbox
+        .handle(&key(), None, move |_| {
+            let request = request.clone();
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if run == 1 {
+                    Err(Transient::new(timeout()))
+                } else {
+                    Ok(Some(request.into_bytes()))
+                }
+            }
         })
         .await
-        .unwrap_err();
-    assert!(matches!(err, InboxError::Handler { .. }), "{err:?}");
-    let record = inbox.store().get(&key()).await.unwrap().unwrap();
-    assert_eq!(record.attempt, 1, "one run, one attempt");
+        .unwrap();
+    assert!(
+        matches!(&handled, Handled::Processed { outcome: Some(o), lease } if o == b"parcel for Ada" && lease.attempt == 2),
+        "{handled:?}"
+    );
+}
+
+#[cfg(feature = "serde")]
+#[tokio::test(start_paused = true)]
+async fn handle_json_runs_again_too() {
+    let inbox = inbox(InboxConfig {
+        handler_retry: HandlerRetry::immediate(1),
+        ..InboxConfig::default()
+    });
+    let runs = AtomicU32::new(0);
+    let handled = inbox
+        .handle_json(&key(), None, |_| {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if run == 1 {
+                    Err(Transient::new(timeout()))
+                } else {
+                    Ok(run)
+                }
+            }
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(handled, Handled::Processed { outcome: 2, .. }),
+        "{handled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -138,7 +175,7 @@ async fn max_attempts_caps_the_runs_and_dead_letters() {
     });
     let runs = AtomicU32::new(0);
     let handled = inbox
-        .handle_retrying(&key(), None, |_| {
+        .handle(&key(), None, |_| {
             runs.fetch_add(1, Ordering::SeqCst);
             async { Err::<Option<Vec<u8>>, _>(Transient::new(timeout())) }
         })
@@ -163,7 +200,7 @@ async fn a_duplicate_during_the_delay_is_busy() {
     });
     let runs = AtomicU32::new(0);
     let key = key();
-    let first = inbox.handle_retrying(&key, None, |lease| {
+    let first = inbox.handle(&key, None, |lease| {
         let run = runs.fetch_add(1, Ordering::SeqCst);
         async move {
             if lease.attempt == 1 {
@@ -201,7 +238,7 @@ fn retries_are_counted_with_mode_lease() {
         });
         let runs = AtomicU32::new(0);
         let handled = inbox
-            .handle_retrying(&key(), None, |_| {
+            .handle(&key(), None, |_| {
                 let run = runs.fetch_add(1, Ordering::SeqCst);
                 async move {
                     if run < 2 {

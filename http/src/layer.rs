@@ -232,15 +232,22 @@ impl Shared {
         // The Inbox boxes handler errors; the typed failure (which may hold a response or
         // the inner service's own error) is kept here instead.
         let (mut produced, mut failure) = (None, None);
-        let (slot, failed) = (&mut produced, &mut failure);
+        // The request is consumed by its one run: the handler's error (`NotStored`) is never
+        // `Transient`, so the inbox's `handler_retry` never calls it a second time, and a
+        // second call would find nothing to run and fail as a run without a response.
+        let mut request = Some((inner, parts, body, &mut produced, &mut failure));
         let handled = self
             .inbox
-            .handle(&key, Some(fingerprint), move |lease| async move {
-                let result = self.run_guarded(inner, parts, body, lease, slot).await;
-                result.map_err(|f| {
-                    *failed = Some(f);
-                    NotStored
-                })
+            .handle(&key, Some(fingerprint), move |lease| {
+                let request = request.take();
+                async move {
+                    let (inner, parts, body, slot, failed) = request.ok_or(NotStored)?;
+                    let result = self.run_guarded(inner, parts, body, lease, slot).await;
+                    result.map_err(|f| {
+                        *failed = Some(f);
+                        NotStored
+                    })
+                }
             })
             .await;
         let response = match handled {

@@ -374,7 +374,7 @@ where
                 .inbox()
                 .handle(&key, None, |lease| {
                     cx.handler_started(&lease);
-                    (*handler)(message, lease, effects)
+                    (*handler)(message.clone(), lease, effects.clone())
                 })
                 .await;
             cx.settle(&handled).await?;

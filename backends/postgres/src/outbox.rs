@@ -1,7 +1,9 @@
 //! [`PostgresOutbox`]: the transactional outbox in the store's schema. Producers
 //! [`enqueue`](PostgresOutbox::enqueue) in their own transaction; a
-//! [`Relay`](dedup_core::outbox::Relay) takes, marks and purges through [`OutboxStore`],
-//! each operation one statement, and wakes on `NOTIFY`.
+//! [`Relay`](dedup_core::outbox::Relay) takes, marks and purges through
+//! [`OutboxStore`](dedup_core::outbox::OutboxStore) (which the outbox's front door gives
+//! for its [`OutboxStorage`] implementation), each operation one statement, and wakes on
+//! `NOTIFY`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,10 +11,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_core::backend::outbox::RawOutboxRow;
-use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep, check};
+use dedup_core::backend::{OutboxStorage, PurgeBatch, PurgeBatches, PurgeStep};
 use dedup_core::outbox::{
     AfterFailure, Held, OutboxEntry, OutboxMessage, OutboxQuery, OutboxState, OutboxStats,
-    OutboxStore, cut_error,
 };
 use dedup_core::{
     Error, LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis,
@@ -89,9 +90,10 @@ impl OutboxTable {
 /// clock. Cheap to clone.
 ///
 /// Producers write with [`enqueue`](Self::enqueue) inside their own transaction; a
-/// [`Relay`](dedup_core::outbox::Relay) publishes through the [`OutboxStore`]
-/// implementation, woken by [`OutboxStore::wakeups`] (`LISTEN` on the table's channel) as
-/// soon as a producer commits.
+/// [`Relay`](dedup_core::outbox::Relay) publishes through its
+/// [`OutboxStore`](dedup_core::outbox::OutboxStore) implementation, woken by
+/// [`wakeups`](dedup_core::outbox::OutboxStore::wakeups) (`LISTEN` on the table's channel)
+/// as soon as a producer commits.
 #[derive(Clone)]
 pub struct PostgresOutbox {
     store: PostgresStore,
@@ -121,7 +123,8 @@ impl PostgresOutbox {
         &self.table_state().qualified
     }
 
-    /// The channel producers `NOTIFY` and [`wakeups`](OutboxStore::wakeups) listens on.
+    /// The channel producers `NOTIFY` and
+    /// [`wakeups`](dedup_core::outbox::OutboxStore::wakeups) listens on.
     pub fn channel(&self) -> &str {
         &self.table_state().channel
     }
@@ -167,8 +170,8 @@ impl PostgresOutbox {
     /// **Wake-ups.** When a row was new, the statement also runs `pg_notify` on
     /// [`channel`](Self::channel), which PostgreSQL delivers when the transaction commits
     /// (and never on rollback): relays listening with
-    /// [`wakeups`](OutboxStore::wakeups) take the rows at once instead of at their next
-    /// poll. A transaction that notified takes a database-wide lock while it commits
+    /// [`wakeups`](dedup_core::outbox::OutboxStore::wakeups) take the rows at once instead
+    /// of at their next poll. A transaction that notified takes a database-wide lock while it commits
     /// (PostgreSQL queues notifications in commit order), so notifying commits run one at
     /// a time; to keep concurrent producers from queueing behind it, one store sends at
     /// most one notification per [`NOTIFY_EVERY`] (10 ms). A row whose notification was
@@ -278,13 +281,12 @@ fn sql_limit(n: usize) -> i64 {
 }
 
 #[async_trait]
-impl OutboxStore for PostgresOutbox {
+impl OutboxStorage for PostgresOutbox {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
     async fn take(&self, limit: usize, hold: Duration) -> Result<Held> {
-        check::outbox_take(limit, hold)?;
         self.ensure().await?;
         let token = LeaseToken::random();
         let hold_ms = duration_millis(hold);
@@ -360,7 +362,7 @@ impl OutboxStore for PostgresOutbox {
             .bind(self.store.now_param())
             .bind(token.to_string())
             .bind(id)
-            .bind(cut_error(error))
+            .bind(error)
             .bind(dead)
             .bind(delay)
             .execute(self.store.pool())
@@ -438,7 +440,7 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
-        let limit = check::outbox_list_limit(query.limit)?;
+        let limit = query.limit;
         self.ensure().await?;
         let rows = sqlx::query(self.sql().list.clone())
             .bind(query.state.map(OutboxState::as_str))
@@ -463,18 +465,19 @@ impl OutboxStore for PostgresOutbox {
     }
 
     /// A `LISTEN` on [`PostgresOutbox::channel`] over a connection of its own, as a stream
-    /// of `()`: one item per notification (per committed enqueue that wrote rows). sqlx
+    /// of `Ok(())`: one item per notification (per committed enqueue that wrote rows). sqlx
     /// reconnects a dropped listener by itself (notifications sent meanwhile are lost: the
-    /// relay's polling covers them); the stream ends at the first error it cannot recover.
-    async fn wakeups(&self) -> Result<Option<BoxStream<'static, ()>>> {
+    /// relay's polling covers them); the first error it cannot recover from (the server
+    /// shut down, or is still down) is the stream's last item, and the relay listens again
+    /// once the server answers.
+    async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {
         let mut listener = PgListener::connect_with(self.store.pool())
             .await
             .map_err(backend)?;
         listener.listen(self.channel()).await.map_err(backend)?;
         let stream = listener
             .into_stream()
-            .take_while(|n| std::future::ready(n.is_ok()))
-            .map(|_| ());
+            .map(|n| n.map(|_| ()).map_err(backend));
         Ok(Some(stream.boxed()))
     }
 }

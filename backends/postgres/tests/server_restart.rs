@@ -1,7 +1,8 @@
 //! A PostgreSQL server that crashes and restarts under a live store (immediate-mode stop:
 //! no shutdown checkpoint, WAL replay on start): every acknowledged commit, its outcome and
 //! a live lease survive; the store's pool reconnects by itself, the first operations failing
-//! at most with a retryable error.
+//! at most with a retryable error; a relay that lost its `LISTEN` in the outage listens
+//! again once the server is back, so new rows go out on `NOTIFY`, not at the next poll.
 //!
 //! The test runs its own server through `scripts/services.sh` in a private state dir (the
 //! shared test server must not be restarted under the other tests), with
@@ -10,9 +11,12 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use dedup_conformance::restart::acknowledged_records_survive_a_restart;
-use dedup_postgres::{PostgresStore, sqlx};
+use dedup_conformance::restart::{acknowledged_records_survive_a_restart, until_reconnected};
+use dedup_core::outbox::{MemoryPublisher, OutboxMessage, Relay, RelayConfig};
+use dedup_postgres::{PostgresConfig, PostgresStore, pool_options, sqlx};
 
 /// A private PostgreSQL from scripts/services.sh, stopped (and its folder removed) on drop.
 struct Server {
@@ -29,8 +33,10 @@ fn services(dir: &PathBuf, args: &[&str]) -> std::io::Result<std::process::Outpu
 }
 
 impl Server {
-    fn start() -> Option<Self> {
-        let dir = std::env::temp_dir().join(format!("dedup-pg-restart-{}", std::process::id()));
+    /// A server of this test process named `tag` (one per test: they run in parallel).
+    fn start(tag: &str) -> Option<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("dedup-pg-restart-{tag}-{}", std::process::id()));
         let started = services(&dir, &["start", "postgres"]);
         let ok = matches!(&started, Ok(out) if out.status.success());
         if !ok {
@@ -56,8 +62,11 @@ impl Server {
         Some(Server { dir, url })
     }
 
-    fn crash_restart(&self) {
-        let out = services(&self.dir, &["crash-restart", "postgres"]).expect("crash-restart");
+    /// Stop the server as a crash would, keep it down `down_secs` seconds, start it again.
+    fn crash_restart(&self, down_secs: u32) {
+        let down = down_secs.to_string();
+        let out =
+            services(&self.dir, &["crash-restart", "postgres", &down]).expect("crash-restart");
         assert!(
             out.status.success(),
             "{}",
@@ -74,7 +83,7 @@ impl Drop for Server {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_and_restarted_server_keeps_every_acknowledged_commit_and_lease() {
-    let Some(server) = Server::start() else {
+    let Some(server) = Server::start("commits") else {
         return;
     };
     let admin = sqlx::PgPool::connect(&server.url)
@@ -92,5 +101,89 @@ async fn a_crashed_and_restarted_server_keeps_every_acknowledged_commit_and_leas
     admin.close().await;
 
     let store = PostgresStore::connect(&server.url).await.expect("connect");
-    acknowledged_records_survive_a_restart(&store, || server.crash_restart()).await;
+    acknowledged_records_survive_a_restart(&store, || server.crash_restart(0)).await;
+}
+
+/// The relay's poll interval in the relay test: a row it finds by polling waits a second on
+/// average, so a row published within [`WOKEN_WITHIN`] was woken by `NOTIFY`.
+const POLL: Duration = Duration::from_secs(2);
+/// The latency of a row the relay was woken for (typically a few milliseconds).
+const WOKEN_WITHIN: Duration = Duration::from_millis(50);
+
+/// Enqueue one message (retrying while the pool reconnects) and return how long after its
+/// commit the relay published it.
+async fn publish_latency(store: &PostgresStore, publisher: &MemoryPublisher, id: &str) -> Duration {
+    let message = OutboxMessage::new("orders", id, b"x".to_vec()).unwrap();
+    until_reconnected(|| async {
+        let mut tx = store
+            .pool()
+            .begin()
+            .await
+            .map_err(|e| dedup_core::Error::backend("postgres", true, e))?;
+        store
+            .outbox()
+            .enqueue(&mut tx, std::slice::from_ref(&message))
+            .await?;
+        tx.commit()
+            .await
+            .map_err(|e| dedup_core::Error::backend("postgres", true, e))
+    })
+    .await;
+    let committed = Instant::now();
+    while !publisher.message_ids().iter().any(|m| m == id) {
+        assert!(
+            committed.elapsed() < POLL * 3,
+            "{id} not published within {:?}",
+            POLL * 3
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    committed.elapsed()
+}
+
+/// Three rows one after another, each published within [`WOKEN_WITHIN`] of its commit.
+async fn assert_woken_by_notify(store: &PostgresStore, publisher: &MemoryPublisher, when: &str) {
+    for i in 0..3 {
+        let id = format!("{when}-{i}");
+        let latency = publish_latency(store, publisher, &id).await;
+        assert!(
+            latency < WOKEN_WITHIN,
+            "{when}: {id} published {latency:?} after its commit (poll interval {POLL:?}): \
+             the relay is not listening"
+        );
+    }
+}
+
+/// The server is down for 5 s: longer than the poll interval plus the pool's acquire
+/// timeout (1 s), so the relay's first tries to listen again fail. Once the server is back
+/// the relay listens again by itself, and new rows go out within 50 ms of their commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_listens_again_once_the_server_is_back() {
+    let Some(server) = Server::start("relay") else {
+        return;
+    };
+    let config = PostgresConfig {
+        table: "relay_restart".into(),
+        ..PostgresConfig::default()
+    };
+    let pool = pool_options(&config)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect(&server.url)
+        .await
+        .expect("connect");
+    let store = PostgresStore::from_pool(pool, config).await.unwrap();
+    store.migrate().await.unwrap();
+    let publisher = Arc::new(MemoryPublisher::new());
+    let relay = Relay::new(Arc::new(store.outbox()), publisher.clone())
+        .with_config(RelayConfig::default().poll_interval(POLL))
+        .start();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_woken_by_notify(&store, &publisher, "before").await;
+
+    tokio::task::block_in_place(|| server.crash_restart(5));
+    // The relay's tries to listen again back off to at most the poll interval.
+    tokio::time::sleep(POLL + Duration::from_secs(1)).await;
+    assert_woken_by_notify(&store, &publisher, "after").await;
+    let stopped = relay.stop().await;
+    assert_eq!(stopped.sent, 6, "{stopped:?}");
 }

@@ -1,7 +1,8 @@
 //! [`SqliteOutbox`]: the transactional outbox on the store's database file. Producers
 //! [`enqueue`](SqliteOutbox::enqueue) in their own transaction; a
 //! [`Relay`](dedup_core::outbox::Relay) takes, marks and purges through
-//! [`OutboxStore`].
+//! [`OutboxStore`](dedup_core::outbox::OutboxStore), which the outbox's front door gives
+//! for its [`OutboxStorage`] implementation.
 //!
 //! Every relay operation is a write transaction through the store's write queue (the same
 //! queue and `BEGIN IMMEDIATE` transactions as the records', see [`crate::writes`]): SQLite
@@ -15,10 +16,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_core::backend::outbox::RawOutboxRow;
-use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep, check};
+use dedup_core::backend::{OutboxStorage, PurgeBatch, PurgeBatches, PurgeStep};
 use dedup_core::outbox::{
     AfterFailure, Held, OutboxEntry, OutboxMessage, OutboxQuery, OutboxState, OutboxStats,
-    OutboxStore, cut_error,
 };
 use dedup_core::{
     Error, LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis,
@@ -70,9 +70,10 @@ impl OutboxTable {
 /// configuration and clock. Cheap to clone.
 ///
 /// Producers write with [`enqueue`](Self::enqueue) inside their own transaction; a
-/// [`Relay`](dedup_core::outbox::Relay) publishes through the [`OutboxStore`]
-/// implementation. There is no wake-up signal on SQLite ([`OutboxStore::wakeups`] is
-/// `None`): relays poll.
+/// [`Relay`](dedup_core::outbox::Relay) publishes through its
+/// [`OutboxStore`](dedup_core::outbox::OutboxStore) implementation. There is no wake-up
+/// signal on SQLite ([`wakeups`](dedup_core::outbox::OutboxStore::wakeups) is `None`):
+/// relays poll.
 #[derive(Clone)]
 pub struct SqliteOutbox {
     store: SqliteStore,
@@ -210,13 +211,12 @@ fn sql_limit(n: usize) -> i64 {
 }
 
 #[async_trait]
-impl OutboxStore for SqliteOutbox {
+impl OutboxStorage for SqliteOutbox {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
     async fn take(&self, limit: usize, hold: Duration) -> Result<Held> {
-        check::outbox_take(limit, hold)?;
         let token = LeaseToken::random();
         let (until, mut taken) = self
             .store
@@ -279,7 +279,7 @@ impl OutboxStore for SqliteOutbox {
         error: &str,
         after: AfterFailure,
     ) -> Result<bool> {
-        let (token, error) = (token.to_string(), cut_error(error).to_owned());
+        let (token, error) = (token.to_string(), error.to_owned());
         self.store
             .write(move |conn, inner, now| {
                 inner.outbox.ensure(conn)?;
@@ -385,7 +385,7 @@ impl OutboxStore for SqliteOutbox {
     }
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
-        let limit = check::outbox_list_limit(query.limit)?;
+        let limit = query.limit;
         let query = query.clone();
         self.store
             .run(false, move |conn, inner| {

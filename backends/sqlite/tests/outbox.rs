@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use async_trait::async_trait;
 use dedup_conformance::TestContext;
-use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest, TxEnd};
+use dedup_conformance::TxEnd;
+use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest};
 use dedup_core::outbox::{
     ConsumerOutbox, OutboxMessage, OutboxQuery, OutboxStore, derived_message_id,
 };

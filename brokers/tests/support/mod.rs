@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 use dedup_brokers::{ConsumerConfig, ConsumerStats, Delivery, Handle, with_inbox};
 use dedup_core::outbox::OutboxRow;
 use dedup_core::{
-    DedupStore, Handled, Inbox, InboxConfig, InboxError, Key, MemoryStore, Timestamp,
+    DedupStore, Handled, HandlerRetry, Inbox, InboxConfig, InboxError, Key, MemoryStore, Timestamp,
+    Transient,
 };
 
 /// Handler runs per message id.
@@ -122,6 +123,61 @@ pub fn poison<S: DedupStore + 'static>(
         runs.fetch_add(1, Ordering::SeqCst);
         async { Err::<Option<Vec<u8>>, _>("cannot parse") }
     })
+}
+
+/// One run of the [`transient_once`] handler: the lease's attempt, and whether the broker
+/// said the delivery was a redelivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransientRun {
+    pub attempt: u32,
+    pub redelivered: bool,
+}
+
+/// A handler built with `with_inbox` (an inbox over `store` with one in-process retry)
+/// whose work fails `Transient` on its first run of each message and succeeds on the next;
+/// every run is logged in `log`.
+pub fn transient_once(
+    store: &Arc<MemoryStore>,
+    log: &Arc<Mutex<Vec<TransientRun>>>,
+) -> impl Handle + use<> {
+    let inbox = Inbox::from_arc(
+        Arc::clone(store),
+        InboxConfig {
+            handler_retry: HandlerRetry::immediate(1),
+            ..InboxConfig::default()
+        },
+    );
+    let log = Arc::clone(log);
+    with_inbox(inbox, move |lease, d: Delivery| {
+        let log = Arc::clone(&log);
+        async move {
+            log.lock().unwrap().push(TransientRun {
+                attempt: lease.attempt,
+                redelivered: d.redelivered,
+            });
+            if lease.attempt == 1 {
+                let timeout =
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "courier timed out");
+                return Err(Transient::new(timeout));
+            }
+            Ok(Some(b"booked".to_vec()))
+        }
+    })
+}
+
+/// What [`transient_once`] must show after one message: two runs inside the first delivery
+/// (attempts 1 and 2, neither a redelivery), settled as processed, no error.
+pub fn assert_retried_in_process(stats: &ConsumerStats, log: &Mutex<Vec<TransientRun>>) {
+    let first = |attempt| TransientRun {
+        attempt,
+        redelivered: false,
+    };
+    assert_eq!(*log.lock().unwrap(), [first(1), first(2)], "{stats:?}");
+    assert_eq!(
+        (stats.processed, stats.errors, stats.duplicates, stats.busy),
+        (1, 0, 0, 0),
+        "{stats:?}"
+    );
 }
 
 pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {

@@ -10,6 +10,7 @@ mod concurrency;
 mod fingerprint_outcome;
 mod hostile;
 mod outbox;
+mod outbox_operations;
 mod persistence;
 mod purge;
 mod purger;
@@ -28,6 +29,7 @@ pub use concurrency::*;
 pub use fingerprint_outcome::*;
 pub use hostile::*;
 pub use outbox::*;
+pub use outbox_operations::*;
 pub use persistence::*;
 pub use purge::*;
 pub use purger::*;
@@ -98,6 +100,7 @@ mod tests {
             include_str!("fingerprint_outcome.rs"),
             include_str!("hostile.rs"),
             include_str!("outbox.rs"),
+            include_str!("outbox_operations.rs"),
             include_str!("persistence.rs"),
             include_str!("purge.rs"),
             include_str!("purger.rs"),

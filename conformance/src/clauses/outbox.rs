@@ -1,34 +1,37 @@
 //! The outbox: only committed rows are published, at least once, with one id; holds never
-//! overlap; marks are fenced; failures back off and die without blocking others; order per
-//! ordering key; late commits are not skipped; sent rows are purged after retention; bad
-//! input is refused.
+//! overlap; failures back off and die without blocking others; order per ordering key;
+//! late commits are not skipped; sent rows are purged after retention; an id is kept once.
+//! The operations one by one are in `outbox_operations.rs`.
 //!
 //! Publishing goes through the core [`Relay`] and a [`MemoryPublisher`], so the relay is
 //! exercised on every backend too. Time moves only on the context's clock.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::outbox::{
-    AfterFailure, MAX_PAYLOAD_LEN, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxState,
-    OutboxStore, Relay, RelayConfig,
+    MemoryPublisher, OutboxMessage, OutboxQuery, OutboxState, OutboxStore, Relay, RelayConfig,
 };
-use dedup_core::{Backoff, Error, PurgeOptions};
+use dedup_core::{Backoff, PurgeOptions};
 
 use crate::TestContext;
-use crate::outbox::{OutboxFactory, OutboxUnderTest, TxEnd};
+use crate::TxEnd;
+use crate::outbox::{OutboxFactory, OutboxUnderTest};
 use crate::support::LEASE;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-async fn setup<F: OutboxFactory>(factory: &F, clause: &str) -> (TestContext, OutboxUnderTest) {
+pub(super) async fn setup<F: OutboxFactory>(
+    factory: &F,
+    clause: &str,
+) -> (TestContext, OutboxUnderTest) {
     let ctx = TestContext::new(clause);
     let outbox = factory.open(&ctx).await;
     (ctx, outbox)
 }
 
-fn msg(destination: &str, id: &str) -> OutboxMessage {
+pub(super) fn msg(destination: &str, id: &str) -> OutboxMessage {
     OutboxMessage::new(destination, id, format!("payload of {id}").into_bytes())
         .expect("valid message")
 }
@@ -37,7 +40,7 @@ fn keyed(id: &str, key: &str) -> OutboxMessage {
     msg("orders", id).ordering_key(key).expect("valid key")
 }
 
-async fn commit(outbox: &OutboxUnderTest, messages: &[OutboxMessage]) {
+pub(super) async fn commit(outbox: &OutboxUnderTest, messages: &[OutboxMessage]) {
     outbox
         .producer
         .enqueue(messages, TxEnd::Commit)
@@ -67,7 +70,7 @@ async fn drain(relay: &Relay) {
     panic!("the relay still took rows after 50 rounds");
 }
 
-async fn entries(store: &dyn OutboxStore) -> Vec<dedup_core::outbox::OutboxEntry> {
+pub(super) async fn entries(store: &dyn OutboxStore) -> Vec<dedup_core::outbox::OutboxEntry> {
     store
         .list(&OutboxQuery {
             limit: 1000,
@@ -77,7 +80,7 @@ async fn entries(store: &dyn OutboxStore) -> Vec<dedup_core::outbox::OutboxEntry
         .expect("list")
 }
 
-async fn state_of(store: &dyn OutboxStore, message_id: &str) -> OutboxState {
+pub(super) async fn state_of(store: &dyn OutboxStore, message_id: &str) -> OutboxState {
     entries(store)
         .await
         .into_iter()
@@ -487,266 +490,4 @@ pub async fn outbox_keeps_a_message_id_enqueued_twice_once<F: OutboxFactory>(fac
     // Once sent, the id is still known until purged.
     commit(&outbox, &[retry]).await;
     assert_eq!(outbox.store.stats().await.expect("stats").pending, 0);
-}
-
-/// Bad input is a typed error and writes nothing: an empty destination, a payload over the
-/// limit, bad headers, a take of zero rows or a zero hold, a listing over its limit.
-pub async fn outbox_refuses_bad_input_and_writes_nothing<F: OutboxFactory>(factory: &F) {
-    let (_ctx, outbox) = setup(factory, "outbox_bad_input").await;
-    let invalid = |r: dedup_core::Result<OutboxMessage>, what: &str| match r {
-        Err(Error::InvalidInput { .. }) => {}
-        other => panic!("{what}: expected InvalidInput, got {other:?}"),
-    };
-    invalid(
-        OutboxMessage::new("", "id", b"x".to_vec()),
-        "empty destination",
-    );
-    invalid(
-        OutboxMessage::new("orders", "id", vec![0u8; MAX_PAYLOAD_LEN + 1]),
-        "oversized payload",
-    );
-    invalid(
-        msg("orders", "id").header("no spaces", "v"),
-        "bad header name",
-    );
-    invalid(
-        msg("orders", "id").header("x-ok", "a\r\nb"),
-        "header value with CRLF",
-    );
-    for (what, result) in [
-        (
-            "take of 0 rows",
-            outbox.store.take(0, LEASE).await.map(|_| ()),
-        ),
-        (
-            "zero hold",
-            outbox.store.take(1, Duration::ZERO).await.map(|_| ()),
-        ),
-        (
-            "listing over its limit",
-            outbox
-                .store
-                .list(&OutboxQuery {
-                    limit: 1_000_000,
-                    ..OutboxQuery::default()
-                })
-                .await
-                .map(|_| ()),
-        ),
-    ] {
-        assert!(
-            matches!(result, Err(Error::InvalidInput { .. })),
-            "{what}: expected InvalidInput, got {result:?}"
-        );
-    }
-    outbox
-        .producer
-        .enqueue(&[], TxEnd::Commit)
-        .await
-        .expect("an empty enqueue is fine");
-    let stats = outbox.store.stats().await.expect("stats");
-    assert_eq!(
-        stats.pending + stats.held + stats.sent + stats.dead,
-        0,
-        "bad input wrote rows: {stats:?}"
-    );
-}
-
-/// A relay whose hold ran out and was taken over can no longer mark, fail or hand back its
-/// rows; the new holder can.
-pub async fn outbox_a_relay_whose_hold_was_taken_over_changes_nothing<F: OutboxFactory>(
-    factory: &F,
-) {
-    let (ctx, outbox) = setup(factory, "outbox_fenced").await;
-    commit(&outbox, &[msg("orders", "x")]).await;
-    let stale = outbox.store.take(1, LEASE).await.expect("take");
-    let id = stale.rows[0].id;
-    ctx.clock.advance(LEASE + Duration::from_secs(1));
-    let fresh = outbox.store.take(1, LEASE).await.expect("take over");
-    assert_eq!(fresh.rows.len(), 1, "an expired hold is taken over");
-    assert_eq!(fresh.rows[0].attempts, 2, "the takeover counts an attempt");
-    let s = &*outbox.store;
-    assert!(
-        s.mark_sent(&stale.token, &[id])
-            .await
-            .expect("mark")
-            .is_empty(),
-        "stale mark_sent"
-    );
-    assert!(
-        !s.mark_failed(&stale.token, id, "boom", AfterFailure::Dead)
-            .await
-            .expect("mark_failed"),
-        "stale mark_failed"
-    );
-    assert_eq!(
-        s.hand_back(&stale.token, &[id]).await.expect("hand back"),
-        0,
-        "stale hand_back"
-    );
-    assert_eq!(state_of(s, "x").await, OutboxState::Held);
-    assert_eq!(s.mark_sent(&fresh.token, &[id]).await.expect("mark"), [id]);
-    assert_eq!(state_of(s, "x").await, OutboxState::Sent);
-}
-
-/// A row handed back is due at once and its attempt is not counted.
-pub async fn outbox_hand_back_makes_rows_due_without_counting_the_attempt<F: OutboxFactory>(
-    factory: &F,
-) {
-    let (_ctx, outbox) = setup(factory, "outbox_hand_back").await;
-    commit(&outbox, &[msg("orders", "y")]).await;
-    let held = outbox.store.take(1, LEASE).await.expect("take");
-    assert_eq!(held.rows[0].attempts, 1);
-    assert_eq!(
-        outbox
-            .store
-            .hand_back(&held.token, &[held.rows[0].id])
-            .await
-            .expect("hand back"),
-        1
-    );
-    let again = outbox.store.take(1, LEASE).await.expect("take again");
-    assert_eq!(again.rows.len(), 1, "a handed-back row is due at once");
-    assert_eq!(
-        again.rows[0].attempts, 1,
-        "the handed-back attempt was counted"
-    );
-}
-
-/// An operator's retry makes a dead row pending again with its attempts reset; it refuses
-/// sent and unknown rows.
-pub async fn outbox_retry_makes_a_dead_row_pending_again<F: OutboxFactory>(factory: &F) {
-    let (_ctx, outbox) = setup(factory, "outbox_retry").await;
-    commit(&outbox, &[msg("orders", "dead"), msg("orders", "sent")]).await;
-    let s = &*outbox.store;
-    let held = s.take(10, LEASE).await.expect("take");
-    let id_of = |name: &str| {
-        held.rows
-            .iter()
-            .find(|r| r.message_id == name)
-            .expect("row")
-            .id
-    };
-    assert!(
-        s.mark_failed(&held.token, id_of("dead"), "gone", AfterFailure::Dead)
-            .await
-            .expect("fail")
-    );
-    assert_eq!(
-        s.mark_sent(&held.token, &[id_of("sent")])
-            .await
-            .expect("sent")
-            .len(),
-        1
-    );
-    assert!(
-        !s.retry(id_of("sent")).await.expect("retry sent"),
-        "a sent row was retried"
-    );
-    assert!(
-        !s.retry(i64::MAX).await.expect("retry unknown"),
-        "an unknown row was retried"
-    );
-    assert!(
-        s.retry(id_of("dead")).await.expect("retry dead"),
-        "a dead row was not retried"
-    );
-    let again = s.take(10, LEASE).await.expect("take");
-    assert_eq!(again.rows.len(), 1);
-    assert_eq!(again.rows[0].message_id, "dead");
-    assert_eq!(again.rows[0].attempts, 1, "attempts start again");
-}
-
-/// A message written with a delay is not taken before it is due.
-pub async fn outbox_delayed_rows_wait_until_due<F: OutboxFactory>(factory: &F) {
-    let (ctx, outbox) = setup(factory, "outbox_delay").await;
-    let delayed = msg("orders", "d")
-        .deliver_after(Duration::from_secs(60))
-        .expect("delay");
-    commit(&outbox, &[delayed]).await;
-    assert!(
-        outbox
-            .store
-            .take(10, LEASE)
-            .await
-            .expect("take")
-            .rows
-            .is_empty(),
-        "taken early"
-    );
-    ctx.clock.advance(Duration::from_secs(61));
-    assert_eq!(
-        outbox.store.take(10, LEASE).await.expect("take").rows.len(),
-        1,
-        "not taken when due"
-    );
-}
-
-/// `stats` counts rows by state and ages the oldest unsent one; `list` filters by state
-/// and destination and pages by id.
-pub async fn outbox_stats_and_list_agree_with_the_rows<F: OutboxFactory>(factory: &F) {
-    let (ctx, outbox) = setup(factory, "outbox_stats").await;
-    commit(
-        &outbox,
-        &[
-            msg("orders", "o-1"),
-            msg("mail", "m-1"),
-            msg("orders", "o-2"),
-        ],
-    )
-    .await;
-    ctx.clock.advance(Duration::from_secs(30));
-    let s = &*outbox.store;
-    let held = s.take(1, LEASE).await.expect("take");
-    s.mark_sent(&held.token, &[held.rows[0].id])
-        .await
-        .expect("mark");
-    let stats = s.stats().await.expect("stats");
-    assert_eq!(
-        (stats.pending, stats.held, stats.sent, stats.dead),
-        (2, 0, 1, 0),
-        "{stats:?}"
-    );
-    assert!(
-        stats.oldest_unsent_age() >= Duration::from_secs(30),
-        "oldest unsent age {:?}",
-        stats.oldest_unsent_age()
-    );
-    let pending = s
-        .list(&OutboxQuery {
-            state: Some(OutboxState::Pending),
-            ..OutboxQuery::default()
-        })
-        .await
-        .expect("list");
-    assert_eq!(pending.len(), 2);
-    let mail = s
-        .list(&OutboxQuery {
-            destination: Some("mail".to_owned()),
-            ..OutboxQuery::default()
-        })
-        .await
-        .expect("list");
-    assert_eq!(
-        mail.iter()
-            .map(|e| e.row.message_id.as_str())
-            .collect::<Vec<_>>(),
-        ["m-1"]
-    );
-    let all = entries(s).await;
-    let page = s
-        .list(&OutboxQuery {
-            after_id: Some(all[0].row.id),
-            limit: 1,
-            ..OutboxQuery::default()
-        })
-        .await
-        .expect("page");
-    assert_eq!(page.len(), 1);
-    assert_eq!(
-        page[0].row.id, all[1].row.id,
-        "pages continue after the given id"
-    );
-    let ids: HashSet<i64> = all.iter().map(|e| e.row.id).collect();
-    assert_eq!(ids.len(), 3);
 }

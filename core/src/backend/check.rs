@@ -1,8 +1,9 @@
 //! The input checks of every public entry point, in one place.
 //!
-//! The blanket [`DedupStore`](crate::DedupStore) and [`Admin`](crate::Admin)
-//! implementations over [`Storage`](super::Storage) call these before any backend code
-//! runs, and so do the entry points that are not on a trait (the SQL backends'
+//! The blanket [`DedupStore`](crate::DedupStore), [`Admin`](crate::Admin) and
+//! [`OutboxStore`](crate::outbox::OutboxStore) implementations over
+//! [`Storage`](super::Storage) and [`OutboxStorage`](super::OutboxStorage) call these
+//! before any backend code runs, and so do the entry points that are not on a trait (the SQL backends'
 //! `commit_in_tx`). A failed check is [`Error::InvalidInput`](crate::Error::InvalidInput)
 //! and nothing has been written. [`Key`](crate::Key)s need no check here: one cannot be
 //! built invalid.
@@ -10,6 +11,7 @@
 use std::time::Duration;
 
 use crate::admin::{ListFilter, validate_top};
+use crate::outbox::{AfterFailure, MAX_DELAY};
 use crate::types::{validate_batch_len, validate_lease, validate_outcome};
 use crate::{ClaimOptions, ClaimRequest, CommitRequest, PurgeOptions, Result};
 
@@ -72,6 +74,30 @@ pub fn outbox_take(limit: usize, hold: Duration) -> Result<()> {
         });
     }
     validate_lease(hold)
+}
+
+/// The ids of an outbox mark or hand-back: at most [`MAX_OUTBOX_TAKE`] (a relay marks
+/// only rows it took).
+pub fn outbox_ids(ids: &[i64]) -> Result<()> {
+    if ids.len() > MAX_OUTBOX_TAKE {
+        return Err(crate::Error::InvalidInput {
+            what: "outbox ids",
+            reason: format!("{} ids: at most {MAX_OUTBOX_TAKE}", ids.len()),
+        });
+    }
+    Ok(())
+}
+
+/// What a failed publish does to its row: a retry delay of at most
+/// [`MAX_DELAY`](crate::outbox::MAX_DELAY), as for a message's own delay.
+pub fn outbox_after_failure(after: AfterFailure) -> Result<()> {
+    match after {
+        AfterFailure::RetryAfter(delay) if delay > MAX_DELAY => Err(crate::Error::InvalidInput {
+            what: "outbox retry delay",
+            reason: format!("{delay:?} is over the limit of {MAX_DELAY:?}"),
+        }),
+        AfterFailure::RetryAfter(_) | AfterFailure::Dead => Ok(()),
+    }
 }
 
 /// An outbox listing's limit (0 means 100), at most [`MAX_OUTBOX_LIST`]; the limit to use.

@@ -11,6 +11,13 @@
 //! that are not on a trait (the SQL backends' transactional methods) call the same
 //! [`check`] functions first.
 //!
+//! The outbox has the same front door: a backend implements [`OutboxStorage`], and the
+//! blanket implementation (in `outbox_front_door.rs`) makes it an
+//! [`OutboxStore`](crate::outbox::OutboxStore) whose methods check their input first
+//! (take limits and holds, id counts, retry delays, purge options, listing limits; the
+//! error text cut to [`MAX_ERROR_LEN`](crate::outbox::MAX_ERROR_LEN)) and name the
+//! operation in every backend error ("taking outbox rows", ...).
+//!
 //! Records read back from storage go through [`RawRecord::decode`], which applies the
 //! contract's checks (fence and attempt start at 1, an in-flight record has a token and an
 //! expiry, a completed one a processing time) the same way for every backend.
@@ -22,6 +29,7 @@ mod decode;
 mod front_door;
 pub mod names;
 pub mod outbox;
+mod outbox_front_door;
 pub mod purge;
 pub mod transition;
 pub mod url;
@@ -32,11 +40,13 @@ pub use decode::{RawRecord, RawState, attempt_from, fence_from};
 pub use purge::{PurgeBatch, PurgeBatches, PurgeStep};
 
 use crate::admin::{Forgot, ListFilter, PurgeCount, Stats};
+use crate::outbox::{AfterFailure, Held, OutboxEntry, OutboxQuery, OutboxStats};
 use crate::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, ItemResult, Key, Lease,
-    LeaseToken, Record, Result, Timestamp,
+    LeaseToken, PurgeOptions, PurgeReport, Record, Result, Timestamp,
 };
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 
 /// The operations a backend implements; every `Storage` is a
 /// [`DedupStore`](crate::DedupStore) through the blanket implementation in this module,
@@ -97,4 +107,49 @@ pub trait AdminStorage: Storage {
         force: bool,
         new_token: LeaseToken,
     ) -> Result<bool>;
+}
+
+/// The outbox operations a backend implements; every `OutboxStorage` is an
+/// [`OutboxStore`](crate::outbox::OutboxStore) through the blanket implementation in this
+/// module, which checks the input first and names the operation in every backend error.
+///
+/// Each method has the meaning of the `OutboxStore` method of the same name (the contract
+/// is in its `# Contract`), and is only ever called with input that passed [`check`]:
+/// `take`'s limit is 1 to [`MAX_OUTBOX_TAKE`](check::MAX_OUTBOX_TAKE) and its hold within
+/// the lease limits; marked and handed-back ids are at most as many; a retry delay is at
+/// most [`MAX_DELAY`](crate::outbox::MAX_DELAY); `error` is already cut to
+/// [`MAX_ERROR_LEN`](crate::outbox::MAX_ERROR_LEN); purge options are valid; a listing's
+/// `limit` is the one to use (1 to [`MAX_OUTBOX_LIST`](check::MAX_OUTBOX_LIST), never 0).
+/// A SQL backend's `purge` is usually the shared [`purge::run`] over its
+/// [`PurgeBatches`].
+#[async_trait]
+pub trait OutboxStorage: Send + Sync + std::fmt::Debug {
+    /// `OutboxStore::backend`.
+    fn backend(&self) -> &'static str;
+    /// `OutboxStore::take`.
+    async fn take(&self, limit: usize, hold: Duration) -> Result<Held>;
+    /// `OutboxStore::mark_sent`.
+    async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>>;
+    /// `OutboxStore::mark_failed`.
+    async fn mark_failed(
+        &self,
+        token: &LeaseToken,
+        id: i64,
+        error: &str,
+        after: AfterFailure,
+    ) -> Result<bool>;
+    /// `OutboxStore::hand_back`.
+    async fn hand_back(&self, token: &LeaseToken, ids: &[i64]) -> Result<u64>;
+    /// `OutboxStore::purge`.
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport>;
+    /// `OutboxStore::stats`.
+    async fn stats(&self) -> Result<OutboxStats>;
+    /// `OutboxStore::list`.
+    async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>>;
+    /// `OutboxStore::retry`.
+    async fn retry(&self, id: i64) -> Result<bool>;
+    /// `OutboxStore::wakeups` (default: none, the relay polls).
+    async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        Ok(None)
+    }
 }

@@ -29,8 +29,8 @@ pub struct InboxConfig {
     pub failures: FailurePolicy,
     /// How a handler that failed with a [`Transient`](super::Transient) error runs again in
     /// process before the delivery is given back (default: never), in
-    /// [`Inbox::handle_retrying`](super::Inbox::handle_retrying) and the transactional
-    /// inboxes.
+    /// [`Inbox::handle`](super::Inbox::handle) (so in every broker consumer built on it)
+    /// and the transactional inboxes.
     pub handler_retry: HandlerRetry,
     /// Whether each suppressed duplicate is logged (default: no).
     pub log_duplicates: DuplicateLog,

@@ -17,8 +17,8 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
     /// or raw bytes) is [`InboxError::Outcome`]; a key completed without an outcome decodes
     /// as JSON `null` (fine for `Option<_>` and `()`). Evolve `T` the way you evolve any
     /// JSON message: add optional fields, do not rename. Like `handle`, it runs the handler
-    /// at most once ([`InboxConfig::handler_retry`](super::InboxConfig::handler_retry) does
-    /// not apply).
+    /// again after a [`Transient`](super::Transient) error under
+    /// [`InboxConfig::handler_retry`](super::InboxConfig::handler_retry).
     pub async fn handle_json<T, F, Fut, E>(
         &self,
         key: &Key,
@@ -27,15 +27,15 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
     ) -> Result<Handled<T>, InboxError>
     where
         T: Serialize + DeserializeOwned,
-        F: FnOnce(Lease) -> Fut,
+        F: FnMut(Lease) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: Into<BoxError>,
     {
         self.run(
             key,
             fingerprint,
-            super::once(handler),
-            &super::HandlerRetry::NEVER,
+            handler,
+            &self.config().handler_retry,
             encode::<T>,
             decode::<T>,
         )

@@ -127,36 +127,11 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
     /// bytes `\0dedup:`). Its error may be any type that converts into a
     /// `Box<dyn Error + Send + Sync>` (`std` errors, `anyhow::Error`, `String`, `&str`).
     ///
-    /// The handler runs at most once in this call (it is `FnOnce`), so
-    /// [`InboxConfig::handler_retry`] does not apply: use
-    /// [`handle_retrying`](Self::handle_retrying) for that.
+    /// After an error the handler marks [`Transient`], it runs again in this call under
+    /// [`InboxConfig::handler_retry`] (off by default), each run as a new attempt (see
+    /// [`HandlerRetry`]); so it is an `FnMut` that builds a fresh future per run: clone
+    /// what each run needs inside the closure (`|lease| charge(order.clone(), lease)`).
     pub async fn handle<F, Fut, E>(
-        &self,
-        key: &Key,
-        fingerprint: Option<Fingerprint>,
-        handler: F,
-    ) -> Result<Handled, InboxError>
-    where
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<Option<Vec<u8>>, E>>,
-        E: Into<BoxError>,
-    {
-        self.run(
-            key,
-            fingerprint,
-            once(handler),
-            &HandlerRetry::NEVER,
-            |o| Ok(o.clone()),
-            Ok,
-        )
-        .await
-    }
-
-    /// [`handle`](Self::handle) for a handler that may run more than once in this call:
-    /// after an error it marks [`Transient`], it runs again under
-    /// [`InboxConfig::handler_retry`], each run as a new attempt (see [`HandlerRetry`]).
-    /// With the default `HandlerRetry::NEVER` this is exactly `handle`.
-    pub async fn handle_retrying<F, Fut, E>(
         &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
@@ -460,13 +435,6 @@ fn replay<T>(
         }),
         Stored::DeadLetter(attempts) => dead_letter_counted(key, attempts, true, mode),
     }
-}
-
-/// An `FnOnce` handler as the `FnMut` the run loop takes; called at most once, since
-/// [`handle`](Inbox::handle) runs it under [`HandlerRetry::NEVER`].
-fn once<F: FnOnce(Lease) -> Fut, Fut>(handler: F) -> impl FnMut(Lease) -> Fut {
-    let mut handler = Some(handler);
-    move |lease| (handler.take().expect("an FnOnce handler runs at most once"))(lease)
 }
 
 /// How one run of the handler ended.

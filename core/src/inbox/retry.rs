@@ -71,9 +71,9 @@ impl std::error::Error for Transient {
 
 /// How many times, and after which delays, an inbox runs a handler again in process after
 /// a [`Transient`] error, before it gives the delivery back (MassTransit's
-/// `UseMessageRetry`). Used by [`Inbox::handle_retrying`](super::Inbox::handle_retrying)
-/// (not by `handle`, whose `FnOnce` handler can run only once) and by the SQL backends'
-/// transactional inboxes.
+/// `UseMessageRetry`). Used by [`Inbox::handle`](super::Inbox::handle) (and so by every
+/// broker consumer built on it), `Inbox::handle_json` and the
+/// SQL backends' transactional inboxes.
 ///
 /// Each run is a new attempt: the inbox keeps the lease through the delay (a duplicate
 /// delivery meanwhile answers [`Handled::Busy`](super::Handled::Busy)), then releases it

@@ -1,4 +1,4 @@
-//! [`MemoryOutbox`]: the reference model of [`OutboxStore`], in process.
+//! [`MemoryOutbox`]: the reference model of [`OutboxStore`](super::OutboxStore), in process.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -6,16 +6,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::store::cut_error;
 use super::{
     AfterFailure, Held, OutboxEntry, OutboxMessage, OutboxQuery, OutboxRow, OutboxState,
-    OutboxStats, OutboxStore,
+    OutboxStats,
 };
-use crate::{
-    Clock, LeaseToken, PurgeOptions, PurgeReport, Result, SystemClock, Timestamp, backend::check,
-};
+use crate::backend::OutboxStorage;
+use crate::{Clock, LeaseToken, PurgeOptions, PurgeReport, Result, SystemClock, Timestamp};
 
-/// The outbox in memory, with the contract of [`OutboxStore`] written out plainly: what
+/// The outbox in memory, with the contract of [`OutboxStore`](super::OutboxStore) written
+/// out plainly (an [`OutboxStorage`], behind the same front door as the SQL outboxes): what
 /// the SQL backends are tested against, and an outbox for tests. Producers write through
 /// [`begin`](Self::begin) (a transaction: commit or roll back) or
 /// [`enqueue`](Self::enqueue) (one committed transaction).
@@ -170,13 +169,12 @@ impl Stored {
 }
 
 #[async_trait]
-impl OutboxStore for MemoryOutbox {
+impl OutboxStorage for MemoryOutbox {
     fn backend(&self) -> &'static str {
         "memory"
     }
 
     async fn take(&self, limit: usize, hold: Duration) -> Result<Held> {
-        check::outbox_take(limit, hold)?;
         let now = self.now();
         let until = now.saturating_add(hold);
         let token = LeaseToken::random();
@@ -241,7 +239,7 @@ impl OutboxStore for MemoryOutbox {
             return Ok(false);
         };
         s.holder = None;
-        s.last_error = Some(cut_error(error).to_owned());
+        s.last_error = Some(error.to_owned());
         match after {
             AfterFailure::RetryAfter(delay) => {
                 s.state = OutboxState::Pending;
@@ -271,7 +269,6 @@ impl OutboxStore for MemoryOutbox {
     }
 
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        check::purge(options)?;
         let cutoff = self.now().saturating_sub(options.retention);
         let mut inner = self.lock();
         let before = inner.rows.len();
@@ -308,7 +305,7 @@ impl OutboxStore for MemoryOutbox {
     }
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
-        let limit = check::outbox_list_limit(query.limit)?;
+        let limit = query.limit;
         let inner = self.lock();
         Ok(inner
             .rows

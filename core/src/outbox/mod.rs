@@ -23,6 +23,7 @@
 //! [`MemoryOutbox`] is the reference model; the SQL backends implement the same contract
 //! on a table, checked by the same clauses in `dedup-conformance`.
 
+mod listen;
 mod memory;
 mod message;
 mod publisher;

@@ -4,11 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
+use super::listen::listen;
 use super::{AfterFailure, Held, OutboxStore, Publisher};
 use crate::inbox::error_chain;
 use crate::layers::metric_names as names;
@@ -224,28 +223,9 @@ impl Relay {
         let woken = Arc::new(Notify::new());
         // One task listens for the store's wake-ups and wakes every round loop.
         let listener = tokio::spawn({
-            let (relay, woken, mut stopped) =
-                (Arc::clone(&relay), Arc::clone(&woken), stopped.clone());
+            let (relay, woken, stopped) = (Arc::clone(&relay), Arc::clone(&woken), stopped.clone());
             async move {
-                loop {
-                    let mut wakeups = relay.subscribe().await;
-                    loop {
-                        tokio::select! {
-                            _ = stopped.changed() => return,
-                            woke = next_wakeup(&mut wakeups) => {
-                                if !woke {
-                                    break; // The stream ended (a dropped connection).
-                                }
-                                woken.notify_waiters();
-                            }
-                        }
-                    }
-                    // Poll only until the next attempt to listen.
-                    tokio::select! {
-                        _ = stopped.changed() => return,
-                        () = tokio::time::sleep(relay.config.poll_interval) => {}
-                    }
-                }
+                listen(&*relay.store, relay.config.poll_interval, &woken, stopped).await;
             }
         });
         let loops: Vec<_> = (0..relay.config.rounds_in_flight.max(1))
@@ -325,16 +305,6 @@ impl Relay {
                 _ = stopped.changed() => return all,
                 () = tokio::time::sleep(wait) => {}
                 () = wake => {}
-            }
-        }
-    }
-
-    async fn subscribe(&self) -> Option<BoxStream<'static, ()>> {
-        match self.store.wakeups().await {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "dedup outbox relay: cannot listen for notifications; polling only");
-                None
             }
         }
     }
@@ -447,13 +417,6 @@ impl Relay {
         }
         .instrument(span)
         .await
-    }
-}
-
-async fn next_wakeup(wakeups: &mut Option<BoxStream<'static, ()>>) -> bool {
-    match wakeups {
-        Some(stream) => stream.next().await.is_some(),
-        None => std::future::pending().await,
     }
 }
 

@@ -218,9 +218,11 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
     /// whether a row was changed (`false`: no such row, or it is held or sent).
     async fn retry(&self, id: i64) -> Result<bool>;
 
-    /// A stream that yields when rows may have become due (PostgreSQL `NOTIFY`), or `None`
-    /// when the store has no such signal. Only a hint: a relay polls as well.
-    async fn wakeups(&self) -> Result<Option<BoxStream<'static, ()>>> {
+    /// A stream that yields `Ok(())` when rows may have become due (PostgreSQL `NOTIFY`),
+    /// or `None` when the store has no such signal. Only a hint: a relay polls as well. An
+    /// `Err` item says the signal was lost (the stream may end after it); a relay then
+    /// calls `wakeups` again, with backoff, until it answers.
+    async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {
         Ok(None)
     }
 }

@@ -668,7 +668,9 @@ impl OutboxStore for Probe {
     async fn retry(&self, id: i64) -> dedup_core::Result<bool> {
         self.inner.retry(id).await
     }
-    async fn wakeups(&self) -> dedup_core::Result<Option<BoxStream<'static, ()>>> {
+    async fn wakeups(
+        &self,
+    ) -> dedup_core::Result<Option<BoxStream<'static, dedup_core::Result<()>>>> {
         match self.wakeups {
             true => self.inner.wakeups().await,
             false => Ok(None),

@@ -61,7 +61,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mut processed, mut duplicates) = (0, 0);
     for _ in 0..2 {
         let key = Key::new("notification", event_id.as_str())?;
-        let w = Arc::clone(&world);
+        let w = &world;
         match inbox
             .handle(&key, None, |_lease| async move {
                 w.notifications_sent.fetch_add(1, Ordering::SeqCst);
@@ -90,11 +90,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // publisher's retry arrives. The two later deliveries run on two workers at once.
     let key = Key::new("carrier-booking", event_id.as_str())?;
     let book = |w: Arc<World>| {
-        move |_lease| async move {
-            // The carrier's API is not idempotent: every call books a courier.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            w.carrier_bookings.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, std::io::Error>(Some(b"courier booked".to_vec()))
+        move |_lease| {
+            let w = Arc::clone(&w);
+            async move {
+                // The carrier's API is not idempotent: every call books a courier.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                w.carrier_bookings.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Some(b"courier booked".to_vec()))
+            }
         }
     };
     let first = inbox.handle(&key, None, book(Arc::clone(&world))).await?;

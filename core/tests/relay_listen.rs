@@ -1,0 +1,169 @@
+//! The relay's listener after its wake-ups are lost (a database outage): it polls, tries
+//! to listen again with backoff, and logs once when they are lost (with the cause chain)
+//! and once when it listens again, not at every try. A small capturing subscriber, for
+//! this thread only.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_core::backend::OutboxStorage;
+use dedup_core::outbox::{
+    AfterFailure, Held, MemoryOutbox, MemoryPublisher, OutboxEntry, OutboxQuery, OutboxStats,
+    Relay, RelayConfig,
+};
+use dedup_core::{Error, LeaseToken, PurgeOptions, PurgeReport, Result};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+/// The events seen at `WARN` and `INFO`: level and fields (the message under `message`).
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<(Level, String, String)>>>);
+
+#[derive(Default)]
+struct Fields {
+    message: String,
+    cause: String,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "cause" => self.cause = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
+
+impl Subscriber for Logged {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let level = *event.metadata().level();
+        if level == Level::WARN || level == Level::INFO {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            let entry = (level, fields.message, fields.cause);
+            self.0.lock().unwrap().push(entry);
+        }
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// A memory outbox whose wake-ups are lost after one notification, cannot be opened for
+/// the next `down` tries, then work again (and stay quiet).
+#[derive(Debug)]
+struct Outage {
+    inner: MemoryOutbox,
+    tries: AtomicU32,
+    down: u32,
+}
+
+fn reset() -> Error {
+    let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+    Error::backend("outage", true, io)
+}
+
+#[async_trait]
+impl OutboxStorage for Outage {
+    fn backend(&self) -> &'static str {
+        "outage"
+    }
+    async fn take(&self, limit: usize, hold: Duration) -> Result<Held> {
+        OutboxStorage::take(&self.inner, limit, hold).await
+    }
+    async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>> {
+        OutboxStorage::mark_sent(&self.inner, token, ids).await
+    }
+    async fn mark_failed(
+        &self,
+        token: &LeaseToken,
+        id: i64,
+        error: &str,
+        after: AfterFailure,
+    ) -> Result<bool> {
+        OutboxStorage::mark_failed(&self.inner, token, id, error, after).await
+    }
+    async fn hand_back(&self, token: &LeaseToken, ids: &[i64]) -> Result<u64> {
+        OutboxStorage::hand_back(&self.inner, token, ids).await
+    }
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        OutboxStorage::purge(&self.inner, options).await
+    }
+    async fn stats(&self) -> Result<OutboxStats> {
+        OutboxStorage::stats(&self.inner).await
+    }
+    async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
+        OutboxStorage::list(&self.inner, query).await
+    }
+    async fn retry(&self, id: i64) -> Result<bool> {
+        OutboxStorage::retry(&self.inner, id).await
+    }
+    async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        let try_ = self.tries.fetch_add(1, Ordering::SeqCst);
+        if try_ == 0 {
+            return Ok(Some(futures::stream::iter([Ok(()), Err(reset())]).boxed()));
+        }
+        if try_ <= self.down {
+            return Err(reset());
+        }
+        Ok(Some(futures::stream::pending().boxed()))
+    }
+}
+
+#[test]
+fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
+    let logged = Logged::default();
+    let _guard = tracing::subscriber::set_default(logged.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let store = Arc::new(Outage {
+        inner: MemoryOutbox::new(),
+        tries: AtomicU32::new(0),
+        down: 5,
+    });
+    runtime.block_on(async {
+        let relay = Relay::new(store.clone(), Arc::new(MemoryPublisher::new()))
+            .with_config(RelayConfig::default().poll_interval(Duration::from_secs(1)))
+            .start();
+        // Backoff 100, 200, 400, 800 ms, then the poll interval: well inside a minute.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        relay.stop().await;
+    });
+    assert_eq!(
+        store.tries.load(Ordering::SeqCst),
+        7,
+        "the first listen, 5 failed tries, the one that works; then no more"
+    );
+    let logged = logged.0.lock().unwrap().clone();
+    let listener: Vec<_> = logged
+        .iter()
+        .filter(|(_, message, _)| message.contains("notifications"))
+        .collect();
+    assert_eq!(listener.len(), 2, "{logged:#?}");
+    let (level, message, cause) = listener[0];
+    assert_eq!(*level, Level::WARN);
+    assert!(message.contains("cannot listen"), "{message}");
+    assert!(cause.contains("reset by peer"), "the cause chain: {cause}");
+    let (level, message, _) = listener[1];
+    assert_eq!(*level, Level::INFO);
+    assert!(
+        message.contains("listening for notifications again"),
+        "{message}"
+    );
+}
