@@ -66,7 +66,18 @@ pub async fn consume<S: Source, H: Handle>(
         }
         match source.fetch(permits.len(), &shutdown).await {
             Ok(fetched) => {
-                for (pending, permit) in fetched.into_iter().zip(permits) {
+                let mut permits = permits.into_iter();
+                for pending in fetched {
+                    // A source handing over more than asked still gets no more than the
+                    // bound running: the rest wait for slots (or, at shutdown, go back
+                    // unsettled: the broker delivers them again).
+                    let permit = match permits.next() {
+                        Some(permit) => permit,
+                        None => match in_flight.slot(&shutdown).await {
+                            Some(permit) => permit,
+                            None => break,
+                        },
+                    };
                     let shared = Arc::clone(&shared);
                     in_flight
                         .start(permit, async move { shared.settle(pending).await })
