@@ -8,8 +8,6 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,65 +19,8 @@ use dedup_sqlite::SqliteStore;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
+use support::private::Private;
 use support::{Runs, row, wait_until};
-
-/// A private RabbitMQ of `scripts/services.sh`, stopped on drop if this test started it.
-struct Private {
-    dir: PathBuf,
-    owned: bool,
-    url: String,
-}
-
-fn services(dir: &Path, args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh");
-    let out = Command::new(script)
-        .args(args)
-        .env("DEDUP_SERVICES_DIR", dir)
-        .output()
-        .expect("run scripts/services.sh");
-    assert!(
-        out.status.success(),
-        "services.sh {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-impl Private {
-    fn start() -> Private {
-        let (dir, owned) = match std::env::var("DEDUP_RESTART_SERVICES_DIR") {
-            Ok(dir) => (PathBuf::from(dir), false),
-            Err(_) => {
-                let tag = uuid::Uuid::new_v4().simple().to_string();
-                (
-                    std::env::temp_dir().join(format!("dedup-brokers-restart-{}", &tag[..8])),
-                    true,
-                )
-            }
-        };
-        services(&dir, &["start", "rabbitmq"]);
-        let env = services(&dir, &["env"]);
-        let url = env
-            .lines()
-            .find_map(|l| l.strip_prefix("export DEDUP_AMQP_URL="))
-            .expect("an AMQP URL from services.sh env")
-            .trim_matches('\'')
-            .to_owned();
-        Private { dir, owned, url }
-    }
-
-    fn crash_restart(&self) {
-        services(&self.dir, &["crash-restart", "rabbitmq"]);
-    }
-}
-
-impl Drop for Private {
-    fn drop(&mut self) {
-        if self.owned {
-            services(&self.dir, &["stop"]);
-        }
-    }
-}
 
 async fn connect(url: &str) -> Connection {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -119,7 +60,9 @@ fn config() -> ConsumerConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
-    let rabbit = tokio::task::spawn_blocking(Private::start).await.unwrap();
+    let rabbit = tokio::task::spawn_blocking(|| Private::start("rabbitmq", "DEDUP_AMQP_URL"))
+        .await
+        .unwrap();
     let queue = format!("dedup-restart-{}", uuid::Uuid::new_v4().simple());
     {
         let conn = connect(&rabbit.url).await;
@@ -159,7 +102,7 @@ async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
     wait_until("some were handled", || runs.lock().unwrap().len() >= 30).await;
 
     let rabbit = tokio::task::spawn_blocking(move || {
-        rabbit.crash_restart();
+        rabbit.crash_restart("rabbitmq");
         rabbit
     })
     .await
