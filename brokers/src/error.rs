@@ -19,7 +19,9 @@ pub enum BrokerError {
         source: BoxError,
     },
     /// The broker refused in a way no retry fixes (refused credentials, access refused, a
-    /// queue, stream or consumer that does not exist): the receive loop stops with it.
+    /// queue, stream or consumer that does not exist), or the consumer lost a connection it
+    /// cannot open again (a `RabbitConsumer` made over a channel): the receive loop stops
+    /// with it.
     #[error("broker refused: {context}")]
     Refused {
         /// What was being done.

@@ -308,3 +308,42 @@ async fn deliveries_without_an_id_or_older_than_the_floor_are_dead_lettered_unha
     );
     fx.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_consumer_over_a_channel_ends_with_a_refused_error_when_its_channel_is_lost() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let url = dedup_conformance::server_url("DEDUP_AMQP_URL").unwrap();
+    let conn = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let consumer = RabbitConsumer::new(
+        conn.create_channel().await.unwrap(),
+        fx.queue.clone(),
+        config(),
+    );
+    let (runs, calls) = (Runs::default(), Arc::new(AtomicU32::new(0)));
+    let handler = counting(
+        &Arc::new(MemoryStore::new()),
+        InboxConfig::default(),
+        &runs,
+        &calls,
+        Duration::ZERO,
+    );
+    let (_stop, signal) = shutdown();
+    let task = tokio::spawn(consumer.run(handler, signal));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    conn.close(0, "gone".into()).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run ends when its channel is lost")
+        .unwrap();
+    match result {
+        Err(e @ dedup_brokers::BrokerError::Refused { .. }) => {
+            assert!(e.to_string().contains("RabbitConsumer::from_uri"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    fx.cleanup().await;
+}

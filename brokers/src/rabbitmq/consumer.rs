@@ -147,13 +147,28 @@ impl RabbitConsumer {
         consume(self, config, handler, shutdown).await
     }
 
+    /// A lost channel: retryable when this consumer can open another, final when it was
+    /// made over the caller's channel.
+    fn lost(&self, error: BrokerError) -> BrokerError {
+        match (&self.link, error) {
+            (Link::Channel(_), BrokerError::Broker { context, source }) => BrokerError::Refused {
+                context: format!(
+                    "{context} (a consumer made over a channel, RabbitConsumer::new, cannot \
+                     open another; RabbitConsumer::from_uri can)"
+                ),
+                source,
+            },
+            (_, error) => error,
+        }
+    }
+
     async fn open_channel(&mut self) -> Result<Channel, BrokerError> {
         match &self.link {
             Link::Channel(channel) => {
                 if self.channel.is_some() || !channel.status().connected() {
                     return Err(BrokerError::refused(
                         format!("consuming {}", self.queue),
-                        "the channel was lost; a consumer made over a channel \
+                        "the channel is closed; a consumer made over a channel \
                          (RabbitConsumer::new) cannot open another (RabbitConsumer::from_uri can)",
                     ));
                 }
@@ -224,7 +239,7 @@ impl Source for RabbitConsumer {
         shutdown: &Shutdown,
     ) -> Result<Vec<RabbitPending>, BrokerError> {
         if let Some(e) = self.failed.take() {
-            return Err(classify("consuming", e));
+            return Err(self.lost(classify("consuming", e)));
         }
         let Some(consumer) = self.consumer.as_mut() else {
             return Err(BrokerError::broker("consuming", "not subscribed"));
@@ -237,12 +252,12 @@ impl Source for RabbitConsumer {
         let mut fetched = Vec::new();
         match first {
             Some(Ok(d)) => fetched.push(self.pending(d)),
-            Some(Err(e)) => return Err(classify("consuming", e)),
+            Some(Err(e)) => return Err(self.lost(classify("consuming", e))),
             None => {
-                return Err(BrokerError::broker(
+                return Err(self.lost(BrokerError::broker(
                     "consuming",
                     format!("the consumer of {} was closed", self.queue),
-                ));
+                )));
             }
         }
         // Whatever else the broker already sent, up to `max`, without waiting.
