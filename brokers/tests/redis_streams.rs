@@ -17,7 +17,7 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamInfoGroupsReply;
 use redis::streams::StreamRangeReply;
-use suite::broken::{AcksBeforeHandling, DropsMessageId, must_fail};
+use suite::broken::{AcksBeforeHandling, DropsMessageId, FetchesPastTheBound, must_fail};
 use suite::{BrokerFactory, DeadLetter, broker_suite, clauses};
 use support::{Runs, config, counting, row};
 
@@ -165,6 +165,14 @@ async fn the_suite_catches_an_adapter_that_drops_the_message_id() {
     };
     let clause = clauses::same_id_published_n_times_is_handled_once(DropsMessageId(fx));
     must_fail("an adapter dropping the message id", clause).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loop_keeps_the_in_flight_bound_when_a_source_fetches_past_it() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    clauses::the_in_flight_bound_is_never_exceeded(FetchesPastTheBound(fx)).await;
 }
 
 fn text(v: Option<&redis::Value>) -> String {

@@ -121,6 +121,42 @@ impl<S: Source> Source for NoIds<S> {
     }
 }
 
+/// Asks the broker for four times what the loop asked: the loop, not the source, must keep
+/// the in-flight bound (the bound clause must still pass).
+pub struct FetchesPastTheBound<F>(pub F);
+
+/// The consumer of [`FetchesPastTheBound`].
+pub struct Greedy<S>(S);
+
+#[async_trait]
+impl<S: Source> Source for Greedy<S> {
+    type Pending = S::Pending;
+
+    fn endpoint(&self) -> &str {
+        self.0.endpoint()
+    }
+
+    async fn connect(&mut self, config: &ConsumerConfig) -> Result<(), BrokerError> {
+        self.0.connect(config).await
+    }
+
+    async fn fetch(
+        &mut self,
+        max: usize,
+        shutdown: &Shutdown,
+    ) -> Result<Vec<S::Pending>, BrokerError> {
+        self.0.fetch(max * 4, shutdown).await
+    }
+
+    async fn stop(&mut self) {
+        self.0.stop().await
+    }
+
+    async fn give_back(&mut self) {
+        self.0.give_back().await
+    }
+}
+
 /// Delegates everything but the source to the wrapped factory.
 macro_rules! wrapped_factory {
     ($factory:ident, $source:ident) => {
@@ -165,6 +201,7 @@ macro_rules! wrapped_factory {
 
 wrapped_factory!(AcksBeforeHandling, AcksFirst);
 wrapped_factory!(DropsMessageId, NoIds);
+wrapped_factory!(FetchesPastTheBound, Greedy);
 
 /// Run `clause` and require it to fail (panic).
 pub async fn must_fail<Fut>(what: &str, clause: Fut)
