@@ -135,6 +135,8 @@ pub struct ConsumerStats {
     pub refused: u64,
     /// Deliveries whose ack, nack or dead-letter the broker refused (they come back).
     pub settle_errors: u64,
+    /// Times the connection was lost and made again.
+    pub reconnects: u64,
 }
 
 #[derive(Debug, Default)]
@@ -147,6 +149,7 @@ pub(crate) struct Counters {
     dead_letters: AtomicU64,
     refused: AtomicU64,
     pub(crate) settle_errors: AtomicU64,
+    pub(crate) reconnects: AtomicU64,
 }
 
 impl Counters {
@@ -165,6 +168,7 @@ impl Counters {
             dead_letters: get(&self.dead_letters),
             refused: get(&self.refused),
             settle_errors: get(&self.settle_errors),
+            reconnects: get(&self.reconnects),
         }
     }
 }

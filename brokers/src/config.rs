@@ -26,11 +26,16 @@ pub struct ConsumerConfig {
     /// retention (what you give `purge`); `None` turns the check off. Deliveries without a
     /// timestamp are admitted.
     pub max_age: Option<Duration>,
+    /// How long the consumer waits before connecting again after the connection was lost
+    /// or a connect failed (a retryable error); it doubles while connecting keeps failing.
+    pub reconnect_delay: Duration,
+    /// The longest wait between two connect attempts.
+    pub max_reconnect_delay: Duration,
 }
 
 impl Default for ConsumerConfig {
     /// Consumer name from the endpoint, 16 in flight, retry after 1 s (at most 30 s), a
-    /// 7-day admission floor.
+    /// 7-day admission floor, reconnect after 100 ms doubling up to 10 s.
     fn default() -> Self {
         ConsumerConfig {
             consumer: None,
@@ -38,6 +43,8 @@ impl Default for ConsumerConfig {
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(30),
             max_age: Some(Duration::from_secs(7 * 24 * 3600)),
+            reconnect_delay: Duration::from_millis(100),
+            max_reconnect_delay: Duration::from_secs(10),
         }
     }
 }
@@ -57,6 +64,11 @@ impl ConsumerConfig {
         if self.max_retry_delay < self.retry_delay {
             return Err(crate::BrokerError::Config(
                 "max_retry_delay must not be below retry_delay".into(),
+            ));
+        }
+        if self.reconnect_delay.is_zero() || self.max_reconnect_delay < self.reconnect_delay {
+            return Err(crate::BrokerError::Config(
+                "reconnect_delay must be above zero and not above max_reconnect_delay".into(),
             ));
         }
         Ok(())

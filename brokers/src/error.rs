@@ -8,9 +8,22 @@ pub enum BrokerError {
     /// The configuration is invalid; nothing was started.
     #[error("invalid consumer configuration: {0}")]
     Config(String),
-    /// The broker or its client failed (connection lost, a command refused).
+    /// The broker or its client failed in a way a new connection may fix (connection lost,
+    /// broker restarting, a timeout): the receive loop reconnects after it.
     #[error("broker error: {context}")]
     Broker {
+        /// What was being done.
+        context: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The broker refused in a way no retry fixes (refused credentials, access refused, a
+    /// queue, stream or consumer that does not exist), or the consumer lost a connection it
+    /// cannot open again (a `RabbitConsumer` made over a channel): the receive loop stops
+    /// with it.
+    #[error("broker refused: {context}")]
+    Refused {
         /// What was being done.
         context: String,
         /// The client's error.
@@ -20,9 +33,22 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
+    /// Whether a new connection may fix it (the receive loop then reconnects).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, BrokerError::Broker { .. })
+    }
+
     #[allow(dead_code)] // used by the broker modules (each behind its feature)
     pub(crate) fn broker(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
         BrokerError::Broker {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    #[allow(dead_code)] // used by the broker modules (each behind its feature)
+    pub(crate) fn refused(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        BrokerError::Refused {
             context: context.into(),
             source: source.into(),
         }

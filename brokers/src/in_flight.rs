@@ -15,7 +15,6 @@ pub(crate) struct InFlight {
     tasks: JoinSet<()>,
 }
 
-#[allow(dead_code)] // each broker module (behind its feature) uses a part
 impl InFlight {
     pub(crate) fn new(max: usize) -> Self {
         InFlight {
@@ -66,11 +65,6 @@ impl InFlight {
             work.await;
             drop(permit);
         });
-    }
-
-    /// Whether no handler runs.
-    pub(crate) fn is_idle(&self) -> bool {
-        self.slots.available_permits() == self.max
     }
 
     /// Wait for every started handler to finish and settle.

@@ -8,16 +8,19 @@
 //! [`with_inbox`], or a transactional inbox through a closure), and turns the answer into
 //! one broker [`Action`] ([`action_for`]: ack, retry after a delay, dead-letter). It keeps at
 //! most [`ConsumerConfig::in_flight`] messages in flight and stops gracefully on a
-//! [`Shutdown`]. The broker-specific parts (how to ack, nack, dead-letter, reclaim) live in
-//! one folder per broker; see the crate README for each broker's choices.
+//! [`Shutdown`]. That receive loop is written once ([`consume`]) over a [`Source`]; the
+//! broker-specific parts (how to connect, fetch, ack, nack, dead-letter, reclaim) live in one
+//! folder per broker; see the crate README for each broker's choices.
 
 mod action;
 mod config;
+mod consume;
 mod delivery;
 mod error;
 mod handle;
 mod in_flight;
 mod shutdown;
+mod source;
 
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -28,10 +31,12 @@ pub mod redis_streams;
 
 pub use action::{Action, ConsumerStats, action_for, refusal};
 pub use config::ConsumerConfig;
+pub use consume::consume;
 pub use delivery::Delivery;
 pub use error::BrokerError;
 pub use handle::{Handle, InboxHandler, with_inbox};
 pub use shutdown::{Shutdown, ShutdownTrigger, shutdown};
+pub use source::{Pending, Source};
 
 /// The header (AMQP, NATS) or stream field (Redis) a dead letter carries its reason in.
 pub const DEAD_LETTER_REASON: &str = "x-dedup-dead-letter-reason";

@@ -1,13 +1,16 @@
 //! The RabbitMQ publisher and consumer against the real RabbitMQ (`DEDUP_AMQP_URL`).
 
+mod suite;
 mod support;
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use async_trait::async_trait;
 use dedup_brokers::rabbitmq::{DeadLetters, RabbitConsumer, RabbitPublisher};
-use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Shutdown, shutdown};
+use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, shutdown};
 use dedup_core::outbox::Publisher;
 use dedup_core::{InboxConfig, MemoryStore};
 use lapin::options::{
@@ -15,15 +18,17 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use suite::{BrokerFactory, DeadLetter, broker_suite};
 use support::{
-    Runs, all_once, assert_one_at_a_time, assert_retried_in_process, commit_then_hang, config,
-    counting, ids, one_at_a_time_probe, one_in_flight, poison, row, transient_once, wait_until,
+    Runs, assert_retried_in_process, config, counting, row, transient_once, wait_until,
 };
 
 struct Fixture {
     conn: Connection,
     queue: String,
     dead: String,
+    /// Each suite worker's own connection, closed when it is killed.
+    workers: Mutex<HashMap<String, Connection>>,
 }
 
 impl Fixture {
@@ -55,7 +60,12 @@ impl Fixture {
         ch.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args)
             .await
             .unwrap();
-        Some(Fixture { conn, queue, dead })
+        Some(Fixture {
+            conn,
+            queue,
+            dead,
+            workers: Mutex::default(),
+        })
     }
 
     async fn channel(&self) -> Channel {
@@ -105,6 +115,108 @@ impl Fixture {
     }
 }
 
+fn text(value: Option<&AMQPValue>) -> Option<String> {
+    match value? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// The suite's consumers dead-letter by publishing a copy to `<queue>.dead` (the reason as
+/// a header); the queue's own dead-letter exchange (the default) has its own test below.
+#[async_trait]
+impl BrokerFactory for Fixture {
+    type Source = RabbitConsumer;
+
+    async fn new() -> Option<Self> {
+        Fixture::new().await
+    }
+
+    async fn publish(&self, ids: &[String]) {
+        let publisher = RabbitPublisher::new(&self.conn).await.unwrap();
+        let rows: Vec<_> = ids.iter().map(|id| row(&self.dest(), id)).collect();
+        let results = publisher.publish_all(&rows).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+
+    async fn publish_without_id(&self, payload: &[u8]) {
+        self.publish_raw(BasicProperties::default(), payload).await;
+    }
+
+    async fn source(&self, worker: &str, config: &ConsumerConfig) -> RabbitConsumer {
+        let url = dedup_conformance::server_url("DEDUP_AMQP_URL").unwrap();
+        let conn = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = conn.create_channel().await.unwrap();
+        let dead_letters = DeadLetters::Publish {
+            publisher: RabbitPublisher::new(&conn).await.unwrap(),
+            destination: format!("/{}", self.dead),
+        };
+        self.workers.lock().unwrap().insert(worker.to_owned(), conn);
+        RabbitConsumer::new(channel, self.queue.clone(), config.clone()).dead_letters(dead_letters)
+    }
+
+    async fn kill(&self, worker: &str) {
+        let conn = self.workers.lock().unwrap().remove(worker);
+        if let Some(conn) = conn {
+            // The aborted consumer may have left its channel closing: the connection's
+            // close then reports it, and closes anyway.
+            let _ = conn.close(0, "killed".into()).await;
+            assert!(
+                !conn.status().connected(),
+                "the worker's connection is closed"
+            );
+        }
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetter> {
+        // Read without taking them: get, then requeue by closing the channel unacked.
+        let ch = self.channel().await;
+        let mut out = Vec::new();
+        while let Some(m) = ch
+            .basic_get(self.dead.as_str().into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+        {
+            let props = &m.delivery.properties;
+            out.push(DeadLetter {
+                message_id: props.message_id().as_ref().map(|s| s.to_string()),
+                payload: m.delivery.data.clone(),
+                reason: props
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| text(h.inner().get(DEAD_LETTER_REASON))),
+            });
+        }
+        ch.close(0, "peeked".into()).await.unwrap();
+        out
+    }
+
+    async fn outstanding(&self) -> u64 {
+        let ch = self.channel().await;
+        let q = ch
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        u64::from(q.message_count())
+    }
+
+    async fn cleanup(self) {
+        Fixture::cleanup(self).await
+    }
+}
+
+broker_suite!(Fixture);
+
 #[tokio::test]
 async fn a_published_row_arrives_with_its_message_id_headers_and_timestamp() {
     let Some(fx) = Fixture::new().await else {
@@ -137,96 +249,6 @@ async fn a_published_row_arrives_with_its_message_id_headers_and_timestamp() {
         .publish(&row("/no-such-queue-dedup", "order-4"))
         .await;
     assert!(lost.is_err(), "an unroutable publish must not be Ok");
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn duplicates_published_on_purpose_are_acked_without_running_the_handler() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
-    let rows: Vec<_> = ["a", "b", "a", "a", "c"]
-        .iter()
-        .map(|id| row(&fx.dest(), id))
-        .collect();
-    assert!(publisher.publish_all(&rows).await.iter().all(Result::is_ok));
-
-    let runs = Runs::default();
-    let calls = Arc::new(AtomicU32::new(0));
-    let handler = counting(
-        &Arc::new(MemoryStore::new()),
-        InboxConfig::default(),
-        &runs,
-        &calls,
-        Duration::ZERO,
-    );
-    let (stop, signal) = shutdown();
-    let consumer = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config());
-    let task = tokio::spawn(consumer.run(handler, signal));
-    wait_until("five deliveries were handled", || {
-        calls.load(Ordering::SeqCst) == 5
-    })
-    .await;
-    stop.shut_down();
-    let stats = task.await.unwrap().unwrap();
-    assert_eq!((stats.processed, stats.duplicates), (3, 2), "{stats:?}");
-    assert!(all_once(&runs, 3), "a, b and c ran once each");
-    assert!(
-        fx.drain(&fx.queue).await.is_empty(),
-        "every delivery was acked"
-    );
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn a_consumer_killed_before_its_ack_has_its_redelivery_absorbed() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
-    publisher
-        .publish(&row(&fx.dest(), "order-1"))
-        .await
-        .unwrap();
-    let store = Arc::new(MemoryStore::new());
-    let runs = Runs::default();
-
-    // Consumer A, on a connection of its own: processes (commits) and hangs before its ack.
-    let url = dedup_conformance::server_url("DEDUP_AMQP_URL").unwrap();
-    let conn_a = Connection::connect(&url, ConnectionProperties::default())
-        .await
-        .unwrap();
-    let committed = Arc::new(AtomicU32::new(0));
-    let hang = commit_then_hang(&store, &runs, &committed);
-    let a = RabbitConsumer::new(
-        conn_a.create_channel().await.unwrap(),
-        fx.queue.clone(),
-        config(),
-    );
-    let task_a = tokio::spawn(a.run(hang, Shutdown::never()));
-    wait_until("A committed", || committed.load(Ordering::SeqCst) == 1).await;
-    // Killed: the task and its connection are gone without an ack.
-    task_a.abort();
-    conn_a.close(0, "killed".into()).await.unwrap();
-
-    let calls = Arc::new(AtomicU32::new(0));
-    let b_handler = counting(
-        &store,
-        InboxConfig::default(),
-        &runs,
-        &calls,
-        Duration::ZERO,
-    );
-    let (stop, signal) = shutdown();
-    let b = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config());
-    let task_b = tokio::spawn(b.run(b_handler, signal));
-    wait_until("B got the redelivery", || calls.load(Ordering::SeqCst) == 1).await;
-    stop.shut_down();
-    let stats = task_b.await.unwrap().unwrap();
-    assert_eq!((stats.processed, stats.duplicates), (0, 1), "{stats:?}");
-    assert!(all_once(&runs, 1), "the handler ran once");
-    assert!(fx.drain(&fx.queue).await.is_empty());
     fx.cleanup().await;
 }
 
@@ -290,126 +312,41 @@ async fn deliveries_without_an_id_or_older_than_the_floor_are_dead_lettered_unha
 }
 
 #[tokio::test]
-async fn a_poison_message_reaches_the_dead_letters_after_max_attempts() {
+async fn a_consumer_over_a_channel_ends_with_a_refused_error_when_its_channel_is_lost() {
     let Some(fx) = Fixture::new().await else {
         return;
     };
-    let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
-    publisher.publish(&row(&fx.dest(), "poison")).await.unwrap();
-    let runs = Arc::new(AtomicU32::new(0));
-    let handler = poison(MemoryStore::new(), 3, &runs);
-    let (stop, signal) = shutdown();
-    let consumer = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config())
-        .dead_letters(DeadLetters::Publish {
-            publisher: RabbitPublisher::new(&fx.conn).await.unwrap(),
-            destination: format!("/{}", fx.dead),
-        });
+    let url = dedup_conformance::server_url("DEDUP_AMQP_URL").unwrap();
+    let conn = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let consumer = RabbitConsumer::new(
+        conn.create_channel().await.unwrap(),
+        fx.queue.clone(),
+        config(),
+    );
+    let (runs, calls) = (Runs::default(), Arc::new(AtomicU32::new(0)));
+    let handler = counting(
+        &Arc::new(MemoryStore::new()),
+        InboxConfig::default(),
+        &runs,
+        &calls,
+        Duration::ZERO,
+    );
+    let (_stop, signal) = shutdown();
     let task = tokio::spawn(consumer.run(handler, signal));
-    let mut dead = Vec::new();
-    for _ in 0..200 {
-        dead.extend(fx.drain(&fx.dead).await);
-        if !dead.is_empty() {
-            break;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    conn.close(0, "gone".into()).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run ends when its channel is lost")
+        .unwrap();
+    match result {
+        Err(e @ dedup_brokers::BrokerError::Refused { .. }) => {
+            assert!(e.to_string().contains("RabbitConsumer::from_uri"), "{e}");
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        other => panic!("{other:?}"),
     }
-    stop.shut_down();
-    let stats = task.await.unwrap().unwrap();
-    assert_eq!(dead.len(), 1);
-    let d = &dead[0];
-    assert_eq!(
-        d.properties.message_id().as_ref().unwrap().as_str(),
-        "poison"
-    );
-    let reason = d
-        .properties
-        .headers()
-        .as_ref()
-        .unwrap()
-        .inner()
-        .get(DEAD_LETTER_REASON)
-        .cloned();
-    assert!(
-        matches!(&reason, Some(AMQPValue::LongString(s)) if s.to_string().contains("attempts used up")),
-        "{reason:?}"
-    );
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        3,
-        "three attempts, then no more"
-    );
-    assert_eq!((stats.errors, stats.dead_letters), (3, 1), "{stats:?}");
-    assert!(
-        fx.drain(&fx.queue).await.is_empty(),
-        "the original was acked"
-    );
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn shutdown_with_messages_in_flight_loses_none() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
-    let rows: Vec<_> = (0..20)
-        .map(|i| row(&fx.dest(), &format!("m-{i}")))
-        .collect();
-    assert!(publisher.publish_all(&rows).await.iter().all(Result::is_ok));
-    let store = Arc::new(MemoryStore::new());
-    let runs = Runs::default();
-    let calls = Arc::new(AtomicU32::new(0));
-    let slow = |runs: &Runs| {
-        counting(
-            &store,
-            InboxConfig::default(),
-            runs,
-            &calls,
-            Duration::from_millis(100),
-        )
-    };
-    let (stop, signal) = shutdown();
-    let first = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config());
-    let task = tokio::spawn(first.run(slow(&runs), signal));
-    wait_until("some ran", || runs.lock().unwrap().len() >= 2).await;
-    stop.shut_down();
-    let first_stats = task.await.unwrap().unwrap();
-    assert!(first_stats.processed < 20, "stopped early: {first_stats:?}");
-
-    let (stop, signal) = shutdown();
-    let second = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), config());
-    let task = tokio::spawn(second.run(slow(&runs), signal));
-    wait_until("all ran", || runs.lock().unwrap().len() == 20).await;
-    stop.shut_down();
-    let second_stats = task.await.unwrap().unwrap();
-    assert_eq!(first_stats.processed + second_stats.processed, 20);
-    assert!(
-        runs.lock().unwrap().values().all(|n| *n == 1),
-        "each ran once"
-    );
-    assert!(fx.drain(&fx.queue).await.is_empty());
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn with_one_in_flight_messages_run_one_at_a_time_in_queue_order() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
-    for id in ids(10) {
-        publisher.publish(&row(&fx.dest(), &id)).await.unwrap();
-    }
-    let (order, most) = (Arc::default(), Arc::new(AtomicU32::new(0)));
-    let one = one_in_flight();
-    let (stop, signal) = shutdown();
-    let consumer = RabbitConsumer::new(fx.channel().await, fx.queue.clone(), one);
-    let task = tokio::spawn(consumer.run(one_at_a_time_probe(&order, &most), signal));
-    wait_until("all ran", || order.lock().unwrap().len() == 10).await;
-    stop.shut_down();
-    let stats = task.await.unwrap().unwrap();
-    assert_one_at_a_time(&stats, &order, &most, 10);
-    assert!(fx.drain(&fx.queue).await.is_empty());
     fx.cleanup().await;
 }
 

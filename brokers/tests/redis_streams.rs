@@ -1,5 +1,6 @@
 //! The Redis Streams publisher and consumer against the real Redis (`DEDUP_REDIS_URL`).
 
+mod suite;
 mod support;
 
 use std::collections::HashMap;
@@ -7,16 +8,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use dedup_brokers::redis_streams::{StreamConsumer, StreamPublisher, dead_stream};
-use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Shutdown, shutdown};
+use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, shutdown};
 use dedup_core::outbox::Publisher;
 use dedup_core::{InboxConfig, MemoryStore};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
+use redis::streams::StreamInfoGroupsReply;
 use redis::streams::StreamRangeReply;
+use suite::broken::{AcksBeforeHandling, DropsMessageId, FetchesPastTheBound, must_fail};
+use suite::{BrokerFactory, DeadLetter, broker_suite, clauses};
 use support::{
-    Runs, all_once, assert_one_at_a_time, assert_retried_in_process, commit_then_hang, config,
-    counting, ids, one_at_a_time_probe, one_in_flight, poison, row, transient_once, wait_until,
+    Runs, assert_retried_in_process, config, counting, row, transient_once, wait_until,
 };
 
 const GROUP: &str = "billing";
@@ -77,6 +81,102 @@ impl Fixture {
     }
 }
 
+#[async_trait]
+impl BrokerFactory for Fixture {
+    type Source = StreamConsumer;
+
+    async fn new() -> Option<Self> {
+        Fixture::new().await
+    }
+
+    async fn publish(&self, ids: &[String]) {
+        let publisher = StreamPublisher::connect(&self.client).await.unwrap();
+        let rows: Vec<_> = ids.iter().map(|id| row(&self.stream, id)).collect();
+        let results = publisher.publish_all(&rows).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+
+    async fn publish_without_id(&self, payload: &[u8]) {
+        let _: String = self
+            .conn
+            .clone()
+            .xadd(&self.stream, "*", &[("payload", payload)])
+            .await
+            .unwrap();
+    }
+
+    async fn source(&self, worker: &str, config: &ConsumerConfig) -> StreamConsumer {
+        self.consumer(worker, config.clone())
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetter> {
+        let maybe = |v: Option<&redis::Value>| v.map(|v| text(Some(v)));
+        self.entries(&dead_stream(&self.stream))
+            .await
+            .into_iter()
+            .map(|e| DeadLetter {
+                message_id: maybe(e.get("message_id")),
+                payload: maybe(e.get("payload")).unwrap_or_default().into_bytes(),
+                reason: maybe(e.get(DEAD_LETTER_REASON)),
+            })
+            .collect()
+    }
+
+    /// Pending in the group, plus entries after its last delivered id (all of them when no
+    /// consumer made the group yet).
+    async fn outstanding(&self) -> u64 {
+        let mut conn = self.conn.clone();
+        let groups: StreamInfoGroupsReply = conn.xinfo_groups(&self.stream).await.unwrap();
+        let Some(group) = groups.groups.into_iter().find(|g| g.name == GROUP) else {
+            let n: u64 = conn.xlen(&self.stream).await.unwrap();
+            return n;
+        };
+        let unread: StreamRangeReply = conn
+            .xrange(&self.stream, format!("({}", group.last_delivered_id), "+")
+            .await
+            .unwrap();
+        (group.pending + unread.ids.len()) as u64
+    }
+
+    async fn cleanup(self) {
+        Fixture::cleanup(self).await
+    }
+}
+
+broker_suite!(Fixture);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_catches_an_adapter_that_acks_before_the_handler_ran() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let clause = clauses::a_retry_comes_back_after_its_delay(AcksBeforeHandling(fx));
+    must_fail("an adapter acking before its handler ran", clause).await;
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let clause =
+        clauses::a_consumer_killed_mid_handler_has_its_redelivery_absorbed(AcksBeforeHandling(fx));
+    must_fail("an adapter acking before its handler ran", clause).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_catches_an_adapter_that_drops_the_message_id() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let clause = clauses::same_id_published_n_times_is_handled_once(DropsMessageId(fx));
+    must_fail("an adapter dropping the message id", clause).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loop_keeps_the_in_flight_bound_when_a_source_fetches_past_it() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    clauses::the_in_flight_bound_is_never_exceeded(FetchesPastTheBound(fx)).await;
+}
+
 fn text(v: Option<&redis::Value>) -> String {
     match v {
         Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
@@ -113,80 +213,7 @@ async fn a_published_row_arrives_with_its_message_id_payload_and_headers() {
 }
 
 #[tokio::test]
-async fn duplicates_published_on_purpose_are_acked_without_running_the_handler() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = StreamPublisher::connect(&fx.client).await.unwrap();
-    let rows: Vec<_> = ["a", "b", "a", "a", "c"]
-        .iter()
-        .map(|id| row(&fx.stream, id))
-        .collect();
-    assert!(publisher.publish_all(&rows).await.iter().all(Result::is_ok));
-    let (runs, calls) = (Runs::default(), Arc::new(AtomicU32::new(0)));
-    let store = Arc::new(MemoryStore::new());
-    let handler = counting(
-        &store,
-        InboxConfig::default(),
-        &runs,
-        &calls,
-        Duration::ZERO,
-    );
-    let (stop, signal) = shutdown();
-    let task = tokio::spawn(fx.consumer("w1", config()).run(handler, signal));
-    wait_until("five settled", || calls.load(Ordering::SeqCst) == 5).await;
-    stop.shut_down();
-    let stats = task.await.unwrap().unwrap();
-    assert_eq!((stats.processed, stats.duplicates), (3, 2), "{stats:?}");
-    assert!(all_once(&runs, 3));
-    assert_eq!(fx.pending().await, 0, "every entry acked");
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn a_worker_killed_before_its_ack_has_its_entry_reclaimed_and_absorbed() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = StreamPublisher::connect(&fx.client).await.unwrap();
-    publisher
-        .publish(&row(&fx.stream, "order-1"))
-        .await
-        .unwrap();
-    let store = Arc::new(MemoryStore::new());
-    let runs = Runs::default();
-    let committed = Arc::new(AtomicU32::new(0));
-    let a = fx.consumer("w-a", config()).run(
-        commit_then_hang(&store, &runs, &committed),
-        Shutdown::never(),
-    );
-    let task_a = tokio::spawn(a);
-    wait_until("A committed", || committed.load(Ordering::SeqCst) == 1).await;
-    task_a.abort();
-    let _ = task_a.await;
-    assert_eq!(fx.pending().await, 1, "A's entry stays pending");
-
-    let calls = Arc::new(AtomicU32::new(0));
-    let handler = counting(
-        &store,
-        InboxConfig::default(),
-        &runs,
-        &calls,
-        Duration::ZERO,
-    );
-    let (stop, signal) = shutdown();
-    let task_b = tokio::spawn(fx.consumer("w-b", config()).run(handler, signal));
-    wait_until("B reclaimed it", || calls.load(Ordering::SeqCst) == 1).await;
-    stop.shut_down();
-    let stats = task_b.await.unwrap().unwrap();
-    assert_eq!((stats.processed, stats.duplicates), (0, 1), "{stats:?}");
-    assert!(all_once(&runs, 1));
-    assert_eq!(fx.pending().await, 0);
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn entries_without_an_id_or_older_than_the_floor_are_dead_lettered_unhandled() {
+async fn an_entry_older_than_the_floor_by_its_id_is_dead_lettered_unhandled() {
     let Some(fx) = Fixture::new().await else {
         return;
     };
@@ -199,10 +226,6 @@ async fn entries_without_an_id_or_older_than_the_floor_are_dead_lettered_unhandl
         - 3_600_000;
     let _: String = conn
         .xadd(&fx.stream, format!("{old_ms}-0"), &[("message_id", "old")])
-        .await
-        .unwrap();
-    let _: String = conn
-        .xadd(&fx.stream, "*", &[("payload", "no id")])
         .await
         .unwrap();
     let (runs, calls) = (Runs::default(), Arc::new(AtomicU32::new(0)));
@@ -223,41 +246,6 @@ async fn entries_without_an_id_or_older_than_the_floor_are_dead_lettered_unhandl
     let mut entries = Vec::new();
     for _ in 0..200 {
         entries = fx.entries(&dead).await;
-        if entries.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    stop.shut_down();
-    let stats = task.await.unwrap().unwrap();
-    assert_eq!(entries.len(), 2, "{entries:?}");
-    assert_eq!(text(entries[0].get("message_id")), "old");
-    assert!(text(entries[0].get(DEAD_LETTER_REASON)).contains("older than"));
-    assert_eq!(text(entries[1].get(DEAD_LETTER_REASON)), "no message id");
-    assert_eq!(text(entries[1].get("payload")), "no id");
-    assert_eq!(stats.refused, 2, "{stats:?}");
-    assert_eq!(calls.load(Ordering::SeqCst), 0);
-    assert_eq!(fx.pending().await, 0);
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn a_poison_entry_reaches_the_dead_stream_after_max_attempts() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = StreamPublisher::connect(&fx.client).await.unwrap();
-    publisher.publish(&row(&fx.stream, "poison")).await.unwrap();
-    let runs = Arc::new(AtomicU32::new(0));
-    let (stop, signal) = shutdown();
-    let task = tokio::spawn(
-        fx.consumer("w1", config())
-            .run(poison(MemoryStore::new(), 3, &runs), signal),
-    );
-    let dead = dead_stream(&fx.stream);
-    let mut entries = Vec::new();
-    for _ in 0..200 {
-        entries = fx.entries(&dead).await;
         if !entries.is_empty() {
             break;
         }
@@ -265,74 +253,12 @@ async fn a_poison_entry_reaches_the_dead_stream_after_max_attempts() {
     }
     stop.shut_down();
     let stats = task.await.unwrap().unwrap();
-    assert_eq!(entries.len(), 1);
-    assert_eq!(text(entries[0].get("message_id")), "poison");
-    assert!(text(entries[0].get(DEAD_LETTER_REASON)).contains("attempts used up"));
-    assert_eq!(runs.load(Ordering::SeqCst), 3);
-    assert_eq!((stats.errors, stats.dead_letters), (3, 1), "{stats:?}");
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(text(entries[0].get("message_id")), "old");
+    assert!(text(entries[0].get(DEAD_LETTER_REASON)).contains("older than"));
+    assert_eq!(stats.refused, 1, "{stats:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert_eq!(fx.pending().await, 0);
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn shutdown_with_entries_in_flight_loses_none() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = StreamPublisher::connect(&fx.client).await.unwrap();
-    let rows: Vec<_> = (0..20)
-        .map(|i| row(&fx.stream, &format!("m-{i}")))
-        .collect();
-    assert!(publisher.publish_all(&rows).await.iter().all(Result::is_ok));
-    let store = Arc::new(MemoryStore::new());
-    let runs = Runs::default();
-    let calls = Arc::new(AtomicU32::new(0));
-    let slow = || {
-        counting(
-            &store,
-            InboxConfig::default(),
-            &runs,
-            &calls,
-            Duration::from_millis(100),
-        )
-    };
-    let (stop, signal) = shutdown();
-    let task = tokio::spawn(fx.consumer("w1", config()).run(slow(), signal));
-    wait_until("some ran", || runs.lock().unwrap().len() >= 2).await;
-    stop.shut_down();
-    let first = task.await.unwrap().unwrap();
-    assert!(first.processed < 20, "{first:?}");
-    assert_eq!(fx.pending().await, 0, "whatever it read, it settled");
-    let (stop, signal) = shutdown();
-    let task = tokio::spawn(fx.consumer("w2", config()).run(slow(), signal));
-    wait_until("all ran", || runs.lock().unwrap().len() == 20).await;
-    stop.shut_down();
-    let second = task.await.unwrap().unwrap();
-    assert_eq!(first.processed + second.processed, 20);
-    assert!(all_once(&runs, 20));
-    fx.cleanup().await;
-}
-
-#[tokio::test]
-async fn with_one_in_flight_entries_run_one_at_a_time_in_stream_order() {
-    let Some(fx) = Fixture::new().await else {
-        return;
-    };
-    let publisher = StreamPublisher::connect(&fx.client).await.unwrap();
-    for id in ids(10) {
-        publisher.publish(&row(&fx.stream, &id)).await.unwrap();
-    }
-    let (order, most) = (Arc::default(), Arc::new(AtomicU32::new(0)));
-    let one = one_in_flight();
-    let (stop, signal) = shutdown();
-    let task = tokio::spawn(
-        fx.consumer("w1", one)
-            .run(one_at_a_time_probe(&order, &most), signal),
-    );
-    wait_until("all ran", || order.lock().unwrap().len() == 10).await;
-    stop.shut_down();
-    let stats = task.await.unwrap().unwrap();
-    assert_one_at_a_time(&stats, &order, &most, 10);
     fx.cleanup().await;
 }
 

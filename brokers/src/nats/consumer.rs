@@ -4,16 +4,17 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
-use async_nats::jetstream::{AckKind, Context, Message};
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::stream::ConsumerErrorKind;
+use async_nats::jetstream::{AckKind, Context, ErrorCode, Message};
+use async_trait::async_trait;
 use futures::StreamExt;
 
 use super::MSG_ID_HEADER;
 use super::publisher::{headers, send};
-use crate::action::{Counters, decide};
-use crate::in_flight::InFlight;
 use crate::{
     Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Shutdown,
+    Pending, Shutdown, Source, consume,
 };
 
 /// Consumes a JetStream stream through a durable pull consumer (created if missing, with
@@ -26,14 +27,18 @@ use crate::{
 /// is published (headers, payload, and the reason in [`DEAD_LETTER_REASON`]) to the
 /// dead-letter subject, which a stream must capture, and once the stream acknowledged it the
 /// original is `Term`inated (if that publish fails the original is `Nak`ed for a retry).
+///
+/// async-nats's client reconnects by itself; after a failed fetch the receive loop looks the
+/// stream and the durable consumer up again (creating the consumer if the server lost it).
 #[derive(Debug)]
 pub struct NatsConsumer {
     js: Context,
     stream: String,
     durable: String,
     config: ConsumerConfig,
-    dead_letter_subject: String,
+    dead_letter_subject: Arc<str>,
     ack_wait: Duration,
+    consumer: Option<PullConsumer>,
 }
 
 impl NatsConsumer {
@@ -49,17 +54,18 @@ impl NatsConsumer {
         let stream = stream.into();
         NatsConsumer {
             js,
-            dead_letter_subject: format!("{stream}.dead"),
+            dead_letter_subject: format!("{stream}.dead").into(),
             stream,
             durable: durable.into(),
             config,
             ack_wait: Duration::from_secs(30),
+            consumer: None,
         }
     }
 
     /// Where dead letters are published.
     pub fn dead_letter_subject(mut self, subject: impl Into<String>) -> Self {
-        self.dead_letter_subject = subject.into();
+        self.dead_letter_subject = subject.into().into();
         self
     }
 
@@ -71,18 +77,40 @@ impl NatsConsumer {
     }
 
     /// Consume until `shutdown` fires (then: stop fetching, let started handlers finish and
-    /// settle) or JetStream fails (an error, after the started handlers settled).
+    /// settle) or an error no reconnect fixes. See [`consume`].
     pub async fn run<H: Handle>(
         self,
         handler: H,
         shutdown: Shutdown,
     ) -> Result<ConsumerStats, BrokerError> {
-        self.config.check()?;
-        let stream = self
-            .js
-            .get_stream(&self.stream)
-            .await
-            .map_err(|e| BrokerError::broker(format!("stream {}", self.stream), e))?;
+        let config = self.config.clone();
+        consume(self, config, handler, shutdown).await
+    }
+}
+
+#[async_trait]
+impl Source for NatsConsumer {
+    type Pending = NatsPending;
+
+    fn endpoint(&self) -> &str {
+        &self.durable
+    }
+
+    async fn connect(&mut self, config: &ConsumerConfig) -> Result<(), BrokerError> {
+        self.consumer = None;
+        let context = format!("stream {}", self.stream);
+        let stream = self.js.get_stream(&self.stream).await.map_err(|e| {
+            let fatal = match e.kind() {
+                GetStreamErrorKind::JetStream(js) => js.error_code() == ErrorCode::STREAM_NOT_FOUND,
+                GetStreamErrorKind::EmptyName | GetStreamErrorKind::InvalidStreamName => true,
+                _ => false,
+            };
+            if fatal {
+                BrokerError::refused(context.clone(), e)
+            } else {
+                BrokerError::broker(context.clone(), e)
+            }
+        })?;
         let consumer: PullConsumer = stream
             .get_or_create_consumer(
                 &self.durable,
@@ -90,105 +118,112 @@ impl NatsConsumer {
                     durable_name: Some(self.durable.clone()),
                     ack_policy: AckPolicy::Explicit,
                     ack_wait: self.ack_wait,
-                    max_ack_pending: self.config.in_flight as i64,
+                    max_ack_pending: config.in_flight as i64,
                     ..pull::Config::default()
                 },
             )
             .await
-            .map_err(|e| BrokerError::broker(format!("durable consumer {}", self.durable), e))?;
-        let shared = Arc::new(Shared {
-            consumer: self.config.consumer_name(&self.durable).to_owned(),
-            config: self.config.clone(),
-            handler,
-            counters: Counters::default(),
-            js: self.js.clone(),
-            dead_letter_subject: self.dead_letter_subject.clone(),
-        });
-        let mut in_flight = InFlight::new(self.config.in_flight);
-        let mut failure = None;
-        loop {
-            let mut permits = in_flight.slots(&shutdown).await;
-            if permits.is_empty() {
-                break;
-            }
-            // Not cancelled on shutdown: what the server sends for this request is handled.
-            let batch = consumer
-                .batch()
-                .max_messages(permits.len())
-                .expires(Duration::from_millis(200))
-                .messages()
-                .await;
-            let mut batch = match batch {
-                Ok(batch) => batch,
-                Err(e) => {
-                    failure = Some(BrokerError::broker("fetching a batch", e));
-                    break;
-                }
-            };
-            while let Some(next) = batch.next().await {
-                match next {
-                    Ok(message) => {
-                        let Some(permit) = permits.pop() else { break };
-                        let shared = Arc::clone(&shared);
-                        in_flight
-                            .start(permit, async move { shared.settle(message).await })
-                            .await;
+            .map_err(|e| {
+                let context = format!("durable consumer {}", self.durable);
+                match e.kind() {
+                    ConsumerErrorKind::InvalidName | ConsumerErrorKind::InvalidConsumerType => {
+                        BrokerError::refused(context, e)
                     }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "batch ended");
+                    _ => BrokerError::broker(context, e),
+                }
+            })?;
+        self.consumer = Some(consumer);
+        Ok(())
+    }
+
+    /// Not cut short on shutdown: what the server sends for this request is handled (the
+    /// request expires within 200 ms).
+    async fn fetch(
+        &mut self,
+        max: usize,
+        _shutdown: &Shutdown,
+    ) -> Result<Vec<NatsPending>, BrokerError> {
+        let Some(consumer) = &self.consumer else {
+            return Err(BrokerError::broker("fetching a batch", "not connected"));
+        };
+        let mut batch = consumer
+            .batch()
+            .max_messages(max)
+            .expires(Duration::from_millis(200))
+            .messages()
+            .await
+            .map_err(|e| BrokerError::broker("fetching a batch", e))?;
+        let mut fetched = Vec::new();
+        while let Some(next) = batch.next().await {
+            match next {
+                Ok(message) => {
+                    fetched.push(NatsPending {
+                        delivery: delivery(&message),
+                        message,
+                        js: self.js.clone(),
+                        dead_letter_subject: Arc::clone(&self.dead_letter_subject),
+                        retry_delay: self.config.retry_delay,
+                    });
+                    if fetched.len() == max {
                         break;
                     }
                 }
+                Err(e) => {
+                    tracing::debug!(error = %e, "batch ended");
+                    break;
+                }
             }
         }
-        in_flight.drain().await;
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(shared.counters.snapshot()),
-        }
+        Ok(fetched)
     }
 }
 
-struct Shared<H> {
-    consumer: String,
-    config: ConsumerConfig,
-    handler: H,
-    counters: Counters,
+/// One JetStream message and what settles it.
+#[derive(Debug)]
+pub struct NatsPending {
+    delivery: Delivery,
+    message: Message,
     js: Context,
-    dead_letter_subject: String,
+    dead_letter_subject: Arc<str>,
+    retry_delay: Duration,
 }
 
-impl<H: Handle> Shared<H> {
-    async fn settle(&self, message: Message) {
-        let delivery = delivery(&message);
-        let action = decide(
-            &self.handler,
-            &self.consumer,
-            &delivery,
-            &self.config,
-            &self.counters,
-        )
-        .await;
-        let kind = match action {
-            Action::Ack => AckKind::Ack,
-            Action::Retry { delay } => AckKind::Nak(Some(delay)),
-            Action::DeadLetter { reason } => match self.dead_letter(&delivery, &reason).await {
-                Ok(()) => AckKind::Term,
+#[async_trait]
+impl Pending for NatsPending {
+    fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    async fn settle(self, action: Action, _shutdown: &Shutdown) -> Result<(), BrokerError> {
+        let (kind, unpublished) = match action {
+            Action::Ack => (AckKind::Ack, None),
+            Action::Retry { delay } => (AckKind::Nak(Some(delay)), None),
+            Action::DeadLetter { reason } => match self.dead_letter(&reason).await {
+                Ok(()) => (AckKind::Term, None),
                 Err(e) => {
                     tracing::warn!(error = %e, "dead letter not published; retrying");
-                    Counters::bump(&self.counters.settle_errors);
-                    AckKind::Nak(Some(self.config.retry_delay))
+                    (AckKind::Nak(Some(self.retry_delay)), Some(e))
                 }
             },
         };
-        if let Err(e) = message.ack_with(kind).await {
-            // Not settled: JetStream redelivers after `ack_wait`.
-            tracing::warn!(error = %e, "could not settle a message");
-            Counters::bump(&self.counters.settle_errors);
+        // Not settled: JetStream redelivers after `ack_wait`.
+        self.message
+            .ack_with(kind)
+            .await
+            .map_err(|e| BrokerError::broker("acking a message", e))?;
+        match unpublished {
+            Some(e) => Err(BrokerError::broker(
+                format!("publishing a dead letter to {}", self.dead_letter_subject),
+                e,
+            )),
+            None => Ok(()),
         }
     }
+}
 
-    async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<(), dedup_core::BoxError> {
+impl NatsPending {
+    async fn dead_letter(&self, reason: &str) -> Result<(), dedup_core::BoxError> {
+        let d = &self.delivery;
         let id = d.message_id.as_deref().map(|id| (MSG_ID_HEADER, id));
         let map = headers(
             d.headers

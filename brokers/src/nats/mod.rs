@@ -6,7 +6,7 @@
 mod consumer;
 mod publisher;
 
-pub use consumer::NatsConsumer;
+pub use consumer::{NatsConsumer, NatsPending};
 pub use publisher::NatsPublisher;
 
 /// The header holding the message id.

@@ -3,22 +3,22 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
+use async_trait::async_trait;
+use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
     BasicRejectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Acker, BasicProperties, Channel};
+use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
 
 use super::RabbitPublisher;
+use super::errors::classify;
 use super::publisher::confirmed;
-use crate::action::{Counters, decide};
-use crate::in_flight::InFlight;
 use crate::{
     Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Shutdown,
+    Pending, Shutdown, Source, consume,
 };
 
 /// Where a [`RabbitConsumer`] sends dead letters.
@@ -41,54 +41,186 @@ pub enum DeadLetters {
     },
 }
 
+/// How the consumer gets its channel.
+enum Link {
+    /// The caller's channel: used once; a lost channel ends `run` (no way to open another).
+    Channel(Channel),
+    /// A connection of its own, opened (again) from a URI.
+    Uri {
+        uri: String,
+        properties: ConnectionProperties,
+    },
+}
+
 /// Consumes a queue with manual acks: prefetch = [`ConsumerConfig::in_flight`], each
 /// delivery's key from its AMQP `message_id`, the consumer name from the queue by default.
+///
+/// Built with [`from_uri`](Self::from_uri) it owns its connection and, after a lost
+/// connection or a broker restart, connects and subscribes again (with the backoff of
+/// [`ConsumerConfig::reconnect_delay`]); built with [`new`](Self::new) over a channel, a lost
+/// channel ends `run` with an error (it cannot open another).
 ///
 /// Actions: ack; a retry is a `basic.nack` with requeue sent after the delay (AMQP has no
 /// delayed requeue: the delivery keeps its in-flight slot while it waits, and a shutdown
 /// ends the wait at once); dead letters per [`DeadLetters`].
-#[derive(Debug)]
 pub struct RabbitConsumer {
-    channel: Channel,
+    link: Link,
     queue: String,
     config: ConsumerConfig,
-    dead_letters: DeadLetters,
+    dead_letters: Arc<DeadLetters>,
+    connection: Option<Connection>,
+    channel: Option<Channel>,
+    consumer: Option<Consumer>,
+    failed: Option<lapin::Error>,
+    cancelled: bool,
+}
+
+impl std::fmt::Debug for RabbitConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitConsumer")
+            .field("queue", &self.queue)
+            .field("config", &self.config)
+            .field("dead_letters", &self.dead_letters)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RabbitConsumer {
-    /// A consumer of `queue` on `channel` (which it sets `basic.qos` on).
+    /// A consumer of `queue` on `channel` (which it sets `basic.qos` on). It cannot
+    /// reconnect: prefer [`from_uri`](Self::from_uri) for a service.
     pub fn new(channel: Channel, queue: impl Into<String>, config: ConsumerConfig) -> Self {
+        Self::with_link(Link::Channel(channel), queue.into(), config)
+    }
+
+    /// A consumer of `queue` on a connection of its own to `uri` (opened by `run`, opened
+    /// again after it is lost), with lapin's default connection properties.
+    pub fn from_uri(
+        uri: impl Into<String>,
+        queue: impl Into<String>,
+        config: ConsumerConfig,
+    ) -> Self {
+        let link = Link::Uri {
+            uri: uri.into(),
+            properties: ConnectionProperties::default(),
+        };
+        Self::with_link(link, queue.into(), config)
+    }
+
+    fn with_link(link: Link, queue: String, config: ConsumerConfig) -> Self {
         RabbitConsumer {
-            channel,
-            queue: queue.into(),
+            link,
+            queue,
             config,
-            dead_letters: DeadLetters::default(),
+            dead_letters: Arc::default(),
+            connection: None,
+            channel: None,
+            consumer: None,
+            failed: None,
+            cancelled: false,
         }
+    }
+
+    /// The connection properties of a consumer made by [`from_uri`](Self::from_uri)
+    /// (ignored for one made over a channel).
+    pub fn connection_properties(mut self, props: ConnectionProperties) -> Self {
+        if let Link::Uri { properties, .. } = &mut self.link {
+            *properties = props;
+        }
+        self
     }
 
     /// Where dead letters go (default: the queue's dead-letter exchange).
     pub fn dead_letters(mut self, dead_letters: DeadLetters) -> Self {
-        self.dead_letters = dead_letters;
+        self.dead_letters = Arc::new(dead_letters);
         self
     }
 
     /// Consume until `shutdown` fires (then: stop consuming, let started handlers finish
-    /// and settle, requeue what was prefetched but not started) or the channel closes (an
-    /// error). Returns the counts of what happened.
+    /// and settle, requeue what was prefetched but not started) or an error no reconnect
+    /// fixes. Returns the counts of what happened. See [`consume`].
     pub async fn run<H: Handle>(
         self,
         handler: H,
         shutdown: Shutdown,
     ) -> Result<ConsumerStats, BrokerError> {
-        self.config.check()?;
-        let prefetch = u16::try_from(self.config.in_flight)
-            .map_err(|_| BrokerError::Config("in_flight above 65535 (AMQP prefetch)".into()))?;
-        self.channel
+        let config = self.config.clone();
+        consume(self, config, handler, shutdown).await
+    }
+
+    /// A lost channel: retryable when this consumer can open another, final when it was
+    /// made over the caller's channel.
+    fn lost(&self, error: BrokerError) -> BrokerError {
+        match (&self.link, error) {
+            (Link::Channel(_), BrokerError::Broker { context, source }) => BrokerError::Refused {
+                context: format!(
+                    "{context} (a consumer made over a channel, RabbitConsumer::new, cannot \
+                     open another; RabbitConsumer::from_uri can)"
+                ),
+                source,
+            },
+            (_, error) => error,
+        }
+    }
+
+    async fn open_channel(&mut self) -> Result<Channel, BrokerError> {
+        match &self.link {
+            Link::Channel(channel) => {
+                if self.channel.is_some() || !channel.status().connected() {
+                    return Err(BrokerError::refused(
+                        format!("consuming {}", self.queue),
+                        "the channel is closed; a consumer made over a channel \
+                         (RabbitConsumer::new) cannot open another (RabbitConsumer::from_uri can)",
+                    ));
+                }
+                Ok(channel.clone())
+            }
+            Link::Uri { uri, properties } => {
+                if let Some(old) = self.connection.take() {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        old.close(0, "reconnecting".into()),
+                    )
+                    .await;
+                }
+                let connection = Connection::connect(uri, properties.clone())
+                    .await
+                    .map_err(|e| classify("connecting to RabbitMQ", e))?;
+                let channel = connection
+                    .create_channel()
+                    .await
+                    .map_err(|e| classify("opening a channel", e))?;
+                self.connection = Some(connection);
+                Ok(channel)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Source for RabbitConsumer {
+    type Pending = RabbitPending;
+
+    fn endpoint(&self) -> &str {
+        &self.queue
+    }
+
+    fn check(&self, config: &ConsumerConfig) -> Result<(), BrokerError> {
+        u16::try_from(config.in_flight)
+            .map(drop)
+            .map_err(|_| BrokerError::Config("in_flight above 65535 (AMQP prefetch)".into()))
+    }
+
+    async fn connect(&mut self, config: &ConsumerConfig) -> Result<(), BrokerError> {
+        self.consumer = None;
+        self.failed = None;
+        let channel = self.open_channel().await?;
+        self.channel = Some(channel.clone());
+        let prefetch = u16::try_from(config.in_flight).unwrap_or(u16::MAX);
+        channel
             .basic_qos(prefetch, BasicQosOptions::default())
             .await
-            .map_err(|e| BrokerError::broker("basic.qos", e))?;
-        let mut consumer = self
-            .channel
+            .map_err(|e| classify("basic.qos", e))?;
+        let consumer = channel
             .basic_consume(
                 self.queue.as_str().into(),
                 "".into(),
@@ -96,142 +228,183 @@ impl RabbitConsumer {
                 FieldTable::default(),
             )
             .await
-            .map_err(|e| BrokerError::broker(format!("basic.consume on {}", self.queue), e))?;
-        let shared = Arc::new(Shared {
-            consumer: self.config.consumer_name(&self.queue).to_owned(),
-            config: self.config.clone(),
-            dead_letters: self.dead_letters,
-            handler,
-            counters: Counters::default(),
-            shutdown: shutdown.clone(),
-        });
-        let mut in_flight = InFlight::new(self.config.in_flight);
-        let mut failure = None;
-        while let Some(permit) = in_flight.slot(&shutdown).await {
-            let next = tokio::select! {
-                biased;
-                _ = shutdown.wait() => break,
-                next = consumer.next() => next,
-            };
-            match next {
-                Some(Ok(delivery)) => {
-                    let shared = Arc::clone(&shared);
-                    in_flight
-                        .start(permit, async move { shared.settle(delivery).await })
-                        .await;
-                }
-                Some(Err(e)) => {
-                    failure = Some(BrokerError::broker("consuming", e));
-                    break;
-                }
-                None => {
-                    failure = Some(BrokerError::broker(
-                        "consuming",
-                        format!("the consumer of {} was closed", self.queue),
-                    ));
-                    break;
-                }
+            .map_err(|e| classify(format!("basic.consume on {}", self.queue), e))?;
+        self.consumer = Some(consumer);
+        Ok(())
+    }
+
+    async fn fetch(
+        &mut self,
+        max: usize,
+        shutdown: &Shutdown,
+    ) -> Result<Vec<RabbitPending>, BrokerError> {
+        if let Some(e) = self.failed.take() {
+            return Err(self.lost(classify("consuming", e)));
+        }
+        let Some(consumer) = self.consumer.as_mut() else {
+            return Err(BrokerError::broker("consuming", "not subscribed"));
+        };
+        let first = tokio::select! {
+            biased;
+            _ = shutdown.wait() => return Ok(Vec::new()),
+            next = consumer.next() => next,
+        };
+        let mut fetched = Vec::new();
+        match first {
+            Some(Ok(d)) => fetched.push(self.pending(d)),
+            Some(Err(e)) => return Err(self.lost(classify("consuming", e))),
+            None => {
+                return Err(self.lost(BrokerError::broker(
+                    "consuming",
+                    format!("the consumer of {} was closed", self.queue),
+                )));
             }
         }
-        // Stop deliveries, let the started handlers settle, then requeue the prefetched
-        // rest (the stream ends after the cancel).
-        let cancelled = self
-            .channel
-            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-            .await;
-        in_flight.drain().await;
-        if cancelled.is_ok() && failure.is_none() {
-            let requeue = async {
-                while let Some(Ok(d)) = consumer.next().await {
-                    let _ = d.acker.nack(requeue()).await;
-                }
+        // Whatever else the broker already sent, up to `max`, without waiting.
+        while fetched.len() < max {
+            let Some(consumer) = self.consumer.as_mut() else {
+                break;
             };
-            // Whatever is not nacked in time is requeued by the broker when the channel
-            // closes.
-            let _ = tokio::time::timeout(Duration::from_secs(2), requeue).await;
+            match consumer.next().now_or_never() {
+                Some(Some(Ok(d))) => fetched.push(self.pending(d)),
+                Some(Some(Err(e))) => {
+                    self.failed = Some(e);
+                    break;
+                }
+                Some(None) | None => break,
+            }
         }
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(shared.counters.snapshot()),
+        Ok(fetched)
+    }
+
+    async fn stop(&mut self) {
+        if let (Some(channel), Some(consumer)) = (&self.channel, &self.consumer) {
+            self.cancelled = channel
+                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                .await
+                .is_ok();
         }
     }
+
+    async fn give_back(&mut self) {
+        let Some(consumer) = self.consumer.as_mut().filter(|_| self.cancelled) else {
+            return;
+        };
+        // The stream ends after the cancel; whatever is not nacked in time is requeued by
+        // the broker when the channel closes.
+        let requeue_all = async {
+            while let Some(Ok(d)) = consumer.next().await {
+                let _ = d.acker.nack(requeue()).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), requeue_all).await;
+    }
+}
+
+impl RabbitConsumer {
+    fn pending(&self, amqp: AmqpDelivery) -> RabbitPending {
+        RabbitPending {
+            delivery: delivery(&amqp),
+            acker: amqp.acker,
+            dead_letters: Arc::clone(&self.dead_letters),
+            retry_delay: self.config.retry_delay,
+        }
+    }
+}
+
+/// One AMQP delivery and its acker.
+#[derive(Debug)]
+pub struct RabbitPending {
+    delivery: Delivery,
+    acker: Acker,
+    dead_letters: Arc<DeadLetters>,
+    retry_delay: Duration,
+}
+
+#[async_trait]
+impl Pending for RabbitPending {
+    fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    async fn settle(self, action: Action, shutdown: &Shutdown) -> Result<(), BrokerError> {
+        let acker = &self.acker;
+        match action {
+            Action::Ack => acker
+                .ack(BasicAckOptions::default())
+                .await
+                .map(drop)
+                .map_err(|e| classify("basic.ack", e)),
+            Action::Retry { delay } => requeue_after(acker, delay, shutdown).await,
+            Action::DeadLetter { reason } => match &*self.dead_letters {
+                DeadLetters::QueueDlx => acker
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await
+                    .map(drop)
+                    .map_err(|e| classify("basic.reject", e)),
+                DeadLetters::Publish {
+                    publisher,
+                    destination,
+                } => match self.copy(publisher, destination, &reason).await {
+                    Ok(()) => acker
+                        .ack(BasicAckOptions::default())
+                        .await
+                        .map(drop)
+                        .map_err(|e| classify("basic.ack", e)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "dead letter not published; requeueing");
+                        requeue_after(acker, self.retry_delay, shutdown).await?;
+                        Err(BrokerError::broker(
+                            format!("publishing a dead letter to {destination}"),
+                            e,
+                        ))
+                    }
+                },
+            },
+        }
+    }
+}
+
+impl RabbitPending {
+    async fn copy(
+        &self,
+        publisher: &RabbitPublisher,
+        destination: &str,
+        reason: &str,
+    ) -> Result<(), dedup_core::BoxError> {
+        let d = &self.delivery;
+        let mut headers: Vec<(&str, &str)> = d
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        headers.push((DEAD_LETTER_REASON, reason));
+        let id = d.message_id.as_deref().unwrap_or("");
+        let confirm = publisher.send(destination, id, headers, &d.payload).await?;
+        confirmed(destination, confirm).await
+    }
+}
+
+async fn requeue_after(
+    acker: &Acker,
+    delay: Duration,
+    shutdown: &Shutdown,
+) -> Result<(), BrokerError> {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.wait() => {}
+    }
+    acker
+        .nack(requeue())
+        .await
+        .map(drop)
+        .map_err(|e| classify("basic.nack", e))
 }
 
 fn requeue() -> BasicNackOptions {
     BasicNackOptions {
         requeue: true,
         ..BasicNackOptions::default()
-    }
-}
-
-struct Shared<H> {
-    consumer: String,
-    config: ConsumerConfig,
-    dead_letters: DeadLetters,
-    handler: H,
-    counters: Counters,
-    shutdown: Shutdown,
-}
-
-impl<H: Handle> Shared<H> {
-    async fn settle(&self, amqp: AmqpDelivery) {
-        let delivery = delivery(&amqp);
-        let action = decide(
-            &self.handler,
-            &self.consumer,
-            &delivery,
-            &self.config,
-            &self.counters,
-        )
-        .await;
-        let acker = &amqp.acker;
-        let settled = match action {
-            Action::Ack => acker.ack(BasicAckOptions::default()).await.map(drop),
-            Action::Retry { delay } => self.requeue_after(acker, delay).await,
-            Action::DeadLetter { reason } => match &self.dead_letters {
-                DeadLetters::QueueDlx => acker
-                    .reject(BasicRejectOptions { requeue: false })
-                    .await
-                    .map(drop),
-                DeadLetters::Publish {
-                    publisher,
-                    destination,
-                } => {
-                    let copied = async {
-                        let mut headers: Vec<(&str, &str)> = delivery
-                            .headers
-                            .iter()
-                            .map(|(n, v)| (n.as_str(), v.as_str()))
-                            .collect();
-                        headers.push((DEAD_LETTER_REASON, &reason));
-                        let id = delivery.message_id.as_deref().unwrap_or("");
-                        let confirm = publisher.send(destination, id, headers, &amqp.data).await?;
-                        confirmed(destination, confirm).await
-                    };
-                    match copied.await {
-                        Ok(()) => acker.ack(BasicAckOptions::default()).await.map(drop),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "dead letter not published; requeueing");
-                            Counters::bump(&self.counters.settle_errors);
-                            self.requeue_after(acker, self.config.retry_delay).await
-                        }
-                    }
-                }
-            },
-        };
-        if let Err(e) = settled {
-            // The channel is gone: the broker requeues the delivery by itself.
-            tracing::warn!(error = %e, "could not settle a delivery");
-            Counters::bump(&self.counters.settle_errors);
-        }
-    }
-
-    async fn requeue_after(&self, acker: &Acker, delay: Duration) -> Result<(), lapin::Error> {
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = self.shutdown.wait() => {}
-        }
-        acker.nack(requeue()).await.map(drop)
     }
 }
 

@@ -4,9 +4,10 @@
 //! exchange is the default exchange, so `/orders` goes straight to queue `orders`).
 
 mod consumer;
+mod errors;
 mod publisher;
 
-pub use consumer::{DeadLetters, RabbitConsumer};
+pub use consumer::{DeadLetters, RabbitConsumer, RabbitPending};
 pub use publisher::RabbitPublisher;
 
 /// `exchange` or `exchange/routing-key` into its two parts.

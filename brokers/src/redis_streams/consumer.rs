@@ -3,16 +3,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply};
 use redis::{AsyncConnectionConfig, Value};
 
+use super::errors::classify;
 use super::{DEAD_ENTRY_ID_FIELD, MESSAGE_ID_FIELD, PAYLOAD_FIELD, dead_stream};
-use crate::action::{Counters, decide};
-use crate::in_flight::InFlight;
 use crate::{
     Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Shutdown,
+    Pending, Shutdown, Source, consume,
 };
 
 /// Consumes a stream as member `worker` of consumer group `group` (created at the
@@ -26,16 +26,26 @@ use crate::{
 /// in-flight slots. Actions: ack is `XACK`; a retry leaves the entry pending, so the
 /// redelivery comes after `claim_idle` whatever delay was asked; a dead letter is
 /// `XADD <stream>:dead` (the entry's fields plus the reason and the entry id) and `XACK`
-/// in one `MULTI`.
+/// in one `MULTI`. redis-rs's multiplexed connections do not reconnect by themselves: after
+/// a lost connection the receive loop opens new ones (entries read before stay pending and
+/// are reclaimed).
 #[derive(Debug)]
 pub struct StreamConsumer {
     client: redis::Client,
-    stream: String,
-    group: String,
+    names: Arc<Names>,
     worker: String,
     config: ConsumerConfig,
     claim_idle: Duration,
     block: Duration,
+    conns: Option<(MultiplexedConnection, MultiplexedConnection)>,
+    cursor: String,
+    last_claim: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Names {
+    stream: String,
+    group: String,
 }
 
 impl StreamConsumer {
@@ -50,12 +60,17 @@ impl StreamConsumer {
     ) -> Self {
         StreamConsumer {
             client,
-            stream: stream.into(),
-            group: group.into(),
+            names: Arc::new(Names {
+                stream: stream.into(),
+                group: group.into(),
+            }),
             worker: worker.into(),
             config,
             claim_idle: Duration::from_secs(30),
             block: Duration::from_millis(200),
+            conns: None,
+            cursor: "0-0".to_owned(),
+            last_claim: None,
         }
     }
 
@@ -67,33 +82,65 @@ impl StreamConsumer {
     }
 
     /// Consume until `shutdown` fires (then: stop reading, let started handlers finish and
-    /// settle; nothing is held unstarted) or Redis fails (an error, after the started
-    /// handlers settled). Returns the counts of what happened.
+    /// settle; nothing is held unstarted) or an error no reconnect fixes. Returns the counts
+    /// of what happened. See [`consume`].
     pub async fn run<H: Handle>(
         self,
         handler: H,
         shutdown: Shutdown,
     ) -> Result<ConsumerStats, BrokerError> {
-        self.config.check()?;
+        let config = self.config.clone();
+        consume(self, config, handler, shutdown).await
+    }
+
+    fn pending(
+        &self,
+        entry: StreamId,
+        reclaimed: bool,
+        acks: &MultiplexedConnection,
+    ) -> StreamPending {
+        StreamPending {
+            delivery: delivery(&entry, reclaimed),
+            entry,
+            names: Arc::clone(&self.names),
+            acks: acks.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl Source for StreamConsumer {
+    type Pending = StreamPending;
+
+    fn endpoint(&self) -> &str {
+        &self.names.group
+    }
+
+    fn check(&self, _config: &ConsumerConfig) -> Result<(), BrokerError> {
         if self.claim_idle.is_zero() {
             return Err(BrokerError::Config("claim_idle must be above zero".into()));
         }
+        Ok(())
+    }
+
+    async fn connect(&mut self, _config: &ConsumerConfig) -> Result<(), BrokerError> {
+        self.conns = None;
         let reads_config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(self.block + Duration::from_secs(5)));
         let mut reads = self
             .client
             .get_multiplexed_async_connection_with_config(&reads_config)
             .await
-            .map_err(|e| BrokerError::broker("connecting to Redis", e))?;
+            .map_err(|e| classify("connecting to Redis", e))?;
         let acks = self
             .client
             .get_multiplexed_async_connection()
             .await
-            .map_err(|e| BrokerError::broker("connecting to Redis", e))?;
+            .map_err(|e| classify("connecting to Redis", e))?;
         let created: redis::RedisResult<()> = redis::cmd("XGROUP")
             .arg("CREATE")
-            .arg(&self.stream)
-            .arg(&self.group)
+            .arg(&self.names.stream)
+            .arg(&self.names.group)
             .arg("0")
             .arg("MKSTREAM")
             .query_async(&mut reads)
@@ -101,135 +148,105 @@ impl StreamConsumer {
         if let Err(e) = created
             && e.code() != Some("BUSYGROUP")
         {
-            return Err(BrokerError::broker("XGROUP CREATE", e));
+            return Err(classify("XGROUP CREATE", e));
         }
-        let shared = Arc::new(Shared {
-            consumer: self.config.consumer_name(&self.group).to_owned(),
-            stream: self.stream.clone(),
-            group: self.group.clone(),
-            config: self.config.clone(),
-            handler,
-            counters: Counters::default(),
-            acks,
-        });
-        let mut in_flight = InFlight::new(self.config.in_flight);
-        let mut cursor = "0-0".to_owned();
-        let mut last_claim: Option<Instant> = None;
-        let mut failure = None;
-        loop {
-            let mut permits = in_flight.slots(&shutdown).await;
-            if permits.is_empty() {
-                break;
-            }
-            // Reclaimed entries start at once, before the (blocking) read of new ones.
-            if last_claim.is_none_or(|t| t.elapsed() >= self.claim_idle / 2) {
-                last_claim = Some(Instant::now());
-                let reply: redis::RedisResult<StreamAutoClaimReply> = redis::cmd("XAUTOCLAIM")
-                    .arg(&self.stream)
-                    .arg(&self.group)
-                    .arg(&self.worker)
-                    .arg(self.claim_idle.as_millis() as u64)
-                    .arg(&cursor)
-                    .arg("COUNT")
-                    .arg(permits.len())
-                    .query_async(&mut reads)
-                    .await;
-                match reply {
-                    Ok(reply) => {
-                        cursor = reply.next_stream_id;
-                        for entry in reply.claimed {
-                            let Some(permit) = permits.pop() else { break };
-                            let shared = Arc::clone(&shared);
-                            in_flight
-                                .start(permit, async move { shared.settle(entry, true).await })
-                                .await;
-                        }
-                    }
-                    Err(e) => {
-                        failure = Some(BrokerError::broker("XAUTOCLAIM", e));
-                        break;
-                    }
-                }
-            }
-            if permits.is_empty() {
-                continue;
-            }
-            let opts = StreamReadOptions::default()
-                .group(&self.group, &self.worker)
-                .count(permits.len())
-                .block(self.block.as_millis() as usize);
-            let keys = [self.stream.as_str()];
-            // Not cancelled on shutdown: Redis may already have handed entries over (they
-            // would stay pending for this worker until reclaimed). The read returns within
-            // `block`, and what it got is handled.
-            let read = redis::AsyncCommands::xread_options::<_, _, Option<StreamReadReply>>(
-                &mut reads,
-                &keys,
-                &[">"],
-                &opts,
-            )
-            .await;
-            match read {
-                Ok(reply) => {
-                    for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
-                        let Some(permit) = permits.pop() else { break };
-                        let shared = Arc::clone(&shared);
-                        in_flight
-                            .start(permit, async move { shared.settle(entry, false).await })
-                            .await;
-                    }
-                }
-                Err(e) => {
-                    failure = Some(BrokerError::broker("XREADGROUP", e));
-                    break;
-                }
+        // Reclaim at once: entries of a worker that died with the old connection.
+        self.last_claim = None;
+        self.conns = Some((reads, acks));
+        Ok(())
+    }
+
+    /// Not cut short on shutdown: Redis may already have handed entries over (they would
+    /// stay pending for this worker until reclaimed). A read returns within its block time.
+    async fn fetch(
+        &mut self,
+        max: usize,
+        _shutdown: &Shutdown,
+    ) -> Result<Vec<StreamPending>, BrokerError> {
+        let Some((mut reads, acks)) = self.conns.clone() else {
+            return Err(BrokerError::broker("reading", "not connected"));
+        };
+        let names = Arc::clone(&self.names);
+        let mut fetched = Vec::new();
+        // Reclaimed entries first, before the (blocking) read of new ones.
+        if self
+            .last_claim
+            .is_none_or(|t| t.elapsed() >= self.claim_idle / 2)
+        {
+            self.last_claim = Some(Instant::now());
+            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+                .arg(&names.stream)
+                .arg(&names.group)
+                .arg(&self.worker)
+                .arg(self.claim_idle.as_millis() as u64)
+                .arg(&self.cursor)
+                .arg("COUNT")
+                .arg(max)
+                .query_async(&mut reads)
+                .await
+                .map_err(|e| classify("XAUTOCLAIM", e))?;
+            self.cursor = reply.next_stream_id;
+            for entry in reply.claimed.into_iter().take(max) {
+                fetched.push(self.pending(entry, true, &acks));
             }
         }
-        in_flight.drain().await;
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(shared.counters.snapshot()),
+        // Reclaimed entries start now: a blocking read first would let them idle past
+        // `claim_idle` again before their handlers even began.
+        if !fetched.is_empty() {
+            return Ok(fetched);
         }
+        let opts = StreamReadOptions::default()
+            .group(&names.group, &self.worker)
+            .count(max - fetched.len())
+            .block(self.block.as_millis() as usize);
+        let keys = [names.stream.as_str()];
+        let reply = redis::AsyncCommands::xread_options::<_, _, Option<StreamReadReply>>(
+            &mut reads,
+            &keys,
+            &[">"],
+            &opts,
+        )
+        .await
+        .map_err(|e| classify("XREADGROUP", e))?;
+        for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
+            fetched.push(self.pending(entry, false, &acks));
+        }
+        Ok(fetched)
     }
 }
 
-struct Shared<H> {
-    consumer: String,
-    stream: String,
-    group: String,
-    config: ConsumerConfig,
-    handler: H,
-    counters: Counters,
+/// One stream entry, read or reclaimed, and the connection that acks it.
+#[derive(Debug)]
+pub struct StreamPending {
+    delivery: Delivery,
+    entry: StreamId,
+    names: Arc<Names>,
     acks: MultiplexedConnection,
 }
 
-impl<H: Handle> Shared<H> {
-    async fn settle(&self, entry: StreamId, reclaimed: bool) {
-        let delivery = delivery(&entry, reclaimed);
-        let action = decide(
-            &self.handler,
-            &self.consumer,
-            &delivery,
-            &self.config,
-            &self.counters,
-        )
-        .await;
-        let mut conn = self.acks.clone();
+#[async_trait]
+impl Pending for StreamPending {
+    fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    async fn settle(mut self, action: Action, _shutdown: &Shutdown) -> Result<(), BrokerError> {
+        let (stream, group, id) = (&self.names.stream, &self.names.group, &self.entry.id);
         let settled: redis::RedisResult<()> = match action {
             Action::Ack => {
                 redis::cmd("XACK")
-                    .arg(&self.stream)
-                    .arg(&self.group)
-                    .arg(&entry.id)
-                    .query_async(&mut conn)
+                    .arg(stream)
+                    .arg(group)
+                    .arg(id)
+                    .query_async(&mut self.acks)
                     .await
             }
             // Stays pending: reclaimed once idle for `claim_idle`.
             Action::Retry { .. } => Ok(()),
             Action::DeadLetter { reason } => {
                 let mut add = redis::cmd("XADD");
-                add.arg(dead_stream(&self.stream)).arg("*");
-                for (field, value) in &entry.map {
+                add.arg(dead_stream(stream)).arg("*");
+                for (field, value) in &self.entry.map {
                     if let Some(bytes) = bytes_of(value) {
                         add.arg(field).arg(bytes);
                     }
@@ -237,25 +254,22 @@ impl<H: Handle> Shared<H> {
                 add.arg(DEAD_LETTER_REASON)
                     .arg(&reason)
                     .arg(DEAD_ENTRY_ID_FIELD)
-                    .arg(&entry.id);
+                    .arg(id);
                 redis::pipe()
                     .atomic()
                     .add_command(add)
                     .ignore()
                     .cmd("XACK")
-                    .arg(&self.stream)
-                    .arg(&self.group)
-                    .arg(&entry.id)
+                    .arg(stream)
+                    .arg(group)
+                    .arg(id)
                     .ignore()
-                    .query_async(&mut conn)
+                    .query_async(&mut self.acks)
                     .await
             }
         };
-        if let Err(e) = settled {
-            // Left pending: reclaimed later.
-            tracing::warn!(error = %e, entry = %entry.id, "could not settle a stream entry");
-            Counters::bump(&self.counters.settle_errors);
-        }
+        // On an error the entry is left pending: reclaimed later.
+        settled.map_err(|e| classify(format!("settling stream entry {id}"), e))
     }
 }
 

@@ -4,9 +4,10 @@
 //! to the stream `<stream>:dead` (see [`dead_stream`]).
 
 mod consumer;
+mod errors;
 mod publisher;
 
-pub use consumer::StreamConsumer;
+pub use consumer::{StreamConsumer, StreamPending};
 pub use publisher::StreamPublisher;
 
 /// The entry field holding the message id.

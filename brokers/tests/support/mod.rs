@@ -1,6 +1,8 @@
 //! Helpers the broker tests share.
 #![allow(dead_code)] // each test file uses a part
 
+pub mod private;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

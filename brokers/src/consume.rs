@@ -1,0 +1,146 @@
+//! [`consume`]: the one receive loop every broker's consumer runs over its [`Source`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::action::{Counters, decide};
+use crate::in_flight::InFlight;
+use crate::source::{Pending, Source};
+use crate::{BrokerError, ConsumerConfig, ConsumerStats, Handle, Shutdown};
+
+/// Consume `source` through `handler` until `shutdown` fires or an error no retry can fix.
+///
+/// Each round it waits for free in-flight slots, fetches at most that many deliveries and
+/// starts each: admission ([`refusal`](crate::refusal)), the handler, the answer mapped to
+/// an [`Action`](crate::Action) ([`action_for`](crate::action_for)), the action settled with
+/// the broker. A retryable error (a lost connection, a restarting broker) makes it connect
+/// again after [`ConsumerConfig::reconnect_delay`], doubling up to
+/// [`ConsumerConfig::max_reconnect_delay`] while it keeps failing; handlers already started
+/// keep running meanwhile. At shutdown it stops the broker's deliveries, lets the started
+/// handlers finish and settle, gives back what it holds unstarted, and returns the counts.
+/// An error that is not retryable (refused credentials, a missing queue) ends it, after the
+/// started handlers settled.
+pub async fn consume<S: Source, H: Handle>(
+    mut source: S,
+    config: ConsumerConfig,
+    handler: H,
+    shutdown: Shutdown,
+) -> Result<ConsumerStats, BrokerError> {
+    config.check()?;
+    source.check(&config)?;
+    let shared = Arc::new(Shared {
+        consumer: config.consumer_name(source.endpoint()).to_owned(),
+        config: config.clone(),
+        handler,
+        counters: Counters::default(),
+        shutdown: shutdown.clone(),
+    });
+    let mut in_flight = InFlight::new(config.in_flight);
+    let mut connected = false;
+    let mut delay = config.reconnect_delay;
+    let mut failure = None;
+    loop {
+        if !connected {
+            match source.connect(&config).await {
+                Ok(()) => {
+                    connected = true;
+                    delay = config.reconnect_delay;
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(endpoint = source.endpoint(), error = %e, retry_in = ?delay, "could not connect; retrying");
+                    if !pause(delay, &shutdown).await {
+                        break;
+                    }
+                    delay = (delay * 2).min(config.max_reconnect_delay);
+                    continue;
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let permits = in_flight.slots(&shutdown).await;
+        if permits.is_empty() {
+            break;
+        }
+        match source.fetch(permits.len(), &shutdown).await {
+            Ok(fetched) => {
+                let mut permits = permits.into_iter();
+                for pending in fetched {
+                    // A source handing over more than asked still gets no more than the
+                    // bound running: the rest wait for slots (or, at shutdown, go back
+                    // unsettled: the broker delivers them again).
+                    let permit = match permits.next() {
+                        Some(permit) => permit,
+                        None => match in_flight.slot(&shutdown).await {
+                            Some(permit) => permit,
+                            None => break,
+                        },
+                    };
+                    let shared = Arc::clone(&shared);
+                    in_flight
+                        .start(permit, async move { shared.settle(pending).await })
+                        .await;
+                }
+            }
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(endpoint = source.endpoint(), error = %e, "connection lost; reconnecting");
+                Counters::bump(&shared.counters.reconnects);
+                connected = false;
+            }
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    if connected {
+        source.stop().await;
+    }
+    in_flight.drain().await;
+    if connected && failure.is_none() {
+        source.give_back().await;
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(shared.counters.snapshot()),
+    }
+}
+
+/// Sleep `delay` unless `shutdown` fires first: whether the whole delay passed.
+async fn pause(delay: Duration, shutdown: &Shutdown) -> bool {
+    tokio::select! {
+        biased;
+        _ = shutdown.wait() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
+struct Shared<H> {
+    consumer: String,
+    config: ConsumerConfig,
+    handler: H,
+    counters: Counters,
+    shutdown: Shutdown,
+}
+
+impl<H: Handle> Shared<H> {
+    async fn settle<P: Pending>(&self, pending: P) {
+        let action = decide(
+            &self.handler,
+            &self.consumer,
+            pending.delivery(),
+            &self.config,
+            &self.counters,
+        )
+        .await;
+        let broker_ref = pending.delivery().broker_ref.clone();
+        if let Err(e) = pending.settle(action, &self.shutdown).await {
+            // Not settled: the broker delivers it again (requeued with the channel,
+            // left pending, or past its ack wait).
+            tracing::warn!(consumer = %self.consumer, %broker_ref, error = %e, "could not settle a delivery");
+            Counters::bump(&self.counters.settle_errors);
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! RabbitMQ killed (`kill -9`) and restarted while a consumer runs: the consumer reconnects
+//! by itself and every published message is handled exactly once through a SQLite inbox.
+//!
+//! The test restarts a PRIVATE RabbitMQ, never the shared one: it uses the server of the
+//! `scripts/services.sh` state dir named by `DEDUP_RESTART_SERVICES_DIR` (started with
+//! `DEDUP_SERVICES_DIR=<dir> scripts/services.sh start rabbitmq`), or, without it, starts one
+//! in a fresh state dir and stops it at the end (about 15 s more).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher};
+use dedup_brokers::{BrokerError, ConsumerConfig, Delivery, shutdown, with_inbox};
+use dedup_core::outbox::Publisher;
+use dedup_core::{Inbox, MemoryStore};
+use dedup_sqlite::SqliteStore;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use support::private::Private;
+use support::{Runs, row, wait_until};
+
+async fn connect(url: &str) -> Connection {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match Connection::connect(url, ConnectionProperties::default()).await {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("RabbitMQ did not come back: {e}"),
+        }
+    }
+}
+
+async fn publish(url: &str, queue: &str, ids: std::ops::Range<usize>) {
+    let conn = connect(url).await;
+    let publisher = RabbitPublisher::new(&conn).await.unwrap();
+    let rows: Vec<_> = ids
+        .map(|i| row(&format!("/{queue}"), &format!("m-{i}")))
+        .collect();
+    let results = publisher.publish_all(&rows).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    conn.close(0, "done".into()).await.unwrap();
+}
+
+fn config() -> ConsumerConfig {
+    ConsumerConfig {
+        in_flight: 8,
+        retry_delay: Duration::from_millis(50),
+        max_retry_delay: Duration::from_millis(200),
+        reconnect_delay: Duration::from_millis(100),
+        max_reconnect_delay: Duration::from_secs(1),
+        ..ConsumerConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
+    let rabbit = tokio::task::spawn_blocking(|| Private::start("rabbitmq", "DEDUP_AMQP_URL"))
+        .await
+        .unwrap();
+    let queue = format!("dedup-restart-{}", uuid::Uuid::new_v4().simple());
+    {
+        let conn = connect(&rabbit.url).await;
+        let ch = conn.create_channel().await.unwrap();
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(queue.as_str().into(), durable, FieldTable::default())
+            .await
+            .unwrap();
+        conn.close(0, "done".into()).await.unwrap();
+    }
+    publish(&rabbit.url, &queue, 0..150).await;
+
+    let db = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db.path().join("inbox.db")).await.unwrap();
+    let runs = Runs::default();
+    let handler = {
+        let runs = Arc::clone(&runs);
+        with_inbox(Inbox::new(store), move |_lease, d: Delivery| {
+            let runs = Arc::clone(&runs);
+            async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                *runs
+                    .lock()
+                    .unwrap()
+                    .entry(d.message_id.unwrap())
+                    .or_default() += 1;
+                Ok::<_, std::io::Error>(Some(b"done".to_vec()))
+            }
+        })
+    };
+    let (stop, signal) = shutdown();
+    let consumer = RabbitConsumer::from_uri(&rabbit.url, &queue, config());
+    let task = tokio::spawn(consumer.run(handler, signal));
+    wait_until("some were handled", || runs.lock().unwrap().len() >= 30).await;
+
+    let rabbit = tokio::task::spawn_blocking(move || {
+        rabbit.crash_restart("rabbitmq");
+        rabbit
+    })
+    .await
+    .unwrap();
+    assert!(!task.is_finished(), "run must not end on a broker restart");
+    publish(&rabbit.url, &queue, 150..300).await;
+
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while runs.lock().unwrap().len() < 300 {
+        assert!(
+            Instant::now() < deadline,
+            "not all handled: {}",
+            runs.lock().unwrap().len()
+        );
+        assert!(
+            !task.is_finished(),
+            "run ended before shutdown: {:?}",
+            task.await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.shut_down();
+    let stats = task.await.unwrap().unwrap();
+    assert!(stats.reconnects >= 1, "{stats:?}");
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 300);
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "handled more than once: {twice:?}");
+    assert_eq!(stats.processed, 300, "{stats:?}");
+
+    let conn = connect(&rabbit.url).await;
+    let ch = conn.create_channel().await.unwrap();
+    let left = ch
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap();
+    assert!(left.is_none(), "every message was acked");
+    let _ = ch
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    drop(rabbit);
+}
+
+#[tokio::test]
+async fn refused_credentials_end_run_with_a_refused_error_at_once() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_AMQP_URL") else {
+        return;
+    };
+    // Same server, a user that does not exist.
+    let (_, rest) = url.split_once('@').expect("a URL with credentials");
+    let bad = format!(
+        "amqp://nobody-{}:wrong@{rest}",
+        uuid::Uuid::new_v4().simple()
+    );
+    let started = Instant::now();
+    let (_stop, signal) = shutdown();
+    let handler = with_inbox(
+        Inbox::new(MemoryStore::new()),
+        |_lease, _d: Delivery| async { Ok::<_, std::io::Error>(None) },
+    );
+    let result = RabbitConsumer::from_uri(bad, "any", config())
+        .run(handler, signal)
+        .await;
+    assert!(
+        matches!(result, Err(BrokerError::Refused { .. })),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "no retry loop");
+
+    // A queue that does not exist: no reconnect makes it.
+    let (_stop, signal) = shutdown();
+    let handler = with_inbox(
+        Inbox::new(MemoryStore::new()),
+        |_lease, _d: Delivery| async { Ok::<_, std::io::Error>(None) },
+    );
+    let missing = format!("no-such-queue-{}", uuid::Uuid::new_v4().simple());
+    let result = RabbitConsumer::from_uri(url, missing, config())
+        .run(handler, signal)
+        .await;
+    assert!(
+        matches!(result, Err(BrokerError::Refused { .. })),
+        "{result:?}"
+    );
+}
