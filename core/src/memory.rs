@@ -157,6 +157,14 @@ impl Storage for MemoryStore {
         Ok(())
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &crate::Failure) -> Result<()> {
+        let now = self.now();
+        let mut map = self.records();
+        let write = transition::release_failed(map.get(&lease.key), lease, failure, now)?;
+        Self::apply(&mut map, &lease.key, write);
+        Ok(())
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         Ok(self.records().get(key).cloned())
     }
@@ -222,6 +230,14 @@ impl crate::backend::AdminStorage for MemoryStore {
             stats.add(record, top);
         }
         Ok(stats)
+    }
+
+    async fn consumers(&self) -> Result<Vec<crate::admin::ConsumerCounts>> {
+        let now = self.now();
+        Ok(crate::admin::ConsumerCounts::tally(
+            self.records().values(),
+            now,
+        ))
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<crate::admin::PurgeCount> {

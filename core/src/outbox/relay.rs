@@ -10,7 +10,7 @@ use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
 use super::{AfterFailure, Held, OutboxStore, Publisher};
-use crate::inbox::error_chain;
+use crate::error_chain;
 use crate::layers::metric_names as names;
 use crate::{Backoff, Result};
 
