@@ -23,6 +23,11 @@ pub const FAILED_PREFIX: &[u8] = b"\0dedup:failed";
 /// The prefix of every dead letter's outcome, old and new forms.
 pub const DEAD_LETTER_PREFIX: &[u8] = b"\0dedup:dead-letter";
 
+/// [`FAILED_PREFIX`] in hex, for a SQL backend's byte-string literal.
+pub const FAILED_PREFIX_HEX: &str = "0064656475703a6661696c6564";
+/// [`DEAD_LETTER_PREFIX`] in hex, for a SQL backend's byte-string literal.
+pub const DEAD_LETTER_PREFIX_HEX: &str = "0064656475703a646561642d6c6574746572";
+
 const FAILED_V0: &[u8] = b"\0dedup:failed\0";
 const FAILED_V1: &[u8] = b"\0dedup:failed:1\0";
 const DEAD_LETTER_V0: &[u8] = b"\0dedup:dead-letter\0";
@@ -177,6 +182,12 @@ mod tests {
         ] {
             assert!(bytes.starts_with(FAILED_PREFIX) || bytes.starts_with(DEAD_LETTER_PREFIX));
         }
+    }
+
+    #[test]
+    fn the_hex_prefixes_are_the_prefixes() {
+        assert_eq!(crate::types::hex(FAILED_PREFIX), FAILED_PREFIX_HEX);
+        assert_eq!(crate::types::hex(DEAD_LETTER_PREFIX), DEAD_LETTER_PREFIX_HEX);
     }
 
     #[test]

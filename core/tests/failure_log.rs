@@ -104,39 +104,3 @@ fn a_poison_message_cause_is_logged_kept_and_dead_lettered_with_it() {
     assert_eq!(dead[0]["attempt"], "3");
     assert!(dead[0]["cause"].contains("invalid digit"), "{:?}", dead[0]);
 }
-
-#[test]
-fn a_dead_letter_after_crashed_attempts_says_no_error_was_kept() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let store = std::sync::Arc::new(MemoryStore::new());
-        let inbox = Inbox::from_arc(
-            std::sync::Arc::clone(&store),
-            InboxConfig {
-                max_attempts: Some(1),
-                ..InboxConfig::default()
-            },
-        );
-        let key = Key::new("orders", "crashy").unwrap();
-        // Attempt 1 crashes: its lease is released without a cause.
-        let lease = store
-            .claim(&key, &Default::default())
-            .await
-            .unwrap()
-            .into_lease()
-            .unwrap();
-        store.release(&lease).await.unwrap();
-        let handled = inbox
-            .handle(&key, None, |_| async { Ok::<_, &str>(None) })
-            .await
-            .unwrap();
-        assert!(
-            matches!(&handled, Handled::DeadLetter { attempts: 1, cause: Some(c), .. }
-                if c.kind == "attempts" && c.message().contains("no attempt left")),
-            "{handled:?}"
-        );
-    });
-}
