@@ -307,26 +307,59 @@ impl ConsumerCounts {
         }
     }
 
-    /// Count `records` (read one by one) into per-consumer counts, in consumer order, at
-    /// most [`MAX_CONSUMERS`] consumers (records of further consumers are not counted).
+    /// Count `records` (read one by one) into per-consumer counts: see [`ConsumerTally`].
     pub fn tally<'a>(records: impl IntoIterator<Item = &'a Record>, now: Timestamp) -> Vec<Self> {
-        let mut by_consumer = std::collections::BTreeMap::<&str, Stats>::new();
+        let mut tally = ConsumerTally::at(now);
         for record in records {
-            let consumer = record.key.consumer();
-            if by_consumer.len() >= MAX_CONSUMERS && !by_consumer.contains_key(consumer) {
-                continue;
-            }
-            let stats = by_consumer
-                .entry(consumer)
-                .or_insert_with(|| Stats::at(now));
-            *stats.count_mut(Status::of(record, now)) += 1;
+            tally.add(record);
         }
-        by_consumer
+        tally.finish()
+    }
+}
+
+/// Per-consumer counts of records read one by one, for backends without a `GROUP BY`: at
+/// most [`MAX_CONSUMERS`] consumers, the first in name order (records of others are not
+/// counted).
+#[derive(Debug)]
+pub struct ConsumerTally {
+    now: Timestamp,
+    by_consumer: std::collections::BTreeMap<String, Stats>,
+}
+
+impl ConsumerTally {
+    /// An empty tally of statuses at `now`.
+    pub fn at(now: Timestamp) -> Self {
+        ConsumerTally {
+            now,
+            by_consumer: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// Count `record`.
+    pub fn add(&mut self, record: &Record) {
+        let consumer = record.key.consumer();
+        if !self.by_consumer.contains_key(consumer) {
+            if self.by_consumer.len() >= MAX_CONSUMERS {
+                match self.by_consumer.last_key_value() {
+                    Some((last, _)) if last.as_str() > consumer => {
+                        self.by_consumer.pop_last();
+                    }
+                    _ => return,
+                }
+            }
+            self.by_consumer
+                .insert(consumer.to_owned(), Stats::at(self.now));
+        }
+        if let Some(stats) = self.by_consumer.get_mut(consumer) {
+            *stats.count_mut(Status::of(record, self.now)) += 1;
+        }
+    }
+
+    /// The counts, in consumer name order.
+    pub fn finish(self) -> Vec<ConsumerCounts> {
+        self.by_consumer
             .into_iter()
-            .map(|(consumer, counts)| ConsumerCounts {
-                consumer: consumer.to_owned(),
-                counts,
-            })
+            .map(|(consumer, counts)| ConsumerCounts { consumer, counts })
             .collect()
     }
 }

@@ -173,6 +173,7 @@ impl Storage for MemoryStore {
         Capabilities {
             native_batch: true,
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }

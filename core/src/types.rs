@@ -526,6 +526,12 @@ pub struct Capabilities {
     pub server_clock: bool,
     /// Records keep when their key was first claimed ([`Record::first_claimed_at`]).
     pub first_claim_time: bool,
+    /// [`release_failed`](crate::DedupStore::release_failed) keeps the failure on the
+    /// record ([`Record::last_failure`]); without it, it answers
+    /// [`Error::Unsupported`](crate::Error::Unsupported) and writes nothing, and the
+    /// [`Inbox`](crate::Inbox) releases the lease without the cause (its log line still
+    /// has it, and failed and dead-lettered keys keep theirs in their outcome).
+    pub failure_causes: bool,
 }
 
 /// The result of claiming a key inside the caller's own SQL transaction (the SQL backends'

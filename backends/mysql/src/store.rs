@@ -719,6 +719,7 @@ impl Storage for MySqlStore {
             transactional: true,
             server_clock: self.inner.config.clock.is_none(),
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }

@@ -658,6 +658,7 @@ impl Storage for PostgresStore {
             transactional: true,
             server_clock: self.inner.config.clock.is_none(),
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }

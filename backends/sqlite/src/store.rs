@@ -383,6 +383,7 @@ impl Storage for SqliteStore {
             native_batch: true,
             transactional: file,
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }

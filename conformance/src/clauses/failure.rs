@@ -43,7 +43,9 @@ async fn kept<S: DedupStore + ?Sized>(store: &S, key: &dedup_core::Key) -> Optio
 /// the chain byte for byte, when, attempt, worker); the record is released as by
 /// `release` (expires now, token, fence and attempt kept) and the next claim acquires at
 /// once. The cause stays through that takeover, a renewal, a plain release and the commit;
-/// the next `release_failed` replaces it. A failure at the size limit round-trips.
+/// the next `release_failed` replaces it. A failure at the size limit round-trips. A store
+/// without [`Capabilities::failure_causes`](dedup_core::Capabilities) answers `Unsupported`
+/// and writes nothing.
 pub async fn a_released_failure_is_kept_on_the_record_until_replaced<F: StoreFactory>(
     factory: &F,
 ) {
@@ -56,6 +58,20 @@ pub async fn a_released_failure_is_kept_on_the_record_until_replaced<F: StoreFac
     let first = acquire(&store, &k).await;
     assert_eq!(kept(&store, &k).await, None, "a new record keeps no failure");
     let f1 = failure("invalid JSON at line 1", 1);
+    if !store.capabilities().failure_causes {
+        let answer = unchanged(
+            &store,
+            &k,
+            "release_failed on a store without failure_causes",
+            store.release_failed(&first, &f1),
+        )
+        .await;
+        assert!(
+            matches!(answer, Err(dedup_core::Error::Unsupported(_))),
+            "a store without the failure_causes capability answers Unsupported, got {answer:?}"
+        );
+        return;
+    }
     release_failed_ok(&store, &first, &f1).await;
     assert_eq!(
         in_flight(&store, &k).await,
@@ -133,6 +149,10 @@ pub async fn an_oversized_or_stale_release_failed_writes_nothing<F: StoreFactory
         store.release_failed(&stale, &failure("late", 1)),
     )
     .await;
+    if !store.capabilities().failure_causes {
+        assert!(matches!(result, Err(dedup_core::Error::Unsupported(_))), "{result:?}");
+        return;
+    }
     assert_lease_lost(result, &stale.key, "release_failed after a takeover");
     assert_eq!(kept(&store, &stale.key).await, None);
 }
@@ -179,10 +199,14 @@ pub async fn completed_records_are_processed_failed_or_dead_lettered<F: StoreFac
     }
     let live = acquire(&store, &key("h-live")).await;
     let released = acquire(&store, &key("i-released")).await;
-    store
-        .release_failed(&released, &failure("timeout", 1))
-        .await
-        .expect("release_failed");
+    if store.capabilities().failure_causes {
+        store
+            .release_failed(&released, &failure("timeout", 1))
+            .await
+            .expect("release_failed");
+    } else {
+        release_ok(&store, &released).await;
+    }
     complete(&store, &key_for("shipping", "s1"), None).await;
     let now = ctx.now();
     let dead = record(&store, &key("f-dead")).await.expect("dead letter");

@@ -304,7 +304,12 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         }
         guard.disarm();
         attempt_failed(&lease.key, mode, failure, "it runs again after the delay");
-        match self.store.release_failed(lease, failure).await {
+        let released = if self.store.capabilities().failure_causes {
+            self.store.release_failed(lease, failure).await
+        } else {
+            self.store.release(lease).await
+        };
+        match released {
             Ok(()) => Ok(()),
             Err(e) if e.is_lease_lost() => Err(InboxError::LeaseLost {
                 key: lease.key.clone(),
@@ -466,6 +471,10 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             failure,
             "the lease was released for a retry",
         );
+        if !self.store.capabilities().failure_causes {
+            let _ = self.store.release(lease).await;
+            return;
+        }
         match self.store.release_failed(lease, failure).await {
             Ok(()) => {}
             Err(e) if e.is_lease_lost() => {}

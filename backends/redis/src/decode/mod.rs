@@ -242,6 +242,7 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
                 fingerprint: r.text(8)?,
                 // Redis records do not keep the first claim time.
                 first_claimed_at: None,
+                last_failure: None,
             }
             .decode(key)
             .map(Some)
