@@ -432,12 +432,15 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                 None
             }
         };
+        let why = if self.store.capabilities().failure_causes {
+            "none kept an error (they crashed, timed out or were dropped)"
+        } else {
+            "this store keeps no cause (the failed attempts' log lines have them)"
+        };
         let cause = kept.unwrap_or_else(|| {
             Failure::new(
                 "attempts",
-                vec![format!(
-                    "no attempt left after {attempts} attempts; none kept an error (they crashed, timed out or were dropped)"
-                )],
+                vec![format!("no attempt left after {attempts} attempts; {why}")],
                 lease.attempt,
                 now(),
                 None,
