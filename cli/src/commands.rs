@@ -109,7 +109,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                         stats.expired
                     ),
                     format!("processed:   {}", stats.completed),
-                    format!("failed:      {} (a stored failure is their result)", stats.failed),
+                    format!(
+                        "failed:      {} (a stored failure is their result)",
+                        stats.failed
+                    ),
                     format!(
                         "dead-lettered: {} (used up their attempts: `dedup list --state dead-letter`)",
                         stats.dead_lettered
@@ -187,7 +190,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             print(as_json, json, || {
                 let mut out = vec![format!(
                     "{:<24} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9}",
-                    "consumer", "in-flight", "expired", "processed", "failed", "dead-letter", "total"
+                    "consumer",
+                    "in-flight",
+                    "expired",
+                    "processed",
+                    "failed",
+                    "dead-letter",
+                    "total"
                 )];
                 for c in &consumers {
                     let n = |s| c.counts.count(s);

@@ -163,7 +163,12 @@ fn status_line(record: &Record, status: Status) -> String {
 
 /// The lines of a failure: what, when, where, then each link of its chain.
 fn failure_lines(name: &'static str, f: &Failure, now: Timestamp) -> Vec<(&'static str, String)> {
-    let mut head = format!("{} error at attempt {}, {}", f.kind, f.attempt, when(f.at, now));
+    let mut head = format!(
+        "{} error at attempt {}, {}",
+        f.kind,
+        f.attempt,
+        when(f.at, now)
+    );
     if let Some(worker) = &f.worker {
         head.push_str(&format!(", on {worker}"));
     }

@@ -481,14 +481,20 @@ async fn poison_scenario(t: &Target) {
         assert_eq!(released["status"], "expired", "{released}");
         assert_eq!(released["cause"]["attempt"], 2, "{released}");
     }
-    let handled = inbox.handle(&poison, None, fail).await.expect("dead letter");
+    let handled = inbox
+        .handle(&poison, None, fail)
+        .await
+        .expect("dead letter");
     assert!(
         matches!(handled, dedup_core::Handled::DeadLetter { attempts: 2, .. }),
         "{handled:?}"
     );
     let before = t.json(&["stats"]);
     assert_eq!(before["dead_lettered"], 1, "{before}");
-    assert_eq!(before["completed"], 3, "a dead letter is not processed: {before}");
+    assert_eq!(
+        before["completed"], 3,
+        "a dead letter is not processed: {before}"
+    );
     let listed = t.json(&["list", "--consumer", "orders", "--state", "dead-letter"]);
     assert_eq!(ids(&listed), ["poison-1"], "{listed}");
     let processed = t.json(&["list", "--consumer", "orders", "--state", "completed"]);
@@ -496,12 +502,15 @@ async fn poison_scenario(t: &Target) {
     let dead = t.json(&["inspect", "orders", "poison-1"]);
     assert_eq!(
         (&dead["status"], &dead["attempts_used"], &dead["attempt"]),
-        (&Value::from("dead-letter"), &Value::from(2), &Value::from(3)),
+        (
+            &Value::from("dead-letter"),
+            &Value::from(2),
+            &Value::from(3)
+        ),
         "{dead}"
     );
-    let human =
-        String::from_utf8_lossy(&t.expect(0, &["inspect", "orders", "poison-1"]).stdout)
-            .into_owned();
+    let human = String::from_utf8_lossy(&t.expect(0, &["inspect", "orders", "poison-1"]).stdout)
+        .into_owned();
     assert!(
         human.contains("dead-lettered after 2 attempts (attempt 3 found none left"),
         "{human}"
@@ -536,9 +545,8 @@ async fn poison_scenario(t: &Target) {
         .filter_map(|c| c["consumer"].as_str())
         .collect();
     assert_eq!(names, ["billing", "orders", "shipping"], "{consumers}");
-    let forgot =
-        String::from_utf8_lossy(&t.expect(0, &["forget", "orders", "poison-1"]).stdout)
-            .into_owned();
+    let forgot = String::from_utf8_lossy(&t.expect(0, &["forget", "orders", "poison-1"]).stdout)
+        .into_owned();
     assert!(
         forgot.contains("(dead-lettered after 2 attempts, fence 3, attempt 3)"),
         "{forgot}"

@@ -23,7 +23,6 @@ pub mod backend;
 pub use admin::{Admin, Forgot, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
 pub use failure::{Failure, MAX_FAILURE_LEN, MAX_FAILURE_LINKS, error_chain};
-pub use verdict::{DEAD_LETTER_PREFIX, FAILED_PREFIX, RESERVED_PREFIX, Verdict};
 pub use inbox::{
     Backoff, DuplicateLog, FailurePolicy, Handled, HandlerRetry, Inbox, InboxConfig, InboxError,
     Transient, TxAttempt, TxAttempts, TxEngine,
@@ -39,3 +38,4 @@ pub use types::{
     MAX_BATCH_LEN, MAX_FINGERPRINT_LEN, MAX_LEASE, MAX_OUTCOME_LEN, MIN_LEASE, Pace, PurgeOptions,
     PurgeReport, Record, RecordState, TxClaim, idempotency_key,
 };
+pub use verdict::{DEAD_LETTER_PREFIX, FAILED_PREFIX, RESERVED_PREFIX, Verdict};

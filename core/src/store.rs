@@ -7,8 +7,7 @@ use async_trait::async_trait;
 
 use crate::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Failure, Key, Lease,
-    PurgeOptions,
-    PurgeReport, Record, Result,
+    PurgeOptions, PurgeReport, Record, Result,
 };
 
 /// The result of one item in a batch: the same value or contract error the single

@@ -187,7 +187,10 @@ mod tests {
     #[test]
     fn the_hex_prefixes_are_the_prefixes() {
         assert_eq!(crate::types::hex(FAILED_PREFIX), FAILED_PREFIX_HEX);
-        assert_eq!(crate::types::hex(DEAD_LETTER_PREFIX), DEAD_LETTER_PREFIX_HEX);
+        assert_eq!(
+            crate::types::hex(DEAD_LETTER_PREFIX),
+            DEAD_LETTER_PREFIX_HEX
+        );
     }
 
     #[test]
@@ -210,8 +213,14 @@ mod tests {
 
     #[test]
     fn the_largest_cause_fits_an_outcome() {
-        let big = Failure::new("handler", vec!["é".repeat(10_000)], 1, Timestamp::EPOCH, None)
-            .fit();
+        let big = Failure::new(
+            "handler",
+            vec!["é".repeat(10_000)],
+            1,
+            Timestamp::EPOCH,
+            None,
+        )
+        .fit();
         assert!(Verdict::dead_letter(u32::MAX, Some(&big)).len() <= MAX_OUTCOME_LEN);
         assert!(Verdict::failed(&big).len() <= MAX_OUTCOME_LEN);
     }

@@ -44,16 +44,24 @@ fn a_poison_message_cause_is_logged_kept_and_dead_lettered_with_it() {
                 panic!("{err:?}")
             };
             assert_eq!(failure.attempt, attempt);
-            assert!(err.to_string().contains(&format!("at attempt {attempt}")), "{err}");
+            assert!(
+                err.to_string().contains(&format!("at attempt {attempt}")),
+                "{err}"
+            );
             // The released record keeps the cause.
             let record = store.get(&key).await.unwrap().unwrap();
-            let kept = record.last_failure.expect("the cause is kept on the record");
+            let kept = record
+                .last_failure
+                .expect("the cause is kept on the record");
             assert_eq!(kept.kind, "handler");
             assert_eq!(kept.attempt, attempt);
             assert_eq!(kept.worker.as_deref(), Some("billing-7"));
             assert_eq!(
                 kept.chain,
-                ["invoice payload is not valid JSON", "invalid digit found in string"]
+                [
+                    "invoice payload is not valid JSON",
+                    "invalid digit found in string"
+                ]
             );
         }
         let handled = inbox.handle(&key, None, fail).await.unwrap();
@@ -92,7 +100,10 @@ fn a_poison_message_cause_is_logged_kept_and_dead_lettered_with_it() {
             fields["cause"],
             "invoice payload is not valid JSON: invalid digit found in string"
         );
-        assert!(fields["message"].contains("released for a retry"), "{fields:?}");
+        assert!(
+            fields["message"].contains("released for a retry"),
+            "{fields:?}"
+        );
     }
     let dead: Vec<_> = seen
         .iter()

@@ -176,7 +176,11 @@ fn a_poison_message_is_counted_as_takeovers_releases_and_one_dead_letter() {
     assert_eq!(
         snap.counter(
             m::HANDLER_FAILURES_TOTAL,
-            &[("consumer", "billing"), ("kind", "handler"), ("mode", "lease")]
+            &[
+                ("consumer", "billing"),
+                ("kind", "handler"),
+                ("mode", "lease")
+            ]
         ),
         2
     );

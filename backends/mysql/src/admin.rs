@@ -16,9 +16,9 @@ use std::time::Duration;
 use dedup_core::admin::{
     ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
 };
-use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
+use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -44,9 +44,9 @@ fn status_condition(status: Option<Status>, now: &str) -> String {
         None => "TRUE".to_owned(),
         Some(Status::InFlight) => format!("(processed_at IS NULL AND expires_at > {now})"),
         Some(Status::Expired) => format!("(processed_at IS NULL AND expires_at <= {now})"),
-        Some(Status::Completed) => format!(
-            "(processed_at IS NOT NULL AND NOT COALESCE({failed} OR {dead}, FALSE))"
-        ),
+        Some(Status::Completed) => {
+            format!("(processed_at IS NOT NULL AND NOT COALESCE({failed} OR {dead}, FALSE))")
+        }
         Some(Status::Failed) => failed,
         Some(Status::DeadLettered) => dead,
     }

@@ -422,7 +422,12 @@ fn bind_record<'q>(
         .bind(outcome)
         .bind(record.fingerprint.as_ref().map(|f| f.as_str().to_owned()))
         .bind(record.first_claimed_at.map(|t| t.as_millis()))
-        .bind(record.last_failure.as_ref().map(dedup_core::Failure::encode))
+        .bind(
+            record
+                .last_failure
+                .as_ref()
+                .map(dedup_core::Failure::encode),
+        )
 }
 
 /// What a fast path found.

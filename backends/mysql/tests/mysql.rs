@@ -179,7 +179,11 @@ async fn a_version_1_table_upgrades_and_an_interrupted_upgrade_runs_again() {
         .await
         .expect("a migration already applied runs again");
     let record = store.get(&k).await.expect("get").expect("record");
-    assert_eq!(record.last_failure, Some(failure), "the column and its value stay");
+    assert_eq!(
+        record.last_failure,
+        Some(failure),
+        "the column and its value stay"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -19,8 +19,8 @@ use std::time::Duration;
 use dedup_core::admin::{
     ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
 };
-use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::backend::{AdminStorage, Storage, attempt_from, fence_from};
+use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Error, Key, LeaseToken, Record, RecordState, Result, Timestamp};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -46,9 +46,9 @@ fn status_condition(status: Option<Status>, now: &str) -> String {
         None => "true".to_owned(),
         Some(Status::InFlight) => format!("(processed_at IS NULL AND expires_at > {now})"),
         Some(Status::Expired) => format!("(processed_at IS NULL AND expires_at <= {now})"),
-        Some(Status::Completed) => format!(
-            "(processed_at IS NOT NULL AND NOT coalesce({failed} OR {dead}, false))"
-        ),
+        Some(Status::Completed) => {
+            format!("(processed_at IS NOT NULL AND NOT coalesce({failed} OR {dead}, false))")
+        }
         Some(Status::Failed) => failed,
         Some(Status::DeadLettered) => dead,
     }

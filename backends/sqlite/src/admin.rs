@@ -13,9 +13,9 @@ use async_trait::async_trait;
 use dedup_core::admin::{
     ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
 };
-use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
+use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
 use rusqlite::{Connection, Row, params};
 use std::time::Duration;
@@ -28,7 +28,10 @@ use crate::statements::{COLUMN_COUNT, COLUMNS, PURGEABLE};
 /// The condition selecting completed records whose outcome starts with the verdict prefix
 /// `hex` (see [`Status`]: failed and dead-lettered records are told apart by it).
 fn verdict(hex: &str) -> String {
-    format!("(state = 'completed' AND substr(outcome, 1, {}) = X'{hex}')", hex.len() / 2)
+    format!(
+        "(state = 'completed' AND substr(outcome, 1, {}) = X'{hex}')",
+        hex.len() / 2
+    )
 }
 
 /// The condition selecting records in `status` at now `now` (a parameter name or value).

@@ -123,7 +123,10 @@ pub(crate) fn put(conn: &Connection, statements: &Statements, record: &Record) -
                 outcome,
                 record.fingerprint.as_ref().map(Fingerprint::as_str),
                 record.first_claimed_at.map(Timestamp::as_millis),
-                record.last_failure.as_ref().map(dedup_core::Failure::encode),
+                record
+                    .last_failure
+                    .as_ref()
+                    .map(dedup_core::Failure::encode),
             ])
         })
         .map_err(backend)?;

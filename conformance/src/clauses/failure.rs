@@ -16,7 +16,10 @@ use crate::support::{
 fn failure(text: &str, attempt: u32) -> Failure {
     Failure::new(
         "handler",
-        vec![format!("handler failed: {text}"), "root cause: ünïcödé ✓".into()],
+        vec![
+            format!("handler failed: {text}"),
+            "root cause: ünïcödé ✓".into(),
+        ],
         attempt,
         Timestamp::from_millis(1_700_000_000_123),
         Some("worker-1"),
@@ -46,9 +49,7 @@ async fn kept<S: DedupStore + ?Sized>(store: &S, key: &dedup_core::Key) -> Optio
 /// the next `release_failed` replaces it. A failure at the size limit round-trips. A store
 /// without [`Capabilities::failure_causes`](dedup_core::Capabilities) answers `Unsupported`
 /// and writes nothing.
-pub async fn a_released_failure_is_kept_on_the_record_until_replaced<F: StoreFactory>(
-    factory: &F,
-) {
+pub async fn a_released_failure_is_kept_on_the_record_until_replaced<F: StoreFactory>(factory: &F) {
     let (ctx, store) = setup(
         factory,
         "a_released_failure_is_kept_on_the_record_until_replaced",
@@ -56,7 +57,11 @@ pub async fn a_released_failure_is_kept_on_the_record_until_replaced<F: StoreFac
     .await;
     let k = key("poison-1");
     let first = acquire(&store, &k).await;
-    assert_eq!(kept(&store, &k).await, None, "a new record keeps no failure");
+    assert_eq!(
+        kept(&store, &k).await,
+        None,
+        "a new record keeps no failure"
+    );
     let f1 = failure("invalid JSON at line 1", 1);
     if !store.capabilities().failure_causes {
         let answer = unchanged(
@@ -78,7 +83,11 @@ pub async fn a_released_failure_is_kept_on_the_record_until_replaced<F: StoreFac
         (first.token, ctx.now(), 1, 1),
         "release_failed releases as release does"
     );
-    assert_eq!(kept(&store, &k).await, Some(f1.clone()), "the cause is kept");
+    assert_eq!(
+        kept(&store, &k).await,
+        Some(f1.clone()),
+        "the cause is kept"
+    );
     let second = expect_acquired(claim(&store, &k, &opts()).await, "the claim after it");
     assert_eq!((second.fence, second.attempt), (2, 2));
     assert_eq!(
@@ -150,7 +159,10 @@ pub async fn an_oversized_or_stale_release_failed_writes_nothing<F: StoreFactory
     )
     .await;
     if !store.capabilities().failure_causes {
-        assert!(matches!(result, Err(dedup_core::Error::Unsupported(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(dedup_core::Error::Unsupported(_))),
+            "{result:?}"
+        );
         return;
     }
     assert_lease_lost(result, &stale.key, "release_failed after a takeover");
@@ -162,9 +174,8 @@ pub async fn an_oversized_or_stale_release_failed_writes_nothing<F: StoreFactory
 /// ([`Verdict::dead_letter`], old forms included). `list` filters by each, `stats` counts
 /// each apart (a dead letter is never counted as processed), and `consumers` lists every
 /// consumer with the same counts.
-pub async fn completed_records_are_processed_failed_or_dead_lettered<F: StoreFactory>(
-    factory: &F,
-) where
+pub async fn completed_records_are_processed_failed_or_dead_lettered<F: StoreFactory>(factory: &F)
+where
     F::Store: Admin,
 {
     let (ctx, store) = setup(
@@ -211,7 +222,11 @@ pub async fn completed_records_are_processed_failed_or_dead_lettered<F: StoreFac
     let now = ctx.now();
     let dead = record(&store, &key("f-dead")).await.expect("dead letter");
     assert_eq!(Status::of(&dead, now), Status::DeadLettered);
-    assert_eq!(dead.failure(), Some(cause), "the dead letter's cause reads back");
+    assert_eq!(
+        dead.failure(),
+        Some(cause),
+        "the dead letter's cause reads back"
+    );
     for status in Status::ALL {
         let mut expected: Vec<String> = outcomes
             .iter()
@@ -248,12 +263,7 @@ pub async fn completed_records_are_processed_failed_or_dead_lettered<F: StoreFac
     let consumers = store.consumers().await.expect("consumers");
     let summary: Vec<(&str, [u64; 5])> = consumers
         .iter()
-        .map(|c| {
-            (
-                c.consumer.as_str(),
-                Status::ALL.map(|s| c.counts.count(s)),
-            )
-        })
+        .map(|c| (c.consumer.as_str(), Status::ALL.map(|s| c.counts.count(s))))
         .collect();
     assert_eq!(
         summary,

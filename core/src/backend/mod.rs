@@ -27,9 +27,9 @@ pub mod transition;
 
 use std::time::Duration;
 
+pub use crate::verdict::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 pub use decode::{RawRecord, RawState, attempt_from, fence_from};
 pub use purge::{PurgeBatch, PurgeBatches, PurgeStep};
-pub use crate::verdict::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 
 use crate::admin::{Forgot, ListFilter, PurgeCount, Stats};
 use crate::{

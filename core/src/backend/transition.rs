@@ -15,6 +15,9 @@ use crate::{
 
 /// What an operation does to the stored record.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// A `Write` lives for one operation and is matched at once: boxing the record would add an
+// allocation to every write for no gain.
+#[allow(clippy::large_enum_variant)]
 pub enum Write {
     /// Leave the record as it is.
     Unchanged,

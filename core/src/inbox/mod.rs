@@ -30,8 +30,7 @@ use report::{
 };
 
 use crate::{
-    BoxError, Claim, ClaimOptions, DedupStore, Failure, Fingerprint, Key, Lease, Timestamp,
-    Verdict,
+    BoxError, Claim, ClaimOptions, DedupStore, Failure, Fingerprint, Key, Lease, Timestamp, Verdict,
 };
 
 /// Turns a handler's value into outcome bytes.
@@ -495,9 +494,13 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         failure: Failure,
         mode: Mode,
     ) -> Result<Handled<T>, InboxError> {
-        self.commit(lease, Some(&Verdict::failed(&failure)))
-            .await?;
-        attempt_failed(&lease.key, mode, &failure, "it is stored as the key's result");
+        self.commit(lease, Some(&Verdict::failed(&failure))).await?;
+        attempt_failed(
+            &lease.key,
+            mode,
+            &failure,
+            "it is stored as the key's result",
+        );
         failure_stored(&lease.key, mode, &failure);
         Ok(Handled::Failed {
             error: failure.message(),

@@ -375,7 +375,13 @@ impl TxEngine {
         error: &(dyn std::error::Error + 'static),
         lease: &Lease,
     ) -> Failure {
-        Failure::of_error(kind, error, lease.attempt, now(), self.inbox.worker.as_deref())
+        Failure::of_error(
+            kind,
+            error,
+            lease.attempt,
+            now(),
+            self.inbox.worker.as_deref(),
+        )
     }
 
     /// The same engine naming its worker `name` in the failures it keeps and logs (see
