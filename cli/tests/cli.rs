@@ -529,6 +529,35 @@ async fn poison_scenario(t: &Target) {
     } else {
         assert_eq!(dead["cause"]["kind"], "attempts", "{dead}");
     }
+    // A failure stored as the key's result (FailurePolicy::Store) is `failed`, with its cause.
+    let storing = dedup_core::Inbox::from_arc(
+        Arc::clone(&store),
+        dedup_core::InboxConfig {
+            failures: dedup_core::FailurePolicy::Store,
+            ..dedup_core::InboxConfig::default()
+        },
+    );
+    let declined = Key::new("orders", "declined-1").expect("key");
+    let handled = storing
+        .handle(&declined, None, |_| async {
+            Err::<Option<Vec<u8>>, _>(std::io::Error::other("card declined (code 51)"))
+        })
+        .await
+        .expect("stored failure");
+    assert!(
+        matches!(handled, dedup_core::Handled::Failed { .. }),
+        "{handled:?}"
+    );
+    let failed = t.json(&["list", "--consumer", "orders", "--state", "failed"]);
+    assert_eq!(ids(&failed), ["declined-1"], "{failed}");
+    let human = String::from_utf8_lossy(&t.expect(0, &["inspect", "orders", "declined-1"]).stdout)
+        .into_owned();
+    assert!(
+        human.contains("failed (the failure is its result")
+            && human.contains("failed with:     handler error at attempt 1")
+            && human.contains("card declined (code 51)"),
+        "{human}"
+    );
     let consumers = t.json(&["consumers"]);
     let orders = consumers["consumers"]
         .as_array()
@@ -537,6 +566,7 @@ async fn poison_scenario(t: &Target) {
         .find(|c| c["consumer"] == "orders")
         .unwrap_or_else(|| panic!("orders is listed: {consumers}"));
     assert_eq!(orders["counts"]["dead-letter"], 1, "{consumers}");
+    assert_eq!(orders["counts"]["failed"], 1, "{consumers}");
     assert_eq!(orders["counts"]["completed"], 0, "{consumers}");
     let names: Vec<&str> = consumers["consumers"]
         .as_array()
