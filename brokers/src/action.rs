@@ -49,8 +49,18 @@ pub fn action_for(answer: &Result<Handled, InboxError>, config: &ConsumerConfig)
                 delay: until.clamp(config.retry_delay.min(until), config.max_retry_delay),
             }
         }
-        Ok(Handled::DeadLetter { attempts, .. }) => Action::DeadLetter {
-            reason: format!("attempts used up ({attempts})"),
+        Ok(Handled::DeadLetter {
+            attempts, cause, ..
+        }) => Action::DeadLetter {
+            reason: match cause {
+                Some(cause) => format!(
+                    "attempts used up ({attempts}); last failure ({} at attempt {}): {}",
+                    cause.kind,
+                    cause.attempt,
+                    cause.message()
+                ),
+                None => format!("attempts used up ({attempts})"),
+            },
         },
         Err(_) => Action::Retry {
             delay: config.retry_delay,
@@ -108,7 +118,8 @@ pub(crate) async fn decide<H: Handle + ?Sized>(
         Ok(Handled::Busy { .. }) => &counters.busy,
         Ok(Handled::DeadLetter { .. }) => &counters.dead_letters,
         Err(e) => {
-            tracing::warn!(consumer, broker_ref = %delivery.broker_ref, error = %e, "handler or store failed; retrying");
+            // The whole source chain: `dedup store failed` alone says nothing of the cause.
+            tracing::warn!(consumer, message_id = key.message_id(), broker_ref = %delivery.broker_ref, error = %dedup_core::error_chain(e), "handler or store failed; retrying");
             &counters.errors
         }
     };

@@ -43,7 +43,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let access = match &cli.command {
         Command::Outbox { .. } => unreachable!("handled above"),
         Command::Migrate => Access::Migrate,
-        Command::Stats { .. } | Command::Inspect { .. } | Command::List { .. } => Access::Read,
+        Command::Stats { .. }
+        | Command::Consumers
+        | Command::Inspect { .. }
+        | Command::List { .. } => Access::Read,
         Command::Purge { dry_run: true, .. } => Access::Read,
         Command::Purge { .. } | Command::Release { .. } | Command::Forget { .. } => Access::Write,
     };
@@ -89,6 +92,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 "in_flight": stats.in_flight,
                 "expired": stats.expired,
                 "completed": stats.completed,
+                "failed": stats.failed,
+                "dead_lettered": stats.dead_lettered,
                 "total": stats.total(),
                 "oldest_live": stats.oldest_live.as_ref().map(summary_json),
                 "most_retried": stats.most_retried.iter().map(summary_json).collect::<Vec<_>>(),
@@ -104,7 +109,15 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                         "expired:     {} (lease ran out or released: retried on next delivery)",
                         stats.expired
                     ),
-                    format!("completed:   {}", stats.completed),
+                    format!("processed:   {}", stats.completed),
+                    format!(
+                        "failed:      {} (a stored failure is their result)",
+                        stats.failed
+                    ),
+                    format!(
+                        "dead-lettered: {} (used up their attempts: `dedup list --state dead-letter`)",
+                        stats.dead_lettered
+                    ),
                     format!("total:       {}", stats.total()),
                 ];
                 out.push(match &stats.oldest_live {
@@ -154,11 +167,55 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 .ok_or_else(|| {
                     Failure::not_found(format!("no record for {key}")).hint(
                         "the message was never claimed by this consumer, or its record was purged \
-                         (check the consumer name with `dedup list --consumer`)",
+                         (the store's consumers: `dedup consumers`)",
                     )
                 })?;
             print(as_json, record_json(&record, now), || {
                 record_text(&record, now)
+            });
+        }
+        Command::Consumers => {
+            let consumers = store
+                .consumers()
+                .await
+                .map_err(|e| Failure::store("cannot count the store's consumers", e))?;
+            let json = json!({
+                "consumers": consumers.iter().map(|c| {
+                    let mut counts = serde_json::Map::new();
+                    for status in Status::ALL {
+                        counts.insert(status.as_str().to_owned(), json!(c.counts.count(status)));
+                    }
+                    json!({ "consumer": c.consumer, "counts": counts, "total": c.counts.total() })
+                }).collect::<Vec<_>>(),
+            });
+            print(as_json, json, || {
+                let mut out = vec![format!(
+                    "{:<24} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9}",
+                    "consumer",
+                    "in-flight",
+                    "expired",
+                    "processed",
+                    "failed",
+                    "dead-letter",
+                    "total"
+                )];
+                for c in &consumers {
+                    let n = |s| c.counts.count(s);
+                    out.push(format!(
+                        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9}",
+                        c.consumer,
+                        n(Status::InFlight),
+                        n(Status::Expired),
+                        n(Status::Completed),
+                        n(Status::Failed),
+                        n(Status::DeadLettered),
+                        c.counts.total()
+                    ));
+                }
+                if consumers.is_empty() {
+                    out.push("no records in this store".into());
+                }
+                out.join("\n")
             });
         }
         Command::List {
@@ -289,7 +346,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 }
                 Released::NotFound => {
                     return Err(Failure::not_found(format!("no record for {key}"))
-                        .hint("check the consumer and message id with `dedup list --consumer`"));
+                        .hint("check the consumer with `dedup consumers` and the message id with `dedup list --consumer`"));
                 }
             }
         }
@@ -329,10 +386,17 @@ fn forget_answer(key: &Key, forgot: Forgot, as_json: bool) -> Result<(), Failure
                     "attempt": attempt,
                 }),
                 || {
+                    let state = match status {
+                        // The attempt that found none left is the record's attempt number.
+                        Status::DeadLettered => format!(
+                            "dead-lettered after {} attempts",
+                            attempt.saturating_sub(1)
+                        ),
+                        other => other.as_str().to_owned(),
+                    };
                     format!(
-                        "forgot {key} ({}, fence {fence}, attempt {attempt}): the next delivery \
+                        "forgot {key} ({state}, fence {fence}, attempt {attempt}): the next delivery \
                          is processed as new, with fence 1{}",
-                        status.as_str(),
                         if status == Status::InFlight {
                             "; the worker that held it gets LeaseLost"
                         } else {
@@ -355,7 +419,7 @@ fn forget_answer(key: &Key, forgot: Forgot, as_json: bool) -> Result<(), Failure
              (that worker then gets LeaseLost at once)",
         )),
         Forgot::NotFound => Err(Failure::not_found(format!("no record for {key}"))
-            .hint("check the consumer and message id with `dedup list --consumer`")),
+            .hint("check the consumer with `dedup consumers` and the message id with `dedup list --consumer`")),
     }
 }
 

@@ -61,6 +61,8 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         top: usize,
     },
+    /// The consumers the store holds records of, with their records counted by state.
+    Consumers,
     /// One record, human readable.
     Inspect {
         /// The consumer (the service that processes the message).
@@ -188,8 +190,12 @@ enum StateArg {
     InFlight,
     /// In flight, lease expired or released.
     Expired,
-    /// Processed.
+    /// Processed (completed with a handler's outcome).
     Completed,
+    /// Completed with a failure stored as its result.
+    Failed,
+    /// Dead-lettered: it used up its attempts.
+    DeadLetter,
 }
 
 impl From<StateArg> for Status {
@@ -198,6 +204,8 @@ impl From<StateArg> for Status {
             StateArg::InFlight => Status::InFlight,
             StateArg::Expired => Status::Expired,
             StateArg::Completed => Status::Completed,
+            StateArg::Failed => Status::Failed,
+            StateArg::DeadLetter => Status::DeadLettered,
         }
     }
 }

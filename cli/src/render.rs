@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use dedup_core::admin::KeySummary;
-use dedup_core::{Record, RecordState, Status, Timestamp, idempotency_key};
+use dedup_core::{Failure, Record, RecordState, Status, Timestamp, Verdict, idempotency_key};
 use serde_json::{Value, json};
 
 /// `2026-11-30 22:50:01.123 UTC`.
@@ -108,7 +108,13 @@ pub(crate) fn record_json(record: &Record, now: Timestamp) -> Value {
         "fingerprint": record.fingerprint.as_ref().map(|f| f.as_str()),
         "idempotency_key": idempotency_key(&record.key),
         "first_claimed_at": record.first_claimed_at.map(time_json),
+        "cause": record.failure().as_ref().map(failure_json),
     });
+    if let Some(Verdict::DeadLetter { attempts, .. }) = record.verdict()
+        && let Value::Object(out) = &mut out
+    {
+        out.insert("attempts_used".into(), json!(attempts));
+    }
     let fields = match &record.state {
         RecordState::InFlight { token, expires_at } => json!({
             "token": token.to_string(),
@@ -130,13 +136,56 @@ pub(crate) fn record_json(record: &Record, now: Timestamp) -> Value {
     out
 }
 
+/// A failure as JSON.
+pub(crate) fn failure_json(f: &Failure) -> Value {
+    json!({
+        "kind": f.kind,
+        "chain": f.chain,
+        "message": f.message(),
+        "at": time_json(f.at),
+        "attempt": f.attempt,
+        "worker": f.worker,
+    })
+}
+
+/// The status line of `record`: what its status means, and for a dead letter how many
+/// attempts it used (the attempt after them, the record's attempt number, found none left).
+fn status_line(record: &Record, status: Status) -> String {
+    match record.verdict() {
+        Some(Verdict::DeadLetter { attempts, .. }) => format!(
+            "dead-lettered after {attempts} attempts (attempt {} found none left; \
+             `dedup forget` resets the key)",
+            record.attempt
+        ),
+        _ => describe(status).to_owned(),
+    }
+}
+
+/// The lines of a failure: what, when, where, then each link of its chain.
+fn failure_lines(name: &'static str, f: &Failure, now: Timestamp) -> Vec<(&'static str, String)> {
+    let mut head = format!(
+        "{} error at attempt {}, {}",
+        f.kind,
+        f.attempt,
+        when(f.at, now)
+    );
+    if let Some(worker) = &f.worker {
+        head.push_str(&format!(", on {worker}"));
+    }
+    let mut lines = vec![(name, head)];
+    for (i, link) in f.chain.iter().enumerate() {
+        lines.push((if i == 0 { "  error" } else { "  caused by" }, link.clone()));
+    }
+    lines
+}
+
 /// The record for people, one `name: value` line each.
 pub(crate) fn record_text(record: &Record, now: Timestamp) -> String {
     let status = Status::of(record, now);
     let mut lines = vec![
         ("consumer", record.key.consumer().to_owned()),
         ("message id", record.key.message_id().to_owned()),
-        ("status", describe(status).to_owned()),
+        ("status", status_line(record, status)),
         ("fence", record.fence.to_string()),
         ("attempt", record.attempt.to_string()),
         (
@@ -162,12 +211,29 @@ pub(crate) fn record_text(record: &Record, now: Timestamp) -> String {
             outcome: stored,
         } => {
             lines.push(("processed", when(*processed_at, now)));
-            lines.push(("outcome", stored.as_deref().map_or("none".into(), outcome)));
+            match Verdict::decode(stored.clone()) {
+                Verdict::Processed(bytes) => {
+                    lines.push(("outcome", bytes.as_deref().map_or("none".into(), outcome)));
+                }
+                Verdict::Failed { message, cause } => match cause {
+                    Some(cause) => lines.extend(failure_lines("failed with", &cause, now)),
+                    None => lines.push(("failed with", message)),
+                },
+                Verdict::DeadLetter { cause, .. } => match cause {
+                    Some(cause) => lines.extend(failure_lines("last failure", &cause, now)),
+                    None => lines.push(("last failure", "not kept (an older record)".into())),
+                },
+            }
             lines.push((
                 "committed by",
                 token.map_or("a transaction (no lease)".into(), |t| format!("lease {t}")),
             ));
         }
+    }
+    if matches!(record.state, RecordState::InFlight { .. })
+        && let Some(f) = &record.last_failure
+    {
+        lines.extend(failure_lines("last failure", f, now));
     }
     lines.push((
         "fingerprint",
@@ -190,6 +256,8 @@ pub(crate) fn describe(status: Status) -> &'static str {
         Status::InFlight => "in flight (a worker holds a live lease)",
         Status::Expired => "expired (lease ran out or was released: the next delivery retries)",
         Status::Completed => "completed (processed; duplicates are acknowledged)",
+        Status::Failed => "failed (the failure is its result; duplicates get it back)",
+        Status::DeadLettered => "dead-lettered (it used up its attempts)",
     }
 }
 

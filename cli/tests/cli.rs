@@ -448,7 +448,139 @@ async fn scenario(t: Target) {
         "{}",
         stderr(&plain)
     );
+    poison_scenario(&t).await;
     eprintln!("{:?} scenario: {:?}", t.backend, started.elapsed());
+}
+
+/// A poison message dead-lettered by a real `Inbox` on the store: `stats` counts it as
+/// dead-lettered, never processed; `list --state dead-letter` lists it; `inspect` shows the
+/// state, the attempts and the stored cause; `consumers` counts it; `forget` reports the
+/// same attempt numbers.
+async fn poison_scenario(t: &Target) {
+    let store = t.library(None).await;
+    let inbox = dedup_core::Inbox::from_arc(
+        Arc::clone(&store),
+        dedup_core::InboxConfig {
+            max_attempts: Some(2),
+            ..dedup_core::InboxConfig::default()
+        },
+    )
+    .with_worker("billing-7");
+    let poison = Key::new("orders", "poison-1").expect("key");
+    let fail = |_| async {
+        Err::<Option<Vec<u8>>, _>(std::io::Error::other(
+            "invoice payload: expected value at line 1 column 1",
+        ))
+    };
+    for _ in 0..2 {
+        assert!(inbox.handle(&poison, None, fail).await.is_err());
+    }
+    let keeps = store.capabilities().failure_causes;
+    if keeps {
+        let released = t.json(&["inspect", "orders", "poison-1"]);
+        assert_eq!(released["status"], "expired", "{released}");
+        assert_eq!(released["cause"]["attempt"], 2, "{released}");
+    }
+    let handled = inbox
+        .handle(&poison, None, fail)
+        .await
+        .expect("dead letter");
+    assert!(
+        matches!(handled, dedup_core::Handled::DeadLetter { attempts: 2, .. }),
+        "{handled:?}"
+    );
+    let before = t.json(&["stats"]);
+    assert_eq!(before["dead_lettered"], 1, "{before}");
+    assert_eq!(
+        before["completed"], 3,
+        "a dead letter is not processed: {before}"
+    );
+    let listed = t.json(&["list", "--consumer", "orders", "--state", "dead-letter"]);
+    assert_eq!(ids(&listed), ["poison-1"], "{listed}");
+    let processed = t.json(&["list", "--consumer", "orders", "--state", "completed"]);
+    assert!(ids(&processed).is_empty(), "{processed}");
+    let dead = t.json(&["inspect", "orders", "poison-1"]);
+    assert_eq!(
+        (&dead["status"], &dead["attempts_used"], &dead["attempt"]),
+        (
+            &Value::from("dead-letter"),
+            &Value::from(2),
+            &Value::from(3)
+        ),
+        "{dead}"
+    );
+    let human = String::from_utf8_lossy(&t.expect(0, &["inspect", "orders", "poison-1"]).stdout)
+        .into_owned();
+    assert!(
+        human.contains("dead-lettered after 2 attempts (attempt 3 found none left"),
+        "{human}"
+    );
+    assert!(!human.contains("completed (processed"), "{human}");
+    if keeps {
+        assert_eq!(dead["cause"]["kind"], "handler", "{dead}");
+        assert_eq!(dead["cause"]["attempt"], 2, "{dead}");
+        assert_eq!(dead["cause"]["worker"], "billing-7", "{dead}");
+        assert!(
+            human.contains("last failure:    handler error at attempt 2")
+                && human.contains("invoice payload: expected value at line 1 column 1")
+                && human.contains("on billing-7"),
+            "{human}"
+        );
+    } else {
+        assert_eq!(dead["cause"]["kind"], "attempts", "{dead}");
+    }
+    // A failure stored as the key's result (FailurePolicy::Store) is `failed`, with its cause.
+    let storing = dedup_core::Inbox::from_arc(
+        Arc::clone(&store),
+        dedup_core::InboxConfig {
+            failures: dedup_core::FailurePolicy::Store,
+            ..dedup_core::InboxConfig::default()
+        },
+    );
+    let declined = Key::new("orders", "declined-1").expect("key");
+    let handled = storing
+        .handle(&declined, None, |_| async {
+            Err::<Option<Vec<u8>>, _>(std::io::Error::other("card declined (code 51)"))
+        })
+        .await
+        .expect("stored failure");
+    assert!(
+        matches!(handled, dedup_core::Handled::Failed { .. }),
+        "{handled:?}"
+    );
+    let failed = t.json(&["list", "--consumer", "orders", "--state", "failed"]);
+    assert_eq!(ids(&failed), ["declined-1"], "{failed}");
+    let human = String::from_utf8_lossy(&t.expect(0, &["inspect", "orders", "declined-1"]).stdout)
+        .into_owned();
+    assert!(
+        human.contains("failed (the failure is its result")
+            && human.contains("failed with:     handler error at attempt 1")
+            && human.contains("card declined (code 51)"),
+        "{human}"
+    );
+    let consumers = t.json(&["consumers"]);
+    let orders = consumers["consumers"]
+        .as_array()
+        .expect("consumers")
+        .iter()
+        .find(|c| c["consumer"] == "orders")
+        .unwrap_or_else(|| panic!("orders is listed: {consumers}"));
+    assert_eq!(orders["counts"]["dead-letter"], 1, "{consumers}");
+    assert_eq!(orders["counts"]["failed"], 1, "{consumers}");
+    assert_eq!(orders["counts"]["completed"], 0, "{consumers}");
+    let names: Vec<&str> = consumers["consumers"]
+        .as_array()
+        .expect("consumers")
+        .iter()
+        .filter_map(|c| c["consumer"].as_str())
+        .collect();
+    assert_eq!(names, ["billing", "orders", "shipping"], "{consumers}");
+    let forgot = String::from_utf8_lossy(&t.expect(0, &["forget", "orders", "poison-1"]).stdout)
+        .into_owned();
+    assert!(
+        forgot.contains("(dead-lettered after 2 attempts, fence 3, attempt 3)"),
+        "{forgot}"
+    );
 }
 
 #[tokio::test]

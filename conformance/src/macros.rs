@@ -124,6 +124,7 @@ macro_rules! __admin_clause_names {
             forget_of_a_live_lease_without_force_changes_nothing,
             forget_with_force_removes_a_live_lease_and_its_holder_loses_it,
             forget_of_an_absent_key_is_not_found,
+            completed_records_are_processed_failed_or_dead_lettered,
         }
     };
 }
@@ -157,6 +158,9 @@ macro_rules! __lease_clause_names {
             renew_extends_the_lease,
             an_expired_lease_not_taken_over_can_be_renewed,
             renew_and_release_after_commit_are_rejected,
+            // failures kept on the record
+            a_released_failure_is_kept_on_the_record_until_replaced,
+            an_oversized_or_stale_release_failed_writes_nothing,
             // fingerprint / outcome
             completed_key_gives_its_outcome_byte_for_byte,
             fingerprint_mismatch_is_an_error_in_every_state,

@@ -24,6 +24,8 @@ enum Fault {
     ListAfterIsInclusive,
     /// `stats` counts expired leases as live.
     StatsCountExpiredAsLive,
+    /// `stats` counts dead letters as processed (completed).
+    StatsCountDeadLettersAsProcessed,
     /// `release_key` says it released a live lease without `force`.
     ReleaseIgnoresForce,
     /// `release_key` reports a release and changes nothing.
@@ -70,6 +72,9 @@ impl DedupStore for Faulty {
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.inner.release(lease).await
+    }
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        self.inner.release_failed(lease, failure).await
     }
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.inner.get(key).await
@@ -119,7 +124,15 @@ impl Admin for Faulty {
             stats.in_flight += stats.expired;
             stats.expired = 0;
         }
+        if self.fault == Some(Fault::StatsCountDeadLettersAsProcessed) {
+            stats.completed += stats.dead_lettered;
+            stats.dead_lettered = 0;
+        }
         Ok(stats)
+    }
+
+    async fn consumers(&self) -> Result<Vec<dedup_core::admin::ConsumerCounts>> {
+        self.inner.consumers().await
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
@@ -261,6 +274,10 @@ async fn each_admin_fault_is_caught_by_its_clause() {
             "list_filters_by_status_and_pages_in_message_id_order",
         ),
         (Fault::StatsCountExpiredAsLive, "counts_equal_what_get_sees"),
+        (
+            Fault::StatsCountDeadLettersAsProcessed,
+            "completed_records_are_processed_failed_or_dead_lettered",
+        ),
         (
             Fault::ReleaseIgnoresForce,
             "operator_release_of_a_live_lease_needs_force",

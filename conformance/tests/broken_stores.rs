@@ -106,6 +106,8 @@ broken_store_tests! {
         => renew_extends_the_lease,
     unchecked_names_are_caught: NamesUnchecked
         => unsafe_names_are_rejected,
+    a_release_that_drops_the_cause_is_caught: ReleaseFailedDropsCause
+        => a_released_failure_is_kept_on_the_record_until_replaced,
 }
 
 /// The model-based clause on its own catches every fault a single sequential history can

@@ -22,32 +22,72 @@ pub const MAX_LIST_LIMIT: usize = 10_000;
 pub const MAX_TOP: usize = 1_000;
 
 /// The state of a record as an operator sees it at one instant.
+///
+/// A completed record is in one of three states, told apart by its outcome bytes (see
+/// [`Verdict`](crate::Verdict)): processed (a handler's outcome), failed (a failure stored
+/// as the key's result) or dead-lettered (the key used up its attempts). A backend that
+/// filters or counts in its query language compares the outcome's first bytes with
+/// [`FAILED_PREFIX`](crate::FAILED_PREFIX) and [`DEAD_LETTER_PREFIX`](crate::DEAD_LETTER_PREFIX).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Status {
     /// In flight, and its lease is live: a worker is processing it now.
     InFlight,
     /// In flight, but its lease expired or was released: the next delivery takes it over.
     Expired,
-    /// Processed.
+    /// Processed: completed with a handler's outcome (duplicates are acknowledged).
     Completed,
+    /// Completed with a failure stored as its result
+    /// ([`FailurePolicy::Store`](crate::FailurePolicy::Store)).
+    Failed,
+    /// Completed as dead-lettered: the key used up its attempts.
+    DeadLettered,
 }
 
 impl Status {
+    /// Every status, in display order.
+    pub const ALL: [Status; 5] = [
+        Status::InFlight,
+        Status::Expired,
+        Status::Completed,
+        Status::Failed,
+        Status::DeadLettered,
+    ];
+
     /// The status of `record` at `now` (a lease is live while `now < expires_at`).
     pub fn of(record: &Record, now: Timestamp) -> Self {
         match &record.state {
             RecordState::InFlight { expires_at, .. } if now < *expires_at => Status::InFlight,
             RecordState::InFlight { .. } => Status::Expired,
-            RecordState::Completed { .. } => Status::Completed,
+            RecordState::Completed { outcome, .. } => Status::of_outcome(outcome.as_deref()),
         }
     }
 
-    /// The name the command line uses: `in-flight`, `expired`, `completed`.
+    /// The status of a completed record holding `outcome`.
+    pub fn of_outcome(outcome: Option<&[u8]>) -> Self {
+        match outcome {
+            Some(o) if o.starts_with(crate::FAILED_PREFIX) => Status::Failed,
+            Some(o) if o.starts_with(crate::DEAD_LETTER_PREFIX) => Status::DeadLettered,
+            _ => Status::Completed,
+        }
+    }
+
+    /// Whether the record is completed (processed, failed or dead-lettered).
+    pub fn is_completed(self) -> bool {
+        matches!(
+            self,
+            Status::Completed | Status::Failed | Status::DeadLettered
+        )
+    }
+
+    /// The name the command line uses: `in-flight`, `expired`, `completed`, `failed`,
+    /// `dead-letter`.
     pub fn as_str(self) -> &'static str {
         match self {
             Status::InFlight => "in-flight",
             Status::Expired => "expired",
             Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::DeadLettered => "dead-letter",
         }
     }
 }
@@ -161,8 +201,13 @@ pub struct Stats {
     pub in_flight: u64,
     /// In-flight records whose lease expired or was released.
     pub expired: u64,
-    /// Completed records.
+    /// Processed records: completed with a handler's outcome (failed and dead-lettered
+    /// ones are not counted here).
     pub completed: u64,
+    /// Completed records holding a stored failure.
+    pub failed: u64,
+    /// Dead-lettered records.
+    pub dead_lettered: u64,
     /// The live lease that expires first. Stores do not keep when a lease was first
     /// acquired (renewals move the expiry), so "oldest" is judged by expiry: with one
     /// lease duration for every worker, it is the longest-held live lease.
@@ -183,6 +228,8 @@ impl Stats {
             in_flight: 0,
             expired: 0,
             completed: 0,
+            failed: 0,
+            dead_lettered: 0,
             oldest_live: None,
             most_retried: Vec::new(),
             size_bytes: None,
@@ -191,15 +238,28 @@ impl Stats {
 
     /// Records in all.
     pub fn total(&self) -> u64 {
-        self.in_flight + self.expired + self.completed
+        self.in_flight + self.expired + self.completed + self.failed + self.dead_lettered
     }
 
-    /// How many of the three counts are `status`.
+    /// How many records are in `status`.
     pub fn count(&self, status: Status) -> u64 {
         match status {
             Status::InFlight => self.in_flight,
             Status::Expired => self.expired,
             Status::Completed => self.completed,
+            Status::Failed => self.failed,
+            Status::DeadLettered => self.dead_lettered,
+        }
+    }
+
+    /// The count of `status`, to fill in.
+    pub fn count_mut(&mut self, status: Status) -> &mut u64 {
+        match status {
+            Status::InFlight => &mut self.in_flight,
+            Status::Expired => &mut self.expired,
+            Status::Completed => &mut self.completed,
+            Status::Failed => &mut self.failed,
+            Status::DeadLettered => &mut self.dead_lettered,
         }
     }
 
@@ -207,11 +267,7 @@ impl Stats {
     /// `top` most retried. For backends that compute stats by reading records one by one.
     pub fn add(&mut self, record: &Record, top: usize) {
         let summary = KeySummary::of(record, self.now);
-        match summary.status {
-            Status::InFlight => self.in_flight += 1,
-            Status::Expired => self.expired += 1,
-            Status::Completed => self.completed += 1,
-        }
+        *self.count_mut(summary.status) += 1;
         if summary.status == Status::InFlight
             && self
                 .oldest_live
@@ -225,6 +281,86 @@ impl Stats {
             sort_most_retried(&mut self.most_retried);
             self.most_retried.truncate(top);
         }
+    }
+}
+
+/// Most consumers [`Admin::consumers`] returns.
+pub const MAX_CONSUMERS: usize = 10_000;
+
+/// One consumer a store holds records of, with its records counted by status (see
+/// [`Admin::consumers`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerCounts {
+    /// The consumer's name.
+    pub consumer: String,
+    /// Its records by status, as of [`Stats::now`] (only the counts are filled in).
+    pub counts: Stats,
+}
+
+impl ConsumerCounts {
+    /// A consumer with no record counted yet, at `now`.
+    pub fn new(consumer: impl Into<String>, now: Timestamp) -> Self {
+        ConsumerCounts {
+            consumer: consumer.into(),
+            counts: Stats::at(now),
+        }
+    }
+
+    /// Count `records` (read one by one) into per-consumer counts: see [`ConsumerTally`].
+    pub fn tally<'a>(records: impl IntoIterator<Item = &'a Record>, now: Timestamp) -> Vec<Self> {
+        let mut tally = ConsumerTally::at(now);
+        for record in records {
+            tally.add(record);
+        }
+        tally.finish()
+    }
+}
+
+/// Per-consumer counts of records read one by one, for backends without a `GROUP BY`: at
+/// most [`MAX_CONSUMERS`] consumers, the first in name order (records of others are not
+/// counted).
+#[derive(Debug)]
+pub struct ConsumerTally {
+    now: Timestamp,
+    by_consumer: std::collections::BTreeMap<String, Stats>,
+}
+
+impl ConsumerTally {
+    /// An empty tally of statuses at `now`.
+    pub fn at(now: Timestamp) -> Self {
+        ConsumerTally {
+            now,
+            by_consumer: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// Count `record`.
+    pub fn add(&mut self, record: &Record) {
+        let consumer = record.key.consumer();
+        if !self.by_consumer.contains_key(consumer) {
+            if self.by_consumer.len() >= MAX_CONSUMERS {
+                match self.by_consumer.last_key_value() {
+                    Some((last, _)) if last.as_str() > consumer => {
+                        self.by_consumer.pop_last();
+                    }
+                    _ => return,
+                }
+            }
+            self.by_consumer
+                .insert(consumer.to_owned(), Stats::at(self.now));
+        }
+        if let Some(stats) = self.by_consumer.get_mut(consumer) {
+            *stats.count_mut(Status::of(record, self.now)) += 1;
+        }
+    }
+
+    /// The counts, in consumer name order.
+    pub fn finish(self) -> Vec<ConsumerCounts> {
+        self.by_consumer
+            .into_iter()
+            .map(|(consumer, counts)| ConsumerCounts { consumer, counts })
+            .collect()
     }
 }
 
@@ -340,6 +476,13 @@ pub trait Admin: DedupStore {
     /// Counts by status, the oldest live lease, the `top` most retried keys and the size,
     /// as of one reading of the store's clock.
     async fn stats(&self, top: usize) -> Result<Stats>;
+
+    /// The consumers the store holds records of, in name order, each with its records
+    /// counted by status (processed, failed, dead-lettered, in flight, expired), as of one
+    /// reading of the store's clock. At most [`MAX_CONSUMERS`] consumers: the first ones
+    /// in name order. Reads the whole store, like [`stats`](Self::stats): an aggregate
+    /// query grouped by consumer on the SQL backends, a `SCAN` of the key prefix on Redis.
+    async fn consumers(&self) -> Result<Vec<ConsumerCounts>>;
 
     /// How many records [`DedupStore::purge`] with `retention` would remove now, removing
     /// none (a dry run). Records keep ageing, so a purge run later may remove more.

@@ -3,6 +3,7 @@
 // What consumers and operators use, in the order they meet it (see the README).
 pub mod admin;
 mod error;
+mod failure;
 mod inbox;
 mod key;
 pub mod layers;
@@ -13,6 +14,7 @@ mod store;
 mod time;
 mod tls;
 mod types;
+mod verdict;
 
 // For authors of stores: the traits a backend implements, the checks, the purge driver,
 // the record decoder, the contract as pure functions, name rules.
@@ -20,6 +22,7 @@ pub mod backend;
 
 pub use admin::{Admin, Forgot, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
+pub use failure::{Failure, MAX_FAILURE_LEN, MAX_FAILURE_LINKS, error_chain};
 pub use inbox::{
     Backoff, DuplicateLog, FailurePolicy, Handled, HandlerRetry, Inbox, InboxConfig, InboxError,
     Transient, TxAttempt, TxAttempts, TxEngine,
@@ -35,3 +38,4 @@ pub use types::{
     MAX_BATCH_LEN, MAX_FINGERPRINT_LEN, MAX_LEASE, MAX_OUTCOME_LEN, MIN_LEASE, Pace, PurgeOptions,
     PurgeReport, Record, RecordState, TxClaim, idempotency_key,
 };
+pub use verdict::{DEAD_LETTER_PREFIX, FAILED_PREFIX, RESERVED_PREFIX, Verdict};

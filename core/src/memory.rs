@@ -157,6 +157,14 @@ impl Storage for MemoryStore {
         Ok(())
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &crate::Failure) -> Result<()> {
+        let now = self.now();
+        let mut map = self.records();
+        let write = transition::release_failed(map.get(&lease.key), lease, failure, now)?;
+        Self::apply(&mut map, &lease.key, write);
+        Ok(())
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         Ok(self.records().get(key).cloned())
     }
@@ -165,6 +173,7 @@ impl Storage for MemoryStore {
         Capabilities {
             native_batch: true,
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }
@@ -222,6 +231,14 @@ impl crate::backend::AdminStorage for MemoryStore {
             stats.add(record, top);
         }
         Ok(stats)
+    }
+
+    async fn consumers(&self) -> Result<Vec<crate::admin::ConsumerCounts>> {
+        let now = self.now();
+        Ok(crate::admin::ConsumerCounts::tally(
+            self.records().values(),
+            now,
+        ))
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<crate::admin::PurgeCount> {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Key, Lease, PurgeOptions,
-    PurgeReport, Record, Result,
+    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Failure, Key, Lease,
+    PurgeOptions, PurgeReport, Record, Result,
 };
 
 /// The result of one item in a batch: the same value or contract error the single
@@ -38,6 +38,7 @@ pub type ItemResult<T> = Result<T>;
 /// | commit / renew / release | anything else (taken over, purged, completed by another) | `Err(LeaseLost)` | unchanged |
 /// | renew(lease, d) | in flight with this token | new lease, expires now+d | in flight |
 /// | release(lease) | in flight with this token | `Ok` (again: `Ok`) | in flight, expires_at = min(expires_at, now); fence and attempt kept |
+/// | release_failed(lease, failure) | in flight with this token | `Ok` | as release, and `last_failure = failure` |
 /// | purge(retention) | completed with processed_at < now-retention; in flight expired before now-retention | count removed | absent |
 /// | purge | in flight, lease live | never removed | unchanged |
 ///
@@ -86,6 +87,18 @@ pub trait DedupStore: Send + Sync {
     /// Give the key up after a failure so the next delivery can retry at once.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
+    /// [`release`](Self::release), and keep `failure` (why this attempt failed) on the
+    /// record as its [`Record::last_failure`], replacing the one it had: what the
+    /// [`Inbox`](crate::Inbox) does after a failed attempt, so an operator can read the
+    /// cause with [`get`](Self::get) or `dedup inspect`.
+    ///
+    /// Same answers as `release` (`LeaseLost` when the lease is no longer held, and nothing
+    /// is written then). The failure must fit [`MAX_FAILURE_LEN`](crate::MAX_FAILURE_LEN)
+    /// encoded ([`Failure::validate`]): otherwise [`Error::InvalidInput`](crate::Error) and
+    /// nothing is written. The cause stays through takeovers, renewals, plain releases and
+    /// the commit, until the next `release_failed` replaces it or the record is removed.
+    async fn release_failed(&self, lease: &Lease, failure: &Failure) -> Result<()>;
+
     /// The stored record of `key`, if any (expired leases included: compare `expires_at`).
     async fn get(&self, key: &Key) -> Result<Option<Record>>;
 
@@ -117,6 +130,9 @@ macro_rules! forward_store {
             }
             async fn release(&self, lease: &Lease) -> Result<()> {
                 (**self).release(lease).await
+            }
+            async fn release_failed(&self, lease: &Lease, failure: &Failure) -> Result<()> {
+                (**self).release_failed(lease, failure).await
             }
             async fn get(&self, key: &Key) -> Result<Option<Record>> {
                 (**self).get(key).await

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::{Error, Key, Result, Timestamp};
+use crate::{Error, Failure, Key, Result, Timestamp, Verdict};
 
 /// Largest outcome a commit may store, in bytes (64 KiB). Outcomes are meant for a small
 /// response summary that duplicates get back, not for payloads.
@@ -307,8 +307,33 @@ pub struct Record {
     /// the commit (MassTransit's `Received`). `None` where the backend does not keep it
     /// (Redis) and for records written before the store kept it.
     pub first_claimed_at: Option<Timestamp>,
+    /// The cause of the latest attempt that failed and released the key
+    /// ([`DedupStore::release_failed`](crate::DedupStore::release_failed)). Takeovers,
+    /// renewals, plain releases and the commit keep it; the next `release_failed` replaces
+    /// it; purge and forget remove it with the record. A failed or dead-lettered key keeps
+    /// its final cause in its outcome too (see [`Record::failure`]).
+    pub last_failure: Option<Failure>,
     /// In flight or completed.
     pub state: RecordState,
+}
+
+impl Record {
+    /// What the completed record's outcome holds (`None` in flight): a handler's outcome,
+    /// a stored failure or a dead letter.
+    pub fn verdict(&self) -> Option<Verdict> {
+        match &self.state {
+            RecordState::Completed { outcome, .. } => Some(Verdict::decode(outcome.clone())),
+            RecordState::InFlight { .. } => None,
+        }
+    }
+
+    /// The cause an operator looks at: the one a failed or dead-lettered key was settled
+    /// with, otherwise the latest released failure ([`Record::last_failure`]).
+    pub fn failure(&self) -> Option<Failure> {
+        self.verdict()
+            .and_then(|v| v.cause().cloned())
+            .or_else(|| self.last_failure.clone())
+    }
 }
 
 /// The two states a stored record can be in.
@@ -501,6 +526,12 @@ pub struct Capabilities {
     pub server_clock: bool,
     /// Records keep when their key was first claimed ([`Record::first_claimed_at`]).
     pub first_claim_time: bool,
+    /// [`release_failed`](crate::DedupStore::release_failed) keeps the failure on the
+    /// record ([`Record::last_failure`]); without it, it answers
+    /// [`Error::Unsupported`](crate::Error::Unsupported) and writes nothing, and the
+    /// [`Inbox`](crate::Inbox) releases the lease without the cause (its log line still
+    /// has it, and failed and dead-lettered keys keep theirs in their outcome).
+    pub failure_causes: bool,
 }
 
 /// The result of claiming a key inside the caller's own SQL transaction (the SQL backends'

@@ -1,48 +1,12 @@
 //! `InboxConfig::log_duplicates`: one WARN per delivery that did not run the handler, with
 //! the message id only when allowed. A small capturing subscriber, for this thread only.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
 use dedup_core::{DuplicateLog, Handled, Inbox, InboxConfig, Key, MemoryStore};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
-
-/// The WARN events seen: their fields (the message under `message`).
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<BTreeMap<String, String>>>>);
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl Visit for Fields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-}
-
-impl Subscriber for Warnings {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        if *event.metadata().level() == Level::WARN {
-            let mut fields = BTreeMap::new();
-            event.record(&mut Fields(&mut fields));
-            self.0.lock().unwrap().push(fields);
-        }
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
+use support::warnings::Warnings;
 
 /// Process one message, deliver it twice more, and return the warnings logged.
 fn warnings_with(log: DuplicateLog) -> Vec<BTreeMap<String, String>> {
@@ -71,7 +35,7 @@ fn warnings_with(log: DuplicateLog) -> Vec<BTreeMap<String, String>> {
             .unwrap();
         assert!(matches!(again, Handled::Duplicate { .. }));
     });
-    warnings.0.lock().unwrap().clone()
+    warnings.seen()
 }
 
 #[test]

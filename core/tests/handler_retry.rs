@@ -181,13 +181,17 @@ async fn max_attempts_caps_the_runs_and_dead_letters() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        handled,
+    match handled {
         Handled::DeadLetter {
             attempts: 2,
-            replay: false
+            replay: false,
+            cause: Some(cause),
+        } => {
+            assert_eq!(cause.kind, "transient", "{cause}");
+            assert_eq!(cause.attempt, 2, "{cause}");
         }
-    );
+        other => panic!("expected a dead letter with its cause, got {other:?}"),
+    }
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 

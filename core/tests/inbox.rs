@@ -216,7 +216,7 @@ async fn inbox_error_converts_with_question_mark_whatever_the_handler_error() {
     // The chain is kept: InboxError, then the handler's own error as its source.
     assert_eq!(
         format!("{err:#}"),
-        "handler failed for billing/anyhow; the lease was released for a retry: gateway timeout"
+        "handler failed for billing/anyhow at attempt 1; the lease was released for a retry: gateway timeout"
     );
     let err = with_box(&inbox).await.unwrap_err();
     let inbox_err = err.downcast_ref::<InboxError>().unwrap();

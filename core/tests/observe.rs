@@ -135,12 +135,11 @@ fn a_poison_message_is_counted_as_takeovers_releases_and_one_dead_letter() {
             assert!(inbox.handle(&key("p"), None, fail).await.is_err());
         }
         for replay in [false, true, true] {
-            assert_eq!(
-                inbox.handle(&key("p"), None, fail).await.unwrap(),
-                Handled::DeadLetter {
-                    attempts: 2,
-                    replay
-                }
+            let handled = inbox.handle(&key("p"), None, fail).await.unwrap();
+            assert!(
+                matches!(&handled, Handled::DeadLetter { attempts: 2, replay: r, cause: Some(c) }
+                    if *r == replay && c.kind == "handler" && c.chain == ["malformed"] && c.attempt == 2),
+                "{handled:?}"
             );
         }
     });
@@ -166,6 +165,23 @@ fn a_poison_message_is_counted_as_takeovers_releases_and_one_dead_letter() {
     );
     assert_eq!(
         snap.counter(m::DEAD_LETTERS_TOTAL, &[("replay", "true")]),
+        2
+    );
+    // The cause's kind labels the dead letters and the failed attempts (never the message
+    // id: the labels stay bounded).
+    assert_eq!(
+        snap.counter(m::DEAD_LETTERS_TOTAL, &[("kind", "handler")]),
+        3
+    );
+    assert_eq!(
+        snap.counter(
+            m::HANDLER_FAILURES_TOTAL,
+            &[
+                ("consumer", "billing"),
+                ("kind", "handler"),
+                ("mode", "lease")
+            ]
+        ),
         2
     );
     assert_eq!(

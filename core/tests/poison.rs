@@ -39,7 +39,9 @@ async fn max_attempts_are_never_exceeded_by_concurrent_workers() {
                     })
                     .await;
                 match handled {
-                    Ok(Handled::DeadLetter { attempts, replay }) => return (attempts, replay),
+                    Ok(Handled::DeadLetter {
+                        attempts, replay, ..
+                    }) => return (attempts, replay),
                     Ok(Handled::Busy { .. }) | Err(InboxError::Handler { .. }) => {
                         tokio::task::yield_now().await
                     }
@@ -83,20 +85,17 @@ async fn a_crashed_attempt_counts_towards_the_limit() {
         inbox.handle(&key(), None, fail).await,
         Err(InboxError::Handler { .. })
     ));
-    assert_eq!(
-        inbox.handle(&key(), None, fail).await.unwrap(),
-        Handled::DeadLetter {
-            attempts: 2,
-            replay: false
-        }
+    let first = inbox.handle(&key(), None, fail).await.unwrap();
+    assert!(
+        matches!(&first, Handled::DeadLetter { attempts: 2, replay: false, cause: Some(c) }
+            if c.kind == "handler" && c.chain == ["boom"] && c.attempt == 2),
+        "{first:?}"
     );
     let again = inbox.handle(&key(), None, fail).await.unwrap();
-    assert_eq!(
-        again,
-        Handled::DeadLetter {
-            attempts: 2,
-            replay: true
-        }
+    assert!(
+        matches!(&again, Handled::DeadLetter { attempts: 2, replay: true, cause: Some(c) }
+            if c.chain == ["boom"]),
+        "{again:?}"
     );
     assert!(again.is_replay() && again.is_settled());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -140,4 +139,40 @@ async fn a_stored_failure_is_replayed_to_duplicates_without_running_the_handler(
     assert!(retrying.handle(&other, None, declined).await.is_err());
     assert!(retrying.handle(&other, None, declined).await.is_err());
     assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn a_dead_letter_after_crashed_attempts_says_no_error_was_kept() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = std::sync::Arc::new(dedup_core::MemoryStore::new());
+        let inbox = dedup_core::Inbox::from_arc(
+            std::sync::Arc::clone(&store),
+            dedup_core::InboxConfig {
+                max_attempts: Some(1),
+                ..dedup_core::InboxConfig::default()
+            },
+        );
+        let key = dedup_core::Key::new("orders", "crashy").unwrap();
+        // Attempt 1 crashes: its lease is released without a cause.
+        let lease = store
+            .claim(&key, &dedup_core::ClaimOptions::default())
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        store.release(&lease).await.unwrap();
+        let handled = inbox
+            .handle(&key, None, |_| async { Ok::<_, &str>(None) })
+            .await
+            .unwrap();
+        assert!(
+            matches!(&handled, Handled::DeadLetter { attempts: 1, cause: Some(c), .. }
+                if c.kind == "attempts" && c.message().contains("no attempt left")),
+            "{handled:?}"
+        );
+    });
 }

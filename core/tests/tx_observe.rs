@@ -119,12 +119,11 @@ fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_wit
         });
         assert!(run("p", &[Step::Fail], poison.clone()).await.is_err());
         for replay in [false, true] {
-            assert_eq!(
-                run("p", &[], poison.clone()).await.unwrap(),
-                Handled::DeadLetter {
-                    attempts: 1,
-                    replay
-                }
+            let handled = run("p", &[], poison.clone()).await.unwrap();
+            assert!(
+                matches!(&handled, Handled::DeadLetter { attempts: 1, replay: r, cause: Some(c) }
+                    if *r == replay && c.kind == "handler" && c.attempt == 1),
+                "{handled:?}"
             );
         }
         // A stored failure.
@@ -201,6 +200,11 @@ fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_wit
         1
     );
     assert_eq!(snap.counter(m::STORED_FAILURES_TOTAL, &[tx]), 1);
+    assert_eq!(
+        snap.counter(m::DEAD_LETTERS_TOTAL, &[tx, ("kind", "handler")]),
+        2
+    );
+    assert!(snap.counter(m::HANDLER_FAILURES_TOTAL, &[tx, ("kind", "handler")]) >= 2);
 }
 
 /// `with_store` moves the lease-mode operations to another store and keeps the observation

@@ -74,6 +74,13 @@ impl DedupStore for Gated {
         result
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        self.pass(Point::Release).await?;
+        let result = self.world.store.release_failed(lease, failure).await;
+        self.world.released(&self.actor, &result);
+        result
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.pass(Point::Get).await?;
         let result = self.world.store.get(key).await;

@@ -13,9 +13,12 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use dedup_core::admin::{Forgot, KeySummary, ListFilter, PurgeCount, Stats, Status};
+use dedup_core::admin::{
+    ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
+};
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
+use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -25,14 +28,52 @@ use crate::decode::decode_keyed_record;
 use crate::error::backend;
 use crate::statements::{NOW_MS, retention_param, row_cols};
 
+/// The condition selecting completed rows whose outcome starts with the verdict prefix
+/// `hex` (see [`Status`]: failed and dead-lettered records are told apart by it).
+fn verdict(hex: &str) -> String {
+    format!(
+        "(processed_at IS NOT NULL AND LEFT(outcome, {}) = X'{hex}')",
+        hex.len() / 2
+    )
+}
+
 /// The condition selecting rows in `status` at the time `now` (an SQL expression, in ms).
 fn status_condition(status: Option<Status>, now: &str) -> String {
+    let (failed, dead) = (verdict(FAILED_PREFIX_HEX), verdict(DEAD_LETTER_PREFIX_HEX));
     match status {
         None => "TRUE".to_owned(),
-        Some(Status::InFlight) => format!("processed_at IS NULL AND expires_at > {now}"),
-        Some(Status::Expired) => format!("processed_at IS NULL AND expires_at <= {now}"),
-        Some(Status::Completed) => "processed_at IS NOT NULL".to_owned(),
+        Some(Status::InFlight) => format!("(processed_at IS NULL AND expires_at > {now})"),
+        Some(Status::Expired) => format!("(processed_at IS NULL AND expires_at <= {now})"),
+        Some(Status::Completed) => {
+            format!("(processed_at IS NOT NULL AND NOT COALESCE({failed} OR {dead}, FALSE))")
+        }
+        Some(Status::Failed) => failed,
+        Some(Status::DeadLettered) => dead,
     }
+}
+
+/// `SELECT` expressions counting rows by status at `now`, named `n0`.. in [`Status::ALL`]
+/// order.
+fn status_counts(now: &str) -> String {
+    Status::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "CAST(COALESCE(SUM({}), 0) AS SIGNED) AS n{i}",
+                status_condition(Some(*s), now)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The counts of [`status_counts`] in `row`, into `stats`.
+fn read_counts(row: &MySqlRow, stats: &mut Stats) -> Result<()> {
+    for (i, status) in Status::ALL.iter().enumerate() {
+        *stats.count_mut(*status) = count_of(row, &format!("n{i}"))?;
+    }
+    Ok(())
 }
 
 /// The count in column `name` of `row`.
@@ -79,27 +120,16 @@ impl AdminStorage for MySqlStore {
         let columns = row_cols("");
         // Every part uses the "now" just read, so they agree with the counts.
         let now = AdminStorage::now(self).await?;
-        let count = |status| {
-            format!(
-                "CAST(COALESCE(SUM({}), 0) AS SIGNED)",
-                status_condition(Some(status), "?")
-            )
-        };
         let counts = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {} AS in_flight, {} AS expired, {} AS completed FROM {table}",
-            count(Status::InFlight),
-            count(Status::Expired),
-            count(Status::Completed),
+            "SELECT {} FROM (SELECT CAST(? AS SIGNED) AS ms) n STRAIGHT_JOIN {table}",
+            status_counts("n.ms"),
         )))
-        .bind(now.as_millis())
         .bind(now.as_millis())
         .fetch_one(self.pool())
         .await
         .map_err(backend)?;
         let mut stats = Stats::at(now);
-        stats.in_flight = count_of(&counts, "in_flight")?;
-        stats.expired = count_of(&counts, "expired")?;
-        stats.completed = count_of(&counts, "completed")?;
+        read_counts(&counts, &mut stats)?;
         let size: Option<i64> = sqlx::query_scalar(
             "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables \
              WHERE table_schema = DATABASE() AND table_name = ?",
@@ -136,6 +166,28 @@ impl AdminStorage for MySqlStore {
         .collect::<Result<Vec<_>>>();
         stats.most_retried = retried?.iter().map(|r| KeySummary::of(r, now)).collect();
         Ok(stats)
+    }
+
+    async fn consumers(&self) -> Result<Vec<ConsumerCounts>> {
+        let now = AdminStorage::now(self).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT consumer, {} FROM (SELECT CAST(? AS SIGNED) AS ms) n \
+             STRAIGHT_JOIN {table} GROUP BY consumer ORDER BY consumer LIMIT {MAX_CONSUMERS}",
+            status_counts("n.ms"),
+            table = self.table(),
+        )))
+        .bind(now.as_millis())
+        .fetch_all(self.pool())
+        .await
+        .map_err(backend)?
+        .iter()
+        .map(|row| {
+            let consumer = crate::decode::text(row, "consumer")?.unwrap_or_default();
+            let mut counts = ConsumerCounts::new(consumer, now);
+            read_counts(row, &mut counts.counts)?;
+            Ok(counts)
+        })
+        .collect()
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {

@@ -46,6 +46,7 @@ pub(crate) fn decode_record(row: &MySqlRow, key: &Key) -> Result<Record> {
     let processed_at: Option<i64> = row.try_get("processed_at").map_err(backend)?;
     let token: Option<String> = row.try_get("token").map_err(backend)?;
     let fingerprint = text(row, "fingerprint")?;
+    let last_failure: Option<Vec<u8>> = row.try_get("last_failure").map_err(backend)?;
     RawRecord {
         state: match processed_at {
             Some(_) => RawState::Completed,
@@ -59,6 +60,7 @@ pub(crate) fn decode_record(row: &MySqlRow, key: &Key) -> Result<Record> {
         outcome: row.try_get("outcome").map_err(backend)?,
         fingerprint: fingerprint.as_deref(),
         first_claimed_at: row.try_get("first_claimed_at").map_err(backend)?,
+        last_failure: last_failure.as_deref(),
     }
     .decode(key)
 }

@@ -35,6 +35,10 @@ const MIGRATIONS: &[&str] = &[
     KEY claimed_idx (claimed_at),
     CHECK (processed_at IS NOT NULL OR (token IS NOT NULL AND expires_at IS NOT NULL))
 ) ENGINE = InnoDB"#,
+    // 2: the latest released failure's cause (`Record::last_failure`: the encoded
+    // `dedup_core::Failure`, at most 4 KiB), written by `release_failed` only; NULL for
+    // older rows.
+    r#"ALTER TABLE {table} ADD COLUMN last_failure BLOB"#,
 ];
 
 /// The schema version this build creates and understands: the number of [`MIGRATIONS`].
@@ -102,7 +106,16 @@ async fn migrate_locked(conn: &mut MySqlConnection, config: &MySqlConfig) -> Res
             known: CURRENT_VERSION,
         })?;
     for migration in pending {
-        execute(conn, render(migration, config)).await?;
+        match sqlx::raw_sql(AssertSqlSafe(render(migration, config)))
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => {}
+            // An ADD COLUMN that an interrupted earlier run applied (SQLSTATE 42S21,
+            // duplicate column name): done, as `IF NOT EXISTS` would say on MariaDB.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42S21") => {}
+            Err(e) => return Err(backend(e)),
+        }
     }
     if recorded != Some(CURRENT_VERSION) {
         sqlx::query(
@@ -193,7 +206,19 @@ async fn recorded_version(conn: &mut MySqlConnection, config: &MySqlConfig) -> R
 }
 
 /// The columns of the version 1 layout.
-const V1_COLUMNS: [&str; 11] = crate::statements::COLUMNS;
+const V1_COLUMNS: [&str; 11] = [
+    "consumer",
+    "message_id",
+    "token",
+    "fence",
+    "attempt",
+    "claimed_at",
+    "expires_at",
+    "processed_at",
+    "outcome",
+    "fingerprint",
+    "first_claimed_at",
+];
 
 /// The version of a table without a recorded version: 0 when it does not exist, 1 when it
 /// has the columns. A table that lacks them is someone else's: refused, and nothing is

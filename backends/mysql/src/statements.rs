@@ -35,7 +35,7 @@ pub(crate) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; 
 
 /// The record's columns, in the order [`crate::decode`] reads them and the inserts write
 /// them.
-pub(crate) const COLUMNS: [&str; 11] = [
+pub(crate) const COLUMNS: [&str; 12] = [
     "consumer",
     "message_id",
     "token",
@@ -47,6 +47,7 @@ pub(crate) const COLUMNS: [&str; 11] = [
     "outcome",
     "fingerprint",
     "first_claimed_at",
+    "last_failure",
 ];
 
 /// The columns qualified by `alias` (`"t."` or `""`).
@@ -113,6 +114,8 @@ pub(crate) struct Statements {
     pub(crate) renew: String,
     /// Release a lease held by its token. Parameters: now, consumer, message id, token.
     pub(crate) release: String,
+    /// Release a lease held by its token, keeping a failure on the record.
+    pub(crate) release_failed: String,
     /// One purge batch's victims, locked, skipping rows others hold (MySQL). Parameters:
     /// now and retention three times, the cursor, the limit.
     pub(crate) purge_select: String,
@@ -145,7 +148,7 @@ impl Statements {
         let mine = "(expires_at IS NULL AND processed_at IS NULL)";
         let claim_in_tx = format!(
             "INSERT INTO {table} ({cols}) \
-             VALUES (?, ?, NULL, LAST_INSERT_ID(1), 1, {NOW_MS}, NULL, {NOW_MS}, NULL, ?, {NOW_MS}) \
+             VALUES (?, ?, NULL, LAST_INSERT_ID(1), 1, {NOW_MS}, NULL, {NOW_MS}, NULL, ?, {NOW_MS}, NULL) \
              ON DUPLICATE KEY UPDATE \
                expires_at = IF({takeover}, NULL, expires_at), \
                fence = IF({mine}, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
@@ -166,6 +169,10 @@ impl Statements {
         );
         let release = format!(
             "UPDATE {table} SET expires_at = LEAST(expires_at, {NOW_MS}) \
+             WHERE consumer = ? AND message_id = ? AND token = ? AND processed_at IS NULL"
+        );
+        let release_failed = format!(
+            "UPDATE {table} SET last_failure = ?, expires_at = LEAST(expires_at, {NOW_MS}) \
              WHERE consumer = ? AND message_id = ? AND token = ? AND processed_at IS NULL"
         );
         let get = format!("SELECT {cols} FROM {table} WHERE consumer = ? AND message_id = ?");
@@ -195,6 +202,7 @@ impl Statements {
             commit_in_tx,
             renew,
             release,
+            release_failed,
             purge_select,
             purge_delete,
             count_purgeable,
@@ -248,7 +256,7 @@ impl Statements {
     /// lease (ms), fingerprint, now.
     pub(crate) fn claim_fresh(&self, n: usize) -> String {
         let row = format!(
-            "(?, ?, ?, 1, 1, LAST_INSERT_ID({NOW_MS}), {NOW_MS} + ?, NULL, NULL, ?, {NOW_MS})"
+            "(?, ?, ?, 1, 1, LAST_INSERT_ID({NOW_MS}), {NOW_MS} + ?, NULL, NULL, ?, {NOW_MS}, NULL)"
         );
         format!(
             "INSERT INTO {} ({}) VALUES {}",

@@ -391,7 +391,7 @@ fn bind_record<'q>(
     record: &Record,
     claimed_at: i64,
 ) -> Query<'q, MySql, MySqlArguments> {
-    debug_assert_eq!(COLUMNS.len(), 11);
+    debug_assert_eq!(COLUMNS.len(), 12);
     let (token, expires_at, processed_at, outcome) = match &record.state {
         RecordState::InFlight { token, expires_at } => (
             Some(token.to_string()),
@@ -422,6 +422,12 @@ fn bind_record<'q>(
         .bind(outcome)
         .bind(record.fingerprint.as_ref().map(|f| f.as_str().to_owned()))
         .bind(record.first_claimed_at.map(|t| t.as_millis()))
+        .bind(
+            record
+                .last_failure
+                .as_ref()
+                .map(dedup_core::Failure::encode),
+        )
 }
 
 /// What a fast path found.
@@ -677,6 +683,28 @@ impl Storage for MySqlStore {
         .await?
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        let key = &lease.key;
+        let done = sqlx::query(AssertSqlSafe(self.inner.sql.release_failed.clone()))
+            .bind(failure.encode())
+            .bind(self.now_param())
+            .bind(key.consumer())
+            .bind(key.message_id())
+            .bind(lease.token.to_string())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(backend)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        self.locked("release", &[key], |w| {
+            let write = transition::release_failed(w.record(key), lease, failure, w.now)?;
+            w.apply(key, write, false);
+            Ok(())
+        })
+        .await?
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         sqlx::query(AssertSqlSafe(self.inner.sql.get.clone()))
             .bind(key.consumer())
@@ -696,6 +724,7 @@ impl Storage for MySqlStore {
             transactional: true,
             server_clock: self.inner.config.clock.is_none(),
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }

@@ -147,6 +147,10 @@ impl DedupStore for Broken {
         self.store.release(lease).await
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        self.store.release_failed(lease, failure).await
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.store.get(key).await
     }

@@ -60,7 +60,7 @@ async fn migrate_from_eight_tasks_at_once_creates_one_table() {
             .fetch_one(store.pool())
             .await
             .expect("version row");
-    assert_eq!(version, 1);
+    assert_eq!(version, 2);
     assert!(
         store
             .claim(&key("c", "m"), &lease(30))
@@ -115,7 +115,7 @@ async fn migrate_false_checks_and_writes_nothing_and_a_newer_version_is_refused(
             e,
             Error::SchemaTooNew {
                 found: 99,
-                known: 1,
+                known: 2,
                 ..
             }
         ),
@@ -123,6 +123,67 @@ async fn migrate_false_checks_and_writes_nothing_and_a_newer_version_is_refused(
     );
     let e = store.migrate().await.expect_err("too new to migrate");
     assert!(matches!(e, Error::SchemaTooNew { found: 99, .. }), "{e:?}");
+}
+
+/// A version 1 table (no `last_failure` column) with a record upgrades to version 2: the
+/// record reads with no failure kept and a failure can then be kept. A migration that an
+/// interrupted run already applied (the column exists, the version row still says 1) runs
+/// again without error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_table_upgrades_and_an_interrupted_upgrade_runs_again() {
+    let url = url_or_skip!();
+    let table = common::unique_table("v1_upgrade");
+    let store = common::store_on(&url, &table, None).await;
+    let k = key("billing", "stuck");
+    let lease = store
+        .claim(&k, &lease(30))
+        .await
+        .expect("claim")
+        .into_lease()
+        .expect("acquired");
+    let pool = store.pool().clone();
+    let exec = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .expect("setup statement")
+        }
+    };
+    exec(format!("ALTER TABLE `{table}` DROP COLUMN last_failure")).await;
+    exec(format!(
+        "UPDATE dedup_schema_versions SET version = 1 WHERE table_name = '{table}'"
+    ))
+    .await;
+    store.migrate().await.expect("upgrade from version 1");
+    let record = store.get(&k).await.expect("get").expect("record");
+    assert_eq!(record.last_failure, None, "an old row keeps no failure");
+    let failure = dedup_core::Failure::new(
+        "handler",
+        vec!["boom".into()],
+        1,
+        dedup_core::Timestamp::from_millis(5),
+        None,
+    );
+    store
+        .release_failed(&lease, &failure)
+        .await
+        .expect("release_failed");
+    exec(format!(
+        "UPDATE dedup_schema_versions SET version = 1 WHERE table_name = '{table}'"
+    ))
+    .await;
+    store
+        .migrate()
+        .await
+        .expect("a migration already applied runs again");
+    let record = store.get(&k).await.expect("get").expect("record");
+    assert_eq!(
+        record.last_failure,
+        Some(failure),
+        "the column and its value stay"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -16,8 +16,11 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use dedup_core::admin::{Forgot, KeySummary, ListFilter, PurgeCount, Stats, Status};
+use dedup_core::admin::{
+    ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
+};
 use dedup_core::backend::{AdminStorage, Storage, attempt_from, fence_from};
+use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Error, Key, LeaseToken, Record, RecordState, Result, Timestamp};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -27,14 +30,52 @@ use crate::decode::decode_keyed_record;
 use crate::error::backend;
 use crate::statements::{NOW_MS, retention_param, row_cols};
 
+/// The condition selecting completed rows whose outcome starts with the verdict prefix
+/// `hex` (see [`Status`]: failed and dead-lettered records are told apart by it).
+fn verdict(hex: &str) -> String {
+    format!(
+        "(processed_at IS NOT NULL AND substring(outcome FROM 1 FOR {}) = '\\x{hex}'::bytea)",
+        hex.len() / 2
+    )
+}
+
 /// The condition selecting rows in `status` at the time `now` (an SQL expression, in ms).
 fn status_condition(status: Option<Status>, now: &str) -> String {
+    let (failed, dead) = (verdict(FAILED_PREFIX_HEX), verdict(DEAD_LETTER_PREFIX_HEX));
     match status {
         None => "true".to_owned(),
-        Some(Status::InFlight) => format!("processed_at IS NULL AND expires_at > {now}"),
-        Some(Status::Expired) => format!("processed_at IS NULL AND expires_at <= {now}"),
-        Some(Status::Completed) => "processed_at IS NOT NULL".to_owned(),
+        Some(Status::InFlight) => format!("(processed_at IS NULL AND expires_at > {now})"),
+        Some(Status::Expired) => format!("(processed_at IS NULL AND expires_at <= {now})"),
+        Some(Status::Completed) => {
+            format!("(processed_at IS NOT NULL AND NOT coalesce({failed} OR {dead}, false))")
+        }
+        Some(Status::Failed) => failed,
+        Some(Status::DeadLettered) => dead,
     }
+}
+
+/// `SELECT` expressions counting rows by status at `now`, named `n0`.. in [`Status::ALL`]
+/// order.
+fn status_counts(now: &str) -> String {
+    Status::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "count(*) FILTER (WHERE {}) AS n{i}",
+                status_condition(Some(*s), now)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The counts of [`status_counts`] in `row`, into `stats`.
+fn read_counts(row: &PgRow, stats: &mut Stats) -> Result<()> {
+    for (i, status) in Status::ALL.iter().enumerate() {
+        *stats.count_mut(*status) = count_of(row, &format!("n{i}"))?;
+    }
+    Ok(())
 }
 
 /// The count in column `name` of `row`.
@@ -83,14 +124,8 @@ impl AdminStorage for PostgresStore {
         let now = AdminStorage::now(self).await?;
         let in_flight = status_condition(Some(Status::InFlight), "$1");
         let counts = sqlx::query(AssertSqlSafe(format!(
-            "SELECT \
-               count(*) FILTER (WHERE {in_flight}) AS in_flight, \
-               count(*) FILTER (WHERE {expired}) AS expired, \
-               count(*) FILTER (WHERE {completed}) AS completed, \
-               pg_total_relation_size($2::regclass) AS size \
-             FROM {table}",
-            expired = status_condition(Some(Status::Expired), "$1"),
-            completed = status_condition(Some(Status::Completed), "$1"),
+            "SELECT {counts}, pg_total_relation_size($2::regclass) AS size FROM {table}",
+            counts = status_counts("$1"),
         )))
         .bind(now.as_millis())
         .bind(table)
@@ -99,9 +134,7 @@ impl AdminStorage for PostgresStore {
         .map_err(backend)?;
         let count = |name: &str| count_of(&counts, name);
         let mut stats = Stats::at(now);
-        stats.in_flight = count("in_flight")?;
-        stats.expired = count("expired")?;
-        stats.completed = count("completed")?;
+        read_counts(&counts, &mut stats)?;
         stats.size_bytes = Some(count("size")?);
         let oldest = sqlx::query(AssertSqlSafe(format!(
             "SELECT {columns} FROM {table} WHERE {in_flight} \
@@ -129,6 +162,28 @@ impl AdminStorage for PostgresStore {
         .collect::<Result<Vec<_>>>();
         stats.most_retried = retried?.iter().map(|r| KeySummary::of(r, now)).collect();
         Ok(stats)
+    }
+
+    async fn consumers(&self) -> Result<Vec<ConsumerCounts>> {
+        let now = AdminStorage::now(self).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT consumer, {counts} FROM {table} \
+             GROUP BY consumer ORDER BY consumer COLLATE \"C\" LIMIT {MAX_CONSUMERS}",
+            counts = status_counts("$1"),
+            table = self.table(),
+        )))
+        .bind(now.as_millis())
+        .fetch_all(self.pool())
+        .await
+        .map_err(backend)?
+        .iter()
+        .map(|row| {
+            let consumer: String = row.try_get("consumer").map_err(backend)?;
+            let mut counts = ConsumerCounts::new(consumer, now);
+            read_counts(row, &mut counts.counts)?;
+            Ok(counts)
+        })
+        .collect()
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
@@ -210,8 +265,9 @@ const FORGET_TRIES: usize = 3;
 fn forgot_of(key: &Key, row: &PgRow) -> Result<Forgot> {
     let get = |name: &str| -> Result<Option<i64>> { row.try_get(name).map_err(backend) };
     let now = get("now_ms")?.unwrap_or_default();
+    let outcome: Option<Vec<u8>> = row.try_get("outcome").map_err(backend)?;
     let status = match (get("processed_at")?, get("expires_at")?) {
-        (Some(_), _) => Status::Completed,
+        (Some(_), _) => Status::of_outcome(outcome.as_deref()),
         (None, Some(expires_at)) if now < expires_at => Status::InFlight,
         (None, Some(_)) => Status::Expired,
         (None, None) => {

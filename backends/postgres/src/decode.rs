@@ -88,6 +88,9 @@ pub(crate) fn decode_record(row: &PgRow, key: &Key) -> Result<Record> {
         outcome: row.try_get("outcome").map_err(backend)?,
         fingerprint: row.try_get("fingerprint").map_err(backend)?,
         first_claimed_at: row.try_get("first_claimed_at").map_err(backend)?,
+        last_failure: row
+            .try_get::<Option<&[u8]>, _>("last_failure")
+            .map_err(backend)?,
     }
     .decode(key)
 }

@@ -81,6 +81,11 @@ DROP INDEX IF EXISTS "{schema}"."{expiring_idx}";
     // epoch), written by the inserting claim and never updated; NULL for older rows.
     r#"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS first_claimed_at bigint;
 "#,
+    // 4: the latest released failure's cause (`Record::last_failure`: the encoded
+    // `dedup_core::Failure`, at most 4 KiB), written by `release_failed` only; NULL for
+    // older rows.
+    r#"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS last_failure bytea;
+"#,
 ];
 
 /// The schema version this build creates and understands: the number of [`MIGRATIONS`].

@@ -55,6 +55,7 @@ fn record_cols(alias: &str) -> String {
         "outcome",
         "fingerprint",
         "first_claimed_at",
+        "last_failure",
     ]
     .iter()
     .map(|c| {
@@ -136,6 +137,8 @@ pub(crate) struct Statements {
     pub(crate) renew: SqlStr,
     /// Release a lease.
     pub(crate) release: SqlStr,
+    /// Release a lease keeping a failure (`$5`) on the record.
+    pub(crate) release_failed: SqlStr,
     /// Read one record.
     pub(crate) get: SqlStr,
     /// Read one key's record after a claim / commit that did not write it.
@@ -288,6 +291,14 @@ impl Statements {
              RETURNING r.fence"
         );
 
+        let release_failed = format!(
+            "UPDATE {table} AS r SET expires_at = least(r.expires_at, {NOW_MS}), \
+               last_failure = $5::bytea \
+             WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
+               AND r.processed_at IS NULL \
+             RETURNING r.fence"
+        );
+
         let get = format!("SELECT {cols} FROM {table} WHERE consumer = $1 AND message_id = $2");
 
         // One bounded batch, by the claimed_at index (see `purgeable`), walking the records
@@ -322,7 +333,7 @@ impl Statements {
             "DELETE FROM {table} AS r USING {now_row} \
              WHERE r.consumer = $2 AND r.message_id = $3 \
                AND ($4::bool OR r.processed_at IS NOT NULL OR r.expires_at <= now.ms) \
-             RETURNING now.ms AS now_ms, r.fence, r.attempt::bigint AS attempt, r.expires_at, r.processed_at"
+             RETURNING now.ms AS now_ms, r.fence, r.attempt::bigint AS attempt, r.expires_at, r.processed_at, r.outcome"
         );
 
         // An operator's release ($4 the token read, $5 the new token, $6 force): the lease
@@ -357,6 +368,7 @@ impl Statements {
             commit_many: sql(commit_many),
             renew: sql(renew),
             release: sql(release),
+            release_failed: sql(release_failed),
             get: sql(get),
             read_one: sql(read_one),
             read_many: sql(read_many),

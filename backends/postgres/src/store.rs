@@ -625,6 +625,20 @@ impl Storage for PostgresStore {
             .ok_or_else(|| Error::lease_lost(&lease.key))
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        sqlx::query(self.inner.sql.release_failed.clone())
+            .bind(self.now_param())
+            .bind(lease.key.consumer())
+            .bind(lease.key.message_id())
+            .bind(lease.token.to_string())
+            .bind(failure.encode())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(backend)?
+            .map(|_| ())
+            .ok_or_else(|| Error::lease_lost(&lease.key))
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         sqlx::query(self.inner.sql.get.clone())
             .bind(key.consumer())
@@ -644,6 +658,7 @@ impl Storage for PostgresStore {
             transactional: true,
             server_clock: self.inner.config.clock.is_none(),
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }

@@ -119,7 +119,7 @@ INSERT INTO {t} VALUES
     assert_eq!(version_of(&store).await, None, "no version recorded yet");
 
     store.migrate().await.expect("upgrade");
-    assert_eq!(version_of(&store).await, Some(3), "upgraded to version 3");
+    assert_eq!(version_of(&store).await, Some(4), "upgraded to version 4");
     assert_eq!(
         indexes_of(&store).await,
         vec![format!("{table}_claimed_idx"), format!("{table}_pkey")],
@@ -127,7 +127,7 @@ INSERT INTO {t} VALUES
     );
     // A second migrate (another node starting) changes nothing.
     store.migrate().await.expect("migrate again");
-    assert_eq!(version_of(&store).await, Some(3));
+    assert_eq!(version_of(&store).await, Some(4));
 
     // The old records read, answer and purge as before.
     let done = Key::new("billing", "done").unwrap();
@@ -143,6 +143,10 @@ INSERT INTO {t} VALUES
     assert_eq!(
         record.first_claimed_at, None,
         "not known for rows written before v3"
+    );
+    assert_eq!(
+        record.last_failure, None,
+        "no failure kept for rows written before v4"
     );
     let report = store
         .purge(&PurgeOptions::older_than(Duration::from_secs(3600)))
@@ -198,7 +202,7 @@ async fn a_newer_schema_is_refused_and_left_unchanged() {
             &err,
             Error::SchemaTooNew {
                 found: 99,
-                known: 3,
+                known: 4,
                 ..
             }
         ),

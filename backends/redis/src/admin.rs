@@ -7,8 +7,9 @@
 //!   order, then reads their records with the store's `get` script, in pipelines of 200,
 //!   until `limit` records pass the status filter. It holds the matching key names in
 //!   memory.
-//! - [`stats`](dedup_core::Admin::stats) runs `SCAN MATCH <prefix>*` and reads every record
-//!   the same way.
+//! - [`stats`](dedup_core::Admin::stats) and [`consumers`](dedup_core::Admin::consumers)
+//!   run `SCAN MATCH <prefix>*` and read every record the same way (`consumers` holds one
+//!   set of counts per consumer, at most `MAX_CONSUMERS`, the first in name order).
 //!
 //! `SCAN` steps ask for 100 keys each: every step walks part of the server's whole keyspace
 //! (other applications' keys included) and blocks that server's one thread while it runs,
@@ -26,7 +27,7 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use dedup_core::admin::{Forgot, ListFilter, PurgeCount, Stats};
+use dedup_core::admin::{ConsumerCounts, ConsumerTally, Forgot, ListFilter, PurgeCount, Stats};
 use dedup_core::backend::AdminStorage;
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp, duration_millis};
 
@@ -151,6 +152,12 @@ impl AdminStorage for RedisStore {
         let mut stats = Stats::at(AdminStorage::now(self).await?);
         self.each_record(|record| stats.add(record, top)).await?;
         Ok(stats)
+    }
+
+    async fn consumers(&self) -> Result<Vec<ConsumerCounts>> {
+        let mut tally = ConsumerTally::at(AdminStorage::now(self).await?);
+        self.each_record(|record| tally.add(record)).await?;
+        Ok(tally.finish())
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {

@@ -700,6 +700,14 @@ impl Storage for RedisStore {
         decode::release(lease, value)
     }
 
+    /// Not kept by this backend yet: its record is one packed value that the client's
+    /// fast paths compare byte for byte (see the crate's README).
+    async fn release_failed(&self, _: &Lease, _: &dedup_core::Failure) -> Result<()> {
+        Err(Error::Unsupported(
+            "keeping a failure's cause on the record (dedup-redis)",
+        ))
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let call = Call::new(&GET, self.redis_key(key)).arg(self.now_arg());
         let value = self.conn.eval(&call).await.map_err(backend)?;

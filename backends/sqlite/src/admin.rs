@@ -10,9 +10,12 @@
 //! keys read the whole table. The size is the database file's (every table in it).
 
 use async_trait::async_trait;
-use dedup_core::admin::{Forgot, KeySummary, ListFilter, PurgeCount, Stats, Status};
+use dedup_core::admin::{
+    ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
+};
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
+use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
 use rusqlite::{Connection, Row, params};
 use std::time::Duration;
@@ -22,14 +25,46 @@ use crate::decode::{self, RawRow};
 use crate::error::backend;
 use crate::statements::{COLUMN_COUNT, COLUMNS, PURGEABLE};
 
-/// The condition selecting records in `status` at now `?now`.
-fn status_condition(status: Option<Status>) -> &'static str {
+/// The condition selecting completed records whose outcome starts with the verdict prefix
+/// `hex` (see [`Status`]: failed and dead-lettered records are told apart by it).
+fn verdict(hex: &str) -> String {
+    format!(
+        "(state = 'completed' AND substr(outcome, 1, {}) = X'{hex}')",
+        hex.len() / 2
+    )
+}
+
+/// The condition selecting records in `status` at now `now` (a parameter name or value).
+fn status_condition(status: Option<Status>, now: &str) -> String {
+    let (failed, dead) = (verdict(FAILED_PREFIX_HEX), verdict(DEAD_LETTER_PREFIX_HEX));
     match status {
-        None => "1",
-        Some(Status::InFlight) => "state = 'in_flight' AND expires_at > :now",
-        Some(Status::Expired) => "state = 'in_flight' AND expires_at <= :now",
-        Some(Status::Completed) => "state = 'completed'",
+        None => "1".into(),
+        Some(Status::InFlight) => format!("(state = 'in_flight' AND expires_at > {now})"),
+        Some(Status::Expired) => format!("(state = 'in_flight' AND expires_at <= {now})"),
+        Some(Status::Completed) => {
+            format!("(state = 'completed' AND NOT coalesce({failed} OR {dead}, 0))")
+        }
+        Some(Status::Failed) => failed,
+        Some(Status::DeadLettered) => dead,
     }
+}
+
+/// `SELECT` expressions counting records by status at now `?1`, in [`Status::ALL`] order.
+fn status_counts() -> String {
+    Status::ALL
+        .iter()
+        .map(|s| format!("coalesce(sum({}), 0)", status_condition(Some(*s), "?1")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The counts of a row of [`status_counts`] starting at column `first`, into `stats`.
+fn read_counts(row: &Row<'_>, first: usize, stats: &mut Stats) -> rusqlite::Result<()> {
+    for (i, status) in Status::ALL.iter().enumerate() {
+        let n: i64 = row.get(first + i)?;
+        *stats.count_mut(*status) = n as u64;
+    }
+    Ok(())
 }
 
 /// A row of `SELECT {COLUMNS}, consumer, message_id` as a record.
@@ -73,7 +108,7 @@ impl AdminStorage for SqliteStore {
                  WHERE consumer = :consumer AND message_id > :after AND {status} \
                  ORDER BY message_id LIMIT :limit",
                 table = inner.table,
-                status = status_condition(filter.status),
+                status = status_condition(filter.status, ":now"),
             );
             let now = inner.clock.now().as_millis();
             let after = filter.after.clone().unwrap_or_default();
@@ -96,19 +131,13 @@ impl AdminStorage for SqliteStore {
             let table = &inner.table;
             let now = inner.clock.now();
             let tx = conn.transaction().map_err(backend)?;
-            let (in_flight, expired, completed): (i64, i64, i64) = tx
-                .query_row(
-                    &format!(
-                        "SELECT \
-                           coalesce(sum(state = 'in_flight' AND expires_at > ?1), 0), \
-                           coalesce(sum(state = 'in_flight' AND expires_at <= ?1), 0), \
-                           coalesce(sum(state = 'completed'), 0) \
-                         FROM \"{table}\""
-                    ),
-                    params![now.as_millis()],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )
-                .map_err(backend)?;
+            let mut stats = Stats::at(now);
+            tx.query_row(
+                &format!("SELECT {} FROM \"{table}\"", status_counts()),
+                params![now.as_millis()],
+                |r| read_counts(r, 0, &mut stats),
+            )
+            .map_err(backend)?;
             let oldest = records(
                 &tx,
                 &format!(
@@ -134,14 +163,34 @@ impl AdminStorage for SqliteStore {
                     |r| r.get(0),
                 )
                 .map_err(backend)?;
-            let mut stats = Stats::at(now);
-            stats.in_flight = in_flight as u64;
-            stats.expired = expired as u64;
-            stats.completed = completed as u64;
             stats.oldest_live = oldest.first().map(|r| KeySummary::of(r, now));
             stats.most_retried = retried.iter().map(|r| KeySummary::of(r, now)).collect();
             stats.size_bytes = u64::try_from(size).ok();
             Ok(stats)
+        })
+        .await
+    }
+
+    async fn consumers(&self) -> Result<Vec<ConsumerCounts>> {
+        self.run(false, move |conn, inner| {
+            let now = inner.clock.now();
+            let sql = format!(
+                "SELECT consumer, {} FROM \"{table}\" GROUP BY consumer ORDER BY consumer \
+                 LIMIT {MAX_CONSUMERS}",
+                status_counts(),
+                table = inner.table,
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let rows = stmt
+                .query_map(params![now.as_millis()], |r| {
+                    let mut counts = ConsumerCounts::new(r.get::<_, String>(0)?, now);
+                    read_counts(r, 1, &mut counts.counts)?;
+                    Ok(counts)
+                })
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            Ok(rows)
         })
         .await
     }

@@ -23,6 +23,7 @@ pub(crate) struct RawRow {
     outcome: Option<Vec<u8>>,
     fingerprint: Option<String>,
     first_claimed_at: Option<i64>,
+    last_failure: Option<Vec<u8>>,
 }
 
 impl RawRow {
@@ -37,6 +38,7 @@ impl RawRow {
             outcome: row.get(6)?,
             fingerprint: row.get(7)?,
             first_claimed_at: row.get(8)?,
+            last_failure: row.get(9)?,
         })
     }
 
@@ -57,6 +59,7 @@ impl RawRow {
             outcome: self.outcome,
             fingerprint: self.fingerprint.as_deref(),
             first_claimed_at: self.first_claimed_at,
+            last_failure: self.last_failure.as_deref(),
         }
         .decode(key)
     }
@@ -120,6 +123,10 @@ pub(crate) fn put(conn: &Connection, statements: &Statements, record: &Record) -
                 outcome,
                 record.fingerprint.as_ref().map(Fingerprint::as_str),
                 record.first_claimed_at.map(Timestamp::as_millis),
+                record
+                    .last_failure
+                    .as_ref()
+                    .map(dedup_core::Failure::encode),
             ])
         })
         .map_err(backend)?;
@@ -147,6 +154,7 @@ mod tests {
             outcome: None,
             fingerprint: None,
             first_claimed_at: Some(4),
+            last_failure: None,
         }
     }
 

@@ -41,6 +41,9 @@ const MIGRATIONS: &[&str] = &[
     // 3: when the key was first claimed (`Record::first_claimed_at`), kept through
     // takeovers; NULL for records written before this version.
     "ALTER TABLE \"{table}\" ADD COLUMN first_claimed_at INTEGER;",
+    // 4: the latest released failure's cause (`Record::last_failure`, the encoded
+    // `dedup_core::Failure`, at most 4 KiB); NULL for records written before this version.
+    "ALTER TABLE \"{table}\" ADD COLUMN last_failure BLOB;",
 ];
 
 /// The schema version this build creates and understands.

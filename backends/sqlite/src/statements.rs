@@ -5,22 +5,23 @@
 
 /// The columns of a record, in the order [`crate::decode`] reads and writes them.
 pub(crate) const COLUMNS: &str = "state, token, fence, attempt, expires_at, processed_at, \
-     outcome, fingerprint, first_claimed_at";
+     outcome, fingerprint, first_claimed_at, last_failure";
 /// How many columns [`COLUMNS`] names: a select of `{COLUMNS}, consumer, message_id` has
 /// the key at this index and the next.
-pub(crate) const COLUMN_COUNT: usize = 9;
+pub(crate) const COLUMN_COUNT: usize = 10;
 
 /// One key's record.
 const SELECT: &str = "SELECT {columns} FROM \"{table}\" WHERE consumer = ?1 AND message_id = ?2";
 
 /// Store a record as the reference model's `Write::Put` says: insert or replace every column.
 const PUT: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
      ON CONFLICT (consumer, message_id) DO UPDATE SET \
      state = excluded.state, token = excluded.token, fence = excluded.fence, \
      attempt = excluded.attempt, expires_at = excluded.expires_at, \
      processed_at = excluded.processed_at, outcome = excluded.outcome, \
-     fingerprint = excluded.fingerprint, first_claimed_at = excluded.first_claimed_at";
+     fingerprint = excluded.fingerprint, first_claimed_at = excluded.first_claimed_at, \
+     last_failure = excluded.last_failure";
 
 /// One purge batch: at most ?3 rows that `transition::purgeable` accepts at now ?2 with
 /// cutoff ?1 (= now - retention). Returns the state of every removed row.
@@ -43,7 +44,7 @@ pub(crate) const PURGEABLE: &str = "coalesce(processed_at, expires_at) < ?1 \
 /// It writes before it reads, so even inside a deferred transaction it takes the write lock
 /// first (waiting for it under the busy timeout) instead of failing on a stale snapshot.
 const TX_CLAIM: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
-     VALUES (?1, ?2, 'completed', NULL, 1, 1, NULL, ?3, NULL, ?4, ?3) \
+     VALUES (?1, ?2, 'completed', NULL, 1, 1, NULL, ?3, NULL, ?4, ?3, NULL) \
      ON CONFLICT (consumer, message_id) DO UPDATE SET \
      state = 'completed', token = NULL, fence = fence + 1, attempt = attempt + 1, \
      expires_at = NULL, processed_at = excluded.processed_at, outcome = NULL, \
@@ -58,7 +59,7 @@ const TX_CLAIM: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}
 /// in one statement. One row
 /// changed means acquired; none means a record exists and the model decides from it.
 const CLAIM_FRESH: &str = "INSERT INTO \"{table}\" (consumer, message_id, {columns}) \
-     VALUES (?1, ?2, 'in_flight', ?3, 1, 1, ?4, NULL, NULL, ?5, ?6) \
+     VALUES (?1, ?2, 'in_flight', ?3, 1, 1, ?4, NULL, NULL, ?5, ?6, NULL) \
      ON CONFLICT (consumer, message_id) DO NOTHING";
 
 /// The commit (?1 consumer, ?2 message id, ?3 token, ?4 now, ?5 outcome), in lease mode and

@@ -357,6 +357,16 @@ impl Storage for SqliteStore {
         .await
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        let (lease, failure) = (lease.clone(), failure.clone());
+        self.write(move |conn, inner, now| {
+            let record = decode::select(conn, &inner.statements, &lease.key)?;
+            let write = transition::release_failed(record.as_ref(), &lease, &failure, now)?;
+            inner.apply(conn, write)
+        })
+        .await
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let key = key.clone();
         self.run(false, move |conn, inner| {
@@ -373,6 +383,7 @@ impl Storage for SqliteStore {
             native_batch: true,
             transactional: file,
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }

@@ -190,6 +190,7 @@ pub async fn get_reports_the_record_faithfully<F: StoreFactory>(factory: &F) {
         attempt,
         fingerprint: Some(fp.clone()),
         first_claimed_at,
+        last_failure: None,
         state,
     };
     let first_record = Some(expect(

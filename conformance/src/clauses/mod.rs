@@ -7,6 +7,7 @@ mod batch;
 mod claim;
 mod commit;
 mod concurrency;
+mod failure;
 mod fingerprint_outcome;
 mod hostile;
 mod outbox;
@@ -26,6 +27,7 @@ pub use batch::*;
 pub use claim::*;
 pub use commit::*;
 pub use concurrency::*;
+pub use failure::*;
 pub use fingerprint_outcome::*;
 pub use hostile::*;
 pub use outbox::*;
@@ -97,6 +99,7 @@ mod tests {
             include_str!("claim.rs"),
             include_str!("commit.rs"),
             include_str!("concurrency.rs"),
+            include_str!("failure.rs"),
             include_str!("fingerprint_outcome.rs"),
             include_str!("hostile.rs"),
             include_str!("outbox.rs"),

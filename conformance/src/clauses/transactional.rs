@@ -59,6 +59,7 @@ fn tx_completed<S: DedupStore + ?Sized>(
             .capabilities()
             .first_claim_time
             .then_some(processed_at),
+        last_failure: None,
         state: RecordState::Completed {
             token: None,
             processed_at,

@@ -210,8 +210,9 @@ pub async fn tx_inbox_attempts_count_across_rollbacks_and_killed_workers<F: TxIn
 }
 
 /// With `max_attempts = 2`, two failed runs use up the key: the third delivery does not run
-/// the handler and gets `DeadLetter { attempts: 2, replay: false }`, later ones
-/// `replay: true`; no business row is ever committed.
+/// the handler and gets `DeadLetter { attempts: 2, replay: false }` with the second run's
+/// error as its cause, later ones `replay: true`; each failed run's cause is readable on
+/// the record with `get` right after it; no business row is ever committed.
 pub async fn tx_inbox_dead_letters_a_key_past_max_attempts<F: TxInboxFactory>(factory: &F) {
     let (_ctx, store) = setup(factory, "tx_inbox_dead_letters_a_key_past_max_attempts").await;
     let k = key("poison");
@@ -228,17 +229,26 @@ pub async fn tx_inbox_dead_letters_a_key_past_max_attempts<F: TxInboxFactory>(fa
         .await;
         assert!(failed.is_err(), "attempt {attempt}: {failed:?}");
         assert_eq!(runs, 1, "attempt {attempt} runs the handler");
+        let kept = dedup_core::DedupStore::get(&store, &k)
+            .await
+            .expect("get")
+            .and_then(|r| r.last_failure);
+        assert!(
+            kept.as_ref()
+                .is_some_and(|c| c.attempt == attempt && c.message().contains("malformed")),
+            "attempt {attempt}'s cause must be kept on the record, got {kept:?}"
+        );
     }
     for replay in [false, true] {
         let (handled, runs) =
             handle(factory, &store, &k, cfg.clone(), retries(0), succeed(b"o")).await;
         assert_eq!(runs, 0, "a dead-lettered key must not run the handler");
-        assert_eq!(
-            handled.expect("dead letter"),
-            Handled::DeadLetter {
-                attempts: 2,
-                replay
-            }
+        let handled = handled.expect("dead letter");
+        assert!(
+            matches!(&handled, Handled::DeadLetter { attempts: 2, replay: r, cause: Some(c) }
+                if *r == replay && c.kind == "handler" && c.attempt == 2
+                    && c.chain.iter().any(|l| l.contains("malformed"))),
+            "a dead letter with its last cause (attempt 2, malformed), got {handled:?}"
         );
     }
     assert_eq!(factory.business_rows(&store, &k).await, rows(&[]));

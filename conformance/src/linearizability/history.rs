@@ -323,6 +323,10 @@ impl<S: DedupStore> DedupStore for Recorder<S> {
         self.record(call, |()| Answer::Done, run).await
     }
 
+    async fn release_failed(&self, _: &Lease, _: &dedup_core::Failure) -> Result<()> {
+        Err(Error::Unsupported("failures are not recorded"))
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let call = Call::Get { key: key.clone() };
         let run = self.store.get(key);

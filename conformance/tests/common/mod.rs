@@ -67,6 +67,8 @@ pub enum Fault {
     RenewFromOldExpiry,
     /// The constructor accepts any key prefix.
     NamesUnchecked,
+    /// `release_failed` releases the lease and drops the failure.
+    ReleaseFailedDropsCause,
 }
 
 struct Inner {
@@ -369,6 +371,20 @@ impl DedupStore for FaultyStore {
         Ok(())
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        dedup_core::backend::check::release_failed(failure)?;
+        let now = self.now();
+        let slot = self.slot(&lease.key);
+        let mut map = self.records();
+        let write = if self.is(Fault::ReleaseFailedDropsCause) {
+            transition::release(map.get(&slot), lease, now)?
+        } else {
+            transition::release_failed(map.get(&slot), lease, failure, now)?
+        };
+        self.apply(&mut map, &lease.key, write);
+        Ok(())
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         Ok(self.read(key))
     }
@@ -382,6 +398,7 @@ impl DedupStore for FaultyStore {
             native_batch: true,
             // Records are written by `transition`, which keeps the first claim's time.
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     }

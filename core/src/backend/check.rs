@@ -26,6 +26,12 @@ pub fn claim_many(requests: &[ClaimRequest]) -> Result<()> {
     requests.iter().try_for_each(|r| claim(&r.options))
 }
 
+/// `release_failed`: the failure fits [`MAX_FAILURE_LEN`](crate::MAX_FAILURE_LEN) (see
+/// [`Failure::validate`](crate::Failure::validate)).
+pub fn release_failed(failure: &crate::Failure) -> Result<()> {
+    failure.validate()
+}
+
 /// A renewal's duration.
 pub fn renew(extend_by: Duration) -> Result<()> {
     validate_lease(extend_by)

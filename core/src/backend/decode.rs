@@ -35,6 +35,9 @@ pub struct RawRecord<'a> {
     pub fingerprint: Option<&'a str>,
     /// When the key was first claimed (ms), if the backend keeps it.
     pub first_claimed_at: Option<i64>,
+    /// The encoded [`Failure`](crate::Failure) of the latest released failure, if the
+    /// backend keeps it.
+    pub last_failure: Option<&'a [u8]>,
 }
 
 impl RawRecord<'_> {
@@ -68,12 +71,20 @@ impl RawRecord<'_> {
                 outcome: self.outcome,
             },
         };
+        let last_failure = self
+            .last_failure
+            .map(|bytes| {
+                crate::Failure::decode(bytes)
+                    .ok_or_else(|| corrupt("the stored failure cannot be read".into()))
+            })
+            .transpose()?;
         Ok(Record {
             key: key.clone(),
             fence,
             attempt,
             fingerprint,
             first_claimed_at: self.first_claimed_at.map(Timestamp::from_millis),
+            last_failure,
             state,
         })
     }
@@ -112,6 +123,7 @@ mod tests {
             outcome: None,
             fingerprint: None,
             first_claimed_at: Some(4),
+            last_failure: None,
         }
     }
 

@@ -20,8 +20,8 @@ use super::{AdminStorage, Storage, check, purge};
 use crate::admin::{Forgot, ListFilter, PurgeCount, Released, Stats};
 use crate::{
     Admin, Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error,
-    ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record, RecordState, Result,
-    Timestamp,
+    Failure, ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record, RecordState,
+    Result, Timestamp,
 };
 
 #[async_trait]
@@ -67,6 +67,13 @@ impl<S: Storage> DedupStore for S {
             .map_err(|e| e.during("releasing a lease"))
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &Failure) -> Result<()> {
+        check::release_failed(failure)?;
+        Storage::release_failed(self, lease, failure)
+            .await
+            .map_err(|e| e.during("releasing a lease with its failure"))
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         Storage::get(self, key)
             .await
@@ -104,6 +111,12 @@ impl<S: AdminStorage> Admin for S {
         AdminStorage::stats(self, top)
             .await
             .map_err(|e| e.during("reading stats"))
+    }
+
+    async fn consumers(&self) -> Result<Vec<crate::admin::ConsumerCounts>> {
+        AdminStorage::consumers(self)
+            .await
+            .map_err(|e| e.during("counting records by consumer"))
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {

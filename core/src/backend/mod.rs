@@ -36,6 +36,7 @@ pub mod url;
 
 use std::time::Duration;
 
+pub use crate::verdict::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 pub use decode::{RawRecord, RawState, attempt_from, fence_from};
 pub use purge::{PurgeBatch, PurgeBatches, PurgeStep};
 
@@ -71,6 +72,9 @@ pub trait Storage: PurgeBatches {
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>>;
     /// [`DedupStore::release`](crate::DedupStore::release).
     async fn release(&self, lease: &Lease) -> Result<()>;
+    /// [`DedupStore::release_failed`](crate::DedupStore::release_failed); `failure` passed
+    /// [`check::release_failed`].
+    async fn release_failed(&self, lease: &Lease, failure: &crate::Failure) -> Result<()>;
     /// [`DedupStore::get`](crate::DedupStore::get).
     async fn get(&self, key: &Key) -> Result<Option<Record>>;
     /// [`DedupStore::capabilities`](crate::DedupStore::capabilities).
@@ -89,6 +93,8 @@ pub trait AdminStorage: Storage {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>>;
     /// [`Admin::stats`](crate::Admin::stats); `top` passed [`check::stats`].
     async fn stats(&self, top: usize) -> Result<Stats>;
+    /// [`Admin::consumers`](crate::Admin::consumers).
+    async fn consumers(&self) -> Result<Vec<crate::admin::ConsumerCounts>>;
     /// [`Admin::count_purgeable`](crate::Admin::count_purgeable).
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount>;
     /// [`Admin::forget`](crate::Admin::forget), as one atomic operation on the storage

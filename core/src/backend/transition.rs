@@ -15,6 +15,9 @@ use crate::{
 
 /// What an operation does to the stored record.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// A `Write` lives for one operation and is matched at once: boxing the record would add an
+// allocation to every write for no gain.
+#[allow(clippy::large_enum_variant)]
 pub enum Write {
     /// Leave the record as it is.
     Unchanged,
@@ -142,6 +145,7 @@ pub fn claim(
         attempt,
         fingerprint,
         first_claimed_at,
+        last_failure: record.and_then(|r| r.last_failure.clone()),
         state: RecordState::InFlight { token, expires_at },
     };
     Ok((Claim::Acquired(lease), Write::Put(record)))
@@ -196,6 +200,7 @@ pub fn tx_claim(
                 attempt,
                 fingerprint,
                 first_claimed_at: first_claim(record, now),
+                last_failure: record.and_then(|r| r.last_failure.clone()),
                 state: RecordState::Completed {
                     token: None,
                     processed_at: now,
@@ -287,6 +292,23 @@ pub fn release(record: Option<&Record>, lease: &Lease, now: Timestamp) -> Result
         },
         ..rec.clone()
     }))
+}
+
+/// `release_failed(lease, failure)` at `now`: [`release`], and the record keeps `failure` as
+/// its [`last_failure`](Record::last_failure) (replacing the one it had).
+pub fn release_failed(
+    record: Option<&Record>,
+    lease: &Lease,
+    failure: &crate::Failure,
+    now: Timestamp,
+) -> Result<Write> {
+    Ok(match release(record, lease, now)? {
+        Write::Put(rec) => Write::Put(Record {
+            last_failure: Some(failure.clone()),
+            ..rec
+        }),
+        Write::Unchanged => Write::Unchanged,
+    })
 }
 
 /// Whether `purge(retention)` at `now` removes `record`.

@@ -1,6 +1,6 @@
 //! [`InboxError`]: why [`Inbox::handle`](super::Inbox::handle) failed.
 
-use crate::{BoxError, Error, Key};
+use crate::{BoxError, Error, Failure, Key};
 
 /// Why [`Inbox::handle`](super::Inbox::handle) failed. In every case the message must not
 /// be acknowledged as processed; the broker's redelivery retries it.
@@ -12,12 +12,15 @@ use crate::{BoxError, Error, Key};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InboxError {
-    /// The handler returned an error. The lease was released, so the next delivery retries
-    /// at once.
-    #[error("handler failed for {key}; the lease was released for a retry")]
+    /// The handler returned an error. The lease was released, with the failure kept on the
+    /// key's record ([`Record::last_failure`](crate::Record::last_failure)), so the next
+    /// delivery retries at once.
+    #[error("handler failed for {key} at attempt {}; the lease was released for a retry", failure.attempt)]
     Handler {
         /// The key.
         key: Key,
+        /// The failure as it was kept on the record (kind, chain, attempt, when, worker).
+        failure: Box<Failure>,
         /// The handler's error.
         #[source]
         source: BoxError,

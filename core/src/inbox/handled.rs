@@ -1,6 +1,6 @@
 //! [`Handled`]: what happened to one delivery.
 
-use crate::{Lease, Timestamp};
+use crate::{Failure, Lease, Timestamp};
 
 /// What happened to one delivery. `O` is the outcome's type: bytes for
 /// [`Inbox::handle`](super::Inbox::handle), the handler's own type for
@@ -47,6 +47,11 @@ pub enum Handled<O = Option<Vec<u8>>> {
     DeadLetter {
         /// The attempts the key had used.
         attempts: u32,
+        /// Why its last failed attempt failed, as stored with the dead letter: the error
+        /// its handler returned, or, when no attempt ended with an error (they crashed or
+        /// timed out), a cause of kind `attempts` saying so. `None` only for dead letters
+        /// stored before causes were kept.
+        cause: Option<Failure>,
         /// `false` for the delivery that dead-lettered the key, `true` for later ones.
         replay: bool,
     },

@@ -3,11 +3,12 @@
 
 mod config;
 mod error;
+mod failing;
 mod handled;
 #[cfg(feature = "serde")]
 mod json;
+mod report;
 mod retry;
-mod stored;
 mod tx;
 
 use std::future::Future;
@@ -20,14 +21,20 @@ use tracing::Instrument;
 
 pub use config::{DuplicateLog, FailurePolicy, InboxConfig};
 pub use error::InboxError;
+use failing::now;
 pub use handled::Handled;
 pub use retry::{Backoff, HandlerRetry, Transient};
-use stored::Stored;
 pub use tx::{TxAttempt, TxAttempts, TxEngine};
 
-use crate::layers::metric_names as m;
 use crate::purger::Background;
-use crate::{BoxError, Claim, ClaimOptions, DedupStore, Fingerprint, Key, Lease, Timestamp};
+use report::{
+    Mode, attempt_failed, dead_letter_counted, handled_name, handler_finished, log_duplicate,
+    result_name, retry_counted,
+};
+
+use crate::{
+    BoxError, Claim, ClaimOptions, DedupStore, Failure, Fingerprint, Key, Lease, Timestamp, Verdict,
+};
 
 /// Turns a handler's value into outcome bytes.
 type Encode<T> = fn(&T) -> Result<Option<Vec<u8>>, BoxError>;
@@ -77,6 +84,7 @@ pub struct Inbox<S: ?Sized> {
     config: InboxConfig,
     store: Arc<S>,
     retention: Arc<Background>,
+    worker: Option<Arc<str>>,
 }
 
 impl<S: ?Sized> Clone for Inbox<S> {
@@ -85,6 +93,7 @@ impl<S: ?Sized> Clone for Inbox<S> {
             config: self.config.clone(),
             store: Arc::clone(&self.store),
             retention: Arc::clone(&self.retention),
+            worker: self.worker.clone(),
         }
     }
 }
@@ -103,7 +112,16 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             config,
             store,
             retention: Arc::default(),
+            worker: None,
         }
+    }
+
+    /// The same inbox naming its worker `name` (a host or pod name, 1 to 128 bytes: longer
+    /// is cut) in the [`Failure`]s it keeps on the records and in its failure log lines.
+    pub fn with_worker(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.worker = (!name.is_empty()).then(|| Arc::from(name.as_str()));
+        self
     }
 
     /// The same inbox with another configuration (and its own retention purge).
@@ -190,11 +208,12 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                     .await
                 {
                     Ran::Settled(answer) => return answer,
-                    Ran::Again(lease) => {
+                    Ran::Again(lease, failure) => {
                         retries += 1;
                         retry_counted(key, Mode::Lease, "transient");
                         let delay = retry.delay(retries);
-                        self.pause_then_release(&lease, delay).await?;
+                        self.pause_then_release(&lease, delay, &failure, Mode::Lease)
+                            .await?;
                     }
                 }
             }
@@ -244,7 +263,14 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
 
     /// Keep `lease` through `delay` (renewed, so duplicates meanwhile answer busy), then
     /// release it for the next run's claim.
-    async fn pause_then_release(&self, lease: &Lease, delay: Duration) -> Result<(), InboxError> {
+    /// The attempt's `failure` is kept on the record by the release.
+    async fn pause_then_release(
+        &self,
+        lease: &Lease,
+        delay: Duration,
+        failure: &Failure,
+        mode: Mode,
+    ) -> Result<(), InboxError> {
         let mut guard = ReleaseOnDrop {
             store: Arc::clone(&self.store),
             lease: Some(lease.clone()),
@@ -258,7 +284,13 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             () = tokio::time::sleep(delay) => {}
         }
         guard.disarm();
-        match self.store.release(lease).await {
+        attempt_failed(&lease.key, mode, failure, "it runs again after the delay");
+        let released = if self.store.capabilities().failure_causes {
+            self.store.release_failed(lease, failure).await
+        } else {
+            self.store.release(lease).await
+        };
+        match released {
             Ok(()) => Ok(()),
             Err(e) if e.is_lease_lost() => Err(InboxError::LeaseLost {
                 key: lease.key.clone(),
@@ -303,37 +335,39 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             Err(panic) => {
                 handler_finished(&key, Mode::Lease, "panic", started);
                 guard.disarm();
-                let _ = self.store.release(&lease).await;
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|m| (*m).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "the handler panicked".to_owned());
+                let failure = Failure::new("panic", vec![message], lease.attempt, now(), None)
+                    .with_worker(self.worker.as_deref())
+                    .fit();
+                self.release_failed(&lease, &failure, Mode::Lease).await;
                 std::panic::resume_unwind(panic)
             }
             Ok(Err(e)) => {
                 handler_finished(&key, Mode::Lease, "error", started);
                 let source: BoxError = e.into();
                 guard.disarm();
+                let failure = self.failure_of(&*source, &lease);
                 if retry.again(retries, &*source) {
-                    return Ran::Again(lease);
+                    return Ran::Again(lease, failure);
                 }
                 if self.config.failures == FailurePolicy::Store && !Transient::is_in(&*source) {
-                    let error = error_chain(&*source);
-                    return Ran::Settled(
-                        self.commit(&lease, Some(&Stored::failed(&error)))
-                            .await
-                            .map(|()| {
-                                failure_stored(&key, Mode::Lease);
-                                Handled::Failed {
-                                    error,
-                                    replay: false,
-                                }
-                            }),
-                    );
+                    return Ran::Settled(self.store_failure(&lease, failure, Mode::Lease).await);
                 }
-                let _ = self.store.release(&lease).await;
-                Err(InboxError::Handler { key, source })
+                self.release_failed(&lease, &failure, Mode::Lease).await;
+                Err(InboxError::Handler {
+                    key,
+                    failure: Box::new(failure),
+                    source,
+                })
             }
             Ok(Ok(value)) => {
                 handler_finished(&key, Mode::Lease, "ok", started);
                 let bytes = encode(&value).and_then(|bytes| {
-                    if Stored::is_reserved(bytes.as_deref()) {
+                    if Verdict::is_reserved(bytes.as_deref()) {
                         Err(
                             "a handler's outcome may not start with the reserved bytes \\0dedup:"
                                 .into(),
@@ -346,7 +380,14 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                     Ok(bytes) => bytes,
                     Err(source) => {
                         guard.disarm();
-                        let _ = self.store.release(&lease).await;
+                        let failure = Failure::of_error(
+                            "outcome",
+                            &*source,
+                            lease.attempt,
+                            now(),
+                            self.worker.as_deref(),
+                        );
+                        self.release_failed(&lease, &failure, Mode::Lease).await;
                         return Ran::Settled(Err(InboxError::Outcome { key, source }));
                     }
                 };
@@ -358,20 +399,6 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                 })
             }
         })
-    }
-
-    /// Complete a key that used up its attempts as dead-lettered, without running the
-    /// handler.
-    async fn dead_letter<T>(&self, lease: &Lease, mode: Mode) -> Result<Handled<T>, InboxError> {
-        let attempts = lease.attempt - 1;
-        self.commit(lease, Some(&Stored::dead_letter(attempts)))
-            .await?;
-        tracing::warn!(
-            consumer = lease.key.consumer(),
-            attempts,
-            "dead-lettered: the key used up its attempts"
-        );
-        dead_letter_counted(&lease.key, attempts, false, mode)
     }
 
     /// Commit with the configured retries.
@@ -418,8 +445,8 @@ fn replay<T>(
     decode: Decode<T>,
     mode: Mode,
 ) -> Result<Handled<T>, InboxError> {
-    match Stored::decode(outcome) {
-        Stored::Outcome(bytes) => match decode(bytes) {
+    match Verdict::decode(outcome) {
+        Verdict::Processed(bytes) => match decode(bytes) {
             Ok(outcome) => Ok(Handled::Duplicate {
                 processed_at,
                 outcome,
@@ -429,11 +456,13 @@ fn replay<T>(
                 source,
             }),
         },
-        Stored::Failed(error) => Ok(Handled::Failed {
-            error,
+        Verdict::Failed { message, .. } => Ok(Handled::Failed {
+            error: message,
             replay: true,
         }),
-        Stored::DeadLetter(attempts) => dead_letter_counted(key, attempts, true, mode),
+        Verdict::DeadLetter { attempts, cause } => {
+            dead_letter_counted(key, attempts, cause, true, mode)
+        }
     }
 }
 
@@ -443,105 +472,7 @@ enum Ran<T> {
     Settled(Result<Handled<T>, InboxError>),
     /// A [`Transient`] error the [`HandlerRetry`] covers: run again as a new attempt; the
     /// lease is still held.
-    Again(Lease),
-}
-
-/// Count a handler run started again, by `reason` (`transient`, `database`).
-fn retry_counted(key: &Key, mode: Mode, reason: &'static str) {
-    metrics::counter!(m::HANDLER_RETRIES_TOTAL, "consumer" => key.consumer().to_owned(), "mode" => mode.label(), "reason" => reason)
-        .increment(1);
-}
-
-/// Log a delivery that did not run the handler, as [`DuplicateLog`] asks.
-fn log_duplicate(log: DuplicateLog, key: &Key, result: &'static str) {
-    match log {
-        DuplicateLog::Off => {}
-        DuplicateLog::WithoutMessageIds => {
-            tracing::warn!(consumer = key.consumer(), result, "duplicate suppressed")
-        }
-        DuplicateLog::WithMessageIds => tracing::warn!(
-            consumer = key.consumer(),
-            message_id = key.message_id(),
-            result,
-            "duplicate suppressed"
-        ),
-    }
-}
-
-/// Count a dead-lettered delivery and say so.
-fn dead_letter_counted<T>(
-    key: &Key,
-    attempts: u32,
-    replay: bool,
-    mode: Mode,
-) -> Result<Handled<T>, InboxError> {
-    metrics::counter!(m::DEAD_LETTERS_TOTAL, "consumer" => key.consumer().to_owned(), "replay" => if replay { "true" } else { "false" }, "mode" => mode.label())
-        .increment(1);
-    Ok(Handled::DeadLetter { attempts, replay })
-}
-
-/// Count a handler failure stored as the key's result.
-fn failure_stored(key: &Key, mode: Mode) {
-    metrics::counter!(m::STORED_FAILURES_TOTAL, "consumer" => key.consumer().to_owned(), "mode" => mode.label())
-        .increment(1);
-}
-
-/// Which wrapper handled a delivery: the `mode` label and span field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// [`Inbox`]: the handler runs under a renewed lease.
-    Lease,
-    /// [`TxEngine`]: the handler runs inside the store's transaction.
-    Tx,
-}
-
-impl Mode {
-    fn label(self) -> &'static str {
-        match self {
-            Mode::Lease => "lease",
-            Mode::Tx => "tx",
-        }
-    }
-}
-
-/// The `result` field of the `dedup_inbox` span.
-fn result_name<T>(handled: &Result<Handled<T>, InboxError>) -> &'static str {
-    match handled {
-        Ok(handled) => handled_name(handled),
-        Err(InboxError::Handler { .. }) => "handler_error",
-        Err(InboxError::LeaseLost { .. }) => "lease_lost",
-        Err(InboxError::Store(_)) => "store_error",
-        Err(InboxError::Outcome { .. }) => "outcome_error",
-    }
-}
-
-/// The name of a [`Handled`] in spans and logs.
-fn handled_name<T>(handled: &Handled<T>) -> &'static str {
-    match handled {
-        Handled::Processed { .. } => "processed",
-        Handled::Duplicate { .. } => "duplicate",
-        Handled::Busy { .. } => "busy",
-        Handled::Failed { .. } => "failed",
-        Handled::DeadLetter { .. } => "dead_letter",
-    }
-}
-
-/// Record how long a handler ran and how it ended.
-fn handler_finished(key: &Key, mode: Mode, result: &'static str, started: Instant) {
-    metrics::histogram!(m::HANDLER_DURATION_SECONDS, "consumer" => key.consumer().to_owned(), "result" => result, "mode" => mode.label())
-        .record(started.elapsed().as_secs_f64());
-}
-
-/// An error's message followed by its sources' (`outer: inner: root`).
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
+    Again(Lease, Failure),
 }
 
 /// Releases the lease in the background if the handling future is dropped mid-work.

@@ -10,12 +10,12 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use super::{
-    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop, Stored, Transient,
-    error_chain, failure_stored, handler_finished, result_name, retry_counted,
+    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop, Transient,
+    handler_finished, now, result_name, retry_counted,
 };
 use crate::layers::metric_names as m;
 use crate::layers::{ObserveOptions, Observed, RetryPolicy};
-use crate::{BoxError, DedupStore, Error, Fingerprint, Key, Lease};
+use crate::{BoxError, DedupStore, Error, Failure, Fingerprint, Key, Lease, Verdict};
 
 /// How one run of the handler inside the backend's transaction ended. The backend rolls
 /// the transaction back in every case but [`Committed`](TxAttempt::Committed).
@@ -136,7 +136,11 @@ impl TxEngine {
     pub fn observed(mut self, options: ObserveOptions) -> Self {
         let store: Arc<dyn DedupStore> = Arc::clone(self.inbox.store());
         let observed = Observed::new(store, options.clone());
-        self.inbox = Inbox::from_arc(Arc::new(observed), self.inbox.config().clone());
+        let observed: Arc<dyn DedupStore> = Arc::new(observed);
+        self.inbox = Inbox {
+            store: observed,
+            ..self.inbox.clone()
+        };
         self.observe = Some(options);
         self
     }
@@ -150,7 +154,10 @@ impl TxEngine {
             Some(options) => Arc::new(Observed::new(store, options.clone())),
             None => store,
         };
-        self.inbox = Inbox::from_arc(store, self.inbox.config().clone());
+        self.inbox = Inbox {
+            store,
+            ..self.inbox.clone()
+        };
         self
     }
 
@@ -181,7 +188,7 @@ impl TxEngine {
     /// verdicts (`\0dedup:`), as the lease-mode [`Inbox`] does. Backends call it before
     /// `commit_in_tx`.
     pub fn check_outcome(outcome: Option<&[u8]>) -> Result<(), BoxError> {
-        if Stored::is_reserved(outcome) {
+        if Verdict::is_reserved(outcome) {
             Err("a handler's outcome may not start with the reserved bytes \\0dedup:".into())
         } else {
             Ok(())
@@ -279,7 +286,8 @@ impl TxEngine {
                 ran = attempts.attempt(&lease) => ran,
             };
             guard.disarm();
-            match ran {
+            // The failed attempt to run again (below), kept on the record by the release.
+            let failure = match ran {
                 TxAttempt::Committed(outcome) => {
                     handler_finished(key, Mode::Tx, "ok", started);
                     self.count_commit(key);
@@ -287,8 +295,9 @@ impl TxEngine {
                 }
                 TxAttempt::HandlerFailed { source, retryable } => {
                     handler_finished(key, Mode::Tx, "error", started);
+                    let failure = self.inbox.failure_of(&*source, &lease);
                     if retryable && retries < self.retry.max_retries {
-                        // Run again below.
+                        failure
                     } else if !retryable
                         && self
                             .config()
@@ -298,7 +307,9 @@ impl TxEngine {
                         transient_retries += 1;
                         retry_counted(key, Mode::Tx, "transient");
                         let delay = self.config().handler_retry.delay(transient_retries);
-                        self.inbox.pause_then_release(&lease, delay).await?;
+                        self.inbox
+                            .pause_then_release(&lease, delay, &failure, Mode::Tx)
+                            .await?;
                         lease = match self.claim(key, fingerprint.as_ref()).await {
                             Ok(lease) => lease,
                             Err(answer) => return answer,
@@ -308,19 +319,12 @@ impl TxEngine {
                         && self.config().failures == FailurePolicy::Store
                         && !Transient::is_in(&*source)
                     {
-                        let error = error_chain(&*source);
-                        self.inbox
-                            .commit(&lease, Some(&Stored::failed(&error)))
-                            .await?;
-                        failure_stored(key, Mode::Tx);
-                        return Ok(Handled::Failed {
-                            error,
-                            replay: false,
-                        });
+                        return self.inbox.store_failure(&lease, failure, Mode::Tx).await;
                     } else {
-                        let _ = store.release(&lease).await;
+                        self.inbox.release_failed(&lease, &failure, Mode::Tx).await;
                         return Err(InboxError::Handler {
                             key: key.clone(),
+                            failure: Box::new(failure),
                             source,
                         });
                     }
@@ -332,32 +336,59 @@ impl TxEngine {
                 }
                 TxAttempt::Store(e) => {
                     handler_finished(key, Mode::Tx, "error", started);
+                    let failure = self.failure("store", &e, &lease);
                     if e.is_retryable() && retries < self.retry.max_retries {
-                        // Run again below.
+                        failure
                     } else {
-                        let _ = store.release(&lease).await;
+                        self.inbox.release_failed(&lease, &failure, Mode::Tx).await;
                         return Err(InboxError::Store(e));
                     }
                 }
                 TxAttempt::Outcome(source) => {
                     handler_finished(key, Mode::Tx, "ok", started);
-                    let _ = store.release(&lease).await;
+                    let failure = self.failure("outcome", &*source, &lease);
+                    self.inbox.release_failed(&lease, &failure, Mode::Tx).await;
                     return Err(InboxError::Outcome {
                         key: key.clone(),
                         source,
                     });
                 }
-            }
+            };
             // The database asked for another run: a new attempt, in a fresh transaction.
             retries += 1;
             retry_counted(key, Mode::Tx, "database");
-            self.inbox.pause_then_release(&lease, backoff).await?;
+            self.inbox
+                .pause_then_release(&lease, backoff, &failure, Mode::Tx)
+                .await?;
             backoff = (backoff * 2).min(self.retry.max_backoff);
             lease = match self.claim(key, fingerprint.as_ref()).await {
                 Ok(lease) => lease,
                 Err(answer) => return answer,
             };
         }
+    }
+
+    /// The failure `error` of `kind` caused at `lease`'s attempt, now, on this worker.
+    fn failure(
+        &self,
+        kind: &str,
+        error: &(dyn std::error::Error + 'static),
+        lease: &Lease,
+    ) -> Failure {
+        Failure::of_error(
+            kind,
+            error,
+            lease.attempt,
+            now(),
+            self.inbox.worker.as_deref(),
+        )
+    }
+
+    /// The same engine naming its worker `name` in the failures it keeps and logs (see
+    /// [`Inbox::with_worker`]).
+    pub fn with_worker(mut self, name: impl Into<String>) -> Self {
+        self.inbox = self.inbox.with_worker(name);
+        self
     }
 
     /// Count a commit made inside a committed transaction, as `Observed` counts a commit.

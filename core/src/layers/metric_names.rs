@@ -38,11 +38,19 @@ pub const OPERATION_DURATION_SECONDS: &str = "dedup_operation_duration_seconds";
 pub const HANDLER_DURATION_SECONDS: &str = "dedup_handler_duration_seconds";
 /// Counter: deliveries the [`Inbox`](crate::Inbox) told to dead-letter because the key used
 /// up its attempts (poison messages). Labels `consumer`, `replay` (`false` the first time,
-/// `true` for later deliveries of the same key), `mode`.
+/// `true` for later deliveries of the same key), `mode`, `kind` (the last cause's
+/// [`Failure::kind`](crate::Failure::kind); `unknown` for dead letters stored without one).
 pub const DEAD_LETTERS_TOTAL: &str = "dedup_dead_letters_total";
 /// Counter: handler failures the [`Inbox`](crate::Inbox) stored as the key's outcome
-/// ([`FailurePolicy::Store`](crate::FailurePolicy::Store)). Labels `consumer`, `mode`.
+/// ([`FailurePolicy::Store`](crate::FailurePolicy::Store)). Labels `consumer`, `mode`,
+/// `kind`.
 pub const STORED_FAILURES_TOTAL: &str = "dedup_stored_failures_total";
+/// Counter: failed attempts (the handler's error, a panic, an outcome that could not be
+/// stored, a store failure inside the transactional inbox's attempt), each of which the
+/// inbox kept on the key's record. Labels `consumer`, `mode`, `kind` (the
+/// [`Failure::kind`](crate::Failure::kind): `handler`, `transient`, `panic`, `outcome`,
+/// `store`); never the message id.
+pub const HANDLER_FAILURES_TOTAL: &str = "dedup_handler_failures_total";
 /// Counter: handler runs started again in process after a
 /// [`Transient`](crate::Transient) error ([`HandlerRetry`](crate::HandlerRetry)), and, in
 /// the transactional inbox, after an error the database asked to retry, by `reason`:

@@ -369,6 +369,17 @@ impl<S: DedupStore> DedupStore for Observed<S> {
         .await
     }
 
+    async fn release_failed(&self, lease: &Lease, failure: &crate::Failure) -> Result<()> {
+        let span = self.span("release", Some(&lease.key));
+        self.timed(
+            "release",
+            span,
+            self.inner.release_failed(lease, failure),
+            |_, r| self.unit_result("release", &lease.key, Event::Release, r),
+        )
+        .await
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let span = self.span("get", Some(key));
         self.timed("get", span, self.inner.get(key), |_, r| match r {

@@ -116,6 +116,11 @@ impl<S: DedupStore> DedupStore for Retry<S> {
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.policy.run(|| self.inner.release(lease)).await
     }
+    async fn release_failed(&self, lease: &Lease, failure: &crate::Failure) -> Result<()> {
+        self.policy
+            .run(|| self.inner.release_failed(lease, failure))
+            .await
+    }
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.policy.run(|| self.inner.get(key)).await
     }

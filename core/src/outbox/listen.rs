@@ -6,7 +6,7 @@ use futures::StreamExt;
 use tokio::sync::{Notify, watch};
 
 use super::OutboxStore;
-use crate::inbox::error_chain;
+use crate::error_chain;
 
 /// The first delay before listening again after the wake-ups were lost; it doubles after
 /// each failed try, up to the relay's poll interval, and at most [`RELISTEN_MOST`].

@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use super::listen::listen;
 use super::{AfterFailure, Held, OutboxStore, Publisher};
-use crate::inbox::error_chain;
+use crate::error_chain;
 use crate::layers::metric_names as names;
 use crate::{Backoff, Result, Retention};
 

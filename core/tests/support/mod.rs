@@ -2,6 +2,8 @@
 //! store that fails on demand, and readers of a `metrics` debugging snapshot.
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod warnings;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -76,6 +78,10 @@ impl DedupStore for Flaky {
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.check()?;
         self.inner.release(lease).await
+    }
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        self.check()?;
+        self.inner.release_failed(lease, failure).await
     }
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.check()?;

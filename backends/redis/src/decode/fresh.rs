@@ -140,6 +140,7 @@ pub(crate) fn completed(
             fingerprint: (fp_len > 0).then_some(fingerprint),
             // Redis records do not keep the first claim time.
             first_claimed_at: None,
+            last_failure: None,
         }
         .decode(key),
     )

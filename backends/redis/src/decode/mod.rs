@@ -195,7 +195,7 @@ pub(crate) fn forget(key: &Key, value: Value) -> Result<Forgot> {
             status: match r.text(1)? {
                 Some("i") => Status::InFlight,
                 Some("e") => Status::Expired,
-                Some("c") => Status::Completed,
+                Some("c") => Status::of_outcome(r.bytes(4)?.as_deref()),
                 other => return Err(r.corrupt(format!("unknown status {other:?}"))),
             },
             fence: r.fence(2)?,
@@ -242,6 +242,7 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
                 fingerprint: r.text(8)?,
                 // Redis records do not keep the first claim time.
                 first_claimed_at: None,
+                last_failure: None,
             }
             .decode(key)
             .map(Some)
