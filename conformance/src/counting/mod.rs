@@ -26,6 +26,7 @@
 //! It is test code: one task per connection, no attempt at throughput.
 
 mod framing;
+mod guard;
 
 use std::fmt;
 use std::future::Future;
@@ -39,6 +40,7 @@ use tokio::task::JoinHandle;
 
 pub use framing::Protocol;
 use framing::{Framer, Kind};
+pub use guard::CostGuard;
 
 use crate::proxy::authority;
 
@@ -89,6 +91,7 @@ impl WireCounts {
             round_trips: self.round_trips,
             statements: self.statements,
             prepares: self.prepares,
+            pings: self.pings,
         }
     }
 }
@@ -102,15 +105,20 @@ pub struct Cost {
     pub statements: u64,
     /// Statements prepared.
     pub prepares: u64,
+    /// Pings after the caller got its result: sqlx pings every connection it takes back
+    /// into its pool, one round trip off the caller's path.
+    pub pings: u64,
 }
 
 impl Cost {
-    /// `round_trips` round trips running `statements` statements, nothing prepared.
-    pub const fn new(round_trips: u64, statements: u64) -> Cost {
+    /// `round_trips` round trips running `statements` statements, nothing prepared, and
+    /// `pings` pool pings.
+    pub const fn new(round_trips: u64, statements: u64, pings: u64) -> Cost {
         Cost {
             round_trips,
             statements,
             prepares: 0,
+            pings,
         }
     }
 }
@@ -119,8 +127,8 @@ impl fmt::Display for Cost {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} round trips, {} statements, {} prepares",
-            self.round_trips, self.statements, self.prepares
+            "{} round trips, {} statements, {} prepares, {} pings",
+            self.round_trips, self.statements, self.prepares, self.pings
         )
     }
 }
@@ -145,6 +153,7 @@ pub fn cost_mismatch(
         ("round trips", counted.round_trips, expected.round_trips),
         ("statements", counted.statements, expected.statements),
         ("prepares", counted.prepares, expected.prepares),
+        ("pings", counted.pings, expected.pings),
     ] {
         if c != e {
             wrong.push(format!("{c} {what}, expected {e}"));
