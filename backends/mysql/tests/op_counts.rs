@@ -25,16 +25,16 @@ const BACKEND: &str = "mysql";
 
 /// The expected cost of each operation measured below.
 const CLAIM_FRESH: Cost = Cost::new(1, 1, 1);
-const CLAIM_IN_FLIGHT: Cost = Cost::new(1, 1, 1);
-const CLAIM_COMPLETED: Cost = Cost::new(1, 1, 1);
+const CLAIM_IN_FLIGHT: Cost = Cost::new(4, 4, 2);
+const CLAIM_COMPLETED: Cost = Cost::new(4, 4, 2);
 const RENEW: Cost = Cost::new(1, 1, 1);
 const COMMIT: Cost = Cost::new(1, 1, 1);
 const RELEASE: Cost = Cost::new(1, 1, 1);
 const CLAIM_MANY_100: Cost = Cost::new(1, 1, 1);
 const COMMIT_MANY_100: Cost = Cost::new(1, 1, 1);
 const PURGE_ONE_BATCH: Cost = Cost::new(1, 1, 1);
-const CLAIM_IN_TX: Cost = Cost::new(1, 1, 1);
-const TX_INBOX_HANDLE: Cost = Cost::new(1, 1, 1);
+const CLAIM_IN_TX: Cost = Cost::new(1, 1, 0);
+const TX_INBOX_HANDLE: Cost = Cost::new(4, 4, 2);
 
 fn key(id: &str) -> Key {
     Key::new("op-counts", id).unwrap()

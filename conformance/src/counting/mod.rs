@@ -23,6 +23,9 @@
 //! when the call returns, its counts are in. TLS is turned off in the URL (`sslmode` /
 //! `ssl-mode`): encrypted bytes cannot be parsed.
 //!
+//! To see what a count is made of, set `DEDUP_WIRE_TRACE=1` ([`TRACE`]): every chunk the
+//! proxy forwards is printed to stderr with its messages' kinds.
+//!
 //! It is test code: one task per connection, no attempt at throughput.
 
 mod framing;
@@ -269,6 +272,18 @@ async fn accept_loop(
     }
 }
 
+/// The environment variable that makes every proxy print each chunk it forwards (its
+/// size, the client messages' kinds and the first bytes as text) to stderr.
+pub const TRACE: &str = "DEDUP_WIRE_TRACE";
+
+/// The first bytes of `bytes`, as text, for [`TRACE`].
+fn printable(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(80)])
+        .chars()
+        .map(|c| if c.is_control() { '.' } else { c })
+        .collect()
+}
+
 /// The client burst waiting for the server's answer.
 #[derive(Default)]
 struct Burst {
@@ -281,6 +296,7 @@ struct Burst {
 /// Forward both ways, counting, until either side closes.
 async fn pump(mut client: TcpStream, mut server: TcpStream, protocol: Protocol, shared: &Shared) {
     let mut framer = Framer::new(protocol);
+    let trace = std::env::var_os(TRACE).is_some();
     let mut burst = Burst::default();
     let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
     loop {
@@ -288,6 +304,9 @@ async fn pump(mut client: TcpStream, mut server: TcpStream, protocol: Protocol, 
             read = client.read(&mut up) => {
                 let Ok(n @ 1..) = read else { return };
                 let kinds = framer.feed(&up[..n]);
+                if trace {
+                    eprintln!("wire -> {n} bytes {kinds:?} {:?}", printable(&up[..n]));
+                }
                 {
                     let mut c = shared.counts();
                     c.bytes_to_server += n as u64;
@@ -310,6 +329,9 @@ async fn pump(mut client: TcpStream, mut server: TcpStream, protocol: Protocol, 
             }
             read = server.read(&mut down) => {
                 let Ok(n @ 1..) = read else { return };
+                if trace {
+                    eprintln!("wire <- {n} bytes {:?}", printable(&down[..n]));
+                }
                 {
                     let mut c = shared.counts();
                     c.bytes_to_client += n as u64;
