@@ -11,6 +11,9 @@ pub enum Protocol {
     /// MySQL's client/server protocol: a 3-byte little-endian payload length and a sequence
     /// id; a packet with sequence id 0 starts a command, its first byte the command's code.
     MySql,
+    /// Redis's RESP: a command is an array of bulk strings (`*N` then `$len` each),
+    /// counted as a statement (`EVALSHA`, `MULTI` and `EXEC` included).
+    Resp,
     /// No parsing: round trips only (every client burst is a request).
     Opaque,
 }
@@ -116,8 +119,38 @@ fn next(protocol: Protocol, startup: &mut bool, b: &[u8]) -> Option<(usize, Kind
             };
             Some((4 + len, kind))
         }
+        Protocol::Resp => resp_command(b).map(|len| (len, Kind::Statement)),
         Protocol::Opaque => None,
     }
+}
+
+/// The length of the RESP command (an array of bulk strings) at the start of `b`, if whole;
+/// a line that is not an array (an inline command) is one command.
+fn resp_command(b: &[u8]) -> Option<usize> {
+    let (header, mut at) = resp_line(b, 0)?;
+    let Some(count) = header.strip_prefix(b"*") else {
+        return Some(at);
+    };
+    for _ in 0..resp_number(count)? {
+        let (bulk, next) = resp_line(b, at)?;
+        let len = usize::try_from(resp_number(bulk.strip_prefix(b"$")?)?).ok()?;
+        at = next + len + 2;
+        if b.len() < at {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+/// The line of `b` from `from` to its `\r\n`, and where the next one starts.
+fn resp_line(b: &[u8], from: usize) -> Option<(&[u8], usize)> {
+    let rest = b.get(from..)?;
+    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    Some((&rest[..end], from + end + 2))
+}
+
+fn resp_number(digits: &[u8]) -> Option<i64> {
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -158,6 +191,15 @@ mod tests {
                 Kind::Statement
             ]
         );
+    }
+
+    #[test]
+    fn resp_commands_are_cut_across_chunks() {
+        let mut f = Framer::new(Protocol::Resp);
+        let burst = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\nv\r\nx\r\n*1\r\n$4\r\nEXEC\r\n";
+        let (a, b) = burst.split_at(20);
+        assert_eq!(f.feed(a), []);
+        assert_eq!(f.feed(b), [Kind::Statement, Kind::Statement]);
     }
 
     #[test]

@@ -105,6 +105,7 @@ impl CostGuard {
     }
 
     /// Panic listing every operation whose cost was not the expected one.
+    #[track_caller]
     pub fn finish(self) {
         assert!(
             self.wrong.is_empty(),

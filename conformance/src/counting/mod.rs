@@ -11,7 +11,7 @@
 //! - **statements** and **prepares**, by cutting the client's bytes into the protocol's
 //!   messages ([`Protocol`]): PostgreSQL `Q` (simple query) and `E` (execute) are
 //!   statements, `P` (parse) a prepare; MySQL `COM_QUERY` and `COM_STMT_EXECUTE` are
-//!   statements, `COM_STMT_PREPARE` a prepare;
+//!   statements, `COM_STMT_PREPARE` a prepare; a Redis command (RESP) is a statement;
 //! - bytes each way and connections opened.
 //!
 //! The counts are exact only when nothing but the store under test talks through the
@@ -228,7 +228,7 @@ impl CountingProxy {
         let plain = match protocol {
             Protocol::Postgres => Some("sslmode=disable"),
             Protocol::MySql => Some("ssl-mode=disabled"),
-            Protocol::Opaque => None,
+            Protocol::Resp | Protocol::Opaque => None,
         };
         if let Some(plain) = plain {
             rewritten.push(if rewritten.contains('?') { '&' } else { '?' });
