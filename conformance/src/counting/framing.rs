@@ -44,6 +44,52 @@ pub(super) struct Framer {
     startup: bool,
 }
 
+/// Counts the whole RESP replies in the server's byte stream (Redis answers each command
+/// with one value; bytes of a value not yet whole wait for the next chunk).
+pub(super) struct Replies {
+    buffer: Vec<u8>,
+}
+
+impl Replies {
+    pub(super) fn new() -> Self {
+        Replies { buffer: Vec::new() }
+    }
+
+    /// Take `bytes` and return how many replies they completed.
+    pub(super) fn feed(&mut self, bytes: &[u8]) -> u64 {
+        self.buffer.extend_from_slice(bytes);
+        let (mut at, mut count) = (0, 0);
+        while let Some(end) = resp_value(&self.buffer, at) {
+            at = end;
+            count += 1;
+        }
+        self.buffer.drain(..at);
+        count
+    }
+}
+
+/// Where the RESP2 / RESP3 value starting at `at` ends, if it is whole.
+fn resp_value(b: &[u8], at: usize) -> Option<usize> {
+    let kind = *b.get(at)?;
+    let (line, end) = resp_line(b, at + 1)?;
+    let elements = match kind {
+        b'$' | b'!' | b'=' => {
+            return match usize::try_from(resp_number(line)?) {
+                Ok(len) => (b.len() >= end + len + 2).then_some(end + len + 2),
+                Err(_) => Some(end),
+            };
+        }
+        b'*' | b'~' | b'>' => resp_number(line)?,
+        b'%' | b'|' => resp_number(line)? * 2,
+        _ => return Some(end),
+    };
+    let mut at = end;
+    for _ in 0..elements {
+        at = resp_value(b, at)?;
+    }
+    Some(at)
+}
+
 /// PostgreSQL's `SSLRequest` and `GSSENCRequest` codes: the startup goes on after them.
 const PG_ENCRYPTION_REQUESTS: [i32; 2] = [80_877_103, 80_877_104];
 
@@ -200,6 +246,17 @@ mod tests {
         let (a, b) = burst.split_at(20);
         assert_eq!(f.feed(a), []);
         assert_eq!(f.feed(b), [Kind::Statement, Kind::Statement]);
+    }
+
+    #[test]
+    fn resp_replies_are_counted_when_whole() {
+        let mut r = super::Replies::new();
+        assert_eq!(
+            r.feed(b"+OK\r\n:1\r\n$-1\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n*1\r\n:"),
+            4
+        );
+        assert_eq!(r.feed(b"7\r\n"), 1);
+        assert_eq!(r.feed(b"%1\r\n+k\r\n*0\r\n-ERR x\r\n"), 2);
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! unchanged. It counts:
 //! - **round trips**: a client write burst that the server answers before the client
 //!   writes again (however many messages the burst holds: a pipeline is one round trip);
+//!   for Redis, whose server answers the first commands of a long pipeline while the
+//!   client still writes the rest, the replies are counted too, and a command sent while
+//!   every earlier one was answered starts a round trip;
 //!   a burst of nothing but pool pings (MySQL `COM_PING`, PostgreSQL's lone `Sync`) is
 //!   counted apart, in [`WireCounts::pings`], since the pool sends it after a connection
 //!   sat idle, not the operation;
@@ -42,7 +45,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 pub use framing::Protocol;
-use framing::{Framer, Kind};
+use framing::{Framer, Kind, Replies};
 pub use guard::CostGuard;
 
 use crate::proxy::authority;
@@ -297,10 +300,18 @@ struct Burst {
 async fn pump(mut client: TcpStream, mut server: TcpStream, protocol: Protocol, shared: &Shared) {
     let mut framer = Framer::new(protocol);
     let trace = std::env::var_os(TRACE).is_some();
+    // RESP: replies are counted, and a command sent while none is unanswered starts a
+    // round trip (a long pipeline's replies may start before its last bytes are sent).
+    let mut replies = (protocol == Protocol::Resp).then(Replies::new);
+    let mut outstanding = 0u64;
     let mut burst = Burst::default();
-    let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    // Large reads, and the client's bytes first when both sides have some: a request is
+    // read whole before the replies to its first part, so it is never cut into two bursts
+    // by the proxy itself.
+    let (mut up, mut down) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
     loop {
         tokio::select! {
+            biased;
             read = client.read(&mut up) => {
                 let Ok(n @ 1..) = read else { return };
                 let kinds = framer.feed(&up[..n]);
@@ -319,10 +330,20 @@ async fn pump(mut client: TcpStream, mut server: TcpStream, protocol: Protocol, 
                         }
                     }
                 }
-                burst.open = true;
-                burst.work = burst.work
-                    || kinds.is_empty()
-                    || kinds.iter().any(|k| !matches!(k, Kind::Ping | Kind::Sync));
+                if replies.is_some() {
+                    let mut c = shared.counts();
+                    for _ in &kinds {
+                        if outstanding == 0 {
+                            c.round_trips += 1;
+                        }
+                        outstanding += 1;
+                    }
+                } else {
+                    burst.open = true;
+                    burst.work = burst.work
+                        || kinds.is_empty()
+                        || kinds.iter().any(|k| !matches!(k, Kind::Ping | Kind::Sync));
+                }
                 if server.write_all(&up[..n]).await.is_err() {
                     return;
                 }
@@ -335,7 +356,9 @@ async fn pump(mut client: TcpStream, mut server: TcpStream, protocol: Protocol, 
                 {
                     let mut c = shared.counts();
                     c.bytes_to_client += n as u64;
-                    if burst.open {
+                    if let Some(replies) = &mut replies {
+                        outstanding = outstanding.saturating_sub(replies.feed(&down[..n]));
+                    } else if burst.open {
                         if burst.work {
                             c.round_trips += 1;
                         } else {
