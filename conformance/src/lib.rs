@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod clauses;
+pub mod counting;
 pub mod foreign;
 mod harness;
 pub mod linearizability;

@@ -165,7 +165,7 @@ impl Proxy {
 }
 
 /// Where `host:port` lies in `url`.
-fn authority(url: &str) -> Option<(usize, usize)> {
+pub(crate) fn authority(url: &str) -> Option<(usize, usize)> {
     let start = url.find("://")? + 3;
     let end = url[start..]
         .find(['/', '?', '#'])
