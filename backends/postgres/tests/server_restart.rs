@@ -185,5 +185,7 @@ async fn the_relay_listens_again_once_the_server_is_back() {
     tokio::time::sleep(POLL + Duration::from_secs(1)).await;
     assert_woken_by_notify(&store, &publisher, "after").await;
     let stopped = relay.stop().await;
-    assert_eq!(stopped.sent, 6, "{stopped:?}");
+    // Six rows were enqueued; a row whose mark as sent was lost in the crash is published
+    // again (the outbox is at least once), so more than six sends are allowed, never fewer.
+    assert!(stopped.sent >= 6, "{stopped:?}");
 }

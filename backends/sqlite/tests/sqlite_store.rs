@@ -84,6 +84,7 @@ async fn a_file_store_is_persistent_shareable_transactional_and_in_wal_mode() {
                 native_batch: true,
                 transactional: true,
                 first_claim_time: true,
+                failure_causes: true,
                 ..Capabilities::default()
             }
         );
@@ -245,6 +246,7 @@ async fn an_in_memory_store_keeps_the_contract_but_shares_nothing() {
         Capabilities {
             native_batch: true,
             first_claim_time: true,
+            failure_causes: true,
             ..Capabilities::default()
         }
     );

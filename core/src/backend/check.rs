@@ -95,7 +95,7 @@ pub fn outbox_ids(ids: &[i64]) -> Result<()> {
 }
 
 /// What a failed publish does to its row: a retry delay of at most
-/// [`MAX_DELAY`](crate::outbox::MAX_DELAY), as for a message's own delay.
+/// [`crate::outbox::MAX_DELAY`], as for a message's own delay.
 pub fn outbox_after_failure(after: AfterFailure) -> Result<()> {
     match after {
         AfterFailure::RetryAfter(delay) if delay > MAX_DELAY => Err(crate::Error::InvalidInput {
