@@ -8,7 +8,9 @@
 #[cfg(feature = "mysql")]
 mod mysql;
 mod postgres;
+#[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 use std::collections::HashMap;
@@ -57,13 +59,20 @@ pub struct Transactional {
     /// Create the effects table in the store's database (the store's own tables exist).
     pub prepare: for<'a> fn(&'a StoreTarget) -> BoxFuture<'a, Result<(), BoxError>>,
     /// Per message, how many effect rows the table holds.
-    pub effects: for<'a> fn(&'a StoreTarget) -> BoxFuture<'a, Result<HashMap<u64, u64>, BoxError>>,
+    pub effects: Effects,
     /// Open the backend's `TxInbox` on the store with this configuration.
-    pub open: for<'a> fn(
-        &'a StoreTarget,
-        InboxConfig,
-    ) -> BoxFuture<'a, dedup_core::Result<Box<dyn TxHandler>>>,
+    pub open: OpenHandler,
 }
+
+/// [`Transactional::effects`]: per message, how many effect rows the table holds.
+pub type Effects =
+    for<'a> fn(&'a StoreTarget) -> BoxFuture<'a, Result<HashMap<u64, u64>, BoxError>>;
+
+/// [`Transactional::open`]: the backend's handler on the store, with this configuration.
+pub type OpenHandler = for<'a> fn(
+    &'a StoreTarget,
+    InboxConfig,
+) -> BoxFuture<'a, dedup_core::Result<Box<dyn TxHandler>>>;
 
 /// A backend's transactional handler.
 #[async_trait]
@@ -76,9 +85,13 @@ pub trait TxHandler: Send + Sync {
 
 /// The chaos modules of the compiled-in backends: one per backend module above.
 pub fn all() -> Vec<&'static ChaosBackend> {
-    let mut all: Vec<&'static ChaosBackend> = vec![&sqlite::CHAOS, &postgres::CHAOS, &redis::CHAOS];
+    let mut all: Vec<&'static ChaosBackend> = vec![&postgres::CHAOS];
+    #[cfg(feature = "sqlite")]
+    all.push(&sqlite::CHAOS);
     #[cfg(feature = "mysql")]
     all.push(&mysql::CHAOS);
+    #[cfg(feature = "redis")]
+    all.push(&redis::CHAOS);
     // In the registry's order.
     all.sort_by_key(|c| dedup::backends().position(|d| std::ptr::eq(d, c.descriptor)));
     all
