@@ -157,6 +157,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             rows.push(row(&figures));
         }
     }
+    if rows.is_empty() {
+        let with_handler: Vec<_> = backends::all()
+            .into_iter()
+            .filter(|c| c.transactional.is_some())
+            .map(|c| c.descriptor.name)
+            .collect();
+        return Err(format!(
+            "nothing to run: transactional mode needs a backend whose chaos module has a \
+             transactional handler ({})",
+            with_handler.join(", ")
+        )
+        .into());
+    }
     print_table(
         &[
             "backend",
