@@ -5,7 +5,7 @@
 
 #[cfg(feature = "sqlite")]
 pub mod billing;
-#[cfg(all(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(feature = "postgres")]
 pub mod chaos;
 pub mod exit;
 #[cfg(all(

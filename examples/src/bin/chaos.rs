@@ -1,6 +1,6 @@
 //! The chaos harness: worker processes consume an at-least-once queue while they are
-//! SIGKILLed at chosen points and PostgreSQL and Redis are crash-restarted under them; then
-//! every message's effects are counted (see `dedup_examples::chaos` for the protocol and
+//! SIGKILLed at chosen points and the queue's PostgreSQL and the store's own server are
+//! crash-restarted under them; then every message's effects are counted (see `dedup_examples::chaos` for the protocol and
 //! the checks).
 //!
 //! ```sh
@@ -8,15 +8,17 @@
 //! cargo run --release -p dedup-examples --features full --bin chaos -- --backend redis --messages 100 --json
 //! ```
 //!
-//! Needs PostgreSQL 15 binaries (the queue, and the PostgreSQL store) and `redis-server`
-//! (the Redis store), as `scripts/services.sh` installs them; each run starts private
-//! servers of its own in a temporary folder. Exits with status 1 when a check fails.
+//! `--backend` takes the registry's names (`dedup::backends()`) of the backends with a
+//! chaos module (`dedup_examples::chaos::backends`). Needs PostgreSQL 15 binaries (the
+//! queue) and each chosen store's server binaries (`redis-server`, MariaDB), as
+//! `scripts/services.sh` installs them; each run starts private servers of its own in a
+//! temporary folder. Exits with status 1 when a check fails.
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use dedup_examples::chaos::worker::{WorkerArgs, work};
-use dedup_examples::chaos::{Backend, Figures, Mode, RunConfig, Window, run};
+use dedup_examples::chaos::{Figures, Mode, RunConfig, Window, backends, run};
 use dedup_examples::report::{print_json, print_table};
 
 /// Kill workers at every step of processing, restart the servers, count the effects.
@@ -37,10 +39,12 @@ enum Internal {
 
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// Backends to run (repeatable; default: all).
-    #[arg(long, value_enum)]
-    backend: Vec<Backend>,
-    /// Modes to run (repeatable; default: both; transactional runs on SQL backends only).
+    /// Backends to run, by their registry name (repeatable; default: every compiled-in
+    /// backend with a chaos module).
+    #[arg(long)]
+    backend: Vec<String>,
+    /// Modes to run (repeatable; default: both; transactional runs on the backends whose
+    /// chaos module has a transactional handler).
     #[arg(long, value_enum)]
     mode: Vec<Mode>,
     /// Messages per run.
@@ -76,7 +80,7 @@ struct RunArgs {
 fn row(f: &Figures) -> Vec<String> {
     let name = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
     let mut row = vec![
-        name(&f.backend.map_or("?".into(), |b| name(&b))),
+        f.backend.unwrap_or("?").to_string(),
         name(&f.mode.map_or("?".into(), |m| name(&m))),
         f.messages.to_string(),
         f.deliveries.to_string(),
@@ -102,9 +106,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         return work(args).await;
     }
     let args = cli.run;
-    let backends = match args.backend.as_slice() {
-        [] => vec![Backend::Sqlite, Backend::Postgres, Backend::Redis],
-        b => b.to_vec(),
+    let chosen = match args.backend.as_slice() {
+        [] => backends::all(),
+        names => names
+            .iter()
+            .map(|n| backends::named(n))
+            .collect::<Result<_, _>>()?,
     };
     let modes = match args.mode.as_slice() {
         [] if args.without_dedup => vec![Mode::Lease],
@@ -121,13 +128,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     println!("chaos: seed {seed}");
     let mut rows = Vec::new();
     let mut failed = Vec::new();
-    for backend in backends {
+    for chaos in chosen {
+        let backend = chaos.descriptor.name;
         for &mode in &modes {
-            if backend == Backend::Redis && mode == Mode::Transactional {
+            if mode == Mode::Transactional && chaos.transactional.is_none() {
                 continue;
             }
             let config = RunConfig {
-                backend,
+                backend: backend.to_owned(),
                 mode,
                 messages: args.messages,
                 workers: args.workers,
@@ -144,10 +152,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 print_json(&figures);
             }
             for v in figures.violations() {
-                failed.push(format!("{backend:?} {mode:?}: {v}"));
+                failed.push(format!("{backend} {mode:?}: {v}"));
             }
             rows.push(row(&figures));
         }
+    }
+    if rows.is_empty() {
+        let with_handler: Vec<_> = backends::all()
+            .into_iter()
+            .filter(|c| c.transactional.is_some())
+            .map(|c| c.descriptor.name)
+            .collect();
+        return Err(format!(
+            "nothing to run: transactional mode needs a backend whose chaos module has a \
+             transactional handler ({})",
+            with_handler.join(", ")
+        )
+        .into());
     }
     print_table(
         &[

@@ -7,29 +7,32 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dedup_postgres::PostgresStore;
-use dedup_postgres::sqlx::{self, PgPool};
-use dedup_sqlite::SqliteStore;
+use dedup::StoreUrl;
+use dedup_postgres::sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
+use super::backends::{self, ChaosBackend};
+use super::protocol::EFFECTS_FILE;
 use super::queue::Queue;
-#[cfg(feature = "mysql")]
-use super::servers::MariaDb;
-use super::servers::{Postgres, Redis, Service};
-use super::worker::{EFFECTS_FILE, EFFECTS_TABLE, postgres_config, queue_call};
-use super::{Backend, Figures, Mode, Window};
+use super::servers::Postgres;
+use super::worker::queue_call;
+use super::{Figures, Mode, Window};
 use crate::rng::Rng;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const QUEUE_TABLE: &str = "chaos_queue";
+/// The queue's server in [`Figures::restarts`]: the harness's own PostgreSQL, whichever
+/// store is under test.
+const QUEUE_SERVER: &str = "postgres";
 
 /// One run's settings.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
-    /// Which store.
-    pub backend: Backend,
+    /// Which store: the name of a registered backend with a chaos module
+    /// ([`backends::named`]).
+    pub backend: String,
     /// Which mode.
     pub mode: Mode,
     /// Messages to process.
@@ -148,14 +151,16 @@ async fn slot(shared: Arc<Shared>, n: u32) -> Result<(), BoxError> {
     }
 }
 
-/// Per message: how many effects were recorded.
+/// Per message: how many effects were recorded (lease mode: the effects file;
+/// transactional mode: the effects table, read by the backend's chaos module).
 async fn effects(
-    config: &RunConfig,
+    mode: Mode,
+    chaos: &ChaosBackend,
     dir: &Path,
     store: &str,
 ) -> Result<HashMap<u64, u64>, BoxError> {
     let mut counts: HashMap<u64, u64> = HashMap::new();
-    match (config.mode, config.backend) {
+    match (mode, &chaos.transactional) {
         (Mode::Lease, _) => {
             let text = std::fs::read_to_string(dir.join(EFFECTS_FILE)).unwrap_or_default();
             for line in text.lines() {
@@ -163,82 +168,41 @@ async fn effects(
                 *counts.entry(id).or_default() += 1;
             }
         }
-        (Mode::Transactional, Backend::Postgres) => {
-            let pool = PgPool::connect(store).await?;
-            let rows: Vec<(i64, i64)> =
-                sqlx::query_as("SELECT msg, count(*) FROM chaos_effects GROUP BY msg")
-                    .fetch_all(&pool)
-                    .await?;
-            counts.extend(rows.into_iter().map(|(m, c)| (m as u64, c as u64)));
+        (Mode::Transactional, Some(tx)) => {
+            counts = (tx.effects)(StoreUrl::parse(store)?.target()).await?;
         }
-        #[cfg(feature = "mysql")]
-        (Mode::Transactional, Backend::Mysql) => {
-            use dedup_mysql::sqlx as mysqlx;
-            let pool = mysqlx::MySqlPool::connect(store).await?;
-            let rows: Vec<(i64, i64)> = mysqlx::query_as(
-                "SELECT msg, CAST(count(*) AS SIGNED) FROM chaos_effects GROUP BY msg",
-            )
-            .fetch_all(&pool)
-            .await?;
-            counts.extend(rows.into_iter().map(|(m, c)| (m as u64, c as u64)));
-        }
-        (Mode::Transactional, _) => {
-            let conn = dedup_sqlite::rusqlite::Connection::open(store)?;
-            let mut stmt = conn.prepare("SELECT msg, count(*) FROM chaos_effects GROUP BY msg")?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
-            for row in rows {
-                let (m, c) = row?;
-                counts.insert(m as u64, c as u64);
-            }
-        }
+        (Mode::Transactional, None) => return Err(no_transactional(chaos).into()),
     }
     Ok(counts)
 }
 
-/// Create the store's tables (and the effects table of transactional mode); returns the
-/// store argument for the workers.
-async fn prepare_store(
-    config: &RunConfig,
-    dir: &Path,
-    postgres: &Service,
-    redis_url: Option<String>,
-    mysql_url: Option<String>,
-) -> Result<String, BoxError> {
-    let _ = &mysql_url;
-    let effects_ddl =
-        format!("CREATE TABLE {EFFECTS_TABLE} (msg bigint NOT NULL, worker bigint, fence bigint)");
-    match config.backend {
-        Backend::Sqlite => {
-            let path = dir.join("store.db");
-            let store = SqliteStore::open(&path).await?;
-            store.open_connection()?.execute(&effects_ddl, [])?;
-            Ok(path.display().to_string())
-        }
-        Backend::Postgres => {
-            let store = PostgresStore::connect_with(&postgres.url, postgres_config()).await?;
-            sqlx::query(sqlx::AssertSqlSafe(effects_ddl))
-                .execute(store.pool())
-                .await?;
-            Ok(postgres.url.clone())
-        }
-        Backend::Redis => Ok(redis_url.ok_or("no redis")?),
-        #[cfg(feature = "mysql")]
-        Backend::Mysql => {
-            let url = mysql_url.ok_or("no mysql")?;
-            let store =
-                dedup_mysql::MySqlStore::connect_with(&url, super::worker::mysql_config()).await?;
-            dedup_mysql::sqlx::query(dedup_mysql::sqlx::AssertSqlSafe(effects_ddl))
-                .execute(store.pool())
-                .await?;
-            Ok(url)
-        }
+fn no_transactional(chaos: &ChaosBackend) -> String {
+    format!(
+        "transactional mode needs a backend whose chaos module has a transactional handler; \
+         {} has none",
+        chaos.descriptor.name
+    )
+}
+
+/// Create the store's tables (opening it with `dedup::open`, which migrates) and, in
+/// transactional mode, the effects table beside them.
+async fn prepare_store(mode: Mode, chaos: &ChaosBackend, store: &str) -> Result<(), BoxError> {
+    drop(dedup::open(store).await?);
+    if mode == Mode::Transactional {
+        let tx = chaos
+            .transactional
+            .as_ref()
+            .ok_or_else(|| no_transactional(chaos))?;
+        (tx.prepare)(StoreUrl::parse(store)?.target()).await?;
     }
+    Ok(())
 }
 
 /// Run the harness once with `config`; the figures, or why it could not run.
 pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
-    if config.mode == Mode::Transactional && config.backend == Backend::Redis {
-        return Err("transactional mode needs an SQL backend (postgres, sqlite)".into());
+    let chaos = backends::named(&config.backend)?;
+    if config.mode == Mode::Transactional && chaos.transactional.is_none() {
+        return Err(no_transactional(chaos).into());
     }
     if config.mode == Mode::Transactional && config.without_dedup {
         return Err("--without-dedup is for lease mode".into());
@@ -246,55 +210,28 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     let started = Instant::now();
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().to_path_buf();
-    let postgres = tokio::task::spawn_blocking({
+    let queue_server = tokio::task::spawn_blocking({
         let dir = dir.join("pg");
         move || Postgres::start(&dir)
     })
     .await??;
-    let admin = PgPool::connect(&postgres.url).await?;
+    let admin = PgPool::connect(&queue_server.url).await?;
     Postgres::commit_durably(&admin).await?;
     let queue = Queue::new(admin, QUEUE_TABLE, config.visibility);
     queue.create(config.messages).await?;
-    let redis = match config.backend {
-        Backend::Redis => Some(Arc::new(Mutex::new(Redis::start(&dir.join("redis"))?))),
-        _ => None,
-    };
-    let redis_url = redis.as_ref().map(|r| lock(r).url());
-    #[cfg(feature = "mysql")]
-    let mariadb = match config.backend {
-        Backend::Mysql => Some(Arc::new(
-            tokio::task::spawn_blocking({
-                let dir = dir.join("mariadb");
-                move || MariaDb::start(&dir)
-            })
-            .await??,
-        )),
-        _ => None,
-    };
-    #[cfg(feature = "mysql")]
-    let mysql_url = mariadb.as_ref().map(|m| m.url.clone());
-    #[cfg(not(feature = "mysql"))]
-    let mysql_url = None;
-    let store = prepare_store(config, &dir, &postgres, redis_url, mysql_url).await?;
+    let server = tokio::task::block_in_place(|| (chaos.start)(&dir, &queue_server.url))?;
+    let store = server.url.clone();
+    prepare_store(config.mode, chaos, &store).await?;
     let mode = match config.mode {
         Mode::Lease => "lease",
         Mode::Transactional => "transactional",
     };
-    let backend = match config.backend {
-        Backend::Sqlite => "sqlite",
-        Backend::Postgres => "postgres",
-        Backend::Redis => "redis",
-        #[cfg(feature = "mysql")]
-        Backend::Mysql => "mysql",
-    };
     let args: Vec<String> = [
         "worker",
-        "--backend",
-        backend,
         "--mode",
         mode,
         "--queue-url",
-        &postgres.url,
+        &queue_server.url,
         "--queue-table",
         QUEUE_TABLE,
         "--visibility-ms",
@@ -321,7 +258,8 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         .map(|n| tokio::spawn(slot(shared.clone(), n)))
         .collect();
 
-    // Restart PostgreSQL at a third of the messages, Redis at two thirds.
+    // Restart the queue's PostgreSQL at a third of the messages, the store's own server
+    // (if it has one) at two thirds.
     let mut restarts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let all_done = async {
         let mut pending = slots;
@@ -331,27 +269,17 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
                 return Ok::<(), BoxError>(());
             }
             let acked = queue_call("stats", || queue.stats()).await?.acked;
-            if !restarts.contains_key("postgres") && acked * 3 >= config.messages {
-                let pg = &postgres;
-                tokio::task::block_in_place(|| pg.crash_restart())?;
-                restarts.insert("postgres", 1);
+            if !restarts.contains_key(QUEUE_SERVER) && acked * 3 >= config.messages {
+                tokio::task::block_in_place(|| queue_server.crash_restart())?;
+                restarts.insert(QUEUE_SERVER, 1);
             }
-            if let Some(redis) = &redis
-                && !restarts.contains_key("redis")
+            if let Some(restart) = &server.restart
+                && !restarts.contains_key(restart.name)
                 && acked * 3 >= config.messages * 2
             {
-                let redis = redis.clone();
-                tokio::task::spawn_blocking(move || lock(&redis).kill_and_restart()).await??;
-                restarts.insert("redis", 1);
-            }
-            #[cfg(feature = "mysql")]
-            if let Some(mariadb) = &mariadb
-                && !restarts.contains_key("mariadb")
-                && acked * 3 >= config.messages * 2
-            {
-                let mariadb = mariadb.clone();
-                tokio::task::spawn_blocking(move || mariadb.crash_restart()).await??;
-                restarts.insert("mariadb", 1);
+                let crash_restart = restart.crash_restart.clone();
+                tokio::task::spawn_blocking(move || crash_restart()).await??;
+                restarts.insert(restart.name, 1);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -371,10 +299,10 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         }
     }
     let stats = queue_call("stats", || queue.stats()).await?;
-    let counts = effects(config, &dir, &store).await?;
+    let counts = effects(config.mode, chaos, &dir, &store).await?;
     let tally = lock(&shared.tally);
     let mut figures = Figures {
-        backend: Some(config.backend),
+        backend: Some(chaos.descriptor.name),
         mode: Some(config.mode),
         without_dedup: config.without_dedup,
         messages: config.messages,

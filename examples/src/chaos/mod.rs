@@ -1,9 +1,10 @@
 //! The chaos harness behind `src/bin/chaos.rs`: worker OS processes consume an
-//! at-least-once queue while a controller SIGKILLs them at chosen points, and restarts
-//! PostgreSQL (and Redis) under them; afterwards every message's effects are counted.
+//! at-least-once queue while a controller SIGKILLs them at chosen points, and crash-restarts
+//! the servers under them; afterwards every message's effects are counted.
 //!
-//! - The stream is a PostgreSQL queue table ([`queue`]) with a visibility timeout: a
-//!   received message not acknowledged in time is delivered again, to any worker.
+//! - The stream is a queue table in a PostgreSQL private to the run ([`queue`]) with a
+//!   visibility timeout: a received message not acknowledged in time is delivered again,
+//!   to any worker. That server is the harness's own, whichever store is under test.
 //! - Each worker ([`worker`]) processes a message in four steps, and before each one
 //!   announces the window it is in on stdout and waits for the controller's go-ahead on
 //!   stdin: `before_claim`, `claim_effect` (claimed, effect not yet done),
@@ -12,22 +13,28 @@
 //!   right there, so every kill lands in a known window for a known message, and starts a
 //!   replacement. The first announcement of each window is always killed, so every window
 //!   is covered; after that each announcement is killed with the configured probability.
-//! - Lease mode (every backend): claim, append the effect to a file and `fsync` it (an
-//!   external side effect the store cannot roll back), commit, acknowledge.
-//!   Transactional mode (PostgreSQL, SQLite, MySQL): claim inside a database transaction, insert
-//!   the effect row in the same transaction, commit it, acknowledge.
-//! - Servers are private to the run: a PostgreSQL from `scripts/services.sh` (its queue
-//!   table, and the PostgreSQL store's table), crash-restarted once (`pg_ctl -m immediate`)
-//!   when a third of the messages are acknowledged; for the Redis backend a
-//!   `redis-server` with `appendonly yes` and `appendfsync always`, SIGKILLed and
-//!   restarted once at two thirds.
+//! - The store is picked by backend name from the registry (`dedup::backends()`); what is
+//!   truly per backend lives in its module under [`backends`], chosen by the store URL's
+//!   descriptor: the store a run uses (a file, the queue's PostgreSQL, or a private server
+//!   of its own) and how to crash it, and the transactional handler.
+//! - Lease mode (every backend with a chaos module): the workers open the store's URL with
+//!   `dedup::open`, claim, append the effect to a file and `fsync` it (an external side
+//!   effect the store cannot roll back), commit, acknowledge. Transactional mode (a
+//!   backend whose module has a handler: the SQL ones): claim inside a database
+//!   transaction through the backend's `TxInbox`, insert the effect row in the same
+//!   transaction, commit it, acknowledge.
+//! - Restarts: the queue's PostgreSQL is crash-restarted (`pg_ctl -m immediate`) once when
+//!   a third of the messages are acknowledged; a store server of its own (a backend
+//!   module's [`Restart`](backends::Restart)) is crashed and restarted once at two thirds.
 //!
 //! Checks ([`Figures::violations`]): transactional mode, every message has exactly one
 //! effect; lease mode, every message has at least one effect, and each message's extra
 //! effects are no more than the kills that hit that message in the `effect_commit` window
 //! (the only place the contract allows a repeat: the effect happened, the commit did not).
 
+pub mod backends;
 pub mod controller;
+pub mod protocol;
 pub mod queue;
 pub mod servers;
 pub mod worker;
@@ -38,22 +45,6 @@ use std::fmt;
 use serde::Serialize;
 
 pub use controller::{RunConfig, run};
-
-/// Which store the workers use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// `SqliteStore` on a file in the run's folder.
-    Sqlite,
-    /// `PostgresStore` on the run's private PostgreSQL.
-    Postgres,
-    /// `RedisStore` on the run's private redis-server (AOF, fsync always).
-    Redis,
-    /// `MySqlStore` on the run's private MariaDB (from `scripts/services.sh`), killed
-    /// (`SIGKILL`) and restarted once at two thirds.
-    #[cfg(feature = "mysql")]
-    Mysql,
-}
 
 /// How workers make their effect permanent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -113,8 +104,8 @@ impl fmt::Display for Window {
 /// What one run measured.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Figures {
-    /// Which store.
-    pub backend: Option<Backend>,
+    /// Which store: its backend's name in the registry.
+    pub backend: Option<&'static str>,
     /// Which mode.
     pub mode: Option<Mode>,
     /// Whether the workers skipped the store (a demonstration that the checks fail).
@@ -125,7 +116,8 @@ pub struct Figures {
     pub deliveries: u64,
     /// Kills by window.
     pub kills: BTreeMap<&'static str, u64>,
-    /// Server restarts made mid-run (`postgres`, `redis`).
+    /// Server restarts made mid-run (`postgres`: the queue's, and the store's own server
+    /// by the name its chaos module gives it).
     pub restarts: BTreeMap<&'static str, u64>,
     /// Effects recorded.
     pub effects: u64,

@@ -1,11 +1,10 @@
-//! The run's private servers: PostgreSQL, MariaDB and RabbitMQ from `scripts/services.sh`
-//! (crash-restartable) and a `redis-server` with `appendonly yes`, `appendfsync always` (SIGKILL and restart).
-//! Private, so that restarting them disturbs nothing else on the machine.
+//! The run's private servers from `scripts/services.sh` (crash-restartable): any of its
+//! services, by name ([`Service`]); the PostgreSQL of the chaos queue and the RabbitMQ of
+//! the outbox story by their own names. Private, so that restarting them disturbs nothing
+//! else on the machine. (A backend's own store server is started by its chaos module.)
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -30,7 +29,7 @@ fn services(dir: &Path, args: &[&str]) -> Result<Output, BoxError> {
 }
 
 /// A private server from `scripts/services.sh` in a state dir of its own, stopped when
-/// dropped: PostgreSQL, MariaDB or RabbitMQ.
+/// dropped.
 pub struct Service {
     dir: PathBuf,
     name: &'static str,
@@ -61,7 +60,7 @@ impl Service {
     }
 
     /// Crash the server and start it again on its data (PostgreSQL: an immediate stop, no
-    /// checkpoint; MariaDB and RabbitMQ: `SIGKILL`); returns when it accepts connections.
+    /// checkpoint; other services: `SIGKILL`); returns when it accepts connections.
     pub fn crash_restart(&self) -> Result<(), BoxError> {
         services(&self.dir, &["crash-restart", self.name]).map(|_| ())
     }
@@ -73,7 +72,7 @@ impl Drop for Service {
     }
 }
 
-/// A private PostgreSQL.
+/// A private PostgreSQL (the chaos queue's server, and the outbox story's).
 pub struct Postgres;
 
 impl Postgres {
@@ -97,18 +96,6 @@ impl Postgres {
     }
 }
 
-/// A private MariaDB.
-#[cfg(feature = "mysql")]
-pub struct MariaDb;
-
-#[cfg(feature = "mysql")]
-impl MariaDb {
-    /// Start one with its state in `dir`.
-    pub fn start(dir: &Path) -> Result<Service, BoxError> {
-        Service::start(dir, "mariadb", "DEDUP_MYSQL_URL")
-    }
-}
-
 /// A private RabbitMQ (its queues and confirmed persistent messages survive
 /// [`Service::crash_restart`]).
 pub struct RabbitMq;
@@ -117,85 +104,5 @@ impl RabbitMq {
     /// Start one with its state in `dir`.
     pub fn start(dir: &Path) -> Result<Service, BoxError> {
         Service::start(dir, "rabbitmq", "DEDUP_AMQP_URL")
-    }
-}
-
-/// A private redis-server persisting every write (`appendfsync always`), killed when
-/// dropped.
-pub struct Redis {
-    child: Option<Child>,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl Redis {
-    /// Start one with its data in `dir`.
-    pub fn start(dir: &Path) -> Result<Self, BoxError> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        std::fs::create_dir_all(dir)?;
-        let mut server = Redis {
-            child: None,
-            dir: dir.to_path_buf(),
-            port,
-        };
-        server.spawn()?;
-        Ok(server)
-    }
-
-    fn spawn(&mut self) -> Result<(), BoxError> {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = redis::Client::open(self.url().as_str())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .is_ok();
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err("redis-server did not start in 30 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGKILL it and start it again on the same port and data (the AOF).
-    pub fn kill_and_restart(&mut self) -> Result<(), BoxError> {
-        self.kill();
-        self.spawn()
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Its URL.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
     }
 }

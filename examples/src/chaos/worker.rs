@@ -8,36 +8,25 @@
 
 use std::fs::OpenOptions;
 use std::future::Future;
-use std::io::{BufRead, Write as _};
+use std::io::Write as _;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_core::{Claim, ClaimOptions, DedupStore, Handled, InboxConfig, InboxError, Key, Result};
-#[cfg(feature = "mysql")]
-use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox as MySqlTxInbox};
+use dedup::{OpenError, StoreUrl};
+use dedup_core::{Claim, ClaimOptions, DedupStore, Handled, InboxConfig, InboxError};
 use dedup_postgres::sqlx::{self, PgPool};
-use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox as PgTxInbox};
-use dedup_sqlite::rusqlite::params;
-use dedup_sqlite::{SqliteStore, TxInbox as SqliteTxInbox};
 
+use super::backends::{self, TxHandler};
+use super::protocol::{EFFECTS_FILE, announce, key, retried, retried_if};
 use super::queue::Queue;
-use super::{Backend, Mode, Window};
+use super::{Mode, Window};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The effects table of transactional mode (in the store's database).
-pub const EFFECTS_TABLE: &str = "chaos_effects";
-/// The effects file of lease mode (in the run's folder).
-pub const EFFECTS_FILE: &str = "effects.log";
-/// The store's table (SQL backends) / the consumer of every key.
-pub const CONSUMER: &str = "chaos";
 
 /// What a worker needs to know (passed on its command line by the controller).
 #[derive(clap::Args, Clone, Debug)]
 pub struct WorkerArgs {
-    /// Which store.
-    #[arg(long, value_enum)]
-    pub backend: Backend,
     /// Which mode.
     #[arg(long, value_enum)]
     pub mode: Mode,
@@ -50,7 +39,8 @@ pub struct WorkerArgs {
     /// Visibility timeout of the queue, ms.
     #[arg(long)]
     pub visibility_ms: u64,
-    /// The store: an SQLite file path, or a PostgreSQL / Redis URL.
+    /// The store's URL (any registered backend; its descriptor picks the chaos module of
+    /// transactional mode).
     #[arg(long)]
     pub store: String,
     /// Lease of every claim, ms.
@@ -66,36 +56,6 @@ pub struct WorkerArgs {
     /// doubled effects.
     #[arg(long)]
     pub without_dedup: bool,
-}
-
-/// Announce `window` for message `id` and wait for the controller's go-ahead (it may kill
-/// this process instead). A closed stdin ends the worker.
-fn announce(window: Window, id: u64) {
-    println!("AT {window} {id}");
-    let _ = std::io::stdout().flush();
-    let mut line = String::new();
-    match std::io::stdin().lock().read_line(&mut line) {
-        Ok(n) if n > 0 => {}
-        _ => std::process::exit(0),
-    }
-}
-
-/// Call `op` until it succeeds or fails with a non-retryable error (or for a minute).
-async fn retried<T, F, Fut>(what: &str, mut op: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match op().await {
-            Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                eprintln!("{what}: retrying after {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => return other,
-        }
-    }
 }
 
 /// Call a queue operation until it succeeds (for a minute: a restart takes seconds).
@@ -117,17 +77,38 @@ where
     }
 }
 
-fn key(id: u64) -> Key {
-    Key::new(CONSUMER, format!("m{id}")).expect("valid key")
-}
-
 /// The store a worker uses.
 enum Store {
-    Any(std::sync::Arc<dyn DedupStore>),
-    Postgres(PgTxInbox),
-    Sqlite(SqliteTxInbox),
-    #[cfg(feature = "mysql")]
-    Mysql(MySqlTxInbox),
+    /// Lease mode: the URL opened with `dedup::open`.
+    Lease(Arc<dyn DedupStore>),
+    /// Transactional mode: the backend's handler.
+    Transactional(Box<dyn TxHandler>),
+}
+
+/// Open the store `url` for `mode`.
+async fn open(url: &str, mode: Mode, lease: Duration) -> Result<Store, BoxError> {
+    match mode {
+        Mode::Lease => Ok(Store::Lease(
+            retried_if("open", OpenError::is_retryable, || dedup::open(url)).await?,
+        )),
+        Mode::Transactional => {
+            let parsed = StoreUrl::parse(url)?;
+            let tx = backends::of(parsed.descriptor())
+                .and_then(|c| c.transactional.as_ref())
+                .ok_or_else(|| {
+                    format!(
+                        "transactional mode: backend {} has no transactional chaos module",
+                        parsed.backend()
+                    )
+                })?;
+            let config = InboxConfig {
+                lease,
+                ..InboxConfig::default()
+            };
+            let handler = retried("connect", || (tx.open)(parsed.target(), config.clone())).await?;
+            Ok(Store::Transactional(handler))
+        }
+    }
 }
 
 /// Run a worker until the queue is drained.
@@ -139,53 +120,7 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
         Duration::from_millis(args.visibility_ms),
     );
     let lease = Duration::from_millis(args.lease_ms);
-    let tx_config = InboxConfig {
-        lease,
-        ..InboxConfig::default()
-    };
-    let store = match (args.backend, args.mode) {
-        (Backend::Postgres, Mode::Transactional) => Store::Postgres(
-            PgTxInbox::new(
-                retried("connect", || {
-                    PostgresStore::connect_with(&args.store, postgres_config())
-                })
-                .await?,
-            )
-            .with_config(tx_config),
-        ),
-        (Backend::Sqlite, Mode::Transactional) => Store::Sqlite(
-            SqliteTxInbox::new(SqliteStore::open(&args.store).await?).with_config(tx_config),
-        ),
-        (Backend::Sqlite, Mode::Lease) => {
-            Store::Any(std::sync::Arc::new(SqliteStore::open(&args.store).await?))
-        }
-        (Backend::Postgres, Mode::Lease) => Store::Any(std::sync::Arc::new(
-            retried("connect", || {
-                PostgresStore::connect_with(&args.store, postgres_config())
-            })
-            .await?,
-        )),
-        #[cfg(feature = "mysql")]
-        (Backend::Mysql, Mode::Transactional) => Store::Mysql(
-            MySqlTxInbox::new(
-                retried("connect", || {
-                    MySqlStore::connect_with(&args.store, mysql_config())
-                })
-                .await?,
-            )
-            .with_config(tx_config),
-        ),
-        #[cfg(feature = "mysql")]
-        (Backend::Mysql, Mode::Lease) => Store::Any(std::sync::Arc::new(
-            retried("connect", || {
-                MySqlStore::connect_with(&args.store, mysql_config())
-            })
-            .await?,
-        )),
-        (Backend::Redis, _) => Store::Any(std::sync::Arc::new(
-            retried("connect", || dedup_redis::RedisStore::connect(&args.store)).await?,
-        )),
-    };
+    let store = open(&args.store, args.mode, lease).await?;
     let options = ClaimOptions::lease(lease);
     loop {
         let Some(id) = queue_call("receive", || queue.receive()).await? else {
@@ -198,60 +133,15 @@ pub async fn work(args: WorkerArgs) -> std::result::Result<(), BoxError> {
         };
         announce(Window::BeforeClaim, id);
         let done = match &store {
-            Store::Any(store) => lease_mode(&**store, id, &options, &args).await?,
-            Store::Postgres(inbox) => postgres_tx(inbox, id, args.worker).await?,
-            Store::Sqlite(inbox) => sqlite_tx(inbox, id, args.worker).await?,
-            #[cfg(feature = "mysql")]
-            Store::Mysql(inbox) => mysql_tx(inbox, id, args.worker).await?,
+            Store::Lease(store) => lease_mode(&**store, id, &options, &args).await?,
+            Store::Transactional(handler) => {
+                tx_answer(id, handler.handle(id, args.worker).await).await?
+            }
         };
         if done {
             queue_call("ack", || queue.ack(id)).await?;
         }
     }
-}
-
-/// The PostgreSQL store's configuration (default table in the private server).
-pub fn postgres_config() -> PostgresConfig {
-    PostgresConfig {
-        max_connections: 2,
-        ..PostgresConfig::default()
-    }
-}
-
-/// The MySQL store's configuration (default table in the private server).
-#[cfg(feature = "mysql")]
-pub fn mysql_config() -> MySqlConfig {
-    MySqlConfig {
-        max_connections: 2,
-        ..MySqlConfig::default()
-    }
-}
-
-/// Transactional mode on MySQL: `TxInbox` runs the effect row's insert in the
-/// transaction that completes the key.
-#[cfg(feature = "mysql")]
-async fn mysql_tx(
-    inbox: &MySqlTxInbox,
-    id: u64,
-    worker: u32,
-) -> std::result::Result<bool, BoxError> {
-    use dedup_mysql::sqlx as mysqlx;
-    let handled = inbox
-        .handle(&key(id), None, |conn, lease| {
-            Box::pin(async move {
-                announce(Window::ClaimEffect, id);
-                mysqlx::query("INSERT INTO chaos_effects (msg, worker, fence) VALUES (?, ?, ?)")
-                    .bind(id as i64)
-                    .bind(worker as i64)
-                    .bind(lease.fence as i64)
-                    .execute(&mut *conn)
-                    .await?;
-                announce(Window::EffectCommit, id);
-                Ok::<_, mysqlx::Error>(Some(b"done".to_vec()))
-            })
-        })
-        .await;
-    tx_answer(id, handled).await
 }
 
 /// Lease mode: claim, effect (a line appended to the effects file, fsynced), commit.
@@ -321,50 +211,4 @@ async fn tx_answer(
             Ok(false)
         }
     }
-}
-
-/// Transactional mode on PostgreSQL: `TxInbox` runs the effect row's insert in the
-/// transaction that completes the key.
-async fn postgres_tx(
-    inbox: &PgTxInbox,
-    id: u64,
-    worker: u32,
-) -> std::result::Result<bool, BoxError> {
-    let handled = inbox
-        .handle(&key(id), None, |conn, lease| {
-            Box::pin(async move {
-                announce(Window::ClaimEffect, id);
-                sqlx::query("INSERT INTO chaos_effects (msg, worker, fence) VALUES ($1, $2, $3)")
-                    .bind(id as i64)
-                    .bind(worker as i64)
-                    .bind(lease.fence as i64)
-                    .execute(&mut *conn)
-                    .await?;
-                announce(Window::EffectCommit, id);
-                Ok::<_, sqlx::Error>(Some(b"done".to_vec()))
-            })
-        })
-        .await;
-    tx_answer(id, handled).await
-}
-
-/// Transactional mode on SQLite: `TxInbox` runs the effect row's insert in the
-/// transaction that completes the key.
-async fn sqlite_tx(
-    inbox: &SqliteTxInbox,
-    id: u64,
-    worker: u32,
-) -> std::result::Result<bool, BoxError> {
-    let handled = inbox
-        .handle(&key(id), None, move |tx, lease| {
-            announce(Window::ClaimEffect, id);
-            tx.execute(
-                "INSERT INTO chaos_effects (msg, worker, fence) VALUES (?1, ?2, ?3)",
-                params![id as i64, worker, lease.fence as i64],
-            )?;
-            announce(Window::EffectCommit, id);
-            Ok::<_, dedup_sqlite::rusqlite::Error>(Some(b"done".to_vec()))
-        })
-        .await;
-    tx_answer(id, handled).await
 }
