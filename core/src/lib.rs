@@ -12,6 +12,7 @@ mod purger;
 mod store;
 mod time;
 mod tls;
+pub mod trace;
 mod types;
 
 // For authors of stores: the traits a backend implements, the checks, the purge driver,
