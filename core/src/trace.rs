@@ -233,9 +233,24 @@ impl MessageTrace {
     /// Run `work` with this trace in scope: [`current`](Self::current) answers it, the
     /// inbox's span records it, a [`ConsumerOutbox`](crate::outbox::ConsumerOutbox) for
     /// this message's key follows it. The broker consumers run each handler so. The scope
-    /// is the task running `work`: a task it spawns does not see it.
+    /// is the task running `work`: a task it spawns does not see it, blocking work sees it
+    /// through [`carry`](Self::carry).
     pub async fn scope<F: Future>(self, work: F) -> F::Output {
         CURRENT.scope(self, work).await
+    }
+
+    /// `work` with the trace in scope now (if any) in scope again when it runs: for
+    /// blocking work handed to another thread (`spawn_blocking`), which the scope does not
+    /// reach by itself. A backend running a handler on the blocking pool wraps it so.
+    pub fn carry<T, F>(work: F) -> impl FnOnce() -> T + Send
+    where
+        F: FnOnce() -> T + Send,
+    {
+        let current = Self::current();
+        move || match current {
+            Some(trace) => CURRENT.sync_scope(trace, work),
+            None => work(),
+        }
     }
 
     /// The trace in scope, if any.
@@ -400,7 +415,17 @@ mod tests {
                 )
             })
             .await;
-        assert_eq!(mine, Some(t));
+        assert_eq!(mine, Some(t.clone()));
         assert_eq!(other, None);
+        // Carried to a blocking thread.
+        let seen = t
+            .clone()
+            .scope(async {
+                tokio::task::spawn_blocking(MessageTrace::carry(MessageTrace::current))
+                    .await
+                    .unwrap()
+            })
+            .await;
+        assert_eq!(seen, Some(t));
     }
 }
