@@ -314,7 +314,10 @@ impl OutboxMessage {
 /// trace is the one in scope for the key ([`MessageTrace::current_for`]: the broker
 /// consumers put the delivery's in scope while the handler runs), or one given with
 /// [`following`](Self::following); without either, the incoming message starts the flow
-/// ([`MessageTrace::start`]: correlation id = the incoming message id).
+/// ([`MessageTrace::start`]: correlation id = the incoming message id). The scope is the
+/// handler's task (a backend running the handler on the blocking pool carries it there
+/// with [`MessageTrace::carry`]); a handler building messages in a task of its own gives
+/// the delivery's trace with [`following`](Self::following).
 #[derive(Clone, Debug)]
 pub struct ConsumerOutbox {
     key: Key,
