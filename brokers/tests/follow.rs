@@ -28,10 +28,13 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
-/// Spans as captured: name and fields, by id.
+/// A span as captured: its name and its fields' values.
+type Captured = (String, BTreeMap<String, String>);
+
+/// Spans as captured, by id.
 #[derive(Clone, Default)]
 struct Capture {
-    spans: Arc<Mutex<BTreeMap<u64, (String, BTreeMap<String, String>)>>>,
+    spans: Arc<Mutex<BTreeMap<u64, Captured>>>,
     next: Arc<AtomicU64>,
 }
 
