@@ -281,6 +281,13 @@ async fn one_orders_messages_carry_its_causation_correlation_and_trace_id() {
                     && f.get("consumer").map(String::as_str) == Some("billing")),
             "{inbox_spans:?}"
         );
+        assert!(
+            inbox_spans
+                .iter()
+                .any(|f| f.get("causation_id") == Some(order)
+                    && f.get("consumer").map(String::as_str) == Some("mailer")),
+            "the mailer's lease-mode inbox span: {inbox_spans:?}"
+        );
         let consumed = capture.find("dedup.consume", "trace_id", trace_id);
         assert!(
             consumed

@@ -433,10 +433,6 @@ impl Relay {
 /// fields (the row's [`MessageTrace`]), so the relay's lines of one flow share its trace
 /// id.
 fn publish_span(row: &super::OutboxRow) -> tracing::Span {
-    let trace = MessageTrace::from_headers(
-        &row.message_id,
-        row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-    );
     let span = tracing::debug_span!(
         "dedup.outbox.publish",
         message_id = %row.message_id,
@@ -447,7 +443,13 @@ fn publish_span(row: &super::OutboxRow) -> tracing::Span {
         correlation_id = tracing::field::Empty,
         causation_id = tracing::field::Empty,
     );
-    trace.record(&span);
+    if !span.is_disabled() {
+        MessageTrace::from_headers(
+            &row.message_id,
+            row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+        )
+        .record(&span);
+    }
     span
 }
 
