@@ -4,7 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use dedup_core::trace::MessageTrace;
 use dedup_core::{Handled, InboxError, Key};
+use tracing::Instrument;
 
 use crate::{ConsumerConfig, Delivery, Handle};
 
@@ -110,7 +112,29 @@ pub(crate) async fn decide<H: Handle + ?Sized>(
             return Action::DeadLetter { reason };
         }
     };
-    let answer = handler.handle(&key, delivery).await;
+    // The handler runs with the delivery's trace in scope and under a span recording it:
+    // the inbox's span and a ConsumerOutbox for this key pick it up.
+    let trace = MessageTrace::from_headers(
+        key.message_id(),
+        delivery
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str())),
+    );
+    let span = tracing::info_span!(
+        "dedup.consume",
+        consumer,
+        message_id = key.message_id(),
+        broker_ref = %delivery.broker_ref,
+        trace_id = tracing::field::Empty,
+        correlation_id = tracing::field::Empty,
+        causation_id = tracing::field::Empty,
+    );
+    trace.record(&span);
+    let answer = trace
+        .scope(handler.handle(&key, delivery))
+        .instrument(span.clone())
+        .await;
     let counter = match &answer {
         Ok(Handled::Processed { .. }) => &counters.processed,
         Ok(Handled::Duplicate { .. }) => &counters.duplicates,
@@ -118,6 +142,7 @@ pub(crate) async fn decide<H: Handle + ?Sized>(
         Ok(Handled::Busy { .. }) => &counters.busy,
         Ok(Handled::DeadLetter { .. }) => &counters.dead_letters,
         Err(e) => {
+            let _in = span.enter();
             // The whole source chain: `dedup store failed` alone says nothing of the cause.
             tracing::warn!(consumer, message_id = key.message_id(), broker_ref = %delivery.broker_ref, error = %dedup_core::error_chain(e), "handler or store failed; retrying");
             &counters.errors

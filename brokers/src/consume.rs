@@ -13,7 +13,9 @@ use crate::{BrokerError, ConsumerConfig, ConsumerStats, Handle, Shutdown};
 /// Each round it waits for free in-flight slots, fetches at most that many deliveries and
 /// starts each: admission ([`refusal`](crate::refusal)), the handler, the answer mapped to
 /// an [`Action`](crate::Action) ([`action_for`](crate::action_for)), the action settled with
-/// the broker. A retryable error (a lost connection, a restarting broker) makes it connect
+/// the broker. Each handler runs in a `dedup.consume` span with the delivery's
+/// [`MessageTrace`](dedup_core::trace::MessageTrace) in scope (see
+/// [`Delivery::trace`](crate::Delivery::trace)). A retryable error (a lost connection, a restarting broker) makes it connect
 /// again after [`ConsumerConfig::reconnect_delay`], doubling up to
 /// [`ConsumerConfig::max_reconnect_delay`] while it keeps failing; handlers already started
 /// keep running meanwhile. At shutdown it stops the broker's deliveries, lets the started

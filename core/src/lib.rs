@@ -13,6 +13,7 @@ mod purger;
 mod store;
 mod time;
 mod tls;
+pub mod trace;
 mod types;
 mod verdict;
 

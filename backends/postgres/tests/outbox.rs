@@ -17,6 +17,7 @@ use dedup_core::outbox::{
     ConsumerOutbox, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxStore, Relay, RelayConfig,
     derived_message_id,
 };
+use dedup_core::trace::{CORRELATION_ID_HEADER, MessageTrace, TRACEPARENT_HEADER};
 use dedup_core::{BoxError, Error, Handled, Key, Result};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, Postgres, Transaction};
 use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
@@ -473,4 +474,49 @@ async fn an_unmigrated_outbox_is_refused_until_migrate() {
     .await
     .unwrap();
     assert_eq!(again.outbox().stats().await.unwrap().pending, 0);
+}
+
+/// A `TxInbox` handler running with a delivery's trace in scope (as the broker consumers
+/// run it) writes messages that follow it: stored and published with the incoming message
+/// id as causation id, its correlation id and its trace id in a `traceparent` of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tx_inbox_handlers_messages_follow_the_delivery_in_scope() {
+    let url = url_or_skip!();
+    let store = common::store(&url, "outbox_follow", None).await;
+    common::create_business_table(&store).await;
+    let key = Key::new("billing", "order-9").unwrap();
+    let incoming_tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let incoming = MessageTrace::from_headers(
+        "order-9",
+        [
+            (CORRELATION_ID_HEADER, "checkout-1"),
+            (TRACEPARENT_HEADER, incoming_tp),
+        ],
+    );
+    let inbox = TxInbox::new(store.clone());
+    let handle = handler(store.clone(), Arc::new(AtomicU32::new(0)), false);
+    let handled = incoming
+        .scope(inbox.handle(&key, None, handle))
+        .await
+        .unwrap();
+    assert!(matches!(handled, Handled::Processed { .. }), "{handled:?}");
+
+    let publisher = MemoryPublisher::new();
+    let relay = Relay::new(Arc::new(store.outbox()), Arc::new(publisher.clone()));
+    assert_eq!(relay.run_once().await.unwrap().sent, 2);
+    let published = publisher.published();
+    assert_eq!(published.len(), 2);
+    let mut parents = Vec::new();
+    for row in &published {
+        let t = MessageTrace::from_headers(
+            &row.message_id,
+            row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+        );
+        assert_eq!(t.causation_id(), Some("order-9"), "{row:?}");
+        assert_eq!(t.correlation_id(), "checkout-1", "{row:?}");
+        assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736", "{row:?}");
+        parents.push(t.traceparent().parent_id());
+    }
+    assert_ne!(parents[0], parents[1], "a parent id per message");
+    assert!(!parents.contains(&"00f067aa0ba902b7".to_owned()));
 }

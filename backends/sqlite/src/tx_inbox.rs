@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use dedup_core::layers::{ObserveOptions, RetryPolicy};
+use dedup_core::trace::MessageTrace;
 use dedup_core::{
     BoxError, DedupStore, Error, Fingerprint, Handled, InboxConfig, InboxError, Key, Lease,
     TxAttempt, TxAttempts, TxEngine,
@@ -179,11 +180,16 @@ where
             // SQLite's one write lock in arrival order here, instead of meeting it held and
             // sleeping in the busy handler.
             let gate = store.write_gate().await;
-            let ran = blocking(false, move || {
-                let _gate = gate;
-                let ran = run_once(&store, &connections, &lease, &mut handler);
-                (handler, ran)
-            })
+            // The delivery's trace goes with the handler to the blocking thread, so a
+            // ConsumerOutbox there follows it.
+            let ran = blocking(
+                false,
+                MessageTrace::carry(move || {
+                    let _gate = gate;
+                    let ran = run_once(&store, &connections, &lease, &mut handler);
+                    (handler, ran)
+                }),
+            )
             .await;
             match ran {
                 Ok((handler, ran)) => {

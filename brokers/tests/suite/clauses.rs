@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dedup_brokers::{ConsumerConfig, Delivery, Shutdown, consume, shutdown, with_inbox};
+use dedup_core::trace::{MessageTrace, TraceParent};
 use dedup_core::{Inbox, InboxConfig, MemoryStore};
 
 use super::BrokerFactory;
@@ -300,5 +301,47 @@ pub async fn a_message_past_its_attempt_limit_reaches_the_dead_letters<F: Broker
     );
     assert_eq!((stats.errors, stats.dead_letters), (3, 1), "{stats:?}");
     assert_eq!(fx.outstanding().await, 0, "the original was settled");
+    fx.cleanup().await;
+}
+
+/// A row published with a correlation id, a causation id and a `traceparent` (as
+/// `support::row` writes them) arrives with them: `Delivery::correlation_id`,
+/// `causation_id` and `trace` read them, and the handler runs with that trace in scope.
+pub async fn a_delivery_carries_its_trace_and_the_handler_runs_in_it<F: BrokerFactory>(fx: F) {
+    fx.publish(&strings(&["order-1"])).await;
+    let seen = Arc::new(Mutex::new(Vec::<(Delivery, Option<MessageTrace>)>::new()));
+    let handler = {
+        let seen = Arc::clone(&seen);
+        with_inbox(
+            Inbox::from_arc(Arc::new(MemoryStore::new()), InboxConfig::default()),
+            move |_lease, d: Delivery| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    seen.lock().unwrap().push((d, MessageTrace::current()));
+                    Ok::<_, dedup_core::Error>(None)
+                }
+            },
+        )
+    };
+    let cfg = config();
+    let (stop, signal) = shutdown();
+    let task = tokio::spawn(consume(fx.source("w1", &cfg).await, cfg, handler, signal));
+    wait_until("the order handled", || !seen.lock().unwrap().is_empty()).await;
+    stop.shut_down();
+    task.await.unwrap().unwrap();
+    let (d, in_scope) = seen.lock().unwrap()[0].clone();
+    assert_eq!(d.correlation_id(), Some("corr-order-1"), "{d:?}");
+    assert_eq!(d.causation_id(), Some("cause-order-1"), "{d:?}");
+    let trace = d.trace().expect("a message id");
+    assert_eq!(
+        trace.traceparent(),
+        TraceParent::derived("corr-order-1", "order-1"),
+        "{d:?}"
+    );
+    assert_eq!(
+        in_scope,
+        Some(trace),
+        "the handler runs with the delivery's trace"
+    );
     fx.cleanup().await;
 }

@@ -66,6 +66,7 @@ macro_rules! broker_suite {
             with_one_in_flight_order_is_kept,
             a_retry_comes_back_after_its_delay,
             a_message_past_its_attempt_limit_reaches_the_dead_letters,
+            a_delivery_carries_its_trace_and_the_handler_runs_in_it,
         );
     };
 }

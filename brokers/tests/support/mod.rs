@@ -10,6 +10,9 @@ use std::time::{Duration, SystemTime};
 
 use dedup_brokers::{ConsumerConfig, ConsumerStats, Delivery, Handle, with_inbox};
 use dedup_core::outbox::OutboxRow;
+use dedup_core::trace::{
+    CAUSATION_ID_HEADER, CORRELATION_ID_HEADER, TRACEPARENT_HEADER, TraceParent,
+};
 use dedup_core::{
     DedupStore, Handled, HandlerRetry, Inbox, InboxConfig, InboxError, Key, MemoryStore, Timestamp,
     Transient,
@@ -23,7 +26,15 @@ pub fn row(destination: &str, id: &str) -> OutboxRow {
         id: 1,
         destination: destination.into(),
         message_id: id.into(),
-        headers: vec![("tenant".into(), "acme".into())],
+        headers: vec![
+            ("tenant".into(), "acme".into()),
+            (CORRELATION_ID_HEADER.into(), format!("corr-{id}")),
+            (CAUSATION_ID_HEADER.into(), format!("cause-{id}")),
+            (
+                TRACEPARENT_HEADER.into(),
+                TraceParent::derived(&format!("corr-{id}"), id).to_string(),
+            ),
+        ],
         payload: format!("payload of {id}").into_bytes(),
         ordering_key: None,
         written_at: Timestamp::from_system_time(SystemTime::now()),

@@ -95,7 +95,12 @@ pub async fn outbox_publishes_every_committed_row<F: OutboxFactory>(factory: &F)
     let (_ctx, outbox) = setup(factory, "outbox_committed").await;
     let with_headers = msg("invoices", "m-1")
         .header("content-type", "application/json")
-        .and_then(|m| m.header("traceparent", "00-abc-def-01"))
+        .and_then(|m| {
+            m.header(
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )
+        })
         .expect("headers");
     commit(&outbox, &[with_headers.clone(), msg("orders", "m-2")]).await;
     commit(

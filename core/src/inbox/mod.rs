@@ -186,7 +186,11 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
             consumer = key.consumer(),
             attempt = tracing::field::Empty,
             result = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+            correlation_id = tracing::field::Empty,
+            causation_id = tracing::field::Empty,
         );
+        crate::trace::MessageTrace::record_current(key, &span);
         let handled = async {
             let mut retries = 0;
             loop {

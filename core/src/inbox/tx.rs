@@ -229,7 +229,11 @@ impl TxEngine {
             consumer = key.consumer(),
             attempt = tracing::field::Empty,
             result = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+            correlation_id = tracing::field::Empty,
+            causation_id = tracing::field::Empty,
         );
+        crate::trace::MessageTrace::record_current(key, &span);
         let handled = self
             .settle(key, fingerprint, attempts, &span)
             .instrument(span.clone())

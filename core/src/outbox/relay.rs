@@ -11,6 +11,7 @@ use super::listen::listen;
 use super::{AfterFailure, Held, OutboxStore, Publisher};
 use crate::error_chain;
 use crate::layers::metric_names as names;
+use crate::trace::MessageTrace;
 use crate::{Backoff, Result, Retention};
 
 /// How a [`Relay`] works. The defaults suit most services; see each field.
@@ -162,7 +163,9 @@ impl RelayRound {
 /// Metrics (names in [`metric_names`](crate::layers::metric_names)): published rows,
 /// publish failures, dead rows, lost marks, publish time and commit-to-publish latency,
 /// and gauges of pending and dead rows and the age of the oldest unsent row. Each round is
-/// a `dedup.outbox.round` span.
+/// a `dedup.outbox.round` span; each row's outcome a `dedup.outbox.publish` span (debug
+/// level) with its `message_id`, `trace_id`, `correlation_id` and `causation_id` (see
+/// [`crate::trace`]).
 #[derive(Clone, Debug)]
 pub struct Relay {
     store: Arc<dyn OutboxStore>,
@@ -373,9 +376,15 @@ impl Relay {
                 .record(started.elapsed().as_secs_f64());
             let mut ok = Vec::new();
             for (row, result) in held.rows.iter().zip(results) {
+                let row_span = publish_span(row);
+                let _in_row = row_span.enter();
                 match result {
-                    Ok(()) => ok.push(row.id),
+                    Ok(()) => {
+                        row_span.record("outcome", "published");
+                        ok.push(row.id);
+                    }
                     Err(e) => {
+                        row_span.record("outcome", "failed");
                         let after = if row.attempts >= self.config.max_attempts {
                             AfterFailure::Dead
                         } else {
@@ -418,6 +427,30 @@ impl Relay {
         .instrument(span)
         .await
     }
+}
+
+/// The `dedup.outbox.publish` span of one row: its message id, destination and trace
+/// fields (the row's [`MessageTrace`]), so the relay's lines of one flow share its trace
+/// id.
+fn publish_span(row: &super::OutboxRow) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "dedup.outbox.publish",
+        message_id = %row.message_id,
+        destination = %row.destination,
+        attempt = row.attempts,
+        outcome = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        correlation_id = tracing::field::Empty,
+        causation_id = tracing::field::Empty,
+    );
+    if !span.is_disabled() {
+        MessageTrace::from_headers(
+            &row.message_id,
+            row.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+        )
+        .record(&span);
+    }
+    span
 }
 
 #[derive(Debug, Default)]
