@@ -19,9 +19,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use suite::{BrokerFactory, DeadLetter, broker_suite};
-use support::{
-    Runs, assert_retried_in_process, config, counting, row, transient_once, wait_until,
-};
+use support::{Runs, assert_retried_in_process, config, counting, row, transient_once, wait_until};
 
 struct Fixture {
     conn: Connection,

@@ -19,9 +19,7 @@ use redis::streams::StreamInfoGroupsReply;
 use redis::streams::StreamRangeReply;
 use suite::broken::{AcksBeforeHandling, DropsMessageId, FetchesPastTheBound, must_fail};
 use suite::{BrokerFactory, DeadLetter, broker_suite, clauses};
-use support::{
-    Runs, assert_retried_in_process, config, counting, row, transient_once, wait_until,
-};
+use support::{Runs, assert_retried_in_process, config, counting, row, transient_once, wait_until};
 
 const GROUP: &str = "billing";
 const IDLE: Duration = Duration::from_millis(150);
