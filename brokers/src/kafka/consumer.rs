@@ -234,7 +234,20 @@ impl Source for KafkaConsumer {
             _ = tokio::time::sleep(Duration::from_millis(500)) => return Ok(Vec::new()),
             next = consumer.recv() => next,
         };
-        let first = first.map_err(|e| classify(format!("consuming {:?}", self.topics()), e))?;
+        let first = match first {
+            Ok(record) => record,
+            Err(e) => {
+                return match classify(format!("consuming {:?}", self.topics()), e) {
+                    // librdkafka reconnects to the brokers by itself (a new consumer would
+                    // only cost a rebalance): report it and go on.
+                    BrokerError::Broker { context, source } => {
+                        tracing::warn!(group = %self.group, %context, error = %source, "Kafka consumer error; librdkafka retries");
+                        Ok(Vec::new())
+                    }
+                    refused => Err(refused),
+                };
+            }
+        };
         let mut fetched = vec![self.pending(&first)];
         drop(first);
         // Whatever else librdkafka already holds, up to `max`, without waiting.
