@@ -353,3 +353,67 @@ async fn without_the_header_the_fallback_keys_on_topic_partition_offset() {
     assert_eq!(fx.outstanding().await, 0);
     fx.cleanup().await;
 }
+
+/// A's handler of m-2 is held while B joins the group: the partition is revoked from A
+/// (which commits its settled prefix, past m-1) and assigned again. Whoever owns it then
+/// gets m-2 (and m-3) again; once A's held handler finishes, every record ran once and the
+/// group's offset reaches the end of the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_commits_what_is_settled_and_loses_nothing() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    fx.publish(&["m-1", "m-2", "m-3"].map(String::from)).await;
+    let store = Arc::new(MemoryStore::new());
+    let runs = Runs::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = {
+        let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+        with_inbox(
+            Inbox::from_arc(Arc::clone(&store), InboxConfig::default()),
+            move |_lease, d: Delivery| {
+                let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+                async move {
+                    let id = d.message_id.unwrap();
+                    if id == "m-2" {
+                        let _ = gate.acquire().await.unwrap();
+                    }
+                    *runs.lock().unwrap().entry(id).or_default() += 1;
+                    Ok::<_, std::io::Error>(None)
+                }
+            },
+        )
+    };
+    let (stop, signal) = shutdown();
+    let a = tokio::spawn(fx.consumer(config()).run(held, signal.clone()));
+    wait_until("m-1 and m-3 ran in A", || runs.lock().unwrap().len() == 2).await;
+    let calls = Arc::new(AtomicU32::new(0));
+    let handler = counting(
+        &store,
+        InboxConfig::default(),
+        &runs,
+        &calls,
+        Duration::ZERO,
+    );
+    let b = tokio::spawn(fx.consumer(config()).run(handler, signal));
+    // B's join revokes A's partition; Tansu completes the join within about a second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    gate.add_permits(1);
+    wait_until("m-2 ran", || runs.lock().unwrap().len() == 3).await;
+    for _ in 0..200 {
+        if fx.outstanding().await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.shut_down();
+    let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
+    assert_eq!(a.processed + b.processed, 3, "{a:?} {b:?}");
+    assert!(all_once(&runs, 3), "each ran once: {runs:?}");
+    assert_eq!(
+        fx.outstanding().await,
+        0,
+        "the group's offset is at the end"
+    );
+    fx.cleanup().await;
+}
