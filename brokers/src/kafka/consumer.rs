@@ -136,7 +136,12 @@ impl KafkaConsumer {
         topics
     }
 
-    fn pending(&self, record: &BorrowedMessage<'_>) -> KafkaPending {
+    fn pending(
+        &self,
+        record: &BorrowedMessage<'_>,
+        consumer: &Arc<StreamConsumer<Rebalancing>>,
+        copies: &Arc<Copies>,
+    ) -> KafkaPending {
         let partition = (record.topic().to_owned(), record.partition());
         let offset = record.offset();
         let generation = self.offsets.fetched(&partition, offset);
@@ -150,8 +155,8 @@ impl KafkaConsumer {
             offset,
             generation,
             self.offsets.clone(),
-            Arc::clone(self.consumer.as_ref().expect("connected")),
-            Arc::clone(self.copies.as_ref().expect("connected")),
+            Arc::clone(consumer),
+            Arc::clone(copies),
         )
     }
 
@@ -225,7 +230,7 @@ impl Source for KafkaConsumer {
         max: usize,
         shutdown: &Shutdown,
     ) -> Result<Vec<KafkaPending>, BrokerError> {
-        let Some(consumer) = self.consumer.clone() else {
+        let (Some(consumer), Some(copies)) = (self.consumer.clone(), self.copies.clone()) else {
             return Err(BrokerError::broker("consuming", "not subscribed"));
         };
         let first = tokio::select! {
@@ -248,12 +253,12 @@ impl Source for KafkaConsumer {
                 };
             }
         };
-        let mut fetched = vec![self.pending(&first)];
+        let mut fetched = vec![self.pending(&first, &consumer, &copies)];
         drop(first);
         // Whatever else librdkafka already holds, up to `max`, without waiting.
         while fetched.len() < max {
             match consumer.recv().now_or_never() {
-                Some(Ok(record)) => fetched.push(self.pending(&record)),
+                Some(Ok(record)) => fetched.push(self.pending(&record, &consumer, &copies)),
                 Some(Err(e)) => {
                     tracing::warn!(group = %self.group, error = %e, "consuming");
                     break;

@@ -164,3 +164,62 @@ impl ConsumerContext for Rebalancing {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assigned(offsets: &Offsets) -> Partition {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition("orders", 0);
+        offsets.assign(&tpl);
+        ("orders".to_owned(), 0)
+    }
+
+    #[test]
+    fn commits_only_past_the_settled_prefix_across_gaps() {
+        let offsets = Offsets::default();
+        let p = assigned(&offsets);
+        // Offsets 3, 4 and 7 fetched (5 and 6 are gaps: compaction, transaction markers).
+        let g = [3, 4, 7].map(|o| offsets.fetched(&p, o).unwrap());
+        assert_eq!(offsets.settled(&p, 4, g[1]), None, "3 is still in flight");
+        assert_eq!(offsets.settled(&p, 7, g[2]), None, "3 is still in flight");
+        assert_eq!(offsets.settled(&p, 3, g[0]), Some(8), "3, 4 and 7 settled");
+        let positions = offsets.positions();
+        assert_eq!(
+            positions.find_partition("orders", 0).unwrap().offset(),
+            Offset::Offset(8)
+        );
+    }
+
+    #[test]
+    fn a_revoked_partition_owes_its_prefix_and_ignores_late_settles() {
+        let offsets = Offsets::default();
+        let p = assigned(&offsets);
+        let g0 = offsets.fetched(&p, 0).unwrap();
+        let g1 = offsets.fetched(&p, 1).unwrap();
+        assert_eq!(offsets.settled(&p, 0, g0), Some(1));
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition("orders", 0);
+        let owed = offsets.revoke(&tpl);
+        assert_eq!(
+            owed.find_partition("orders", 0).unwrap().offset(),
+            Offset::Offset(1),
+            "the settled prefix, not past the unsettled 1"
+        );
+        assert_eq!(offsets.settled(&p, 1, g1), None, "revoked: no commit");
+        // Assigned again: a settle from before counts for nothing.
+        let p = assigned(&offsets);
+        let fresh = offsets.fetched(&p, 1).unwrap();
+        assert_ne!(fresh, g1);
+        assert_eq!(offsets.settled(&p, 1, g1), None, "an earlier generation");
+        assert_eq!(offsets.settled(&p, 1, fresh), Some(2));
+    }
+
+    #[test]
+    fn an_unassigned_partition_is_not_tracked() {
+        let offsets = Offsets::default();
+        assert_eq!(offsets.fetched(&("other".to_owned(), 0), 0), None);
+        assert_eq!(offsets.positions().count(), 0);
+    }
+}
