@@ -417,3 +417,37 @@ async fn a_rebalance_commits_what_is_settled_and_loses_nothing() {
     );
     fx.cleanup().await;
 }
+
+/// A dead-letter topic that does not exist: `run` refuses to start rather than lose dead
+/// letters.
+#[tokio::test]
+async fn a_missing_dead_letter_topic_is_refused_at_start() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let consumer = KafkaConsumer::new(
+        &fx.brokers,
+        &fx.group,
+        &fx.topic,
+        format!("{}-missing", fx.dead),
+        config(),
+    );
+    let calls = Arc::new(AtomicU32::new(0));
+    let handler = counting(
+        &Arc::new(MemoryStore::new()),
+        InboxConfig::default(),
+        &Runs::default(),
+        &calls,
+        Duration::ZERO,
+    );
+    let result = tokio::time::timeout(
+        Duration::from_secs(30),
+        consumer.run(handler, Shutdown::never()),
+    )
+    .await
+    .expect("run ends by itself");
+    let err = result.expect_err("a missing dead-letter topic is refused");
+    assert!(!err.is_retryable(), "{err:?}");
+    assert!(format!("{err}").contains("-missing"), "{err}");
+    fx.cleanup().await;
+}

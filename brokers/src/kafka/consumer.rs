@@ -8,8 +8,9 @@ use async_trait::async_trait;
 use futures::FutureExt;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::producer::FutureProducer;
+use rdkafka::producer::{FutureProducer, Producer};
 
 use super::errors::classify;
 use super::offsets::{Offsets, Rebalancing};
@@ -204,21 +205,28 @@ impl Source for KafkaConsumer {
             offsets: self.offsets.clone(),
             group: self.group.clone(),
         };
+        // Not creating topics on a lookup: a missing copies' topic must be refused, not
+        // made (with the broker's default partitions) by the check itself.
+        let producer: FutureProducer = producer_config(&self.settings)
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .map_err(|e| classify("creating the Kafka producer of retries and dead letters", e))?;
+        let retry_topic = self
+            .retry_topic
+            .clone()
+            .unwrap_or_else(|| self.topic.clone());
+        for topic in [&retry_topic, &self.dead_letter_topic] {
+            check_topic(&producer, topic).await?;
+        }
         let consumer: StreamConsumer<Rebalancing> = settings
             .create_with_context(context)
             .map_err(|e| classify("creating the Kafka consumer", e))?;
         consumer
             .subscribe(&self.topics())
             .map_err(|e| classify(format!("subscribing to {:?}", self.topics()), e))?;
-        let producer: FutureProducer = producer_config(&self.settings)
-            .create()
-            .map_err(|e| classify("creating the Kafka producer of retries and dead letters", e))?;
         self.copies = Some(Arc::new(Copies {
             producer,
-            retry_topic: self
-                .retry_topic
-                .clone()
-                .unwrap_or_else(|| self.topic.clone()),
+            retry_topic,
             dead_letter_topic: self.dead_letter_topic.clone(),
         }));
         self.consumer = Some(Arc::new(consumer));
@@ -272,6 +280,35 @@ impl Source for KafkaConsumer {
     async fn give_back(&mut self) {
         // What was fetched and not started is not committed: the group delivers it again.
         self.commit_now();
+    }
+}
+
+/// Refuse to run when `topic`, where copies go, does not exist: a dead letter or a retry
+/// would be lost (the record counts as settled only once its copy is confirmed, so it would
+/// block its partition's commits instead).
+async fn check_topic(producer: &FutureProducer, topic: &str) -> Result<(), BrokerError> {
+    let (producer, name) = (producer.clone(), topic.to_owned());
+    let metadata = tokio::task::spawn_blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(Some(&name), Duration::from_secs(10))
+    })
+    .await
+    .map_err(|e| BrokerError::broker(format!("looking up topic {topic}"), e))?
+    .map_err(|e| classify(format!("looking up topic {topic}"), e))?;
+    match metadata.topics().iter().find(|t| t.name() == topic) {
+        Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(()),
+        Some(t) => Err(BrokerError::refused(
+            format!("checking the copies' topic {topic}"),
+            format!(
+                "the topic is missing or unusable ({:?}); create it first",
+                t.error().map(RDKafkaErrorCode::from)
+            ),
+        )),
+        None => Err(BrokerError::refused(
+            format!("checking the copies' topic {topic}"),
+            "the broker does not list the topic; create it first",
+        )),
     }
 }
 
