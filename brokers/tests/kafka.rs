@@ -451,3 +451,46 @@ async fn a_missing_dead_letter_topic_is_refused_at_start() {
     assert!(format!("{err}").contains("-missing"), "{err}");
     fx.cleanup().await;
 }
+
+/// The admission floor reads the record's timestamp: a record older than `max_age` is
+/// dead-lettered unhandled, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_older_than_the_floor_by_its_timestamp_is_dead_lettered_unhandled() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    fx.publish(&["old".to_string()]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (runs, calls) = (Runs::default(), Arc::new(AtomicU32::new(0)));
+    let handler = counting(
+        &Arc::new(MemoryStore::new()),
+        InboxConfig::default(),
+        &runs,
+        &calls,
+        Duration::ZERO,
+    );
+    let floor = ConsumerConfig {
+        max_age: Some(Duration::from_millis(200)),
+        ..config()
+    };
+    let (stop, signal) = shutdown();
+    let task = tokio::spawn(fx.consumer(floor).run(handler, signal));
+    let mut dead = Vec::new();
+    for _ in 0..200 {
+        dead = fx.dead_letters().await;
+        if !dead.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    stop.shut_down();
+    let stats = task.await.unwrap().unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].message_id.as_deref(), Some("old"));
+    let reason = dead[0].reason.as_deref().unwrap();
+    assert!(reason.starts_with("older than"), "{reason}");
+    assert_eq!(stats.refused, 1, "{stats:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(fx.outstanding().await, 0);
+    fx.cleanup().await;
+}
