@@ -1,1 +1,8 @@
 #![doc = include_str!("../README.md")]
+
+pub mod admin;
+pub mod connect;
+pub mod migrate;
+pub mod tx_inbox;
+
+pub use tx_inbox::{TxInbox, TxStore};
