@@ -18,68 +18,48 @@ use dedup_core::admin::{
 };
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
-use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
+use sqlx::AssertSqlSafe;
 use sqlx::mysql::MySqlRow;
-use sqlx::{AssertSqlSafe, Row};
 
 use crate::MySqlStore;
 use crate::decode::decode_keyed_record;
 use crate::error::backend;
 use crate::statements::{NOW_MS, retention_param, row_cols};
+use dedup_sql::admin::{self, AdminDialect};
 
-/// The condition selecting completed rows whose outcome starts with the verdict prefix
-/// `hex` (see [`Status`]: failed and dead-lettered records are told apart by it).
-fn verdict(hex: &str) -> String {
-    format!(
-        "(processed_at IS NOT NULL AND LEFT(outcome, {}) = X'{hex}')",
-        hex.len() / 2
-    )
+/// MySQL's SQL for the shared admin conditions.
+struct Dialect;
+
+impl AdminDialect for Dialect {
+    fn outcome_starts_with(hex: &str) -> String {
+        format!("LEFT(outcome, {}) = X'{hex}'", hex.len() / 2)
+    }
+
+    fn count_where(condition: &str) -> String {
+        format!("CAST(COALESCE(SUM({condition}), 0) AS SIGNED)")
+    }
 }
 
 /// The condition selecting rows in `status` at the time `now` (an SQL expression, in ms).
 fn status_condition(status: Option<Status>, now: &str) -> String {
-    let (failed, dead) = (verdict(FAILED_PREFIX_HEX), verdict(DEAD_LETTER_PREFIX_HEX));
-    match status {
-        None => "TRUE".to_owned(),
-        Some(Status::InFlight) => format!("(processed_at IS NULL AND expires_at > {now})"),
-        Some(Status::Expired) => format!("(processed_at IS NULL AND expires_at <= {now})"),
-        Some(Status::Completed) => {
-            format!("(processed_at IS NOT NULL AND NOT COALESCE({failed} OR {dead}, FALSE))")
-        }
-        Some(Status::Failed) => failed,
-        Some(Status::DeadLettered) => dead,
-    }
+    admin::status_condition::<Dialect>(status, now)
 }
 
 /// `SELECT` expressions counting rows by status at `now`, named `n0`.. in [`Status::ALL`]
 /// order.
 fn status_counts(now: &str) -> String {
-    Status::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            format!(
-                "CAST(COALESCE(SUM({}), 0) AS SIGNED) AS n{i}",
-                status_condition(Some(*s), now)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    admin::status_counts::<Dialect>(now)
 }
 
 /// The counts of [`status_counts`] in `row`, into `stats`.
 fn read_counts(row: &MySqlRow, stats: &mut Stats) -> Result<()> {
-    for (i, status) in Status::ALL.iter().enumerate() {
-        *stats.count_mut(*status) = count_of(row, &format!("n{i}"))?;
-    }
-    Ok(())
+    admin::read_counts(row, stats, backend)
 }
 
 /// The count in column `name` of `row`.
 fn count_of(row: &MySqlRow, name: &str) -> Result<u64> {
-    let n: i64 = row.try_get(name).map_err(backend)?;
-    Ok(u64::try_from(n).unwrap_or(0))
+    admin::count_of(row, name, backend)
 }
 
 #[async_trait]

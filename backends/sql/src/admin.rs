@@ -110,7 +110,10 @@ mod tests {
         }
         assert_eq!(status_condition::<Test>(None, "now"), "TRUE");
         let failed = status_condition::<Test>(Some(Status::Failed), "now");
-        assert!(failed.contains(&format!("starts({FAILED_PREFIX_HEX})")), "{failed}");
+        assert!(
+            failed.contains(&format!("starts({FAILED_PREFIX_HEX})")),
+            "{failed}"
+        );
         let completed = status_condition::<Test>(Some(Status::Completed), "now");
         assert!(completed.contains("NOT COALESCE("), "{completed}");
     }

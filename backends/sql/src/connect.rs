@@ -16,8 +16,7 @@ pub const CONNECTING: &str = "connecting";
 pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// The connect options of a [`ConnectDialect`]'s database.
-pub type Options<D> =
-    <<<D as ConnectDialect>::Db as Database>::Connection as Connection>::Options;
+pub type Options<D> = <<<D as ConnectDialect>::Db as Database>::Connection as Connection>::Options;
 
 /// The pool settings every sqlx backend's configuration has.
 #[derive(Clone, Copy, Debug)]
@@ -120,8 +119,10 @@ pub async fn pool<D: ConnectDialect>(
                 )));
         }
     }
-    Ok(pool_options::<D::Db>(settings.max_connections, settings.acquire_timeout)
-        .connect_lazy_with(options))
+    Ok(
+        pool_options::<D::Db>(settings.max_connections, settings.acquire_timeout)
+            .connect_lazy_with(options),
+    )
 }
 
 /// `error`, from parsing a connection URL, as the backend's error with its hint.
