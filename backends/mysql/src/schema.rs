@@ -50,7 +50,7 @@ fn render(migration: &str, config: &MySqlConfig) -> String {
 }
 
 /// The table recording each store table's schema version, one per database.
-pub(crate) const VERSIONS_TABLE: &str = "dedup_schema_versions";
+pub const VERSIONS_TABLE: &str = "dedup_schema_versions";
 
 /// The DDL of the versions table (idempotent).
 const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS dedup_schema_versions (\n    \

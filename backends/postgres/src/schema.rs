@@ -242,7 +242,7 @@ impl Migrations for Inbox<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ddl::{MAX_IDENTIFIER, index_name};
+    use crate::ddl::index_name;
 
     #[test]
     fn readme_shows_the_schema() {
