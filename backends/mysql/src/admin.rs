@@ -20,7 +20,6 @@ use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
 use sqlx::AssertSqlSafe;
-use sqlx::mysql::MySqlRow;
 
 use crate::MySqlStore;
 use crate::decode::decode_keyed_record;
@@ -41,27 +40,6 @@ impl AdminDialect for Dialect {
     }
 }
 
-/// The condition selecting rows in `status` at the time `now` (an SQL expression, in ms).
-fn status_condition(status: Option<Status>, now: &str) -> String {
-    admin::status_condition::<Dialect>(status, now)
-}
-
-/// `SELECT` expressions counting rows by status at `now`, named `n0`.. in [`Status::ALL`]
-/// order.
-fn status_counts(now: &str) -> String {
-    admin::status_counts::<Dialect>(now)
-}
-
-/// The counts of [`status_counts`] in `row`, into `stats`.
-fn read_counts(row: &MySqlRow, stats: &mut Stats) -> Result<()> {
-    admin::read_counts(row, stats, backend)
-}
-
-/// The count in column `name` of `row`.
-fn count_of(row: &MySqlRow, name: &str) -> Result<u64> {
-    admin::count_of(row, name, backend)
-}
-
 #[async_trait]
 impl AdminStorage for MySqlStore {
     async fn now(&self) -> Result<Timestamp> {
@@ -80,7 +58,7 @@ impl AdminStorage for MySqlStore {
              ORDER BY message_id LIMIT ?",
             columns = row_cols(""),
             table = self.table(),
-            status = status_condition(filter.status, "n.ms"),
+            status = admin::status_condition::<Dialect>(filter.status, "n.ms"),
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(self.now_param())
@@ -102,14 +80,14 @@ impl AdminStorage for MySqlStore {
         let now = AdminStorage::now(self).await?;
         let counts = sqlx::query(AssertSqlSafe(format!(
             "SELECT {} FROM (SELECT CAST(? AS SIGNED) AS ms) n STRAIGHT_JOIN {table}",
-            status_counts("n.ms"),
+            admin::status_counts::<Dialect>("n.ms"),
         )))
         .bind(now.as_millis())
         .fetch_one(self.pool())
         .await
         .map_err(backend)?;
         let mut stats = Stats::at(now);
-        read_counts(&counts, &mut stats)?;
+        admin::read_counts(&counts, &mut stats, backend)?;
         let size: Option<i64> = sqlx::query_scalar(
             "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables \
              WHERE table_schema = DATABASE() AND table_name = ?",
@@ -122,7 +100,7 @@ impl AdminStorage for MySqlStore {
         let oldest = sqlx::query(AssertSqlSafe(format!(
             "SELECT {columns} FROM {table} WHERE {} \
              ORDER BY expires_at, consumer, message_id LIMIT 1",
-            status_condition(Some(Status::InFlight), "?")
+            admin::status_condition::<Dialect>(Some(Status::InFlight), "?")
         )))
         .bind(now.as_millis())
         .fetch_optional(self.pool())
@@ -153,7 +131,7 @@ impl AdminStorage for MySqlStore {
         sqlx::query(AssertSqlSafe(format!(
             "SELECT consumer, {} FROM (SELECT CAST(? AS SIGNED) AS ms) n \
              STRAIGHT_JOIN {table} GROUP BY consumer ORDER BY consumer LIMIT {MAX_CONSUMERS}",
-            status_counts("n.ms"),
+            admin::status_counts::<Dialect>("n.ms"),
             table = self.table(),
         )))
         .bind(now.as_millis())
@@ -164,7 +142,7 @@ impl AdminStorage for MySqlStore {
         .map(|row| {
             let consumer = crate::decode::text(row, "consumer")?.unwrap_or_default();
             let mut counts = ConsumerCounts::new(consumer, now);
-            read_counts(row, &mut counts.counts)?;
+            admin::read_counts(row, &mut counts.counts, backend)?;
             Ok(counts)
         })
         .collect()
@@ -179,8 +157,8 @@ impl AdminStorage for MySqlStore {
             .await
             .map_err(backend)?;
         Ok(PurgeCount {
-            completed: count_of(&row, "completed")?,
-            expired: count_of(&row, "expired")?,
+            completed: admin::count_of(&row, "completed", backend)?,
+            expired: admin::count_of(&row, "expired", backend)?,
         })
     }
 

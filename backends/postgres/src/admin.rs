@@ -46,27 +46,6 @@ impl AdminDialect for Dialect {
     }
 }
 
-/// The condition selecting rows in `status` at the time `now` (an SQL expression, in ms).
-fn status_condition(status: Option<Status>, now: &str) -> String {
-    admin::status_condition::<Dialect>(status, now)
-}
-
-/// `SELECT` expressions counting rows by status at `now`, named `n0`.. in [`Status::ALL`]
-/// order.
-fn status_counts(now: &str) -> String {
-    admin::status_counts::<Dialect>(now)
-}
-
-/// The counts of [`status_counts`] in `row`, into `stats`.
-fn read_counts(row: &PgRow, stats: &mut Stats) -> Result<()> {
-    admin::read_counts(row, stats, backend)
-}
-
-/// The count in column `name` of `row`.
-fn count_of(row: &PgRow, name: &str) -> Result<u64> {
-    admin::count_of(row, name, backend)
-}
-
 #[async_trait]
 impl AdminStorage for PostgresStore {
     async fn now(&self) -> Result<Timestamp> {
@@ -85,7 +64,7 @@ impl AdminStorage for PostgresStore {
              ORDER BY message_id COLLATE \"C\" LIMIT $4",
             columns = row_cols(""),
             table = self.table(),
-            status = status_condition(filter.status, "now.ms"),
+            status = admin::status_condition::<Dialect>(filter.status, "now.ms"),
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(self.now_param())
@@ -105,19 +84,19 @@ impl AdminStorage for PostgresStore {
         let columns = row_cols("");
         // `$1` is the "now" just read, so every part agrees with the counts.
         let now = AdminStorage::now(self).await?;
-        let in_flight = status_condition(Some(Status::InFlight), "$1");
+        let in_flight = admin::status_condition::<Dialect>(Some(Status::InFlight), "$1");
         let counts = sqlx::query(AssertSqlSafe(format!(
             "SELECT {counts}, pg_total_relation_size($2::regclass) AS size FROM {table}",
-            counts = status_counts("$1"),
+            counts = admin::status_counts::<Dialect>("$1"),
         )))
         .bind(now.as_millis())
         .bind(table)
         .fetch_one(self.pool())
         .await
         .map_err(backend)?;
-        let count = |name: &str| count_of(&counts, name);
+        let count = |name: &str| admin::count_of(&counts, name, backend);
         let mut stats = Stats::at(now);
-        read_counts(&counts, &mut stats)?;
+        admin::read_counts(&counts, &mut stats, backend)?;
         stats.size_bytes = Some(count("size")?);
         let oldest = sqlx::query(AssertSqlSafe(format!(
             "SELECT {columns} FROM {table} WHERE {in_flight} \
@@ -152,7 +131,7 @@ impl AdminStorage for PostgresStore {
         sqlx::query(AssertSqlSafe(format!(
             "SELECT consumer, {counts} FROM {table} \
              GROUP BY consumer ORDER BY consumer COLLATE \"C\" LIMIT {MAX_CONSUMERS}",
-            counts = status_counts("$1"),
+            counts = admin::status_counts::<Dialect>("$1"),
             table = self.table(),
         )))
         .bind(now.as_millis())
@@ -163,7 +142,7 @@ impl AdminStorage for PostgresStore {
         .map(|row| {
             let consumer: String = row.try_get("consumer").map_err(backend)?;
             let mut counts = ConsumerCounts::new(consumer, now);
-            read_counts(row, &mut counts.counts)?;
+            admin::read_counts(row, &mut counts.counts, backend)?;
             Ok(counts)
         })
         .collect()
@@ -177,7 +156,7 @@ impl AdminStorage for PostgresStore {
             .fetch_one(self.pool())
             .await
             .map_err(backend)?;
-        let count = |name: &str| count_of(&row, name);
+        let count = |name: &str| admin::count_of(&row, name, backend);
         Ok(PurgeCount {
             completed: count("completed")?,
             expired: count("expired")?,

@@ -2,7 +2,9 @@
 
 pub mod admin;
 pub mod connect;
+pub mod error;
 pub mod migrate;
+pub mod purge;
 pub mod tx_inbox;
 
 pub use tx_inbox::{TxInbox, TxStore};

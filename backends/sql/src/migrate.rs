@@ -112,6 +112,20 @@ async fn migrate_locked<M: Migrations>(m: &M, conn: &mut MigrationConn<M>) -> Re
     m.after(conn).await
 }
 
+/// What a store's `connect` does once its pool is open: `migrate` when the configuration
+/// says so, else `check` (writing nothing); the error says which of the two failed.
+pub async fn migrate_or_check(
+    migrate: bool,
+    run: impl Future<Output = Result<()>>,
+    check: impl Future<Output = Result<()>>,
+) -> Result<()> {
+    if migrate {
+        run.await.map_err(|e| e.during("migrating the schema"))
+    } else {
+        check.await.map_err(|e| e.during("checking the schema"))
+    }
+}
+
 /// The migrations a table at version `found` still lacks; [`Error::SchemaTooNew`] for a
 /// version this build does not know.
 pub fn pending<'m>(
