@@ -58,9 +58,12 @@ mod tests {
     fn a_race_is_retryable_and_says_what_raced() {
         let e = raced("test", "claim");
         assert!(e.is_retryable());
+        let source = std::error::Error::source(&e).expect("a message as source");
         assert!(
-            e.to_string().contains("claim: the record kept changing"),
-            "{e}"
+            source
+                .to_string()
+                .contains("claim: the record kept changing"),
+            "{source}"
         );
     }
 
