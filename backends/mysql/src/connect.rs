@@ -8,12 +8,12 @@ use std::str::FromStr;
 use dedup_core::Result;
 use dedup_sql::connect::{ConnectDialect, PoolSettings};
 use sqlx::MySqlPool;
-use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
 
 pub use dedup_sql::connect::PING_IF_IDLE_FOR;
 
 use crate::config::MySqlConfig;
-use crate::error::{BACKEND, backend, error_number};
+use crate::error::{Backend, error_number};
 
 /// The pool for `url` with `config`, after one connection was made and closed again.
 pub(crate) async fn pool(url: &str, config: &MySqlConfig) -> Result<MySqlPool> {
@@ -22,7 +22,7 @@ pub(crate) async fn pool(url: &str, config: &MySqlConfig) -> Result<MySqlPool> {
         acquire_timeout: config.acquire_timeout,
         connect_timeout: config.connect_timeout,
     };
-    dedup_sql::connect::pool::<Dialect>(options(url, config)?, settings).await
+    dedup_sql::connect::pool::<Backend>(options(url, config)?, settings).await
 }
 
 /// The pool options [`MySqlStore::connect_with`](crate::MySqlStore::connect_with) uses:
@@ -36,7 +36,7 @@ pub fn pool_options(config: &MySqlConfig) -> MySqlPoolOptions {
 /// The URL's options with `config.tls` applied.
 fn options(url: &str, config: &MySqlConfig) -> Result<MySqlConnectOptions> {
     let mut options =
-        MySqlConnectOptions::from_str(url).map_err(dedup_sql::connect::invalid_url::<Dialect>)?;
+        MySqlConnectOptions::from_str(url).map_err(dedup_sql::connect::invalid_url::<Backend>)?;
     let tls = &config.tls;
     if let Some(ca) = &tls.ca {
         options = options.ssl_ca(ca);
@@ -50,18 +50,10 @@ fn options(url: &str, config: &MySqlConfig) -> Result<MySqlConnectOptions> {
     Ok(options)
 }
 
-/// What a MySQL / MariaDB server answers when connecting goes wrong.
-struct Dialect;
-
-impl ConnectDialect for Dialect {
-    type Db = MySql;
-    const BACKEND: &'static str = BACKEND;
+/// What the server answers when connecting goes wrong.
+impl ConnectDialect for Backend {
     const SERVER: &'static str = "MySQL / MariaDB";
     const CA_PARAMETER: &'static str = "ssl-ca";
-
-    fn error(error: sqlx::Error) -> dedup_core::Error {
-        backend(error)
-    }
 
     fn target(options: &MySqlConnectOptions) -> String {
         match options.get_socket() {

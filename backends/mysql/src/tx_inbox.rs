@@ -6,10 +6,10 @@ use std::sync::Arc;
 use dedup_core::{DedupStore, Lease, Result};
 use dedup_sql::TxStore;
 use futures::future::BoxFuture;
-use sqlx::{MySql, MySqlConnection, MySqlPool};
+use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::MySqlStore;
-use crate::error::{BACKEND, backend, is_retryable};
+use crate::error::Backend;
 
 /// Runs handlers inside a MySQL transaction, at most once per key, with the inbox row
 /// committing together with the handler's own writes.
@@ -57,8 +57,7 @@ use crate::error::{BACKEND, backend, is_retryable};
 pub type TxInbox = dedup_sql::TxInbox<MySqlStore>;
 
 impl TxStore for MySqlStore {
-    type Db = MySql;
-    const BACKEND: &'static str = BACKEND;
+    type Backend = Backend;
     const CLAIMS_ALWAYS_DURABLE: bool = true;
 
     fn pool(&self) -> &MySqlPool {
@@ -83,14 +82,6 @@ impl TxStore for MySqlStore {
         statement: &'static str,
     ) -> BoxFuture<'a, std::result::Result<(), sqlx::Error>> {
         Box::pin(async move { sqlx::query(statement).execute(conn).await.map(drop) })
-    }
-
-    fn is_retryable(error: &sqlx::Error) -> bool {
-        is_retryable(error)
-    }
-
-    fn error(error: sqlx::Error) -> dedup_core::Error {
-        backend(error)
     }
 }
 

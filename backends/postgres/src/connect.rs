@@ -8,12 +8,12 @@ use std::str::FromStr;
 use dedup_core::Result;
 use dedup_sql::connect::{ConnectDialect, PoolSettings};
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode, Postgres};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 
 pub use dedup_sql::connect::PING_IF_IDLE_FOR;
 
 use crate::config::PostgresConfig;
-use crate::error::{BACKEND, backend, cut_during_tls_negotiation};
+use crate::error::{Backend, cut_during_tls_negotiation};
 
 /// The pool for `url` with `config`, after one connection was made and closed again.
 pub(crate) async fn pool(url: &str, config: &PostgresConfig) -> Result<PgPool> {
@@ -22,7 +22,7 @@ pub(crate) async fn pool(url: &str, config: &PostgresConfig) -> Result<PgPool> {
         acquire_timeout: config.acquire_timeout,
         connect_timeout: config.connect_timeout,
     };
-    dedup_sql::connect::pool::<Dialect>(options(url, config)?, settings).await
+    dedup_sql::connect::pool::<Backend>(options(url, config)?, settings).await
 }
 
 /// The pool options [`PostgresStore::connect_with`](crate::PostgresStore::connect_with) uses:
@@ -41,7 +41,7 @@ pub fn pool_options(config: &PostgresConfig) -> PgPoolOptions {
 /// The URL's options with `config.tls` applied.
 fn options(url: &str, config: &PostgresConfig) -> Result<PgConnectOptions> {
     let mut options =
-        PgConnectOptions::from_str(url).map_err(dedup_sql::connect::invalid_url::<Dialect>)?;
+        PgConnectOptions::from_str(url).map_err(dedup_sql::connect::invalid_url::<Backend>)?;
     let tls = &config.tls;
     if let Some(ca) = &tls.ca {
         options = options.ssl_root_cert(ca);
@@ -55,18 +55,10 @@ fn options(url: &str, config: &PostgresConfig) -> Result<PgConnectOptions> {
     Ok(options)
 }
 
-/// What a PostgreSQL server answers when connecting goes wrong.
-struct Dialect;
-
-impl ConnectDialect for Dialect {
-    type Db = Postgres;
-    const BACKEND: &'static str = BACKEND;
+/// What the server answers when connecting goes wrong.
+impl ConnectDialect for Backend {
     const SERVER: &'static str = "PostgreSQL";
     const CA_PARAMETER: &'static str = "sslrootcert";
-
-    fn error(error: sqlx::Error) -> dedup_core::Error {
-        backend(error)
-    }
 
     fn target(options: &PgConnectOptions) -> String {
         match options.get_socket() {

@@ -1,6 +1,7 @@
 //! Mapping driver errors onto [`dedup_core::Error`].
 
 use dedup_core::Error;
+use dedup_sql::SqlBackend;
 
 /// The backend name in [`Error::Backend`].
 pub(crate) const BACKEND: &str = "postgres";
@@ -8,7 +9,20 @@ pub(crate) const BACKEND: &str = "postgres";
 /// A driver error as [`Error::Backend`], keeping it as the source and saying whether a
 /// retry can help (a pool timeout carries [`dedup_sql::error::POOL_TIMED_OUT_HINT`]).
 pub(crate) fn backend(error: sqlx::Error) -> Error {
-    dedup_sql::error::backend(BACKEND, is_retryable(&error), error)
+    Backend::error(error)
+}
+
+/// PostgreSQL as `dedup-sql`'s shared layer sees it (its dialects are implemented on it).
+#[derive(Debug)]
+pub struct Backend;
+
+impl SqlBackend for Backend {
+    type Db = sqlx::Postgres;
+    const NAME: &'static str = BACKEND;
+
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        is_retryable(error)
+    }
 }
 
 /// Transient failures: the connection (I/O, pool exhaustion, a server restart) or the

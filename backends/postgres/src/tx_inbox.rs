@@ -6,10 +6,10 @@ use std::sync::Arc;
 use dedup_core::{DedupStore, Lease, Result};
 use dedup_sql::TxStore;
 use futures::future::BoxFuture;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool};
 
 use crate::PostgresStore;
-use crate::error::{BACKEND, backend, is_retryable};
+use crate::error::Backend;
 
 /// Runs handlers inside a PostgreSQL transaction, at most once per key, with the inbox row
 /// committing together with the handler's own writes.
@@ -80,8 +80,7 @@ use crate::error::{BACKEND, backend, is_retryable};
 pub type TxInbox = dedup_sql::TxInbox<PostgresStore>;
 
 impl TxStore for PostgresStore {
-    type Db = Postgres;
-    const BACKEND: &'static str = BACKEND;
+    type Backend = Backend;
     // The default claim commits asynchronously: see [`TxInbox`]'s docs.
     const CLAIMS_ALWAYS_DURABLE: bool = false;
 
@@ -111,14 +110,6 @@ impl TxStore for PostgresStore {
         statement: &'static str,
     ) -> BoxFuture<'a, std::result::Result<(), sqlx::Error>> {
         Box::pin(async move { sqlx::query(statement).execute(conn).await.map(drop) })
-    }
-
-    fn is_retryable(error: &sqlx::Error) -> bool {
-        is_retryable(error)
-    }
-
-    fn error(error: sqlx::Error) -> dedup_core::Error {
-        backend(error)
     }
 }
 

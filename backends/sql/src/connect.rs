@@ -9,6 +9,8 @@ use dedup_core::{Error, Result, TimedOut};
 use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions, Connection, Database, Pool};
 
+use crate::error::SqlBackend;
+
 /// What the errors below say was being done.
 pub const CONNECTING: &str = "connecting";
 
@@ -16,7 +18,7 @@ pub const CONNECTING: &str = "connecting";
 pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// The connect options of a [`ConnectDialect`]'s database.
-pub type Options<D> = <<<D as ConnectDialect>::Db as Database>::Connection as Connection>::Options;
+pub type Options<D> = <<<D as SqlBackend>::Db as Database>::Connection as Connection>::Options;
 
 /// The pool settings every sqlx backend's configuration has.
 #[derive(Clone, Copy, Debug)]
@@ -30,21 +32,12 @@ pub struct PoolSettings {
 }
 
 /// What one backend's server answers when connecting goes wrong.
-pub trait ConnectDialect {
-    /// The sqlx database.
-    type Db: Database;
-
-    /// The backend name in [`Error::Backend`].
-    const BACKEND: &'static str;
-
+pub trait ConnectDialect: SqlBackend {
     /// The server as the hints name it ("PostgreSQL", "MySQL / MariaDB").
     const SERVER: &'static str;
 
     /// The URL parameter naming the CA file ("sslrootcert", "ssl-ca").
     const CA_PARAMETER: &'static str;
-
-    /// A driver error as the backend's [`Error::Backend`], its source kept.
-    fn error(error: sqlx::Error) -> Error;
 
     /// `host:port`, or the socket path: where `options` connect (never the password).
     fn target(options: &Options<Self>) -> String;
@@ -109,7 +102,7 @@ pub async fn pool<D: ConnectDialect>(
                 what: format!("connecting to {target}"),
                 after: settings.connect_timeout,
             };
-            return Err(Error::backend(D::BACKEND, true, timed_out)
+            return Err(Error::backend(D::NAME, true, timed_out)
                 .during(CONNECTING)
                 .with_hint(format!(
                     "no answer from {target}: is the host reachable, and is it a {} port? \

@@ -3,6 +3,29 @@
 //! are retryable is each backend's.
 
 use dedup_core::Error;
+use sqlx::Database;
+
+/// One sqlx backend as the shared layer sees it: its database, its name in errors and
+/// metrics, and which driver errors ask for a retry. Each backend crate implements it once,
+/// and its other dialects ([`ConnectDialect`](crate::connect::ConnectDialect),
+/// [`TxStore`](crate::TxStore)) build on it.
+pub trait SqlBackend: Send + Sync + 'static {
+    /// The sqlx database.
+    type Db: Database;
+
+    /// The backend name in [`Error::Backend`] and the metrics' backend label (`postgres`,
+    /// `mysql`).
+    const NAME: &'static str;
+
+    /// Whether the database asks to run the operation again for `error` (a deadlock, a
+    /// serialization failure, a dropped connection).
+    fn is_retryable(error: &sqlx::Error) -> bool;
+
+    /// `error` as [`Error::Backend`], its source kept ([`backend`]).
+    fn error(error: sqlx::Error) -> Error {
+        backend(Self::NAME, Self::is_retryable(&error), error)
+    }
+}
 
 /// What [`backend`] adds to a pool timeout: why no connection came, and what to check.
 pub const POOL_TIMED_OUT_HINT: &str = "no pool connection became free or could be \

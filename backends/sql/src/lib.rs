@@ -7,4 +7,5 @@ pub mod migrate;
 pub mod purge;
 pub mod tx_inbox;
 
+pub use error::SqlBackend;
 pub use tx_inbox::{TxInbox, TxStore};

@@ -14,25 +14,24 @@ use dedup_core::{
 use futures::future::BoxFuture;
 use sqlx::Database;
 
+use crate::error::SqlBackend;
+
 /// The connection a [`TxStore`]'s handlers run their statements on (`PgConnection`,
 /// `MySqlConnection`).
-pub type Conn<S> = <<S as TxStore>::Db as Database>::Connection;
+pub type Conn<S> = <<<S as TxStore>::Backend as SqlBackend>::Db as Database>::Connection;
 
 /// What [`TxInbox`] needs of a backend's store: its pool, the attempt-counting claim, the
 /// completion inside a transaction and the driver's errors.
 pub trait TxStore: Clone + fmt::Debug + Send + Sync + 'static {
-    /// The sqlx database.
-    type Db: Database;
-
-    /// The backend label of metrics and spans (`postgres`, `mysql`).
-    const BACKEND: &'static str;
+    /// The backend: its database, its name, its retryable errors.
+    type Backend: SqlBackend;
 
     /// Whether the store's lease-mode claim always waits for its own log flush (then
     /// [`TxInbox::with_durable_claims`] changes nothing).
     const CLAIMS_ALWAYS_DURABLE: bool;
 
     /// The store's pool; [`TxInbox::handle`] begins its transactions on it.
-    fn pool(&self) -> &sqlx::Pool<Self::Db>;
+    fn pool(&self) -> &sqlx::Pool<<Self::Backend as SqlBackend>::Db>;
 
     /// The store the attempt-counting claim runs on: with `durable`, one whose claim waits
     /// for its log flush; without, the cheapest claim the backend offers.
@@ -51,13 +50,6 @@ pub trait TxStore: Clone + fmt::Debug + Send + Sync + 'static {
         conn: &'a mut Conn<Self>,
         statement: &'static str,
     ) -> BoxFuture<'a, std::result::Result<(), sqlx::Error>>;
-
-    /// Whether the database asks to run the transaction again for `error` (a deadlock, a
-    /// serialization failure, a dropped connection).
-    fn is_retryable(error: &sqlx::Error) -> bool;
-
-    /// `error` as the backend's [`dedup_core::Error`], its source kept.
-    fn error(error: sqlx::Error) -> dedup_core::Error;
 }
 
 /// Runs handlers inside a database transaction, at most once per key, with the inbox row
@@ -70,7 +62,7 @@ pub trait TxStore: Clone + fmt::Debug + Send + Sync + 'static {
 /// transaction ended by the store's `commit_in_tx`: two statements and two commits beside
 /// the handler's) is in [`TxEngine`]'s docs.
 ///
-/// Errors the database asks to retry ([`TxStore::is_retryable`]: deadlocks, serialization
+/// Errors the database asks to retry ([`SqlBackend::is_retryable`]: deadlocks, serialization
 /// failures, lock timeouts, a dropped connection), found as a `sqlx::Error` or a
 /// [`dedup_core::Error`] in the handler's error's source chain or raised by the commit, run
 /// the handler again in a fresh transaction, as a new attempt, under the
@@ -147,10 +139,10 @@ impl<S: TxStore> TxInbox<S> {
     }
 
     /// The same inbox with spans and metrics for its store operations (backend label
-    /// [`TxStore::BACKEND`]), as [`Observed`](dedup_core::layers::Observed) gives a
+    /// [`SqlBackend::NAME`]), as [`Observed`](dedup_core::layers::Observed) gives a
     /// lease-mode inbox's store.
     pub fn observed(mut self) -> Self {
-        self.engine = self.engine.observed(ObserveOptions::new(S::BACKEND));
+        self.engine = self.engine.observed(ObserveOptions::new(S::Backend::NAME));
         self
     }
 
@@ -268,7 +260,7 @@ where
     fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
         Box::pin(async move {
             if let Err(e) = S::execute(self.conn, SAVEPOINT).await {
-                return TxAttempt::Store(S::error(e));
+                return TxAttempt::Store(S::Backend::error(e));
             }
             let ran = (self.handler)(&mut *self.conn, lease)
                 .await
@@ -290,7 +282,7 @@ where
                         Ok(()) => {
                             return match S::execute(self.conn, RELEASE_SAVEPOINT).await {
                                 Ok(()) => TxAttempt::Committed(outcome),
-                                Err(e) => TxAttempt::Store(S::error(e)),
+                                Err(e) => TxAttempt::Store(S::Backend::error(e)),
                             };
                         }
                     },
@@ -324,7 +316,7 @@ where
         Box::pin(async move {
             let mut tx = match self.store.pool().begin().await {
                 Ok(tx) => tx,
-                Err(e) => return TxAttempt::Store(S::error(e)),
+                Err(e) => return TxAttempt::Store(S::Backend::error(e)),
             };
             let ran = (self.handler)(&mut *tx, lease).await.map_err(Into::into);
             let outcome = match ran {
@@ -350,7 +342,7 @@ where
             }
             match tx.commit().await {
                 Ok(()) => TxAttempt::Committed(outcome),
-                Err(e) => TxAttempt::Store(S::error(e)),
+                Err(e) => TxAttempt::Store(S::Backend::error(e)),
             }
         })
     }
@@ -360,6 +352,7 @@ where
 /// transaction again for.
 fn asks_for_retry<S: TxStore>(error: &(dyn std::error::Error + 'static)) -> bool {
     TxEngine::asks_for_retry(error, |e| {
-        e.downcast_ref::<sqlx::Error>().map(S::is_retryable)
+        e.downcast_ref::<sqlx::Error>()
+            .map(S::Backend::is_retryable)
     })
 }
