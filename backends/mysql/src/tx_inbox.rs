@@ -15,12 +15,12 @@ use crate::error::Backend;
 /// committing together with the handler's own writes.
 ///
 /// [`handle`](dedup_sql::TxInbox::handle) (and [`handle_in`](dedup_sql::TxInbox::handle_in),
-/// inside the caller's own transaction, under a savepoint) answers the same [`Handled`] as the lease-mode
+/// inside the caller's own transaction, under a savepoint) answers the same [`Handled`](dedup_core::Handled) as the lease-mode
 /// [`Inbox`](dedup_core::Inbox), so the acknowledgement code is the same in both modes.
 /// How a delivery runs, how the attempt count survives a rollback and a crashed worker,
 /// and what it costs (one lease-mode claim, committed on its own, then the handler's
 /// transaction ended by [`commit_in_tx`](MySqlStore::commit_in_tx): two statements and
-/// two commits beside the handler's) is in [`TxEngine`]'s docs.
+/// two commits beside the handler's) is in [`TxEngine`](dedup_core::TxEngine)'s docs.
 ///
 /// Errors the database asks to retry (deadlock `1213`, lock wait timeout `1205`, `NOWAIT`
 /// refusals, a dropped connection), found as a `sqlx::Error` or a

@@ -15,12 +15,12 @@ use crate::error::Backend;
 /// committing together with the handler's own writes.
 ///
 /// [`handle`](dedup_sql::TxInbox::handle) (and [`handle_in`](dedup_sql::TxInbox::handle_in),
-/// inside the caller's own transaction) answers the same [`Handled`] as the lease-mode
+/// inside the caller's own transaction) answers the same [`Handled`](dedup_core::Handled) as the lease-mode
 /// [`Inbox`](dedup_core::Inbox), so the acknowledgement code is the same in both modes.
 /// How a delivery runs, how the attempt count survives a rollback and a crashed worker,
 /// and what it costs (one lease-mode claim, committed on its own, then the handler's
 /// transaction ended by [`commit_in_tx`](PostgresStore::commit_in_tx): two statements and
-/// two commits beside the handler's) is in [`TxEngine`]'s docs.
+/// two commits beside the handler's) is in [`TxEngine`](dedup_core::TxEngine)'s docs.
 ///
 /// **The attempt-counting claim commits asynchronously** (`synchronous_commit = off` for
 /// that claim's own transaction, set inside its one statement): it does not wait for the
@@ -45,9 +45,9 @@ use crate::error::Backend;
 /// the handler again in a fresh transaction, as a new attempt, under the
 /// [`retry`](dedup_sql::TxInbox::with_retry) policy. The database writes of a failed run are rolled
 /// back; the handler's other side effects (an e-mail, an HTTP call) are not, so they must
-/// be idempotent (use [`Lease::idempotency_key`]). Handler errors marked
+/// be idempotent (use [`Lease::idempotency_key`](dedup_core::Lease::idempotency_key)). Handler errors marked
 /// [`Transient`](dedup_core::Transient) run again the same way under
-/// [`InboxConfig::handler_retry`].
+/// [`InboxConfig::handler_retry`](dedup_core::InboxConfig::handler_retry).
 ///
 /// Messages the handler sends go through the store's outbox in the same transaction, with
 /// ids derived from the incoming key so a re-run writes the same ones:
