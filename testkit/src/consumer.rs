@@ -144,26 +144,38 @@ impl Effects {
     }
 
     /// Transactional shells: the handler starts inside its transaction under `lease`.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn enter_tx(&self, lease: &Lease) {
         self.in_tx.store(true, Ordering::SeqCst);
         self.world.entered(&self.actor, lease, true);
     }
 
     /// Transactional shells: the stopping point after the handler, before the commit.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) async fn before_tx_commit(&self) -> Result<(), Interrupted> {
         self.world.gate(&self.actor, Point::TxCommit, true).await
     }
 
     /// [`before_tx_commit`](Self::before_tx_commit) from a blocking thread.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn before_tx_commit_blocking(&self) -> Result<(), Interrupted> {
         self.world.gate_blocking(&self.actor, Point::TxCommit, true)
     }
 
     /// The transaction ended (committed or rolled back).
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn leave_tx(&self) {
         self.in_tx.store(false, Ordering::SeqCst);
     }

@@ -108,10 +108,14 @@ pub use kit::{Kit, SEED_ENV, Subject};
 pub use report::{Failure, Report};
 pub use schedule::{Schedule, Step};
 pub use setup::Setup;
+#[cfg(feature = "mysql")]
+pub use tx::{MySqlTx, mysql_tx};
 #[cfg(feature = "postgres")]
 pub use tx::{PostgresTx, postgres_tx};
 #[cfg(feature = "sqlite")]
 pub use tx::{SqliteTx, sqlite_tx};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use tx::{SqlxTx, sqlx_tx};
 pub use world::{InterruptKind, Interrupted, Point};
 
 /// The README's example, compiled and run as a doc test.

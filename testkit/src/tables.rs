@@ -1,7 +1,8 @@
-//! The kit's stores on SQLite and PostgreSQL ([`Setup::sqlite`](crate::Setup::sqlite),
-//! [`Setup::postgres`](crate::Setup::postgres)): opened on the kit's tables and clock, with
-//! a cleanup that drops those tables (and their rows in the schema versions table) after
-//! the run.
+//! The kit's stores on SQLite, PostgreSQL and MySQL / MariaDB
+//! ([`Setup::sqlite`](crate::Setup::sqlite), [`Setup::postgres`](crate::Setup::postgres),
+//! [`Setup::mysql`](crate::Setup::mysql)): opened on the kit's tables and clock, with a
+//! cleanup that drops those tables (and their rows in the schema versions table) after the
+//! run.
 //!
 //! The versions table itself is dropped only when the kit created it: right after the
 //! store opened it held no row but the kit's two, and it is empty once they are gone.
@@ -224,5 +225,61 @@ mod postgres {
             }
         }
         tx.commit().await
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use dedup_core::Error;
+    use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlPool};
+    use dedup_mysql::{MySqlConfig, MySqlStore, SCHEMA_VERSIONS_TABLE};
+
+    use crate::Setup;
+
+    impl Setup {
+        /// Connect to the MySQL / MariaDB database at `url` (your service's, or a copy)
+        /// with `config`, on the kit's inbox table and clock: `config.table` and
+        /// `config.clock` are replaced, the rest is kept. Unless the tables are
+        /// [named](crate::Kit::named_tables), the table and its row in the versions table
+        /// are dropped after the run. The versions table itself stays: MySQL commits DDL
+        /// at once, so dropping it could race another node's migration recording its row.
+        pub async fn mysql(&self, url: &str, config: MySqlConfig) -> Result<MySqlStore, Error> {
+            let inbox = self.inbox_table().to_owned();
+            let store = MySqlStore::connect_with(
+                url,
+                MySqlConfig {
+                    table: inbox.clone(),
+                    clock: Some(self.clock()),
+                    ..config
+                },
+            )
+            .await?;
+            if self.owns_tables() {
+                let pool = store.pool().clone();
+                self.on_cleanup(move || async move {
+                    if let Err(e) = drop_table(&pool, &inbox).await {
+                        eprintln!(
+                            "dedup-testkit: could not drop the kit's table {inbox:?}: {e}; drop it by hand"
+                        );
+                    }
+                    pool.close().await;
+                });
+            }
+            Ok(store)
+        }
+    }
+
+    /// Drop the kit's table, then its versions row (each statement commits on its own).
+    async fn drop_table(pool: &MySqlPool, inbox: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{inbox}`")))
+            .execute(pool)
+            .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {SCHEMA_VERSIONS_TABLE} WHERE table_name = ?"
+        )))
+        .bind(inbox)
+        .execute(pool)
+        .await?;
+        Ok(())
     }
 }

@@ -1,5 +1,5 @@
-//! Transactional-mode consumers: an application's handler under the SQLite or PostgreSQL
-//! `TxInbox`.
+//! Transactional-mode consumers: an application's handler under the SQLite, PostgreSQL or
+//! MySQL / MariaDB `TxInbox` (the last two through one sqlx consumer, [`sqlx_tx`]).
 //!
 //! The `TxInbox` claims through its own store (not the kit's stopping view), so the kit
 //! adds its stopping points around it: before the claim, inside the transaction (the
@@ -13,11 +13,15 @@
 #[cfg(feature = "sqlite")]
 pub use self::sqlite::{SqliteTx, sqlite_tx};
 
+#[cfg(feature = "mysql")]
+pub use self::mysql::{MySqlTx, mysql_tx};
 #[cfg(feature = "postgres")]
 pub use self::postgres::{PostgresTx, postgres_tx};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use self::sqlx_tx::{SqlxTx, sqlx_tx};
 
 /// Run `handled` through `cx`: tell the kit about a committed transaction, then settle.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 async fn settle(
     cx: &crate::Cx,
     handled: Result<dedup_core::Handled, dedup_core::InboxError>,
@@ -120,28 +124,29 @@ mod sqlite {
     }
 }
 
-#[cfg(feature = "postgres")]
-mod postgres {
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sqlx_tx {
     use std::sync::Arc;
 
     use dedup_core::{BoxError, InboxConfig, Lease};
-    use dedup_postgres::TxInbox;
-    use dedup_postgres::sqlx::PgConnection;
+    use dedup_sql::tx_inbox::{Conn, TxInbox, TxStore};
     use futures::future::BoxFuture;
 
     use crate::consumer::{Consumer, Cx, Effects, Message, Mode};
     use crate::world::Point;
 
-    /// A transactional consumer on PostgreSQL: each delivery runs `handler` under
-    /// [`TxInbox::handle`], inside the transaction that completes the key. `handler` gets
-    /// the transaction's connection, the lease, the message and the [`Effects`] ledger.
-    /// Build `inbox` from the store you return in [`Subject`](crate::Subject); the kit
-    /// applies its inbox configuration to it. Stopping points and kills as for
-    /// `sqlite_tx`.
-    pub fn postgres_tx<H>(inbox: TxInbox, handler: H) -> PostgresTx<H>
+    /// A transactional consumer on a sqlx backend (PostgreSQL, MySQL / MariaDB): each
+    /// delivery runs `handler` under [`TxInbox::handle`], inside the transaction that
+    /// completes the key. `handler` gets the transaction's connection, the lease, the
+    /// message and the [`Effects`] ledger. Build `inbox` from the store you return in
+    /// [`Subject`](crate::Subject); the kit applies its inbox configuration to it.
+    /// Stopping points and kills as for `sqlite_tx`. [`postgres_tx`](crate::postgres_tx)
+    /// and [`mysql_tx`](crate::mysql_tx) name it per backend.
+    pub fn sqlx_tx<S, H>(inbox: TxInbox<S>, handler: H) -> SqlxTx<S, H>
     where
+        S: TxStore,
         H: for<'c> Fn(
-                &'c mut PgConnection,
+                &'c mut Conn<S>,
                 &'c Lease,
                 &'c Message,
                 &'c Effects,
@@ -150,30 +155,31 @@ mod postgres {
             + Sync
             + 'static,
     {
-        PostgresTx {
+        SqlxTx {
             inbox,
             handler: Arc::new(handler),
         }
     }
 
-    /// The consumer [`postgres_tx`] builds.
-    pub struct PostgresTx<H> {
-        inbox: TxInbox,
+    /// The consumer [`sqlx_tx`] builds.
+    pub struct SqlxTx<S: TxStore, H> {
+        inbox: TxInbox<S>,
         handler: Arc<H>,
     }
 
-    impl<H> std::fmt::Debug for PostgresTx<H> {
+    impl<S: TxStore, H> std::fmt::Debug for SqlxTx<S, H> {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("PostgresTx")
+            f.debug_struct("SqlxTx")
                 .field("inbox", &self.inbox)
                 .finish_non_exhaustive()
         }
     }
 
-    impl<H> Consumer for PostgresTx<H>
+    impl<S, H> Consumer for SqlxTx<S, H>
     where
+        S: TxStore,
         H: for<'c> Fn(
-                &'c mut PgConnection,
+                &'c mut Conn<S>,
                 &'c Lease,
                 &'c Message,
                 &'c Effects,
@@ -216,4 +222,66 @@ mod postgres {
             })
         }
     }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use dedup_core::{BoxError, Lease};
+    use dedup_postgres::sqlx::PgConnection;
+    use dedup_postgres::{PostgresStore, TxInbox};
+    use futures::future::BoxFuture;
+
+    use super::sqlx_tx::{SqlxTx, sqlx_tx};
+    use crate::consumer::{Effects, Message};
+
+    /// A transactional consumer on PostgreSQL: [`sqlx_tx`](crate::sqlx_tx) over a
+    /// PostgreSQL [`TxInbox`]; `handler` gets the transaction's `&mut PgConnection`.
+    pub fn postgres_tx<H>(inbox: TxInbox, handler: H) -> PostgresTx<H>
+    where
+        H: for<'c> Fn(
+                &'c mut PgConnection,
+                &'c Lease,
+                &'c Message,
+                &'c Effects,
+            ) -> BoxFuture<'c, Result<Option<Vec<u8>>, BoxError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        sqlx_tx(inbox, handler)
+    }
+
+    /// The consumer [`postgres_tx`] builds.
+    pub type PostgresTx<H> = SqlxTx<PostgresStore, H>;
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use dedup_core::{BoxError, Lease};
+    use dedup_mysql::sqlx::MySqlConnection;
+    use dedup_mysql::{MySqlStore, TxInbox};
+    use futures::future::BoxFuture;
+
+    use super::sqlx_tx::{SqlxTx, sqlx_tx};
+    use crate::consumer::{Effects, Message};
+
+    /// A transactional consumer on MySQL / MariaDB: [`sqlx_tx`](crate::sqlx_tx) over a
+    /// MySQL [`TxInbox`]; `handler` gets the transaction's `&mut MySqlConnection`.
+    pub fn mysql_tx<H>(inbox: TxInbox, handler: H) -> MySqlTx<H>
+    where
+        H: for<'c> Fn(
+                &'c mut MySqlConnection,
+                &'c Lease,
+                &'c Message,
+                &'c Effects,
+            ) -> BoxFuture<'c, Result<Option<Vec<u8>>, BoxError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        sqlx_tx(inbox, handler)
+    }
+
+    /// The consumer [`mysql_tx`] builds.
+    pub type MySqlTx<H> = SqlxTx<MySqlStore, H>;
 }

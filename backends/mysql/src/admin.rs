@@ -18,68 +18,26 @@ use dedup_core::admin::{
 };
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
-use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
-use sqlx::mysql::MySqlRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use crate::MySqlStore;
 use crate::decode::decode_keyed_record;
 use crate::error::backend;
 use crate::statements::{NOW_MS, retention_param, row_cols};
+use dedup_sql::admin::{self, AdminDialect};
 
-/// The condition selecting completed rows whose outcome starts with the verdict prefix
-/// `hex` (see [`Status`]: failed and dead-lettered records are told apart by it).
-fn verdict(hex: &str) -> String {
-    format!(
-        "(processed_at IS NOT NULL AND LEFT(outcome, {}) = X'{hex}')",
-        hex.len() / 2
-    )
-}
+/// MySQL's SQL for the shared admin conditions.
+struct Dialect;
 
-/// The condition selecting rows in `status` at the time `now` (an SQL expression, in ms).
-fn status_condition(status: Option<Status>, now: &str) -> String {
-    let (failed, dead) = (verdict(FAILED_PREFIX_HEX), verdict(DEAD_LETTER_PREFIX_HEX));
-    match status {
-        None => "TRUE".to_owned(),
-        Some(Status::InFlight) => format!("(processed_at IS NULL AND expires_at > {now})"),
-        Some(Status::Expired) => format!("(processed_at IS NULL AND expires_at <= {now})"),
-        Some(Status::Completed) => {
-            format!("(processed_at IS NOT NULL AND NOT COALESCE({failed} OR {dead}, FALSE))")
-        }
-        Some(Status::Failed) => failed,
-        Some(Status::DeadLettered) => dead,
+impl AdminDialect for Dialect {
+    fn outcome_starts_with(hex: &str) -> String {
+        format!("LEFT(outcome, {}) = X'{hex}'", hex.len() / 2)
     }
-}
 
-/// `SELECT` expressions counting rows by status at `now`, named `n0`.. in [`Status::ALL`]
-/// order.
-fn status_counts(now: &str) -> String {
-    Status::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            format!(
-                "CAST(COALESCE(SUM({}), 0) AS SIGNED) AS n{i}",
-                status_condition(Some(*s), now)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The counts of [`status_counts`] in `row`, into `stats`.
-fn read_counts(row: &MySqlRow, stats: &mut Stats) -> Result<()> {
-    for (i, status) in Status::ALL.iter().enumerate() {
-        *stats.count_mut(*status) = count_of(row, &format!("n{i}"))?;
+    fn count_where(condition: &str) -> String {
+        format!("CAST(COALESCE(SUM({condition}), 0) AS SIGNED)")
     }
-    Ok(())
-}
-
-/// The count in column `name` of `row`.
-fn count_of(row: &MySqlRow, name: &str) -> Result<u64> {
-    let n: i64 = row.try_get(name).map_err(backend)?;
-    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 #[async_trait]
@@ -100,7 +58,7 @@ impl AdminStorage for MySqlStore {
              ORDER BY message_id LIMIT ?",
             columns = row_cols(""),
             table = self.table(),
-            status = status_condition(filter.status, "n.ms"),
+            status = admin::status_condition::<Dialect>(filter.status, "n.ms"),
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(self.now_param())
@@ -122,14 +80,14 @@ impl AdminStorage for MySqlStore {
         let now = AdminStorage::now(self).await?;
         let counts = sqlx::query(AssertSqlSafe(format!(
             "SELECT {} FROM (SELECT CAST(? AS SIGNED) AS ms) n STRAIGHT_JOIN {table}",
-            status_counts("n.ms"),
+            admin::status_counts::<Dialect>("n.ms"),
         )))
         .bind(now.as_millis())
         .fetch_one(self.pool())
         .await
         .map_err(backend)?;
         let mut stats = Stats::at(now);
-        read_counts(&counts, &mut stats)?;
+        admin::read_counts(&counts, &mut stats, backend)?;
         let size: Option<i64> = sqlx::query_scalar(
             "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables \
              WHERE table_schema = DATABASE() AND table_name = ?",
@@ -142,7 +100,7 @@ impl AdminStorage for MySqlStore {
         let oldest = sqlx::query(AssertSqlSafe(format!(
             "SELECT {columns} FROM {table} WHERE {} \
              ORDER BY expires_at, consumer, message_id LIMIT 1",
-            status_condition(Some(Status::InFlight), "?")
+            admin::status_condition::<Dialect>(Some(Status::InFlight), "?")
         )))
         .bind(now.as_millis())
         .fetch_optional(self.pool())
@@ -173,7 +131,7 @@ impl AdminStorage for MySqlStore {
         sqlx::query(AssertSqlSafe(format!(
             "SELECT consumer, {} FROM (SELECT CAST(? AS SIGNED) AS ms) n \
              STRAIGHT_JOIN {table} GROUP BY consumer ORDER BY consumer LIMIT {MAX_CONSUMERS}",
-            status_counts("n.ms"),
+            admin::status_counts::<Dialect>("n.ms"),
             table = self.table(),
         )))
         .bind(now.as_millis())
@@ -184,7 +142,7 @@ impl AdminStorage for MySqlStore {
         .map(|row| {
             let consumer = crate::decode::text(row, "consumer")?.unwrap_or_default();
             let mut counts = ConsumerCounts::new(consumer, now);
-            read_counts(row, &mut counts.counts)?;
+            admin::read_counts(row, &mut counts.counts, backend)?;
             Ok(counts)
         })
         .collect()
@@ -199,8 +157,8 @@ impl AdminStorage for MySqlStore {
             .await
             .map_err(backend)?;
         Ok(PurgeCount {
-            completed: count_of(&row, "completed")?,
-            expired: count_of(&row, "expired")?,
+            completed: admin::count_of(&row, "completed", backend)?,
+            expired: admin::count_of(&row, "expired", backend)?,
         })
     }
 

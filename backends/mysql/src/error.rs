@@ -1,27 +1,30 @@
 //! Mapping driver errors onto [`dedup_core::Error`].
 
 use dedup_core::Error;
+use dedup_sql::SqlBackend;
 use sqlx::mysql::MySqlDatabaseError;
 
 /// The backend name in [`Error::Backend`].
 pub(crate) const BACKEND: &str = "mysql";
 
 /// A driver error as [`Error::Backend`], keeping it as the source and saying whether a
-/// retry can help.
+/// retry can help (a pool timeout carries [`dedup_sql::error::POOL_TIMED_OUT_HINT`]).
 pub(crate) fn backend(error: sqlx::Error) -> Error {
-    let retryable = is_retryable(&error);
-    let timed_out = matches!(error, sqlx::Error::PoolTimedOut);
-    let error = Error::backend(BACKEND, retryable, error);
-    if timed_out {
-        return error.with_hint(POOL_TIMED_OUT_HINT);
-    }
-    error
+    Backend::error(error)
 }
 
-/// What [`backend`] adds to a pool timeout: why no connection came, and what to check.
-pub(crate) const POOL_TIMED_OUT_HINT: &str = "no pool connection became free or could be \
-    opened within acquire_timeout: the database may be down, slow or out of connections, or \
-    pool_size is below the work in flight (see the crate docs on pool sizing)";
+/// MySQL / MariaDB as `dedup-sql`'s shared layer sees it (its dialects are implemented on it).
+#[derive(Debug)]
+pub struct Backend;
+
+impl SqlBackend for Backend {
+    type Db = sqlx::MySql;
+    const NAME: &'static str = BACKEND;
+
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        is_retryable(error)
+    }
+}
 
 /// The server's error number, when `error` is one the server sent.
 pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
@@ -37,7 +40,7 @@ pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
 /// server resolving a conflict by refusing us (deadlock, lock wait timeout, `NOWAIT`).
 pub(crate) fn is_retryable(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        e if dedup_sql::error::is_connection_failure(e) => true,
         sqlx::Error::Database(db) => {
             error_number(error).is_some_and(retryable_number)
                 || db.code().is_some_and(|code| code.starts_with("08"))
@@ -70,11 +73,7 @@ pub(crate) fn lost_race(error: &sqlx::Error) -> bool {
 /// A transient contract-level failure of our own (an operation kept racing concurrent
 /// writers): retryable, with a message as source.
 pub(crate) fn raced(what: &'static str) -> Error {
-    Error::backend(
-        BACKEND,
-        true,
-        format!("{what}: the record kept changing under concurrent writers; try again"),
-    )
+    dedup_sql::error::raced(BACKEND, what)
 }
 
 #[cfg(test)]

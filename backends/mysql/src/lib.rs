@@ -15,6 +15,7 @@ mod url;
 
 pub use config::MySqlConfig;
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
+pub use schema::VERSIONS_TABLE as SCHEMA_VERSIONS_TABLE;
 pub use sqlx;
 pub use store::MySqlStore;
 pub use tx_inbox::TxInbox;

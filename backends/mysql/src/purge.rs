@@ -1,34 +1,19 @@
-//! Purge batches: bounded keyset walks of the `claimed_at` index.
+//! Purge batches: bounded keyset walks of the `claimed_at` index (the cursor and the
+//! tally are [`dedup_sql::purge`]'s; the statements are this backend's).
 
 use std::time::Instant;
 
 use async_trait::async_trait;
 use dedup_core::Result;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
-use sqlx::mysql::{MySqlArguments, MySqlRow};
+use dedup_sql::purge::Cursor;
+use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, MySql, Row};
 
 use crate::MySqlStore;
 use crate::error::{backend, lost_race};
 use crate::statements::{BEGIN, CUTOFF_USES, retention_param};
-
-/// Where the next batch starts in the `claimed_at` index: the largest `claimed_at` the
-/// previous batches removed. Rows a batch skipped because another transaction held them
-/// (`SKIP LOCKED`), with earlier claims, are left to that holder (another purger deletes
-/// them) or to the next purge.
-#[derive(Debug)]
-pub struct Cursor {
-    claimed_from: i64,
-}
-
-impl Default for Cursor {
-    fn default() -> Self {
-        Cursor {
-            claimed_from: i64::MIN,
-        }
-    }
-}
 
 #[async_trait]
 impl PurgeBatches for MySqlStore {
@@ -67,29 +52,6 @@ impl PurgeBatches for MySqlStore {
 /// How many times a purge batch runs when it loses a race (see `purge_batch`).
 const BATCH_TRIES: u32 = 10;
 
-/// What one batch removed, as its rows tell: `(processed_at, claimed_at)` each.
-fn tally(
-    rows: &[MySqlRow],
-    step: &PurgeStep,
-    cursor: &Cursor,
-) -> std::result::Result<(PurgeBatch, i64), sqlx::Error> {
-    let mut batch = PurgeBatch {
-        exhausted: rows.len() < step.limit,
-        ..PurgeBatch::default()
-    };
-    let mut claimed_from = cursor.claimed_from;
-    for row in rows {
-        let processed_at: Option<i64> = row.try_get("processed_at")?;
-        let claimed_at: i64 = row.try_get("claimed_at")?;
-        claimed_from = claimed_from.max(claimed_at);
-        match processed_at {
-            Some(_) => batch.completed += 1,
-            None => batch.expired += 1,
-        }
-    }
-    Ok((batch, claimed_from))
-}
-
 impl MySqlStore {
     /// The purge statements' parameters: the cutoff's now and retention (see
     /// `CUTOFF_USES`), the cursor, the limit.
@@ -106,7 +68,7 @@ impl MySqlStore {
                 .bind(self.now_param())
                 .bind(retention_param(step.retention));
         }
-        query.bind(cursor.claimed_from).bind(limit)
+        query.bind(cursor.claimed_from()).bind(limit)
     }
 
     /// One batch as one `DELETE ... RETURNING` (MariaDB).
@@ -122,8 +84,8 @@ impl MySqlStore {
             .fetch_all(&mut *conn)
             .await?;
         let work = started.elapsed();
-        let (mut batch, claimed_from) = tally(&rows, step, cursor)?;
-        cursor.claimed_from = claimed_from;
+        let (mut batch, next) = cursor.tally(&rows, step)?;
+        *cursor = next;
         batch.work = Some(work);
         Ok(batch)
     }
@@ -141,7 +103,7 @@ impl MySqlStore {
             .purge_query(&self.statements().purge_select, step, cursor)
             .fetch_all(&mut *tx)
             .await?;
-        let (mut batch, claimed_from) = tally(&rows, step, cursor)?;
+        let (mut batch, next) = cursor.tally(&rows, step)?;
         let mut keys = Vec::with_capacity(rows.len());
         for row in &rows {
             let consumer: Vec<u8> = row.try_get("consumer")?;
@@ -156,7 +118,7 @@ impl MySqlStore {
             query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        cursor.claimed_from = claimed_from;
+        *cursor = next;
         batch.work = Some(started.elapsed());
         Ok(batch)
     }

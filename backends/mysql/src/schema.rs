@@ -1,12 +1,15 @@
 //! The schema: one table and one index for purge, as an append-only list of versioned
 //! migrations applied in order under a named lock per database, each table's version
-//! recorded beside it in `dedup_schema_versions`.
+//! recorded beside it in `dedup_schema_versions`. The runner and the version decision are
+//! [`dedup_sql::migrate`]'s; this file supplies MySQL's lock, versions table and DDL.
 //!
 //! MySQL commits DDL implicitly (it cannot be rolled back), so the migrations are not one
 //! transaction as on PostgreSQL: each is idempotent (`IF NOT EXISTS`), and the version row
 //! is written after the last one, so a migration interrupted halfway runs again.
 
+use async_trait::async_trait;
 use dedup_core::{Error, Result};
+use dedup_sql::migrate::Migrations;
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool};
 
@@ -41,16 +44,13 @@ const MIGRATIONS: &[&str] = &[
     r#"ALTER TABLE {table} ADD COLUMN last_failure BLOB"#,
 ];
 
-/// The schema version this build creates and understands: the number of [`MIGRATIONS`].
-pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
-
 /// `migration` for `config`'s table.
 fn render(migration: &str, config: &MySqlConfig) -> String {
     migration.replace("{table}", &config.quoted_table())
 }
 
 /// The table recording each store table's schema version, one per database.
-pub(crate) const VERSIONS_TABLE: &str = "dedup_schema_versions";
+pub const VERSIONS_TABLE: &str = "dedup_schema_versions";
 
 /// The DDL of the versions table (idempotent).
 const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS dedup_schema_versions (\n    \
@@ -66,75 +66,21 @@ const LOCK_WAIT_SECONDS: i64 = 60;
 /// columns; a newer one is refused with [`Error::SchemaTooNew`] and nothing changes.
 pub(crate) async fn migrate(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> {
     config.validate()?;
-    let mut conn = pool.acquire().await.map_err(backend)?;
-    let lock = lock_name(&mut conn).await?;
-    let got: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
-        .bind(&lock)
-        .bind(LOCK_WAIT_SECONDS)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(backend)?;
-    if got != Some(1) {
-        return Err(Error::backend(
-            crate::error::BACKEND,
-            true,
-            format!("another node held the migration lock {lock:?} for {LOCK_WAIT_SECONDS} s"),
-        ));
-    }
-    let result = migrate_locked(&mut conn, config).await;
-    let released = sqlx::query("DO RELEASE_LOCK(?)")
-        .bind(&lock)
-        .execute(&mut *conn)
-        .await
-        .map_err(backend);
-    result.and(released.map(drop))
+    dedup_sql::migrate::migrate(&Inbox { pool, config }).await
 }
 
-async fn migrate_locked(conn: &mut MySqlConnection, config: &MySqlConfig) -> Result<()> {
-    execute(conn, VERSIONS_DDL.to_owned()).await?;
-    let recorded = recorded_version(conn, config).await?;
-    let found = match recorded {
-        Some(version) => version,
-        None => unrecorded_version(conn, config).await?,
-    };
-    let pending = usize::try_from(found)
-        .ok()
-        .and_then(|done| MIGRATIONS.get(done..))
-        .ok_or_else(|| Error::SchemaTooNew {
-            table: config.quoted_table(),
-            found,
-            known: CURRENT_VERSION,
-        })?;
-    for migration in pending {
-        match sqlx::raw_sql(AssertSqlSafe(render(migration, config)))
-            .execute(&mut *conn)
-            .await
-        {
-            Ok(_) => {}
-            // An ADD COLUMN that an interrupted earlier run applied (SQLSTATE 42S21,
-            // duplicate column name): done, as `IF NOT EXISTS` would say on MariaDB.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42S21") => {}
-            Err(e) => return Err(backend(e)),
-        }
-    }
-    if recorded != Some(CURRENT_VERSION) {
-        sqlx::query(
-            "INSERT INTO dedup_schema_versions (table_name, version) VALUES (?, ?) \
-             ON DUPLICATE KEY UPDATE version = VALUES(version)",
-        )
-        .bind(&config.table)
-        .bind(i32::try_from(CURRENT_VERSION).unwrap_or(i32::MAX))
-        .execute(&mut *conn)
-        .await
-        .map_err(backend)?;
-    }
-    Ok(())
+/// Check, writing nothing, that the store's table is at the current version: for stores
+/// opened without migrating. A missing or older table is [`Error::SchemaNotMigrated`], a
+/// newer one [`Error::SchemaTooNew`].
+pub(crate) async fn check(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> {
+    let mut conn = pool.acquire().await.map_err(backend)?;
+    dedup_sql::migrate::check(&Inbox { pool, config }, &mut conn).await
 }
 
 /// The migration lock's name: per database (`GET_LOCK` names are server-wide).
-async fn lock_name(conn: &mut PoolConnection<MySql>) -> Result<String> {
+async fn lock_name(conn: &mut MySqlConnection) -> Result<String> {
     let database: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
-        .fetch_one(&mut **conn)
+        .fetch_one(&mut *conn)
         .await
         .map_err(backend)?;
     let database = database.ok_or_else(|| {
@@ -148,65 +94,8 @@ async fn lock_name(conn: &mut PoolConnection<MySql>) -> Result<String> {
     Ok(name.chars().take(64).collect())
 }
 
-/// Check, writing nothing, that the store's table is at [`CURRENT_VERSION`]: for stores
-/// opened without migrating. A missing or older table is [`Error::SchemaNotMigrated`], a
-/// newer one [`Error::SchemaTooNew`].
-pub(crate) async fn check(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> {
-    let mut conn = pool.acquire().await.map_err(backend)?;
-    let versions_exist: Option<i64> = sqlx::query_scalar(
-        "SELECT CAST(1 AS SIGNED) FROM information_schema.tables WHERE table_schema = DATABASE() \
-         AND table_name = ?",
-    )
-    .bind(VERSIONS_TABLE)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(backend)?;
-    let recorded = match versions_exist {
-        // A role that may not read it is told by the columns instead.
-        Some(_) => recorded_version(&mut conn, config).await.ok().flatten(),
-        None => None,
-    };
-    let found = match recorded {
-        Some(version) => version,
-        None => unrecorded_version(&mut conn, config).await?,
-    };
-    match found.cmp(&CURRENT_VERSION) {
-        std::cmp::Ordering::Equal => Ok(()),
-        std::cmp::Ordering::Less => Err(Error::SchemaNotMigrated {
-            table: config.quoted_table(),
-            found,
-            expected: CURRENT_VERSION,
-        }),
-        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
-            table: config.quoted_table(),
-            found,
-            known: CURRENT_VERSION,
-        }),
-    }
-}
-
-/// Run DDL whose names were validated (ASCII letters, digits, '_'), so safe to splice.
-async fn execute(conn: &mut MySqlConnection, ddl: String) -> Result<()> {
-    sqlx::raw_sql(AssertSqlSafe(ddl))
-        .execute(&mut *conn)
-        .await
-        .map_err(backend)?;
-    Ok(())
-}
-
-/// The version recorded for the store's table, if any.
-async fn recorded_version(conn: &mut MySqlConnection, config: &MySqlConfig) -> Result<Option<i64>> {
-    let version: Option<i32> =
-        sqlx::query_scalar("SELECT version FROM dedup_schema_versions WHERE table_name = ?")
-            .bind(&config.table)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(backend)?;
-    Ok(version.map(i64::from))
-}
-
 /// The columns of the version 1 layout.
-const V1_COLUMNS: [&str; 11] = [
+const V1_COLUMNS: &[&str] = &[
     "consumer",
     "message_id",
     "token",
@@ -220,35 +109,152 @@ const V1_COLUMNS: [&str; 11] = [
     "first_claimed_at",
 ];
 
-/// The version of a table without a recorded version: 0 when it does not exist, 1 when it
-/// has the columns. A table that lacks them is someone else's: refused, and nothing is
-/// changed.
-async fn unrecorded_version(conn: &mut MySqlConnection, config: &MySqlConfig) -> Result<i64> {
-    let columns: Vec<String> = sqlx::query_scalar(
-        "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
-         WHERE table_schema = DATABASE() AND table_name = ?",
-    )
-    .bind(&config.table)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(backend)?;
-    if columns.is_empty() {
-        return Ok(0);
+/// The records table's migrations on MySQL / MariaDB.
+struct Inbox<'a> {
+    pool: &'a MySqlPool,
+    config: &'a MySqlConfig,
+}
+
+/// A connection holding the named migration lock.
+struct Locked {
+    conn: PoolConnection<MySql>,
+    name: String,
+}
+
+impl std::ops::Deref for Locked {
+    type Target = MySqlConnection;
+    fn deref(&self) -> &MySqlConnection {
+        &self.conn
     }
-    if let Some(missing) = V1_COLUMNS
-        .iter()
-        .find(|c| !columns.iter().any(|have| have.eq_ignore_ascii_case(c)))
-    {
-        return Err(Error::invalid(
-            "table",
-            format!(
-                "{} exists but is not a dedup table (it has no column {missing}); configure \
-                 another table name",
-                config.quoted_table()
-            ),
-        ));
+}
+
+impl std::ops::DerefMut for Locked {
+    fn deref_mut(&mut self) -> &mut MySqlConnection {
+        &mut self.conn
     }
-    Ok(1)
+}
+
+#[async_trait]
+impl Migrations for Inbox<'_> {
+    type Db = MySql;
+    type Locked = Locked;
+    const CASE_INSENSITIVE_COLUMNS: bool = true;
+
+    fn table(&self) -> String {
+        self.config.quoted_table()
+    }
+
+    fn migrations(&self) -> &'static [&'static str] {
+        MIGRATIONS
+    }
+
+    fn render(&self, migration: &str) -> String {
+        render(migration, self.config)
+    }
+
+    fn required_columns(&self) -> &'static [&'static str] {
+        V1_COLUMNS
+    }
+
+    fn adopted_version(&self, _columns: &[String]) -> i64 {
+        1
+    }
+
+    async fn lock(&self) -> Result<Locked> {
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        let name = lock_name(&mut conn).await?;
+        let got: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
+            .bind(&name)
+            .bind(LOCK_WAIT_SECONDS)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(backend)?;
+        if got != Some(1) {
+            return Err(Error::backend(
+                crate::error::BACKEND,
+                true,
+                format!("another node held the migration lock {name:?} for {LOCK_WAIT_SECONDS} s"),
+            ));
+        }
+        Ok(Locked { conn, name })
+    }
+
+    async fn prepare(&self, conn: &mut MySqlConnection) -> Result<()> {
+        sqlx::raw_sql(VERSIONS_DDL)
+            .execute(&mut *conn)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn recorded_version(&self, conn: &mut MySqlConnection) -> Result<Option<i64>> {
+        let version: Option<i32> =
+            sqlx::query_scalar("SELECT version FROM dedup_schema_versions WHERE table_name = ?")
+                .bind(&self.config.table)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(backend)?;
+        Ok(version.map(i64::from))
+    }
+
+    async fn readable_version(&self, conn: &mut MySqlConnection) -> Result<Option<i64>> {
+        let versions_exist: Option<i64> = sqlx::query_scalar(
+            "SELECT CAST(1 AS SIGNED) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = ?",
+        )
+        .bind(VERSIONS_TABLE)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(backend)?;
+        Ok(match versions_exist {
+            // A role that may not read it is told by the columns instead.
+            Some(_) => self.recorded_version(conn).await.ok().flatten(),
+            None => None,
+        })
+    }
+
+    async fn columns(&self, conn: &mut MySqlConnection) -> Result<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = ?",
+        )
+        .bind(&self.config.table)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(backend)
+    }
+
+    async fn apply(&self, conn: &mut MySqlConnection, ddl: String) -> Result<()> {
+        match sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *conn).await {
+            Ok(_) => Ok(()),
+            // An ADD COLUMN that an interrupted earlier run applied (SQLSTATE 42S21,
+            // duplicate column name): done, as `IF NOT EXISTS` would say on MariaDB.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42S21") => Ok(()),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn record_version(&self, conn: &mut MySqlConnection, version: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO dedup_schema_versions (table_name, version) VALUES (?, ?) \
+             ON DUPLICATE KEY UPDATE version = VALUES(version)",
+        )
+        .bind(&self.config.table)
+        .bind(i32::try_from(version).unwrap_or(i32::MAX))
+        .execute(&mut *conn)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn unlock(&self, mut locked: Locked, result: Result<()>) -> Result<()> {
+        let released = sqlx::query("DO RELEASE_LOCK(?)")
+            .bind(&locked.name)
+            .execute(&mut *locked.conn)
+            .await
+            .map_err(backend);
+        result.and(released.map(drop))
+    }
 }
 
 #[cfg(test)]

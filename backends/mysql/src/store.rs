@@ -133,16 +133,12 @@ impl MySqlStore {
         config.validate()?;
         let pool = crate::connect::pool(url, &config).await?;
         let store = Self::from_pool(pool, config).await?;
-        if store.inner.config.migrate {
-            store
-                .migrate()
-                .await
-                .map_err(|e| e.during("migrating the schema"))?;
-        } else {
-            crate::schema::check(&store.inner.pool, &store.inner.config)
-                .await
-                .map_err(|e| e.during("checking the schema"))?;
-        }
+        dedup_sql::migrate::migrate_or_check(
+            store.inner.config.migrate,
+            store.migrate(),
+            crate::schema::check(&store.inner.pool, &store.inner.config),
+        )
+        .await?;
         Ok(store)
     }
 

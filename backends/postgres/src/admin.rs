@@ -20,7 +20,6 @@ use dedup_core::admin::{
     ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
 };
 use dedup_core::backend::{AdminStorage, Storage, attempt_from, fence_from};
-use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Error, Key, LeaseToken, Record, RecordState, Result, Timestamp};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -29,59 +28,22 @@ use crate::PostgresStore;
 use crate::decode::decode_keyed_record;
 use crate::error::backend;
 use crate::statements::{NOW_MS, retention_param, row_cols};
+use dedup_sql::admin::{self, AdminDialect};
 
-/// The condition selecting completed rows whose outcome starts with the verdict prefix
-/// `hex` (see [`Status`]: failed and dead-lettered records are told apart by it).
-fn verdict(hex: &str) -> String {
-    format!(
-        "(processed_at IS NOT NULL AND substring(outcome FROM 1 FOR {}) = '\\x{hex}'::bytea)",
-        hex.len() / 2
-    )
-}
+/// PostgreSQL's SQL for the shared admin conditions.
+struct Dialect;
 
-/// The condition selecting rows in `status` at the time `now` (an SQL expression, in ms).
-fn status_condition(status: Option<Status>, now: &str) -> String {
-    let (failed, dead) = (verdict(FAILED_PREFIX_HEX), verdict(DEAD_LETTER_PREFIX_HEX));
-    match status {
-        None => "true".to_owned(),
-        Some(Status::InFlight) => format!("(processed_at IS NULL AND expires_at > {now})"),
-        Some(Status::Expired) => format!("(processed_at IS NULL AND expires_at <= {now})"),
-        Some(Status::Completed) => {
-            format!("(processed_at IS NOT NULL AND NOT coalesce({failed} OR {dead}, false))")
-        }
-        Some(Status::Failed) => failed,
-        Some(Status::DeadLettered) => dead,
+impl AdminDialect for Dialect {
+    fn outcome_starts_with(hex: &str) -> String {
+        format!(
+            "substring(outcome FROM 1 FOR {}) = '\\x{hex}'::bytea",
+            hex.len() / 2
+        )
     }
-}
 
-/// `SELECT` expressions counting rows by status at `now`, named `n0`.. in [`Status::ALL`]
-/// order.
-fn status_counts(now: &str) -> String {
-    Status::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            format!(
-                "count(*) FILTER (WHERE {}) AS n{i}",
-                status_condition(Some(*s), now)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The counts of [`status_counts`] in `row`, into `stats`.
-fn read_counts(row: &PgRow, stats: &mut Stats) -> Result<()> {
-    for (i, status) in Status::ALL.iter().enumerate() {
-        *stats.count_mut(*status) = count_of(row, &format!("n{i}"))?;
+    fn count_where(condition: &str) -> String {
+        format!("count(*) FILTER (WHERE {condition})")
     }
-    Ok(())
-}
-
-/// The count in column `name` of `row`.
-fn count_of(row: &PgRow, name: &str) -> Result<u64> {
-    let n: i64 = row.try_get(name).map_err(backend)?;
-    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 #[async_trait]
@@ -102,7 +64,7 @@ impl AdminStorage for PostgresStore {
              ORDER BY message_id COLLATE \"C\" LIMIT $4",
             columns = row_cols(""),
             table = self.table(),
-            status = status_condition(filter.status, "now.ms"),
+            status = admin::status_condition::<Dialect>(filter.status, "now.ms"),
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(self.now_param())
@@ -122,19 +84,19 @@ impl AdminStorage for PostgresStore {
         let columns = row_cols("");
         // `$1` is the "now" just read, so every part agrees with the counts.
         let now = AdminStorage::now(self).await?;
-        let in_flight = status_condition(Some(Status::InFlight), "$1");
+        let in_flight = admin::status_condition::<Dialect>(Some(Status::InFlight), "$1");
         let counts = sqlx::query(AssertSqlSafe(format!(
             "SELECT {counts}, pg_total_relation_size($2::regclass) AS size FROM {table}",
-            counts = status_counts("$1"),
+            counts = admin::status_counts::<Dialect>("$1"),
         )))
         .bind(now.as_millis())
         .bind(table)
         .fetch_one(self.pool())
         .await
         .map_err(backend)?;
-        let count = |name: &str| count_of(&counts, name);
+        let count = |name: &str| admin::count_of(&counts, name, backend);
         let mut stats = Stats::at(now);
-        read_counts(&counts, &mut stats)?;
+        admin::read_counts(&counts, &mut stats, backend)?;
         stats.size_bytes = Some(count("size")?);
         let oldest = sqlx::query(AssertSqlSafe(format!(
             "SELECT {columns} FROM {table} WHERE {in_flight} \
@@ -169,7 +131,7 @@ impl AdminStorage for PostgresStore {
         sqlx::query(AssertSqlSafe(format!(
             "SELECT consumer, {counts} FROM {table} \
              GROUP BY consumer ORDER BY consumer COLLATE \"C\" LIMIT {MAX_CONSUMERS}",
-            counts = status_counts("$1"),
+            counts = admin::status_counts::<Dialect>("$1"),
             table = self.table(),
         )))
         .bind(now.as_millis())
@@ -180,7 +142,7 @@ impl AdminStorage for PostgresStore {
         .map(|row| {
             let consumer: String = row.try_get("consumer").map_err(backend)?;
             let mut counts = ConsumerCounts::new(consumer, now);
-            read_counts(row, &mut counts.counts)?;
+            admin::read_counts(row, &mut counts.counts, backend)?;
             Ok(counts)
         })
         .collect()
@@ -194,7 +156,7 @@ impl AdminStorage for PostgresStore {
             .fetch_one(self.pool())
             .await
             .map_err(backend)?;
-        let count = |name: &str| count_of(&row, name);
+        let count = |name: &str| admin::count_of(&row, name, backend);
         Ok(PurgeCount {
             completed: count("completed")?,
             expired: count("expired")?,

@@ -141,7 +141,7 @@ impl PostgresConfig {
         sql_identifier("table", &self.table)?;
         if let Some(outbox) = &self.outbox_table {
             sql_identifier("outbox table", outbox)?;
-            if outbox == &self.table || outbox == crate::schema::VERSIONS_TABLE {
+            if outbox == &self.table || outbox == crate::ddl::VERSIONS_TABLE {
                 return Err(Error::invalid(
                     "outbox table",
                     format!("{outbox:?} is one of the store's other tables"),

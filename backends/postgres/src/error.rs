@@ -1,33 +1,36 @@
 //! Mapping driver errors onto [`dedup_core::Error`].
 
 use dedup_core::Error;
+use dedup_sql::SqlBackend;
 
 /// The backend name in [`Error::Backend`].
 pub(crate) const BACKEND: &str = "postgres";
 
 /// A driver error as [`Error::Backend`], keeping it as the source and saying whether a
-/// retry can help.
+/// retry can help (a pool timeout carries [`dedup_sql::error::POOL_TIMED_OUT_HINT`]).
 pub(crate) fn backend(error: sqlx::Error) -> Error {
-    let retryable = is_retryable(&error);
-    let timed_out = matches!(error, sqlx::Error::PoolTimedOut);
-    let error = Error::backend(BACKEND, retryable, error);
-    if timed_out {
-        return error.with_hint(POOL_TIMED_OUT_HINT);
-    }
-    error
+    Backend::error(error)
 }
 
-/// What [`backend`] adds to a pool timeout: why no connection came, and what to check.
-pub(crate) const POOL_TIMED_OUT_HINT: &str = "no pool connection became free or could be \
-    opened within acquire_timeout: the database may be down, slow or out of connections, or \
-    pool_size is below the work in flight (see the crate docs on pool sizing)";
+/// PostgreSQL as `dedup-sql`'s shared layer sees it (its dialects are implemented on it).
+#[derive(Debug)]
+pub struct Backend;
+
+impl SqlBackend for Backend {
+    type Db = sqlx::Postgres;
+    const NAME: &'static str = BACKEND;
+
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        is_retryable(error)
+    }
+}
 
 /// Transient failures: the connection (I/O, pool exhaustion, a server restart) or the
 /// server resolving a conflict by aborting us (serialization failure, deadlock, lock
 /// timeout).
 pub(crate) fn is_retryable(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        e if dedup_sql::error::is_connection_failure(e) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
         sqlx::Error::Protocol(message) => cut_during_tls_negotiation(message),
         _ => false,
@@ -59,14 +62,10 @@ fn retryable_sqlstate(code: &str) -> bool {
         )
 }
 
-/// A transient contract-level failure of our own (a statement kept racing concurrent
+/// A transient contract-level failure of our own (an operation kept racing concurrent
 /// writers): retryable, with a message as source.
 pub(crate) fn raced(what: &'static str) -> Error {
-    Error::backend(
-        BACKEND,
-        true,
-        format!("{what}: the record kept changing under concurrent writers; try again"),
-    )
+    dedup_sql::error::raced(BACKEND, what)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 mod admin;
 mod config;
 mod connect;
+mod ddl;
 mod decode;
 mod error;
 mod group;
@@ -20,8 +21,8 @@ mod url;
 
 pub use config::{GroupCommit, PostgresConfig};
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
+pub use ddl::VERSIONS_TABLE as SCHEMA_VERSIONS_TABLE;
 pub use outbox::{NOTIFY_EVERY, PostgresOutbox};
-pub use schema::VERSIONS_TABLE as SCHEMA_VERSIONS_TABLE;
 pub use sqlx;
 pub use store::PostgresStore;
 pub use tx_inbox::TxInbox;

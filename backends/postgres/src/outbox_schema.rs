@@ -6,8 +6,8 @@ use dedup_core::{Error, Result};
 use sqlx::{AssertSqlSafe, PgConnection};
 
 use crate::config::PostgresConfig;
+use crate::ddl::{VERSIONS_TABLE, execute, recorded_version_of, render_table};
 use crate::error::backend;
-use crate::schema::{VERSIONS_TABLE, execute, recorded_version_of, render_table};
 
 /// Migration `n` (1-based) brings the outbox table from version `n - 1` to `n`. Never edit
 /// a released migration: append a new one. Placeholders as in the records table's

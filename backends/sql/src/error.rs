@@ -1,0 +1,100 @@
+//! Driver errors as [`dedup_core::Error`]: what every sqlx backend says the same way (a
+//! pool timeout's hint, the connection failures worth retrying). Which server error codes
+//! are retryable is each backend's.
+
+use dedup_core::Error;
+use sqlx::Database;
+
+/// One sqlx backend as the shared layer sees it: its database, its name in errors and
+/// metrics, and which driver errors ask for a retry. Each backend crate implements it once,
+/// and its other dialects ([`ConnectDialect`](crate::connect::ConnectDialect),
+/// [`TxStore`](crate::TxStore)) build on it.
+pub trait SqlBackend: Send + Sync + 'static {
+    /// The sqlx database.
+    type Db: Database;
+
+    /// The backend name in [`Error::Backend`] and the metrics' backend label (`postgres`,
+    /// `mysql`).
+    const NAME: &'static str;
+
+    /// Whether the database asks to run the operation again for `error` (a deadlock, a
+    /// serialization failure, a dropped connection).
+    fn is_retryable(error: &sqlx::Error) -> bool;
+
+    /// `error` as [`Error::Backend`], its source kept ([`backend`]).
+    fn error(error: sqlx::Error) -> Error {
+        backend(Self::NAME, Self::is_retryable(&error), error)
+    }
+}
+
+/// What [`backend`] adds to a pool timeout: why no connection came, and what to check.
+pub const POOL_TIMED_OUT_HINT: &str = "no pool connection became free or could be \
+    opened within acquire_timeout: the database may be down, slow or out of connections, or \
+    pool_size is below the work in flight (see the crate docs on pool sizing)";
+
+/// A driver error as [`Error::Backend`] of backend `name`, keeping it as the source, with
+/// `retryable` as the backend decided it and [`POOL_TIMED_OUT_HINT`] on a pool timeout.
+pub fn backend(name: &'static str, retryable: bool, error: sqlx::Error) -> Error {
+    let timed_out = matches!(error, sqlx::Error::PoolTimedOut);
+    let error = Error::backend(name, retryable, error);
+    if timed_out {
+        return error.with_hint(POOL_TIMED_OUT_HINT);
+    }
+    error
+}
+
+/// The driver's own transient failures, the same on every server: the connection's I/O,
+/// no pool connection in time, the driver's worker gone.
+pub fn is_connection_failure(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed
+    )
+}
+
+/// A transient contract-level failure of backend `name`'s own (an operation kept racing
+/// concurrent writers): retryable, with a message as source.
+pub fn raced(name: &'static str, what: &'static str) -> Error {
+    Error::backend(
+        name,
+        true,
+        format!("{what}: the record kept changing under concurrent writers; try again"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_timeout_gets_the_hint_and_keeps_its_source() {
+        let e = backend("test", true, sqlx::Error::PoolTimedOut);
+        assert!(e.is_retryable());
+        assert!(e.to_string().contains("acquire_timeout"), "{e}");
+        assert!(std::error::Error::source(&e).is_some(), "source kept");
+        let other = backend("test", false, sqlx::Error::RowNotFound);
+        assert!(!other.is_retryable());
+        assert!(!other.to_string().contains("acquire_timeout"), "{other}");
+    }
+
+    #[test]
+    fn a_race_is_retryable_and_says_what_raced() {
+        let e = raced("test", "claim");
+        assert!(e.is_retryable());
+        let source = std::error::Error::source(&e).expect("a message as source");
+        assert!(
+            source
+                .to_string()
+                .contains("claim: the record kept changing"),
+            "{source}"
+        );
+    }
+
+    #[test]
+    fn connection_failures() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(is_connection_failure(&io));
+        assert!(is_connection_failure(&sqlx::Error::PoolTimedOut));
+        assert!(!is_connection_failure(&sqlx::Error::RowNotFound));
+    }
+}
