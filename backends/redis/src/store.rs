@@ -700,12 +700,19 @@ impl Storage for RedisStore {
         decode::release(lease, value)
     }
 
-    /// Not kept by this backend yet: its record is one packed value that the client's
-    /// fast paths compare byte for byte (see the crate's README).
-    async fn release_failed(&self, _: &Lease, _: &dedup_core::Failure) -> Result<()> {
-        Err(Error::Unsupported(
-            "keeping a failure's cause on the record (dedup-redis)",
-        ))
+    /// Always the release script, given the encoded failure: it writes the record as layout
+    /// 3 (see the crate's README), which the one-command paths never compare equal, so the
+    /// value remembered for this lease is forgotten first.
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        if let Some(held) = self.held.as_deref() {
+            held.remove(lease.token);
+        }
+        let call = self
+            .lease_call(&RELEASE, lease)
+            .arg(self.retention_ms())
+            .arg(failure.encode());
+        let value = self.conn.eval(&call).await.map_err(backend)?;
+        decode::release(lease, value)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
@@ -721,6 +728,7 @@ impl Storage for RedisStore {
             native_batch: true,
             native_ttl: true,
             server_clock: self.config.clock.is_none(),
+            failure_causes: true,
             ..Capabilities::default()
         }
     }
