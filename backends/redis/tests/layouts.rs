@@ -60,6 +60,19 @@ async fn expiry(raw: &mut Raw, redis_key: &str) -> i64 {
     }
 }
 
+/// A store on `target` with the server's clock (no clock injected, so Valkey takes its
+/// one-command paths) under a fresh prefix, and a raw connection to read its keys.
+async fn on_server_clock(target: &Target, prefix: &str) -> (RedisStore, Raw) {
+    let store = target
+        .open(RedisConfig {
+            prefix: unique_prefix(prefix),
+            retention: RETENTION,
+            ..RedisConfig::default()
+        })
+        .await;
+    (store, target.raw().await)
+}
+
 /// A claim of `key` (a layout-1 lease at fence 3, attempt 2, expired or released) takes it
 /// over.
 async fn taken_over(store: &RedisStore, key: &Key, name: &str) {
@@ -246,14 +259,7 @@ async fn layout_1_records_are_read_claimed_over_committed_and_purged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_path_lease_expires_on_the_server_clock() {
     for target in Target::all("a_fast_path_lease_expires_on_the_server_clock") {
-        let store: RedisStore = target
-            .open(RedisConfig {
-                prefix: unique_prefix("fast_lease"),
-                retention: RETENTION,
-                ..RedisConfig::default()
-            })
-            .await;
-        let mut raw = target.raw().await;
+        let (store, mut raw) = on_server_clock(&target, "fast_lease").await;
         let name = &target.name();
         let key = Key::new("fast", "lease").unwrap();
         let redis_key = store.redis_key(&key);
@@ -316,14 +322,7 @@ async fn a_fast_path_lease_expires_on_the_server_clock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_path_commit_keeps_its_instants_in_the_keys_expiry() {
     for target in Target::all("a_fast_path_commit_keeps_its_instants_in_the_keys_expiry") {
-        let store: RedisStore = target
-            .open(RedisConfig {
-                prefix: unique_prefix("fast_commit"),
-                retention: RETENTION,
-                ..RedisConfig::default()
-            })
-            .await;
-        let mut raw = target.raw().await;
+        let (store, mut raw) = on_server_clock(&target, "fast_commit").await;
         let name = &target.name();
         let key = Key::new("fast", "commit").unwrap();
         let redis_key = store.redis_key(&key);
@@ -449,14 +448,7 @@ fn holds(value: &str, f: &Failure) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_failure_makes_layout_3_and_every_write_keeps_it() {
     for target in Target::all("a_released_failure_makes_layout_3_and_every_write_keeps_it") {
-        let store: RedisStore = target
-            .open(RedisConfig {
-                prefix: unique_prefix("layout3"),
-                retention: RETENTION,
-                ..RedisConfig::default()
-            })
-            .await;
-        let mut raw = target.raw().await;
+        let (store, mut raw) = on_server_clock(&target, "layout3").await;
         let name = &target.name();
         let options =
             ClaimOptions::lease(MINUTE).with_fingerprint(Fingerprint::new("f,p").unwrap());
