@@ -57,8 +57,8 @@ pub async fn a_full_pool_fails_within_the_acquire_timeout<S, H>(
     assert!(claim.into_lease().is_some(), "the key is acquired: {key}");
 }
 
-/// `store`'s only connection is `held` and its acquire timeout well under [`SLACK`] (set
-/// from a URL parameter): a claim fails with a retryable error before that.
+/// `store`'s only connection is `held` and its acquire timeout well under 2 s (set from a
+/// URL parameter): a claim fails with a retryable error within 2 s.
 pub async fn a_held_pool_fails_within_the_slack<S, H>(store: &S, held: H)
 where
     S: DedupStore + ?Sized,

@@ -61,7 +61,8 @@ impl RedisStore {
     }
 
     /// Connect to a standalone server with `config`. A Redis Cluster node is refused
-    /// ([`Error::InvalidInput`]): use [`connect_cluster`](Self::connect_cluster).
+    /// ([`Error::InvalidInput`](dedup_core::Error::InvalidInput)): use
+    /// [`connect_cluster`](Self::connect_cluster).
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self> {
         config.validate()?;
         let (conn, connector) = crate::connect::standalone(url, &config).await?;
