@@ -9,6 +9,7 @@ mod macros;
 mod memory_factory;
 pub mod model;
 pub mod outbox;
+pub mod pool;
 pub mod proxy;
 pub mod purgers;
 pub mod restart;

@@ -109,6 +109,78 @@ async fn pg_fresh_schema(pool: &PgPool, schema: &str) {
     .expect("a fresh schema");
 }
 
+/// A current-thread runtime for a test's own async steps (the kit runs its own).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// A fresh schema of the test's own on the test server, and an admin pool (on `rt`) to
+/// read and drop it; `None` (the test skips) without `DEDUP_POSTGRES_URL`.
+struct PgScratch {
+    url: String,
+    schema: String,
+    rt: tokio::runtime::Runtime,
+    admin: PgPool,
+}
+
+impl PgScratch {
+    fn new(test: &str) -> Option<Self> {
+        let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
+            eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set");
+            return None;
+        };
+        let schema = pg_schema(test);
+        let rt = runtime();
+        let admin = rt.block_on(async {
+            let admin = PgPool::connect(&url).await.expect("a pool");
+            pg_fresh_schema(&admin, &schema).await;
+            admin
+        });
+        Some(PgScratch {
+            url,
+            schema,
+            rt,
+            admin,
+        })
+    }
+
+    /// Every table of the schema and its rows.
+    fn snapshot(&self) -> BTreeMap<String, Vec<String>> {
+        self.rt.block_on(pg_snapshot(&self.admin, &self.schema))
+    }
+
+    /// Drop the schema and all in it.
+    fn drop_schema(self) {
+        let sql = format!("DROP SCHEMA \"{}\" CASCADE", self.schema);
+        self.rt.block_on(async {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&self.admin)
+                .await
+                .expect("dropping the test schema");
+        });
+    }
+}
+
+/// The kit's PostgreSQL store for `setup`, in `schema`.
+async fn pg_kit_store(
+    setup: &dedup_testkit::Setup,
+    url: &str,
+    schema: String,
+) -> Result<PostgresStore, BoxError> {
+    Ok(setup
+        .postgres(
+            url,
+            PostgresConfig {
+                schema,
+                ..PostgresConfig::default()
+            },
+        )
+        .await?)
+}
+
 /// The billing consumer in transactional mode on the kit's store in `schema`: the invoice
 /// event goes to the store's outbox in the handler's transaction, and the kit counts it
 /// there (so the run provably wrote outbox rows, in its own outbox table).
@@ -135,15 +207,7 @@ fn pg_kit_run(url: String, schema: String, cases: u32) {
         .check_with(|setup| async move {
             assert!(setup.owns_tables());
             assert!(setup.inbox_table().starts_with("dedup_testkit_"));
-            let store = setup
-                .postgres(
-                    &url,
-                    PostgresConfig {
-                        schema: schema.clone(),
-                        ..PostgresConfig::default()
-                    },
-                )
-                .await?;
+            let store = pg_kit_store(&setup, &url, schema.clone()).await?;
             let _ = found.set((store.pool().clone(), setup.outbox_table().to_owned()));
             let outbox = store.outbox();
             Ok(Subject {
@@ -166,22 +230,11 @@ fn pg_kit_run(url: String, schema: String, cases: u32) {
 
 #[test]
 fn a_run_leaves_a_postgres_service_untouched() {
-    let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
-        eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set");
+    let Some(pg) = PgScratch::new("pass") else {
         return;
     };
-    let schema = pg_schema("pass");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let admin = rt.block_on(async {
-        let admin = PgPool::connect(&url).await.expect("a pool");
-        pg_fresh_schema(&admin, &schema).await;
-        pg_service(&url, &schema).await;
-        admin
-    });
-    let before = rt.block_on(pg_snapshot(&admin, &schema));
+    pg.rt.block_on(pg_service(&pg.url, &pg.schema));
+    let before = pg.snapshot();
     assert_eq!(
         before.keys().map(String::as_str).collect::<Vec<_>>(),
         [
@@ -194,53 +247,29 @@ fn a_run_leaves_a_postgres_service_untouched() {
     assert_eq!(before["billing_inbox"].len(), 3, "{before:?}");
     assert_eq!(before["billing_inbox_outbox"].len(), 2, "{before:?}");
 
-    pg_kit_run(url.clone(), schema.clone(), 64);
+    pg_kit_run(pg.url.clone(), pg.schema.clone(), 64);
 
-    let after = rt.block_on(pg_snapshot(&admin, &schema));
+    let after = pg.snapshot();
     assert_eq!(after, before, "the kit changed the service's tables");
-    rt.block_on(async {
-        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
-            .execute(&admin)
-            .await
-            .expect("dropping the test schema");
-    });
+    pg.drop_schema();
 }
 
 #[test]
 fn a_failing_run_drops_its_tables_on_postgres_too() {
-    let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
-        eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set");
-        return;
-    };
     // A fresh schema without any dedup table: the kit creates the versions table too,
     // and drops it with its own.
-    let schema = pg_schema("fail");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let admin = rt.block_on(async {
-        let admin = PgPool::connect(&url).await.expect("a pool");
-        pg_fresh_schema(&admin, &schema).await;
-        admin
-    });
+    let Some(pg) = PgScratch::new("fail") else {
+        return;
+    };
     let created: Arc<OnceLock<String>> = Arc::default();
     let seen = Arc::clone(&created);
-    let (u, s) = (url.clone(), schema.clone());
+    let (u, s) = (pg.url.clone(), pg.schema.clone());
     let panicked = catch_unwind(AssertUnwindSafe(move || {
         Kit::new()
             .cases(4)
             .expect_effect("never made")
             .check_with(|setup| async move {
-                let store = setup
-                    .postgres(
-                        &u,
-                        PostgresConfig {
-                            schema: s,
-                            ..PostgresConfig::default()
-                        },
-                    )
-                    .await?;
+                let store = pg_kit_store(&setup, &u, s).await?;
                 let _ = seen.set(setup.inbox_table().to_owned());
                 Ok(Subject {
                     store: Arc::new(store) as Arc<dyn DedupStore>,
@@ -252,14 +281,9 @@ fn a_failing_run_drops_its_tables_on_postgres_too() {
     let story = story.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(story.contains("never made"), "{story}");
     let inbox = created.get().expect("the setup ran");
-    let after = rt.block_on(pg_snapshot(&admin, &schema));
+    let after = pg.snapshot();
     assert!(after.is_empty(), "left behind by {inbox}: {after:?}");
-    rt.block_on(async {
-        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
-            .execute(&admin)
-            .await
-            .expect("dropping the test schema");
-    });
+    pg.drop_schema();
 }
 
 // SQLite.
@@ -299,11 +323,7 @@ fn sqlite_snapshot(db: &Path) -> BTreeMap<String, (String, Vec<String>)> {
 fn sqlite_service() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let db = dir.path().join("service.db");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    runtime().block_on(async {
         let store = SqliteStore::open_with(&db, SqliteConfig::with_table("billing_inbox"))
             .await
             .expect("the service's store");

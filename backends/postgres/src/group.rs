@@ -16,7 +16,7 @@
 //!   dropped) never stops the others' statement; a request whose caller stopped waiting
 //!   before its round started is left out.
 //! - A round that fails as a whole does not decide its members' results: every request it
-//!   had not answered runs again alone (see `PostgresStore::run_group` in `store.rs`).
+//!   had not answered runs again alone (see `PostgresStore::claim_group` in `store/grouped.rs`).
 //!
 //! The queue knows nothing of the store: the caller passes the function that runs a group.
 

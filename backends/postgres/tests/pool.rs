@@ -4,9 +4,8 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dedup_core::{ClaimOptions, DedupStore, Key};
 use dedup_postgres::{PostgresConfig, PostgresStore, sqlx};
 
 #[tokio::test]
@@ -27,35 +26,14 @@ async fn a_full_pool_fails_within_the_acquire_timeout_with_a_retryable_error() {
     .with_max_connections(1)
     .with_acquire_timeout(timeout);
     let store = PostgresStore::connect_with(&url, config).await.unwrap();
-    let key = Key::new("pool", "m-1").unwrap();
-    let opts = ClaimOptions::lease(Duration::from_secs(30));
-
     let held = store.pool().acquire().await.unwrap();
-    let started = Instant::now();
-    let err = store.claim(&key, &opts).await.unwrap_err();
-    let waited = started.elapsed();
-    assert!(
-        waited >= timeout && waited < timeout + Duration::from_secs(2),
-        "failed after {waited:?}, acquire_timeout {timeout:?}"
-    );
-    assert!(err.is_retryable(), "{err}");
-    let source = std::error::Error::source(&err)
-        .and_then(|s| s.downcast_ref::<sqlx::Error>())
-        .unwrap_or_else(|| panic!("the driver's error is the source: {err:?}"));
-    assert!(matches!(source, sqlx::Error::PoolTimedOut), "{source:?}");
-    assert!(
-        source.to_string().contains("pool timed out"),
-        "names what timed out: {source}"
-    );
-    let hint = err.hint().expect("a hint");
-    assert!(hint.contains("acquire_timeout"), "{hint}");
-
-    drop(held);
-    let claim = store.claim(&key, &opts).await.unwrap();
-    assert!(
-        claim.into_lease().is_some(),
-        "works again once a connection is free"
-    );
+    dedup_conformance::pool::a_full_pool_fails_within_the_acquire_timeout(
+        &store,
+        held,
+        timeout,
+        |source| matches!(source.downcast_ref(), Some(sqlx::Error::PoolTimedOut)),
+    )
+    .await;
 }
 
 /// `acquire_timeout=` in a store URL reaches the pool.
@@ -77,19 +55,6 @@ async fn the_url_parameter_sets_the_acquire_timeout() {
     let store = PostgresStore::connect_with(&target.url, target.config)
         .await
         .unwrap();
-    let _held = store.pool().acquire().await.unwrap();
-    let started = Instant::now();
-    let err = store
-        .claim(
-            &Key::new("pool", "m-2").unwrap(),
-            &ClaimOptions::lease(Duration::from_secs(30)),
-        )
-        .await
-        .unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
+    let held = store.pool().acquire().await.unwrap();
+    dedup_conformance::pool::a_held_pool_fails_within_the_slack(&store, held).await;
 }

@@ -33,7 +33,9 @@ local function op(key, now, retention, token, lease_ms, fingerprint)
     end
     local expires_at = now + tonumber(lease_ms)
     -- SET replaces whatever was there (a record past its retention, an expired lease, a
-    -- layout-1 hash): nothing of the old record survives.
-    store(key, now, 'i', fence, attempt, expires_at, expires_at + retention, token, fingerprint)
+    -- layout-1 hash): nothing of the old record survives but, on a takeover, its fence,
+    -- attempt, fingerprint and failure's cause.
+    store(key, now, 'i', fence, attempt, expires_at, expires_at + retention, token, fingerprint,
+        false, rec and rec.failure)
     return {'A', fence, attempt, expires_at}
 end

@@ -1,10 +1,13 @@
 -- Shared prelude, prepended to every dedup-redis script after lua/now.lua (see src/scripts.rs).
 --
--- A record is one Redis STRING (layout 2, written by every operation):
+-- A record is one Redis STRING, layout 2 (every write of a record without a failure's cause)
+-- or layout 3 (every write of a record with one):
 --
 --   2,<state>,<fence>,<attempt>,<a>,<b>,<token>,<fingerprint length>,<fingerprint>[,<outcome>]
+--   3,<state>,<fence>,<attempt>,<a>,<b>,<token>,<fingerprint length>,<fingerprint>,
+--     <failure length>,<failure>[,<outcome>]
 --
---   2             the layout version: always first
+--   2 / 3         the layout version: always first
 --   state         'i' in flight: a = expires_at, b = retain_until (ms since the epoch)
 --                 'c' completed: a = processed_at, b = retain_until (ms since the epoch)
 --                 'l' in flight, written by a claim of a fresh key under the server's clock
@@ -23,6 +26,10 @@
 --                 token
 --   fingerprint   the payload fingerprint, any bytes but NUL, after its length in bytes
 --                 (0 and nothing: no fingerprint)
+--   failure       layout 3 only: the latest released failure's cause (Record::last_failure,
+--                 the encoded dedup_core::Failure, 1 to 4096 bytes, any bytes), after its
+--                 length in bytes. Written by lua/release.lua when given one, kept by every
+--                 later write of the key (takeover, renew, release, commit, revoke)
 --   outcome       completed only: after a comma, the outcome byte for byte, to the end of the
 --                 value. No comma there means "no outcome"; a comma and nothing "empty".
 --   retain_until  the record counts as absent from this instant on (by the store's clock):
@@ -34,7 +41,10 @@
 -- same meanings. Every script still reads it (GET answers WRONGTYPE, then HMGET); every
 -- write replaces it with layout 2. A dedup-redis that only knows layout 1 answers every
 -- operation on a layout-2 record with Error::Corrupt ("holds a string"), never "absent":
--- upgrade every process sharing a prefix together.
+-- upgrade every process sharing a prefix together. Layout 2 is what the client's fast paths
+-- write and compare (src/schema.rs, lua/commit_fast.lua); they leave a layout-3 record to the
+-- scripts. A dedup-redis that only knows layout 2 answers every operation on a layout-3
+-- record with Error::Corrupt ("not a dedup record (layout 2)"), never "absent".
 --
 -- Numbers are written with string.format('%d') (never Lua's tostring, which switches to
 -- exponent notation for large values). Lua numbers are doubles: exact up to 2^53, far
@@ -80,10 +90,10 @@ end
 -- caller needs none of expires_at, processed_at and retain_until: a live key is within its
 -- retention).
 local function parse(key, v, now, lazy)
-    local state, fence, attempt, a, b, token, fp_len, at = string.match(v,
-        '^2,(%a),(%d+),(%d+),(%-?%d+),(%-?%d+),([^,]*),(%d+),()')
+    local version, state, fence, attempt, a, b, token, fp_len, at = string.match(v,
+        '^([23]),(%a),(%d+),(%d+),(%-?%d+),(%-?%d+),([^,]*),(%d+),()')
     if not state then
-        return nil, 'the key holds a string that is not a dedup record (layout 2)'
+        return nil, 'the key holds a string that is not a dedup record (layout 2 or 3)'
     end
     fp_len = tonumber(fp_len)
     local fingerprint = false
@@ -93,12 +103,26 @@ local function parse(key, v, now, lazy)
             return nil, 'the fingerprint is shorter than its length'
         end
     end
+    local rest = at + fp_len
+    local failure = false
+    if version == '3' then
+        local f_len, f_at = string.match(v, '^,([1-9]%d*),()', rest)
+        if not f_len then
+            return nil, 'a layout-3 record without a failure length after the fingerprint'
+        end
+        f_len = tonumber(f_len)
+        failure = string.sub(v, f_at, f_at + f_len - 1)
+        if #failure ~= f_len then
+            return nil, 'the failure is shorter than its length'
+        end
+        rest = f_at + f_len
+    end
     local outcome = false
-    if #v >= at + fp_len then
-        if string.byte(v, at + fp_len) ~= 44 then
+    if #v >= rest then
+        if string.byte(v, rest) ~= 44 then
             return nil, 'unexpected bytes after the fingerprint'
         end
-        outcome = string.sub(v, at + fp_len + 1)
+        outcome = string.sub(v, rest + 1)
     end
     a, b = tonumber(a), tonumber(b)
     local r = {
@@ -108,6 +132,7 @@ local function parse(key, v, now, lazy)
         attempt = tonumber(attempt),
         outcome = outcome,
         fingerprint = fingerprint,
+        failure = failure,
         retain_until = b,
     }
     if state == 'c' then
@@ -191,13 +216,19 @@ local function load(key, now, lazy)
     return r, nil, true
 end
 
--- Write a layout-2 record (replacing whatever the key held: a layout-1 hash too), with the
--- key's native expiry at retain_until. `a`: expires_at in flight ('i'), processed_at when
--- completed ('c'); `outcome`: false for none (completed only).
-local function store(key, now, state, fence, attempt, a, retain_until, token, fingerprint, outcome)
+-- Write a record (replacing whatever the key held: a layout-1 hash too), with the key's
+-- native expiry at retain_until: layout 2, or layout 3 when it keeps a `failure`. `a`:
+-- expires_at in flight ('i'), processed_at when completed ('c'); `outcome`: false for none
+-- (completed only); `failure`: the encoded cause, false or nil for none.
+local function store(key, now, state, fence, attempt, a, retain_until, token, fingerprint, outcome,
+                     failure)
     local fp = fingerprint or ''
-    local v = '2,' .. state .. ',' .. int(fence) .. ',' .. int(attempt) .. ',' .. int(a) .. ','
+    local version = failure and '3,' or '2,'
+    local v = version .. state .. ',' .. int(fence) .. ',' .. int(attempt) .. ',' .. int(a) .. ','
         .. int(retain_until) .. ',' .. (token or '') .. ',' .. #fp .. ',' .. fp
+    if failure then
+        v = v .. ',' .. #failure .. ',' .. failure
+    end
     if outcome then
         v = v .. ',' .. outcome
     end

@@ -12,5 +12,5 @@ if not rec or rec.state ~= 'i' or rec.token ~= ARGV[2] then
 end
 local expires_at = now + tonumber(ARGV[3])
 store(key, now, 'i', rec.fence, rec.attempt, expires_at, expires_at + tonumber(ARGV[4]),
-    rec.token, rec.fingerprint)
+    rec.token, rec.fingerprint, false, rec.failure)
 return {'OK', rec.fence, rec.attempt, expires_at}

@@ -19,5 +19,5 @@ if rec.expires_at > now and ARGV[3] ~= '1' then
 end
 local expires_at = math.min(rec.expires_at, now)
 store(key, now, 'i', rec.fence, rec.attempt, expires_at, expires_at + tonumber(ARGV[5]),
-    ARGV[4], rec.fingerprint)
+    ARGV[4], rec.fingerprint, false, rec.failure)
 return {'OK'}

@@ -105,7 +105,7 @@ async fn a_store_describes_itself() {
                 server_clock: true,
                 transactional: false,
                 first_claim_time: false,
-                failure_causes: false,
+                failure_causes: true,
             }
         );
         // With an injected clock the store no longer takes lease time from the server.

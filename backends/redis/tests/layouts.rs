@@ -2,7 +2,9 @@
 //! string of layout 2) are read, claimed over, committed, renewed, released and purged by
 //! this version, which rewrites them as layout 2 (an upgrade in place); and a fresh-key claim
 //! (`SET ... NX PX ... GET`, no script) keeps its lease, and a single commit its processed_at,
-//! on the server's clock. Standalone and cluster.
+//! on the server's clock; a released failure's cause makes the record layout 3, which every
+//! later write keeps and the client's fast paths leave to the scripts. Standalone and
+//! cluster.
 
 mod common;
 
@@ -10,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RETENTION, Raw, Target, config, unique_prefix};
+use dedup_core::admin::{Admin, Released};
 use dedup_core::{
-    Claim, ClaimOptions, Clock, DedupStore, Error, Fingerprint, Key, Lease, LeaseToken,
+    Claim, ClaimOptions, Clock, DedupStore, Error, Failure, Fingerprint, Key, Lease, LeaseToken,
     ManualClock, PurgeOptions, RecordState, Timestamp,
 };
 use dedup_redis::redis::{self, Value};
@@ -55,6 +58,19 @@ async fn expiry(raw: &mut Raw, redis_key: &str) -> i64 {
         Value::Int(at) => at,
         other => panic!("PEXPIRETIME {redis_key}: {other:?}"),
     }
+}
+
+/// A store on `target` with the server's clock (no clock injected, so Valkey takes its
+/// one-command paths) under a fresh prefix, and a raw connection to read its keys.
+async fn on_server_clock(target: &Target, prefix: &str) -> (RedisStore, Raw) {
+    let store = target
+        .open(RedisConfig {
+            prefix: unique_prefix(prefix),
+            retention: RETENTION,
+            ..RedisConfig::default()
+        })
+        .await;
+    (store, target.raw().await)
 }
 
 /// A claim of `key` (a layout-1 lease at fence 3, attempt 2, expired or released) takes it
@@ -243,14 +259,7 @@ async fn layout_1_records_are_read_claimed_over_committed_and_purged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_path_lease_expires_on_the_server_clock() {
     for target in Target::all("a_fast_path_lease_expires_on_the_server_clock") {
-        let store: RedisStore = target
-            .open(RedisConfig {
-                prefix: unique_prefix("fast_lease"),
-                retention: RETENTION,
-                ..RedisConfig::default()
-            })
-            .await;
-        let mut raw = target.raw().await;
+        let (store, mut raw) = on_server_clock(&target, "fast_lease").await;
         let name = &target.name();
         let key = Key::new("fast", "lease").unwrap();
         let redis_key = store.redis_key(&key);
@@ -313,14 +322,7 @@ async fn a_fast_path_lease_expires_on_the_server_clock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_path_commit_keeps_its_instants_in_the_keys_expiry() {
     for target in Target::all("a_fast_path_commit_keeps_its_instants_in_the_keys_expiry") {
-        let store: RedisStore = target
-            .open(RedisConfig {
-                prefix: unique_prefix("fast_commit"),
-                retention: RETENTION,
-                ..RedisConfig::default()
-            })
-            .await;
-        let mut raw = target.raw().await;
+        let (store, mut raw) = on_server_clock(&target, "fast_commit").await;
         let name = &target.name();
         let key = Key::new("fast", "commit").unwrap();
         let redis_key = store.redis_key(&key);
@@ -414,5 +416,178 @@ async fn a_fast_path_commit_keeps_its_instants_in_the_keys_expiry() {
             .unwrap();
         assert_eq!(removed.completed, 1, "{name}: {removed:?}");
         assert!(store.get(&key).await.unwrap().is_none(), "{name}");
+    }
+}
+
+/// A failure whose chain holds the layout's separators and a NUL.
+fn failure(attempt: u32) -> Failure {
+    Failure::new(
+        "handler",
+        vec!["invalid JSON, at 1:2".into(), "root\0cause, ünïcödé".into()],
+        attempt,
+        Timestamp::from_millis(1_700_000_000_123),
+        Some("worker,1"),
+    )
+}
+
+/// `value` with its failure part, if it is a layout-3 record holding `f`.
+fn holds(value: &str, f: &Failure) -> bool {
+    let encoded = String::from_utf8(f.encode()).expect("utf-8 failure");
+    value.starts_with("3,") && value.contains(&format!(",3,f,p,{},{encoded}", encoded.len()))
+}
+
+/// On the server's clock, so that Valkey takes its one-command paths: a record written
+/// before (layout 2, by a fresh-key claim) keeps no cause; `release_failed` writes layout 3
+/// with the cause, and the lease's next commit (which its remembered value no longer
+/// matches, and `lua/commit_fast.lua` leaves to the full script) keeps it with the outcome.
+/// A duplicate's `SET ... GET` hands the layout-3 record to the claim script, which answers
+/// `Completed` (and `FingerprintMismatch`) as for layout 2. On a second key the cause stays
+/// through a takeover, a renewal, an operator's release and a plain release, and the next
+/// `release_failed` replaces it. A layout-3 value with a cut or unreadable cause is
+/// `Corrupt`, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_failure_makes_layout_3_and_every_write_keeps_it() {
+    for target in Target::all("a_released_failure_makes_layout_3_and_every_write_keeps_it") {
+        let (store, mut raw) = on_server_clock(&target, "layout3").await;
+        let name = &target.name();
+        let options =
+            ClaimOptions::lease(MINUTE).with_fingerprint(Fingerprint::new("f,p").unwrap());
+        let acquire = |key: Key| {
+            let (store, options) = (&store, &options);
+            async move {
+                match store.claim(&key, options).await.unwrap() {
+                    Claim::Acquired(lease) => lease,
+                    other => panic!("{key}: {other:?}"),
+                }
+            }
+        };
+
+        let key = Key::new("failing", "poison-1").unwrap();
+        let redis_key = store.redis_key(&key);
+        let lease = acquire(key.clone()).await;
+        let lease = store.renew(&lease, MINUTE).await.unwrap();
+        assert!(
+            value(&mut raw, &redis_key).await.starts_with("2,"),
+            "{name}"
+        );
+        assert_eq!(store.get(&key).await.unwrap().unwrap().last_failure, None);
+        let f1 = failure(1);
+        store.release_failed(&lease, &f1).await.unwrap();
+        let released = value(&mut raw, &redis_key).await;
+        assert!(
+            holds(&released, &f1) && released.starts_with("3,i,1,1,"),
+            "{name}: {released:?}"
+        );
+        let record = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(record.last_failure.as_ref(), Some(&f1), "{name}");
+        assert!(
+            matches!(record.state, RecordState::InFlight { token, .. } if token == lease.token),
+            "{name}: {record:?}"
+        );
+        store.commit(&lease, Some(b"out,come")).await.unwrap();
+        let committed = value(&mut raw, &redis_key).await;
+        assert!(
+            holds(&committed, &f1)
+                && committed.starts_with("3,c,1,1,")
+                && committed.ends_with(",out,come"),
+            "{name}: {committed:?}"
+        );
+        let record = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(record.last_failure.as_ref(), Some(&f1), "{name}");
+        let RecordState::Completed { processed_at, .. } = record.state else {
+            panic!("{name}: {record:?}");
+        };
+        assert_eq!(
+            store.claim(&key, &options).await.unwrap(),
+            Claim::Completed {
+                processed_at,
+                outcome: Some(b"out,come".to_vec())
+            },
+            "{name}"
+        );
+        let other = ClaimOptions::lease(MINUTE).with_fingerprint(Fingerprint::new("g").unwrap());
+        assert!(
+            matches!(
+                store.claim(&key, &other).await,
+                Err(Error::FingerprintMismatch { .. })
+            ),
+            "{name}"
+        );
+        assert_eq!(value(&mut raw, &redis_key).await, committed, "{name}");
+
+        let key = Key::new("failing", "poison-2").unwrap();
+        let redis_key = store.redis_key(&key);
+        let first = acquire(key.clone()).await;
+        store.release_failed(&first, &f1).await.unwrap();
+        let second = acquire(key.clone()).await;
+        assert_eq!((second.fence, second.attempt), (2, 2), "{name}");
+        let second = store.renew(&second, MINUTE).await.unwrap();
+        assert!(holds(&value(&mut raw, &redis_key).await, &f1), "{name}");
+        assert_eq!(
+            store.release_key(&key, true).await.unwrap(),
+            Released::Released {
+                fence: 2,
+                attempt: 2,
+                was_live: true
+            },
+            "{name}"
+        );
+        assert!(holds(&value(&mut raw, &redis_key).await, &f1), "{name}");
+        let third = acquire(key.clone()).await;
+        store.release(&third).await.unwrap();
+        assert!(holds(&value(&mut raw, &redis_key).await, &f1), "{name}");
+        assert!(
+            matches!(
+                store.release_failed(&second, &failure(2)).await,
+                Err(Error::LeaseLost { .. })
+            ),
+            "{name}: the revoked lease"
+        );
+        let fourth = acquire(key.clone()).await;
+        let f4 = failure(4);
+        store.release_failed(&fourth, &f4).await.unwrap();
+        let v = value(&mut raw, &redis_key).await;
+        assert!(holds(&v, &f4) && !holds(&v, &f1), "{name}: {v:?}");
+        assert_eq!(
+            store.get(&key).await.unwrap().unwrap().last_failure,
+            Some(f4),
+            "{name}"
+        );
+
+        let token = LeaseToken::random();
+        // The scripts check the layout; the cause's own encoding is checked where it is
+        // read (`get`, `list`), so only the first two make a claim fail too.
+        for (id, bad, claim_fails) in [
+            (
+                "cut",
+                format!("3,c,1,1,5,99999999999999,{token},0,,40,1short"),
+                true,
+            ),
+            (
+                "no-length",
+                format!("3,c,1,1,5,99999999999999,{token},0,"),
+                true,
+            ),
+            (
+                "unreadable",
+                format!("3,c,1,1,5,99999999999999,{token},0,,5,xxxxx"),
+                false,
+            ),
+        ] {
+            let key = Key::new("failing", id).unwrap();
+            let redis_key = store.redis_key(&key);
+            raw.run(redis::cmd("SET").arg(&redis_key).arg(&bad)).await;
+            assert!(
+                matches!(store.get(&key).await, Err(Error::Corrupt { .. })),
+                "{name}: {id}"
+            );
+            let claim = store.claim(&key, &options).await;
+            assert_eq!(
+                matches!(claim, Err(Error::Corrupt { .. })),
+                claim_fails,
+                "{name}: {id}: {claim:?}"
+            );
+            assert_eq!(value(&mut raw, &redis_key).await, bad, "{name}: {id}");
+        }
     }
 }

@@ -138,7 +138,8 @@ pub(crate) fn completed(
             processed_at: Some(processed_at),
             outcome,
             fingerprint: (fp_len > 0).then_some(fingerprint),
-            // Redis records do not keep the first claim time.
+            // Redis records do not keep the first claim time; a layout-2 record keeps no
+            // failure's cause (one with a cause is layout 3, which the claim script reads).
             first_claimed_at: None,
             last_failure: None,
         }

@@ -231,6 +231,7 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
                 Some("c") => RawState::Completed,
                 other => return Err(r.corrupt(format!("unknown state {other:?}"))),
             };
+            let failure = r.bytes(9)?;
             RawRecord {
                 state,
                 token: r.text(2)?,
@@ -242,7 +243,7 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
                 fingerprint: r.text(8)?,
                 // Redis records do not keep the first claim time.
                 first_claimed_at: None,
-                last_failure: None,
+                last_failure: failure.as_deref(),
             }
             .decode(key)
             .map(Some)

@@ -1,0 +1,235 @@
+//! The claim and commit path on one connection: requests run as rounds of statements
+//! ([`crate::rounds`]: a key touched once per statement, each answer re-checked), the
+//! records of the keys a statement did not write are read back on the same connection, and
+//! a run stops at its first error, saying whether the last statement's outcome is known.
+
+use dedup_core::{
+    Claim, ClaimRequest, Error, Fingerprint, Key, LeaseToken, Result, duration_millis,
+};
+use sqlx::PgConnection;
+use sqlx::postgres::PgRow;
+
+use super::PostgresStore;
+use crate::decode::StatementRows;
+use crate::error::backend;
+use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds};
+
+impl PostgresStore {
+    /// The rows of a claim / commit statement (which returns the rows it wrote), plus the
+    /// stored records of the `keys` it did not write, read by a second statement on the same
+    /// connection (only when there are such keys: duplicates, lost leases).
+    pub(crate) async fn with_unwritten(
+        &self,
+        conn: &mut PgConnection,
+        rows: &[PgRow],
+        keys: &[&Key],
+    ) -> Result<StatementRows> {
+        let mut out = StatementRows::decode(rows, keys.iter().copied())?;
+        let missing: Vec<&Key> = keys
+            .iter()
+            .copied()
+            .filter(|k| !out.by_key.contains_key(*k))
+            .collect();
+        let read = match missing[..] {
+            [] => return Ok(out),
+            [one] => {
+                sqlx::query(self.inner.sql.read_one.clone())
+                    .bind(self.now_param())
+                    .bind(one.consumer())
+                    .bind(one.message_id())
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            _ => {
+                sqlx::query(self.inner.sql.read_many.clone())
+                    .bind(self.now_param())
+                    .bind(consumers(&missing))
+                    .bind(message_ids(&missing))
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+        }
+        .map_err(backend)?;
+        out.merge(StatementRows::decode(&read, missing)?);
+        Ok(out)
+    }
+
+    /// Run lease-mode claims (see [`crate::rounds`]).
+    pub(super) async fn run_claims(
+        &self,
+        conn: &mut PgConnection,
+        requests: &[ClaimRequest],
+    ) -> Result<Vec<Result<Claim>>> {
+        let mut rounds = Rounds::<ClaimOp>::new(requests);
+        self.claim_rounds(conn, &mut rounds)
+            .await
+            .map_err(|f| f.error)?;
+        Ok(rounds.finish())
+    }
+
+    /// Run `rounds` of lease-mode claims to the end, or to the first error (the results
+    /// decided by then stay in `rounds`).
+    pub(super) async fn claim_rounds(
+        &self,
+        conn: &mut PgConnection,
+        rounds: &mut Rounds<'_, ClaimOp>,
+    ) -> Result<(), Failure> {
+        while let Some(round) = rounds.next_round() {
+            let rows = match round[..] {
+                [one] => {
+                    sqlx::query(self.claim_statements().0.clone())
+                        .bind(self.now_param())
+                        .bind(one.key.consumer())
+                        .bind(one.key.message_id())
+                        .bind(LeaseToken::random().to_string())
+                        .bind(duration_millis(one.options.lease))
+                        .bind(one.options.fingerprint.as_ref().map(Fingerprint::as_str))
+                        .fetch_all(&mut *conn)
+                        .await
+                }
+                _ => {
+                    let keys: Vec<&Key> = round.iter().map(|r| &r.key).collect();
+                    sqlx::query(self.claim_statements().1.clone())
+                        .bind(self.now_param())
+                        .bind(consumers(&keys))
+                        .bind(message_ids(&keys))
+                        .bind(
+                            round
+                                .iter()
+                                .map(|_| LeaseToken::random().to_string())
+                                .collect::<Vec<_>>(),
+                        )
+                        .bind(
+                            round
+                                .iter()
+                                .map(|r| duration_millis(r.options.lease))
+                                .collect::<Vec<_>>(),
+                        )
+                        .bind(
+                            round
+                                .iter()
+                                .map(|r| r.options.fingerprint.as_ref().map(Fingerprint::as_str))
+                                .collect::<Vec<_>>(),
+                        )
+                        .fetch_all(&mut *conn)
+                        .await
+                }
+            };
+            let keys: Vec<&Key> = round.iter().map(|r| &r.key).collect();
+            self.settle(conn, rounds, rows, &keys).await?;
+        }
+        Ok(())
+    }
+
+    /// Run commits, on the pool's connection or the caller's transaction.
+    pub(crate) async fn run_commits(
+        &self,
+        conn: &mut PgConnection,
+        requests: &[CommitRef<'_>],
+    ) -> Result<Vec<Result<()>>> {
+        let mut rounds = Rounds::<CommitOp<'_>>::new(requests);
+        self.commit_rounds(conn, &mut rounds)
+            .await
+            .map_err(|f| f.error)?;
+        Ok(rounds.finish())
+    }
+
+    /// Run `rounds` of commits to the end, or to the first error (the results decided by
+    /// then stay in `rounds`).
+    pub(super) async fn commit_rounds(
+        &self,
+        conn: &mut PgConnection,
+        rounds: &mut Rounds<'_, CommitOp<'_>>,
+    ) -> Result<(), Failure> {
+        while let Some(round) = rounds.next_round() {
+            let keys: Vec<&Key> = round.iter().map(|r| CommitOp::key(r)).collect();
+            let rows = match round[..] {
+                [one] => {
+                    sqlx::query(self.inner.sql.commit.clone())
+                        .bind(self.now_param())
+                        .bind(one.lease.key.consumer())
+                        .bind(one.lease.key.message_id())
+                        .bind(one.lease.token.to_string())
+                        .bind(one.outcome)
+                        .fetch_all(&mut *conn)
+                        .await
+                }
+                _ => {
+                    sqlx::query(self.inner.sql.commit_many.clone())
+                        .bind(self.now_param())
+                        .bind(consumers(&keys))
+                        .bind(message_ids(&keys))
+                        .bind(
+                            round
+                                .iter()
+                                .map(|r| r.lease.token.to_string())
+                                .collect::<Vec<_>>(),
+                        )
+                        .bind(round.iter().map(|r| r.outcome).collect::<Vec<_>>())
+                        .fetch_all(&mut *conn)
+                        .await
+                }
+            };
+            self.settle(conn, rounds, rows, &keys).await?;
+        }
+        Ok(())
+    }
+
+    /// Take in what a round's statement on `keys` returned: its rows plus the records of
+    /// the keys it did not write (read on `conn`) answer the round's requests. When the
+    /// read fails, the requests the statement wrote are still answered, so those left
+    /// pending were not written by it.
+    pub(super) async fn settle<O: Op>(
+        &self,
+        conn: &mut PgConnection,
+        rounds: &mut Rounds<'_, O>,
+        rows: std::result::Result<Vec<PgRow>, sqlx::Error>,
+        keys: &[&Key],
+    ) -> Result<(), Failure> {
+        let rows = rows.map_err(|e| Failure {
+            // The server reports a statement it aborted (rolled back); anything else (a
+            // connection lost mid-statement) leaves what it wrote unknown.
+            unknown: !matches!(e, sqlx::Error::Database(_)),
+            error: backend(e),
+        })?;
+        match self.with_unwritten(conn, &rows, keys).await {
+            Ok(read) => rounds.apply(read).map_err(Failure::known),
+            Err(error) => match StatementRows::decode(&rows, keys.iter().copied()) {
+                Ok(written) => {
+                    rounds.apply_written(&written);
+                    Err(Failure::known(error))
+                }
+                Err(_) => Err(Failure {
+                    error,
+                    unknown: true,
+                }),
+            },
+        }
+    }
+}
+
+/// Why a run of rounds stopped.
+pub(super) struct Failure {
+    /// The error.
+    pub(super) error: Error,
+    /// Whether the last statement may have written requests left unanswered (its outcome
+    /// is unknown); otherwise every unanswered request is as it was before the run.
+    pub(super) unknown: bool,
+}
+
+impl Failure {
+    pub(super) fn known(error: Error) -> Self {
+        Failure {
+            error,
+            unknown: false,
+        }
+    }
+}
+
+pub(super) fn consumers<'k>(keys: &[&'k Key]) -> Vec<&'k str> {
+    keys.iter().map(|k| k.consumer()).collect()
+}
+
+pub(super) fn message_ids<'k>(keys: &[&'k Key]) -> Vec<&'k str> {
+    keys.iter().map(|k| k.message_id()).collect()
+}

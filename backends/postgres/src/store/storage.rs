@@ -1,0 +1,147 @@
+//! [`PostgresStore`]'s [`Storage`] implementation: single claims and commits through the
+//! group commit queues when they are on ([`super::grouped`]), batches as statement rounds on
+//! one connection ([`super::claim_commit`]), and renew, release and get as one statement
+//! each.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_core::backend::{Storage, attempt_from, fence_from};
+use dedup_core::{
+    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, Error, ItemResult, Key, Lease,
+    Record, Result, Timestamp, duration_millis,
+};
+use sqlx::Row;
+
+use super::PostgresStore;
+use crate::decode::decode_record;
+use crate::error::backend;
+use crate::rounds::CommitRef;
+
+#[async_trait]
+impl Storage for PostgresStore {
+    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+        let request = ClaimRequest::new(key.clone(), options.clone());
+        let claims = if self.lazy_claims {
+            &self.inner.lazy_claims
+        } else {
+            &self.inner.claims
+        };
+        match claims {
+            Some(group) => {
+                group
+                    .submit(request, |requests| self.clone().claim_group(requests))
+                    .await
+            }
+            None => self.claim_alone(&request).await,
+        }
+    }
+
+    async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        self.run_claims(&mut conn, requests).await
+    }
+
+    async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
+        let row = sqlx::query(self.inner.sql.renew.clone())
+            .bind(self.now_param())
+            .bind(lease.key.consumer())
+            .bind(lease.key.message_id())
+            .bind(lease.token.to_string())
+            .bind(duration_millis(extend_by))
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(backend)?
+            .ok_or_else(|| Error::lease_lost(&lease.key))?;
+        let fence = fence_from(&lease.key, row.try_get("fence").map_err(backend)?)?;
+        let attempt = attempt_from(
+            &lease.key,
+            row.try_get::<i32, _>("attempt").map_err(backend)?.into(),
+        )?;
+        Ok(Lease {
+            key: lease.key.clone(),
+            token: lease.token,
+            fence,
+            attempt,
+            expires_at: Timestamp::from_millis(row.try_get("expires_at").map_err(backend)?),
+        })
+    }
+
+    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        match &self.inner.commits {
+            Some(group) => {
+                let request = CommitRequest {
+                    lease: lease.clone(),
+                    outcome: outcome.map(<[u8]>::to_vec),
+                };
+                group
+                    .submit(request, |requests| self.clone().commit_group(requests))
+                    .await
+            }
+            None => self.commit_alone(CommitRef { lease, outcome }).await,
+        }
+    }
+
+    async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let refs: Vec<CommitRef<'_>> = requests.iter().map(CommitRef::from).collect();
+        let mut conn = self.conn().await?;
+        self.run_commits(&mut conn, &refs).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        sqlx::query(self.inner.sql.release.clone())
+            .bind(self.now_param())
+            .bind(lease.key.consumer())
+            .bind(lease.key.message_id())
+            .bind(lease.token.to_string())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(backend)?
+            .map(|_| ())
+            .ok_or_else(|| Error::lease_lost(&lease.key))
+    }
+
+    async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
+        sqlx::query(self.inner.sql.release_failed.clone())
+            .bind(self.now_param())
+            .bind(lease.key.consumer())
+            .bind(lease.key.message_id())
+            .bind(lease.token.to_string())
+            .bind(failure.encode())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(backend)?
+            .map(|_| ())
+            .ok_or_else(|| Error::lease_lost(&lease.key))
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        sqlx::query(self.inner.sql.get.clone())
+            .bind(key.consumer())
+            .bind(key.message_id())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(backend)?
+            .map(|row| decode_record(&row, key))
+            .transpose()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            persistent: true,
+            multi_process: true,
+            native_batch: true,
+            transactional: true,
+            server_clock: self.inner.config.clock.is_none(),
+            first_claim_time: true,
+            failure_causes: true,
+            ..Capabilities::default()
+        }
+    }
+}
