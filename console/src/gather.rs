@@ -252,19 +252,23 @@ pub async fn key_detail(admin: &dyn Admin, key: &Key) -> Result<Option<KeyDetail
     }))
 }
 
-/// Why `r` is stuck at `now` with threshold `older_than` (`None`: it is not).
+/// Why `r` is stuck at `now` with threshold `older_than` (`None`: it is not): its lease
+/// expired at least `older_than` ago and nobody took it over (`expired`), or it was first
+/// claimed at least `older_than` ago (`held-too-long`; only where the store keeps the first
+/// claim time, not on Redis). A zero threshold shows every in-flight record.
 pub fn stuck_reason(r: &Record, now: Timestamp, older_than: Duration) -> Option<&'static str> {
     let RecordState::InFlight { expires_at, .. } = &r.state else {
         return None;
     };
-    if *expires_at <= now && now.since(*expires_at) >= older_than {
+    let expired = *expires_at <= now;
+    if older_than.is_zero() {
+        return Some(if expired { "expired" } else { "in-flight" });
+    }
+    if expired && now.since(*expires_at) >= older_than {
         return Some("expired");
     }
     match r.first_claimed_at {
         Some(first) if now.since(first) >= older_than => Some("held-too-long"),
-        // Without the first claim time (Redis keeps none), a live lease that runs past
-        // the threshold from now is held long too.
-        None if *expires_at > now && expires_at.since(now) >= older_than => Some("held-too-long"),
         _ => None,
     }
 }

@@ -190,7 +190,7 @@ pub struct StuckLine {
     pub key: KeyLine,
     /// When it was first claimed (where the store keeps it).
     pub first_claimed_at: Option<i64>,
-    /// Why it counts as stuck: `held-too-long` or `expired`.
+    /// Why it counts as stuck: `held-too-long`, `expired`, or `in-flight` (a zero threshold).
     pub why: &'static str,
     /// The worker of its latest released failure, if any.
     pub last_worker: Option<String>,

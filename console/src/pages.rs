@@ -298,8 +298,9 @@ pub fn key(inner: &Inner, d: &KeyDetail) -> String {
 /// Stuck leases.
 pub fn stuck(inner: &Inner, s: &Stuck) -> String {
     let mut b = format!(
-        "<p>In flight for longer than {} (first claimed then, or lease expired that long ago). \
-         <a href=\"?older_than=0s\">all in flight</a></p>",
+        "<p>Keys first claimed more than {} ago and still in flight, or whose lease expired \
+         that long ago with nobody taking them over (Redis keeps no first claim time: there \
+         only the latter). <a href=\"?older_than=0s\">Every key in flight</a></p>",
         age(Duration::from_millis(s.older_than_ms))
     );
     b.push_str(&scan_note(s.scanned, s.truncated));
