@@ -105,7 +105,10 @@ impl Inner {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v == "cross-site")
         {
-            return Err(self.refuse(StatusCode::FORBIDDEN, "refused: a cross-site request"));
+            return Err(self.refuse(
+                StatusCode::FORBIDDEN,
+                "refused: a request from a foreign origin (Sec-Fetch-Site: cross-site)",
+            ));
         }
         if let Some(origin) = headers.get(header::ORIGIN) {
             let origin = origin.to_str().unwrap_or("null");
