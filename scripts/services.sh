@@ -18,6 +18,7 @@
 #                             (none = all eleven)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
+#   scripts/services.sh install-browser   # Debian's chromium and chromium-driver, when missing (the console's browser tests)
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
 #   scripts/services.sh crash-restart postgres|mariadb|rabbitmq [DOWN]   # kill -9 style restart, data kept (tests);
 #                             PostgreSQL stays down DOWN seconds (default 0) before it starts again
@@ -1125,6 +1126,15 @@ cmd_crash_restart() {
     log "postgres crash-restarted"
 }
 
+# The console's browser tests drive Debian's Chromium through its ChromeDriver.
+cmd_install_browser() {
+    if [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]]; then
+        log "chromium and chromedriver present"
+        return
+    fi
+    apt_install chromium chromium-driver
+}
+
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
     exit 2
@@ -1138,6 +1148,7 @@ main() {
         stop) cmd_stop ;;
         env) cmd_env ;;
         status) cmd_status ;;
+        install-browser) cmd_install_browser ;;
         rabbitmqctl) cmd_rabbitmqctl "$@" ;;
         crash-restart) cmd_crash_restart "$@" ;;
         -h | --help | help) usage ;;

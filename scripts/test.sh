@@ -57,6 +57,8 @@ trap 'exit 143' TERM
 t=$EPOCHREALTIME
 scripts/services.sh start
 eval "$(scripts/services.sh env)"
+# The console's browser tests (console/tests/browser.rs) need Chromium and ChromeDriver.
+scripts/services.sh install-browser
 log "services started in $(elapsed_since "$t")s"
 
 # Strict: a test that needs a server and finds no URL fails instead of skipping.

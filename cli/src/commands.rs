@@ -40,8 +40,25 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Outbox { command } = cli.command {
         return crate::outbox::run(&cli.store, as_json, command).await;
     }
+    if let Command::Console {
+        outbox,
+        listen,
+        allow_writes,
+        token,
+        stuck_after,
+    } = cli.command
+    {
+        let args = crate::console::ConsoleArgs {
+            outbox,
+            listen,
+            allow_writes,
+            token,
+            stuck_after,
+        };
+        return crate::console::run(&cli.store, args).await;
+    }
     let access = match &cli.command {
-        Command::Outbox { .. } => unreachable!("handled above"),
+        Command::Outbox { .. } | Command::Console { .. } => unreachable!("handled above"),
         Command::Migrate => Access::Migrate,
         Command::Stats { .. }
         | Command::Consumers
@@ -362,7 +379,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 .map_err(|e| Failure::store(format!("cannot forget {key}"), e))?;
             forget_answer(&key, forgot, as_json)?;
         }
-        Command::Outbox { .. } => unreachable!("handled above"),
+        Command::Outbox { .. } | Command::Console { .. } => unreachable!("handled above"),
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod commands;
+mod console;
 mod failure;
 mod open;
 mod outbox;
@@ -123,6 +124,26 @@ enum Command {
         /// Remove a record held by a live lease too (its worker gets LeaseLost at once).
         #[arg(long)]
         force: bool,
+    },
+    /// Serve the operator's console (a web page: failures grouped, stuck leases, the
+    /// outbox backlog, and forget / release / retry / purge when writes are allowed).
+    Console {
+        /// The outbox to show too (an SQL store's URL: sqlite:, postgres://).
+        #[arg(long, value_name = "URL")]
+        outbox: Option<String>,
+        /// Where to listen. Beyond loopback, viewing needs the token too.
+        #[arg(long, default_value = "127.0.0.1:8377", value_name = "ADDR:PORT")]
+        listen: std::net::SocketAddr,
+        /// Offer the actions (forget, release, retry, purge), guarded by the token.
+        #[arg(long)]
+        allow_writes: bool,
+        /// The token for writes (and views beyond loopback); one is generated and printed
+        /// when needed and not given.
+        #[arg(long, env = "DEDUP_CONSOLE_TOKEN", value_name = "TOKEN")]
+        token: Option<String>,
+        /// Show in-flight keys first claimed longer ago than this as stuck.
+        #[arg(long, default_value = "5m", value_name = "DURATION")]
+        stuck_after: String,
     },
     /// The transactional outbox of an SQL store (sqlite:, postgres://).
     Outbox {

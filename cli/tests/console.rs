@@ -1,0 +1,105 @@
+//! `dedup console`: the binary serves the console over a real SQLite store, read-only by
+//! default, and refuses writes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use dedup_core::{ClaimOptions, DedupStore, Key};
+use dedup_sqlite::SqliteStore;
+
+/// The console process, killed when dropped.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start `dedup console` with `args`; its address and the lines it printed first.
+fn start(args: &[&str]) -> (Served, String, Vec<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start dedup console");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("a line").expect("text");
+    let at = first.find("http://").expect("the address") + 7;
+    let addr = first[at..at + first[at..].find('/').unwrap()].to_owned();
+    let mut out = vec![first];
+    if args.contains(&"--allow-writes") && !args.contains(&"--token") {
+        out.push(lines.next().expect("the token line").expect("text"));
+    }
+    (Served(child), addr, out)
+}
+
+/// One HTTP/1.1 request; the status code and body.
+fn http(addr: &str, request: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text[9..12].parse().expect("a status");
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_serves_the_store_and_refuses_writes_when_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let lease = store
+        .claim(
+            &Key::new("billing", "m-1").unwrap(),
+            &ClaimOptions::lease(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    store.commit(&lease, Some(b"ok")).await.unwrap();
+    let url = format!("sqlite:{}", path.display());
+
+    let (_served, addr, lines) = start(&["--store", &url, "console", "--listen", "127.0.0.1:0"]);
+    assert!(lines[0].contains("read-only"), "{lines:?}");
+    let (status, body) = http(
+        &addr,
+        &format!("GET /api/overview HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"consumer\":\"billing\",\"processed\":1"),
+        "{body}"
+    );
+    let form = "csrf=x";
+    let (status, _) = http(
+        &addr,
+        &format!(
+            "POST /act/purge HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        ),
+    );
+    assert_eq!(status, 403);
+
+    // With writes allowed and no token given, one is generated and printed.
+    let (_served, _, lines) = start(&[
+        "--store",
+        &url,
+        "console",
+        "--listen",
+        "127.0.0.1:0",
+        "--allow-writes",
+    ]);
+    assert!(lines[0].contains("writes allowed"), "{lines:?}");
+    assert!(
+        lines[1].starts_with("token (sign in with it at http://"),
+        "{lines:?}"
+    );
+}

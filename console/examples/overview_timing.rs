@@ -1,0 +1,100 @@
+//! Time the console's overview (`GET /api/overview`) on a store, and the two aggregate
+//! reads it is made of (`Admin::consumers`, `Admin::stats`).
+//!
+//! `cargo run --release -p dedup-console --example overview_timing -- URL seed` writes four
+//! template records per consumer (processed, failed, dead-lettered, in flight) for two
+//! consumers; multiply them with SQL to reach the size to measure (see the console's
+//! README), then `... -- URL` prints the timings (median of 7 runs after one warm-up).
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::Request;
+use dedup::{ClaimOptions, DedupStore, Failure, Key, Verdict};
+use dedup_console::{Console, ConsoleConfig};
+use tower::ServiceExt;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+async fn time<F, Fut>(mut f: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    f().await;
+    let mut runs = Vec::new();
+    for _ in 0..7 {
+        let t = Instant::now();
+        f().await;
+        runs.push(t.elapsed());
+    }
+    median(runs)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let url = args.next().expect("a store URL");
+    let admin = dedup::open_admin(&url).await.expect("open");
+    if args.next().as_deref() == Some("seed") {
+        let now = admin.now().await.unwrap();
+        let cause = Failure::new("handler", vec!["connection refused".into()], 1, now, None);
+        for consumer in ["billing", "shipping"] {
+            for (id, outcome) in [
+                ("processed", Some(b"ok".to_vec())),
+                ("failed", Some(Verdict::failed(&cause))),
+                ("dead", Some(Verdict::dead_letter(3, Some(&cause)))),
+                ("in-flight", None),
+            ] {
+                let lease = admin
+                    .claim(
+                        &Key::new(consumer, id).unwrap(),
+                        &ClaimOptions::lease(Duration::from_secs(86_400)),
+                    )
+                    .await
+                    .unwrap()
+                    .into_lease()
+                    .expect("a fresh store");
+                if let Some(o) = outcome {
+                    admin.commit(&lease, Some(&o)).await.unwrap();
+                }
+            }
+        }
+        println!("seeded 8 template records");
+        return;
+    }
+    let total: u64 = admin
+        .consumers()
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.counts.total())
+        .sum();
+    let consumers = time(|| async {
+        admin.consumers().await.unwrap();
+    })
+    .await;
+    let stats = time(|| async {
+        admin.stats(0).await.unwrap();
+    })
+    .await;
+    let app = Console::new(admin.clone(), &url, ConsoleConfig::default())
+        .unwrap()
+        .router();
+    let overview = time(|| async {
+        let resp = app
+            .clone()
+            .oneshot(Request::get("/api/overview").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert!(resp.status().is_success());
+    })
+    .await;
+    println!(
+        "{} records: overview {overview:?} (consumers {consumers:?}, stats {stats:?})",
+        total
+    );
+}

@@ -1,0 +1,366 @@
+//! [`Console`]: the router, its state, and the view handlers (HTML and `/api` JSON).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Json, Response};
+use axum::routing::{get, post};
+use dedup_core::outbox::OutboxStore;
+use dedup_core::{Admin, Key};
+use serde::Deserialize;
+
+use crate::config::{ConfigError, ConsoleConfig};
+use crate::guard::Refusal;
+use crate::html::{esc, page};
+use crate::model::PurgeLine;
+use crate::{actions, gather, pages};
+
+/// The console over one store (and optionally its outbox). [`Console::router`] gives the
+/// axum router to serve alone or to nest in your own service.
+#[derive(Clone)]
+pub struct Console {
+    inner: Arc<Inner>,
+}
+
+/// The state every handler shares.
+pub(crate) struct Inner {
+    pub(crate) admin: Arc<dyn Admin>,
+    pub(crate) outbox: Option<Arc<dyn OutboxStore>>,
+    pub(crate) config: ConsoleConfig,
+    /// The store's URL with any password removed.
+    pub(crate) store: String,
+    /// The CSRF token every form carries (random per console).
+    pub(crate) csrf: String,
+    /// The last purge this console ran.
+    pub(crate) last_purge: Mutex<Option<PurgeLine>>,
+}
+
+impl Console {
+    /// A console over `admin`, named by `store_url` in its header (any password in it is
+    /// removed before it is shown), as `config` says (checked).
+    pub fn new(
+        admin: Arc<dyn Admin>,
+        store_url: &str,
+        config: ConsoleConfig,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Console {
+            inner: Arc::new(Inner {
+                admin,
+                outbox: None,
+                config,
+                store: dedup_core::backend::url::redact(store_url),
+                csrf: uuid::Uuid::new_v4().simple().to_string(),
+                last_purge: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The same console showing `outbox` too (its overview line, its dead rows, retry).
+    pub fn with_outbox(self, outbox: Arc<dyn OutboxStore>) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
+            admin: shared.admin.clone(),
+            outbox: None,
+            config: shared.config.clone(),
+            store: shared.store.clone(),
+            csrf: shared.csrf.clone(),
+            last_purge: Mutex::new(None),
+        });
+        Console {
+            inner: Arc::new(Inner {
+                outbox: Some(outbox),
+                ..inner
+            }),
+        }
+    }
+
+    /// The router: the HTML views, their JSON under `/api/...`, the confirmation pages
+    /// and the actions. Mount it with `Router::nest` at [`ConsoleConfig::base_path`].
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/", get(overview))
+            .route("/failures", get(failures))
+            .route("/failures/group", get(failure_group))
+            .route("/key", get(key))
+            .route("/stuck", get(stuck))
+            .route("/outbox", get(outbox))
+            .route("/signin", get(actions::signin_form).post(actions::signin))
+            .route("/api/overview", get(api_overview))
+            .route("/api/failures", get(api_failures))
+            .route("/api/key", get(api_key))
+            .route("/api/stuck", get(api_stuck))
+            .route("/api/outbox/dead", get(api_outbox))
+            .route("/confirm/{action}", get(actions::confirm))
+            .route("/act/{action}", post(actions::act))
+            .with_state(self.inner.clone())
+    }
+}
+
+/// A failed request: refused, bad input, or the store failing.
+pub(crate) enum Problem {
+    Refused(Refusal),
+    BadInput(String),
+    NotFound(String),
+    Conflict(String),
+    Unauthorized(String),
+    Store(&'static str, dedup_core::Error),
+}
+
+impl From<Refusal> for Problem {
+    fn from(r: Refusal) -> Self {
+        Problem::Refused(r)
+    }
+}
+
+impl Problem {
+    pub(crate) fn store(what: &'static str) -> impl FnOnce(dedup_core::Error) -> Problem {
+        move |e| Problem::Store(what, e)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let (status, text) = match self {
+            Problem::Refused(r) => return r.into_response(),
+            Problem::BadInput(t) => (StatusCode::BAD_REQUEST, t),
+            Problem::NotFound(t) => (StatusCode::NOT_FOUND, t),
+            Problem::Conflict(t) => (StatusCode::CONFLICT, t),
+            Problem::Unauthorized(t) => (StatusCode::UNAUTHORIZED, t),
+            Problem::Store(what, e) => {
+                tracing::error!(error = %dedup_core::error_chain(&e), "dedup console: {what} failed");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{what} failed: {}", dedup_core::error_chain(&e)),
+                )
+            }
+        };
+        (
+            status,
+            Html(page(
+                "",
+                "",
+                "Error",
+                &format!("<p class=refused>{}</p>", esc(&text)),
+                false,
+            )),
+        )
+            .into_response()
+    }
+}
+
+type Shared = State<Arc<Inner>>;
+
+pub(crate) fn html(inner: &Inner, title: &str, body: &str, refresh: bool) -> Response {
+    Html(page(
+        &inner.config.base_path,
+        &inner.store,
+        title,
+        body,
+        refresh,
+    ))
+    .into_response()
+}
+
+async fn overview_data(inner: &Inner) -> Result<crate::model::Overview, Problem> {
+    let last = inner.last_purge.lock().map(|g| g.clone()).unwrap_or(None);
+    gather::overview(
+        inner.admin.as_ref(),
+        inner.outbox.as_ref(),
+        &inner.store,
+        &inner.config,
+        last,
+    )
+    .await
+    .map_err(Problem::store("reading the overview"))
+}
+
+async fn overview(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    let o = overview_data(&inner).await?;
+    Ok(html(&inner, "Overview", &pages::overview(&inner, &o), true))
+}
+
+async fn api_overview(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    Ok(Json(overview_data(&inner).await?).into_response())
+}
+
+async fn failures(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    let (f, _) = gather::failures(inner.admin.as_ref(), &inner.config, 5)
+        .await
+        .map_err(Problem::store("reading the failures"))?;
+    Ok(html(&inner, "Failures", &pages::failures(&inner, &f), true))
+}
+
+async fn api_failures(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    let (f, _) = gather::failures(inner.admin.as_ref(), &inner.config, inner.config.page_size)
+        .await
+        .map_err(Problem::store("reading the failures"))?;
+    Ok(Json(f).into_response())
+}
+
+/// `?id=GROUP&page=N`.
+#[derive(Deserialize)]
+pub(crate) struct GroupQuery {
+    pub(crate) id: String,
+    #[serde(default)]
+    pub(crate) page: usize,
+}
+
+async fn failure_group(
+    State(inner): Shared,
+    headers: HeaderMap,
+    Query(q): Query<GroupQuery>,
+) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    let (f, members) = gather::failures(inner.admin.as_ref(), &inner.config, 0)
+        .await
+        .map_err(Problem::store("reading the failures"))?;
+    let Some(g) = f.groups.iter().find(|g| g.id == q.id) else {
+        return Err(Problem::NotFound(format!(
+            "no failure group {} (it may have been forgotten)",
+            q.id
+        )));
+    };
+    let keys = members
+        .into_iter()
+        .find(|(id, _)| *id == q.id)
+        .map(|(_, m)| m)
+        .unwrap_or_default();
+    let now = inner
+        .admin
+        .now()
+        .await
+        .map_err(Problem::store("reading the clock"))?;
+    let body = pages::failure_group(&inner, g, &keys, q.page, now);
+    Ok(html(&inner, "Failure group", &body, false))
+}
+
+/// `?consumer=C&id=M`.
+#[derive(Deserialize)]
+pub(crate) struct KeyQuery {
+    pub(crate) consumer: String,
+    pub(crate) id: String,
+}
+
+impl KeyQuery {
+    pub(crate) fn key(&self) -> Result<Key, Problem> {
+        Key::new(self.consumer.clone(), self.id.clone())
+            .map_err(|e| Problem::BadInput(format!("not a key: {}", dedup_core::error_chain(&e))))
+    }
+}
+
+async fn key_data(inner: &Inner, q: &KeyQuery) -> Result<crate::model::KeyDetail, Problem> {
+    let key = q.key()?;
+    gather::key_detail(inner.admin.as_ref(), &key)
+        .await
+        .map_err(Problem::store("reading the key"))?
+        .ok_or_else(|| Problem::NotFound(format!("no record for {key}")))
+}
+
+async fn key(
+    State(inner): Shared,
+    headers: HeaderMap,
+    Query(q): Query<KeyQuery>,
+) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    let d = key_data(&inner, &q).await?;
+    Ok(html(&inner, "Key", &pages::key(&inner, &d), false))
+}
+
+async fn api_key(
+    State(inner): Shared,
+    headers: HeaderMap,
+    Query(q): Query<KeyQuery>,
+) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    Ok(Json(key_data(&inner, &q).await?).into_response())
+}
+
+/// `?older_than=5m`.
+#[derive(Deserialize)]
+pub(crate) struct StuckQuery {
+    older_than: Option<String>,
+}
+
+impl StuckQuery {
+    fn threshold(&self, inner: &Inner) -> Result<Duration, Problem> {
+        match &self.older_than {
+            None => Ok(inner.config.stuck_after),
+            Some(t) => dedup_core::parse_duration(t).map_err(|e| {
+                Problem::BadInput(format!("older_than: {}", dedup_core::error_chain(&e)))
+            }),
+        }
+    }
+}
+
+async fn stuck_data(inner: &Inner, q: &StuckQuery) -> Result<crate::model::Stuck, Problem> {
+    let t = q.threshold(inner)?;
+    gather::stuck(
+        inner.admin.as_ref(),
+        &inner.config,
+        t,
+        inner.config.page_size,
+    )
+    .await
+    .map_err(Problem::store("reading the leases"))
+}
+
+async fn stuck(
+    State(inner): Shared,
+    headers: HeaderMap,
+    Query(q): Query<StuckQuery>,
+) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    let s = stuck_data(&inner, &q).await?;
+    Ok(html(
+        &inner,
+        "Stuck leases",
+        &pages::stuck(&inner, &s),
+        true,
+    ))
+}
+
+async fn api_stuck(
+    State(inner): Shared,
+    headers: HeaderMap,
+    Query(q): Query<StuckQuery>,
+) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    Ok(Json(stuck_data(&inner, &q).await?).into_response())
+}
+
+pub(crate) fn need_outbox(inner: &Inner) -> Result<&Arc<dyn OutboxStore>, Problem> {
+    inner
+        .outbox
+        .as_ref()
+        .ok_or_else(|| Problem::NotFound("this console was started without an outbox".into()))
+}
+
+async fn outbox_data(inner: &Inner) -> Result<crate::model::DeadRows, Problem> {
+    let o = need_outbox(inner)?;
+    gather::dead_groups(o.as_ref(), &inner.config, inner.config.page_size)
+        .await
+        .map_err(Problem::store("reading the outbox"))
+}
+
+async fn outbox(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    let d = outbox_data(&inner).await?;
+    Ok(html(
+        &inner,
+        "Outbox dead rows",
+        &pages::outbox(&inner, &d),
+        true,
+    ))
+}
+
+async fn api_outbox(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    Ok(Json(outbox_data(&inner).await?).into_response())
+}

@@ -1,0 +1,391 @@
+//! Reading the store and the outbox into the views' [`model`](crate::model): bounded
+//! scans (at most [`ConsoleConfig::scan_limit`] records) in pages of the store's own
+//! keyset paging.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedup_core::outbox::{OutboxEntry, OutboxQuery, OutboxState, OutboxStore};
+use dedup_core::{Admin, Key, ListFilter, Record, RecordState, Result, Status, Timestamp};
+use sha2::{Digest, Sha256};
+
+use crate::ConsoleConfig;
+use crate::model::*;
+
+/// Records read per `list` call.
+const BATCH: usize = 500;
+
+/// The first line of `text`, at most 200 characters.
+pub fn first_line(text: &str) -> String {
+    text.lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect()
+}
+
+/// A short stable id for a group.
+pub fn group_id(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A key as a list line.
+pub fn key_line(r: &Record, now: Timestamp, at: Timestamp) -> KeyLine {
+    KeyLine {
+        consumer: r.key.consumer().to_owned(),
+        message_id: r.key.message_id().to_owned(),
+        status: Status::of(r, now).as_str(),
+        attempt: r.attempt,
+        fence: r.fence,
+        at: at.as_millis(),
+    }
+}
+
+/// Every record of `status` over all consumers, at most `limit`, and whether more remain.
+pub async fn scan(
+    admin: &dyn Admin,
+    statuses: &[Status],
+    limit: usize,
+) -> Result<(Vec<Record>, bool)> {
+    let mut out = Vec::new();
+    for c in admin.consumers().await? {
+        for &status in statuses {
+            if c.counts.count(status) == 0 {
+                continue;
+            }
+            let mut after: Option<String> = None;
+            loop {
+                if out.len() >= limit {
+                    return Ok((out, true));
+                }
+                let mut f = ListFilter::consumer(c.consumer.clone())
+                    .status(status)
+                    .limit(BATCH.min(limit - out.len()));
+                if let Some(a) = &after {
+                    f = f.after(a.clone());
+                }
+                let page = admin.list(&f).await?;
+                let full = page.len() == f.limit;
+                after = page.last().map(|r| r.key.message_id().to_owned());
+                out.extend(page);
+                if !full {
+                    break;
+                }
+            }
+        }
+    }
+    Ok((out, false))
+}
+
+/// The overview.
+pub async fn overview(
+    admin: &dyn Admin,
+    outbox: Option<&Arc<dyn OutboxStore>>,
+    store: &str,
+    config: &ConsoleConfig,
+    last_purge: Option<PurgeLine>,
+) -> Result<Overview> {
+    let stats = admin.stats(0).await?;
+    let consumers = admin
+        .consumers()
+        .await?
+        .into_iter()
+        .map(|c| ConsumerLine {
+            processed: c.counts.completed,
+            in_flight: c.counts.in_flight,
+            expired: c.counts.expired,
+            failed: c.counts.failed,
+            dead_lettered: c.counts.dead_lettered,
+            consumer: c.consumer,
+        })
+        .collect();
+    let oldest_lease = stats.oldest_live.map(|k| LeaseLine {
+        consumer: k.key.consumer().to_owned(),
+        message_id: k.key.message_id().to_owned(),
+        attempt: k.attempt,
+        fence: k.fence,
+        expires_at: k.at.as_millis(),
+    });
+    let outbox = match outbox {
+        Some(o) => {
+            let s = o.stats().await?;
+            let (dead, _) = dead_rows(o.as_ref(), config.scan_limit.min(10_000)).await?;
+            let mut by_dest: BTreeMap<String, u64> = BTreeMap::new();
+            for e in &dead {
+                *by_dest.entry(e.row.destination.clone()).or_default() += 1;
+            }
+            Some(OutboxLine {
+                pending: s.pending,
+                held: s.held,
+                sent: s.sent,
+                dead: s.dead,
+                lag_ms: s.oldest_unsent_age().as_millis() as u64,
+                dead_by_destination: by_dest.into_iter().collect(),
+            })
+        }
+        None => None,
+    };
+    Ok(Overview {
+        store: store.to_owned(),
+        now: stats.now.as_millis(),
+        consumers,
+        oldest_lease,
+        outbox,
+        last_purge,
+    })
+}
+
+/// The failure group a record belongs to: its id, kind and first line (`None`: the record
+/// holds no failure).
+pub fn failure_group_of(r: &Record) -> Option<(String, String, String, Timestamp)> {
+    let f = r.failure()?;
+    let line = first_line(f.chain.first().map(String::as_str).unwrap_or(""));
+    Some((group_id(&[&f.kind, &line]), f.kind, line, f.at))
+}
+
+/// Failed and dead-lettered records, grouped. `keys_per_group` keys kept in each.
+pub async fn failures(
+    admin: &dyn Admin,
+    config: &ConsoleConfig,
+    keys_per_group: usize,
+) -> Result<(Failures, Vec<(String, Vec<Record>)>)> {
+    let now = admin.now().await?;
+    let (records, truncated) = scan(
+        admin,
+        &[Status::Failed, Status::DeadLettered],
+        config.scan_limit,
+    )
+    .await?;
+    let scanned = records.len();
+    let mut groups: BTreeMap<String, (FailureGroup, Vec<Record>)> = BTreeMap::new();
+    for r in records {
+        let Some((id, kind, line, at)) = failure_group_of(&r) else {
+            continue;
+        };
+        let (g, members) = groups.entry(id.clone()).or_insert_with(|| {
+            (
+                FailureGroup {
+                    id,
+                    kind,
+                    first_line: line,
+                    count: 0,
+                    first_seen: at.as_millis(),
+                    last_seen: at.as_millis(),
+                    keys: Vec::new(),
+                },
+                Vec::new(),
+            )
+        });
+        g.count += 1;
+        g.first_seen = g.first_seen.min(at.as_millis());
+        g.last_seen = g.last_seen.max(at.as_millis());
+        if g.keys.len() < keys_per_group {
+            g.keys.push(key_line(&r, now, at));
+        }
+        members.push(r);
+    }
+    let mut list: Vec<(FailureGroup, Vec<Record>)> = groups.into_values().collect();
+    list.sort_by(|a, b| {
+        b.0.count
+            .cmp(&a.0.count)
+            .then_with(|| a.0.first_line.cmp(&b.0.first_line))
+    });
+    let members = list
+        .iter()
+        .map(|(g, m)| (g.id.clone(), m.clone()))
+        .collect();
+    Ok((
+        Failures {
+            scanned,
+            truncated,
+            groups: list.into_iter().map(|(g, _)| g).collect(),
+        },
+        members,
+    ))
+}
+
+/// One key in full (`None`: no record).
+pub async fn key_detail(admin: &dyn Admin, key: &Key) -> Result<Option<KeyDetail>> {
+    let now = admin.now().await?;
+    let Some(r) = admin.get(key).await? else {
+        return Ok(None);
+    };
+    let (expires_at, processed_at, outcome_len) = match &r.state {
+        RecordState::InFlight { expires_at, .. } => (Some(expires_at.as_millis()), None, None),
+        RecordState::Completed {
+            processed_at,
+            outcome,
+            ..
+        } => (
+            None,
+            Some(processed_at.as_millis()),
+            outcome.as_ref().map(Vec::len),
+        ),
+    };
+    Ok(Some(KeyDetail {
+        consumer: r.key.consumer().to_owned(),
+        message_id: r.key.message_id().to_owned(),
+        status: Status::of(&r, now).as_str(),
+        attempt: r.attempt,
+        fence: r.fence,
+        first_claimed_at: r.first_claimed_at.map(Timestamp::as_millis),
+        expires_at,
+        processed_at,
+        outcome_len,
+        failure: r.failure().map(|f| FailureDetail {
+            kind: f.kind,
+            chain: f.chain,
+            at: f.at.as_millis(),
+            attempt: f.attempt,
+            worker: f.worker,
+        }),
+    }))
+}
+
+/// Why `r` is stuck at `now` with threshold `older_than` (`None`: it is not): its lease
+/// expired at least `older_than` ago and nobody took it over (`expired`), or it was first
+/// claimed at least `older_than` ago (`held-too-long`; only where the store keeps the first
+/// claim time, not on Redis). A zero threshold shows every in-flight record.
+pub fn stuck_reason(r: &Record, now: Timestamp, older_than: Duration) -> Option<&'static str> {
+    let RecordState::InFlight { expires_at, .. } = &r.state else {
+        return None;
+    };
+    let expired = *expires_at <= now;
+    if older_than.is_zero() {
+        return Some(if expired { "expired" } else { "in-flight" });
+    }
+    if expired && now.since(*expires_at) >= older_than {
+        return Some("expired");
+    }
+    match r.first_claimed_at {
+        Some(first) if now.since(first) >= older_than => Some("held-too-long"),
+        _ => None,
+    }
+}
+
+/// In-flight records stuck past `older_than`: at most `page` of them.
+pub async fn stuck(
+    admin: &dyn Admin,
+    config: &ConsoleConfig,
+    older_than: Duration,
+    page: usize,
+) -> Result<Stuck> {
+    let now = admin.now().await?;
+    let (records, truncated) = scan(
+        admin,
+        &[Status::InFlight, Status::Expired],
+        config.scan_limit,
+    )
+    .await?;
+    let scanned = records.len();
+    let mut leases = Vec::new();
+    for r in &records {
+        if leases.len() >= page {
+            break;
+        }
+        if let Some(why) = stuck_reason(r, now, older_than) {
+            let expires_at = match &r.state {
+                RecordState::InFlight { expires_at, .. } => *expires_at,
+                RecordState::Completed { processed_at, .. } => *processed_at,
+            };
+            leases.push(StuckLine {
+                key: key_line(r, now, expires_at),
+                first_claimed_at: r.first_claimed_at.map(Timestamp::as_millis),
+                why,
+                last_worker: r.last_failure.as_ref().and_then(|f| f.worker.clone()),
+            });
+        }
+    }
+    Ok(Stuck {
+        older_than_ms: older_than.as_millis() as u64,
+        scanned,
+        truncated,
+        leases,
+    })
+}
+
+/// Dead outbox rows, at most `limit`, and whether more remain.
+pub async fn dead_rows(outbox: &dyn OutboxStore, limit: usize) -> Result<(Vec<OutboxEntry>, bool)> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        if out.len() >= limit {
+            return Ok((out, true));
+        }
+        let want = BATCH.min(limit - out.len());
+        let page = outbox
+            .list(&OutboxQuery {
+                state: Some(OutboxState::Dead),
+                destination: None,
+                after_id: after,
+                limit: want,
+            })
+            .await?;
+        let full = page.len() == want;
+        after = page.last().map(|e| e.row.id);
+        out.extend(page);
+        if !full {
+            return Ok((out, false));
+        }
+    }
+}
+
+/// The group id of a dead row.
+pub fn dead_group_of(e: &OutboxEntry) -> (String, String) {
+    let line = first_line(e.last_error.as_deref().unwrap_or("(no error kept)"));
+    (group_id(&["outbox", &line]), line)
+}
+
+/// Dead rows grouped by the first line of their last error, `page` rows kept per group.
+pub async fn dead_groups(
+    outbox: &dyn OutboxStore,
+    config: &ConsoleConfig,
+    page: usize,
+) -> Result<DeadRows> {
+    let (rows, truncated) = dead_rows(outbox, config.scan_limit).await?;
+    let scanned = rows.len();
+    let mut groups: BTreeMap<String, DeadGroup> = BTreeMap::new();
+    for e in rows {
+        let (id, line) = dead_group_of(&e);
+        let g = groups.entry(id.clone()).or_insert_with(|| DeadGroup {
+            id,
+            first_line: line,
+            count: 0,
+            rows: Vec::new(),
+        });
+        g.count += 1;
+        if g.rows.len() < page {
+            g.rows.push(DeadRow {
+                id: e.row.id,
+                destination: e.row.destination,
+                message_id: e.row.message_id,
+                payload_len: e.row.payload.len(),
+                headers: e.row.headers,
+                attempts: e.row.attempts,
+                written_at: e.row.written_at.as_millis(),
+                last_error: e.last_error,
+            });
+        }
+    }
+    let mut groups: Vec<DeadGroup> = groups.into_values().collect();
+    groups.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| a.first_line.cmp(&b.first_line))
+    });
+    Ok(DeadRows {
+        scanned,
+        truncated,
+        groups,
+    })
+}

@@ -1,0 +1,242 @@
+//! What each view shows, as the JSON under `/api/...` returns it (and the HTML renders).
+//! Times are milliseconds since the Unix epoch (UTC), ages and durations milliseconds.
+
+use serde::Serialize;
+
+/// `GET /api/overview`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Overview {
+    /// The store, its URL with any password removed.
+    pub store: String,
+    /// The store's clock when the counts were taken.
+    pub now: i64,
+    /// One line per consumer, in name order.
+    pub consumers: Vec<ConsumerLine>,
+    /// The live lease that expires first, store-wide.
+    pub oldest_lease: Option<LeaseLine>,
+    /// The outbox, when the console has one.
+    pub outbox: Option<OutboxLine>,
+    /// The last purge this console ran (the store keeps no purge history).
+    pub last_purge: Option<PurgeLine>,
+}
+
+/// One consumer's records by status.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConsumerLine {
+    /// The consumer.
+    pub consumer: String,
+    /// Processed (completed with a handler's outcome).
+    pub processed: u64,
+    /// In flight with a live lease.
+    pub in_flight: u64,
+    /// In flight, lease expired or released (the next delivery retries).
+    pub expired: u64,
+    /// Completed with a stored failure.
+    pub failed: u64,
+    /// Dead-lettered.
+    pub dead_lettered: u64,
+}
+
+/// A live lease.
+#[derive(Clone, Debug, Serialize)]
+pub struct LeaseLine {
+    /// Its consumer.
+    pub consumer: String,
+    /// Its message id.
+    pub message_id: String,
+    /// Its attempt.
+    pub attempt: u32,
+    /// Its fence.
+    pub fence: u64,
+    /// When it expires.
+    pub expires_at: i64,
+}
+
+/// The outbox's rows by state (one table for every destination).
+#[derive(Clone, Debug, Serialize)]
+pub struct OutboxLine {
+    /// Waiting to be published.
+    pub pending: u64,
+    /// Held by a relay.
+    pub held: u64,
+    /// Published, not yet purged.
+    pub sent: u64,
+    /// Dead.
+    pub dead: u64,
+    /// How long the oldest unsent row has waited (the lag), in milliseconds.
+    pub lag_ms: u64,
+    /// Destinations seen among the dead rows read (at most the scan limit), with counts.
+    pub dead_by_destination: Vec<(String, u64)>,
+}
+
+/// A purge's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct PurgeLine {
+    /// When it ran, by the store's clock.
+    pub at: i64,
+    /// Completed records removed.
+    pub completed: u64,
+    /// Expired in-flight records removed.
+    pub expired: u64,
+    /// How long it took, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// `GET /api/failures`: failed and dead-lettered keys grouped by kind and first line.
+#[derive(Clone, Debug, Serialize)]
+pub struct Failures {
+    /// Records read to build the groups.
+    pub scanned: usize,
+    /// Whether the scan stopped at the limit (more failures exist than were grouped).
+    pub truncated: bool,
+    /// The groups, largest first.
+    pub groups: Vec<FailureGroup>,
+}
+
+/// Keys that failed the same way.
+#[derive(Clone, Debug, Serialize)]
+pub struct FailureGroup {
+    /// The group's id (a hash of kind and first line), for links and actions.
+    pub id: String,
+    /// The failure's kind (`handler`, `panic`, ...).
+    pub kind: String,
+    /// The first line of the outermost error message.
+    pub first_line: String,
+    /// Keys in the group.
+    pub count: usize,
+    /// Earliest failure time among them.
+    pub first_seen: i64,
+    /// Latest failure time among them.
+    pub last_seen: i64,
+    /// The keys (at most a page of them; the group page pages through all).
+    pub keys: Vec<KeyLine>,
+}
+
+/// A key in a list.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyLine {
+    /// Its consumer.
+    pub consumer: String,
+    /// Its message id.
+    pub message_id: String,
+    /// Its status (`failed`, `dead-letter`, `in-flight`, `expired`, `completed`).
+    pub status: &'static str,
+    /// Its attempt.
+    pub attempt: u32,
+    /// Its fence.
+    pub fence: u64,
+    /// When it failed (failures), or when its lease expires (leases).
+    pub at: i64,
+}
+
+/// `GET /api/key`: one key in full.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyDetail {
+    /// Its consumer.
+    pub consumer: String,
+    /// Its message id.
+    pub message_id: String,
+    /// Its status.
+    pub status: &'static str,
+    /// Its attempt.
+    pub attempt: u32,
+    /// Its fence.
+    pub fence: u64,
+    /// When it was first claimed, where the store keeps it.
+    pub first_claimed_at: Option<i64>,
+    /// When its lease expires (in flight).
+    pub expires_at: Option<i64>,
+    /// When it was processed (completed).
+    pub processed_at: Option<i64>,
+    /// The size of its stored outcome, in bytes.
+    pub outcome_len: Option<usize>,
+    /// The stored failure: the settled cause, or the latest released one.
+    pub failure: Option<FailureDetail>,
+}
+
+/// A stored failure.
+#[derive(Clone, Debug, Serialize)]
+pub struct FailureDetail {
+    /// Its kind.
+    pub kind: String,
+    /// The error chain, outermost first.
+    pub chain: Vec<String>,
+    /// When it failed.
+    pub at: i64,
+    /// Which attempt.
+    pub attempt: u32,
+    /// The worker that ran it.
+    pub worker: Option<String>,
+}
+
+/// `GET /api/stuck`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Stuck {
+    /// The threshold, in milliseconds.
+    pub older_than_ms: u64,
+    /// In-flight records read.
+    pub scanned: usize,
+    /// Whether the scan stopped at the limit.
+    pub truncated: bool,
+    /// The stuck leases (at most a page).
+    pub leases: Vec<StuckLine>,
+}
+
+/// A stuck lease.
+#[derive(Clone, Debug, Serialize)]
+pub struct StuckLine {
+    /// The key, its attempt, fence and expiry.
+    #[serde(flatten)]
+    pub key: KeyLine,
+    /// When it was first claimed (where the store keeps it).
+    pub first_claimed_at: Option<i64>,
+    /// Why it counts as stuck: `held-too-long`, `expired`, or `in-flight` (a zero threshold).
+    pub why: &'static str,
+    /// The worker of its latest released failure, if any.
+    pub last_worker: Option<String>,
+}
+
+/// `GET /api/outbox/dead`.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeadRows {
+    /// Dead rows read.
+    pub scanned: usize,
+    /// Whether the scan stopped at the limit.
+    pub truncated: bool,
+    /// Groups by the first line of the last error, largest first.
+    pub groups: Vec<DeadGroup>,
+}
+
+/// Dead rows that failed the same way.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeadGroup {
+    /// The group's id (a hash of the first line).
+    pub id: String,
+    /// The first line of the last publish error.
+    pub first_line: String,
+    /// Rows in the group.
+    pub count: usize,
+    /// The rows (at most a page).
+    pub rows: Vec<DeadRow>,
+}
+
+/// A dead outbox row.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeadRow {
+    /// Its id.
+    pub id: i64,
+    /// Its destination.
+    pub destination: String,
+    /// Its message id.
+    pub message_id: String,
+    /// Its payload's size in bytes.
+    pub payload_len: usize,
+    /// Its headers.
+    pub headers: Vec<(String, String)>,
+    /// Publish attempts.
+    pub attempts: u32,
+    /// When it was written.
+    pub written_at: i64,
+    /// Its last error in full.
+    pub last_error: Option<String>,
+}

@@ -1,0 +1,313 @@
+//! The console in a real browser: headless Chromium driven through WebDriver
+//! (chromedriver), against real SQLite, PostgreSQL and Redis stores seeded with processed,
+//! failed, dead-lettered, stuck and outbox rows. Without `chromium` and `chromedriver` the
+//! tests skip with a line, or fail under `DEDUP_TEST_STRICT=1`.
+//!
+//! With `DEDUP_CONSOLE_SCREENSHOTS=DIR`, the SQLite test saves a PNG of each view there
+//! (the README's pictures).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use dedup::{Claim, ClaimOptions, Error, Key};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+use common::{SCRIPT_KEY, TOKEN, Target};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// chromedriver, ended when dropped.
+struct Driver {
+    child: Child,
+    port: u16,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// chromedriver and a browser session, or `None` (skip) without them.
+async fn browser() -> Option<(Driver, Client)> {
+    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
+        if std::env::var("DEDUP_TEST_STRICT").as_deref() == Ok("1") {
+            panic!(
+                "{CHROMIUM} or {CHROMEDRIVER} is missing and DEDUP_TEST_STRICT=1 (apt-get install chromium chromium-driver)"
+            );
+        }
+        eprintln!("skipped: {CHROMIUM} or {CHROMEDRIVER} is missing");
+        return None;
+    }
+    let port = free_port();
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let profile = tempfile::tempdir().expect("profile dir");
+    let driver = Driver {
+        child,
+        port,
+        _profile: profile,
+    };
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": CHROMIUM,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync",
+                "--window-size=1100,850",
+                format!("--user-data-dir={}", driver._profile.path().display()),
+            ],
+        }),
+    );
+    let url = format!("http://127.0.0.1:{}", driver.port);
+    let mut last = None;
+    for _ in 0..100 {
+        match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps.clone())
+            .connect(&url)
+            .await
+        {
+            Ok(client) => return Some((driver, client)),
+            Err(e) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    panic!("no WebDriver session from chromedriver: {last:?}");
+}
+
+/// Serve `router` on a free loopback port.
+async fn serve(router: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+async fn text(c: &Client, css: &str) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn shot(c: &Client, dir: &Option<PathBuf>, name: &str) {
+    if let Some(d) = dir {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join(format!("{name}.png")), c.screenshot().await.unwrap()).unwrap();
+    }
+}
+
+async fn acquired(s: &common::Seeded, id: &str) -> bool {
+    matches!(
+        s.admin
+            .claim(
+                &Key::new("billing", id).unwrap(),
+                &ClaimOptions::lease(Duration::from_secs(30))
+            )
+            .await
+            .unwrap(),
+        Claim::Acquired(_)
+    )
+}
+
+async fn scenario(t: Target, screenshots: Option<PathBuf>) {
+    let Some((_driver, c)) = browser().await else {
+        return;
+    };
+    let s = common::seed(&t).await;
+    let addr = serve(common::console(&t, &s).router()).await;
+    let base = format!("http://{addr}");
+
+    // Before signing in: the confirm page is there, but its write is refused, and
+    // nothing changes.
+    c.goto(&format!("{base}/failures")).await.unwrap();
+    click(&c, "section.group a.action").await;
+    click(&c, "#confirm").await;
+    assert!(
+        text(&c, ".refused")
+            .await
+            .contains("needs the console's token")
+    );
+    c.goto(&format!("{base}/failures")).await.unwrap();
+    assert_eq!(text(&c, "section.group .count").await, "3");
+
+    // A form on a foreign origin posting to the console (with the real CSRF token) is
+    // refused, and nothing changes.
+    c.goto(&format!("{base}/confirm/purge")).await.unwrap();
+    let csrf = c
+        .find(Locator::Css("input[name=csrf]"))
+        .await
+        .unwrap()
+        .attr("value")
+        .await
+        .unwrap()
+        .unwrap();
+    let group = c.goto(&format!("{base}/api/failures")).await;
+    group.unwrap();
+    let f: serde_json::Value = serde_json::from_str(&text(&c, "body").await).unwrap();
+    let group = f["groups"][0]["id"].as_str().unwrap().to_owned();
+    let evil_page = format!(
+        "<form method=post action=\"{base}/act/forget-group\"><input name=csrf value=\"{csrf}\">\
+         <input name=id value=\"{group}\"><button id=go>win a prize</button></form>"
+    );
+    let evil = serve(axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let p = evil_page.clone();
+            async move { axum::response::Html(p) }
+        }),
+    ))
+    .await;
+    c.goto(&format!("http://localhost:{}/", evil.port()))
+        .await
+        .unwrap();
+    click(&c, "#go").await;
+    assert!(text(&c, ".refused").await.contains("foreign origin"));
+    c.goto(&format!("{base}/failures")).await.unwrap();
+    assert_eq!(
+        text(&c, "section.group .count").await,
+        "3",
+        "nothing changed"
+    );
+
+    // Sign in.
+    c.goto(&format!("{base}/signin")).await.unwrap();
+    c.find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    click(&c, "#signin").await;
+    assert_eq!(text(&c, "#result").await, "Signed in.");
+
+    // The overview shows the seeded counts.
+    c.goto(&format!("{base}/")).await.unwrap();
+    let row = text(&c, "tr[data-consumer=billing]").await;
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells, ["billing", "3", "1", "0", "3", "1"], "{row}");
+    shot(&c, &screenshots, "overview").await;
+
+    // Grouping, and the key holding <script> shows as text (the page title is untouched).
+    c.goto(&format!("{base}/failures")).await.unwrap();
+    let groups = c.find_all(Locator::Css("section.group")).await.unwrap();
+    assert_eq!(groups.len(), 2);
+    assert_eq!(text(&c, "section.group .count").await, "3");
+    assert!(
+        text(&c, "section.group h2")
+            .await
+            .contains("connection refused")
+    );
+    assert!(text(&c, "section.group ul").await.contains(SCRIPT_KEY));
+    assert_eq!(c.title().await.unwrap(), "Failures · dedup console");
+    shot(&c, &screenshots, "failures").await;
+    c.goto(&format!("{base}/key?consumer=billing&id=dead-1"))
+        .await
+        .unwrap();
+    assert!(text(&c, "ol.chain").await.contains("root cause: io"));
+    shot(&c, &screenshots, "key").await;
+
+    // "Forget group": the next claim of each key is Acquired.
+    c.goto(&format!("{base}/failures")).await.unwrap();
+    click(&c, "section.group a.action").await;
+    shot(&c, &screenshots, "confirm").await;
+    click(&c, "#confirm").await;
+    assert!(text(&c, "#result").await.contains("Forgot 3 keys"));
+    for id in ["fail-1", "dead-1", SCRIPT_KEY] {
+        assert!(acquired(&s, id).await, "{id}");
+    }
+
+    // "Release": the stale worker's commit gets LeaseLost.
+    c.goto(&format!("{base}/stuck?older_than=0s"))
+        .await
+        .unwrap();
+    shot(&c, &screenshots, "stuck").await;
+    let release = c
+        .find(Locator::XPath(
+            "//tr[td/a[text()='stuck-1']]//a[contains(@class,'action')]",
+        ))
+        .await
+        .unwrap();
+    release.click().await.unwrap();
+    click(&c, "#confirm").await;
+    assert!(text(&c, "#result").await.contains("Released"));
+    let lost = s.admin.commit(&s.stale, Some(b"late")).await;
+    assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
+
+    // "Retry": the dead outbox row is published again (the relay takes it).
+    if let (Some(outbox), Some(id)) = (&s.outbox, s.dead_row) {
+        c.goto(&format!("{base}/outbox")).await.unwrap();
+        assert!(
+            text(&c, "section.group")
+                .await
+                .contains("tenant: <b>acme</b>")
+        );
+        shot(&c, &screenshots, "outbox").await;
+        click(&c, "section.group td a.action").await;
+        click(&c, "#confirm").await;
+        assert!(
+            text(&c, "#result")
+                .await
+                .contains(&format!("1 dead outbox rows to pending: {id}"))
+        );
+        let held = outbox.take(10, Duration::from_secs(30)).await.unwrap();
+        assert!(held.rows.iter().any(|r| r.id == id), "{held:?}");
+    }
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_sqlite() {
+    let shots = std::env::var_os("DEDUP_CONSOLE_SCREENSHOTS").map(PathBuf::from);
+    scenario(common::target("sqlite").unwrap(), shots).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_postgres() {
+    if let Some(t) = common::target("postgres") {
+        scenario(t, None).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_redis() {
+    if let Some(t) = common::target("redis") {
+        scenario(t, None).await;
+    }
+}

@@ -1,0 +1,304 @@
+//! The console over HTTP (tower `oneshot` on its router) against real SQLite, PostgreSQL
+//! and Redis stores: what each view shows of a seeded store, and what each action changes
+//! (and that a refused one changes nothing).
+
+mod common;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use dedup::{Claim, ClaimOptions, Error, Key};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
+
+use common::{SCRIPT_KEY, TOKEN, Target};
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, String) {
+    let resp = app.clone().oneshot(req).await.expect("the router answers");
+    let status = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn get(app: &Router, path: &str) -> (StatusCode, String) {
+    send(
+        app,
+        Request::get(path)
+            .header(header::HOST, "console.test")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await
+}
+
+async fn json(app: &Router, path: &str) -> Value {
+    let (status, body) = get(app, path).await;
+    assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+/// The CSRF token a confirmation page's form carries.
+fn csrf(page: &str) -> String {
+    let at = page.find("name=csrf value=\"").expect("a CSRF field") + 17;
+    page[at..at + page[at..].find('"').unwrap()].to_owned()
+}
+
+/// POST a form to `path` with `fields`, the token (or not) and an `Origin` (or not).
+async fn post(
+    app: &Router,
+    path: &str,
+    fields: &str,
+    token: bool,
+    origin: Option<&str>,
+) -> (StatusCode, String) {
+    let mut req = Request::post(path)
+        .header(header::HOST, "console.test")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    if token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {TOKEN}"));
+    }
+    if let Some(o) = origin {
+        req = req.header(header::ORIGIN, o);
+    }
+    send(app, req.body(Body::from(fields.to_owned())).unwrap()).await
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+async fn scenario(t: Target) {
+    let s = common::seed(&t).await;
+    let app = common::console(&t, &s).router();
+
+    // Overview: the seeded counts per consumer, and the outbox.
+    let o = json(&app, "/api/overview").await;
+    let billing = o["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["consumer"] == "billing")
+        .expect("billing");
+    assert_eq!(billing["processed"], 3, "{o}");
+    assert_eq!(billing["failed"], 3, "{o}");
+    assert_eq!(billing["dead_lettered"], 1, "{o}");
+    assert_eq!(billing["in_flight"], 1, "{o}");
+    assert_eq!(o["oldest_lease"]["message_id"], "stuck-1");
+    assert!(!o["store"].as_str().unwrap().contains(":secret@"));
+    if s.outbox.is_some() {
+        assert_eq!(o["outbox"]["dead"], 1, "{o}");
+        assert_eq!(o["outbox"]["pending"], 1, "{o}");
+    }
+
+    // Failures grouped by kind and first line.
+    let f = json(&app, "/api/failures").await;
+    let groups = f["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{f}");
+    assert_eq!(groups[0]["first_line"], "connection refused");
+    assert_eq!(groups[0]["count"], 3);
+    assert_eq!(groups[1]["first_line"], "invalid amount");
+    assert_eq!(groups[1]["count"], 1);
+    let group = groups[0]["id"].as_str().unwrap().to_owned();
+
+    // The key holding markup renders as text.
+    let (_, html) = get(&app, "/failures").await;
+    assert!(
+        html.contains("&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;"),
+        "{html}"
+    );
+    assert!(!html.contains(SCRIPT_KEY));
+    let (status, html) = get(
+        &app,
+        &format!("/key?consumer=billing&id={}", enc(SCRIPT_KEY)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !html.contains(SCRIPT_KEY) && html.contains("root cause: io"),
+        "{html}"
+    );
+
+    // One key in full.
+    let k = json(&app, "/api/key?consumer=billing&id=dead-1").await;
+    assert_eq!(k["status"], "dead-letter");
+    assert_eq!(k["failure"]["chain"][1], "root cause: io");
+    assert_eq!(k["failure"]["worker"], "worker-7");
+
+    // Stuck leases past a threshold.
+    let st = json(&app, "/api/stuck").await;
+    assert_eq!(
+        st["leases"].as_array().unwrap().len(),
+        0,
+        "a fresh lease is not stuck at 5 min: {st}"
+    );
+    let st = json(&app, "/api/stuck?older_than=0s").await;
+    assert_eq!(st["leases"][0]["message_id"], "stuck-1", "{st}");
+    let fence = st["leases"][0]["fence"].as_u64().unwrap();
+
+    // Forget a group: refused without the token, from a foreign origin, or without the
+    // CSRF field, and nothing changes; then done.
+    let (_, confirm) = get(&app, &format!("/confirm/forget-group?id={group}")).await;
+    assert!(confirm.contains("<strong>3</strong> keys"), "{confirm}");
+    let token = csrf(&confirm);
+    let form = format!("csrf={token}&id={group}");
+    let (status, _) = post(&app, "/act/forget-group", &form, false, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = post(
+        &app,
+        "/act/forget-group",
+        &form,
+        true,
+        Some("http://evil.test"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = post(
+        &app,
+        "/act/forget-group",
+        &format!("id={group}"),
+        true,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        json(&app, "/api/failures").await["groups"][0]["count"],
+        3,
+        "nothing changed"
+    );
+    let (status, done) = post(
+        &app,
+        "/act/forget-group",
+        &form,
+        true,
+        Some("http://console.test"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("Forgot 3 keys"), "{done}");
+    for id in ["fail-1", "dead-1", SCRIPT_KEY] {
+        let c = s
+            .admin
+            .claim(
+                &Key::new("billing", id).unwrap(),
+                &ClaimOptions::lease(Duration::from_secs(30)),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(c, Claim::Acquired(_)), "{id}: {c:?}");
+    }
+
+    // Release a stuck lease: a stale fence is refused; then the stale worker's commit
+    // gets LeaseLost.
+    let stale_form = format!(
+        "csrf={token}&consumer=billing&id=stuck-1&fence={}",
+        fence + 1
+    );
+    let (status, _) = post(&app, "/act/release", &stale_form, true, None).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let form = format!("csrf={token}&consumer=billing&id=stuck-1&fence={fence}");
+    let (status, done) = post(&app, "/act/release", &form, true, None).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("Released"), "{done}");
+    let lost = s.admin.commit(&s.stale, Some(b"late")).await;
+    assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
+
+    // Retry a dead outbox row: the relay takes it again.
+    if let (Some(outbox), Some(id)) = (&s.outbox, s.dead_row) {
+        let (_, page) = get(&app, "/outbox").await;
+        assert!(
+            page.contains("&lt;b&gt;acme&lt;/b&gt;") && page.contains("42 B"),
+            "{page}"
+        );
+        let (status, done) = post(
+            &app,
+            "/act/outbox-retry",
+            &format!("csrf={token}&id={id}"),
+            true,
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{done}");
+        let held = outbox.take(10, Duration::from_secs(30)).await.unwrap();
+        assert!(
+            held.rows.iter().any(|r| r.id == id),
+            "republished: {held:?}"
+        );
+    }
+
+    // Purge now, shown on the overview.
+    let (status, done) = post(&app, "/act/purge", &format!("csrf={token}"), true, None).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(json(&app, "/api/overview").await["last_purge"].is_object());
+}
+
+/// A read-only console offers no action and refuses every write, token or not.
+#[tokio::test]
+async fn read_only_refuses_writes() {
+    let t = common::target("sqlite").unwrap();
+    let s = common::seed(&t).await;
+    let mut config = dedup_console::ConsoleConfig::default();
+    config.token = Some(TOKEN.into());
+    let app = dedup_console::Console::new(s.admin.clone(), &t.url, config)
+        .unwrap()
+        .router();
+    let (_, html) = get(&app, "/failures").await;
+    assert!(!html.contains("Forget group"));
+    let (status, _) = post(&app, "/act/purge", "csrf=x", true, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+/// Views need the token when configured so (beyond loopback), and a password in the URL
+/// is never shown.
+#[tokio::test]
+async fn views_need_the_token_and_hide_passwords() {
+    let t = common::target("sqlite").unwrap();
+    let s = common::seed(&t).await;
+    let mut config = dedup_console::ConsoleConfig::default();
+    config.token = Some(TOKEN.into());
+    config.views_need_token = true;
+    let app = dedup_console::Console::new(s.admin.clone(), "postgres://app:secret@db/x", config)
+        .unwrap()
+        .router();
+    assert_eq!(get(&app, "/api/overview").await.0, StatusCode::UNAUTHORIZED);
+    let req = Request::get("/")
+        .header(header::COOKIE, format!("dedup_console_token={TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, html) = send(&app, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!html.contains("secret"), "{html}");
+    let mut bad = dedup_console::ConsoleConfig::default();
+    bad.allow_writes = true;
+    assert!(dedup_console::Console::new(s.admin.clone(), &t.url, bad).is_err());
+}
+
+#[tokio::test]
+async fn console_over_sqlite() {
+    scenario(common::target("sqlite").unwrap()).await;
+}
+
+#[tokio::test]
+async fn console_over_postgres() {
+    if let Some(t) = common::target("postgres") {
+        scenario(t).await;
+    }
+}
+
+#[tokio::test]
+async fn console_over_redis() {
+    if let Some(t) = common::target("redis") {
+        scenario(t).await;
+    }
+}
