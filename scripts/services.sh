@@ -1105,7 +1105,8 @@ cmd_start() {
         "start_$fn"
         STARTING=
         rebuild_env_file
-        log "$svc ready in $(elapsed_since "$t")s"
+        # A service whose server is not installed here (pubsub) writes no URL.
+        if [[ -f $STATE_DIR/$svc/url.env ]]; then log "$svc ready in $(elapsed_since "$t")s"; fi
     done
     log "state dir: $STATE_DIR"
     log "use them with: eval \"\$($0 env)\""
