@@ -21,7 +21,8 @@ use dedup_brokers::pubsub::{MESSAGE_ID_ATTRIBUTE, PubSubConsumer, PubSubPublishe
 use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Shutdown, shutdown};
 use dedup_core::outbox::Publisher;
 use dedup_core::{InboxConfig, MemoryStore};
-use suite::{BrokerFactory, DeadLetter, broker_suite};
+use suite::broken::{DropsFailureHeaders, must_fail};
+use suite::{BrokerFactory, DeadLetter, broker_suite, clauses};
 use support::{Runs, all_once, config, counting, row};
 
 /// The subscriptions' ack deadline: the emulator's (and Pub/Sub's) least.
@@ -201,6 +202,7 @@ impl BrokerFactory for Fixture {
                 message_id: m.attribute(MESSAGE_ID_ATTRIBUTE).map(str::to_owned),
                 payload: m.data.clone(),
                 reason: m.attribute(DEAD_LETTER_REASON).map(str::to_owned),
+                headers: m.attributes.clone().into_iter().collect(),
             })
             .collect()
     }
@@ -217,6 +219,15 @@ impl BrokerFactory for Fixture {
 }
 
 broker_suite!(Fixture);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_catches_an_adapter_that_drops_the_failure_headers() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let clause = clauses::a_dead_lettered_copy_carries_its_cause(DropsFailureHeaders(fx));
+    must_fail("an adapter dropping the failure headers", clause).await;
+}
 
 #[tokio::test]
 async fn a_published_row_arrives_with_its_message_id_and_attributes() {
