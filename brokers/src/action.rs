@@ -8,7 +8,7 @@ use dedup_core::trace::MessageTrace;
 use dedup_core::{Handled, InboxError, Key};
 use tracing::Instrument;
 
-use crate::{ConsumerConfig, Delivery, Handle};
+use crate::{ConsumerConfig, Delivery, Fault, Handle};
 
 /// What the consumer asks of the broker for one delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,14 +21,20 @@ pub enum Action {
         /// How long to wait before the redelivery.
         delay: Duration,
     },
-    /// Move it to the dead letters with `reason`, then acknowledge it.
+    /// Move it to the dead letters with `reason` and the failure `headers`, then
+    /// acknowledge it.
     DeadLetter {
-        /// Why, for whoever reads the dead letters.
+        /// Why, for whoever reads the dead letters (the
+        /// [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON) header).
         reason: String,
+        /// The cause as headers for the copy ([`Fault::headers`]: error kind, message
+        /// chain, attempts, consumer, time), which each broker writes its own way.
+        headers: Vec<(String, String)>,
     },
 }
 
-/// The broker action for an inbox's answer (the mapping every consumer uses).
+/// The broker action for an inbox's answer (the mapping every consumer uses), as
+/// `consumer` takes it.
 ///
 /// | answer | action |
 /// |---|---|
@@ -37,7 +43,11 @@ pub enum Action {
 /// | `Busy` | retry when the other worker's lease expires (at most `max_retry_delay`) |
 /// | `DeadLetter` (attempts used up) | dead-letter |
 /// | an error (handler failed and was released, lease lost, store down) | retry after `retry_delay` |
-pub fn action_for(answer: &Result<Handled, InboxError>, config: &ConsumerConfig) -> Action {
+pub fn action_for(
+    consumer: &str,
+    answer: &Result<Handled, InboxError>,
+    config: &ConsumerConfig,
+) -> Action {
     match answer {
         Ok(Handled::Processed { .. } | Handled::Duplicate { .. } | Handled::Failed { .. }) => {
             Action::Ack
@@ -53,17 +63,32 @@ pub fn action_for(answer: &Result<Handled, InboxError>, config: &ConsumerConfig)
         }
         Ok(Handled::DeadLetter {
             attempts, cause, ..
-        }) => Action::DeadLetter {
-            reason: match cause {
-                Some(cause) => format!(
-                    "attempts used up ({attempts}); last failure ({} at attempt {}): {}",
-                    cause.kind,
-                    cause.attempt,
-                    cause.message()
+        }) => {
+            let fault = Fault {
+                kind: cause
+                    .as_ref()
+                    .map_or_else(|| "attempts".to_owned(), |c| c.kind.clone()),
+                message: cause.as_ref().map_or_else(
+                    || format!("attempts used up ({attempts}); no failure was kept"),
+                    |c| c.message(),
                 ),
-                None => format!("attempts used up ({attempts})"),
-            },
-        },
+                attempts: *attempts,
+                consumer: consumer.to_owned(),
+                at: SystemTime::now(),
+            };
+            Action::DeadLetter {
+                reason: match cause {
+                    Some(cause) => format!(
+                        "attempts used up ({attempts}); last failure ({} at attempt {}): {}",
+                        cause.kind,
+                        cause.attempt,
+                        cause.message()
+                    ),
+                    None => format!("attempts used up ({attempts})"),
+                },
+                headers: fault.headers(),
+            }
+        }
         Err(_) => Action::Retry {
             delay: config.retry_delay,
         },
@@ -109,7 +134,17 @@ pub(crate) async fn decide<H: Handle + ?Sized>(
         Err(reason) => {
             tracing::warn!(consumer, broker_ref = %delivery.broker_ref, %reason, "delivery refused");
             Counters::bump(&counters.refused);
-            return Action::DeadLetter { reason };
+            let fault = Fault {
+                kind: "refused".into(),
+                message: reason.clone(),
+                attempts: 0,
+                consumer: consumer.to_owned(),
+                at: SystemTime::now(),
+            };
+            return Action::DeadLetter {
+                reason,
+                headers: fault.headers(),
+            };
         }
     };
     // The handler runs with the delivery's trace in scope and under a span recording it:
@@ -149,7 +184,7 @@ pub(crate) async fn decide<H: Handle + ?Sized>(
         }
     };
     Counters::bump(counter);
-    action_for(&answer, config)
+    action_for(consumer, &answer, config)
 }
 
 /// Counts of a consumer's deliveries by what happened to them.

@@ -1,6 +1,6 @@
 //! Broker adapters for dedup: outbox [`Publisher`](dedup_core::outbox::Publisher)s and
 //! inbox consumers for RabbitMQ (feature `rabbitmq`), Redis Streams (`redis-streams`),
-//! NATS JetStream (`nats`) and Kafka (`kafka`).
+//! NATS JetStream (`nats`), Kafka (`kafka`) and Google Cloud Pub/Sub (`pubsub`).
 //!
 //! A consumer takes each delivery's message id from the broker's id property, refuses
 //! (dead-letters, with a reason) a delivery without one or older than the admission floor,
@@ -17,6 +17,7 @@ mod config;
 mod consume;
 mod delivery;
 mod error;
+mod fault;
 mod handle;
 mod in_flight;
 mod shutdown;
@@ -26,6 +27,8 @@ mod source;
 pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "pubsub")]
+pub mod pubsub;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 #[cfg(feature = "redis-streams")]
@@ -36,6 +39,10 @@ pub use config::ConsumerConfig;
 pub use consume::consume;
 pub use delivery::Delivery;
 pub use error::BrokerError;
+pub use fault::{
+    FAILURE_ATTEMPTS_HEADER, FAILURE_CONSUMER_HEADER, FAILURE_KIND_HEADER, FAILURE_MESSAGE_HEADER,
+    FAILURE_TIME_HEADER, Fault, MAX_FAILURE_HEADER_LEN,
+};
 pub use handle::{Handle, InboxHandler, with_inbox};
 pub use shutdown::{Shutdown, ShutdownTrigger, shutdown};
 pub use source::{Pending, Source};

@@ -198,6 +198,7 @@ impl BrokerFactory for Fixture {
                 message_id: r.header(MESSAGE_ID_HEADER).map(str::to_owned),
                 payload: r.payload.clone(),
                 reason: r.header(DEAD_LETTER_REASON).map(str::to_owned),
+                headers: r.headers.clone(),
             })
             .collect()
     }

@@ -147,6 +147,11 @@ impl BrokerFactory for Fixture {
                 message_id: header(m, MSG_ID_HEADER).map(str::to_owned),
                 payload: m.payload.to_vec(),
                 reason: header(m, DEAD_LETTER_REASON).map(str::to_owned),
+                headers: m
+                    .headers
+                    .iter()
+                    .flat_map(|(n, vs)| vs.iter().map(move |v| (n.to_string(), v.to_string())))
+                    .collect(),
             })
             .collect()
     }

@@ -179,7 +179,18 @@ impl BrokerFactory for Fixture {
             .unwrap()
         {
             let props = &m.delivery.properties;
+            let headers = props
+                .headers()
+                .as_ref()
+                .map(|h| {
+                    h.inner()
+                        .iter()
+                        .filter_map(|(n, v)| Some((n.as_str().to_owned(), text(Some(v))?)))
+                        .collect()
+                })
+                .unwrap_or_default();
             out.push(DeadLetter {
+                headers,
                 message_id: props.message_id().as_ref().map(|s| s.to_string()),
                 payload: m.delivery.data.clone(),
                 reason: props

@@ -17,7 +17,9 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamInfoGroupsReply;
 use redis::streams::StreamRangeReply;
-use suite::broken::{AcksBeforeHandling, DropsMessageId, FetchesPastTheBound, must_fail};
+use suite::broken::{
+    AcksBeforeHandling, DropsFailureHeaders, DropsMessageId, FetchesPastTheBound, must_fail,
+};
 use suite::{BrokerFactory, DeadLetter, broker_suite, clauses};
 use support::{Runs, assert_retried_in_process, config, counting, row, transient_once, wait_until};
 
@@ -116,6 +118,7 @@ impl BrokerFactory for Fixture {
                 message_id: maybe(e.get("message_id")),
                 payload: maybe(e.get("payload")).unwrap_or_default().into_bytes(),
                 reason: maybe(e.get(DEAD_LETTER_REASON)),
+                headers: e.iter().map(|(n, v)| (n.clone(), text(Some(v)))).collect(),
             })
             .collect()
     }
@@ -165,6 +168,15 @@ async fn the_suite_catches_an_adapter_that_drops_the_message_id() {
     };
     let clause = clauses::same_id_published_n_times_is_handled_once(DropsMessageId(fx));
     must_fail("an adapter dropping the message id", clause).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_catches_an_adapter_that_drops_the_failure_headers() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let clause = clauses::a_dead_lettered_copy_carries_its_cause(DropsFailureHeaders(fx));
+    must_fail("an adapter dropping the failure headers", clause).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -185,14 +185,12 @@ impl Pending for KafkaPending {
                 )
                 .await?;
             }
-            Action::DeadLetter { reason } => {
+            Action::DeadLetter { reason, headers } => {
                 let topic = self.copies.dead_letter_topic.clone();
                 let origin = self.first_origin();
-                self.copy(
-                    &topic,
-                    &[(DEAD_LETTER_REASON, reason), (ORIGIN_HEADER, origin)],
-                )
-                .await?;
+                let mut extra = vec![(DEAD_LETTER_REASON, reason), (ORIGIN_HEADER, origin)];
+                extra.extend(headers.iter().map(|(n, v)| (n.as_str(), v.clone())));
+                self.copy(&topic, &extra).await?;
             }
         }
         self.done()

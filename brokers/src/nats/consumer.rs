@@ -198,13 +198,15 @@ impl Pending for NatsPending {
         let (kind, unpublished) = match action {
             Action::Ack => (AckKind::Ack, None),
             Action::Retry { delay } => (AckKind::Nak(Some(delay)), None),
-            Action::DeadLetter { reason } => match self.dead_letter(&reason).await {
-                Ok(()) => (AckKind::Term, None),
-                Err(e) => {
-                    tracing::warn!(error = %e, "dead letter not published; retrying");
-                    (AckKind::Nak(Some(self.retry_delay)), Some(e))
+            Action::DeadLetter { reason, headers } => {
+                match self.dead_letter(&reason, &headers).await {
+                    Ok(()) => (AckKind::Term, None),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "dead letter not published; retrying");
+                        (AckKind::Nak(Some(self.retry_delay)), Some(e))
+                    }
                 }
-            },
+            }
         };
         // Not settled: JetStream redelivers after `ack_wait`.
         self.message
@@ -222,15 +224,21 @@ impl Pending for NatsPending {
 }
 
 impl NatsPending {
-    async fn dead_letter(&self, reason: &str) -> Result<(), dedup_core::BoxError> {
+    async fn dead_letter(
+        &self,
+        reason: &str,
+        fault: &[(String, String)],
+    ) -> Result<(), dedup_core::BoxError> {
         let d = &self.delivery;
         let id = d.message_id.as_deref().map(|id| (MSG_ID_HEADER, id));
         let map = headers(
             d.headers
                 .iter()
                 .map(|(n, v)| (n.as_str(), v.as_str()))
+                .filter(|(n, _)| !fault.iter().any(|(f, _)| f == n))
                 .chain(id)
-                .chain([(DEAD_LETTER_REASON, reason)]),
+                .chain([(DEAD_LETTER_REASON, reason)])
+                .chain(fault.iter().map(|(n, v)| (n.as_str(), v.as_str()))),
         )?;
         send(&self.js, &self.dead_letter_subject, map, d.payload.clone())
             .await?

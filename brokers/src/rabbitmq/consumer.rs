@@ -336,7 +336,7 @@ impl Pending for RabbitPending {
                 .map(drop)
                 .map_err(|e| classify("basic.ack", e)),
             Action::Retry { delay } => requeue_after(acker, delay, shutdown).await,
-            Action::DeadLetter { reason } => match &*self.dead_letters {
+            Action::DeadLetter { reason, headers } => match &*self.dead_letters {
                 DeadLetters::QueueDlx => acker
                     .reject(BasicRejectOptions { requeue: false })
                     .await
@@ -345,7 +345,7 @@ impl Pending for RabbitPending {
                 DeadLetters::Publish {
                     publisher,
                     destination,
-                } => match self.copy(publisher, destination, &reason).await {
+                } => match self.copy(publisher, destination, &reason, &headers).await {
                     Ok(()) => acker
                         .ack(BasicAckOptions::default())
                         .await
@@ -371,14 +371,17 @@ impl RabbitPending {
         publisher: &RabbitPublisher,
         destination: &str,
         reason: &str,
+        fault: &[(String, String)],
     ) -> Result<(), dedup_core::BoxError> {
         let d = &self.delivery;
         let mut headers: Vec<(&str, &str)> = d
             .headers
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
+            .filter(|(n, _)| !fault.iter().any(|(f, _)| f == n))
             .collect();
         headers.push((DEAD_LETTER_REASON, reason));
+        headers.extend(fault.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         let id = d.message_id.as_deref().unwrap_or("");
         let confirm = publisher.send(destination, id, headers, &d.payload).await?;
         confirmed(destination, confirm).await

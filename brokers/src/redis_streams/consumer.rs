@@ -243,10 +243,13 @@ impl Pending for StreamPending {
             }
             // Stays pending: reclaimed once idle for `claim_idle`.
             Action::Retry { .. } => Ok(()),
-            Action::DeadLetter { reason } => {
+            Action::DeadLetter { reason, headers } => {
                 let mut add = redis::cmd("XADD");
                 add.arg(dead_stream(stream)).arg("*");
                 for (field, value) in &self.entry.map {
+                    if headers.iter().any(|(n, _)| n == field) {
+                        continue;
+                    }
                     if let Some(bytes) = bytes_of(value) {
                         add.arg(field).arg(bytes);
                     }
@@ -255,6 +258,9 @@ impl Pending for StreamPending {
                     .arg(&reason)
                     .arg(DEAD_ENTRY_ID_FIELD)
                     .arg(id);
+                for (field, value) in &headers {
+                    add.arg(field).arg(value);
+                }
                 redis::pipe()
                     .atomic()
                     .add_command(add)

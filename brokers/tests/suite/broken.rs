@@ -157,6 +157,63 @@ impl<S: Source> Source for Greedy<S> {
     }
 }
 
+/// Dead-letters without the failure headers the loop built: the copy says nothing of why.
+pub struct DropsFailureHeaders<F>(pub F);
+
+/// The consumer of [`DropsFailureHeaders`].
+pub struct NoCause<S>(S);
+
+/// A delivery whose dead-lettering loses the failure headers.
+pub struct Causeless<P>(P);
+
+#[async_trait]
+impl<P: Pending> Pending for Causeless<P> {
+    fn delivery(&self) -> &Delivery {
+        self.0.delivery()
+    }
+
+    async fn settle(self, action: Action, shutdown: &Shutdown) -> Result<(), BrokerError> {
+        let action = match action {
+            Action::DeadLetter { reason, .. } => Action::DeadLetter {
+                reason,
+                headers: Vec::new(),
+            },
+            other => other,
+        };
+        self.0.settle(action, shutdown).await
+    }
+}
+
+#[async_trait]
+impl<S: Source> Source for NoCause<S> {
+    type Pending = Causeless<S::Pending>;
+
+    fn endpoint(&self) -> &str {
+        self.0.endpoint()
+    }
+
+    async fn connect(&mut self, config: &ConsumerConfig) -> Result<(), BrokerError> {
+        self.0.connect(config).await
+    }
+
+    async fn fetch(
+        &mut self,
+        max: usize,
+        shutdown: &Shutdown,
+    ) -> Result<Vec<Self::Pending>, BrokerError> {
+        let fetched = self.0.fetch(max, shutdown).await?;
+        Ok(fetched.into_iter().map(Causeless).collect())
+    }
+
+    async fn stop(&mut self) {
+        self.0.stop().await
+    }
+
+    async fn give_back(&mut self) {
+        self.0.give_back().await
+    }
+}
+
 /// Delegates everything but the source to the wrapped factory.
 macro_rules! wrapped_factory {
     ($factory:ident, $source:ident) => {
@@ -202,6 +259,7 @@ macro_rules! wrapped_factory {
 wrapped_factory!(AcksBeforeHandling, AcksFirst);
 wrapped_factory!(DropsMessageId, NoIds);
 wrapped_factory!(FetchesPastTheBound, Greedy);
+wrapped_factory!(DropsFailureHeaders, NoCause);
 
 /// Run `clause` and require it to fail (panic).
 pub async fn must_fail<Fut>(what: &str, clause: Fut)

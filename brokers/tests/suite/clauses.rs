@@ -5,7 +5,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dedup_brokers::{ConsumerConfig, Delivery, Shutdown, consume, shutdown, with_inbox};
+use dedup_brokers::{
+    ConsumerConfig, Delivery, FAILURE_ATTEMPTS_HEADER, FAILURE_CONSUMER_HEADER,
+    FAILURE_KIND_HEADER, FAILURE_MESSAGE_HEADER, FAILURE_TIME_HEADER, Shutdown, consume, shutdown,
+    with_inbox,
+};
 use dedup_core::trace::{MessageTrace, TraceParent};
 use dedup_core::{Inbox, InboxConfig, MemoryStore};
 
@@ -344,4 +348,68 @@ pub async fn a_delivery_carries_its_trace_and_the_handler_runs_in_it<F: BrokerFa
         "the handler runs with the delivery's trace"
     );
     fx.cleanup().await;
+}
+
+/// A handler that always fails (`cannot parse`), 3 attempts allowed, under the consumer
+/// name `billing`: the dead-lettered copy says why, as headers: the failure's kind
+/// (`handler`), its message, the attempts (3), the consumer and when (RFC 3339, within
+/// the run).
+pub async fn a_dead_lettered_copy_carries_its_cause<F: BrokerFactory>(fx: F) {
+    fx.publish(&strings(&["poison"])).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let cfg = ConsumerConfig {
+        consumer: Some("billing".into()),
+        ..config()
+    };
+    let started = std::time::SystemTime::now();
+    let (stop, signal) = shutdown();
+    let handler = poison(MemoryStore::new(), 3, &runs);
+    let task = tokio::spawn(consume(fx.source("w1", &cfg).await, cfg, handler, signal));
+    let dead = dead_letters_at_least(&fx, 1).await;
+    stop.shut_down();
+    task.await.unwrap().unwrap();
+    let copy = &dead[0];
+    assert_eq!(copy.message_id.as_deref(), Some("poison"), "{copy:?}");
+    assert_eq!(
+        copy.header(FAILURE_KIND_HEADER),
+        Some("handler"),
+        "{copy:?}"
+    );
+    assert_eq!(
+        copy.header(FAILURE_MESSAGE_HEADER),
+        Some("cannot parse"),
+        "{copy:?}"
+    );
+    assert_eq!(copy.header(FAILURE_ATTEMPTS_HEADER), Some("3"), "{copy:?}");
+    assert_eq!(
+        copy.header(FAILURE_CONSUMER_HEADER),
+        Some("billing"),
+        "{copy:?}"
+    );
+    let time = copy.header(FAILURE_TIME_HEADER).expect("a failure time");
+    let at = parse_rfc3339(time).unwrap_or_else(|| panic!("not RFC 3339: {time}"));
+    let now = std::time::SystemTime::now();
+    let from = started - Duration::from_millis(1);
+    assert!(at >= from && at <= now, "{time} is not within the run");
+    fx.cleanup().await;
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` as a time.
+fn parse_rfc3339(text: &str) -> Option<std::time::SystemTime> {
+    let b = text.as_bytes();
+    if b.len() != 24 || b[4] != b'-' || b[10] != b'T' || b[19] != b'.' || b[23] != b'Z' {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| text.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (hh, mm, ss, ms) = (n(11..13)?, n(14..16)?, n(17..19)?, n(20..23)?);
+    // Days from the civil date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let millis = ((days * 86_400 + hh * 3600 + mm * 60 + ss) * 1000 + ms) as u64;
+    Some(std::time::UNIX_EPOCH + Duration::from_millis(millis))
 }

@@ -19,6 +19,18 @@ pub struct DeadLetter {
     pub payload: Vec<u8>,
     /// The reason the consumer gave (`DEAD_LETTER_REASON`).
     pub reason: Option<String>,
+    /// Every header (stream field, attribute) the copy carries whose value is text.
+    pub headers: Vec<(String, String)>,
+}
+
+impl DeadLetter {
+    /// The header `name`, if the copy carries it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// What a broker gives the suite: a fresh endpoint (queue, stream, durable consumer) per
@@ -67,6 +79,7 @@ macro_rules! broker_suite {
             a_retry_comes_back_after_its_delay,
             a_message_past_its_attempt_limit_reaches_the_dead_letters,
             a_delivery_carries_its_trace_and_the_handler_runs_in_it,
+            a_dead_lettered_copy_carries_its_cause,
         );
     };
 }

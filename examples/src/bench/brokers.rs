@@ -1,5 +1,5 @@
 //! The broker rows (`--only brokers`): per broker (RabbitMQ, Redis Streams, NATS
-//! JetStream, each where the environment names its server), the throughput of consuming
+//! JetStream, Google Cloud Pub/Sub, each where the environment names its server), the throughput of consuming
 //! `--batch-messages` pre-published messages three ways, with at most `c` in flight (AMQP
 //! prefetch, `XREADGROUP COUNT`, JetStream batch and `max_ack_pending`):
 //!
@@ -48,6 +48,9 @@ pub(crate) struct Servers {
     /// `DEDUP_NATS_URL`.
     #[cfg_attr(not(feature = "nats"), allow(dead_code))]
     pub(crate) nats: Option<String>,
+    /// `DEDUP_PUBSUB_EMULATOR_HOST` (`host:port` of Google's Pub/Sub emulator).
+    #[cfg_attr(not(feature = "pubsub"), allow(dead_code))]
+    pub(crate) pubsub: Option<String>,
 }
 
 /// The way a run consumes.
@@ -116,6 +119,18 @@ pub(crate) async fn run(params: &Params, servers: &Servers) -> (Vec<Row>, Vec<St
             .await,
         ),
         None => eprintln!("brokers: DEDUP_NATS_URL not set: no NATS rows"),
+    }
+    #[cfg(feature = "pubsub")]
+    match &servers.pubsub {
+        Some(host) => keep(
+            "pubsub",
+            async {
+                let broker = pubsub::PubSub::connect(host, &names).await?;
+                bench_broker("pubsub", params, &broker).await
+            }
+            .await,
+        ),
+        None => eprintln!("brokers: DEDUP_PUBSUB_EMULATOR_HOST not set: no Pub/Sub rows"),
     }
     (rows, failed)
 }
@@ -330,6 +345,9 @@ fn config(in_flight: usize) -> ConsumerConfig {
         ..ConsumerConfig::default()
     }
 }
+
+#[cfg(feature = "pubsub")]
+mod pubsub;
 
 #[cfg(feature = "rabbitmq")]
 mod rabbit {

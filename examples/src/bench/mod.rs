@@ -5,7 +5,12 @@
 //! against claim latency without it, at each concurrency asked for. Only ratios measured in one run on one
 //! machine are meant to be compared; absolute figures are printed as context.
 
-#[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
+#[cfg(any(
+    feature = "rabbitmq",
+    feature = "redis",
+    feature = "nats",
+    feature = "pubsub"
+))]
 pub(crate) mod brokers;
 mod driver;
 mod measures;
@@ -206,7 +211,12 @@ impl Params {
 }
 
 #[cfg_attr(
-    not(any(feature = "rabbitmq", feature = "redis", feature = "nats")),
+    not(any(
+        feature = "rabbitmq",
+        feature = "redis",
+        feature = "nats",
+        feature = "pubsub"
+    )),
     allow(dead_code)
 )]
 /// A row of a group measure: `library` against `baseline`.

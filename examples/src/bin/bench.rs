@@ -115,7 +115,7 @@ struct Args {
     /// Run only these measures (comma-separated: claim_commit, claim_commit_duplicates,
     /// batch, tx, purge) and groups (outbox: enqueue cost, relay throughput and
     /// commit-to-publish latency on SQLite, DEDUP_POSTGRES_URL and DEDUP_AMQP_URL;
-    /// brokers: consumer throughput on DEDUP_AMQP_URL, DEDUP_REDIS_URL, DEDUP_NATS_URL)
+    /// brokers: consumer throughput on DEDUP_AMQP_URL, DEDUP_REDIS_URL, DEDUP_NATS_URL, DEDUP_PUBSUB_EMULATOR_HOST)
     /// [default: all].
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -238,7 +238,12 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A server URL from the environment, if set and not blank.
-#[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
+#[cfg(any(
+    feature = "rabbitmq",
+    feature = "redis",
+    feature = "nats",
+    feature = "pubsub"
+))]
 fn env_url(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
@@ -264,12 +269,18 @@ async fn run_group(
             };
             Some((bench::outbox::run(params, &servers).await?, Vec::new()))
         }
-        #[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
+        #[cfg(any(
+            feature = "rabbitmq",
+            feature = "redis",
+            feature = "nats",
+            feature = "pubsub"
+        ))]
         "brokers" => {
             let servers = bench::brokers::Servers {
                 amqp: env_url("DEDUP_AMQP_URL"),
                 redis: env_url("DEDUP_REDIS_URL"),
                 nats: env_url("DEDUP_NATS_URL"),
+                pubsub: env_url("DEDUP_PUBSUB_EMULATOR_HOST"),
             };
             Some(bench::brokers::run(params, &servers).await)
         }

@@ -1,0 +1,216 @@
+//! [`PubSubConsumer`]: a subscription's messages, pulled, through a [`Handle`].
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use gcloud_gax::retry::RetrySetting;
+use gcloud_googleapis::pubsub::v1::{PullRequest, ReceivedMessage};
+use gcloud_pubsub::client::Client;
+
+use super::MESSAGE_ID_ATTRIBUTE;
+use super::errors::classify;
+use super::pending::{Link, PubSubPending};
+use crate::{
+    BrokerError, ConsumerConfig, ConsumerStats, Delivery, Handle, Shutdown, Source, consume,
+};
+
+/// How long to wait before pulling again after a pull that found nothing.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+/// Consumes a Pub/Sub subscription with unary pulls (at most the free in-flight slots per
+/// pull, answered at once: a pull is never left waiting on the server, so nothing is
+/// taken that could not be started).
+///
+/// - Key: each message's [`MESSAGE_ID_ATTRIBUTE`] attribute; a message without it is
+///   dead-lettered (`no message id`).
+/// - Ack deadline: extended every half of the subscription's deadline while the message is
+///   held and its handler runs.
+/// - Retry: a delay of a second or more is the message's new ack deadline (whole seconds,
+///   at most 600); a shorter one is waited by the consumer, then the deadline set to zero.
+/// - Dead letter: the message is published to the dead-letter topic (payload, attributes,
+///   the reason in [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON) and the failure
+///   attributes) and acknowledged once that publish was answered. At start (and at each
+///   reconnect) the consumer refuses to run when the subscription or the dead-letter topic
+///   does not exist, or when the dead-letter topic has no subscription: Pub/Sub drops what
+///   is published to a topic nobody subscribes to.
+/// - Redelivered: Pub/Sub counts delivery attempts only on a subscription with a
+///   dead-letter policy of its own; elsewhere [`Delivery::redelivered`] stays `false`.
+pub struct PubSubConsumer {
+    client: Client,
+    subscription: String,
+    dead_letter_topic: String,
+    config: ConsumerConfig,
+    link: Option<Arc<Link>>,
+}
+
+impl std::fmt::Debug for PubSubConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PubSubConsumer")
+            .field("subscription", &self.subscription)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PubSubConsumer {
+    /// A consumer of subscription `subscription` (its id in the client's project),
+    /// dead-lettering to topic `dead_letter_topic` (an id too; it must exist and have a
+    /// subscription).
+    pub fn new(
+        client: Client,
+        subscription: impl Into<String>,
+        dead_letter_topic: impl Into<String>,
+        config: ConsumerConfig,
+    ) -> Self {
+        PubSubConsumer {
+            client,
+            subscription: subscription.into(),
+            dead_letter_topic: dead_letter_topic.into(),
+            config,
+            link: None,
+        }
+    }
+
+    /// Consume until `shutdown` fires or an error no reconnect fixes. See [`consume`].
+    pub async fn run<H: Handle>(
+        self,
+        handler: H,
+        shutdown: Shutdown,
+    ) -> Result<ConsumerStats, BrokerError> {
+        let config = self.config.clone();
+        consume(self, config, handler, shutdown).await
+    }
+
+    fn pending(&self, link: &Arc<Link>, received: ReceivedMessage) -> Option<PubSubPending> {
+        let message = received.message?;
+        let headers: Vec<(String, String)> = message.attributes.into_iter().collect();
+        let message_id = headers
+            .iter()
+            .find(|(n, _)| n == MESSAGE_ID_ATTRIBUTE)
+            .map(|(_, v)| v.clone());
+        let published_at = message.publish_time.and_then(|t| {
+            let secs = u64::try_from(t.seconds).ok()?;
+            let nanos = u32::try_from(t.nanos).ok()?;
+            Some(SystemTime::UNIX_EPOCH + Duration::new(secs, nanos))
+        });
+        let delivery = Delivery {
+            message_id,
+            payload: message.data,
+            headers,
+            published_at,
+            redelivered: received.delivery_attempt > 1,
+            broker_ref: message.message_id,
+        };
+        Some(PubSubPending::new(
+            delivery,
+            received.ack_id,
+            message.ordering_key,
+            Arc::clone(link),
+        ))
+    }
+}
+
+/// No retry inside the client: the receive loop reconnects with its own backoff.
+fn no_retry() -> RetrySetting {
+    RetrySetting {
+        take: 0,
+        codes: Vec::new(),
+        ..RetrySetting::default()
+    }
+}
+
+#[async_trait]
+impl Source for PubSubConsumer {
+    type Pending = PubSubPending;
+
+    fn endpoint(&self) -> &str {
+        &self.subscription
+    }
+
+    fn check(&self, _config: &ConsumerConfig) -> Result<(), BrokerError> {
+        if self.subscription.is_empty() || self.dead_letter_topic.is_empty() {
+            return Err(BrokerError::Config(
+                "the subscription and the dead-letter topic must be named".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn connect(&mut self, _config: &ConsumerConfig) -> Result<(), BrokerError> {
+        self.link = None;
+        let subscription = self.client.subscription(&self.subscription);
+        let name = subscription.fully_qualified_name().to_owned();
+        let (_topic, settings) = subscription
+            .config(Some(no_retry()))
+            .await
+            .map_err(|e| classify(format!("looking up subscription {name}"), e))?;
+        let dead = self.client.topic(&self.dead_letter_topic);
+        let dead_name = dead.fully_qualified_name().to_owned();
+        let check = format!("checking the dead-letter topic {dead_name}");
+        if !dead
+            .exists(Some(no_retry()))
+            .await
+            .map_err(|e| classify(check.clone(), e))?
+        {
+            return Err(BrokerError::refused(
+                check,
+                "the topic does not exist; create it (and a subscription to it) first",
+            ));
+        }
+        if dead
+            .subscriptions(Some(no_retry()))
+            .await
+            .map_err(|e| classify(check.clone(), e))?
+            .is_empty()
+        {
+            return Err(BrokerError::refused(
+                check,
+                "the topic has no subscription: Pub/Sub would drop every dead letter; subscribe to it first",
+            ));
+        }
+        self.link = Some(Arc::new(Link {
+            subscriber: subscription.get_client(),
+            subscription: name,
+            dead_letters: dead.new_publisher(None),
+            ack_deadline: settings.ack_deadline_seconds.clamp(10, 600),
+        }));
+        Ok(())
+    }
+
+    async fn fetch(
+        &mut self,
+        max: usize,
+        shutdown: &Shutdown,
+    ) -> Result<Vec<PubSubPending>, BrokerError> {
+        let Some(link) = self.link.clone() else {
+            return Err(BrokerError::broker("pulling", "not connected"));
+        };
+        #[allow(deprecated)] // return_immediately: a pull that never waits on the server
+        let request = PullRequest {
+            subscription: link.subscription.clone(),
+            return_immediately: true,
+            max_messages: i32::try_from(max).unwrap_or(i32::MAX),
+        };
+        let received = link
+            .subscriber
+            .pull(request, Some(no_retry()))
+            .await
+            .map_err(|e| classify(format!("pulling from {}", link.subscription), e))?
+            .into_inner()
+            .received_messages;
+        if received.is_empty() {
+            tokio::select! {
+                biased;
+                _ = shutdown.wait() => {}
+                _ = tokio::time::sleep(IDLE_WAIT) => {}
+            }
+            return Ok(Vec::new());
+        }
+        Ok(received
+            .into_iter()
+            .filter_map(|r| self.pending(&link, r))
+            .collect())
+    }
+}

@@ -1,0 +1,140 @@
+//! [`PubSubPublisher`]: outbox rows to Pub/Sub topics, `Ok` only on the server's answer.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use dedup_core::BoxError;
+use dedup_core::outbox::{OutboxRow, Publisher};
+use gcloud_googleapis::pubsub::v1::PubsubMessage;
+use gcloud_pubsub::client::Client;
+use gcloud_pubsub::publisher::Publisher as TopicPublisher;
+
+use super::MESSAGE_ID_ATTRIBUTE;
+
+/// At most this many messages go in one publish request (Pub/Sub takes 1 000).
+const MAX_BATCH: usize = 1000;
+
+/// Publishes outbox rows to Pub/Sub topics (the row's destination: a topic id of the
+/// client's project) with one `Publish` call per row (or per run of rows to one topic in
+/// [`publish_all`](Publisher::publish_all)): `Ok` only once the server answered with the
+/// message ids, which it does after storing the messages. The row's `message_id` becomes
+/// the [`MESSAGE_ID_ATTRIBUTE`] attribute, its headers attributes, its `ordering_key` the
+/// message's ordering key (kept in order only on a subscription with message ordering on).
+pub struct PubSubPublisher {
+    client: Client,
+    topics: Mutex<HashMap<String, TopicPublisher>>,
+}
+
+impl std::fmt::Debug for PubSubPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PubSubPublisher").finish_non_exhaustive()
+    }
+}
+
+impl PubSubPublisher {
+    /// A publisher through `client` (gcloud-pubsub's; its project owns the topics).
+    pub fn new(client: Client) -> Self {
+        PubSubPublisher {
+            client,
+            topics: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn topic(&self, id: &str) -> TopicPublisher {
+        let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+        topics
+            .entry(id.to_owned())
+            .or_insert_with(|| self.client.topic(id).new_publisher(None))
+            .clone()
+    }
+
+    async fn send(&self, destination: &str, rows: &[&OutboxRow]) -> Result<(), Unconfirmed> {
+        let messages = rows.iter().map(|row| message(row)).collect();
+        let ids = self
+            .topic(destination)
+            .publish_immediately(messages, None)
+            .await
+            .map_err(|e| Unconfirmed::Refused {
+                destination: destination.to_owned(),
+                source: e,
+            })?;
+        if ids.len() != rows.len() {
+            return Err(Unconfirmed::Short {
+                destination: destination.to_owned(),
+                ids: ids.len(),
+                sent: rows.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn message(row: &OutboxRow) -> PubsubMessage {
+    let mut attributes: HashMap<String, String> = row
+        .headers
+        .iter()
+        .filter(|(n, _)| n != MESSAGE_ID_ATTRIBUTE)
+        .cloned()
+        .collect();
+    attributes.insert(MESSAGE_ID_ATTRIBUTE.to_owned(), row.message_id.clone());
+    PubsubMessage {
+        data: row.payload.clone().into(),
+        attributes,
+        ordering_key: row.ordering_key.clone().unwrap_or_default(),
+        ..PubsubMessage::default()
+    }
+}
+
+/// A publish the server did not confirm (cloned to every row of a failed request).
+#[derive(Clone, Debug, thiserror::Error)]
+enum Unconfirmed {
+    /// The call failed.
+    #[error("Pub/Sub did not confirm the publish to {destination}")]
+    Refused {
+        destination: String,
+        #[source]
+        source: gcloud_gax::grpc::Status,
+    },
+    /// The server answered with fewer message ids than messages sent.
+    #[error("Pub/Sub answered {ids} message ids for {sent} messages to {destination}")]
+    Short {
+        destination: String,
+        ids: usize,
+        sent: usize,
+    },
+}
+
+#[async_trait]
+impl Publisher for PubSubPublisher {
+    fn name(&self) -> &'static str {
+        "pubsub"
+    }
+
+    async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
+        Ok(self.send(&row.destination, &[row]).await?)
+    }
+
+    /// Rows to one topic in a row go in one request (at most 1 000 each); each row gets its
+    /// request's result.
+    async fn publish_all(&self, rows: &[OutboxRow]) -> Vec<Result<(), BoxError>> {
+        let mut results = Vec::with_capacity(rows.len());
+        let mut start = 0;
+        while start < rows.len() {
+            let destination = &rows[start].destination;
+            let end = rows[start..]
+                .iter()
+                .take(MAX_BATCH)
+                .position(|r| &r.destination != destination)
+                .map_or((start + MAX_BATCH).min(rows.len()), |n| start + n);
+            let batch: Vec<&OutboxRow> = rows[start..end].iter().collect();
+            let result = self.send(destination, &batch).await;
+            results.extend((start..end).map(|_| match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(BoxError::from(e.clone())),
+            }));
+            start = end;
+        }
+        results
+    }
+}
