@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use dedup_examples::chaos::worker::{WorkerArgs, work};
-use dedup_examples::chaos::{Figures, Mode, RunConfig, Window, backends, run};
+use dedup_examples::chaos::{Figures, Mode, Replication, RunConfig, Window, backends, run};
 use dedup_examples::report::{print_json, print_table};
 
 /// Kill workers at every step of processing, restart the servers, count the effects.
@@ -75,6 +75,14 @@ struct RunArgs {
     /// Lease mode only, with workers that skip the store: shows the checks failing.
     #[arg(long)]
     without_dedup: bool,
+    /// Failover runs instead: the store on a primary with a streaming standby, the
+    /// primary SIGKILLed and the standby promoted under load (backends with a failover
+    /// run: postgres).
+    #[arg(long)]
+    failover: bool,
+    /// With `--failover`: the standby's replication (repeatable; default: async and sync).
+    #[arg(long, value_enum, requires = "failover")]
+    replication: Vec<Replication>,
 }
 
 fn row(f: &Figures) -> Vec<String> {
@@ -92,6 +100,9 @@ fn row(f: &Figures) -> Vec<String> {
         f.doubled.to_string(),
         f.doubled_paired.to_string(),
         f.lost.to_string(),
+        f.lease_lost.to_string(),
+        f.replication.map_or("-".into(), |r| name(&r)),
+        f.completions_lost.map_or("-".into(), |n| n.to_string()),
         format!("{:.1}", f.seconds),
     ]);
     row.into_iter()
@@ -128,10 +139,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     println!("chaos: seed {seed}");
     let mut rows = Vec::new();
     let mut failed = Vec::new();
-    for chaos in chosen {
-        let backend = chaos.descriptor.name;
+    let replications: Vec<Option<Replication>> = match (args.failover, &args.replication[..]) {
+        (false, _) => vec![None],
+        (true, []) => vec![Some(Replication::Async), Some(Replication::Sync)],
+        (true, r) => r.iter().copied().map(Some).collect(),
+    };
+    let mut runs = Vec::new();
+    for &chaos in &chosen {
         for &mode in &modes {
+            for &failover in &replications {
+                runs.push((chaos, mode, failover));
+            }
+        }
+    }
+    for (chaos, mode, failover) in runs {
+        let backend = chaos.descriptor.name;
+        {
             if mode == Mode::Transactional && chaos.transactional.is_none() {
+                continue;
+            }
+            if failover.is_some() && chaos.failover.is_none() {
+                println!("chaos: {backend} has no failover run; skipped");
                 continue;
             }
             let config = RunConfig {
@@ -146,6 +174,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 deadline: Duration::from_secs(args.deadline_secs),
                 exe: std::env::current_exe()?,
                 without_dedup: args.without_dedup,
+                failover,
             };
             let figures = run(&config).await?;
             if args.json {
@@ -185,6 +214,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "doubled",
             "doubled paired",
             "lost",
+            "lease lost",
+            "replication",
+            "completions lost",
             "seconds",
         ],
         &rows,

@@ -31,6 +31,7 @@ pub(super) static CHAOS: ChaosBackend = ChaosBackend {
         })
     },
     transactional: None,
+    failover: None,
 };
 
 /// A private redis-server persisting every write (`appendfsync always`), killed when
