@@ -17,6 +17,7 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use dedup_examples::chaos::partition::{self, CutWorkerArgs, Outcome, PartitionArgs, cut_worker};
 use dedup_examples::chaos::worker::{WorkerArgs, work};
 use dedup_examples::chaos::{Figures, Mode, Replication, RunConfig, Window, backends, run};
 use dedup_examples::report::{print_json, print_table};
@@ -35,6 +36,11 @@ struct Cli {
 enum Internal {
     /// One worker process (started by the controller; not for direct use).
     Worker(WorkerArgs),
+    /// The partition scenario: a worker in a network namespace of its own is cut off
+    /// while its lease runs out (needs root; see `dedup_examples::chaos::partition`).
+    Partition(PartitionArgs),
+    /// The partition scenario's worker in the namespace (not for direct use).
+    CutWorker(CutWorkerArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -110,11 +116,78 @@ fn row(f: &Figures) -> Vec<String> {
         .collect()
 }
 
+/// `chaos partition`: run the scenario, print its steps; exit 1 when the contract broke.
+async fn partition_main(
+    args: &PartitionArgs,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let figures = match partition::run(args, &std::env::current_exe()?).await? {
+        Outcome::Ran(figures) => figures,
+        Outcome::Unavailable(why) => {
+            println!("SKIPPED partition: cannot make a network namespace here: {why}");
+            return Ok(());
+        }
+    };
+    if args.json {
+        print_json(&figures);
+    }
+    let steps = [
+        (
+            "first claim (in the namespace), fence",
+            figures.first_fence.to_string(),
+        ),
+        (
+            "its renewal while cut off",
+            figures.renew_during_cut.clone(),
+        ),
+        (
+            "second claim after the lease ran out",
+            figures.second_claim.clone(),
+        ),
+        ("second fence", figures.second_fence.to_string()),
+        (
+            "second worker's downstream write",
+            figures.second_write.clone(),
+        ),
+        (
+            "first worker's downstream write after the heal",
+            figures.first_write_after_heal.clone(),
+        ),
+        (
+            "first worker's commit after the heal",
+            figures.first_commit_after_heal.clone(),
+        ),
+        (
+            "downstream row: writer, fence",
+            format!(
+                "{}, {}",
+                figures.downstream_writer, figures.downstream_fence
+            ),
+        ),
+    ];
+    let rows: Vec<Vec<String>> = steps
+        .into_iter()
+        .map(|(s, v)| vec![s.to_string(), v])
+        .collect();
+    print_table(&["step", "answer"], &rows);
+    let violations = figures.violations();
+    if violations.is_empty() {
+        println!("partition: every check passed");
+        return Ok(());
+    }
+    for v in violations {
+        println!("FAILED partition: {v}");
+    }
+    std::process::exit(1);
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let cli = Cli::parse();
-    if let Some(Internal::Worker(args)) = cli.worker {
-        return work(args).await;
+    match cli.worker {
+        Some(Internal::Worker(args)) => return work(args).await,
+        Some(Internal::CutWorker(args)) => return cut_worker(args).await,
+        Some(Internal::Partition(args)) => return partition_main(&args).await,
+        None => {}
     }
     let args = cli.run;
     let chosen = match args.backend.as_slice() {

@@ -34,6 +34,8 @@
 
 pub mod backends;
 pub mod controller;
+pub mod netns;
+pub mod partition;
 pub mod protocol;
 pub mod proxy;
 pub mod queue;
