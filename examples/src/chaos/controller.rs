@@ -301,7 +301,17 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     let all_done = async {
         let mut pending = slots;
         loop {
-            pending.retain(|s| !s.is_finished());
+            // A slot that ended with an error (a worker that cannot start, or keeps
+            // failing) ends the run with that error, not with figures.
+            let mut running = Vec::new();
+            for slot in pending {
+                if slot.is_finished() {
+                    slot.await??;
+                } else {
+                    running.push(slot);
+                }
+            }
+            pending = running;
             if pending.is_empty() {
                 return Ok::<(), BoxError>(());
             }
@@ -338,6 +348,10 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     }
     let stats = queue_call("stats", || queue.stats()).await?;
     let counts = effects(config.mode, chaos, &dir, &store).await?;
+    let completions_lost = match config.failover {
+        Some(_) => Some(completions_missing(&store, config.messages).await?),
+        None => None,
+    };
     let tally = lock(&shared.tally);
     let mut figures = Figures {
         backend: Some(chaos.descriptor.name),
@@ -353,11 +367,10 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         effects: counts.values().sum(),
         lease_lost: tally.lease_lost,
         replication: config.failover,
+        completions_lost,
         ..Figures::default()
     };
-    if config.failover.is_some() {
-        figures.completions_lost = Some(completions_missing(&store, config.messages).await?);
-    }
+
     for id in 0..config.messages {
         match counts.get(&id).copied().unwrap_or(0) {
             0 => figures.lost += 1,

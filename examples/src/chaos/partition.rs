@@ -221,9 +221,10 @@ pub async fn run(args: &PartitionArgs, exe: &std::path::Path) -> Result<Outcome,
         .spawn()?;
     let mut stdin = child.stdin.take().ok_or("no stdin")?;
     let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-    let mut figures = PartitionFigures::default();
-
-    figures.first_fence = field(&next(&mut lines).await?, "CLAIMED ")?.parse()?;
+    let mut figures = PartitionFigures {
+        first_fence: field(&next(&mut lines).await?, "CLAIMED ")?.parse()?,
+        ..PartitionFigures::default()
+    };
     let claimed_at = Instant::now();
     ns.cut()?;
     figures.renew_during_cut =
