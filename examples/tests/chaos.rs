@@ -141,24 +141,29 @@ fn chaos_without_dedup_fails_its_checks() {
 /// The asynchronous runs are measured, not checked (`chaos --failover`, README figures).
 #[test]
 fn chaos_postgres_failover_sync() {
-    if !servers_available("chaos_postgres_failover_sync") {
+    failover("postgres", 2);
+}
+
+/// The same on Redis: a primary and two replicas, the store's `WAIT 1` after each commit,
+/// the primary SIGKILLed and the most advanced replica promoted.
+#[test]
+fn chaos_redis_failover_wait() {
+    failover("redis", 1);
+}
+
+fn failover(backend: &str, expected_runs: usize) {
+    if !servers_available(&format!("{backend} failover")) {
         return;
     }
     let args = [
-        &[
-            "--backend",
-            "postgres",
-            "--failover",
-            "--replication",
-            "sync",
-        ][..],
+        &["--backend", backend, "--failover", "--replication", "sync"][..],
         &SHORT,
     ]
     .concat();
     let out = run_example("chaos", &args);
     println!("{out}");
     let runs = json_lines(&out);
-    assert_eq!(runs.len(), 2, "one JSON line per mode:\n{out}");
+    assert_eq!(runs.len(), expected_runs, "one JSON line per mode:\n{out}");
     for run in runs {
         let n = |field: &str| {
             run[field]
