@@ -1,7 +1,9 @@
 //! A short chaos run per backend (see `src/bin/chaos.rs`): worker processes SIGKILLed in
 //! every window, PostgreSQL (and Redis) crash-restarted mid-run; the figures must show no
 //! message lost, none doubled in transactional mode, and in lease mode every doubled
-//! message paired with a kill between its effect and its commit.
+//! message paired with a kill between its effect and its commit. Then the same under a
+//! failover with synchronous replication (PostgreSQL, Redis `WAIT`), and the partition
+//! scenario (a worker in a network namespace cut off while its lease runs out).
 //!
 //! Each run starts private servers from the binaries `scripts/services.sh` installs; they
 //! are taken to be present when the shared test servers are (`DEDUP_POSTGRES_URL`), so a

@@ -6,7 +6,14 @@
 //! ```sh
 //! cargo run --release -p dedup-examples --features full --bin chaos            # every backend and mode
 //! cargo run --release -p dedup-examples --features full --bin chaos -- --backend redis --messages 100 --json
+//! cargo run --release -p dedup-examples --features full --bin chaos -- --failover --backend postgres --seed 13
+//! sudo target/release/chaos partition      # needs root: `ip netns`
 //! ```
+//!
+//! `--failover` runs the store on a primary with a standby and promotes the standby under
+//! load (`dedup_examples::chaos::controller::RunConfig::failover`); `partition` cuts a
+//! worker in a network namespace off while its lease runs out
+//! (`dedup_examples::chaos::partition`).
 //!
 //! `--backend` takes the registry's names (`dedup::backends()`) of the backends with a
 //! chaos module (`dedup_examples::chaos::backends`). Needs PostgreSQL 15 binaries (the

@@ -27,6 +27,13 @@
 //!   a third of the messages are acknowledged; a store server of its own (a backend
 //!   module's [`Restart`](backends::Restart)) is crashed and restarted once at two thirds.
 //!
+//! - Failover runs (`--failover`, [`RunConfig::failover`]): the store on a primary with a
+//!   standby (a backend module's [`failover`](backends::ChaosBackend::failover)), reached
+//!   through a [`proxy::SwitchingProxy`]; at half the messages the primary is SIGKILLed,
+//!   the standby promoted and the front switched; afterwards every key is read on the
+//!   promoted node ([`Figures::completions_lost`]). The partition scenario is
+//!   [`partition`], on a host of its own made by [`netns`].
+//!
 //! Checks ([`Figures::violations`]): transactional mode, every message has exactly one
 //! effect; lease mode, every message has at least one effect, and each message's extra
 //! effects are no more than the kills that hit that message in the `effect_commit` window
