@@ -26,6 +26,8 @@
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
 #   scripts/services.sh crash-restart postgres|mariadb|rabbitmq [DOWN]   # kill -9 style restart, data kept (tests);
 #                             PostgreSQL stays down DOWN seconds (default 0) before it starts again
+#   scripts/services.sh start postgres-replica   # opt-in: a primary and a streaming standby
+#   scripts/services.sh promote postgres-replica # SIGKILL that primary, promote the standby
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -37,6 +39,9 @@
 set -euo pipefail
 
 readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats kafka pubsub)
+# Started only when named (not by a bare `start`): the failover runs start them privately.
+readonly OPT_IN_SERVICES=(postgres-replica)
+readonly KNOWN_SERVICES=("${ALL_SERVICES[@]}" "${OPT_IN_SERVICES[@]}")
 readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
 readonly WAIT_SECONDS=${DEDUP_SERVICES_WAIT:-30}
@@ -143,7 +148,7 @@ ensure_packages() {
     local svc pkgs=()
     for svc in "$@"; do
         case $svc in
-            postgres | postgres-tls) pg_bindir >/dev/null || pkgs+=(postgresql) ;;
+            postgres | postgres-tls | postgres-replica) pg_bindir >/dev/null || pkgs+=(postgresql) ;;
             redis | redis-cluster | redis-tls) { have redis-server && have redis-cli; } || pkgs+=(redis-server) ;;
             # The server comes from PyPI (ensure_valkey); redis-cli pings it and creates the cluster.
             valkey | valkey-cluster) have redis-cli || pkgs+=(redis-tools) ;;
@@ -161,7 +166,7 @@ ensure_packages() {
     if is_root; then
         local svc user
         for svc in "$@"; do
-            case $svc in postgres | postgres-tls) user=postgres ;; rabbitmq) user=rabbitmq ;; mariadb) user=mysql ;; *) continue ;; esac
+            case $svc in postgres | postgres-tls | postgres-replica) user=postgres ;; rabbitmq) user=rabbitmq ;; mariadb) user=mysql ;; *) continue ;; esac
             id -u "$user" >/dev/null 2>&1 || useradd --system --user-group --no-create-home "$user"
         done
     fi
@@ -254,7 +259,7 @@ write_url() {
 rebuild_env_file() {
     local svc
     : >"$STATE_DIR/env.tmp"
-    for svc in "${ALL_SERVICES[@]}"; do
+    for svc in "${KNOWN_SERVICES[@]}"; do
         if [[ -f $STATE_DIR/$svc/url.env ]]; then cat "$STATE_DIR/$svc/url.env" >>"$STATE_DIR/env.tmp"; fi
     done
     mv "$STATE_DIR/env.tmp" "$STATE_DIR/env"
@@ -374,6 +379,98 @@ stop_postgres_in() {
         as_user postgres "$bin/pg_ctl" -D "$dir/data" -m fast -t 30 stop >/dev/null 2>&1 || true
     fi
     kill_pidfile "$dir/data/postmaster.pid"
+}
+
+# ---------------------------------------------------------------------------------------
+# postgres-replica: a PostgreSQL primary and a streaming standby of it (pg_basebackup -R),
+# for the failover runs. Opt-in (a bare `start` skips it). Replication is asynchronous as
+# started; `ALTER SYSTEM SET synchronous_standby_names = 'standby1'` (and
+# `synchronous_commit = on | remote_apply`) on the primary makes it synchronous.
+# `promote postgres-replica` SIGKILLs every process of the primary and promotes the standby.
+
+postgres_replica_alive() {
+    local dir=$STATE_DIR/postgres-replica bin node
+    bin=$(pg_bindir) || return 1
+    for node in primary standby; do
+        [[ -f $dir/$node/port ]] || return 1
+        # After a promotion the primary is gone on purpose: the standby alone counts.
+        [[ $node == primary && -f $dir/promoted ]] && continue
+        "$bin/pg_isready" -q -h "$HOST" -p "$(<"$dir/$node/port")" || return 1
+    done
+}
+
+start_postgres_replica() {
+    local dir=$STATE_DIR/postgres-replica bin port primary_port
+    bin=$(pg_bindir) || die "PostgreSQL binaries not found under /usr/lib/postgresql/*/bin"
+    # Later lines win over start_postgres_in's speed settings: a failover run measures what
+    # a commit acknowledged by the primary promises, so the primary flushes its WAL.
+    start_postgres_in "$dir/primary" "wal_level = replica" "max_wal_senders = 10" \
+        "wal_keep_size = 256MB" "hot_standby = on" "synchronous_commit = on"
+    primary_port=$(<"$dir/primary/port")
+    mkdir -p "$dir/standby/run"
+    port=$(free_ports 1)
+    echo "$port" >"$dir/standby/port"
+    give_to postgres "$dir/standby"
+    as_user postgres "$bin/pg_basebackup" -h "$HOST" -p "$primary_port" -U postgres \
+        -D "$dir/standby/data" -R -X stream -c fast --no-sync >"$dir/standby/basebackup.log" 2>&1 ||
+        { show_log "$dir/standby/basebackup.log"; die "pg_basebackup of the primary failed"; }
+    # The copied postgresql.conf names the primary's port and socket folder; these lines
+    # come after them. postgresql.auto.conf (written by -R) names the standby to the primary.
+    cat >>"$dir/standby/data/postgresql.conf" <<CONF
+# --- dedup scripts/services.sh: the standby ---
+port = $port
+unix_socket_directories = '$dir/standby/run'
+CONF
+    echo "primary_conninfo = 'host=$HOST port=$primary_port user=postgres application_name=standby1'" \
+        >>"$dir/standby/data/postgresql.auto.conf"
+    give_to postgres "$dir/standby"
+    as_user postgres setsid "$bin/pg_ctl" -D "$dir/standby/data" -l "$dir/standby/data/server.log" \
+        -W start >/dev/null
+    wait_postgres "$bin" "$port" ||
+        { show_log "$dir/standby/data/server.log"; die "the standby did not become ready on port $port"; }
+    local i streaming=
+    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+        streaming=$("$bin/psql" -h "$HOST" -p "$primary_port" -U postgres -Atqc \
+            "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'standby1' AND state = 'streaming'" 2>/dev/null || true)
+        [[ $streaming == 1 ]] && break
+        sleep 0.2
+    done
+    [[ $streaming == 1 ]] || { show_log "$dir/standby/data/server.log"; die "the standby does not stream from the primary"; }
+    {
+        printf "export DEDUP_POSTGRES_PRIMARY_URL='postgres://postgres@%s:%s/dedup'\n" "$HOST" "$primary_port"
+        printf "export DEDUP_POSTGRES_STANDBY_URL='postgres://postgres@%s:%s/dedup'\n" "$HOST" "$port"
+    } >"$dir/url.env"
+}
+
+stop_postgres_replica() {
+    local dir=$STATE_DIR/postgres-replica
+    stop_postgres_in "$dir/standby"
+    stop_postgres_in "$dir/primary"
+}
+
+# SIGKILL every process of the primary (no shutdown, no last WAL sent), then promote the
+# standby and wait until it takes writes.
+promote_postgres_replica() {
+    local dir=$STATE_DIR/postgres-replica bin pid i
+    [[ -f $dir/standby/port ]] || die "postgres-replica is not running in $STATE_DIR"
+    bin=$(pg_bindir) || die "PostgreSQL binaries not found"
+    if [[ ! -f $dir/promoted ]]; then
+        pid=$(head -n 1 "$dir/primary/data/postmaster.pid" 2>/dev/null || true)
+        if [[ $pid =~ ^[0-9]+$ ]]; then
+            local pids
+            pids=$(process_tree "$pid")
+            for pid in $pids; do kill -KILL "$pid" 2>/dev/null || true; done
+        fi
+        touch "$dir/promoted"
+    fi
+    as_user postgres "$bin/pg_ctl" -D "$dir/standby/data" -W promote >/dev/null 2>&1 || true
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        [[ $("$bin/psql" -h "$HOST" -p "$(<"$dir/standby/port")" -U postgres -Atqc \
+            "SELECT pg_is_in_recovery()" 2>/dev/null || true) == f ]] && { log "standby promoted"; return 0; }
+        sleep 0.1
+    done
+    show_log "$dir/standby/data/server.log"
+    die "the standby did not leave recovery"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -1085,7 +1182,7 @@ cmd_start() {
     local services=("$@") svc fn t
     ((${#services[@]})) || services=("${ALL_SERVICES[@]}")
     for svc in "${services[@]}"; do
-        [[ " ${ALL_SERVICES[*]} " == *" $svc "* ]] || die "unknown service '$svc' (known: ${ALL_SERVICES[*]})"
+        [[ " ${KNOWN_SERVICES[*]} " == *" $svc "* ]] || die "unknown service '$svc' (known: ${KNOWN_SERVICES[*]})"
     done
     ensure_packages "${services[@]}"
     init_state_dir
@@ -1120,7 +1217,7 @@ cmd_env() {
 
 cmd_status() {
     local svc fn state
-    for svc in "${ALL_SERVICES[@]}"; do
+    for svc in "${KNOWN_SERVICES[@]}"; do
         fn=$(service_fn "$svc")
         state="not started"
         if [[ -d $STATE_DIR/$svc ]]; then
@@ -1144,7 +1241,7 @@ cmd_stop() {
     fi
     [[ -e $STATE_DIR/$MARKER ]] || die "$STATE_DIR was not created by this script; not touching it"
     local svc
-    for svc in "${ALL_SERVICES[@]}"; do
+    for svc in "${KNOWN_SERVICES[@]}"; do
         if [[ -d $STATE_DIR/$svc ]]; then
             log "stopping $svc"
             "stop_$(service_fn "$svc")" || true
@@ -1202,6 +1299,7 @@ main() {
         install-browser) cmd_install_browser ;;
         rabbitmqctl) cmd_rabbitmqctl "$@" ;;
         crash-restart) cmd_crash_restart "$@" ;;
+        promote) [[ ${1:-} == postgres-replica ]] || die "promote supports: postgres-replica"; promote_postgres_replica ;;
         -h | --help | help) usage ;;
         *) usage ;;
     esac

@@ -3,11 +3,12 @@
 //! [`RedisConfig`], the driver's passed through), which opens the store.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_core::backend::url::{
-    BackendDescriptor, OpenTarget, Params, StoreTarget, UrlError, UrlParts, duration, env_url,
-    malformed, redact, server_url, tls_available, with_query,
+    BackendDescriptor, OpenTarget, Params, StoreTarget, UrlError, UrlParts, count, duration,
+    env_url, malformed, redact, server_url, tls_available, with_query,
 };
 use dedup_core::{Admin, Clock, Result};
 
@@ -35,6 +36,8 @@ const PARAMS: &[&str] = &[
     "clock",
     "connect_timeout",
     "response_timeout",
+    "wait_replicas",
+    "wait_timeout",
     "tls_ca",
     "tls_cert",
     "tls_key",
@@ -151,6 +154,18 @@ fn config(params: &mut Params, tls: bool) -> std::result::Result<RedisConfig, Ur
     if let Some(t) = params.take_with("response_timeout", duration)? {
         config.response_timeout = Some(t);
     }
+    // `wait_replicas=N` (with `wait_timeout=`, default 1 s): `WAIT N timeout` after each
+    // commit (RedisConfig::wait_for_replicas).
+    let wait_timeout = params.take_with("wait_timeout", duration)?;
+    match params.take_with("wait_replicas", count)? {
+        Some(n) => {
+            config.wait_for_replicas = Some((n, wait_timeout.unwrap_or(Duration::from_secs(1))))
+        }
+        None if wait_timeout.is_some() => {
+            return Err(malformed("wait_timeout needs wait_replicas"));
+        }
+        None => {}
+    }
     config.tls.ca = params.take("tls_ca").map(Into::into);
     config.tls.client_cert = params.take("tls_cert").map(Into::into);
     config.tls.client_key = params.take("tls_key").map(Into::into);
@@ -263,6 +278,31 @@ mod tests {
             panic!("not a cluster")
         };
         assert_eq!(urls, ["redis://a:1", "redis://b:2"]);
+    }
+
+    #[test]
+    fn replica_wait() {
+        let wait = |url| match target(url).unwrap() {
+            RedisTarget::Standalone { config, .. } => config.wait_for_replicas,
+            RedisTarget::Cluster { .. } => panic!("not standalone"),
+        };
+        assert_eq!(wait("redis://h:1"), None);
+        assert_eq!(
+            wait("redis://h:1?wait_replicas=2"),
+            Some((2, Duration::from_secs(1)))
+        );
+        assert_eq!(
+            wait("redis://h:1?wait_replicas=1&wait_timeout=250ms"),
+            Some((1, Duration::from_millis(250)))
+        );
+        assert!(matches!(
+            target("redis://h:1?wait_timeout=1s"),
+            Err(UrlError::Malformed { .. })
+        ));
+        assert!(matches!(
+            target("redis://h:1?wait_replicas=0"),
+            Err(UrlError::InvalidParameter { .. })
+        ));
     }
 
     #[test]

@@ -6,7 +6,14 @@
 //! ```sh
 //! cargo run --release -p dedup-examples --features full --bin chaos            # every backend and mode
 //! cargo run --release -p dedup-examples --features full --bin chaos -- --backend redis --messages 100 --json
+//! cargo run --release -p dedup-examples --features full --bin chaos -- --failover --backend postgres --seed 13
+//! sudo target/release/chaos partition      # needs root: `ip netns`
 //! ```
+//!
+//! `--failover` runs the store on a primary with a standby and promotes the standby under
+//! load (`dedup_examples::chaos::controller::RunConfig::failover`); `partition` cuts a
+//! worker in a network namespace off while its lease runs out
+//! (`dedup_examples::chaos::partition`).
 //!
 //! `--backend` takes the registry's names (`dedup::backends()`) of the backends with a
 //! chaos module (`dedup_examples::chaos::backends`). Needs PostgreSQL 15 binaries (the
@@ -17,8 +24,9 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use dedup_examples::chaos::partition::{self, CutWorkerArgs, Outcome, PartitionArgs, cut_worker};
 use dedup_examples::chaos::worker::{WorkerArgs, work};
-use dedup_examples::chaos::{Figures, Mode, RunConfig, Window, backends, run};
+use dedup_examples::chaos::{Figures, Mode, Replication, RunConfig, Window, backends, run};
 use dedup_examples::report::{print_json, print_table};
 
 /// Kill workers at every step of processing, restart the servers, count the effects.
@@ -35,6 +43,11 @@ struct Cli {
 enum Internal {
     /// One worker process (started by the controller; not for direct use).
     Worker(WorkerArgs),
+    /// The partition scenario: a worker in a network namespace of its own is cut off
+    /// while its lease runs out (needs root; see `dedup_examples::chaos::partition`).
+    Partition(PartitionArgs),
+    /// The partition scenario's worker in the namespace (not for direct use).
+    CutWorker(CutWorkerArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -75,6 +88,14 @@ struct RunArgs {
     /// Lease mode only, with workers that skip the store: shows the checks failing.
     #[arg(long)]
     without_dedup: bool,
+    /// Failover runs instead: the store on a primary with a streaming standby, the
+    /// primary SIGKILLed and the standby promoted under load (backends with a failover
+    /// run: postgres).
+    #[arg(long)]
+    failover: bool,
+    /// With `--failover`: the standby's replication (repeatable; default: async and sync).
+    #[arg(long, value_enum, requires = "failover")]
+    replication: Vec<Replication>,
 }
 
 fn row(f: &Figures) -> Vec<String> {
@@ -92,6 +113,9 @@ fn row(f: &Figures) -> Vec<String> {
         f.doubled.to_string(),
         f.doubled_paired.to_string(),
         f.lost.to_string(),
+        f.lease_lost.to_string(),
+        f.replication.map_or("-".into(), |r| name(&r)),
+        f.completions_lost.map_or("-".into(), |n| n.to_string()),
         format!("{:.1}", f.seconds),
     ]);
     row.into_iter()
@@ -99,11 +123,78 @@ fn row(f: &Figures) -> Vec<String> {
         .collect()
 }
 
+/// `chaos partition`: run the scenario, print its steps; exit 1 when the contract broke.
+async fn partition_main(
+    args: &PartitionArgs,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let figures = match partition::run(args, &std::env::current_exe()?).await? {
+        Outcome::Ran(figures) => figures,
+        Outcome::Unavailable(why) => {
+            println!("SKIPPED partition: cannot make a network namespace here: {why}");
+            return Ok(());
+        }
+    };
+    if args.json {
+        print_json(&figures);
+    }
+    let steps = [
+        (
+            "first claim (in the namespace), fence",
+            figures.first_fence.to_string(),
+        ),
+        (
+            "its renewal while cut off",
+            figures.renew_during_cut.clone(),
+        ),
+        (
+            "second claim after the lease ran out",
+            figures.second_claim.clone(),
+        ),
+        ("second fence", figures.second_fence.to_string()),
+        (
+            "second worker's downstream write",
+            figures.second_write.clone(),
+        ),
+        (
+            "first worker's downstream write after the heal",
+            figures.first_write_after_heal.clone(),
+        ),
+        (
+            "first worker's commit after the heal",
+            figures.first_commit_after_heal.clone(),
+        ),
+        (
+            "downstream row: writer, fence",
+            format!(
+                "{}, {}",
+                figures.downstream_writer, figures.downstream_fence
+            ),
+        ),
+    ];
+    let rows: Vec<Vec<String>> = steps
+        .into_iter()
+        .map(|(s, v)| vec![s.to_string(), v])
+        .collect();
+    print_table(&["step", "answer"], &rows);
+    let violations = figures.violations();
+    if violations.is_empty() {
+        println!("partition: every check passed");
+        return Ok(());
+    }
+    for v in violations {
+        println!("FAILED partition: {v}");
+    }
+    std::process::exit(1);
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let cli = Cli::parse();
-    if let Some(Internal::Worker(args)) = cli.worker {
-        return work(args).await;
+    match cli.worker {
+        Some(Internal::Worker(args)) => return work(args).await,
+        Some(Internal::CutWorker(args)) => return cut_worker(args).await,
+        Some(Internal::Partition(args)) => return partition_main(&args).await,
+        None => {}
     }
     let args = cli.run;
     let chosen = match args.backend.as_slice() {
@@ -128,10 +219,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     println!("chaos: seed {seed}");
     let mut rows = Vec::new();
     let mut failed = Vec::new();
-    for chaos in chosen {
-        let backend = chaos.descriptor.name;
+    let replications: Vec<Option<Replication>> = match (args.failover, &args.replication[..]) {
+        (false, _) => vec![None],
+        (true, []) => vec![Some(Replication::Async), Some(Replication::Sync)],
+        (true, r) => r.iter().copied().map(Some).collect(),
+    };
+    let mut runs = Vec::new();
+    for &chaos in &chosen {
         for &mode in &modes {
+            for &failover in &replications {
+                runs.push((chaos, mode, failover));
+            }
+        }
+    }
+    for (chaos, mode, failover) in runs {
+        let backend = chaos.descriptor.name;
+        {
             if mode == Mode::Transactional && chaos.transactional.is_none() {
+                continue;
+            }
+            if failover.is_some() && chaos.failover.is_none() {
+                println!("chaos: {backend} has no failover run; skipped");
                 continue;
             }
             let config = RunConfig {
@@ -146,6 +254,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 deadline: Duration::from_secs(args.deadline_secs),
                 exe: std::env::current_exe()?,
                 without_dedup: args.without_dedup,
+                failover,
             };
             let figures = run(&config).await?;
             if args.json {
@@ -185,6 +294,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "doubled",
             "doubled paired",
             "lost",
+            "lease lost",
+            "replication",
+            "completions lost",
             "seconds",
         ],
         &rows,

@@ -14,10 +14,11 @@ use tokio::process::Command;
 
 use super::backends::{self, ChaosBackend};
 use super::protocol::EFFECTS_FILE;
+use super::protocol::key;
 use super::queue::Queue;
 use super::servers::Postgres;
 use super::worker::queue_call;
-use super::{Figures, Mode, Window};
+use super::{Figures, Mode, Replication, Window};
 use crate::rng::Rng;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -56,6 +57,10 @@ pub struct RunConfig {
     ///
     /// [`WorkerArgs::without_dedup`]: super::worker::WorkerArgs::without_dedup
     pub without_dedup: bool,
+    /// A failover run with this replication (`None`: the crash-restart run): the store on
+    /// a primary with a standby ([`ChaosBackend::failover`]), the primary SIGKILLed and the
+    /// standby promoted when half the messages are acknowledged; no other server restart.
+    pub failover: Option<Replication>,
 }
 
 /// What the worker slots saw.
@@ -184,6 +189,26 @@ fn no_transactional(chaos: &ChaosBackend) -> String {
     )
 }
 
+/// How many of the keys of messages `0..messages` (all acknowledged) the store does not
+/// hold as completed.
+async fn completions_missing(store: &str, messages: u64) -> Result<u64, BoxError> {
+    let store = dedup::open(store).await?;
+    let mut missing = 0;
+    for id in 0..messages {
+        let completed = matches!(
+            store.get(&key(id)).await?,
+            Some(dedup_core::Record {
+                state: dedup_core::RecordState::Completed { .. },
+                ..
+            })
+        );
+        if !completed {
+            missing += 1;
+        }
+    }
+    Ok(missing)
+}
+
 /// Create the store's tables (opening it with `dedup::open`, which migrates) and, in
 /// transactional mode, the effects table beside them.
 async fn prepare_store(mode: Mode, chaos: &ChaosBackend, store: &str) -> Result<(), BoxError> {
@@ -219,7 +244,15 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     Postgres::commit_durably(&admin).await?;
     let queue = Queue::new(admin, QUEUE_TABLE, config.visibility);
     queue.create(config.messages).await?;
-    let server = tokio::task::block_in_place(|| (chaos.start)(&dir, &queue_server.url))?;
+    let server = match config.failover {
+        None => tokio::task::block_in_place(|| (chaos.start)(&dir, &queue_server.url))?,
+        Some(replication) => {
+            let start = chaos
+                .failover
+                .ok_or_else(|| format!("backend {} has no failover run", chaos.descriptor.name))?;
+            tokio::task::block_in_place(|| start(&dir, replication))?
+        }
+    };
     let store = server.url.clone();
     prepare_store(config.mode, chaos, &store).await?;
     let mode = match config.mode {
@@ -259,23 +292,38 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         .collect();
 
     // Restart the queue's PostgreSQL at a third of the messages, the store's own server
-    // (if it has one) at two thirds.
+    // (if it has one) at two thirds; a failover run only fails the store over, at half.
+    let (queue_restart, store_restart) = match config.failover {
+        None => (true, (2, 3)),
+        Some(_) => (false, (1, 2)),
+    };
     let mut restarts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let all_done = async {
         let mut pending = slots;
         loop {
-            pending.retain(|s| !s.is_finished());
+            // A slot that ended with an error (a worker that cannot start, or keeps
+            // failing) ends the run with that error, not with figures.
+            let mut running = Vec::new();
+            for slot in pending {
+                if slot.is_finished() {
+                    slot.await??;
+                } else {
+                    running.push(slot);
+                }
+            }
+            pending = running;
             if pending.is_empty() {
                 return Ok::<(), BoxError>(());
             }
             let acked = queue_call("stats", || queue.stats()).await?.acked;
-            if !restarts.contains_key(QUEUE_SERVER) && acked * 3 >= config.messages {
+            if queue_restart && !restarts.contains_key(QUEUE_SERVER) && acked * 3 >= config.messages
+            {
                 tokio::task::block_in_place(|| queue_server.crash_restart())?;
                 restarts.insert(QUEUE_SERVER, 1);
             }
             if let Some(restart) = &server.restart
                 && !restarts.contains_key(restart.name)
-                && acked * 3 >= config.messages * 2
+                && acked * store_restart.1 >= config.messages * store_restart.0
             {
                 let crash_restart = restart.crash_restart.clone();
                 tokio::task::spawn_blocking(move || crash_restart()).await??;
@@ -300,6 +348,10 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     }
     let stats = queue_call("stats", || queue.stats()).await?;
     let counts = effects(config.mode, chaos, &dir, &store).await?;
+    let completions_lost = match config.failover {
+        Some(_) => Some(completions_missing(&store, config.messages).await?),
+        None => None,
+    };
     let tally = lock(&shared.tally);
     let mut figures = Figures {
         backend: Some(chaos.descriptor.name),
@@ -314,8 +366,11 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         restarts,
         effects: counts.values().sum(),
         lease_lost: tally.lease_lost,
+        replication: config.failover,
+        completions_lost,
         ..Figures::default()
     };
+
     for id in 0..config.messages {
         match counts.get(&id).copied().unwrap_or(0) {
             0 => figures.lost += 1,

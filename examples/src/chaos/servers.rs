@@ -35,6 +35,8 @@ pub struct Service {
     name: &'static str,
     /// Its URL.
     pub url: String,
+    /// Its `services.sh env` lines.
+    env: String,
 }
 
 impl Service {
@@ -46,17 +48,23 @@ impl Service {
             dir: dir.to_path_buf(),
             name,
             url: String::new(),
+            env: String::new(),
         };
         services(dir, &["start", name])?;
         let env = services(dir, &["env"])?;
-        let env = String::from_utf8_lossy(&env.stdout).into_owned();
-        let prefix = format!("export {url_var}=");
-        server.url = env
+        server.env = String::from_utf8_lossy(&env.stdout).into_owned();
+        server.url = server.var(url_var)?;
+        Ok(server)
+    }
+
+    /// The value of the `services.sh env` line exporting `var`.
+    pub fn var(&self, var: &str) -> Result<String, BoxError> {
+        let prefix = format!("export {var}=");
+        self.env
             .lines()
             .find_map(|l| l.strip_prefix(prefix.as_str()))
             .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string())
-            .ok_or_else(|| format!("no {url_var} in {env}"))?;
-        Ok(server)
+            .ok_or_else(|| format!("no {var} in {}", self.env).into())
     }
 
     /// Crash the server and start it again on its data (PostgreSQL: an immediate stop, no
@@ -93,6 +101,37 @@ impl Postgres {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// A private PostgreSQL primary with a streaming standby (`services.sh start
+/// postgres-replica`), for the failover runs.
+pub struct PostgresReplica {
+    service: Service,
+    /// The standby's URL (the primary's is [`Service::url`]).
+    pub standby_url: String,
+}
+
+impl PostgresReplica {
+    /// Start the pair with its state in `dir` (asynchronous replication).
+    pub fn start(dir: &Path) -> Result<Self, BoxError> {
+        let service = Service::start(dir, "postgres-replica", "DEDUP_POSTGRES_PRIMARY_URL")?;
+        let standby_url = service.var("DEDUP_POSTGRES_STANDBY_URL")?;
+        Ok(PostgresReplica {
+            service,
+            standby_url,
+        })
+    }
+
+    /// The primary's URL.
+    pub fn primary_url(&self) -> &str {
+        &self.service.url
+    }
+
+    /// SIGKILL every process of the primary and promote the standby; returns when the
+    /// standby takes writes.
+    pub fn promote(&self) -> Result<(), BoxError> {
+        services(&self.service.dir, &["promote", "postgres-replica"]).map(|_| ())
     }
 }
 

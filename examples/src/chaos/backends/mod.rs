@@ -22,6 +22,8 @@ use dedup::{BackendDescriptor, StoreTarget};
 use dedup_core::{Handled, InboxConfig, InboxError};
 use futures::future::BoxFuture;
 
+use super::Replication;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One backend's part in the chaos harness.
@@ -34,7 +36,15 @@ pub struct ChaosBackend {
     pub start: fn(&Path, &str) -> Result<StoreServer, BoxError>,
     /// Transactional mode on this backend (`None`: lease mode only).
     pub transactional: Option<Transactional>,
+    /// Failover runs on this backend (`None`: none): start a store on a primary with a
+    /// standby replicated as given, behind a front that follows a promotion; its
+    /// [`Restart`] kills the primary and promotes the standby. Blocking, in a Tokio
+    /// runtime.
+    pub failover: Option<StartFailover>,
 }
+
+/// [`ChaosBackend::failover`].
+pub type StartFailover = fn(&Path, Replication) -> Result<StoreServer, BoxError>;
 
 /// The store of one run.
 pub struct StoreServer {

@@ -68,6 +68,7 @@ pub(super) static CHAOS: ChaosBackend = ChaosBackend {
             .boxed()
         },
     }),
+    failover: None,
 };
 
 struct Handler(TxInbox);

@@ -1,8 +1,13 @@
 //! PostgreSQL in the chaos harness: the store lives in the run's PostgreSQL (the queue's
 //! server, which the controller crash-restarts in every run); transactional mode runs the
-//! effect row's insert through the PostgreSQL `TxInbox`.
+//! effect row's insert through the PostgreSQL `TxInbox`. Failover runs put the store on a
+//! primary with a streaming standby of its own, reached through a [`SwitchingProxy`]
+//! (sqlx takes one host per URL), and promote the standby mid-run.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use dedup_core::{Handled, InboxError};
@@ -10,9 +15,13 @@ use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
 use dedup_postgres::{PostgresStore, PostgresTarget, TxInbox};
 use futures::FutureExt;
 
-use super::{BoxError, ChaosBackend, StoreServer, Transactional, TxHandler, effects_ddl, target};
-use crate::chaos::Window;
+use super::{
+    BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, effects_ddl, target,
+};
 use crate::chaos::protocol::{announce, key};
+use crate::chaos::proxy::SwitchingProxy;
+use crate::chaos::servers::PostgresReplica;
+use crate::chaos::{Replication, Window};
 
 /// The PostgreSQL chaos module, chosen by the store URL's descriptor.
 pub(super) static CHAOS: ChaosBackend = ChaosBackend {
@@ -59,7 +68,68 @@ pub(super) static CHAOS: ChaosBackend = ChaosBackend {
             .boxed()
         },
     }),
+    failover: Some(failover),
 };
+
+/// The primary's settings for `replication` (the pair starts asynchronous).
+fn replication_settings(replication: Replication) -> &'static [&'static str] {
+    match replication {
+        Replication::Async => &[],
+        Replication::Sync => &[
+            "ALTER SYSTEM SET synchronous_standby_names = 'standby1'",
+            "ALTER SYSTEM SET synchronous_commit = 'on'",
+            "SELECT pg_reload_conf()",
+        ],
+        Replication::RemoteApply => &[
+            "ALTER SYSTEM SET synchronous_standby_names = 'standby1'",
+            "ALTER SYSTEM SET synchronous_commit = 'remote_apply'",
+            "SELECT pg_reload_conf()",
+        ],
+    }
+}
+
+/// `host:port` of a `postgres://user@host:port/db` URL.
+fn socket_addr(url: &str) -> Result<SocketAddr, BoxError> {
+    let authority = url
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .ok_or_else(|| format!("no host:port in {url}"))?;
+    Ok(authority.parse()?)
+}
+
+/// [`ChaosBackend::failover`]: a primary and a standby in `dir`, replicated as asked, the
+/// store behind a front on the primary; the restart SIGKILLs the primary, promotes the
+/// standby and points the front at it.
+fn failover(dir: &Path, replication: Replication) -> Result<StoreServer, BoxError> {
+    let pair = PostgresReplica::start(&dir.join("replica"))?;
+    let runtime = tokio::runtime::Handle::current();
+    runtime.block_on(async {
+        let pool = PgPool::connect(pair.primary_url()).await?;
+        for statement in replication_settings(replication) {
+            sqlx::raw_sql(AssertSqlSafe(*statement))
+                .execute(&pool)
+                .await?;
+        }
+        Ok::<_, BoxError>(())
+    })?;
+    let standby = socket_addr(&pair.standby_url)?;
+    let proxy = SwitchingProxy::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        socket_addr(pair.primary_url())?,
+    )?;
+    let url = format!("postgres://postgres@{}/dedup?pool_size=2", proxy.addr());
+    Ok(StoreServer {
+        url,
+        restart: Some(Restart {
+            name: "failover",
+            crash_restart: Arc::new(move || {
+                pair.promote()?;
+                proxy.switch(standby);
+                Ok(())
+            }),
+        }),
+    })
+}
 
 struct Handler(TxInbox);
 

@@ -63,6 +63,7 @@ pub(super) static CHAOS: ChaosBackend = ChaosBackend {
             .boxed()
         },
     }),
+    failover: None,
 };
 
 /// A connection to the store's file.
