@@ -7,6 +7,8 @@
 
 #[cfg(any(feature = "rabbitmq", feature = "redis", feature = "nats"))]
 pub(crate) mod brokers;
+#[cfg(feature = "counted")]
+pub(crate) mod counted;
 mod driver;
 mod measures;
 #[cfg(feature = "mysql")]
