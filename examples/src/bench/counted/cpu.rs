@@ -56,8 +56,7 @@ impl Server {
                 let (_, own, exited) = proc_stat(root)?;
                 let mut total = own + exited;
                 for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-                    let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok())
-                    else {
+                    let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
                         continue;
                     };
                     if let Some((ppid, cpu, _)) = proc_stat(pid)

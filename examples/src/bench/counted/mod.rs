@@ -134,7 +134,11 @@ pub(crate) async fn proxy(url: &str) -> Result<Option<(CountingProxy, String)>> 
 }
 
 /// Every counted measure on `counted`, at each concurrency of `params`.
-pub(crate) async fn run(counted: &Counted, params: &Params, names: &Names) -> Result<Vec<CountedRow>> {
+pub(crate) async fn run(
+    counted: &Counted,
+    params: &Params,
+    names: &Names,
+) -> Result<Vec<CountedRow>> {
     let probe = &*counted.probe;
     // What one reading costs the server's counters: read twice in a row.
     let first = probe.read().await?;
@@ -219,7 +223,8 @@ pub(crate) async fn run(counted: &Counted, params: &Params, names: &Names) -> Re
         for (measure, n, sides) in measures {
             let mut found = Vec::new();
             for s in &sides {
-                let tag = |pass: &str| format!("bench-{}-n-c{c}-{measure}-{}-{pass}", names.run, s.name);
+                let tag =
+                    |pass: &str| format!("bench-{}-n-c{c}-{measure}-{}-{pass}", names.run, s.name);
                 (s.run)(&counted.direct, tag("warm"), params.warmup).await?;
                 let before = probe.read().await?;
                 let client_before = cpu::client();
@@ -228,8 +233,7 @@ pub(crate) async fn run(counted: &Counted, params: &Params, names: &Names) -> Re
                 let server = probe.read().await?.since(&before).less(&overhead);
                 let wire = match &counted.proxied {
                     Some((target, proxy)) => {
-                        (s.run)(target, tag("wire-warm"), params.warmup.min(WIRE_MESSAGES))
-                            .await?;
+                        (s.run)(target, tag("wire-warm"), params.warmup.min(WIRE_MESSAGES)).await?;
                         let before = proxy.counts();
                         let m = WIRE_MESSAGES.min(n);
                         (s.run)(target, tag("wire"), m).await?;
@@ -315,8 +319,22 @@ pub(crate) fn table(rows: &[CountedRow]) -> (Vec<&'static str>, Vec<Vec<String>>
         None => "n/a".into(),
     };
     let headers = vec![
-        "backend", "measure", "c", "side", "msgs/s", "rt", "pings", "stmts", "srv stmts",
-        "commits", "flushes", "srv µs", "cli µs", "cpu µs", "vs", "cpu ratio",
+        "backend",
+        "measure",
+        "c",
+        "side",
+        "msgs/s",
+        "rt",
+        "pings",
+        "stmts",
+        "srv stmts",
+        "commits",
+        "flushes",
+        "srv µs",
+        "cli µs",
+        "cpu µs",
+        "vs",
+        "cpu ratio",
     ];
     let cells = rows
         .iter()

@@ -177,11 +177,10 @@ mod mysql {
     impl MySqlProbe {
         pub(crate) async fn open(url: &str) -> Result<Self> {
             let mut conn = MySqlConnection::connect(url).await?;
-            let (pid_file, flush): (String, String) = sqlx::query_as(
-                "SELECT @@pid_file, CAST(@@innodb_flush_log_at_trx_commit AS CHAR)",
-            )
-            .fetch_one(&mut conn)
-            .await?;
+            let (pid_file, flush): (String, String) =
+                sqlx::query_as("SELECT @@pid_file, CAST(@@innodb_flush_log_at_trx_commit AS CHAR)")
+                    .fetch_one(&mut conn)
+                    .await?;
             let server = std::fs::read_to_string(&pid_file)
                 .ok()
                 .and_then(|p| p.trim().parse().ok())
