@@ -5,7 +5,7 @@
 //! | backend | statements | commits | log flushes | server processes |
 //! | --- | --- | --- | --- | --- |
 //! | PostgreSQL | n/a (no `pg_stat_statements` needed) | `pg_stat_database` `xact_commit` | `pg_stat_wal.wal_sync` | the postmaster of `pg_backend_pid()` and its children |
-//! | MySQL / MariaDB | `Questions` | `Handler_commit` | `Innodb_os_log_fsyncs` | the pid in `@@pid_file` |
+//! | MySQL / MariaDB | `Questions` | `Handler_commit` | `Innodb_os_log_fsyncs` (MariaDB 10.8+: `Innodb_data_fsyncs`, every InnoDB fsync) | the pid in `@@pid_file` |
 //! | Redis / Valkey | `INFO stats` `total_commands_processed` | n/a | n/a (`appendfsync` as configured) | `INFO server` `process_id` |
 //!
 //! Every figure is the whole server's: run the counted bench on a server of its own.
@@ -199,7 +199,7 @@ mod mysql {
                 let mut conn = self.conn.lock().await;
                 let rows: Vec<(String, String)> = sqlx::query_as(
                     "SHOW GLOBAL STATUS WHERE Variable_name IN \
-                     ('Questions', 'Handler_commit', 'Innodb_os_log_fsyncs')",
+                     ('Questions', 'Handler_commit', 'Innodb_os_log_fsyncs', 'Innodb_data_fsyncs')",
                 )
                 .fetch_all(&mut *conn)
                 .await?;
@@ -211,7 +211,8 @@ mod mysql {
                 Ok(Reading {
                     statements: get("Questions"),
                     commits: get("Handler_commit"),
-                    log_flushes: get("Innodb_os_log_fsyncs"),
+                    // MariaDB 10.8+ has no log-only counter: all of InnoDB's fsyncs.
+                    log_flushes: get("Innodb_os_log_fsyncs").or_else(|| get("Innodb_data_fsyncs")),
                     cpu: self.server.and_then(|s| s.cpu()),
                 })
             })
