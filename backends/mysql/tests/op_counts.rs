@@ -14,54 +14,30 @@ mod common;
 
 use std::time::Duration;
 
-use dedup_conformance::counting::{Cost, CostGuard, CountingProxy, Protocol};
-use dedup_core::{
-    BoxError, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, Lease, Pace,
-    PurgeOptions, TxClaim,
+use dedup_conformance::counting::{
+    Cost, CostGuard, CountingProxy, LeaseCosts, Protocol, acquired, check_lease_mode,
+    check_purge_batch, key,
 };
+use dedup_core::{BoxError, ClaimOptions, DedupStore, TxClaim};
 use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox};
 
 const BACKEND: &str = "mysql";
 
 /// The expected cost of each operation measured below.
-const CLAIM_FRESH: Cost = Cost::new(1, 1, 1);
-const CLAIM_IN_FLIGHT: Cost = Cost::new(4, 4, 2);
-const CLAIM_COMPLETED: Cost = Cost::new(4, 4, 2);
-const RENEW: Cost = Cost::new(1, 1, 1);
-const COMMIT: Cost = Cost::new(1, 1, 1);
-const RELEASE: Cost = Cost::new(1, 1, 1);
-const CLAIM_MANY_100: Cost = Cost::new(1, 1, 1);
-const COMMIT_MANY_100: Cost = Cost::new(1, 1, 1);
+const LEASE_MODE: LeaseCosts = LeaseCosts {
+    claim_fresh: Cost::new(1, 1, 1),
+    claim_in_flight: Cost::new(4, 4, 2),
+    claim_completed: Cost::new(4, 4, 2),
+    renew: Cost::new(1, 1, 1),
+    commit: Cost::new(1, 1, 1),
+    release: Cost::new(1, 1, 1),
+    claim_many_100: Cost::new(1, 1, 1),
+    commit_many_100: Cost::new(1, 1, 1),
+};
 const PURGE_ONE_BATCH: Cost = Cost::new(1, 1, 1);
 const CLAIM_IN_TX: Cost = Cost::new(1, 1, 0);
+const COMMIT_IN_TX: Cost = Cost::new(1, 1, 0);
 const TX_INBOX_HANDLE: Cost = Cost::new(4, 4, 2);
-
-fn key(id: &str) -> Key {
-    Key::new("op-counts", id).unwrap()
-}
-
-fn acquired(claim: Claim) -> Lease {
-    match claim {
-        Claim::Acquired(lease) => lease,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
-
-fn hundred(prefix: &str, options: &ClaimOptions) -> Vec<ClaimRequest> {
-    (0..100)
-        .map(|i| ClaimRequest::new(key(&format!("{prefix}{i}")), options.clone()))
-        .collect()
-}
-
-fn commits(claims: Vec<dedup_core::ItemResult<Claim>>) -> Vec<CommitRequest> {
-    claims
-        .into_iter()
-        .map(|c| CommitRequest {
-            lease: acquired(c.expect("claimed")),
-            outcome: Some(b"done".to_vec()),
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_operation_costs_what_it_did() {
@@ -83,94 +59,12 @@ async fn each_operation_costs_what_it_did() {
     let mut g = CostGuard::new(BACKEND, proxy, move || {
         pool.num_idle() == usize::try_from(pool.size()).unwrap()
     });
-    let options = ClaimOptions::lease(Duration::from_secs(30));
 
-    // Lease mode, one key at a time: warm up on "w*", measure on "a" / "b".
-    let warm = acquired(store.claim(&key("w1"), &options).await.unwrap());
-    let lease = acquired(
-        g.check(
-            "claim of a fresh key",
-            CLAIM_FRESH,
-            store.claim(&key("a"), &options),
-        )
-        .await
-        .unwrap(),
-    );
-    store.claim(&key("w1"), &options).await.unwrap();
-    let claim = g
-        .check(
-            "claim of a key in flight",
-            CLAIM_IN_FLIGHT,
-            store.claim(&key("a"), &options),
-        )
-        .await
-        .unwrap();
-    assert!(matches!(claim, Claim::InFlight { .. }), "{claim:?}");
-    let warm = store.renew(&warm, Duration::from_secs(60)).await.unwrap();
-    let lease = g
-        .check("renew", RENEW, store.renew(&lease, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    store.commit(&warm, Some(b"done")).await.unwrap();
-    g.check("commit", COMMIT, store.commit(&lease, Some(b"done")))
-        .await
-        .unwrap();
-    store.claim(&key("w1"), &options).await.unwrap();
-    let claim = g
-        .check(
-            "claim of a completed key",
-            CLAIM_COMPLETED,
-            store.claim(&key("a"), &options),
-        )
-        .await
-        .unwrap();
-    assert!(matches!(claim, Claim::Completed { .. }), "{claim:?}");
-    let warm = acquired(store.claim(&key("w2"), &options).await.unwrap());
-    let lease = acquired(store.claim(&key("b"), &options).await.unwrap());
-    store.release(&warm).await.unwrap();
-    g.check("release", RELEASE, store.release(&lease))
-        .await
-        .unwrap();
+    check_lease_mode(&mut g, &store, &LEASE_MODE).await;
+    check_purge_batch(&mut g, &store, PURGE_ONE_BATCH).await;
 
-    // Batches of 100.
-    let warm = store.claim_many(&hundred("wm", &options)).await.unwrap();
-    let requests = hundred("m", &options);
-    let claimed = g
-        .check(
-            "claim_many of 100 keys",
-            CLAIM_MANY_100,
-            store.claim_many(&requests),
-        )
-        .await
-        .unwrap();
-    store.commit_many(&commits(warm)).await.unwrap();
-    let requests = commits(claimed);
-    for done in g
-        .check(
-            "commit_many of 100 keys",
-            COMMIT_MANY_100,
-            store.commit_many(&requests),
-        )
-        .await
-        .unwrap()
-    {
-        done.expect("committed");
-    }
-
-    // One purge batch of 10 of the completed records.
-    let purge = PurgeOptions::older_than(Duration::ZERO)
-        .batch_size(10)
-        .max_batches(1)
-        .pace(Pace::Unpaced);
-    store.purge(&purge).await.unwrap();
-    let report = g
-        .check("purge of one batch", PURGE_ONE_BATCH, store.purge(&purge))
-        .await
-        .unwrap();
-    assert_eq!(report.completed + report.expired, 10, "{report:?}");
-
-    // The transactional claim, inside the caller's transaction (its BEGIN and COMMIT are
-    // the caller's, not counted).
+    // The transactional claim and commit, inside the caller's transaction (its BEGIN and
+    // COMMIT are the caller's, not counted).
     for (id, measured) in [("w3", false), ("c", true)] {
         let mut tx = store.pool().begin().await.unwrap();
         let claim = if measured {
@@ -184,6 +78,23 @@ async fn each_operation_costs_what_it_did() {
             store.claim_in_tx(&mut tx, &key(id), None).await
         };
         assert!(matches!(claim, Ok(TxClaim::Claimed { .. })), "{claim:?}");
+        tx.commit().await.unwrap();
+    }
+    let options = ClaimOptions::lease(Duration::from_secs(30));
+    for (id, measured) in [("w6", false), ("f", true)] {
+        let lease = acquired(store.claim(&key(id), &options).await.unwrap());
+        let mut tx = store.pool().begin().await.unwrap();
+        let done = if measured {
+            g.check_holding(
+                "commit_in_tx",
+                COMMIT_IN_TX,
+                store.commit_in_tx(&mut tx, &lease, Some(b"done")),
+            )
+            .await
+        } else {
+            store.commit_in_tx(&mut tx, &lease, Some(b"done")).await
+        };
+        done.expect("commit_in_tx");
         tx.commit().await.unwrap();
     }
 

@@ -17,29 +17,15 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::{RETENTION, Server, Target, unique_prefix};
-use dedup_conformance::counting::{Cost, CostGuard, CountingProxy, Protocol};
-use dedup_core::{
-    Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, ItemResult, Key, Lease,
+use dedup_conformance::counting::{
+    Cost, CostGuard, CountingProxy, LeaseCosts, Protocol, check_lease_mode,
 };
 use dedup_redis::RedisConfig;
 
 /// The expected cost of each operation measured below, on a server without
 /// `SET ... IFEQ` (Redis 7: scripts) and with it (Valkey).
-struct Expected {
-    claim_fresh: Cost,
-    claim_in_flight: Cost,
-    claim_completed: Cost,
-    renew: Cost,
-    commit: Cost,
-    release: Cost,
-    claim_many_100: Cost,
-    commit_many_100: Cost,
-}
-
-const SCRIPTS: Expected = Expected {
+const SCRIPTS: LeaseCosts = LeaseCosts {
     claim_fresh: Cost::new(1, 2, 0),
     claim_in_flight: Cost::new(2, 3, 0),
     claim_completed: Cost::new(1, 2, 0),
@@ -50,7 +36,7 @@ const SCRIPTS: Expected = Expected {
     commit_many_100: Cost::new(1, 1, 0),
 };
 
-const SET_IFEQ: Expected = Expected {
+const SET_IFEQ: LeaseCosts = LeaseCosts {
     claim_fresh: Cost::new(1, 2, 0),
     claim_in_flight: Cost::new(2, 3, 0),
     claim_completed: Cost::new(1, 2, 0),
@@ -60,33 +46,6 @@ const SET_IFEQ: Expected = Expected {
     claim_many_100: Cost::new(1, 200, 0),
     commit_many_100: Cost::new(1, 100, 0),
 };
-
-fn key(id: &str) -> Key {
-    Key::new("op-counts", id).unwrap()
-}
-
-fn acquired(claim: Claim) -> Lease {
-    match claim {
-        Claim::Acquired(lease) => lease,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
-
-fn hundred(prefix: &str, options: &ClaimOptions) -> Vec<ClaimRequest> {
-    (0..100)
-        .map(|i| ClaimRequest::new(key(&format!("{prefix}{i}")), options.clone()))
-        .collect()
-}
-
-fn commits(claims: Vec<ItemResult<Claim>>) -> Vec<CommitRequest> {
-    claims
-        .into_iter()
-        .map(|c| CommitRequest {
-            lease: acquired(c.expect("claimed")),
-            outcome: Some(b"done".to_vec()),
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_operation_costs_what_it_did() {
@@ -109,88 +68,7 @@ async fn each_operation_costs_what_it_did() {
             })
             .await;
         let mut g = CostGuard::new(backend, proxy, || true);
-        let options = ClaimOptions::lease(Duration::from_secs(30));
-
-        // One key at a time: warm up on "w*", measure on "a" / "b".
-        let warm = acquired(store.claim(&key("w1"), &options).await.unwrap());
-        let lease = acquired(
-            g.check(
-                "claim of a fresh key",
-                expected.claim_fresh,
-                store.claim(&key("a"), &options),
-            )
-            .await
-            .unwrap(),
-        );
-        store.claim(&key("w1"), &options).await.unwrap();
-        let claim = g
-            .check(
-                "claim of a key in flight",
-                expected.claim_in_flight,
-                store.claim(&key("a"), &options),
-            )
-            .await
-            .unwrap();
-        assert!(matches!(claim, Claim::InFlight { .. }), "{claim:?}");
-        let warm = store.renew(&warm, Duration::from_secs(60)).await.unwrap();
-        let lease = g
-            .check(
-                "renew",
-                expected.renew,
-                store.renew(&lease, Duration::from_secs(60)),
-            )
-            .await
-            .unwrap();
-        store.commit(&warm, Some(b"done")).await.unwrap();
-        g.check(
-            "commit",
-            expected.commit,
-            store.commit(&lease, Some(b"done")),
-        )
-        .await
-        .unwrap();
-        store.claim(&key("w1"), &options).await.unwrap();
-        let claim = g
-            .check(
-                "claim of a completed key",
-                expected.claim_completed,
-                store.claim(&key("a"), &options),
-            )
-            .await
-            .unwrap();
-        assert!(matches!(claim, Claim::Completed { .. }), "{claim:?}");
-        let warm = acquired(store.claim(&key("w2"), &options).await.unwrap());
-        let lease = acquired(store.claim(&key("b"), &options).await.unwrap());
-        store.release(&warm).await.unwrap();
-        g.check("release", expected.release, store.release(&lease))
-            .await
-            .unwrap();
-
-        // Batches of 100.
-        let warm = store.claim_many(&hundred("wm", &options)).await.unwrap();
-        let requests = hundred("m", &options);
-        let claimed = g
-            .check(
-                "claim_many of 100 keys",
-                expected.claim_many_100,
-                store.claim_many(&requests),
-            )
-            .await
-            .unwrap();
-        store.commit_many(&commits(warm)).await.unwrap();
-        let requests = commits(claimed);
-        for done in g
-            .check(
-                "commit_many of 100 keys",
-                expected.commit_many_100,
-                store.commit_many(&requests),
-            )
-            .await
-            .unwrap()
-        {
-            done.expect("committed");
-        }
-
+        check_lease_mode(&mut g, &store, expected).await;
         g.finish();
     }
 }

@@ -1,5 +1,5 @@
 //! A regression guard on the statements the transactional operations run on the caller's
-//! connection: `claim_in_tx` and the outbox's `enqueue`, counted with SQLite's trace hook
+//! connection: `claim_in_tx`, `commit_in_tx` and the outbox's `enqueue`, counted with SQLite's trace hook
 //! (`trace_v2`, one `SQLITE_TRACE_PROFILE` event per statement run) on the connection the
 //! test holds (see BENCHMARKS.md, "Wire cost guard"). SQLite has no network, so there are
 //! no round trips to count. The lease-mode operations run on the store's own connection,
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use dedup_conformance::counting::{Cost, assert_cost};
 use dedup_core::outbox::OutboxMessage;
-use dedup_core::{Key, TxClaim};
+use dedup_core::{Claim, ClaimOptions, DedupStore, Key, TxClaim};
 use dedup_sqlite::SqliteStore;
 use rusqlite::TransactionBehavior;
 use rusqlite::trace::{TraceEvent, TraceEventCodes};
@@ -21,6 +21,7 @@ const BACKEND: &str = "sqlite";
 
 /// The expected statements of each operation measured below (no round trips: no network).
 const CLAIM_IN_TX: Cost = Cost::new(0, 1, 0);
+const COMMIT_IN_TX: Cost = Cost::new(0, 1, 0);
 /// `SAVEPOINT`, one `INSERT` per message, `RELEASE`.
 const OUTBOX_ENQUEUE: Cost = Cost::new(0, 3, 0);
 
@@ -61,9 +62,22 @@ async fn transactional_operations_run_what_they_did() {
         let (written, enqueue_cost) = statements(|| outbox.enqueue(&tx, &[message]));
         assert_eq!(written.expect("enqueue"), 1);
         tx.commit().expect("commit");
+
+        let key = Key::new("op-counts", format!("lease-{id}")).unwrap();
+        let options = ClaimOptions::lease(std::time::Duration::from_secs(30));
+        let Claim::Acquired(lease) = store.claim(&key, &options).await.expect("claim") else {
+            panic!("a fresh key was not acquired")
+        };
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("begin");
+        let (done, commit_cost) = statements(|| store.commit_in_tx(&tx, &lease, Some(b"done")));
+        done.expect("commit_in_tx");
+        tx.commit().expect("commit");
         if measured {
             assert_cost(BACKEND, "claim_in_tx", cost, CLAIM_IN_TX);
             assert_cost(BACKEND, "outbox enqueue", enqueue_cost, OUTBOX_ENQUEUE);
+            assert_cost(BACKEND, "commit_in_tx", commit_cost, COMMIT_IN_TX);
         }
     }
 }

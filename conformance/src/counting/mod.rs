@@ -33,6 +33,7 @@
 
 mod framing;
 mod guard;
+pub mod operations;
 
 use std::fmt;
 use std::future::Future;
@@ -47,6 +48,7 @@ use tokio::task::JoinHandle;
 pub use framing::Protocol;
 use framing::{Framer, Kind, Replies};
 pub use guard::CostGuard;
+pub use operations::{LeaseCosts, acquired, check_lease_mode, check_purge_batch, key};
 
 use crate::proxy::authority;
 

@@ -101,7 +101,7 @@ struct Bench<'a> {
     run: &'a str,
 }
 
-fn message_id(i: usize) -> String {
+pub(crate) fn message_id(i: usize) -> String {
     format!("m{i}")
 }
 
@@ -516,7 +516,7 @@ pub(crate) async fn best_of(params: &Params, contenders: Vec<Contender<'_>>) -> 
 /// key that is not acquired fails the run; with them, a first delivery may find its key
 /// taken by a redelivery that overtook it (other tasks run concurrently), which is the same
 /// work in the other order.
-async fn single(
+pub(crate) async fn single(
     store: Arc<dyn DedupStore>,
     consumer: Arc<str>,
     concurrency: usize,
@@ -541,7 +541,7 @@ async fn single(
 
 /// The raw baseline of [`single`] (a duplicate is what a claim that is not acquired is to
 /// the library).
-async fn raw_single(
+pub(crate) async fn raw_single(
     raw: Arc<dyn Raw>,
     consumer: Arc<str>,
     concurrency: usize,
@@ -576,7 +576,7 @@ fn batch_ids(b: usize, total: usize, size: usize) -> Option<Vec<String>> {
 }
 
 /// `claim_many` then `commit_many` of `total` fresh keys in batches of `size`.
-async fn batches(
+pub(crate) async fn batches(
     store: Arc<dyn DedupStore>,
     consumer: Arc<str>,
     concurrency: usize,
@@ -623,7 +623,7 @@ async fn batches(
 }
 
 /// The raw baseline of [`batches`].
-async fn raw_batches(
+pub(crate) async fn raw_batches(
     raw: Arc<dyn Raw>,
     consumer: Arc<str>,
     concurrency: usize,

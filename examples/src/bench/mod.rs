@@ -12,6 +12,8 @@
     feature = "pubsub"
 ))]
 pub(crate) mod brokers;
+#[cfg(feature = "counted")]
+pub(crate) mod counted;
 mod driver;
 mod measures;
 #[cfg(feature = "mysql")]

@@ -12,6 +12,10 @@
 //!     [--concurrency 1,16] [--messages N] [--batch B] [--purge-rows P] ...
 //! ```
 //!
+//! `--counted` measures costs instead of throughput (see `bench/counted/mod.rs` and
+//! BENCHMARKS.md): per message, round trips, statements, commits, log flushes, server and
+//! client CPU, for the library and its baseline side by side.
+//!
 //! `--quick` takes a few minutes for the four backends (purge of 100 000 records); without
 //! it, the full run purges 1 000 000 and measures longer.
 //!
@@ -126,6 +130,13 @@ struct Args {
     /// Also print one `JSON {...}` line per row.
     #[arg(long)]
     json: bool,
+    /// The counted mode: per message, library and baseline side by side, in round trips
+    /// and statements (counted at the client through a proxy), the server's statements,
+    /// commits and log flushes, server and client CPU in microseconds (measures
+    /// claim_commit, batch, tx; see BENCHMARKS.md). Point it at servers of its own: the
+    /// server counters are the whole server's. Needs the `counted` feature.
+    #[arg(long)]
+    counted: bool,
 }
 
 impl Args {
@@ -226,6 +237,100 @@ async fn bench_one(
     Ok(rows)
 }
 
+#[cfg(feature = "counted")]
+async fn counted_one(
+    store: Option<&str>,
+    variant: &Variant,
+    params: &Params,
+) -> Result<Vec<bench::counted::CountedRow>, bench::BoxError> {
+    use bench::counted;
+    let names = Names::new();
+    let direct = match store {
+        Some(url) => bench::open(url, variant, &names, params).await?,
+        None => bench::open_temporary(&names, params).await?,
+    };
+    let proxied = match store {
+        Some(url) => match counted::proxy(url).await? {
+            Some((proxy, through)) => {
+                let names = Names::new();
+                Some((bench::open(&through, variant, &names, params).await?, proxy))
+            }
+            None => None,
+        },
+        None => None,
+    };
+    let probe = counted::probe(store).await?;
+    eprintln!(
+        "bench counted {} ({}; {}{})...",
+        direct.backend,
+        direct.setup,
+        probe.describe(),
+        if proxied.is_some() {
+            ""
+        } else {
+            "; no wire counts"
+        }
+    );
+    let target = counted::Counted {
+        direct,
+        proxied,
+        probe,
+    };
+    let rows = counted::run(&target, params, &names).await;
+    if let Some((proxied, _)) = &target.proxied {
+        proxied.raw.cleanup().await?;
+    }
+    target.direct.raw.cleanup().await?;
+    rows
+}
+
+#[cfg(feature = "counted")]
+async fn run_counted(args: &Args, params: &Params) -> Result<(), Box<dyn std::error::Error>> {
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
+    for store in stores(args) {
+        let name = store.as_deref().unwrap_or("the temporary default store");
+        for variant in bench::variants(store.as_deref(), params) {
+            match counted_one(store.as_deref(), &variant, params).await {
+                Ok(found) => rows.extend(found),
+                Err(e) => {
+                    let e = format!(
+                        "counted bench of {}{variant}: {}",
+                        dedup::redact(name),
+                        error_chain(&*e)
+                    );
+                    eprintln!("{e}");
+                    failed.push(e);
+                }
+            }
+        }
+    }
+    println!();
+    let (headers, cells) = bench::counted::table(&rows);
+    print_table(&headers, &cells);
+    println!(
+        "\nper message (batch: per key): rt = round trips and pings = pool pings, stmts = \
+         statements, counted at the client through a proxy ({} messages); srv stmts, commits, \
+         flushes = the server's counters; srv/cli/cpu µs = server, client, total CPU; cpu ratio \
+         = cpu µs / that of the side named in vs. concurrency {:?}, {} messages one by one, {} \
+         in batches of {}.",
+        bench::counted::WIRE_MESSAGES,
+        params.concurrency,
+        params.messages,
+        params.batch_messages,
+        params.batch
+    );
+    if args.json {
+        for row in &rows {
+            print_json(row);
+        }
+    }
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(failed.join("; ").into()),
+    }
+}
+
 /// The whole chain: a store error's cause is in its sources.
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut chain = e.to_string();
@@ -314,6 +419,12 @@ async fn main() -> std::process::ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let params = args.params()?;
+    if args.counted {
+        #[cfg(feature = "counted")]
+        return run_counted(&args, &params).await;
+        #[cfg(not(feature = "counted"))]
+        return Err("--counted needs the `counted` feature (--features full)".into());
+    }
     let mut rows = Vec::new();
     // A backend that fails does not cost the others' figures: they are printed, and the
     // run fails at the end.
