@@ -12,7 +12,8 @@
 # Before the tests it checks formatting, the toolchain against the MSRV and the backends'
 # file layout against ARCHITECTURE.md (scripts/check-layout.sh); after them it
 # runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples
-# with each backend feature alone. Any failure fails the run; every step still runs, and the
+# with each backend feature alone, and clippy of dedup-brokers with no broker and with each
+# broker feature alone. Any failure fails the run; every step still runs, and the
 # summary at the end names the steps that failed.
 #
 # Environment:
@@ -110,6 +111,14 @@ if [[ $checks != 0 ]]; then
             cargo check -p dedup --no-default-features --features "$feature"
     done
     step "dedup with no backend" cargo check -p dedup --no-default-features
+    # The broker adapters: clippy of the one crate with no broker and with each alone, so
+    # code only one broker uses is gated by its feature, not left dead in the others.
+    step "dedup-brokers with no broker" \
+        cargo clippy -p dedup-brokers --all-targets --no-default-features -- -D warnings
+    for feature in rabbitmq redis-streams nats kafka; do
+        step "dedup-brokers with only $feature" \
+            cargo clippy -p dedup-brokers --all-targets --no-default-features --features "$feature" -- -D warnings
+    done
 fi
 
 if ((${#failed[@]})); then

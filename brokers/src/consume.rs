@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::action::{Counters, decide};
 use crate::in_flight::InFlight;
 use crate::source::{Pending, Source};
-use crate::{BrokerError, ConsumerConfig, ConsumerStats, Handle, Shutdown};
+use crate::{BrokerError, ConsumerConfig, ConsumerStats, Handle, Health, Shutdown};
 
 /// Consume `source` through `handler` until `shutdown` fires or an error no retry can fix.
 ///
@@ -23,10 +23,23 @@ use crate::{BrokerError, ConsumerConfig, ConsumerStats, Handle, Shutdown};
 /// An error that is not retryable (refused credentials, a missing queue) ends it, after the
 /// started handlers settled.
 pub async fn consume<S: Source, H: Handle>(
+    source: S,
+    config: ConsumerConfig,
+    handler: H,
+    shutdown: Shutdown,
+) -> Result<ConsumerStats, BrokerError> {
+    consume_with_health(source, config, handler, shutdown, Health::default()).await
+}
+
+/// [`consume`], keeping `health` up to date (connected, in flight, last settle,
+/// reconnects) for probes. Each broker's consumer runs this with the [`Health`] its
+/// `health()` hands out.
+pub async fn consume_with_health<S: Source, H: Handle>(
     mut source: S,
     config: ConsumerConfig,
     handler: H,
     shutdown: Shutdown,
+    health: Health,
 ) -> Result<ConsumerStats, BrokerError> {
     config.check()?;
     source.check(&config)?;
@@ -36,6 +49,7 @@ pub async fn consume<S: Source, H: Handle>(
         handler,
         counters: Counters::default(),
         shutdown: shutdown.clone(),
+        health: health.clone(),
     });
     let mut in_flight = InFlight::new(config.in_flight);
     let mut connected = false;
@@ -46,6 +60,7 @@ pub async fn consume<S: Source, H: Handle>(
             match source.connect(&config).await {
                 Ok(()) => {
                     connected = true;
+                    health.set_connected(true);
                     delay = config.reconnect_delay;
                 }
                 Err(e) if e.is_retryable() => {
@@ -89,6 +104,7 @@ pub async fn consume<S: Source, H: Handle>(
             Err(e) if e.is_retryable() => {
                 tracing::warn!(endpoint = source.endpoint(), error = %e, "connection lost; reconnecting");
                 Counters::bump(&shared.counters.reconnects);
+                health.reconnecting();
                 connected = false;
             }
             Err(e) => {
@@ -100,6 +116,7 @@ pub async fn consume<S: Source, H: Handle>(
     if connected {
         source.stop().await;
     }
+    health.set_connected(false);
     in_flight.drain().await;
     if connected && failure.is_none() {
         source.give_back().await;
@@ -125,10 +142,12 @@ struct Shared<H> {
     handler: H,
     counters: Counters,
     shutdown: Shutdown,
+    health: Health,
 }
 
 impl<H: Handle> Shared<H> {
     async fn settle<P: Pending>(&self, pending: P) {
+        self.health.started();
         let action = decide(
             &self.handler,
             &self.consumer,
@@ -138,7 +157,9 @@ impl<H: Handle> Shared<H> {
         )
         .await;
         let broker_ref = pending.delivery().broker_ref.clone();
-        if let Err(e) = pending.settle(action, &self.shutdown).await {
+        let settled = pending.settle(action, &self.shutdown).await;
+        self.health.finished(settled.is_ok());
+        if let Err(e) = settled {
             // Not settled: the broker delivers it again (requeued with the channel,
             // left pending, or past its ack wait).
             tracing::warn!(consumer = %self.consumer, %broker_ref, error = %e, "could not settle a delivery");

@@ -13,9 +13,11 @@ use crate::Delivery;
 /// The answer decides the broker action (see [`Action`](crate::Action)). Two ways to get one:
 /// - lease mode: [`with_inbox`] wraps an [`Inbox`] and a function of the lease and the
 ///   delivery;
-/// - a transactional inbox (`dedup_sqlite::TxInbox`, `dedup_postgres::TxInbox`, ...): a
-///   closure `|key: Key, delivery: Delivery| async move { tx_inbox.handle(&key, ...).await }`
-///   is a `Handle` as it is.
+/// - a transactional inbox: [`with_tx_inbox`](crate::with_tx_inbox) wraps
+///   `dedup_postgres::TxInbox` or `dedup_mysql::TxInbox` and a function of the open
+///   transaction, the lease and the delivery;
+/// - any closure `|key: Key, delivery: Delivery| async move { ... }` is a `Handle` as it is
+///   (SQLite's `TxInbox`, whose handler is synchronous, is called that way).
 #[async_trait]
 pub trait Handle: Send + Sync + 'static {
     /// Process `delivery` at most once under `key` (consumer name and message id).

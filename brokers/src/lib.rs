@@ -5,7 +5,7 @@
 //! A consumer takes each delivery's message id from the broker's id property, refuses
 //! (dead-letters, with a reason) a delivery without one or older than the admission floor,
 //! runs a [`Handle`] (an [`Inbox`](dedup_core::Inbox) in lease mode through
-//! [`with_inbox`], or a transactional inbox through a closure), and turns the answer into
+//! [`with_inbox`], or a transactional inbox's transaction through [`with_tx_inbox`]), and turns the answer into
 //! one broker [`Action`] ([`action_for`]: ack, retry after a delay, dead-letter). It keeps at
 //! most [`ConsumerConfig::in_flight`] messages in flight and stops gracefully on a
 //! [`Shutdown`]. That receive loop is written once ([`consume`]) over a [`Source`]; the
@@ -19,9 +19,11 @@ mod delivery;
 mod error;
 mod fault;
 mod handle;
+mod health;
 mod in_flight;
 mod shutdown;
 mod source;
+mod tx_handler;
 
 #[cfg(feature = "kafka")]
 pub mod kafka;
@@ -36,7 +38,7 @@ pub mod redis_streams;
 
 pub use action::{Action, ConsumerStats, action_for, refusal};
 pub use config::ConsumerConfig;
-pub use consume::consume;
+pub use consume::{consume, consume_with_health};
 pub use delivery::Delivery;
 pub use error::BrokerError;
 pub use fault::{
@@ -44,8 +46,10 @@ pub use fault::{
     FAILURE_TIME_HEADER, Fault, MAX_FAILURE_HEADER_LEN,
 };
 pub use handle::{Handle, InboxHandler, with_inbox};
+pub use health::{Health, HealthSnapshot};
 pub use shutdown::{Shutdown, ShutdownTrigger, shutdown};
 pub use source::{Pending, Source};
+pub use tx_handler::{TxInboxHandler, with_tx_inbox};
 
 /// The header (AMQP, NATS, Kafka) or stream field (Redis) a dead letter carries its reason in.
 pub const DEAD_LETTER_REASON: &str = "x-dedup-dead-letter-reason";

@@ -1,7 +1,7 @@
 //! A Redis Streams consumer whose connections the server drops mid-run (`CLIENT KILL` on
 //! a PRIVATE Redis, never the shared one): it connects again by itself, and every entry is
 //! handled exactly once. redis-rs's multiplexed connections do not reconnect; the receive
-//! loop does.
+//! loop does, and a publisher connects again on its next publish.
 
 mod support;
 
@@ -100,5 +100,65 @@ async fn a_consumer_whose_connections_are_killed_reconnects_and_loses_nothing() 
     let _: () = redis::AsyncCommands::del(&mut admin, &stream)
         .await
         .unwrap();
+    drop(redis);
+}
+
+/// A publisher whose connection the server killed fails the publish that meets it, then
+/// connects again on the next one: every later publish succeeds and its entry is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_whose_connection_is_killed_reconnects_on_its_next_publish() {
+    let redis = tokio::task::spawn_blocking(|| Private::start("redis", "DEDUP_REDIS_URL"))
+        .await
+        .unwrap();
+    let client = redis::Client::open(redis.url.as_str()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("dedup-reconnect-pub-{}", uuid::Uuid::new_v4().simple());
+    let publisher = StreamPublisher::connect(&client)
+        .await
+        .unwrap()
+        .reconnect_within(Duration::from_secs(5));
+    publisher.publish(&row(&stream, "before")).await.unwrap();
+
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(killed >= 1, "the publisher's connection was killed");
+
+    // The first publish after the kill may meet the dead connection and fail; the next
+    // ones connect again.
+    let first = publisher.publish(&row(&stream, "meets-the-kill")).await;
+    for i in 0..3 {
+        publisher
+            .publish(&row(&stream, &format!("after-{i}")))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("publish {i} after the kill failed (first: {first:?}): {e}")
+            });
+    }
+    let results = publisher
+        .publish_all(&[row(&stream, "batch-0"), row(&stream, "batch-1")])
+        .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+    let entries: redis::streams::StreamRangeReply =
+        redis::AsyncCommands::xrange_all(&mut admin, &stream)
+            .await
+            .unwrap();
+    let ids: Vec<String> = entries
+        .ids
+        .iter()
+        .map(|e| e.get::<String>("message_id").unwrap())
+        .collect();
+    for id in [
+        "before", "after-0", "after-1", "after-2", "batch-0", "batch-1",
+    ] {
+        assert!(ids.iter().any(|x| x == id), "{id} missing from {ids:?}");
+    }
     drop(redis);
 }

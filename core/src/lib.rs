@@ -26,7 +26,7 @@ pub use error::{BoxError, Error, Result, TimedOut};
 pub use failure::{Failure, MAX_FAILURE_LEN, MAX_FAILURE_LINKS, error_chain};
 pub use inbox::{
     Backoff, DuplicateLog, FailurePolicy, Handled, HandlerRetry, Inbox, InboxConfig, InboxError,
-    Transient, TxAttempt, TxAttempts, TxEngine,
+    Transient, TxAttempt, TxAttempts, TxEngine, TxHandle,
 };
 pub use key::Key;
 pub use memory::MemoryStore;

@@ -18,7 +18,8 @@ use super::pending::{Copies, KafkaPending};
 use super::publisher::producer_config;
 use super::{MESSAGE_ID_HEADER, RETRIES_HEADER};
 use crate::{
-    BrokerError, ConsumerConfig, ConsumerStats, Delivery, Handle, Shutdown, Source, consume,
+    BrokerError, ConsumerConfig, ConsumerStats, Delivery, Handle, Health, Shutdown, Source,
+    consume_with_health,
 };
 
 /// Consumes a topic as a member of a consumer group, with `enable.auto.commit=false`.
@@ -46,6 +47,7 @@ pub struct KafkaConsumer {
     dead_letter_topic: String,
     offset_fallback: bool,
     config: ConsumerConfig,
+    health: Health,
     offsets: Offsets,
     consumer: Option<Arc<StreamConsumer<Rebalancing>>>,
     copies: Option<Arc<Copies>>,
@@ -87,6 +89,7 @@ impl KafkaConsumer {
             dead_letter_topic: dead_letter_topic.into(),
             offset_fallback: false,
             config,
+            health: Health::default(),
             offsets: Offsets::default(),
             consumer: None,
             copies: None,
@@ -119,6 +122,12 @@ impl KafkaConsumer {
         self
     }
 
+    /// The consumer's live state for probes (connected, in flight, last settle,
+    /// reconnects): take it before [`run`](Self::run); it follows that run.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
     /// Consume until `shutdown` fires or an error no reconnect fixes. See [`consume`].
     pub async fn run<H: Handle>(
         self,
@@ -126,7 +135,8 @@ impl KafkaConsumer {
         shutdown: Shutdown,
     ) -> Result<ConsumerStats, BrokerError> {
         let config = self.config.clone();
-        consume(self, config, handler, shutdown).await
+        let health = self.health.clone();
+        consume_with_health(self, config, handler, shutdown, health).await
     }
 
     fn topics(&self) -> Vec<&str> {

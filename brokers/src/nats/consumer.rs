@@ -14,7 +14,7 @@ use super::MSG_ID_HEADER;
 use super::publisher::{headers, send};
 use crate::{
     Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Pending, Shutdown, Source, consume,
+    Health, Pending, Shutdown, Source, consume_with_health,
 };
 
 /// Consumes a JetStream stream through a durable pull consumer (created if missing, with
@@ -36,6 +36,7 @@ pub struct NatsConsumer {
     stream: String,
     durable: String,
     config: ConsumerConfig,
+    health: Health,
     dead_letter_subject: Arc<str>,
     ack_wait: Duration,
     consumer: Option<PullConsumer>,
@@ -58,6 +59,7 @@ impl NatsConsumer {
             stream,
             durable: durable.into(),
             config,
+            health: Health::default(),
             ack_wait: Duration::from_secs(30),
             consumer: None,
         }
@@ -76,6 +78,12 @@ impl NatsConsumer {
         self
     }
 
+    /// The consumer's live state for probes (connected, in flight, last settle,
+    /// reconnects): take it before [`run`](Self::run); it follows that run.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
     /// Consume until `shutdown` fires (then: stop fetching, let started handlers finish and
     /// settle) or an error no reconnect fixes. See [`consume`].
     pub async fn run<H: Handle>(
@@ -84,7 +92,8 @@ impl NatsConsumer {
         shutdown: Shutdown,
     ) -> Result<ConsumerStats, BrokerError> {
         let config = self.config.clone();
-        consume(self, config, handler, shutdown).await
+        let health = self.health.clone();
+        consume_with_health(self, config, handler, shutdown, health).await
     }
 }
 

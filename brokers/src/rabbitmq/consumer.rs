@@ -18,7 +18,7 @@ use super::errors::classify;
 use super::publisher::confirmed;
 use crate::{
     Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Pending, Shutdown, Source, consume,
+    Health, Pending, Shutdown, Source, consume_with_health,
 };
 
 /// Where a [`RabbitConsumer`] sends dead letters.
@@ -67,6 +67,7 @@ pub struct RabbitConsumer {
     link: Link,
     queue: String,
     config: ConsumerConfig,
+    health: Health,
     dead_letters: Arc<DeadLetters>,
     connection: Option<Connection>,
     channel: Option<Channel>,
@@ -111,6 +112,7 @@ impl RabbitConsumer {
             link,
             queue,
             config,
+            health: Health::default(),
             dead_letters: Arc::default(),
             connection: None,
             channel: None,
@@ -135,6 +137,12 @@ impl RabbitConsumer {
         self
     }
 
+    /// The consumer's live state for probes (connected, in flight, last settle,
+    /// reconnects): take it before [`run`](Self::run); it follows that run.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
     /// Consume until `shutdown` fires (then: stop consuming, let started handlers finish
     /// and settle, requeue what was prefetched but not started) or an error no reconnect
     /// fixes. Returns the counts of what happened. See [`consume`].
@@ -144,7 +152,8 @@ impl RabbitConsumer {
         shutdown: Shutdown,
     ) -> Result<ConsumerStats, BrokerError> {
         let config = self.config.clone();
-        consume(self, config, handler, shutdown).await
+        let health = self.health.clone();
+        consume_with_health(self, config, handler, shutdown, health).await
     }
 
     /// A lost channel: retryable when this consumer can open another, final when it was

@@ -12,7 +12,7 @@ use super::errors::classify;
 use super::{DEAD_ENTRY_ID_FIELD, MESSAGE_ID_FIELD, PAYLOAD_FIELD, dead_stream};
 use crate::{
     Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Pending, Shutdown, Source, consume,
+    Health, Pending, Shutdown, Source, consume_with_health,
 };
 
 /// Consumes a stream as member `worker` of consumer group `group` (created at the
@@ -35,6 +35,7 @@ pub struct StreamConsumer {
     names: Arc<Names>,
     worker: String,
     config: ConsumerConfig,
+    health: Health,
     claim_idle: Duration,
     block: Duration,
     conns: Option<(MultiplexedConnection, MultiplexedConnection)>,
@@ -66,6 +67,7 @@ impl StreamConsumer {
             }),
             worker: worker.into(),
             config,
+            health: Health::default(),
             claim_idle: Duration::from_secs(30),
             block: Duration::from_millis(200),
             conns: None,
@@ -81,6 +83,12 @@ impl StreamConsumer {
         self
     }
 
+    /// The consumer's live state for probes (connected, in flight, last settle,
+    /// reconnects): take it before [`run`](Self::run); it follows that run.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
     /// Consume until `shutdown` fires (then: stop reading, let started handlers finish and
     /// settle; nothing is held unstarted) or an error no reconnect fixes. Returns the counts
     /// of what happened. See [`consume`].
@@ -90,7 +98,8 @@ impl StreamConsumer {
         shutdown: Shutdown,
     ) -> Result<ConsumerStats, BrokerError> {
         let config = self.config.clone();
-        consume(self, config, handler, shutdown).await
+        let health = self.health.clone();
+        consume_with_health(self, config, handler, shutdown, health).await
     }
 
     fn pending(

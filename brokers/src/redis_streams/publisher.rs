@@ -1,30 +1,99 @@
 //! [`StreamPublisher`]: outbox rows to Redis Streams with `XADD`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use async_trait::async_trait;
 use dedup_core::BoxError;
 use dedup_core::outbox::{OutboxRow, Publisher};
 use redis::aio::MultiplexedConnection;
 
+use super::errors::classify;
 use super::{MESSAGE_ID_FIELD, PAYLOAD_FIELD};
+use crate::BrokerError;
 
 /// Publishes each row as `XADD <destination> * message_id <id> payload <bytes>
 /// [<header> <value>]...`; `Ok` once Redis answered the entry id. A header named
 /// `message_id` or `payload` would hide the row's own fields: such a row is an error (the
 /// relay retries it and, after its attempts, marks it dead).
+///
+/// A publisher made with [`connect`](Self::connect) keeps the client: after a publish
+/// failed on a lost connection (Redis restarted, the connection killed), the next publish
+/// connects again first, retrying with a delay from 100 ms doubling for at most
+/// [`reconnect_within`](Self::reconnect_within) (10 s by default). The publish that met the
+/// lost connection still returns its error (its entry may or may not have been written;
+/// the relay publishes it again and consumers deduplicate by message id). One made with
+/// [`new`](Self::new) over a connection has no client and does not reconnect. Clones share
+/// the connection.
 #[derive(Clone, Debug)]
 pub struct StreamPublisher {
-    conn: MultiplexedConnection,
+    conn: Arc<Mutex<MultiplexedConnection>>,
+    broken: Arc<AtomicBool>,
+    client: Option<redis::Client>,
+    reconnect_within: Duration,
 }
 
 impl StreamPublisher {
-    /// A publisher over `conn`.
+    /// A publisher over `conn` (it does not reconnect: see the type's docs).
     pub fn new(conn: MultiplexedConnection) -> Self {
-        StreamPublisher { conn }
+        StreamPublisher {
+            conn: Arc::new(Mutex::new(conn)),
+            broken: Arc::default(),
+            client: None,
+            reconnect_within: Duration::from_secs(10),
+        }
     }
 
-    /// A publisher on a new multiplexed connection of `client`.
+    /// A publisher on a new multiplexed connection of `client`, connecting again after a
+    /// lost connection.
     pub async fn connect(client: &redis::Client) -> redis::RedisResult<Self> {
-        Ok(Self::new(client.get_multiplexed_async_connection().await?))
+        let mut publisher = Self::new(client.get_multiplexed_async_connection().await?);
+        publisher.client = Some(client.clone());
+        Ok(publisher)
+    }
+
+    /// How long one publish keeps trying to connect again after a lost connection before it
+    /// returns the connect error (10 s by default).
+    pub fn reconnect_within(mut self, within: Duration) -> Self {
+        self.reconnect_within = within;
+        self
+    }
+
+    /// The connection to publish on: the current one, or a new one after a lost connection.
+    async fn conn(&self) -> Result<MultiplexedConnection, BrokerError> {
+        if let (true, Some(client)) = (self.broken.load(Ordering::Acquire), &self.client) {
+            let deadline = Instant::now() + self.reconnect_within;
+            let mut delay = Duration::from_millis(100);
+            let conn = loop {
+                match client.get_multiplexed_async_connection().await {
+                    Ok(conn) => break conn,
+                    Err(e) => {
+                        let e = classify("connecting the publisher to Redis again", e);
+                        if !e.is_retryable() || Instant::now() + delay > deadline {
+                            return Err(e);
+                        }
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(2));
+                    }
+                }
+            };
+            *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = conn;
+            self.broken.store(false, Ordering::Release);
+            tracing::info!("Redis Streams publisher connected again");
+        }
+        Ok(self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// Remember a lost connection, so the next publish makes a new one.
+    fn note(&self, error: &redis::RedisError) {
+        if error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || error.is_timeout()
+        {
+            self.broken.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -52,7 +121,12 @@ impl Publisher for StreamPublisher {
     }
 
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
-        let _id: String = xadd(row)?.query_async(&mut self.conn.clone()).await?;
+        let cmd = xadd(row)?;
+        let answer: redis::RedisResult<String> = cmd.query_async(&mut self.conn().await?).await;
+        if let Err(e) = &answer {
+            self.note(e);
+        }
+        answer?;
         Ok(())
     }
 
@@ -70,8 +144,22 @@ impl Publisher for StreamPublisher {
                 Err(e) => results.push(Some(Err(e))),
             }
         }
-        let answers: Result<Vec<redis::RedisResult<String>>, _> =
-            pipe.query_async(&mut self.conn.clone()).await;
+        let mut conn = match self.conn().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                let e: BoxError = e.into();
+                let e = e.to_string();
+                return results
+                    .into_iter()
+                    .map(|r| r.unwrap_or_else(|| Err(e.clone().into())))
+                    .collect();
+            }
+        };
+        let answers: redis::RedisResult<Vec<redis::RedisResult<String>>> =
+            pipe.query_async(&mut conn).await;
+        if let Err(e) = &answers {
+            self.note(e);
+        }
         match answers {
             Ok(answers) => {
                 let mut answers = answers.into_iter();

@@ -10,6 +10,7 @@ mod json;
 mod report;
 mod retry;
 mod tx;
+mod tx_handle;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -25,6 +26,7 @@ use failing::now;
 pub use handled::Handled;
 pub use retry::{Backoff, HandlerRetry, Transient};
 pub use tx::{TxAttempt, TxAttempts, TxEngine};
+pub use tx_handle::TxHandle;
 
 use crate::purger::Background;
 use report::{
