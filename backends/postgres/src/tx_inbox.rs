@@ -113,28 +113,6 @@ impl TxStore for PostgresStore {
     }
 }
 
-impl dedup_core::TxHandle for TxInbox {
-    type Conn = PgConnection;
-
-    fn handle_tx<'a, H, E>(
-        &'a self,
-        key: &'a Key,
-        fingerprint: Option<Fingerprint>,
-        handler: H,
-    ) -> BoxFuture<'a, Result<Handled, InboxError>>
-    where
-        H: for<'c> FnMut(
-                &'c mut PgConnection,
-                &'c Lease,
-            ) -> BoxFuture<'c, Result<Option<Vec<u8>>, E>>
-            + Send
-            + 'a,
-        E: Into<BoxError> + Send + 'a,
-    {
-        Box::pin(self.handle(key, fingerprint, handler))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -232,6 +232,34 @@ impl<S: TxStore> TxInbox<S> {
     }
 }
 
+/// Code generic over the backend (`dedup_brokers::with_tx_inbox`) runs a handler in the
+/// inbox's transaction through this: [`TxHandle::handle_tx`](dedup_core::TxHandle::handle_tx)
+/// is [`TxInbox::handle`].
+impl<S: TxStore> dedup_core::TxHandle for TxInbox<S>
+where
+    Conn<S>: Send,
+{
+    type Conn = Conn<S>;
+
+    fn handle_tx<'a, H, E>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: Option<Fingerprint>,
+        handler: H,
+    ) -> BoxFuture<'a, std::result::Result<Handled, InboxError>>
+    where
+        H: for<'c> FnMut(
+                &'c mut Conn<S>,
+                &'c Lease,
+            ) -> BoxFuture<'c, std::result::Result<Option<Vec<u8>>, E>>
+            + Send
+            + 'a,
+        E: Into<BoxError> + Send + 'a,
+    {
+        Box::pin(self.handle(key, fingerprint, handler))
+    }
+}
+
 /// The savepoint [`TxInbox::handle_in`] runs the handler under (standard SQL: the same on
 /// PostgreSQL, MySQL and MariaDB).
 pub const SAVEPOINT: &str = "SAVEPOINT dedup_tx_inbox";
