@@ -9,6 +9,7 @@ mod group;
 mod outbox;
 mod outbox_schema;
 mod outbox_statements;
+mod outbox_table;
 mod purge;
 mod rounds;
 mod schema;
@@ -20,7 +21,8 @@ mod url;
 
 pub use config::{GroupCommit, PostgresConfig};
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
-pub use outbox::{NOTIFY_EVERY, PostgresOutbox};
+pub use outbox::{PostgresOutbox, PostgresOutboxDialect};
+pub use outbox_table::NOTIFY_EVERY;
 pub use schema::VERSIONS_TABLE as SCHEMA_VERSIONS_TABLE;
 pub use sqlx;
 pub use store::PostgresStore;

@@ -17,7 +17,7 @@ use crate::config::PostgresConfig;
 use crate::decode::{StatementRows, decode_record};
 use crate::error::{BACKEND, backend};
 use crate::group::Grouper;
-use crate::outbox::OutboxTable;
+use crate::outbox_table::OutboxTable;
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 use crate::statements::Statements;
 
