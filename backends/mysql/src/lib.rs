@@ -5,6 +5,10 @@ mod config;
 mod connect;
 mod decode;
 mod error;
+mod outbox;
+mod outbox_schema;
+mod outbox_statements;
+mod outbox_table;
 mod purge;
 mod schema;
 mod statements;
@@ -15,6 +19,7 @@ mod url;
 
 pub use config::MySqlConfig;
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
+pub use outbox::{MySqlOutbox, MySqlOutboxDialect};
 pub use sqlx;
 pub use store::MySqlStore;
 pub use tx_inbox::TxInbox;

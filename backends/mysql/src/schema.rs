@@ -49,8 +49,7 @@ fn render(migration: &str, config: &MySqlConfig) -> String {
     migration.replace("{table}", &config.quoted_table())
 }
 
-/// The table recording each store table's schema version, one per database.
-pub(crate) const VERSIONS_TABLE: &str = "dedup_schema_versions";
+pub(crate) use crate::config::VERSIONS_TABLE;
 
 /// The DDL of the versions table (idempotent).
 const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS dedup_schema_versions (\n    \
@@ -67,11 +66,19 @@ const LOCK_WAIT_SECONDS: i64 = 60;
 pub(crate) async fn migrate(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> {
     config.validate()?;
     let mut conn = pool.acquire().await.map_err(backend)?;
-    let lock = lock_name(&mut conn).await?;
+    let lock = lock(&mut conn).await?;
+    let result = migrate_locked(&mut conn, config).await;
+    result.and(unlock(&mut conn, &lock).await)
+}
+
+/// Take the database's migration lock on `conn` (waiting up to [`LOCK_WAIT_SECONDS`] for
+/// another node's migration); returns its name for [`unlock`].
+pub(crate) async fn lock(conn: &mut PoolConnection<MySql>) -> Result<String> {
+    let lock = lock_name(conn).await?;
     let got: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
         .bind(&lock)
         .bind(LOCK_WAIT_SECONDS)
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut **conn)
         .await
         .map_err(backend)?;
     if got != Some(1) {
@@ -81,13 +88,17 @@ pub(crate) async fn migrate(pool: &MySqlPool, config: &MySqlConfig) -> Result<()
             format!("another node held the migration lock {lock:?} for {LOCK_WAIT_SECONDS} s"),
         ));
     }
-    let result = migrate_locked(&mut conn, config).await;
-    let released = sqlx::query("DO RELEASE_LOCK(?)")
-        .bind(&lock)
-        .execute(&mut *conn)
+    Ok(lock)
+}
+
+/// Release the migration lock [`lock`] took.
+pub(crate) async fn unlock(conn: &mut PoolConnection<MySql>, lock: &str) -> Result<()> {
+    sqlx::query("DO RELEASE_LOCK(?)")
+        .bind(lock)
+        .execute(&mut **conn)
         .await
-        .map_err(backend);
-    result.and(released.map(drop))
+        .map_err(backend)?;
+    Ok(())
 }
 
 async fn migrate_locked(conn: &mut MySqlConnection, config: &MySqlConfig) -> Result<()> {
@@ -186,7 +197,7 @@ pub(crate) async fn check(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> 
 }
 
 /// Run DDL whose names were validated (ASCII letters, digits, '_'), so safe to splice.
-async fn execute(conn: &mut MySqlConnection, ddl: String) -> Result<()> {
+pub(crate) async fn execute(conn: &mut MySqlConnection, ddl: String) -> Result<()> {
     sqlx::raw_sql(AssertSqlSafe(ddl))
         .execute(&mut *conn)
         .await
