@@ -101,6 +101,6 @@ mod tests {
         let back = decode_headers(7, &text[0], "test").unwrap();
         assert_eq!(back, message.headers().to_vec());
         let err = decode_headers(7, "{not json", "test").unwrap_err();
-        assert!(err.to_string().contains("outbox row 7"), "{err}");
+        assert!(format!("{err:?}").contains("outbox row 7"), "{err:?}");
     }
 }

@@ -228,6 +228,10 @@ mod tests {
             "test",
         )
         .unwrap_err();
-        assert!(err.to_string().contains("lost"), "{err}");
+        let debug = format!("{err:?}");
+        assert!(
+            debug.contains("unknown state") && debug.contains("lost"),
+            "{debug}"
+        );
     }
 }
