@@ -7,7 +7,7 @@
 
 use crate::statements::NOW_MS;
 
-/// The columns [`crate::outbox`] decodes (see
+/// The outbox row columns the dialect decodes (see
 /// [`ROW_COLUMNS`](dedup_sql::outbox::ROW_COLUMNS)), qualified by `alias`.
 fn row(alias: &str) -> String {
     dedup_sql::outbox::ROW_COLUMNS

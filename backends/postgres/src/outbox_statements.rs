@@ -8,7 +8,7 @@ use sqlx::SqlStr;
 
 use crate::statements::{NOW_MS, sql};
 
-/// The columns [`crate::outbox`] decodes, qualified by `alias`.
+/// The outbox row columns the dialect decodes, qualified by `alias`.
 fn row(alias: &str) -> String {
     [
         "id",
