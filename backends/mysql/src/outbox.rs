@@ -2,14 +2,15 @@
 //! [`SqlOutbox`] engine over [`MySqlOutboxDialect`] (MySQL / MariaDB statements; relays
 //! poll, there are no wake-ups).
 
-use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{LeaseToken, Result, duration_millis};
-use dedup_sql::outbox::{OutboxDialect, SqlOutbox, StateCount, StateCounts, Taken, decode_row};
+use dedup_sql::outbox::{
+    OutboxDialect, SqlOutbox, StateCounts, Taken, decode_row, decode_state_counts,
+};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
 use tokio::sync::OnceCell;
@@ -26,60 +27,33 @@ use crate::store::MySqlStore;
 const MAX_ROWS_PER_INSERT: usize = 500;
 const MAX_BYTES_PER_INSERT: usize = 4 << 20;
 
-/// The transactional outbox of a [`MySqlStore`], in its own table in the connection's
-/// database ([`MySqlConfig::outbox_table`](crate::MySqlConfig::outbox_table), by default
-/// `dedup_inbox_outbox`), created and migrated by [`MySqlStore::migrate`] with the records
-/// table.
-///
-/// Get it with [`MySqlStore::outbox`]; it shares the store's pool, configuration and
-/// clock. Cheap to clone.
-///
-/// Producers write with [`enqueue`](SqlOutbox::enqueue) inside their own transaction
-/// (`&mut *tx` of a `sqlx::Transaction<'_, MySql>`); a
-/// [`Relay`](dedup_core::outbox::Relay) publishes through its
-/// [`OutboxStore`](dedup_core::outbox::OutboxStore) implementation. MySQL has no
-/// `NOTIFY`: the relay polls (its
-/// [`poll_interval`](dedup_core::outbox::RelayConfig::poll_interval)), and looks again at
-/// once after a round that took rows. What `enqueue` costs and how it keeps ordering keys
-/// in commit order is in [`MySqlOutboxDialect`]'s docs.
+/// The transactional outbox of a [`MySqlStore`] ([`MySqlStore::outbox`]), in its own table
+/// in the connection's database
+/// ([`MySqlConfig::outbox_table`](crate::MySqlConfig::outbox_table)), migrated with the
+/// records table. MySQL has no `NOTIFY`: relays poll (their
+/// [`poll_interval`](dedup_core::outbox::RelayConfig::poll_interval)) and look again at once
+/// after a round that took rows. See [`SqlOutbox`] for `enqueue` and the contract,
+/// [`MySqlOutboxDialect`] for what each operation costs here.
 pub type MySqlOutbox = SqlOutbox<MySqlOutboxDialect>;
 
 /// MySQL / MariaDB outbox statements for [`SqlOutbox`] (see [`MySqlOutbox`]).
 ///
-/// **Enqueue.** One statement (`INSERT IGNORE`, the messages as one multi-row `VALUES` in
-/// the caller's order, so ids follow it; a message id already in the table writes
-/// nothing), plus one that locks the ordering keys when a message has one.
+/// **Enqueue.** One `INSERT IGNORE`, the messages as one multi-row `VALUES` in the caller's
+/// order (so `AUTO_INCREMENT` ids follow it; a known message id writes nothing); before
+/// it, when a message has an ordering key, one `INSERT ... ON DUPLICATE KEY UPDATE` of the
+/// keys (sorted) into the outbox's keys table (`<outbox>_keys`), whose row locks last
+/// until the caller's transaction ends (see [`SqlOutbox::enqueue`] for why). The keys
+/// table keeps one small row per key ever used.
 ///
-/// **Ordering keys.** Ids come from `AUTO_INCREMENT` when a row is inserted, but rows
-/// become visible when their transaction commits; two transactions writing the same key
-/// could commit in the other order than their ids, and a relay, which publishes a key's
-/// rows by id and a row only once no earlier row of its key is pending, could then publish
-/// the later row first. So, before inserting, `enqueue` locks each ordering key's row in
-/// the outbox's keys table (`<outbox>_keys`, `INSERT ... ON DUPLICATE KEY UPDATE`, keys in
-/// sorted order): the lock lasts until the caller's transaction ends, so a second
-/// transaction writing the same key waits until the first commits or rolls back, and per
-/// key, id order is commit order. Keep such transactions short; messages without a key
-/// take no lock. The keys table keeps one small row per key ever used.
-///
-/// **Taking rows.** A take is one short transaction of the store's own (READ COMMITTED):
-/// a `SELECT ... FOR UPDATE SKIP LOCKED` of the due rows (a row another relay is taking at
-/// that moment is passed over), then one `UPDATE` putting them under the hold. Marking
-/// rows sent locks the rows still held (`FOR UPDATE`), then updates them, in one
-/// transaction. Both MariaDB (10.6 and later) and MySQL (8.0.1 and later) have `SKIP
-/// LOCKED`.
-///
-/// Times are the store's "now" (the server's clock unless one is injected).
-#[derive(Clone)]
+/// **Taking rows.** One short transaction of the store's own (READ COMMITTED): a `SELECT
+/// ... FOR UPDATE SKIP LOCKED` of the due rows (a row another relay is taking at that
+/// moment is passed over), then one `UPDATE` putting them under the hold. Marking rows
+/// sent locks the rows still held (`FOR UPDATE`), then updates them, in one transaction
+/// (no `UPDATE ... RETURNING` to say which ids changed). Both MariaDB (10.6 and later)
+/// and MySQL (8.0.1 and later) have `SKIP LOCKED`.
+#[derive(Clone, Debug)]
 pub struct MySqlOutboxDialect {
     store: MySqlStore,
-}
-
-impl fmt::Debug for MySqlOutboxDialect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MySqlOutboxDialect")
-            .field("store", &self.store)
-            .finish()
-    }
 }
 
 impl MySqlStore {
@@ -329,18 +303,7 @@ impl OutboxDialect for MySqlOutboxDialect {
             .fetch_all(self.store.pool())
             .await
             .map_err(backend)?;
-        let mut counts = StateCounts::default();
-        for row in &rows {
-            counts.now_ms = row.try_get("now_ms").map_err(backend)?;
-            if let Some(state) = row.try_get::<Option<String>, _>("state").map_err(backend)? {
-                counts.states.push(StateCount {
-                    state,
-                    rows: row.try_get("n").map_err(backend)?,
-                    oldest: row.try_get("oldest").map_err(backend)?,
-                });
-            }
-        }
-        Ok(counts)
+        decode_state_counts(&rows, backend)
     }
 
     async fn list(

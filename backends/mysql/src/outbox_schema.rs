@@ -49,24 +49,10 @@ CREATE TABLE IF NOT EXISTS {keys} (
 /// The outbox tables' schema version this build creates and understands.
 pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// The columns of the version 1 outbox table: a table of the outbox's name without them is
-/// not the store's, and is refused rather than adopted.
-const V1_COLUMNS: [&str; 14] = [
-    "id",
-    "destination",
-    "message_id",
-    "headers",
-    "payload",
-    "ordering_key",
-    "written_at",
-    "due_at",
-    "attempts",
-    "state",
-    "holder",
-    "held_until",
-    "sent_at",
-    "last_error",
-];
+/// The columns of the version 1 outbox table besides the decoded ones
+/// ([`ROW_COLUMNS`](dedup_sql::outbox::ROW_COLUMNS)): a table of the outbox's name without
+/// them all is not the store's, and is refused rather than adopted.
+const V1_HOLD_COLUMNS: [&str; 2] = ["holder", "held_until"];
 
 /// The name of the table of `outbox`'s ordering keys: `<outbox>_keys`, or, when that is
 /// over MySQL's 64 characters, the outbox name cut to 42 bytes, `_`, a 16-digit hash of the
@@ -190,8 +176,9 @@ async fn unrecorded_version(conn: &mut MySqlConnection, table: &str) -> Result<i
     .fetch_all(&mut *conn)
     .await
     .map_err(backend)?;
-    if let Some(missing) = V1_COLUMNS
+    if let Some(missing) = dedup_sql::outbox::ROW_COLUMNS
         .iter()
+        .chain(&V1_HOLD_COLUMNS)
         .find(|c| !columns.is_empty() && !columns.iter().any(|have| have.eq_ignore_ascii_case(c)))
     {
         return Err(Error::invalid(

@@ -2,14 +2,15 @@
 //! [`SqlOutbox`] engine over [`PostgresOutboxDialect`] (PostgreSQL's statements, each
 //! operation one statement, and `NOTIFY` / `LISTEN` wake-ups).
 
-use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{Error, LeaseToken, Result, duration_millis};
-use dedup_sql::outbox::{OutboxDialect, SqlOutbox, StateCount, StateCounts, Taken, decode_row};
+use dedup_sql::outbox::{
+    OutboxDialect, SqlOutbox, StateCounts, Taken, decode_row, decode_state_counts,
+};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use sqlx::postgres::{PgListener, PgRow};
@@ -24,39 +25,21 @@ use crate::schema::fnv1a;
 use crate::statements::retention_param;
 use crate::store::PostgresStore;
 
-/// The transactional outbox of a [`PostgresStore`], in its own table in the store's schema
-/// ([`PostgresConfig::outbox_table`](crate::PostgresConfig::outbox_table), by default
-/// `dedup_inbox_outbox`), created and migrated by [`PostgresStore::migrate`] with the
-/// records table.
-///
-/// Get it with [`PostgresStore::outbox`]; it shares the store's pool, configuration and
-/// clock. Cheap to clone.
-///
-/// Producers write with [`enqueue`](SqlOutbox::enqueue) inside their own transaction
-/// (`&mut *tx` of a `sqlx::Transaction<'_, Postgres>`); a
-/// [`Relay`](dedup_core::outbox::Relay) publishes through its
-/// [`OutboxStore`](dedup_core::outbox::OutboxStore) implementation, woken by
-/// [`wakeups`](dedup_core::outbox::OutboxStore::wakeups) (`LISTEN` on the table's
-/// [`channel`](PostgresOutboxDialect::channel)) as soon as a producer commits. What
-/// `enqueue` costs and how it keeps ordering keys in commit order is in
-/// [`PostgresOutboxDialect`]'s docs.
+/// The transactional outbox of a [`PostgresStore`] ([`PostgresStore::outbox`]), in its own
+/// table in the store's schema
+/// ([`PostgresConfig::outbox_table`](crate::PostgresConfig::outbox_table)), migrated with
+/// the records table; relays are woken by `LISTEN` on the table's
+/// [`channel`](PostgresOutboxDialect::channel). See [`SqlOutbox`] for `enqueue` and the
+/// contract, [`PostgresOutboxDialect`] for what each operation costs here.
 pub type PostgresOutbox = SqlOutbox<PostgresOutboxDialect>;
 
-/// PostgreSQL's outbox statements for [`SqlOutbox`] (see [`PostgresOutbox`]).
+/// PostgreSQL's outbox statements for [`SqlOutbox`] (see [`PostgresOutbox`]); each
+/// operation is one statement.
 ///
-/// **Enqueue.** One statement (`INSERT ... ON CONFLICT (message_id) DO NOTHING` over
-/// arrays of the messages' columns), plus one that takes the ordering keys' locks when a
-/// message has one.
-///
-/// **Ordering keys.** Row ids come from a sequence when a row is inserted, but rows become
-/// visible when their transaction commits; two transactions writing the same key could
-/// commit in the other order than their ids, and a relay, which publishes a key's rows by
-/// id and a row only once no earlier row of its key is pending, could then publish the
-/// later row first (the earlier was not yet visible). So, before inserting, `enqueue`
-/// takes a transaction-scoped advisory lock per ordering key (`pg_advisory_xact_lock` on a
-/// hash of the table and key, in sorted order): a second transaction writing the same key
-/// waits until the first commits or rolls back, and per key, id order is commit order.
-/// Keep such transactions short; messages without a key take no lock.
+/// **Enqueue.** `INSERT ... ON CONFLICT (message_id) DO NOTHING` over arrays of the
+/// messages' columns; before it, when a message has an ordering key, the keys' locks:
+/// `pg_advisory_xact_lock` on a hash of the table and key, in sorted order, held until the
+/// caller's transaction ends (see [`SqlOutbox::enqueue`] for why).
 ///
 /// **Wake-ups.** When a row was new, the statement also runs `pg_notify` on
 /// [`channel`](Self::channel), which PostgreSQL delivers when the transaction commits (and
@@ -69,19 +52,9 @@ pub type PostgresOutbox = SqlOutbox<PostgresOutboxDialect>;
 /// notification was skipped is taken by the relay's next look: relays look again
 /// [`RelayConfig::linger`](dedup_core::outbox::RelayConfig::linger) after a round that took
 /// rows, else at their poll interval.
-///
-/// Times are the store's "now" (the server's clock unless one is injected).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct PostgresOutboxDialect {
     store: PostgresStore,
-}
-
-impl fmt::Debug for PostgresOutboxDialect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresOutboxDialect")
-            .field("store", &self.store)
-            .finish()
-    }
 }
 
 impl PostgresStore {
@@ -275,18 +248,7 @@ impl OutboxDialect for PostgresOutboxDialect {
             .fetch_all(self.store.pool())
             .await
             .map_err(backend)?;
-        let mut counts = StateCounts::default();
-        for row in &rows {
-            counts.now_ms = row.try_get("now_ms").map_err(backend)?;
-            if let Some(state) = row.try_get::<Option<String>, _>("state").map_err(backend)? {
-                counts.states.push(StateCount {
-                    state,
-                    rows: row.try_get("n").map_err(backend)?,
-                    oldest: row.try_get("oldest").map_err(backend)?,
-                });
-            }
-        }
-        Ok(counts)
+        decode_state_counts(&rows, backend)
     }
 
     async fn list(

@@ -16,7 +16,7 @@ use dedup_core::Result;
 use dedup_core::outbox::OutboxMessage;
 
 pub use dialect::{OutboxDialect, StateCount, StateCounts, Taken};
-pub use row::{ROW_COLUMNS, decode_headers, decode_row, sql_limit};
+pub use row::{ROW_COLUMNS, decode_headers, decode_row, decode_state_counts, sql_limit};
 
 /// A transactional outbox table over dialect `D` (see the [module](self) docs). Cheap to
 /// clone when `D` is.
@@ -63,8 +63,17 @@ impl<D: OutboxDialect> SqlOutbox<D> {
     /// to its business rows: relays see them when it commits, and never if it rolls back.
     /// Returns how many rows were new: a message whose id is already in the outbox (in any
     /// state, until purged) writes nothing. Each message is due after its delay from the
-    /// store's "now". How the backend keeps each ordering key's rows in commit order is in
-    /// its `enqueue` docs.
+    /// store's "now".
+    ///
+    /// **Ordering keys.** Row ids are given when a row is inserted, but rows become visible
+    /// when their transaction commits; two transactions writing the same key could commit
+    /// in the other order than their ids, and a relay, which publishes a key's rows by id
+    /// and a row only once no earlier row of its key is pending, could then publish the
+    /// later row first (the earlier was not yet visible). So the dialect's insert first
+    /// locks each ordering key (in sorted order) until the caller's transaction ends: a
+    /// second transaction writing the same key waits until the first commits or rolls
+    /// back, and per key, id order is commit order. Keep such transactions short; messages
+    /// without a key take no lock. How each backend locks is in its dialect's docs.
     pub async fn enqueue(&self, conn: &mut D::Conn, messages: &[OutboxMessage]) -> Result<u64> {
         if messages.is_empty() {
             return Ok(0);

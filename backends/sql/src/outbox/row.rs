@@ -2,6 +2,8 @@
 //! same column names) and the headers' JSON text.
 
 use dedup_core::backend::outbox::RawOutboxRow;
+
+use super::dialect::{StateCount, StateCounts};
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{Error, Result};
 use sqlx::{ColumnIndex, Database, Decode, Row, Type};
@@ -56,6 +58,29 @@ where
         sent_at: row.try_get("sent_at").map_err(map)?,
         last_error: row.try_get("last_error").map_err(map)?,
     })
+}
+
+/// The counts of a counting statement whose rows have `now_ms` and, per state with rows,
+/// `state`, `n` and `oldest` (a single row with `state` NULL when the table is empty).
+pub fn decode_state_counts<R>(rows: &[R], map: fn(sqlx::Error) -> Error) -> Result<StateCounts>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let mut counts = StateCounts::default();
+    for row in rows {
+        counts.now_ms = row.try_get("now_ms").map_err(map)?;
+        if let Some(state) = row.try_get::<Option<String>, _>("state").map_err(map)? {
+            counts.states.push(StateCount {
+                state,
+                rows: row.try_get("n").map_err(map)?,
+                oldest: row.try_get("oldest").map_err(map)?,
+            });
+        }
+    }
+    Ok(counts)
 }
 
 /// The headers of row `id` from their stored JSON text (`[[name, value], ...]`).
