@@ -124,7 +124,7 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// The transactional outbox of an SQL store (sqlite:, postgres://).
+    /// The transactional outbox of an SQL store (sqlite:, postgres://, mysql://).
     Outbox {
         #[command(subcommand)]
         command: OutboxCommand,
