@@ -59,9 +59,10 @@ const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS dedup_schema_versions (\n
 const LOCK_WAIT_SECONDS: i64 = 60;
 
 /// Create or upgrade the store's table (then the outbox's) under a named lock per database
-/// (`GET_LOCK`), so concurrent migrators take turns. The [`MIGRATIONS`] after the table's recorded version
-/// run in order; a table without a version row is adopted as version 1 when it has the
-/// columns; a newer one is refused with [`Error::SchemaTooNew`] and nothing changes.
+/// (`GET_LOCK`), so concurrent migrators take turns. The [`MIGRATIONS`] after the table's
+/// recorded version run in order; a table without a version row is adopted as version 1
+/// when it has the columns; a newer one is refused with [`Error::SchemaTooNew`] and nothing
+/// changes.
 pub(crate) async fn migrate(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> {
     config.validate()?;
     dedup_sql::migrate::migrate(&Inbox { pool, config }).await
