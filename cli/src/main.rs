@@ -128,7 +128,7 @@ enum Command {
     /// Serve the operator's console (a web page: failures grouped, stuck leases, the
     /// outbox backlog, and forget / release / retry / purge when writes are allowed).
     Console {
-        /// The outbox to show too (an SQL store's URL: sqlite:, postgres://).
+        /// The outbox to show too (an SQL store's URL: sqlite:, postgres://, mysql://).
         #[arg(long, value_name = "URL")]
         outbox: Option<String>,
         /// Where to listen. Beyond loopback, viewing needs the token too.
@@ -145,7 +145,7 @@ enum Command {
         #[arg(long, default_value = "5m", value_name = "DURATION")]
         stuck_after: String,
     },
-    /// The transactional outbox of an SQL store (sqlite:, postgres://).
+    /// The transactional outbox of an SQL store (sqlite:, postgres://, mysql://).
     Outbox {
         #[command(subcommand)]
         command: OutboxCommand,

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dedup_conformance::server_url;
 use dedup_core::{Claim, ClaimOptions, Clock, DedupStore, Key, Lease, ManualClock, SystemClock};
+use dedup_mysql::{MySqlConfig, MySqlStore};
 use dedup_postgres::{PostgresConfig, PostgresStore};
 use dedup_redis::{RedisConfig, RedisStore};
 use dedup_sqlite::{SqliteConfig, SqliteStore};
@@ -21,6 +22,7 @@ use serde_json::Value;
 enum Backend {
     Sqlite,
     Postgres,
+    MySql,
     Redis,
     RedisCluster,
 }
@@ -64,6 +66,23 @@ impl Target {
         let name = unique("cli");
         Some(Target {
             backend: Backend::Postgres,
+            args: vec![
+                "--store".into(),
+                url.clone(),
+                "--table".into(),
+                name.clone(),
+            ],
+            url,
+            name,
+            _dir: None,
+        })
+    }
+
+    fn mysql() -> Option<Self> {
+        let url = server_url("DEDUP_MYSQL_URL")?;
+        let name = unique("cli");
+        Some(Target {
+            backend: Backend::MySql,
             args: vec![
                 "--store".into(),
                 url.clone(),
@@ -123,6 +142,19 @@ impl Target {
                 )
                 .await
                 .expect("connect postgres"),
+            ),
+            Backend::MySql => Arc::new(
+                MySqlStore::connect_with(
+                    &self.url,
+                    MySqlConfig {
+                        table: self.name.clone(),
+                        clock,
+                        max_connections: 2,
+                        ..MySqlConfig::default()
+                    },
+                )
+                .await
+                .expect("connect mysql"),
             ),
             Backend::Redis | Backend::RedisCluster => {
                 let config = RedisConfig {
@@ -827,6 +859,27 @@ async fn outbox_on(
             tx.commit().await.expect("commit");
             Arc::new(store.outbox())
         }
+        Backend::MySql => {
+            let store = MySqlStore::connect_with(
+                &t.url,
+                MySqlConfig {
+                    table: t.name.clone(),
+                    clock,
+                    max_connections: 2,
+                    ..MySqlConfig::default()
+                },
+            )
+            .await
+            .expect("connect mysql");
+            let mut tx = store.pool().begin().await.expect("begin");
+            store
+                .outbox()
+                .enqueue(&mut tx, messages)
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+            Arc::new(store.outbox())
+        }
         _ => unreachable!("the outbox lives in SQL stores"),
     }
 }
@@ -924,6 +977,14 @@ async fn cli_outbox_on_postgres() {
     match Target::postgres() {
         Some(t) => outbox_scenario(t).await,
         None => eprintln!("SKIPPED cli_outbox_on_postgres: DEDUP_POSTGRES_URL is not set"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_outbox_on_mysql() {
+    match Target::mysql() {
+        Some(t) => outbox_scenario(t).await,
+        None => eprintln!("SKIPPED cli_outbox_on_mysql: DEDUP_MYSQL_URL is not set"),
     }
 }
 

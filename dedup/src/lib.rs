@@ -28,7 +28,7 @@ pub use dedup_postgres::{PostgresConfig, PostgresOutbox, PostgresStore};
 #[cfg(feature = "mysql")]
 pub use dedup_mysql as mysql;
 #[cfg(feature = "mysql")]
-pub use dedup_mysql::{MySqlConfig, MySqlStore};
+pub use dedup_mysql::{MySqlConfig, MySqlOutbox, MySqlStore};
 
 /// The Redis backend (`dedup-redis`), with the `redis` feature.
 #[cfg(feature = "redis")]

@@ -10,6 +10,7 @@ pub mod chaos;
 pub mod exit;
 #[cfg(all(
     feature = "postgres",
+    feature = "mysql",
     feature = "rabbitmq",
     feature = "http",
     feature = "sqlite",

@@ -1,31 +1,17 @@
 //! The outbox story against real PostgreSQL and RabbitMQ: once on the servers the test
-//! script started, and once under chaos (worker processes SIGKILLed at every step, private
+//! script started, once on its MariaDB (`--store mysql://...`), and once under chaos (worker processes SIGKILLed at every step, private
 //! PostgreSQL and RabbitMQ crash-restarted mid-run).
 
 mod support;
 
 use support::{json_lines, run_example};
 
-#[test]
-fn every_order_gives_one_invoice_and_one_email() {
-    let (Some(pg), Some(amqp)) = (
-        dedup_conformance::server_url("DEDUP_POSTGRES_URL"),
-        dedup_conformance::server_url("DEDUP_AMQP_URL"),
-    ) else {
-        eprintln!("SKIPPED: DEDUP_POSTGRES_URL or DEDUP_AMQP_URL not set");
-        return;
-    };
+/// Runs the story on the store at `store` and checks every order got one invoice and one
+/// e-mail.
+fn one_invoice_and_one_email_per_order(store: &str, amqp: &str) {
     let out = run_example(
         "outbox",
-        &[
-            "--postgres",
-            &pg,
-            "--amqp",
-            &amqp,
-            "--orders",
-            "40",
-            "--json",
-        ],
+        &["--store", store, "--amqp", amqp, "--orders", "40", "--json"],
     );
     let r = &json_lines(&out)[0];
     assert_eq!(r["orders"], 40, "{out}");
@@ -45,6 +31,30 @@ fn every_order_gives_one_invoice_and_one_email() {
         "{out}"
     );
     assert_eq!(r["unsent"], 0, "the outbox is drained: {out}");
+}
+
+#[test]
+fn every_order_gives_one_invoice_and_one_email() {
+    let (Some(pg), Some(amqp)) = (
+        dedup_conformance::server_url("DEDUP_POSTGRES_URL"),
+        dedup_conformance::server_url("DEDUP_AMQP_URL"),
+    ) else {
+        eprintln!("SKIPPED: DEDUP_POSTGRES_URL or DEDUP_AMQP_URL not set");
+        return;
+    };
+    one_invoice_and_one_email_per_order(&pg, &amqp);
+}
+
+#[test]
+fn on_mysql_every_order_gives_one_invoice_and_one_email() {
+    let (Some(mysql), Some(amqp)) = (
+        dedup_conformance::server_url("DEDUP_MYSQL_URL"),
+        dedup_conformance::server_url("DEDUP_AMQP_URL"),
+    ) else {
+        eprintln!("SKIPPED: DEDUP_MYSQL_URL or DEDUP_AMQP_URL not set");
+        return;
+    };
+    one_invoice_and_one_email_per_order(&mysql, &amqp);
 }
 
 #[test]

@@ -6,6 +6,9 @@ use std::time::Duration;
 use dedup_core::backend::names::sql_identifier;
 use dedup_core::{Clock, Error, Result, TlsFiles};
 
+/// The table recording each store table's schema version, one per database.
+pub const VERSIONS_TABLE: &str = "dedup_schema_versions";
+
 /// How a [`MySqlStore`](crate::MySqlStore) is set up.
 ///
 /// Build it with struct-update syntax so new fields keep your code compiling:
@@ -51,6 +54,13 @@ pub struct MySqlConfig {
     /// check it, writing nothing: a missing or older table is [`Error::SchemaNotMigrated`],
     /// a newer one [`Error::SchemaTooNew`].
     pub migrate: bool,
+    /// The outbox's table ([`MySqlStore::outbox`](crate::MySqlStore::outbox)), in the
+    /// connection's database, created and migrated with the records table by
+    /// [`migrate`](crate::MySqlStore::migrate). `None` (the default): the records table's
+    /// name plus `_outbox` (`dedup_inbox_outbox`; see
+    /// [`names::outbox_table`](dedup_core::backend::names::outbox_table)). Same rules as
+    /// `table`, and not the same name.
+    pub outbox_table: Option<String>,
 }
 
 impl Default for MySqlConfig {
@@ -63,6 +73,7 @@ impl Default for MySqlConfig {
             connect_timeout: Duration::from_secs(5),
             tls: TlsFiles::default(),
             migrate: true,
+            outbox_table: None,
         }
     }
 }
@@ -72,6 +83,15 @@ impl MySqlConfig {
     /// TLS files.
     pub fn validate(&self) -> Result<()> {
         sql_identifier("table", &self.table)?;
+        if let Some(outbox) = &self.outbox_table {
+            sql_identifier("outbox table", outbox)?;
+            if outbox == &self.table || outbox == VERSIONS_TABLE {
+                return Err(Error::invalid(
+                    "outbox table",
+                    format!("{outbox:?} is one of the store's other tables"),
+                ));
+            }
+        }
         if self.connect_timeout.is_zero() {
             return Err(Error::invalid("connect_timeout", "must not be zero"));
         }
@@ -96,5 +116,13 @@ impl MySqlConfig {
     /// `` `table` ``, ready to splice into SQL (call [`validate`](Self::validate) first).
     pub(crate) fn quoted_table(&self) -> String {
         format!("`{}`", self.table)
+    }
+
+    /// The outbox's table name: [`outbox_table`](Self::outbox_table), or the name derived
+    /// from [`table`](Self::table).
+    pub fn outbox_table_name(&self) -> String {
+        self.outbox_table
+            .clone()
+            .unwrap_or_else(|| dedup_core::backend::names::outbox_table(&self.table))
     }
 }

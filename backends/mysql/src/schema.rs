@@ -1,7 +1,8 @@
 //! The schema: one table and one index for purge, as an append-only list of versioned
 //! migrations applied in order under a named lock per database, each table's version
 //! recorded beside it in `dedup_schema_versions`. The runner and the version decision are
-//! [`dedup_sql::migrate`]'s; this file supplies MySQL's lock, versions table and DDL.
+//! [`dedup_sql::migrate`]'s; this file supplies MySQL's lock, versions table and DDL. The
+//! outbox's tables (`outbox_schema`) migrate in the same run, under the same lock.
 //!
 //! MySQL commits DDL implicitly (it cannot be rolled back), so the migrations are not one
 //! transaction as on PostgreSQL: each is idempotent (`IF NOT EXISTS`), and the version row
@@ -13,7 +14,7 @@ use dedup_sql::migrate::Migrations;
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool};
 
-use crate::config::MySqlConfig;
+use crate::config::{MySqlConfig, VERSIONS_TABLE};
 use crate::error::backend;
 
 /// Migration `n` (1-based) brings a table from version `n - 1` to `n`; a missing table is
@@ -49,9 +50,6 @@ fn render(migration: &str, config: &MySqlConfig) -> String {
     migration.replace("{table}", &config.quoted_table())
 }
 
-/// The table recording each store table's schema version, one per database.
-pub const VERSIONS_TABLE: &str = "dedup_schema_versions";
-
 /// The DDL of the versions table (idempotent).
 const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS dedup_schema_versions (\n    \
      table_name VARCHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,\n    \
@@ -60,10 +58,11 @@ const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS dedup_schema_versions (\n
 /// Seconds a migrator waits for another node's migration of the same database.
 const LOCK_WAIT_SECONDS: i64 = 60;
 
-/// Create or upgrade the store's table under a named lock per database (`GET_LOCK`), so
-/// concurrent migrators take turns. The [`MIGRATIONS`] after the table's recorded version
-/// run in order; a table without a version row is adopted as version 1 when it has the
-/// columns; a newer one is refused with [`Error::SchemaTooNew`] and nothing changes.
+/// Create or upgrade the store's table (then the outbox's) under a named lock per database
+/// (`GET_LOCK`), so concurrent migrators take turns. The [`MIGRATIONS`] after the table's
+/// recorded version run in order; a table without a version row is adopted as version 1
+/// when it has the columns; a newer one is refused with [`Error::SchemaTooNew`] and nothing
+/// changes.
 pub(crate) async fn migrate(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> {
     config.validate()?;
     dedup_sql::migrate::migrate(&Inbox { pool, config }).await
@@ -245,6 +244,11 @@ impl Migrations for Inbox<'_> {
         .await
         .map_err(backend)?;
         Ok(())
+    }
+
+    /// One entry point for both tables: the outbox's, under the same lock.
+    async fn after(&self, conn: &mut MySqlConnection) -> Result<()> {
+        crate::outbox_schema::migrate_in(conn, self.config).await
     }
 
     async fn unlock(&self, mut locked: Locked, result: Result<()>) -> Result<()> {

@@ -12,6 +12,7 @@ use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
 
 use crate::config::MySqlConfig;
 use crate::decode::{Stored, decode_stored, key_of};
+use crate::outbox_table::OutboxTable;
 use crate::statements::Statements;
 
 mod fast;
@@ -41,6 +42,8 @@ struct Inner {
     sql: Statements,
     /// Whether the server is MariaDB (not MySQL), once asked.
     mariadb: OnceLock<bool>,
+    /// The outbox's tables ([`MySqlStore::outbox`]).
+    outbox: OutboxTable,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -88,6 +91,7 @@ impl MySqlStore {
             inner: Arc::new(Inner {
                 pool,
                 sql: Statements::new(&table),
+                outbox: OutboxTable::new(&config),
                 table,
                 config,
                 mariadb: OnceLock::new(),
@@ -95,10 +99,13 @@ impl MySqlStore {
         })
     }
 
-    /// Create the table and index when missing, or upgrade them. Idempotent, and safe to
-    /// run from many nodes at once (they take turns under a named lock).
+    /// Create the records and outbox tables and their indexes when missing, or upgrade
+    /// them. Idempotent, and safe to run from many nodes at once (they take turns under a
+    /// named lock).
     pub async fn migrate(&self) -> Result<()> {
-        crate::schema::migrate(&self.inner.pool, &self.inner.config).await
+        crate::schema::migrate(&self.inner.pool, &self.inner.config).await?;
+        self.inner.outbox.migrated();
+        Ok(())
     }
 
     /// The connection pool.
@@ -114,6 +121,10 @@ impl MySqlStore {
     /// The `` `table` `` this store uses, quoted.
     pub fn table(&self) -> &str {
         &self.inner.table
+    }
+
+    pub(crate) fn outbox_table(&self) -> &OutboxTable {
+        &self.inner.outbox
     }
 
     pub(crate) fn statements(&self) -> &Statements {

@@ -33,6 +33,13 @@ use crate::error::Backend;
 /// The attempt-counting claim is the store's own lease-mode claim, which waits for its
 /// log flush: [`durable_claims`](dedup_sql::TxInbox::durable_claims) is always `true`.
 ///
+/// Messages the handler sends go through the store's outbox in the same transaction, with
+/// ids derived from the incoming key so a re-run writes the same ones:
+/// `store.outbox().enqueue(conn, &[ConsumerOutbox::new(lease).message("/invoices", payload)?])`
+/// (see [`MySqlOutbox`](crate::MySqlOutbox) and
+/// [`ConsumerOutbox`](dedup_core::outbox::ConsumerOutbox)); a relay publishes them after
+/// the commit.
+///
 /// ```no_run
 /// # async fn demo(store: dedup_mysql::MySqlStore) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// use dedup_core::{Handled, Key};

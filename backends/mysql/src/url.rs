@@ -1,6 +1,6 @@
 //! `mysql://` and `mariadb://` URLs: [`DESCRIPTOR`] parses them into a [`MySqlTarget`]
 //! (dedup's own parameters into [`MySqlConfig`], the driver's passed through), which opens
-//! the store.
+//! the store (or its outbox).
 
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use dedup_core::backend::url::{
     BackendDescriptor, OpenTarget, Params, StoreTarget, UrlError, UrlParts, boolean, count,
     duration, env_url, invalid, redact, tls_available, with_query,
 };
+use dedup_core::outbox::OutboxStore;
 use dedup_core::{Admin, Clock, Result};
 
 use crate::{MySqlConfig, MySqlStore};
@@ -24,7 +25,7 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
     ],
     parse,
     has_schema: true,
-    has_outbox: false,
+    has_outbox: true,
     test_urls: || env_url("DEDUP_MYSQL_URL").into_iter().collect(),
 };
 
@@ -150,6 +151,11 @@ impl OpenTarget for MySqlTarget {
         Ok(Arc::new(
             MySqlStore::connect_with(&self.url, self.config).await?,
         ))
+    }
+
+    async fn open_outbox(self: Box<Self>) -> Result<Arc<dyn OutboxStore>> {
+        let store = MySqlStore::connect_with(&self.url, self.config).await?;
+        Ok(Arc::new(store.outbox()))
     }
 }
 

@@ -8,29 +8,16 @@ use sqlx::SqlStr;
 
 use crate::statements::{NOW_MS, sql};
 
-/// The columns [`crate::outbox`] decodes, qualified by `alias`.
+/// The outbox row columns the dialect decodes, qualified by `alias`.
 fn row(alias: &str) -> String {
-    [
-        "id",
-        "destination",
-        "message_id",
-        "headers",
-        "payload",
-        "ordering_key",
-        "written_at",
-        "attempts",
-        "state",
-        "due_at",
-        "sent_at",
-        "last_error",
-    ]
-    .iter()
-    .map(|c| match *c {
-        "headers" => format!("{alias}headers::text AS headers"),
-        _ => format!("{alias}{c} AS {c}"),
-    })
-    .collect::<Vec<_>>()
-    .join(", ")
+    dedup_sql::outbox::ROW_COLUMNS
+        .iter()
+        .map(|c| match *c {
+            "headers" => format!("{alias}headers::text AS headers"),
+            _ => format!("{alias}{c} AS {c}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The outbox statements of one store.

@@ -9,11 +9,8 @@ use dedup_sql::migrate::Migrations;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Transaction};
 
 use crate::config::PostgresConfig;
-use crate::ddl::{VERSIONS_TABLE, execute, recorded_version_of, render_table, versions_ddl};
+use crate::ddl::{VERSIONS_TABLE, execute, fnv1a, recorded_version_of, render_table, versions_ddl};
 use crate::error::backend;
-
-/// The stable hash, also for the outbox's relay lock keys (`outbox.rs` reads it here).
-pub(crate) use crate::ddl::fnv1a;
 
 /// The advisory lock key that serialises migrations of one schema across nodes.
 fn lock_key(schema: &str) -> i64 {

@@ -12,7 +12,7 @@ use sqlx::{PgPool, SqlStr};
 use crate::config::PostgresConfig;
 use crate::error::backend;
 use crate::group::Grouper;
-use crate::outbox::OutboxTable;
+use crate::outbox_table::OutboxTable;
 use crate::statements::Statements;
 
 mod claim_commit;

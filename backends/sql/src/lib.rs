@@ -4,6 +4,7 @@ pub mod admin;
 pub mod connect;
 pub mod error;
 pub mod migrate;
+pub mod outbox;
 pub mod purge;
 pub mod tx_inbox;
 

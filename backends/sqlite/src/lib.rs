@@ -9,6 +9,7 @@ mod error;
 mod outbox;
 mod outbox_schema;
 mod outbox_statements;
+mod outbox_table;
 mod purge;
 mod schema;
 mod statements;

@@ -11,7 +11,6 @@
 //! connection.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -26,41 +25,8 @@ use dedup_core::{
 use rusqlite::{Connection, Row, params};
 
 use crate::error::{BACKEND, backend};
-use crate::outbox_schema;
-use crate::outbox_statements::OutboxStatements;
 use crate::store::SqliteStore;
 use crate::writes::in_transaction;
-
-/// The outbox's table as the store knows it: its name, its statements, and whether its
-/// schema is known to be current.
-pub(crate) struct OutboxTable {
-    pub(crate) table: String,
-    pub(crate) sql: OutboxStatements,
-    /// Set once the table was migrated (at open) or checked (on first use, for a store
-    /// opened without migrating).
-    ready: AtomicBool,
-}
-
-impl OutboxTable {
-    pub(crate) fn new(table: String, migrated: bool) -> Self {
-        OutboxTable {
-            sql: OutboxStatements::new(&table),
-            table,
-            ready: AtomicBool::new(migrated),
-        }
-    }
-
-    /// For a store opened without migrating: check the outbox table's version once, before
-    /// its first use ([`Error::SchemaNotMigrated`] until `dedup migrate` ran).
-    fn ensure(&self, conn: &Connection) -> Result<()> {
-        if self.ready.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        outbox_schema::check(conn, &self.table)?;
-        self.ready.store(true, Ordering::Release);
-        Ok(())
-    }
-}
 
 /// The transactional outbox in a [`SqliteStore`]'s database file, in its own table
 /// ([`SqliteConfig::outbox_table`](crate::SqliteConfig::outbox_table), by default

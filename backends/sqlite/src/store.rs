@@ -23,7 +23,7 @@ use crate::config::SqliteConfig;
 use crate::connect::{ConnectionSettings, Location, Pool, Wait, retry_busy};
 use crate::decode;
 use crate::error::backend;
-use crate::outbox::OutboxTable;
+use crate::outbox_table::OutboxTable;
 use crate::statements::Statements;
 use crate::writes::{WriteOp, WriteQueue};
 use crate::{outbox_schema, schema};

@@ -1,7 +1,8 @@
 //! The outbox rows (`--only outbox`), on the servers the environment names:
 //!
-//! - `outbox_enqueue_vs_insert_alone` (PostgreSQL, SQLite): one business row plus one
-//!   `enqueue` in one transaction, against the business row alone;
+//! - `outbox_enqueue_vs_insert_alone` (PostgreSQL, SQLite, and MySQL / MariaDB in
+//!   `outbox_mysql.rs`): one business row plus one `enqueue` in one transaction, against
+//!   the business row alone;
 //! - `relay_vs_raw_publish` (PostgreSQL + RabbitMQ): a [`Relay`] with a
 //!   [`RabbitPublisher`] (batches of 100) publishing pre-enqueued rows until the outbox is
 //!   empty, against the same messages published raw through the same lapin client on a
@@ -68,6 +69,8 @@ pub(crate) struct Servers {
     pub(crate) postgres: Option<String>,
     /// `DEDUP_AMQP_URL`.
     pub(crate) amqp: Option<String>,
+    /// `DEDUP_MYSQL_URL` (read with the `mysql` feature).
+    pub(crate) mysql: Option<String>,
 }
 
 /// Every outbox row: SQLite always, PostgreSQL (and RabbitMQ) when named.
@@ -76,6 +79,14 @@ pub(crate) async fn run(params: &Params, servers: &Servers) -> Result<Vec<Row>> 
     let mut rows = Vec::new();
     eprintln!("outbox: sqlite enqueue...");
     rows.extend(sqlite_enqueue(params, &names).await?);
+    #[cfg(feature = "mysql")]
+    match &servers.mysql {
+        Some(url) => {
+            eprintln!("outbox: mysql enqueue...");
+            rows.extend(super::outbox_mysql::mysql_enqueue(params, url, &names).await?);
+        }
+        None => eprintln!("outbox: DEDUP_MYSQL_URL not set: no MySQL rows"),
+    }
     let Some(postgres) = &servers.postgres else {
         eprintln!("outbox: DEDUP_POSTGRES_URL not set: no PostgreSQL rows");
         return Ok(rows);
@@ -154,7 +165,7 @@ async fn postgres_settings(pool: &PgPool) -> Result<String> {
 }
 
 /// The message a bench producer writes.
-fn message(destination: &str, id: String) -> Result<OutboxMessage> {
+pub(super) fn message(destination: &str, id: String) -> Result<OutboxMessage> {
     Ok(OutboxMessage::new(
         destination,
         id,
@@ -282,7 +293,13 @@ async fn pg_enqueue(params: &Params, pg: &Pg) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn enqueue_row(backend: &'static str, c: usize, n: usize, runs: &[Run], setup: &str) -> Row {
+pub(super) fn enqueue_row(
+    backend: &'static str,
+    c: usize,
+    n: usize,
+    runs: &[Run],
+    setup: &str,
+) -> Row {
     let (with, alone) = (&runs[0], &runs[1]);
     let mut details = Map::new();
     details.insert("library_msgs_per_s".into(), json!(with.throughput(n)));

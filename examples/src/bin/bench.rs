@@ -371,6 +371,7 @@ async fn run_group(
             let servers = bench::outbox::Servers {
                 postgres: env_url("DEDUP_POSTGRES_URL"),
                 amqp: env_url("DEDUP_AMQP_URL"),
+                mysql: env_url("DEDUP_MYSQL_URL"),
             };
             Some((bench::outbox::run(params, &servers).await?, Vec::new()))
         }

@@ -1,4 +1,4 @@
-//! The inbox and the outbox together, on PostgreSQL and RabbitMQ: an orders API writes each
+//! The inbox and the outbox together, on PostgreSQL or MySQL / MariaDB and RabbitMQ: an orders API writes each
 //! order and its `OrderPlaced` in one transaction; relays publish the outbox; billing
 //! consumes with `TxInbox` and writes the invoice and `InvoiceCreated` in its transaction;
 //! mail consumes with the lease-mode `Inbox` and sends one e-mail per invoice. Prints
@@ -7,7 +7,10 @@
 //! ```sh
 //! eval "$(scripts/services.sh env)"   # after scripts/services.sh start postgres rabbitmq
 //! cargo run --release -p dedup-examples --features full --bin outbox -- \
-//!     --postgres "$DEDUP_POSTGRES_URL" --amqp "$DEDUP_AMQP_URL"
+//!     --store "$DEDUP_POSTGRES_URL" --amqp "$DEDUP_AMQP_URL"
+//! # The same on MySQL / MariaDB (scripts/services.sh start mariadb):
+//! cargo run --release -p dedup-examples --features full --bin outbox -- \
+//!     --store "$DEDUP_MYSQL_URL" --amqp "$DEDUP_AMQP_URL"
 //! # The same with every role in its own process, SIGKILLed at every step, and PostgreSQL
 //! # and RabbitMQ crash-restarted mid-run (private servers in a temporary folder):
 //! cargo run --release -p dedup-examples --features full --bin outbox -- --chaos
@@ -30,9 +33,10 @@ use dedup_examples::report::{print_json, print_table};
 struct Cli {
     #[command(subcommand)]
     worker: Option<Internal>,
-    /// PostgreSQL URL (not with --chaos, which starts its own).
-    #[arg(long)]
-    postgres: Option<String>,
+    /// The store: a postgres:// or mysql:// URL (not with --chaos, which starts its own
+    /// PostgreSQL).
+    #[arg(long, alias = "postgres")]
+    store: Option<String>,
     /// RabbitMQ URL (not with --chaos, which starts its own).
     #[arg(long)]
     amqp: Option<String>,
@@ -62,7 +66,7 @@ enum Internal {
         #[arg(long, value_enum)]
         role: Role,
         #[arg(long)]
-        postgres: String,
+        store: String,
         #[arg(long)]
         amqp: String,
         #[arg(long)]
@@ -83,7 +87,7 @@ async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     if let Some(Internal::Worker {
         role,
-        postgres,
+        store,
         amqp,
         run_id,
         run_dir,
@@ -91,7 +95,7 @@ async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
     }) = cli.worker
     {
         let ctx = Ctx {
-            postgres,
+            store,
             amqp,
             names: Names::for_run(&run_id),
         };
@@ -108,7 +112,7 @@ async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
     }
     let config = RunConfig {
         orders: cli.orders,
-        servers: cli.postgres.zip(cli.amqp),
+        servers: cli.store.zip(cli.amqp),
         kill_rate: cli.chaos.then_some(cli.kill_rate),
         timeout: Duration::from_secs(cli.timeout_secs),
     };

@@ -13,26 +13,20 @@ use axum::routing::post;
 use dedup_core::DedupStore;
 use dedup_core::outbox::OutboxMessage;
 use dedup_http::IdempotencyLayer;
-use dedup_postgres::{PostgresOutbox, PostgresStore, sqlx};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{BoxError, Names};
+use super::{BoxError, Db, Names};
 
 #[derive(Clone)]
 struct Api {
-    store: PostgresStore,
-    outbox: PostgresOutbox,
+    db: Db,
     names: Names,
 }
 
 /// Serve the API on `127.0.0.1:0`; returns its address. Runs until the runtime ends.
-pub async fn serve(store: PostgresStore, names: Names) -> Result<SocketAddr, BoxError> {
-    let guard: Arc<dyn DedupStore> = Arc::new(store.clone());
-    let api = Api {
-        outbox: store.outbox(),
-        store,
-        names,
-    };
+pub async fn serve(db: Db, names: Names) -> Result<SocketAddr, BoxError> {
+    let guard: Arc<dyn DedupStore> = db.dedup();
+    let api = Api { db, names };
     let app = Router::new()
         .route("/orders", post(place))
         .layer(IdempotencyLayer::new(guard))
@@ -67,18 +61,7 @@ async fn write(api: &Api, id: &str, item: &str) -> Result<(), BoxError> {
         serde_json::json!({"order_id": id, "item": item}).to_string(),
     )?
     .header("type", "OrderPlaced")?;
-    let mut tx = api.store.pool().begin().await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {}.orders (id, item) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        api.names.schema
-    )))
-    .bind(id)
-    .bind(item)
-    .execute(&mut *tx)
-    .await?;
-    api.outbox.enqueue(&mut tx, &[placed]).await?;
-    tx.commit().await?;
-    Ok(())
+    api.db.place_order(&api.names, id, item, placed).await
 }
 
 /// `POST /orders` with `key` as its `Idempotency-Key`, over a plain HTTP/1.1 connection;

@@ -1,5 +1,5 @@
 //! The whole story of `src/bin/outbox.rs`: an orders API, an outbox relay, a billing
-//! consumer and a mail consumer, on PostgreSQL and RabbitMQ.
+//! consumer and a mail consumer, on PostgreSQL or MySQL / MariaDB ([`db`]) and RabbitMQ.
 //!
 //! 1. `POST /orders` (behind `dedup-http`'s `Idempotency-Key` layer) writes the order and
 //!    its `OrderPlaced` message in one transaction ([`api`]).
@@ -12,10 +12,11 @@
 //!    ([`roles::mail`]).
 //!
 //! [`run`] runs it all; with chaos on, it runs the roles as processes it SIGKILLs at every step, and crash-restarts
-//! PostgreSQL and RabbitMQ under them. [`count`] reads what happened: every order must
-//! have exactly one invoice and one e-mail.
+//! PostgreSQL and RabbitMQ under them. [`Db::count`] reads what happened: every order
+//! must have exactly one invoice and one e-mail.
 
 pub mod api;
+pub mod db;
 pub mod roles;
 pub mod run;
 
@@ -23,16 +24,18 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
-use dedup_postgres::sqlx::{self, PgPool};
-use dedup_postgres::{PostgresConfig, PostgresStore};
 use serde::Serialize;
+
+pub use db::Db;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Where one run keeps everything: a PostgreSQL schema and two RabbitMQ queues of its own.
+/// Where one run keeps everything: a PostgreSQL schema (or, on MySQL / MariaDB, a table
+/// prefix) and two RabbitMQ queues of its own.
 #[derive(Clone, Debug)]
 pub struct Names {
-    /// The schema of the business tables, the inbox and the outbox.
+    /// The schema (PostgreSQL) or table prefix (MySQL) of the business tables, the inbox
+    /// and the outbox.
     pub schema: String,
     /// The queue `OrderPlaced` goes to.
     pub orders_queue: String,
@@ -60,51 +63,11 @@ impl Names {
         self.schema.trim_start_matches("outbox_story_")
     }
 
-    /// The dedup store (inbox and outbox tables) in the run's schema.
-    pub async fn store(&self, url: &str) -> Result<PostgresStore, BoxError> {
-        let config = PostgresConfig {
-            schema: self.schema.clone(),
-            max_connections: 8,
-            ..PostgresConfig::default()
-        };
-        Ok(PostgresStore::connect_with(url, config).await?)
+    /// The dedup store (inbox and outbox tables) and business tables of the run on the
+    /// store at `url` (PostgreSQL: the run's schema; MySQL / MariaDB: its table prefix).
+    pub async fn store(&self, url: &str) -> Result<Db, BoxError> {
+        Db::open(url, self).await
     }
-}
-
-/// Create the run's schema and business tables (idempotent).
-pub async fn prepare(pool: &PgPool, names: &Names) -> Result<(), BoxError> {
-    let s = &names.schema;
-    for statement in [
-        format!("CREATE SCHEMA IF NOT EXISTS {s}"),
-        format!("CREATE TABLE IF NOT EXISTS {s}.orders (id TEXT PRIMARY KEY, item TEXT NOT NULL)"),
-        // No unique order_id: a doubled invoice must be countable.
-        format!(
-            "CREATE TABLE IF NOT EXISTS {s}.invoices (id BIGSERIAL PRIMARY KEY, \
-             order_id TEXT NOT NULL, fence BIGINT NOT NULL)"
-        ),
-        // The mail provider's own records: it accepts a send once per idempotency key, as
-        // payment and mail APIs that take one do, and counts the calls.
-        format!(
-            "CREATE TABLE IF NOT EXISTS {s}.mail_provider (idempotency_key TEXT PRIMARY KEY, \
-             order_id TEXT NOT NULL, calls INT NOT NULL DEFAULT 1)"
-        ),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement))
-            .execute(pool)
-            .await?;
-    }
-    Ok(())
-}
-
-/// Drop the run's schema.
-pub async fn drop_schema(pool: &PgPool, names: &Names) -> Result<(), BoxError> {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS {} CASCADE",
-        names.schema
-    )))
-    .execute(pool)
-    .await?;
-    Ok(())
 }
 
 /// What a run did.
@@ -175,34 +138,6 @@ impl fmt::Display for Figures {
             self.orders, self.invoices, self.emails, self.doubled, self.lost
         )
     }
-}
-
-/// Count what the run wrote into `figures`.
-pub async fn count(pool: &PgPool, names: &Names, figures: &mut Figures) -> Result<(), BoxError> {
-    let s = &names.schema;
-    let (order_rows, invoices, emails, calls, doubled, lost): (i64, i64, i64, i64, i64, i64) =
-        sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "WITH per_order AS ( \
-               SELECT o.id, \
-                 (SELECT count(*) FROM {s}.invoices i WHERE i.order_id = o.id) AS invoices, \
-                 (SELECT count(*) FROM {s}.mail_provider m WHERE m.order_id = o.id) AS emails \
-               FROM {s}.orders o) \
-             SELECT (SELECT count(*) FROM {s}.orders), \
-                    (SELECT count(*) FROM {s}.invoices), \
-                    (SELECT count(*) FROM {s}.mail_provider), \
-                    (SELECT coalesce(sum(calls), 0) FROM {s}.mail_provider), \
-                    (SELECT count(*) FROM per_order WHERE invoices > 1 OR emails > 1), \
-                    (SELECT count(*) FROM per_order WHERE invoices = 0 OR emails = 0)"
-        )))
-        .fetch_one(pool)
-        .await?;
-    figures.order_rows = order_rows as u64;
-    figures.invoices = invoices as u64;
-    figures.emails = emails as u64;
-    figures.mail_calls = calls as u64;
-    figures.doubled = doubled as u64;
-    figures.lost = lost as u64 + figures.orders.saturating_sub(order_rows as u64);
-    Ok(())
 }
 
 /// Where a worker may be killed, and how often.

@@ -8,22 +8,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher};
 use dedup_brokers::{ConsumerConfig, ConsumerStats, Delivery, Handle, Shutdown, with_inbox};
-use dedup_core::outbox::{
-    ConsumerOutbox, OutboxRow, OutboxStore, Publisher, Relay, RelayConfig, RelayRound,
-};
+use dedup_core::outbox::{OutboxRow, OutboxStore, Publisher, Relay, RelayConfig, RelayRound};
 use dedup_core::{Backoff, BoxError, Handled, Inbox, InboxConfig, Key, Lease};
-use dedup_postgres::{TxInbox, sqlx};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 
+use super::db::Invoice;
 use super::{Killer, Names, checkpoint};
 
 /// What every role connects to.
 #[derive(Clone, Debug)]
 pub struct Ctx {
-    /// PostgreSQL URL.
-    pub postgres: String,
+    /// The store's URL: PostgreSQL or MySQL / MariaDB.
+    pub store: String,
     /// RabbitMQ URL.
     pub amqp: String,
     /// The run's schema and queues.
@@ -59,13 +57,13 @@ pub async fn relay(
     killer: Option<Killer>,
     shutdown: Shutdown,
 ) -> Result<RelayRound, BoxError> {
-    let store = ctx.names.store(&ctx.postgres).await?;
+    let store = ctx.names.store(&ctx.store).await?;
     let connection = connect(ctx).await?;
     let publisher = Checkpointed {
         inner: RabbitPublisher::new(&connection).await?,
         killer,
     };
-    let outbox: Arc<dyn OutboxStore> = Arc::new(store.outbox());
+    let outbox: Arc<dyn OutboxStore> = store.outbox();
     let handle = Relay::new(outbox, Arc::new(publisher))
         .with_config(
             RelayConfig::default()
@@ -92,42 +90,22 @@ pub async fn billing(
     killer: Option<Killer>,
     shutdown: Shutdown,
 ) -> Result<ConsumerStats, BoxError> {
-    let store = ctx.names.store(&ctx.postgres).await?;
-    let inbox = TxInbox::new(store.clone()).with_config(InboxConfig {
+    let store = ctx.names.store(&ctx.store).await?;
+    let billing = store.billing(InboxConfig {
         lease: LEASE,
         ..InboxConfig::default()
     });
-    let outbox = store.outbox();
-    let invoices = format!("{}.invoices", ctx.names.schema);
+    let table = store.table(&ctx.names, "invoices");
     let destination = format!("/{}", ctx.names.invoices_queue);
     let bill = move |key: Key, delivery: Delivery| {
-        let (inbox, outbox, killer) = (inbox.clone(), outbox.clone(), killer.clone());
-        let (invoices, destination) = (invoices.clone(), destination.clone());
+        let (billing, killer) = (billing.clone(), killer.clone());
+        let invoice = Invoice {
+            table: table.clone(),
+            order_id: order_id(&delivery),
+            destination: destination.clone(),
+        };
         async move {
-            let order_id = order_id(&delivery);
-            let handled = inbox
-                .handle(&key, None, |conn, lease| {
-                    let (outbox, killer) = (outbox.clone(), killer.clone());
-                    let (invoices, destination, order_id) =
-                        (invoices.clone(), destination.clone(), order_id.clone());
-                    Box::pin(async move {
-                        checkpoint(&killer, "billing_claim_effect");
-                        sqlx::query(sqlx::AssertSqlSafe(format!(
-                            "INSERT INTO {invoices} (order_id, fence) VALUES ($1, $2)"
-                        )))
-                        .bind(&order_id)
-                        .bind(lease.fence as i64)
-                        .execute(&mut *conn)
-                        .await?;
-                        let created = ConsumerOutbox::new(lease)
-                            .message(destination, invoice_created(&order_id))?
-                            .header("type", "InvoiceCreated")?;
-                        outbox.enqueue(conn, &[created]).await?;
-                        checkpoint(&killer, "billing_effect_commit");
-                        Ok::<_, BoxError>(Some(b"invoiced".to_vec()))
-                    })
-                })
-                .await;
+            let handled = billing.bill(&key, &invoice, &killer).await;
             if matches!(handled, Ok(Handled::Processed { .. })) {
                 checkpoint(&killer, "billing_commit_ack");
             }
@@ -145,28 +123,21 @@ pub async fn mail(
     killer: Option<Killer>,
     shutdown: Shutdown,
 ) -> Result<ConsumerStats, BoxError> {
-    let store = ctx.names.store(&ctx.postgres).await?;
-    let pool = store.pool().clone();
-    let provider = format!("{}.mail_provider", ctx.names.schema);
-    let inbox = Inbox::new(store).with_config(InboxConfig {
+    let store = ctx.names.store(&ctx.store).await?;
+    let inbox = Inbox::new(store.dedup()).with_config(InboxConfig {
         lease: LEASE,
         ..InboxConfig::default()
     });
-    let send_killer = killer.clone();
+    let (send_killer, names) = (killer.clone(), ctx.names.clone());
     let send = Arc::new(with_inbox(
         inbox,
         move |lease: Lease, delivery: Delivery| {
-            let (pool, provider, killer) = (pool.clone(), provider.clone(), send_killer.clone());
+            let (store, names, killer) = (store.clone(), names.clone(), send_killer.clone());
             async move {
                 checkpoint(&killer, "mail_claim_send");
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "INSERT INTO {provider} (idempotency_key, order_id) VALUES ($1, $2) \
-                 ON CONFLICT (idempotency_key) DO UPDATE SET calls = {provider}.calls + 1"
-                )))
-                .bind(lease.idempotency_key())
-                .bind(order_id(&delivery))
-                .execute(&pool)
-                .await?;
+                store
+                    .send_mail(&names, &lease.idempotency_key(), &order_id(&delivery))
+                    .await?;
                 checkpoint(&killer, "mail_send_commit");
                 Ok::<_, BoxError>(Some(b"sent".to_vec()))
             }
@@ -204,12 +175,6 @@ async fn consume<H: Handle>(
 fn order_id(delivery: &Delivery) -> String {
     let order: serde_json::Value = serde_json::from_slice(&delivery.payload).unwrap_or_default();
     order["order_id"].as_str().unwrap_or_default().to_owned()
-}
-
-fn invoice_created(order_id: &str) -> Vec<u8> {
-    serde_json::json!({"order_id": order_id})
-        .to_string()
-        .into_bytes()
 }
 
 async fn until_shutdown_or_lost(connection: &Connection, shutdown: &Shutdown) -> bool {

@@ -10,7 +10,7 @@ use lapin::options::QueueDeleteOptions;
 use serde::Serialize;
 
 use super::roles::{self, Ctx};
-use super::{BoxError, Figures, Killer, Names, api, count, drop_schema, prepare};
+use super::{BoxError, Db, Figures, Killer, Names, api};
 use crate::chaos::servers::{Postgres, RabbitMq, Service};
 
 /// The roles and how many of each run.
@@ -57,7 +57,8 @@ impl Role {
 pub struct RunConfig {
     /// Orders the client places.
     pub orders: u64,
-    /// PostgreSQL and RabbitMQ to use (without chaos; chaos starts private ones).
+    /// The store (PostgreSQL or MySQL / MariaDB) and RabbitMQ to use (without chaos;
+    /// chaos starts private PostgreSQL and RabbitMQ).
     pub servers: Option<(String, String)>,
     /// Chaos: the probability of a kill at a step after its first (which always kills);
     /// `None`: no chaos.
@@ -72,7 +73,7 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     let dir = tempfile::tempdir()?;
     let chaos = config.kill_rate.is_some();
     let mut private: Option<(Service, Service)> = None;
-    let (postgres, amqp) = match (&config.servers, chaos) {
+    let (store_url, amqp) = match (&config.servers, chaos) {
         (Some(urls), false) => urls.clone(),
         (_, true) => {
             let root = dir.path().to_path_buf();
@@ -86,16 +87,16 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
             private = Some(servers);
             urls
         }
-        (None, false) => return Err("give --postgres and --amqp (or run with --chaos)".into()),
+        (None, false) => return Err("give --store and --amqp (or run with --chaos)".into()),
     };
     let names = Names::fresh();
-    let store = names.store(&postgres).await?;
-    if chaos {
-        Postgres::commit_durably(store.pool()).await?;
+    let store = names.store(&store_url).await?;
+    if let (true, Db::Postgres(pg)) = (chaos, &store) {
+        Postgres::commit_durably(pg.pool()).await?;
     }
-    prepare(store.pool(), &names).await?;
+    store.prepare(&names).await?;
     let ctx = Ctx {
-        postgres,
+        store: store_url,
         amqp,
         names: names.clone(),
     };
@@ -122,8 +123,8 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         if let Some(c) = client.take_if(|c| c.is_finished()) {
             figures.requests = c.await??;
         }
-        if count(store.pool(), &names, &mut figures).await.is_err() {
-            continue; // PostgreSQL restarting
+        if store.count(&names, &mut figures).await.is_err() {
+            continue; // the database restarting
         }
         if let Some((pg, mq)) = &private {
             if figures.invoices * 3 >= orders && !figures.restarts.contains_key("postgres") {
@@ -146,9 +147,9 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         }
     }
     workers.stop().await;
-    count(store.pool(), &names, &mut figures).await?;
+    store.count(&names, &mut figures).await?;
     figures.unsent = {
-        let stats = dedup_core::outbox::OutboxStore::stats(&store.outbox()).await?;
+        let stats = store.outbox().stats().await?;
         stats.pending + stats.held + stats.dead
     };
     figures.kills = read_kills(dir.path());
@@ -158,7 +159,7 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     figures.seconds = started.elapsed().as_secs_f64();
     if !chaos {
         // The shared servers keep nothing of the run.
-        drop_schema(store.pool(), &names).await?;
+        store.drop_all(&names).await?;
         let channel = connection.create_channel().await?;
         for queue in [&names.orders_queue, &names.invoices_queue] {
             channel
@@ -202,31 +203,22 @@ async fn crash_restart(server: &Service) -> Result<(), BoxError> {
 
 /// Print, for each order without an invoice or e-mail, where its messages are: the outbox
 /// rows, the inbox records, the queues' depths (to standard error).
-async fn explain_lost(store: &dedup_postgres::PostgresStore, amqp: &str, names: &Names) {
-    use dedup_core::DedupStore;
-    use dedup_postgres::sqlx;
-    let sql = format!(
-        "SELECT o.id FROM {s}.orders o WHERE NOT EXISTS (SELECT 1 FROM {s}.invoices i          WHERE i.order_id = o.id) OR NOT EXISTS (SELECT 1 FROM {s}.mail_provider m          WHERE m.order_id = o.id)",
-        s = names.schema
-    );
-    let lost: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .fetch_all(store.pool())
-        .await
-        .unwrap_or_default();
-    let rows = dedup_core::outbox::OutboxStore::list(
-        &store.outbox(),
-        &dedup_core::outbox::OutboxQuery {
+async fn explain_lost(store: &Db, amqp: &str, names: &Names) {
+    let lost = store.lost_orders(names).await;
+    let rows = store
+        .outbox()
+        .list(&dedup_core::outbox::OutboxQuery {
             limit: 10_000,
             ..Default::default()
-        },
-    )
-    .await
-    .unwrap_or_default();
+        })
+        .await
+        .unwrap_or_default();
+    let inbox = store.dedup();
     for id in lost {
         let placed = format!("order-placed-{id}");
         let row = rows.iter().find(|e| e.row.message_id == placed);
         let record = match dedup_core::Key::new(names.orders_queue.as_str(), placed.as_str()) {
-            Ok(key) => store.get(&key).await.ok().flatten(),
+            Ok(key) => inbox.get(&key).await.ok().flatten(),
             Err(_) => None,
         };
         eprintln!(
@@ -345,7 +337,7 @@ impl Workers {
 fn spawn(role: Role, ctx: &Ctx, killer: &Killer) -> Result<Child, BoxError> {
     Ok(Command::new(std::env::current_exe()?)
         .args(["worker", "--role", role.name()])
-        .args(["--postgres", &ctx.postgres, "--amqp", &ctx.amqp])
+        .args(["--store", &ctx.store, "--amqp", &ctx.amqp])
         .args(["--run-id", ctx.names.run_id()])
         .arg("--run-dir")
         .arg(&killer.dir)

@@ -1,0 +1,212 @@
+//! The outbox's tables and their migrations, versioned beside the records table's (one row
+//! per table in `dedup_schema_versions`) and run by the records table's
+//! [`migrate`](crate::schema) (its `after` hook), under the same named lock.
+//!
+//! As for the records table, MySQL commits DDL implicitly: every migration is idempotent
+//! (`IF NOT EXISTS`) and the version row is written after the last one, so a migration
+//! interrupted halfway runs again.
+
+use dedup_core::{Error, Result};
+use sqlx::{AssertSqlSafe, MySqlConnection};
+
+use crate::config::{MySqlConfig, VERSIONS_TABLE};
+use crate::error::backend;
+
+/// Migration `n` (1-based) brings the outbox tables from version `n - 1` to `n`. Never
+/// edit a released migration: append a new one. `{table}` is the quoted outbox table,
+/// `{keys}` the quoted table of its ordering keys (see [`keys_table_name`]). The README
+/// shows them as [`migrate_in`] runs them for the default config.
+const MIGRATIONS: &[&str] = &[
+    // 1: the outbox table, its indexes for due rows, ordering keys and purge; the table
+    // whose rows producers lock per ordering key.
+    r#"CREATE TABLE IF NOT EXISTS {table} (
+    id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,  -- increasing in insertion order
+    destination  VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    message_id   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    headers      MEDIUMTEXT   CHARACTER SET utf8mb4 NOT NULL,  -- JSON: [[name, value], ...] in the order added
+    payload      MEDIUMBLOB   NOT NULL,
+    ordering_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    written_at   BIGINT       NOT NULL,  -- ms since the Unix epoch, as every time here
+    due_at       BIGINT       NOT NULL,
+    attempts     INT          NOT NULL DEFAULT 0,
+    state        VARCHAR(7)   CHARACTER SET ascii NOT NULL,
+    holder       CHAR(36)     CHARACTER SET ascii,  -- the relay's hold token while held
+    held_until   BIGINT,
+    sent_at      BIGINT,
+    last_error   TEXT         CHARACTER SET utf8mb4,
+    UNIQUE KEY message_id_idx (message_id),
+    KEY due_idx (state, due_at),
+    KEY key_idx (ordering_key, id),
+    KEY sent_idx (state, sent_at),
+    CHECK (state IN ('pending', 'held', 'sent', 'dead'))
+) ENGINE = InnoDB;
+CREATE TABLE IF NOT EXISTS {keys} (
+    ordering_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY
+) ENGINE = InnoDB"#,
+];
+
+/// The outbox tables' schema version this build creates and understands.
+pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The columns of the version 1 outbox table besides the decoded ones
+/// ([`ROW_COLUMNS`](dedup_sql::outbox::ROW_COLUMNS)): a table of the outbox's name without
+/// them all is not the store's, and is refused rather than adopted.
+const V1_HOLD_COLUMNS: [&str; 2] = ["holder", "held_until"];
+
+/// The name of the table of `outbox`'s ordering keys: `<outbox>_keys`, or, when that is
+/// over MySQL's 64 characters, the outbox name cut to 42 bytes, `_`, a 16-digit hash of the
+/// whole name and `_keys`.
+pub(crate) fn keys_table_name(outbox: &str) -> String {
+    let name = format!("{outbox}_keys");
+    if name.len() <= 64 {
+        return name;
+    }
+    // FNV-1a, 64 bits: stable across Rust releases and nodes. Names are ASCII, so any
+    // byte index is a character boundary.
+    let hash = outbox.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{}_{hash:016x}_keys", &outbox[..42])
+}
+
+/// `migration` for `config`'s outbox.
+fn render(migration: &str, config: &MySqlConfig) -> String {
+    let outbox = config.outbox_table_name();
+    migration
+        .replace("{table}", &format!("`{outbox}`"))
+        .replace("{keys}", &format!("`{}`", keys_table_name(&outbox)))
+}
+
+/// Create or upgrade the outbox tables on `conn`, which holds the database's migration lock:
+/// the records table's [`migrate`](crate::schema) runs this as its `after` hook, once the
+/// versions table exists and the records table is current. A newer table is
+/// [`Error::SchemaTooNew`]; a table of the outbox's name that the store did not create is
+/// refused, and nothing changes.
+pub(crate) async fn migrate_in(conn: &mut MySqlConnection, config: &MySqlConfig) -> Result<()> {
+    let table = config.outbox_table_name();
+    let recorded = recorded_version(conn, &table).await?;
+    let found = match recorded {
+        Some(version) => version,
+        None => unrecorded_version(conn, &table).await?,
+    };
+    for migration in dedup_sql::migrate::pending(MIGRATIONS, found, &format!("`{table}`"))? {
+        sqlx::raw_sql(AssertSqlSafe(render(migration, config)))
+            .execute(&mut *conn)
+            .await
+            .map_err(backend)?;
+    }
+    if recorded != Some(CURRENT_VERSION) {
+        sqlx::query(
+            "INSERT INTO dedup_schema_versions (table_name, version) VALUES (?, ?) \
+             ON DUPLICATE KEY UPDATE version = VALUES(version)",
+        )
+        .bind(&table)
+        .bind(i32::try_from(CURRENT_VERSION).unwrap_or(i32::MAX))
+        .execute(&mut *conn)
+        .await
+        .map_err(backend)?;
+    }
+    Ok(())
+}
+
+/// Check, writing nothing, that the outbox tables are at [`CURRENT_VERSION`]: missing or
+/// older is [`Error::SchemaNotMigrated`], newer [`Error::SchemaTooNew`].
+pub(crate) async fn check(conn: &mut MySqlConnection, config: &MySqlConfig) -> Result<()> {
+    let name = config.outbox_table_name();
+    let versions: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(1 AS SIGNED) FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name = ?",
+    )
+    .bind(VERSIONS_TABLE)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(backend)?;
+    let found = match versions {
+        Some(_) => recorded_version(conn, &name).await?.unwrap_or(0),
+        None => 0,
+    };
+    let table = format!("`{name}`");
+    match found.cmp(&CURRENT_VERSION) {
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Less => Err(Error::SchemaNotMigrated {
+            table,
+            found,
+            expected: CURRENT_VERSION,
+        }),
+        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
+            table,
+            found,
+            known: CURRENT_VERSION,
+        }),
+    }
+}
+
+/// The version recorded for the outbox table `table`, if any.
+async fn recorded_version(conn: &mut MySqlConnection, table: &str) -> Result<Option<i64>> {
+    let version: Option<i32> =
+        sqlx::query_scalar("SELECT version FROM dedup_schema_versions WHERE table_name = ?")
+            .bind(table)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(backend)?;
+    Ok(version.map(i64::from))
+}
+
+/// The version of an outbox table without a recorded version: 0 when it does not exist or
+/// has the version 1 columns (a migration interrupted before its version row: it runs
+/// again, idempotent). A table that lacks them is someone else's: refused.
+async fn unrecorded_version(conn: &mut MySqlConnection, table: &str) -> Result<i64> {
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = ?",
+    )
+    .bind(table)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(backend)?;
+    if let Some(missing) = dedup_sql::outbox::ROW_COLUMNS
+        .iter()
+        .chain(&V1_HOLD_COLUMNS)
+        .find(|c| !columns.is_empty() && !columns.iter().any(|have| have.eq_ignore_ascii_case(c)))
+    {
+        return Err(Error::invalid(
+            "outbox table",
+            format!(
+                "`{table}` exists but is not a dedup outbox (it has no column {missing}); \
+                 configure another outbox table name"
+            ),
+        ));
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readme_shows_the_outbox_schema() {
+        let readme = include_str!("../README.md");
+        for (n, migration) in MIGRATIONS.iter().enumerate() {
+            let ddl = render(migration, &MySqlConfig::default());
+            assert!(
+                readme.contains(&ddl),
+                "README.md must show outbox migration {} exactly as migrate() runs it:\n{ddl}",
+                n + 1
+            );
+            assert!(!ddl.contains(['{', '}']), "a placeholder left in:\n{ddl}");
+        }
+    }
+
+    #[test]
+    fn keys_table_names_fit_mysql() {
+        assert_eq!(
+            keys_table_name("dedup_inbox_outbox"),
+            "dedup_inbox_outbox_keys"
+        );
+        let long = "a".repeat(63);
+        let name = keys_table_name(&long);
+        assert_eq!(name.len(), 64, "{name}");
+        assert_ne!(name, keys_table_name(&format!("{}b", "a".repeat(62))));
+    }
+}

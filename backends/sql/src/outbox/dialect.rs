@@ -1,0 +1,130 @@
+//! [`OutboxDialect`]: what a sqlx backend supplies to [`SqlOutbox`](super::SqlOutbox), its
+//! statements and its row decoding, one method per outbox operation.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_core::backend::outbox::RawOutboxRow;
+use dedup_core::outbox::OutboxMessage;
+use dedup_core::{LeaseToken, Result};
+use futures::stream::BoxStream;
+use tokio::sync::OnceCell;
+
+/// Rows a take put under a fresh hold, with the store's "now" when it took them.
+#[derive(Debug)]
+pub struct Taken {
+    /// The store's clock at the take (ms since the Unix epoch): the hold runs out at this
+    /// plus the hold's length.
+    pub now_ms: i64,
+    /// The rows now held, their `state` and `attempts` as the take left them, in any order.
+    pub rows: Vec<RawOutboxRow>,
+}
+
+/// The row count of one state, as the dialect's counting statement found it.
+#[derive(Debug)]
+pub struct StateCount {
+    /// The state as stored.
+    pub state: String,
+    /// How many rows are in it.
+    pub rows: i64,
+    /// The oldest `written_at` among them.
+    pub oldest: Option<i64>,
+}
+
+/// The outbox table's counts by state and the store's "now".
+#[derive(Debug, Default)]
+pub struct StateCounts {
+    /// The store's clock (ms since the Unix epoch).
+    pub now_ms: i64,
+    /// One entry per state that has rows.
+    pub states: Vec<StateCount>,
+}
+
+/// One server's outbox statements over its own connection pool and clock. Each method is
+/// one operation on the outbox table and returns what the statements found, undecided:
+/// [`SqlOutbox`](super::SqlOutbox) checks the inputs, checks the table once, encodes and
+/// decodes headers, orders the results and turns them into what
+/// [`OutboxStore`](dedup_core::outbox::OutboxStore) promises.
+///
+/// Every method that marks rows is fenced by the hold: it changes a row only while it is
+/// `held` by `token` and its hold has not run out by the store's clock.
+#[async_trait]
+pub trait OutboxDialect: Send + Sync + Debug + 'static {
+    /// The caller's connection type (`PgConnection`, `MySqlConnection`): `enqueue` runs on
+    /// `&mut *tx` of the caller's transaction.
+    type Conn: Send;
+
+    /// The backend's name in errors.
+    fn backend(&self) -> &'static str;
+
+    /// The outbox table, quoted as it is spliced into the statements.
+    fn table(&self) -> &str;
+
+    /// Set once the table is known to be current; shared by every handle of one store, so
+    /// a store that migrated sets it and the check runs at most once per store.
+    fn ready(&self) -> &OnceCell<()>;
+
+    /// Check, writing nothing, that the outbox table is at this build's schema version.
+    async fn check_table(&self) -> Result<()>;
+
+    /// Insert `messages` (non-empty; `headers[i]` is the JSON text of message `i`'s headers)
+    /// on the caller's connection, in the caller's order, due after each message's delay
+    /// from the store's "now". A message id already in the table writes nothing. Returns
+    /// how many rows were new.
+    async fn insert(
+        &self,
+        conn: &mut Self::Conn,
+        messages: &[OutboxMessage],
+        headers: &[String],
+    ) -> Result<u64>;
+
+    /// Take at most `limit` due rows (pending and due, or held with a hold that ran out),
+    /// the earliest due first, none while an earlier row of its ordering key is pending or
+    /// held, none another take is holding at this moment: each becomes `held` by `token`
+    /// for `hold_ms`, its attempts one more.
+    async fn take(&self, token: &LeaseToken, limit: i64, hold_ms: i64) -> Result<Taken>;
+
+    /// Mark the rows of `ids` still held by `token` sent; returns the ids marked (any order).
+    async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>>;
+
+    /// Record a failed publish of row `id` held by `token`: `dead`, or pending again and
+    /// due `delay_ms` from now. Whether the row was still held.
+    async fn mark_failed(
+        &self,
+        token: &LeaseToken,
+        id: i64,
+        error: &str,
+        dead: bool,
+        delay_ms: i64,
+    ) -> Result<bool>;
+
+    /// Hand the rows of `ids` held by `token` back: pending, due now, the take's attempt
+    /// undone. How many were handed back.
+    async fn hand_back(&self, token: &LeaseToken, ids: &[i64]) -> Result<u64>;
+
+    /// An operator's retry of a dead (or pending) row: pending, due now, attempts reset.
+    /// Whether the row was changed.
+    async fn retry(&self, id: i64) -> Result<bool>;
+
+    /// The table's counts by state, and "now".
+    async fn count_states(&self) -> Result<StateCounts>;
+
+    /// Rows with an id above `after_id`, optionally of one state (as stored) and one
+    /// destination, by id, at most `limit`.
+    async fn list(
+        &self,
+        state: Option<&'static str>,
+        destination: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<RawOutboxRow>>;
+
+    /// Delete at most `limit` rows sent more than `retention` ago, oldest first; how many.
+    async fn purge_sent(&self, retention: Duration, limit: i64) -> Result<u64>;
+
+    /// A stream with one item per committed enqueue (or `None`: the relay polls).
+    async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        Ok(None)
+    }
+}
