@@ -297,10 +297,15 @@ async fn the_ack_deadline_is_extended_while_a_slow_handler_runs() {
         Duration::from_secs(u64::try_from(ACK_DEADLINE).unwrap() + 4),
     );
     let (stop, signal) = shutdown();
-    let a = tokio::spawn(fx.consumer(config()).run(slow, signal.clone()));
+    let consumer_a = fx.consumer(config());
+    let health = consumer_a.health();
+    let a = tokio::spawn(consumer_a.run(slow, signal.clone()));
     // A pulls within 50 ms; from then on it holds the message (none ready).
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(fx.outstanding().await, 0, "A holds the message");
+    let held = health.snapshot();
+    assert!(held.connected, "A is connected while it runs: {held:?}");
+    assert_eq!(held.in_flight, 1, "A's health counts the held message: {held:?}");
     let other = counting(
         &store,
         InboxConfig::default(),
@@ -317,6 +322,8 @@ async fn the_ack_deadline_is_extended_while_a_slow_handler_runs() {
     }
     stop.shut_down();
     let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
+    let after = health.snapshot();
+    assert!(after.last_settle.is_some() && after.in_flight == 0, "{after:?}");
     assert_eq!(calls_a.load(Ordering::SeqCst), 1, "A finished it: {a:?}");
     assert_eq!(
         calls_b.load(Ordering::SeqCst),

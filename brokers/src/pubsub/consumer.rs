@@ -12,7 +12,8 @@ use super::MESSAGE_ID_ATTRIBUTE;
 use super::errors::classify;
 use super::pending::{Link, PubSubPending};
 use crate::{
-    BrokerError, ConsumerConfig, ConsumerStats, Delivery, Handle, Shutdown, Source, consume,
+    BrokerError, ConsumerConfig, ConsumerStats, Delivery, Handle, Health, Shutdown, Source,
+    consume_with_health,
 };
 
 /// How long to wait before pulling again after a pull that found nothing.
@@ -42,6 +43,7 @@ pub struct PubSubConsumer {
     dead_letter_topic: String,
     config: ConsumerConfig,
     link: Option<Arc<Link>>,
+    health: Health,
 }
 
 impl std::fmt::Debug for PubSubConsumer {
@@ -70,17 +72,26 @@ impl PubSubConsumer {
             dead_letter_topic: dead_letter_topic.into(),
             config,
             link: None,
+            health: Health::default(),
         }
     }
 
-    /// Consume until `shutdown` fires or an error no reconnect fixes. See [`consume`].
+    /// The consumer's live state for probes (connected, in flight, last settle,
+    /// reconnects): take it before [`run`](Self::run); it follows that run.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
+    /// Consume until `shutdown` fires or an error no reconnect fixes. See
+    /// [`consume`](crate::consume).
     pub async fn run<H: Handle>(
         self,
         handler: H,
         shutdown: Shutdown,
     ) -> Result<ConsumerStats, BrokerError> {
         let config = self.config.clone();
-        consume(self, config, handler, shutdown).await
+        let health = self.health.clone();
+        consume_with_health(self, config, handler, shutdown, health).await
     }
 
     fn pending(&self, link: &Arc<Link>, received: ReceivedMessage) -> Option<PubSubPending> {
