@@ -198,6 +198,7 @@ fn bench_reports_the_outbox_and_broker_groups() {
         url("DEDUP_REDIS_URL"),
         url("DEDUP_NATS_URL"),
     );
+    let (mysql, pubsub) = (url("DEDUP_MYSQL_URL"), url("DEDUP_PUBSUB_EMULATOR_HOST"));
     let concurrency = CONCURRENCY.map(|c| c.to_string()).join(",");
     let out = run_example(
         "bench",
@@ -226,7 +227,15 @@ fn bench_reports_the_outbox_and_broker_groups() {
         if postgres {
             expected.push(("postgres", "outbox_enqueue_vs_insert_alone", c));
         }
-        for (broker, there) in [("rabbitmq", amqp), ("redis-streams", redis), ("nats", nats)] {
+        if mysql {
+            expected.push(("mysql", "outbox_enqueue_vs_insert_alone", c));
+        }
+        for (broker, there) in [
+            ("rabbitmq", amqp),
+            ("redis-streams", redis),
+            ("nats", nats),
+            ("pubsub", pubsub),
+        ] {
             if there {
                 expected.push((broker, "consumer_adapter_vs_inbox_loop", c));
                 expected.push((broker, "consumer_adapter_vs_raw", c));

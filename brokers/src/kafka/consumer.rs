@@ -128,7 +128,7 @@ impl KafkaConsumer {
         self.health.clone()
     }
 
-    /// Consume until `shutdown` fires or an error no reconnect fixes. See [`consume`].
+    /// Consume until `shutdown` fires or an error no reconnect fixes. See [`consume`](crate::consume).
     pub async fn run<H: Handle>(
         self,
         handler: H,

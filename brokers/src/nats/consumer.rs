@@ -85,7 +85,7 @@ impl NatsConsumer {
     }
 
     /// Consume until `shutdown` fires (then: stop fetching, let started handlers finish and
-    /// settle) or an error no reconnect fixes. See [`consume`].
+    /// settle) or an error no reconnect fixes. See [`consume`](crate::consume).
     pub async fn run<H: Handle>(
         self,
         handler: H,

@@ -145,7 +145,7 @@ impl RabbitConsumer {
 
     /// Consume until `shutdown` fires (then: stop consuming, let started handlers finish
     /// and settle, requeue what was prefetched but not started) or an error no reconnect
-    /// fixes. Returns the counts of what happened. See [`consume`].
+    /// fixes. Returns the counts of what happened. See [`consume`](crate::consume).
     pub async fn run<H: Handle>(
         self,
         handler: H,

@@ -91,7 +91,7 @@ impl StreamConsumer {
 
     /// Consume until `shutdown` fires (then: stop reading, let started handlers finish and
     /// settle; nothing is held unstarted) or an error no reconnect fixes. Returns the counts
-    /// of what happened. See [`consume`].
+    /// of what happened. See [`consume`](crate::consume).
     pub async fn run<H: Handle>(
         self,
         handler: H,
