@@ -305,7 +305,10 @@ async fn the_ack_deadline_is_extended_while_a_slow_handler_runs() {
     assert_eq!(fx.outstanding().await, 0, "A holds the message");
     let held = health.snapshot();
     assert!(held.connected, "A is connected while it runs: {held:?}");
-    assert_eq!(held.in_flight, 1, "A's health counts the held message: {held:?}");
+    assert_eq!(
+        held.in_flight, 1,
+        "A's health counts the held message: {held:?}"
+    );
     let other = counting(
         &store,
         InboxConfig::default(),
@@ -323,7 +326,10 @@ async fn the_ack_deadline_is_extended_while_a_slow_handler_runs() {
     stop.shut_down();
     let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
     let after = health.snapshot();
-    assert!(after.last_settle.is_some() && after.in_flight == 0, "{after:?}");
+    assert!(
+        after.last_settle.is_some() && after.in_flight == 0,
+        "{after:?}"
+    );
     assert_eq!(calls_a.load(Ordering::SeqCst), 1, "A finished it: {a:?}");
     assert_eq!(
         calls_b.load(Ordering::SeqCst),

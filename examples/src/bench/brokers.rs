@@ -33,7 +33,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::driver::Run;
-use super::measures::{Contender, best_of, contender};
+use super::rounds::{Contender, best_of, contender};
 use super::{Names, Params, Result, Row, row};
 
 /// The servers the broker rows run on.

@@ -31,9 +31,11 @@ mod outbox_mysql;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+mod rounds;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod target;
+mod workloads;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

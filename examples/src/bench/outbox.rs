@@ -41,7 +41,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection as AmqpConnection
 use serde_json::{Map, json};
 
 use super::driver::{Run, drive, percentile_ms};
-use super::measures::{best_of, contender};
+use super::rounds::{best_of, contender};
 use super::{Names, Params, Result, Row, row};
 
 /// How often the latency measure's producer commits a row.

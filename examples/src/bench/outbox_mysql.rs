@@ -7,8 +7,8 @@ use dedup_mysql::{MySqlConfig, MySqlOutbox, MySqlStore};
 use futures::FutureExt;
 
 use super::driver::drive;
-use super::measures::{best_of, contender};
 use super::outbox::{enqueue_row, message};
+use super::rounds::{best_of, contender};
 use super::{Names, Params, Result, Row};
 
 /// The MySQL side: the store's pool and outbox, and the business insert.
