@@ -20,13 +20,6 @@ mod measures;
 mod mysql;
 #[cfg(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq"))]
 pub(crate) mod outbox;
-#[cfg(all(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "rabbitmq",
-    feature = "mysql"
-))]
-mod outbox_mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
