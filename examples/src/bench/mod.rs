@@ -20,20 +20,15 @@ mod measures;
 mod mysql;
 #[cfg(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq"))]
 pub(crate) mod outbox;
-#[cfg(all(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "rabbitmq",
-    feature = "mysql"
-))]
-mod outbox_mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+mod rounds;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod target;
+mod workloads;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -2,7 +2,16 @@
 //! topic with a subscription, which the adapter requires), on the server the client was
 //! made for (the emulator in the test servers).
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedup_core::{Inbox, MemoryStore};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, config, handle_once};
+use crate::bench::driver::Run;
+use crate::bench::{Names, Result};
 use dedup_brokers::pubsub::gcloud_gax::conn::Environment;
 use dedup_brokers::pubsub::gcloud_googleapis::pubsub::v1::{
     AcknowledgeRequest, PubsubMessage, PullRequest,

@@ -22,8 +22,8 @@ use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 
 use super::driver::{Run, drive};
-use super::measures::{batches, message_id, raw_batches, raw_single, single};
 use super::target::{Target, TxFlavor};
+use super::workloads::{batches, message_id, raw_batches, raw_single, single};
 use super::{Names, Params, Result};
 
 pub(crate) use probe::Probe;

@@ -6,10 +6,10 @@ use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlPool};
 use dedup_mysql::{MySqlConfig, MySqlOutbox, MySqlStore};
 use futures::FutureExt;
 
-use super::driver::drive;
-use super::measures::{best_of, contender};
-use super::outbox::{enqueue_row, message};
-use super::{Names, Params, Result, Row};
+use super::support::{enqueue_row, message};
+use crate::bench::driver::drive;
+use crate::bench::rounds::{best_of, contender};
+use crate::bench::{Names, Params, Result, Row};
 
 /// The MySQL side: the store's pool and outbox, and the business insert.
 #[derive(Clone)]
