@@ -314,36 +314,12 @@ impl OutboxStorage for SqliteOutbox {
                     let state: String = row.get(0).map_err(backend)?;
                     let count: i64 = row.get(1).map_err(backend)?;
                     let oldest: Option<i64> = row.get(2).map_err(backend)?;
-                    let count = u64::try_from(count).unwrap_or(0);
-                    let unsent = match OutboxState::parse(&state) {
-                        Some(OutboxState::Pending) => {
-                            stats.pending = count;
-                            true
-                        }
-                        Some(OutboxState::Held) => {
-                            stats.held = count;
-                            true
-                        }
-                        Some(OutboxState::Sent) => {
-                            stats.sent = count;
-                            false
-                        }
-                        Some(OutboxState::Dead) => {
-                            stats.dead = count;
-                            false
-                        }
-                        None => {
-                            return Err(Error::backend(
-                                BACKEND,
-                                false,
-                                format!("outbox rows in an unknown state {state:?}"),
-                            ));
-                        }
-                    };
-                    if let (true, Some(w)) = (unsent, oldest) {
-                        let w = Timestamp::from_millis(w);
-                        stats.oldest_unsent = Some(stats.oldest_unsent.map_or(w, |o| o.min(w)));
-                    }
+                    stats.count_state(
+                        BACKEND,
+                        &state,
+                        u64::try_from(count).unwrap_or(0),
+                        oldest.map(Timestamp::from_millis),
+                    )?;
                 }
                 Ok(stats)
             })

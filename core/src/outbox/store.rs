@@ -117,6 +117,48 @@ pub struct OutboxStats {
 }
 
 impl OutboxStats {
+    /// Count `rows` rows in the stored state `state` (oldest written at `oldest`), as a
+    /// store's statistics query answers them one state per row; a pending or held row's
+    /// time feeds [`oldest_unsent`](Self::oldest_unsent). A state this build does not know
+    /// is a non-retryable [`Error::Backend`](crate::Error::Backend) of `backend`.
+    pub fn count_state(
+        &mut self,
+        backend: &'static str,
+        state: &str,
+        rows: u64,
+        oldest: Option<Timestamp>,
+    ) -> Result<()> {
+        let unsent = match OutboxState::parse(state) {
+            Some(OutboxState::Pending) => {
+                self.pending = rows;
+                true
+            }
+            Some(OutboxState::Held) => {
+                self.held = rows;
+                true
+            }
+            Some(OutboxState::Sent) => {
+                self.sent = rows;
+                false
+            }
+            Some(OutboxState::Dead) => {
+                self.dead = rows;
+                false
+            }
+            None => {
+                return Err(crate::Error::backend(
+                    backend,
+                    false,
+                    format!("outbox rows in an unknown state {state:?}"),
+                ));
+            }
+        };
+        if let (true, Some(w)) = (unsent, oldest) {
+            self.oldest_unsent = Some(self.oldest_unsent.map_or(w, |o| o.min(w)));
+        }
+        Ok(())
+    }
+
     /// How long the oldest unsent row has waited (zero when none waits).
     pub fn oldest_unsent_age(&self) -> Duration {
         self.oldest_unsent

@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dedup_core::backend::{OutboxStorage, PurgeBatch, PurgeBatches, PurgeStep};
 use dedup_core::outbox::{AfterFailure, Held, OutboxEntry, OutboxQuery, OutboxState, OutboxStats};
-use dedup_core::{
-    Error, LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis,
-};
+use dedup_core::{LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis};
 use futures::stream::BoxStream;
 
 use super::SqlOutbox;
@@ -35,36 +33,12 @@ fn fold_stats(counts: StateCounts, backend: &'static str) -> Result<OutboxStats>
         ..OutboxStats::default()
     };
     for count in counts.states {
-        let n = u64::try_from(count.rows).unwrap_or(0);
-        let unsent = match OutboxState::parse(&count.state) {
-            Some(OutboxState::Pending) => {
-                stats.pending = n;
-                true
-            }
-            Some(OutboxState::Held) => {
-                stats.held = n;
-                true
-            }
-            Some(OutboxState::Sent) => {
-                stats.sent = n;
-                false
-            }
-            Some(OutboxState::Dead) => {
-                stats.dead = n;
-                false
-            }
-            None => {
-                return Err(Error::backend(
-                    backend,
-                    false,
-                    format!("outbox rows in an unknown state {:?}", count.state),
-                ));
-            }
-        };
-        if let (true, Some(w)) = (unsent, count.oldest) {
-            let w = Timestamp::from_millis(w);
-            stats.oldest_unsent = Some(stats.oldest_unsent.map_or(w, |o| o.min(w)));
-        }
+        stats.count_state(
+            backend,
+            &count.state,
+            u64::try_from(count.rows).unwrap_or(0),
+            count.oldest.map(Timestamp::from_millis),
+        )?;
     }
     Ok(stats)
 }
