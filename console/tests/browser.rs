@@ -108,22 +108,22 @@ async fn serve(router: axum::Router) -> SocketAddr {
     addr
 }
 
-async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css))
+/// The element matching `css`, waiting up to ten seconds for it: after a click that submits
+/// a form, the next page may not have loaded yet when the click returns.
+async fn element(c: &Client, css: &str) -> fantoccini::elements::Element {
+    c.wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css(css))
         .await
         .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .text()
-        .await
-        .unwrap()
+}
+
+async fn text(c: &Client, css: &str) -> String {
+    element(c, css).await.text().await.unwrap()
 }
 
 async fn click(c: &Client, css: &str) {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
+    element(c, css).await.click().await.unwrap();
 }
 
 async fn shot(c: &Client, dir: &Option<PathBuf>, name: &str) {
