@@ -1,6 +1,7 @@
 //! The outbox story against real PostgreSQL and RabbitMQ: once on the servers the test
-//! script started, once on its MariaDB (`--store mysql://...`), and once under chaos (worker processes SIGKILLed at every step, private
-//! PostgreSQL and RabbitMQ crash-restarted mid-run).
+//! script started, once on its MariaDB (`--store mysql://...`), and under chaos (worker
+//! processes SIGKILLed at every step, a private store server, PostgreSQL or MariaDB, and
+//! RabbitMQ crash-restarted mid-run).
 
 mod support;
 
@@ -57,15 +58,23 @@ fn on_mysql_every_order_gives_one_invoice_and_one_email() {
     one_invoice_and_one_email_per_order(&mysql, &amqp);
 }
 
-#[test]
-fn under_chaos_every_order_still_gives_one_invoice_and_one_email() {
-    if dedup_conformance::server_url("DEDUP_POSTGRES_URL").is_none() {
-        eprintln!("SKIPPED: the servers' binaries are installed by scripts/test.sh");
-        return;
-    }
+/// Runs the story under chaos with `store` (`postgres` or `mariadb`) as the private store
+/// server: every kill point is hit, the store and RabbitMQ are crash-restarted once each,
+/// and still every order gets one invoice and one e-mail.
+fn under_chaos(store: &str, orders: u64) {
+    let orders_arg = orders.to_string();
     let out = run_example(
         "outbox",
-        &["--chaos", "--orders", "60", "--kill-rate", "0.03", "--json"],
+        &[
+            "--chaos",
+            "--chaos-store",
+            store,
+            "--orders",
+            &orders_arg,
+            "--kill-rate",
+            "0.03",
+            "--json",
+        ],
     );
     let r = &json_lines(&out)[0];
     assert_eq!(
@@ -73,8 +82,8 @@ fn under_chaos_every_order_still_gives_one_invoice_and_one_email() {
         (Some(0), Some(0)),
         "{out}"
     );
-    assert_eq!(r["invoices"], 60, "{out}");
-    assert_eq!(r["emails"], 60, "{out}");
+    assert_eq!(r["invoices"], orders, "{out}");
+    assert_eq!(r["emails"], orders, "{out}");
     let kills = r["kills"].as_object().expect("kills");
     for point in [
         "relay_take_publish",
@@ -88,11 +97,31 @@ fn under_chaos_every_order_still_gives_one_invoice_and_one_email() {
     ] {
         assert!(kills.contains_key(point), "no kill at {point}: {out}");
     }
-    assert_eq!(r["restarts"]["postgres"], 1, "{out}");
+    assert_eq!(r["restarts"][store], 1, "{out}");
     assert_eq!(r["restarts"]["rabbitmq"], 1, "{out}");
     assert!(
         r["mail_calls"].as_u64().unwrap() > r["emails"].as_u64().unwrap(),
         "a mail worker killed between its send and its commit calls the provider again, \
          which keeps one e-mail: {out}"
     );
+}
+
+#[test]
+fn under_chaos_every_order_still_gives_one_invoice_and_one_email() {
+    if dedup_conformance::server_url("DEDUP_POSTGRES_URL").is_none() {
+        eprintln!("SKIPPED: the servers' binaries are installed by scripts/test.sh");
+        return;
+    }
+    under_chaos("postgres", 60);
+}
+
+/// The same on MariaDB: the MySQL outbox, `TxInbox` and inbox through kills and a MariaDB
+/// crash-restart.
+#[test]
+fn on_mariadb_under_chaos_every_order_still_gives_one_invoice_and_one_email() {
+    if dedup_conformance::server_url("DEDUP_MYSQL_URL").is_none() {
+        eprintln!("SKIPPED: the servers' binaries are installed by scripts/test.sh");
+        return;
+    }
+    under_chaos("mariadb", 40);
 }

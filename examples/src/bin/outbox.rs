@@ -14,6 +14,8 @@
 //! # The same with every role in its own process, SIGKILLed at every step, and PostgreSQL
 //! # and RabbitMQ crash-restarted mid-run (private servers in a temporary folder):
 //! cargo run --release -p dedup-examples --features full --bin outbox -- --chaos
+//! # ... with MariaDB as the store (flushing its log at every commit):
+//! cargo run --release -p dedup-examples --features full --bin outbox -- --chaos --chaos-store mariadb
 //! ```
 //!
 //! Exits with status 1 when an order is lost or doubled.
@@ -23,7 +25,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use dedup_examples::outbox_story::roles::Ctx;
-use dedup_examples::outbox_story::run::{Role, RunConfig, run};
+use dedup_examples::outbox_story::run::{ChaosStore, Role, RunConfig, run};
 use dedup_examples::outbox_story::{Killer, Names};
 use dedup_examples::report::{print_json, print_table};
 
@@ -34,7 +36,7 @@ struct Cli {
     #[command(subcommand)]
     worker: Option<Internal>,
     /// The store: a postgres:// or mysql:// URL (not with --chaos, which starts its own
-    /// PostgreSQL).
+    /// server: see --chaos-store).
     #[arg(long, alias = "postgres")]
     store: Option<String>,
     /// RabbitMQ URL (not with --chaos, which starts its own).
@@ -44,9 +46,12 @@ struct Cli {
     #[arg(long, default_value_t = 100)]
     orders: u64,
     /// Run each role in worker processes that are SIGKILLed at every step, and
-    /// crash-restart PostgreSQL and RabbitMQ mid-run.
+    /// crash-restart the store's server and RabbitMQ mid-run.
     #[arg(long)]
     chaos: bool,
+    /// With --chaos: the store server to start privately and crash-restart mid-run.
+    #[arg(long, value_enum, default_value_t = ChaosStore::Postgres)]
+    chaos_store: ChaosStore,
     /// With --chaos: the probability of a kill at a step after its first (which always
     /// kills).
     #[arg(long, default_value_t = 0.02)]
@@ -113,6 +118,7 @@ async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
     let config = RunConfig {
         orders: cli.orders,
         servers: cli.store.zip(cli.amqp),
+        chaos_store: cli.chaos_store,
         kill_rate: cli.chaos.then_some(cli.kill_rate),
         timeout: Duration::from_secs(cli.timeout_secs),
     };

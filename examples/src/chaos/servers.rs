@@ -1,6 +1,6 @@
 //! The run's private servers from `scripts/services.sh` (crash-restartable): any of its
-//! services, by name ([`Service`]); the PostgreSQL of the chaos queue and the RabbitMQ of
-//! the outbox story by their own names. Private, so that restarting them disturbs nothing
+//! services, by name ([`Service`]); the PostgreSQL of the chaos queue and the servers of
+//! the outbox story (PostgreSQL or MariaDB, RabbitMQ) by their own names. Private, so that restarting them disturbs nothing
 //! else on the machine. (A backend's own store server is started by its chaos module.)
 
 use std::path::{Path, PathBuf};
@@ -100,6 +100,27 @@ impl Postgres {
                 .execute(admin)
                 .await?;
         }
+        Ok(())
+    }
+}
+
+/// A private MariaDB (the outbox story's store under `--chaos-store mariadb`).
+#[cfg(feature = "mysql")]
+pub struct MariaDb;
+
+#[cfg(feature = "mysql")]
+impl MariaDb {
+    /// Start one with its state in `dir`.
+    pub fn start(dir: &Path) -> Result<Service, BoxError> {
+        Service::start(dir, "mariadb", "DEDUP_MYSQL_URL")
+    }
+
+    /// Flush InnoDB's log at every commit: the scripts' server trades durability for speed
+    /// (`innodb_flush_log_at_trx_commit = 2`), and a chaos run must not lose commits.
+    pub async fn commit_durably(admin: &dedup_mysql::sqlx::MySqlPool) -> Result<(), BoxError> {
+        dedup_mysql::sqlx::raw_sql("SET GLOBAL innodb_flush_log_at_trx_commit = 1")
+            .execute(admin)
+            .await?;
         Ok(())
     }
 }

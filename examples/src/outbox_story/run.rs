@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::roles::{self, Ctx};
 use super::{BoxError, Db, Figures, Killer, Names, api};
-use crate::chaos::servers::{Postgres, RabbitMq, Service};
+use crate::chaos::servers::{MariaDb, Postgres, RabbitMq, Service};
 
 /// The roles and how many of each run.
 pub const ROLES: [(Role, u32); 3] = [(Role::Relay, 2), (Role::Billing, 2), (Role::Mail, 1)];
@@ -52,14 +52,44 @@ impl Role {
     }
 }
 
+/// The store server a chaos run starts (privately) and crash-restarts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChaosStore {
+    /// PostgreSQL.
+    #[default]
+    Postgres,
+    /// MariaDB (the MySQL backend).
+    Mariadb,
+}
+
+impl ChaosStore {
+    /// The name its restart is counted under in [`Figures::restarts`].
+    fn name(self) -> &'static str {
+        match self {
+            ChaosStore::Postgres => "postgres",
+            ChaosStore::Mariadb => "mariadb",
+        }
+    }
+
+    /// Start it with its state under `root`.
+    fn start(self, root: &Path) -> Result<Service, BoxError> {
+        match self {
+            ChaosStore::Postgres => Postgres::start(&root.join("postgres")),
+            ChaosStore::Mariadb => MariaDb::start(&root.join("mariadb")),
+        }
+    }
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
     /// Orders the client places.
     pub orders: u64,
     /// The store (PostgreSQL or MySQL / MariaDB) and RabbitMQ to use (without chaos;
-    /// chaos starts private PostgreSQL and RabbitMQ).
+    /// chaos starts a private store server and RabbitMQ).
     pub servers: Option<(String, String)>,
+    /// With chaos: which store server to start and crash-restart.
+    pub chaos_store: ChaosStore,
     /// Chaos: the probability of a kill at a step after its first (which always kills);
     /// `None`: no chaos.
     pub kill_rate: Option<f64>,
@@ -77,10 +107,11 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         (Some(urls), false) => urls.clone(),
         (_, true) => {
             let root = dir.path().to_path_buf();
+            let kind = config.chaos_store;
             let servers = tokio::task::spawn_blocking(move || -> Result<_, String> {
-                let pg = Postgres::start(&root.join("postgres")).map_err(|e| e.to_string())?;
+                let db = kind.start(&root).map_err(|e| e.to_string())?;
                 let mq = RabbitMq::start(&root.join("rabbitmq")).map_err(|e| e.to_string())?;
-                Ok((pg, mq))
+                Ok((db, mq))
             })
             .await??;
             let urls = (servers.0.url.clone(), servers.1.url.clone());
@@ -91,8 +122,11 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     };
     let names = Names::fresh();
     let store = names.store(&store_url).await?;
-    if let (true, Db::Postgres(pg)) = (chaos, &store) {
-        Postgres::commit_durably(pg.pool()).await?;
+    if chaos {
+        match &store {
+            Db::Postgres(pg) => Postgres::commit_durably(pg.pool()).await?,
+            Db::MySql(my) => MariaDb::commit_durably(my.pool()).await?,
+        }
     }
     store.prepare(&names).await?;
     let ctx = Ctx {
@@ -126,10 +160,11 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
         if store.count(&names, &mut figures).await.is_err() {
             continue; // the database restarting
         }
-        if let Some((pg, mq)) = &private {
-            if figures.invoices * 3 >= orders && !figures.restarts.contains_key("postgres") {
-                crash_restart(pg).await?;
-                figures.restarts.insert("postgres", 1);
+        if let Some((db, mq)) = &private {
+            let db_name = config.chaos_store.name();
+            if figures.invoices * 3 >= orders && !figures.restarts.contains_key(db_name) {
+                crash_restart(db).await?;
+                figures.restarts.insert(db_name, 1);
             } else if figures.emails * 3 >= orders * 2 && !figures.restarts.contains_key("rabbitmq")
             {
                 crash_restart(mq).await?;
