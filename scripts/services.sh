@@ -28,6 +28,8 @@
 #                             PostgreSQL stays down DOWN seconds (default 0) before it starts again
 #   scripts/services.sh start postgres-replica   # opt-in: a primary and a streaming standby
 #   scripts/services.sh promote postgres-replica # SIGKILL that primary, promote the standby
+#   scripts/services.sh start mariadb-replica    # opt-in: a MariaDB primary and a replica (GTID)
+#   scripts/services.sh promote mariadb-replica  # SIGKILL that primary, promote the replica
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -40,7 +42,7 @@ set -euo pipefail
 
 readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats kafka pubsub)
 # Started only when named (not by a bare `start`): the failover runs start them privately.
-readonly OPT_IN_SERVICES=(postgres-replica)
+readonly OPT_IN_SERVICES=(postgres-replica mariadb-replica)
 readonly KNOWN_SERVICES=("${ALL_SERVICES[@]}" "${OPT_IN_SERVICES[@]}")
 readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
@@ -153,7 +155,7 @@ ensure_packages() {
             # The server comes from PyPI (ensure_valkey); redis-cli pings it and creates the cluster.
             valkey | valkey-cluster) have redis-cli || pkgs+=(redis-tools) ;;
             rabbitmq) rabbitmq_installed || pkgs+=(rabbitmq-server) ;;
-            mariadb) { mariadb_server_bin >/dev/null && have mariadb-install-db && have mariadb-admin; } ||
+            mariadb | mariadb-replica) { mariadb_server_bin >/dev/null && have mariadb-install-db && have mariadb-admin; } ||
                 pkgs+=(mariadb-server mariadb-client) ;;
             nats) have nats-server || pkgs+=(nats-server) ;;
         esac
@@ -166,7 +168,7 @@ ensure_packages() {
     if is_root; then
         local svc user
         for svc in "$@"; do
-            case $svc in postgres | postgres-tls | postgres-replica) user=postgres ;; rabbitmq) user=rabbitmq ;; mariadb) user=mysql ;; *) continue ;; esac
+            case $svc in postgres | postgres-tls | postgres-replica) user=postgres ;; rabbitmq) user=rabbitmq ;; mariadb | mariadb-replica) user=mysql ;; *) continue ;; esac
             id -u "$user" >/dev/null 2>&1 || useradd --system --user-group --no-create-home "$user"
         done
     fi
@@ -918,25 +920,38 @@ mariadb_server_bin() {
     return 1
 }
 
-mariadb_ping() {
-    local dir=$STATE_DIR/mariadb
-    [[ -S $dir/run/mysqld.sock ]] &&
-        mariadb-admin --no-defaults --socket="$dir/run/mysqld.sock" -uroot ping >/dev/null 2>&1
+# mariadb_ping_in DIR: whether the server of DIR answers on its socket.
+mariadb_ping_in() {
+    [[ -S $1/run/mysqld.sock ]] &&
+        mariadb-admin --no-defaults --socket="$1/run/mysqld.sock" -uroot ping >/dev/null 2>&1
 }
+
+mariadb_ping() { mariadb_ping_in "$STATE_DIR/mariadb"; }
 
 mariadb_alive() { [[ -f $STATE_DIR/mariadb/port ]] && mariadb_ping; }
 
-start_mariadb() {
-    local dir=$STATE_DIR/mariadb bin port i
-    bin=$(mariadb_server_bin) || die "mariadbd not found (install mariadb-server)"
-    ensure_certs
-    mkdir -p "$dir/run" "$dir/certs"
-    cp "$STATE_DIR/tls/server.crt" "$STATE_DIR/tls/server.key" "$STATE_DIR/tls/ca.crt" "$dir/certs/"
+# mariadb_sql_in DIR [ARGS...]: the mariadb client as root on DIR's socket (SQL on stdin,
+# or -e ...). root logs in through the socket as the OS user root (unix_socket
+# authentication).
+mariadb_sql_in() {
+    local dir=$1
+    shift
+    mariadb --no-defaults --socket="$dir/run/mysqld.sock" -uroot "$@"
+}
+
+# start_mariadb_in DIR [LINE...]: a mariadbd of its own with its data in DIR, on a free
+# port (written to DIR/port); the LINEs end its [mariadbd] section (later lines win).
+start_mariadb_in() {
+    local dir=$1 port
+    shift
+    mariadb_server_bin >/dev/null || die "mariadbd not found (install mariadb-server)"
+    mkdir -p "$dir/run"
     port=$(free_ports 1)
     echo "$port" >"$dir/port"
     # Every tool gets this file alone (--defaults-file): the system's /etc/mysql files
     # (socket, data dir) are not ours.
-    cat >"$dir/my.cnf" <<EOF
+    {
+        cat <<EOF
 [mariadbd]
 datadir = $dir/data
 port = $port
@@ -945,7 +960,6 @@ socket = $dir/run/mysqld.sock
 pid-file = $dir/run/mysqld.pid
 log-error = $dir/error.log
 skip-name-resolve
-skip-log-bin
 max_connections = 500
 character-set-server = utf8mb4
 collation-server = utf8mb4_bin
@@ -953,41 +967,63 @@ innodb_buffer_pool_size = 256M
 # Test data is thrown away afterwards: durability is not needed, speed is.
 innodb_flush_log_at_trx_commit = 2
 innodb_doublewrite = 0
-ssl_cert = $dir/certs/server.crt
-ssl_key = $dir/certs/server.key
-ssl_ca = $dir/certs/ca.crt
 EOF
+        printf '%s\n' "$@"
+    } >"$dir/my.cnf"
     give_to mysql "$dir"
     as_user mysql mariadb-install-db --defaults-file="$dir/my.cnf" --skip-test-db \
         >"$dir/install-db.log" 2>&1 || { show_log "$dir/install-db.log"; die "mariadb-install-db failed"; }
+    run_mariadbd_in "$dir"
+}
+
+# run_mariadbd_in DIR: start DIR's mariadbd (its my.cnf, its data) and wait until it answers.
+run_mariadbd_in() {
+    local dir=$1 bin i
+    bin=$(mariadb_server_bin) || die "mariadbd not found"
     local user_opt=()
     if is_root; then user_opt=(--user=mysql); fi
     # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
     setsid "$bin" --defaults-file="$dir/my.cnf" "${user_opt[@]}" </dev/null >>"$dir/stdout.log" 2>&1 &
     for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
-        mariadb_ping && break
+        mariadb_ping_in "$dir" && break
         sleep 0.2
     done
-    mariadb_ping || { show_log "$dir/error.log"; die "MariaDB did not become ready on port $port"; }
-    # root logs in through the socket as the OS user root (unix_socket authentication).
-    mariadb --no-defaults --socket="$dir/run/mysqld.sock" -uroot >"$dir/setup.log" 2>&1 <<'SQL' ||
+    mariadb_ping_in "$dir" || { show_log "$dir/error.log"; die "MariaDB did not become ready on port $(<"$dir/port")"; }
+}
+
+# The tests' database `dedup` and user `dedup` (password `dedup`).
+readonly MARIADB_SETUP_SQL="
 CREATE DATABASE dedup CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
 CREATE USER 'dedup'@'%' IDENTIFIED BY 'dedup';
 -- Every privilege: the tests create databases and kill connections.
-GRANT ALL PRIVILEGES ON *.* TO 'dedup'@'%' WITH GRANT OPTION;
-SQL
+GRANT ALL PRIVILEGES ON *.* TO 'dedup'@'%' WITH GRANT OPTION;"
+
+start_mariadb() {
+    local dir=$STATE_DIR/mariadb
+    ensure_certs
+    mkdir -p "$dir/certs"
+    cp "$STATE_DIR/tls/server.crt" "$STATE_DIR/tls/server.key" "$STATE_DIR/tls/ca.crt" "$dir/certs/"
+    start_mariadb_in "$dir" "skip-log-bin" \
+        "ssl_cert = $dir/certs/server.crt" "ssl_key = $dir/certs/server.key" "ssl_ca = $dir/certs/ca.crt"
+    mariadb_sql_in "$dir" >"$dir/setup.log" 2>&1 <<<"$MARIADB_SETUP_SQL" ||
         { show_log "$dir/setup.log"; die "could not create the dedup database and user"; }
-    write_url mariadb DEDUP_MYSQL_URL "mysql://dedup:dedup@$HOST:$port/dedup"
+    write_url mariadb DEDUP_MYSQL_URL "mysql://dedup:dedup@$HOST:$(<"$dir/port")/dedup"
     write_tls_env mariadb
 }
 
 # Kill mariadbd (SIGKILL: no shutdown, InnoDB recovers from its redo log on start) and
 # start it again on the same data dir and port.
 crash_restart_mariadb() {
-    local dir=$STATE_DIR/mariadb bin i
+    local dir=$STATE_DIR/mariadb
     [[ -f $dir/port && -d $dir/data ]] || die "MariaDB is not running in $STATE_DIR"
-    bin=$(mariadb_server_bin) || die "mariadbd not found"
-    local pid
+    kill_mariadbd_in "$dir"
+    run_mariadbd_in "$dir"
+    log "mariadb crash-restarted"
+}
+
+# kill_mariadbd_in DIR: SIGKILL DIR's mariadbd and wait until it is gone.
+kill_mariadbd_in() {
+    local dir=$1 pid i
     pid=$(head -n 1 "$dir/run/mysqld.pid" 2>/dev/null || true)
     if [[ $pid =~ ^[0-9]+$ ]]; then
         kill -KILL "$pid" 2>/dev/null || true
@@ -996,24 +1032,93 @@ crash_restart_mariadb() {
             sleep 0.1
         done
     fi
-    local user_opt=()
-    if is_root; then user_opt=(--user=mysql); fi
-    setsid "$bin" --defaults-file="$dir/my.cnf" "${user_opt[@]}" </dev/null >>"$dir/stdout.log" 2>&1 &
-    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
-        mariadb_ping && break
-        sleep 0.2
-    done
-    mariadb_ping || { show_log "$dir/error.log"; die "MariaDB did not come back on port $(<"$dir/port")"; }
-    log "mariadb crash-restarted"
 }
 
-stop_mariadb() {
-    local dir=$STATE_DIR/mariadb
+stop_mariadb() { stop_mariadb_in "$STATE_DIR/mariadb"; }
+
+stop_mariadb_in() {
+    local dir=$1
     [[ -d $dir ]] || return 0
-    if mariadb_ping; then
+    if mariadb_ping_in "$dir"; then
         mariadb-admin --no-defaults --socket="$dir/run/mysqld.sock" -uroot shutdown >/dev/null 2>&1 || true
     fi
     kill_pidfile "$dir/run/mysqld.pid"
+}
+
+# ---------------------------------------------------------------------------------------
+# mariadb-replica: a MariaDB primary (binary log, GTID) and a replica of it, for the
+# failover runs. Opt-in (a bare `start` skips it). Both flush their logs at every commit
+# (`innodb_flush_log_at_trx_commit = 1`, `sync_binlog = 1`): a failover run measures what
+# an acknowledged commit promises. Replication is asynchronous as started;
+# `SET GLOBAL rpl_semi_sync_master_enabled = ON` on the primary (the replica has the slave
+# side on) makes it semi-synchronous (`rpl_semi_sync_master_wait_point = AFTER_SYNC` is the
+# lossless one). `promote mariadb-replica` SIGKILLs the primary, lets the replica apply what
+# it had received, and makes it a writable primary.
+
+mariadb_replica_alive() {
+    local dir=$STATE_DIR/mariadb-replica
+    [[ -f $dir/replica/port ]] && mariadb_ping_in "$dir/replica" || return 1
+    [[ -f $dir/promoted ]] || mariadb_ping_in "$dir/primary"
+}
+
+start_mariadb_replica() {
+    local dir=$STATE_DIR/mariadb-replica primary_port port i state=
+    local durable=("innodb_flush_log_at_trx_commit = 1" "sync_binlog = 1" "binlog_format = ROW"
+        "gtid_strict_mode = 1")
+    start_mariadb_in "$dir/primary" "server_id = 1" "log_bin = $dir/primary/data/binlog" "${durable[@]}"
+    primary_port=$(<"$dir/primary/port")
+    # In the binary log, so the replica (which replays it from the start) makes them too.
+    mariadb_sql_in "$dir/primary" >"$dir/primary/setup.log" 2>&1 <<SQL ||
+CREATE USER 'repl'@'%' IDENTIFIED BY 'repl';
+GRANT REPLICATION SLAVE ON *.* TO 'repl'@'%';
+$MARIADB_SETUP_SQL
+SQL
+        { show_log "$dir/primary/setup.log"; die "could not set up the MariaDB primary"; }
+    start_mariadb_in "$dir/replica" "server_id = 2" "log_bin = $dir/replica/data/binlog" "${durable[@]}" \
+        "rpl_semi_sync_slave_enabled = ON" "read_only = ON"
+    port=$(<"$dir/replica/port")
+    mariadb_sql_in "$dir/replica" >"$dir/replica/setup.log" 2>&1 <<SQL ||
+CHANGE MASTER TO MASTER_HOST = '$HOST', MASTER_PORT = $primary_port, MASTER_USER = 'repl',
+    MASTER_PASSWORD = 'repl', MASTER_USE_GTID = slave_pos, MASTER_CONNECT_RETRY = 1;
+START SLAVE;
+SQL
+        { show_log "$dir/replica/setup.log"; die "could not start the MariaDB replica"; }
+    for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+        state=$(mariadb_sql_in "$dir/replica" -Nse \
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'dedup'" 2>/dev/null || true)
+        [[ $state == 1 ]] && break
+        sleep 0.2
+    done
+    [[ $state == 1 ]] || { show_log "$dir/replica/error.log"; die "the MariaDB replica does not replicate from the primary"; }
+    {
+        printf "export DEDUP_MYSQL_PRIMARY_URL='mysql://dedup:dedup@%s:%s/dedup'\n" "$HOST" "$primary_port"
+        printf "export DEDUP_MYSQL_REPLICA_URL='mysql://dedup:dedup@%s:%s/dedup'\n" "$HOST" "$port"
+    } >"$dir/url.env"
+}
+
+stop_mariadb_replica() {
+    local dir=$STATE_DIR/mariadb-replica
+    stop_mariadb_in "$dir/replica"
+    stop_mariadb_in "$dir/primary"
+}
+
+# SIGKILL the primary (no shutdown), let the replica apply every transaction it had
+# received (up to 10 s), then detach it and make it writable, as a failover tool would.
+promote_mariadb_replica() {
+    local dir=$STATE_DIR/mariadb-replica received
+    [[ -f $dir/replica/port ]] || die "mariadb-replica is not running in $STATE_DIR"
+    if [[ ! -f $dir/promoted ]]; then
+        kill_mariadbd_in "$dir/primary"
+        touch "$dir/promoted"
+    fi
+    received=$(mariadb_sql_in "$dir/replica" -e "SHOW SLAVE STATUS\G" 2>/dev/null |
+        awk '$1 == "Gtid_IO_Pos:" {print $2}')
+    if [[ -n $received ]]; then
+        mariadb_sql_in "$dir/replica" -Nse "SELECT MASTER_GTID_WAIT('$received', 10)" >/dev/null 2>&1 || true
+    fi
+    mariadb_sql_in "$dir/replica" -e "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF" ||
+        die "could not promote the MariaDB replica"
+    log "mariadb replica promoted (applied up to ${received:-nothing received})"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -1299,7 +1404,13 @@ main() {
         install-browser) cmd_install_browser ;;
         rabbitmqctl) cmd_rabbitmqctl "$@" ;;
         crash-restart) cmd_crash_restart "$@" ;;
-        promote) [[ ${1:-} == postgres-replica ]] || die "promote supports: postgres-replica"; promote_postgres_replica ;;
+        promote)
+            case ${1:-} in
+                postgres-replica) promote_postgres_replica ;;
+                mariadb-replica) promote_mariadb_replica ;;
+                *) die "promote supports: postgres-replica, mariadb-replica" ;;
+            esac
+            ;;
         -h | --help | help) usage ;;
         *) usage ;;
     esac

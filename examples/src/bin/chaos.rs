@@ -88,9 +88,9 @@ struct RunArgs {
     /// Lease mode only, with workers that skip the store: shows the checks failing.
     #[arg(long)]
     without_dedup: bool,
-    /// Failover runs instead: the store on a primary with a streaming standby, the
-    /// primary SIGKILLed and the standby promoted under load (backends with a failover
-    /// run: postgres).
+    /// Failover runs instead: the store on a primary with a replica, the primary SIGKILLed
+    /// and the replica promoted under load (backends with a failover run: postgres, mysql,
+    /// redis).
     #[arg(long)]
     failover: bool,
     /// With `--failover`: the standby's replication (repeatable; default: async and sync).

@@ -71,10 +71,11 @@ pub enum Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Replication {
-    /// Asynchronous streaming: the primary acknowledges a commit once its own WAL has it.
+    /// Asynchronous: the primary acknowledges a commit once its own log has it.
     Async,
-    /// `synchronous_standby_names` naming the standby, `synchronous_commit = on`: the
-    /// primary acknowledges a commit once the standby has flushed its WAL.
+    /// Synchronous: PostgreSQL `synchronous_standby_names` naming the standby and
+    /// `synchronous_commit = on` (the standby has flushed the WAL); Redis `WAIT 1` after
+    /// each commit; MariaDB semi-synchronous, `AFTER_SYNC` (the replica has the events).
     Sync,
     /// The same with `synchronous_commit = remote_apply`: once the standby has applied it.
     RemoteApply,

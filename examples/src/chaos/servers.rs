@@ -125,20 +125,46 @@ impl MariaDb {
     }
 }
 
-/// A private PostgreSQL primary with a streaming standby (`services.sh start
-/// postgres-replica`), for the failover runs.
-pub struct PostgresReplica {
+/// A private primary with a replica of it, for the failover runs: `services.sh start
+/// postgres-replica` (a streaming standby) or `mariadb-replica` (a GTID replica).
+pub struct ReplicaPair {
     service: Service,
-    /// The standby's URL (the primary's is [`Service::url`]).
+    /// The replica's URL (the primary's is [`ReplicaPair::primary_url`]).
     pub standby_url: String,
 }
 
-impl PostgresReplica {
-    /// Start the pair with its state in `dir` (asynchronous replication).
-    pub fn start(dir: &Path) -> Result<Self, BoxError> {
-        let service = Service::start(dir, "postgres-replica", "DEDUP_POSTGRES_PRIMARY_URL")?;
-        let standby_url = service.var("DEDUP_POSTGRES_STANDBY_URL")?;
-        Ok(PostgresReplica {
+impl ReplicaPair {
+    /// A PostgreSQL primary and a streaming standby with their state in `dir`
+    /// (asynchronous replication).
+    pub fn postgres(dir: &Path) -> Result<Self, BoxError> {
+        Self::start(
+            dir,
+            "postgres-replica",
+            "DEDUP_POSTGRES_PRIMARY_URL",
+            "DEDUP_POSTGRES_STANDBY_URL",
+        )
+    }
+
+    /// A MariaDB primary and a replica with their state in `dir` (asynchronous
+    /// replication, both flushing their logs at every commit).
+    pub fn mariadb(dir: &Path) -> Result<Self, BoxError> {
+        Self::start(
+            dir,
+            "mariadb-replica",
+            "DEDUP_MYSQL_PRIMARY_URL",
+            "DEDUP_MYSQL_REPLICA_URL",
+        )
+    }
+
+    fn start(
+        dir: &Path,
+        name: &'static str,
+        primary_var: &str,
+        standby_var: &str,
+    ) -> Result<Self, BoxError> {
+        let service = Service::start(dir, name, primary_var)?;
+        let standby_url = service.var(standby_var)?;
+        Ok(ReplicaPair {
             service,
             standby_url,
         })
@@ -149,10 +175,9 @@ impl PostgresReplica {
         &self.service.url
     }
 
-    /// SIGKILL every process of the primary and promote the standby; returns when the
-    /// standby takes writes.
+    /// SIGKILL the primary and promote the replica; returns when the replica takes writes.
     pub fn promote(&self) -> Result<(), BoxError> {
-        services(&self.service.dir, &["promote", "postgres-replica"]).map(|_| ())
+        services(&self.service.dir, &["promote", self.service.name]).map(|_| ())
     }
 }
 

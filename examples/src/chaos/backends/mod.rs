@@ -141,6 +141,15 @@ pub(crate) fn effects_ddl() -> String {
     )
 }
 
+/// `host:port` of a `scheme://user[:password]@host:port/db` URL.
+pub(crate) fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BoxError> {
+    let authority = url
+        .rsplit_once('@')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .ok_or_else(|| format!("no host:port in {}", dedup_core::backend::url::redact(url)))?;
+    Ok(authority.parse()?)
+}
+
 /// `target` as the type of the backend it was chosen by.
 pub(crate) fn target<T: dedup_core::backend::url::OpenTarget>(
     target: &StoreTarget,

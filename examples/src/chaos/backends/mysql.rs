@@ -1,8 +1,12 @@
 //! MySQL / MariaDB in the chaos harness: the store lives in a private MariaDB of the run
 //! (`scripts/services.sh`), killed and restarted once; transactional mode runs the effect
-//! row's insert through the MySQL `TxInbox`.
+//! row's insert through the MySQL `TxInbox`. Failover runs put the store on a primary with
+//! a replica of its own (`mariadb-replica`), reached through a [`SwitchingProxy`], and
+//! promote the replica mid-run.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -12,11 +16,13 @@ use dedup_mysql::{MySqlStore, MySqlTarget, TxInbox};
 use futures::FutureExt;
 
 use super::{
-    BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, effects_ddl, target,
+    BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, effects_ddl,
+    socket_addr, target,
 };
-use crate::chaos::Window;
 use crate::chaos::protocol::{announce, key};
-use crate::chaos::servers::Service;
+use crate::chaos::proxy::SwitchingProxy;
+use crate::chaos::servers::{ReplicaPair, Service};
+use crate::chaos::{Replication, Window};
 
 /// The MySQL / MariaDB chaos module, chosen by the store URL's descriptor.
 pub(super) static CHAOS: ChaosBackend = ChaosBackend {
@@ -68,8 +74,72 @@ pub(super) static CHAOS: ChaosBackend = ChaosBackend {
             .boxed()
         },
     }),
-    failover: None,
+    failover: Some(failover),
 };
+
+/// [`ChaosBackend::failover`]: a primary and a replica in `dir`, replicated as asked, the
+/// store behind a front on the primary; the restart SIGKILLs the primary, promotes the
+/// replica (after it applied what it had received) and points the front at it.
+fn failover(dir: &Path, replication: Replication) -> Result<StoreServer, BoxError> {
+    if replication == Replication::RemoteApply {
+        return Err(
+            "remote-apply is PostgreSQL's; MariaDB runs async or sync (semi-synchronous)".into(),
+        );
+    }
+    let pair = ReplicaPair::mariadb(&dir.join("replica"))?;
+    if replication == Replication::Sync {
+        tokio::runtime::Handle::current().block_on(semi_sync(&pair))?;
+    }
+    let replica = socket_addr(&pair.standby_url)?;
+    let proxy = SwitchingProxy::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        socket_addr(pair.primary_url())?,
+    )?;
+    let url = format!("mysql://dedup:dedup@{}/dedup?pool_size=2", proxy.addr());
+    Ok(StoreServer {
+        url,
+        restart: Some(Restart {
+            name: "failover",
+            crash_restart: Arc::new(move || {
+                pair.promote()?;
+                proxy.switch(replica);
+                Ok(())
+            }),
+        }),
+    })
+}
+
+/// Make the pair semi-synchronous and lossless: the primary acknowledges a commit once the
+/// replica has its events (`AFTER_SYNC`: before the commit is visible to anyone), waiting
+/// for it a minute before it would fall back to asynchronous. The replica reconnects to
+/// take the semi-synchronous part; returns when the primary counts it.
+async fn semi_sync(pair: &ReplicaPair) -> Result<(), BoxError> {
+    let primary = MySqlPool::connect(pair.primary_url()).await?;
+    for statement in [
+        "SET GLOBAL rpl_semi_sync_master_wait_point = 'AFTER_SYNC'",
+        "SET GLOBAL rpl_semi_sync_master_timeout = 60000",
+        "SET GLOBAL rpl_semi_sync_master_enabled = ON",
+    ] {
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(&primary)
+            .await?;
+    }
+    let replica = MySqlPool::connect(&pair.standby_url).await?;
+    sqlx::raw_sql("STOP SLAVE IO_THREAD; START SLAVE IO_THREAD")
+        .execute(&replica)
+        .await?;
+    for _ in 0..100 {
+        let (_, clients): (String, String) =
+            sqlx::query_as("SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'")
+                .fetch_one(&primary)
+                .await?;
+        if clients == "1" {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Err("the MariaDB replica did not connect semi-synchronously".into())
+}
 
 struct Handler(TxInbox);
 

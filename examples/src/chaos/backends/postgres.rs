@@ -16,11 +16,12 @@ use dedup_postgres::{PostgresStore, PostgresTarget, TxInbox};
 use futures::FutureExt;
 
 use super::{
-    BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, effects_ddl, target,
+    BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, effects_ddl,
+    socket_addr, target,
 };
 use crate::chaos::protocol::{announce, key};
 use crate::chaos::proxy::SwitchingProxy;
-use crate::chaos::servers::PostgresReplica;
+use crate::chaos::servers::ReplicaPair;
 use crate::chaos::{Replication, Window};
 
 /// The PostgreSQL chaos module, chosen by the store URL's descriptor.
@@ -88,20 +89,11 @@ fn replication_settings(replication: Replication) -> &'static [&'static str] {
     }
 }
 
-/// `host:port` of a `postgres://user@host:port/db` URL.
-fn socket_addr(url: &str) -> Result<SocketAddr, BoxError> {
-    let authority = url
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .ok_or_else(|| format!("no host:port in {url}"))?;
-    Ok(authority.parse()?)
-}
-
 /// [`ChaosBackend::failover`]: a primary and a standby in `dir`, replicated as asked, the
 /// store behind a front on the primary; the restart SIGKILLs the primary, promotes the
 /// standby and points the front at it.
 fn failover(dir: &Path, replication: Replication) -> Result<StoreServer, BoxError> {
-    let pair = PostgresReplica::start(&dir.join("replica"))?;
+    let pair = ReplicaPair::postgres(&dir.join("replica"))?;
     let runtime = tokio::runtime::Handle::current();
     runtime.block_on(async {
         let pool = PgPool::connect(pair.primary_url()).await?;
