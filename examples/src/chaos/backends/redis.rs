@@ -6,6 +6,9 @@
 //! the primary is SIGKILLed and the replica with the highest replication offset promoted
 //! (`REPLICAOF NO ONE`), the other pointed at it, as Sentinel does. "Sync" replication is
 //! the store's `WAIT` after each commit (`wait_replicas=1`).
+//!
+//! The server binary is `redis-server`, or the one `DEDUP_CHAOS_REDIS_SERVER` names (a
+//! `valkey-server`, for Valkey's figures: `scripts/services.sh start valkey` fetches one).
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -91,6 +94,11 @@ fn failover(dir: &Path, replication: Replication) -> Result<StoreServer, BoxErro
     })
 }
 
+/// The server binary runs start: `DEDUP_CHAOS_REDIS_SERVER`, else `redis-server`.
+fn server_binary() -> String {
+    std::env::var("DEDUP_CHAOS_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
 /// A private redis-server persisting every write (`appendfsync always`), killed when
 /// dropped.
 struct Redis {
@@ -122,7 +130,7 @@ impl Redis {
     }
 
     fn spawn(&mut self) -> Result<(), BoxError> {
-        let child = Command::new("redis-server")
+        let child = Command::new(server_binary())
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args([
                 "--save",
@@ -149,7 +157,7 @@ impl Redis {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err("redis-server did not start in 30 s".into());
+                return Err(format!("{} did not start in 30 s", server_binary()).into());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
