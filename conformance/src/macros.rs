@@ -78,6 +78,7 @@ macro_rules! __outbox_clause_names {
             outbox_never_publishes_a_rolled_back_row,
             outbox_republishes_with_the_same_id_after_a_relay_died_before_its_mark,
             outbox_two_relays_never_hold_one_row,
+            outbox_racing_relays_never_hold_two_rows_of_one_key,
             outbox_a_failing_row_dies_after_the_limit_and_later_rows_are_published,
             outbox_keeps_order_per_ordering_key,
             outbox_does_not_skip_a_row_that_committed_late,

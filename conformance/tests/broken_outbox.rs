@@ -357,6 +357,7 @@ proofs! {
     taking_held_rows_is_caught_as_an_early_republish: TakesHeldRows => outbox_republishes_with_the_same_id_after_a_relay_died_before_its_mark;
     unfenced_marks_are_caught: UnfencedMarks => outbox_a_relay_whose_hold_was_taken_over_changes_nothing;
     dropped_ordering_is_caught: NoOrdering => outbox_keeps_order_per_ordering_key;
+    dropped_ordering_is_caught_by_racing_relays: NoOrdering => outbox_racing_relays_never_hold_two_rows_of_one_key;
     a_watermark_relay_is_caught: WatermarkById => outbox_does_not_skip_a_row_that_committed_late;
     rows_that_never_die_are_caught: NeverDies => outbox_a_failing_row_dies_after_the_limit_and_later_rows_are_published;
     early_purges_are_caught: PurgesEarly => outbox_purges_sent_rows_after_retention_only;

@@ -1,5 +1,5 @@
 //! The outbox on PostgreSQL (`DEDUP_POSTGRES_URL`): the conformance clauses
-//! (`outbox_suite!`), relays racing over ordering keys, the relay woken by `NOTIFY`, and the
+//! (`outbox_suite!`, relays racing over ordering keys among them), the relay woken by `NOTIFY`, and the
 //! consumer outbox from a `TxInbox` handler.
 
 mod common;
@@ -95,91 +95,6 @@ async fn enqueue(store: &PostgresStore, messages: &[OutboxMessage]) -> u64 {
     let n = store.outbox().enqueue(&mut tx, messages).await.unwrap();
     tx.commit().await.unwrap();
     n
-}
-
-/// Relays on separate pools take concurrently (SKIP LOCKED) from rows of a few ordering
-/// keys. Each relay notes, per row, when its take returned and when it started marking:
-/// both lie inside the row's real hold, so two such spans of one key that overlap mean two
-/// live holds on the key at once. Per key, rows must also be taken in id order, and every
-/// row must be sent exactly once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn racing_relays_never_hold_two_rows_of_one_key() {
-    let url = url_or_skip!();
-    let table = common::unique_table("outbox_race");
-    let first = common::store_on(&url, &table, None).await;
-    let (keys, per_key) = (4, 25);
-    let mut messages = Vec::new();
-    for i in 0..per_key {
-        for k in 0..keys {
-            messages.push(
-                OutboxMessage::new("orders", format!("m-{k}-{i}"), b"x".to_vec())
-                    .unwrap()
-                    .ordering_key(format!("key-{k}"))
-                    .unwrap(),
-            );
-        }
-    }
-    // Several transactions, so ids of one key are spread among the others'.
-    for chunk in messages.chunks(10) {
-        enqueue(&first, chunk).await;
-    }
-    let started = Instant::now();
-    type Span = (String, i64, Duration, Duration);
-    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
-    let mut relays = Vec::new();
-    for r in 0..4 {
-        let store = common::store_on(&url, &table, None).await.outbox();
-        let spans = spans.clone();
-        relays.push(tokio::spawn(async move {
-            let mut idle = 0;
-            while idle < 20 {
-                let held = store.take(3, Duration::from_secs(60)).await.unwrap();
-                let taken_at = started.elapsed();
-                if held.rows.is_empty() {
-                    idle += 1;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                }
-                idle = 0;
-                // "Publishing": long enough for the others to try the same keys.
-                tokio::time::sleep(Duration::from_millis(2 + r)).await;
-                let marking_at = started.elapsed();
-                let ids: Vec<i64> = held.rows.iter().map(|row| row.id).collect();
-                let marked = store.mark_sent(&held.token, &ids).await.unwrap();
-                assert_eq!(marked, ids, "a live hold's marks all apply");
-                let mut spans = spans.lock().unwrap();
-                for row in &held.rows {
-                    let key = row.ordering_key.clone().expect("every row has a key");
-                    spans.push((key, row.id, taken_at, marking_at));
-                }
-            }
-        }));
-    }
-    for relay in relays {
-        relay.await.unwrap();
-    }
-    let spans = spans.lock().unwrap().clone();
-    assert_eq!(spans.len(), keys * per_key, "every row sent exactly once");
-    let mut by_key: HashMap<String, Vec<(i64, Duration, Duration)>> = HashMap::new();
-    for (key, id, from, to) in spans {
-        by_key.entry(key).or_default().push((id, from, to));
-    }
-    for (key, mut rows) in by_key {
-        rows.sort_by_key(|(_, from, _)| *from);
-        for pair in rows.windows(2) {
-            let ((a, _, a_end), (b, b_start, _)) = (pair[0], pair[1]);
-            assert!(a < b, "{key}: row {b} taken after row {a}, out of id order");
-            assert!(
-                a_end <= b_start,
-                "{key}: rows {a} and {b} were held at once ({a_end:?} > {b_start:?})"
-            );
-        }
-    }
-    let stats = first.outbox().stats().await.unwrap();
-    assert_eq!(
-        (stats.sent, stats.pending, stats.held),
-        ((keys * per_key) as u64, 0, 0)
-    );
 }
 
 /// With a poll interval of a minute, a committed row is published within a second: the
