@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use axum::Form;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Form, Json};
 use dedup_core::{Forgot, Key, PurgeOptions, Released};
 use serde::Deserialize;
 use std::fmt::Write;
@@ -16,7 +17,7 @@ use crate::console::{Inner, Problem, html, need_outbox};
 use crate::gather;
 use crate::guard::COOKIE;
 use crate::html::{esc, qs};
-use crate::model::PurgeLine;
+use crate::model::{ActionDone, PurgeLine, Session};
 
 /// The parameters of every action (each uses some).
 #[derive(Debug, Default, Deserialize)]
@@ -171,12 +172,54 @@ pub(crate) async fn act(
     Form(p): Form<Params>,
 ) -> Result<Response, Problem> {
     inner.check_write(&headers, &p.csrf)?;
-    let done = run(&inner, &action, &p).await?;
+    let (_, done) = run(&inner, &action, &p).await?;
     let body = format!(
-        "<p class=done id=result>{done}</p><p><a href=\"{}/\">Overview</a></p>",
+        "<p class=done id=result>{}</p><p><a href=\"{}/\">Overview</a></p>",
+        esc(&done),
         esc(&inner.config.base_path)
     );
     Ok(html(&inner, "Done", &body, false))
+}
+
+/// `POST /api/act/{action}`: the same action, its parameters a JSON object (with `csrf`),
+/// guarded the same way; the answer is JSON ([`ActionDone`]), and so is a refusal or an
+/// error (`{"status", "error"}`).
+pub(crate) async fn api_act(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Path(action): Path<String>,
+    body: Result<Json<Params>, JsonRejection>,
+) -> Response {
+    let result = async {
+        let Json(p) = body.map_err(|e| Problem::BadInput(format!("the request body: {e}")))?;
+        inner.check_write(&headers, &p.csrf)?;
+        let (changed, message) = run(&inner, &action, &p).await?;
+        Ok::<_, Problem>(ActionDone {
+            action: action.clone(),
+            changed,
+            message,
+        })
+    }
+    .await;
+    match result {
+        Ok(done) => Json(done).into_response(),
+        Err(problem) => problem.into_json_response(),
+    }
+}
+
+/// `GET /api/session`: what a script needs before an action: the CSRF token every write
+/// carries, whether writes are allowed, and whether this request is authenticated.
+pub(crate) async fn api_session(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    Ok(Json(Session {
+        csrf: inner.csrf.clone(),
+        writes_allowed: inner.config.allow_writes,
+        authenticated: inner.authenticated(&headers),
+    })
+    .into_response())
 }
 
 /// Refuse an action whose key moved on since the operator looked.
@@ -187,7 +230,14 @@ fn changed(action: &'static str, key: &Key, seen: u64, now: u64) -> Problem {
     ))
 }
 
-async fn run(inner: &Inner, action: &str, p: &Params) -> Result<String, Problem> {
+/// An action's answer: how many records or rows it changed, and what it did, in words.
+fn done(changed: u64, message: String) -> (u64, String) {
+    (changed, message)
+}
+
+/// Run `action` (its input already guarded): how many records or rows it changed, and what
+/// it did in words (plain text: the HTML answer escapes it).
+async fn run(inner: &Inner, action: &str, p: &Params) -> Result<(u64, String), Problem> {
     let admin = inner.admin.as_ref();
     match action {
         "forget" | "release" => {
@@ -219,22 +269,21 @@ async fn run(inner: &Inner, action: &str, p: &Params) -> Result<String, Problem>
                 Ok(match r {
                     Forgot::Forgot { status, .. } => {
                         count("forget", "done", 1);
-                        format!(
-                            "Forgot {} (it was {}).",
-                            esc(&key.to_string()),
-                            status.as_str()
-                        )
+                        done(1, format!("Forgot {} (it was {}).", key, status.as_str()))
                     }
                     Forgot::LiveLease { .. } => {
                         count("forget", "refused", 1);
-                        format!(
-                            "Not forgotten: {} holds a live lease (release it first).",
-                            esc(&key.to_string())
+                        done(
+                            0,
+                            format!(
+                                "Not forgotten: {} holds a live lease (release it first).",
+                                key
+                            ),
                         )
                     }
                     Forgot::NotFound => {
                         count("forget", "not-found", 1);
-                        format!("{} has no record any more.", esc(&key.to_string()))
+                        done(0, format!("{} has no record any more.", key))
                     }
                 })
             } else {
@@ -250,15 +299,18 @@ async fn run(inner: &Inner, action: &str, p: &Params) -> Result<String, Problem>
                         was_live,
                     } => {
                         count("release", "done", 1);
-                        format!(
-                            "Released the lease on {} (fence {fence}, attempt {attempt}, {}).",
-                            esc(&key.to_string()),
-                            if was_live { "was live" } else { "had expired" }
+                        done(
+                            1,
+                            format!(
+                                "Released the lease on {} (fence {fence}, attempt {attempt}, {}).",
+                                key,
+                                if was_live { "was live" } else { "had expired" }
+                            ),
                         )
                     }
                     other => {
                         count("release", "refused", 1);
-                        format!("Nothing released on {}: {other:?}.", esc(&key.to_string()))
+                        done(0, format!("Nothing released on {}: {other:?}.", key))
                     }
                 })
             }
@@ -289,7 +341,7 @@ async fn run(inner: &Inner, action: &str, p: &Params) -> Result<String, Problem>
             }
             tracing::info!(group = %id, forgot, "dedup console: forget group");
             count("forget-group", "done", forgot);
-            Ok(format!("Forgot {forgot} keys of group {}.", esc(&id)))
+            Ok(done(forgot, format!("Forgot {forgot} keys of group {id}.")))
         }
         "outbox-retry" => {
             let outbox = need_outbox(inner)?;
@@ -322,14 +374,17 @@ async fn run(inner: &Inner, action: &str, p: &Params) -> Result<String, Problem>
             }
             tracing::info!(rows = ?retried, "dedup console: outbox retry");
             count("outbox-retry", "done", retried.len() as u64);
-            Ok(format!(
-                "Returned {} dead outbox rows to pending: {}.",
-                retried.len(),
-                retried
-                    .iter()
-                    .map(i64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+            Ok(done(
+                retried.len() as u64,
+                format!(
+                    "Returned {} dead outbox rows to pending: {}.",
+                    retried.len(),
+                    retried
+                        .iter()
+                        .map(i64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             ))
         }
         "purge" => {
@@ -355,9 +410,12 @@ async fn run(inner: &Inner, action: &str, p: &Params) -> Result<String, Problem>
                     elapsed_ms: report.elapsed.as_millis() as u64,
                 });
             }
-            Ok(format!(
-                "Purged {} completed and {} expired records.",
-                report.completed, report.expired
+            Ok(done(
+                report.completed + report.expired,
+                format!(
+                    "Purged {} completed and {} expired records.",
+                    report.completed, report.expired
+                ),
             ))
         }
         other => Err(Problem::NotFound(format!("no action {other}"))),

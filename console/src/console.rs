@@ -95,6 +95,8 @@ impl Console {
             .route("/api/outbox/dead", get(api_outbox))
             .route("/confirm/{action}", get(actions::confirm))
             .route("/act/{action}", post(actions::act))
+            .route("/api/session", get(actions::api_session))
+            .route("/api/act/{action}", post(actions::api_act))
             .with_state(self.inner.clone())
     }
 }
@@ -121,10 +123,14 @@ impl Problem {
     }
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let (status, text) = match self {
-            Problem::Refused(r) => return r.into_response(),
+impl Problem {
+    /// The status and the reason, logged (a store failure) or counted (a refusal).
+    fn parts(self) -> (StatusCode, String) {
+        match self {
+            Problem::Refused(r) => {
+                r.note();
+                (r.status, r.reason)
+            }
             Problem::BadInput(t) => (StatusCode::BAD_REQUEST, t),
             Problem::NotFound(t) => (StatusCode::NOT_FOUND, t),
             Problem::Conflict(t) => (StatusCode::CONFLICT, t),
@@ -136,6 +142,28 @@ impl IntoResponse for Problem {
                     format!("{what} failed: {}", dedup_core::error_chain(&e)),
                 )
             }
+        }
+    }
+
+    /// The answer of an `/api` request: `{"status", "error"}` with the same status.
+    pub(crate) fn into_json_response(self) -> Response {
+        let (status, error) = self.parts();
+        (
+            status,
+            Json(crate::model::ApiError {
+                status: status.as_u16(),
+                error,
+            }),
+        )
+            .into_response()
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let (status, text) = match self {
+            Problem::Refused(r) => return r.into_response(),
+            other => other.parts(),
         };
         (
             status,

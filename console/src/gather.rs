@@ -95,10 +95,9 @@ pub async fn overview(
     config: &ConsoleConfig,
     last_purge: Option<PurgeLine>,
 ) -> Result<Overview> {
-    let stats = admin.stats(0).await?;
-    let consumers = admin
-        .consumers()
-        .await?
+    // The store's counts and the consumers' lines, read at once.
+    let (stats, consumers) = futures::try_join!(admin.stats(0), admin.consumers())?;
+    let consumers = consumers
         .into_iter()
         .map(|c| ConsumerLine {
             processed: c.counts.completed,

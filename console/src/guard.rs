@@ -20,11 +20,18 @@ pub struct Refusal {
     base: String,
 }
 
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
+impl Refusal {
+    /// Count and log the refusal (`dedup_console_refused_total{status}`).
+    pub(crate) fn note(&self) {
         metrics::counter!("dedup_console_refused_total", "status" => self.status.as_str().to_owned())
             .increment(1);
         tracing::warn!(status = %self.status, reason = %self.reason, "dedup console refused a request");
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        self.note();
         let body = format!(
             "<p class=refused>{}</p><p><a href=\"{b}/signin\">Sign in</a> · <a href=\"{b}/\">Overview</a></p>",
             esc(&self.reason),

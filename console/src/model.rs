@@ -240,3 +240,35 @@ pub struct DeadRow {
     /// Its last error in full.
     pub last_error: Option<String>,
 }
+
+/// `POST /api/act/{action}`: what the action did.
+#[derive(Clone, Debug, Serialize)]
+pub struct ActionDone {
+    /// The action (`forget`, `forget-group`, `release`, `outbox-retry`, `purge`).
+    pub action: String,
+    /// Records or rows it changed (0: nothing, e.g. a key holding a live lease is not
+    /// forgotten).
+    pub changed: u64,
+    /// What it did, in words.
+    pub message: String,
+}
+
+/// `GET /api/session`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Session {
+    /// The CSRF token every write carries (`csrf` in its form or JSON body).
+    pub csrf: String,
+    /// Whether this console was started with writes allowed.
+    pub writes_allowed: bool,
+    /// Whether this request carries the token (or the host authenticates).
+    pub authenticated: bool,
+}
+
+/// The JSON answer of a refused or failed `/api` request.
+#[derive(Clone, Debug, Serialize)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: u16,
+    /// Why, for the operator.
+    pub error: String,
+}

@@ -284,6 +284,170 @@ async fn views_need_the_token_and_hide_passwords() {
     assert!(dedup_console::Console::new(s.admin.clone(), &t.url, bad).is_err());
 }
 
+/// POST a JSON action to `/api/act/{action}` with `body`, the token (or not) and an
+/// `Origin` (or not); the answer parsed.
+async fn post_json(
+    app: &Router,
+    action: &str,
+    body: Value,
+    token: bool,
+    origin: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = Request::post(format!("/api/act/{action}"))
+        .header(header::HOST, "console.test")
+        .header(header::CONTENT_TYPE, "application/json");
+    if token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {TOKEN}"));
+    }
+    if let Some(o) = origin {
+        req = req.header(header::ORIGIN, o);
+    }
+    let (status, text) = send(app, req.body(Body::from(body.to_string())).unwrap()).await;
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, v)
+}
+
+/// The actions as JSON under `/api/act`: the CSRF token from `/api/session`, refused
+/// without the token, from a foreign origin or without the CSRF token (JSON errors, nothing
+/// changed), fenced, and answering what they changed.
+async fn api_actions(t: Target) {
+    let s = common::seed(&t).await;
+    let app = common::console(&t, &s).router();
+    let session = json(&app, "/api/session").await;
+    assert_eq!(session["writes_allowed"], true, "{session}");
+    assert_eq!(session["authenticated"], false, "{session}");
+    let csrf = session["csrf"].as_str().expect("a CSRF token").to_owned();
+    let groups = json(&app, "/api/failures").await;
+    let group = groups["groups"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(groups["groups"][0]["count"], 3, "{groups}");
+
+    let form = serde_json::json!({ "csrf": csrf, "id": group });
+    let (status, err) = post_json(&app, "forget-group", form.clone(), false, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{err}");
+    assert_eq!(err["status"], 401, "{err}");
+    let (status, err) = post_json(
+        &app,
+        "forget-group",
+        form.clone(),
+        true,
+        Some("http://evil.test"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
+    assert!(
+        err["error"].as_str().unwrap().contains("foreign origin"),
+        "{err}"
+    );
+    let (status, err) = post_json(
+        &app,
+        "forget-group",
+        serde_json::json!({ "id": group }),
+        true,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
+    let (status, err) = post_json(&app, "no-such-action", form.clone(), true, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{err}");
+    assert_eq!(
+        json(&app, "/api/failures").await["groups"][0]["count"],
+        3,
+        "nothing changed"
+    );
+
+    let (status, done) = post_json(
+        &app,
+        "forget-group",
+        form,
+        true,
+        Some("http://console.test"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(done["action"], "forget-group", "{done}");
+    assert_eq!(done["changed"], 3, "{done}");
+    for id in ["fail-1", "dead-1", SCRIPT_KEY] {
+        let c = s
+            .admin
+            .claim(
+                &Key::new("billing", id).unwrap(),
+                &ClaimOptions::lease(Duration::from_secs(30)),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(c, Claim::Acquired(_)), "{id}: {c:?}");
+    }
+
+    // Release, fenced: a stale fence is a JSON 409 and nothing changes.
+    let st = json(&app, "/api/stuck?older_than=0s").await;
+    let lease = st["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["message_id"] == "stuck-1")
+        .expect("stuck-1 in flight");
+    let fence = lease["fence"].as_u64().unwrap();
+    let stale = serde_json::json!({
+        "csrf": csrf, "consumer": "billing", "id": "stuck-1", "fence": fence + 1
+    });
+    let (status, err) = post_json(&app, "release", stale, true, None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    let release = serde_json::json!({
+        "csrf": csrf, "consumer": "billing", "id": "stuck-1", "fence": fence
+    });
+    let (status, done) = post_json(&app, "release", release, true, None).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(done["changed"], 1, "{done}");
+    let lost = s.admin.commit(&s.stale, Some(b"late")).await;
+    assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
+
+    // Retry every dead outbox row.
+    if let (Some(outbox), Some(id)) = (&s.outbox, s.dead_row) {
+        let all = serde_json::json!({ "csrf": csrf, "all": "1" });
+        let (status, done) = post_json(&app, "outbox-retry", all, true, None).await;
+        assert_eq!(status, StatusCode::OK, "{done}");
+        assert_eq!(done["changed"], 1, "{done}");
+        let held = outbox.take(10, Duration::from_secs(30)).await.unwrap();
+        assert!(
+            held.rows.iter().any(|r| r.id == id),
+            "republished: {held:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn api_actions_over_sqlite() {
+    api_actions(common::target("sqlite").unwrap()).await;
+}
+
+#[tokio::test]
+async fn api_actions_over_postgres() {
+    if let Some(t) = common::target("postgres") {
+        api_actions(t).await;
+    }
+}
+
+/// A read-only console refuses a JSON action, as JSON.
+#[tokio::test]
+async fn api_actions_refused_when_read_only() {
+    let t = common::target("sqlite").unwrap();
+    let s = common::seed(&t).await;
+    let mut config = dedup_console::ConsoleConfig::default();
+    config.token = Some(TOKEN.into());
+    let app = dedup_console::Console::new(s.admin.clone(), &t.url, config)
+        .unwrap()
+        .router();
+    let session = json(&app, "/api/session").await;
+    assert_eq!(session["writes_allowed"], false, "{session}");
+    let body = serde_json::json!({ "csrf": session["csrf"] });
+    let (status, err) = post_json(&app, "purge", body, true, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
+    assert!(
+        err["error"].as_str().unwrap().contains("read-only"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn console_over_sqlite() {
     scenario(common::target("sqlite").unwrap()).await;
