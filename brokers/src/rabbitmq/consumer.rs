@@ -15,7 +15,6 @@ use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties, C
 
 use super::RabbitPublisher;
 use super::errors::classify;
-use super::publisher::confirmed;
 use crate::{
     Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
     Health, Pending, Shutdown, Source, consume_with_health,
@@ -393,7 +392,8 @@ impl RabbitPending {
         headers.extend(fault.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         let id = d.message_id.as_deref().unwrap_or("");
         let confirm = publisher.send(destination, id, headers, &d.payload).await?;
-        confirmed(destination, confirm).await
+        let deadline = publisher.confirm_deadline();
+        publisher.confirmed(destination, confirm, deadline).await
     }
 }
 
