@@ -14,13 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher};
+use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher, Topology};
 use dedup_brokers::{BrokerError, ConsumerConfig, Delivery, shutdown, with_inbox};
 use dedup_core::outbox::Publisher;
 use dedup_core::{Inbox, MemoryStore};
 use dedup_sqlite::SqliteStore;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use support::private::{Private, turn};
 use support::{Runs, row, wait_until};
@@ -50,17 +49,12 @@ async fn publish(url: &str, queue: &str, ids: std::ops::Range<usize>) {
     conn.close(0, "done".into()).await.unwrap();
 }
 
-/// A durable queue named `queue` (it outlives a broker restart).
+/// A durable queue named `queue` (it outlives a broker restart), with its dead-letter
+/// exchange and queue (`Topology::for_queue`).
 async fn declare_durable(url: &str, queue: &str) {
     let conn = connect(url).await;
     let ch = conn.create_channel().await.unwrap();
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    ch.queue_declare(queue.into(), durable, FieldTable::default())
-        .await
-        .unwrap();
+    Topology::for_queue(queue).declare(&ch).await.unwrap();
     conn.close(0, "done".into()).await.unwrap();
 }
 
@@ -83,8 +77,17 @@ async fn drain_and_delete(url: &str, queue: &str) -> Vec<String> {
                 .to_string(),
         );
     }
+    let topology = Topology::for_queue(queue);
+    for q in [&topology.queue, &topology.dead_letter_queue] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
     let _ = ch
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .exchange_delete(
+            topology.dead_letter_exchange.as_str().into(),
+            ExchangeDeleteOptions::default(),
+        )
         .await;
     let _ = conn.close(0, "done".into()).await;
     ids
