@@ -30,6 +30,18 @@ pub enum BrokerError {
         #[source]
         source: BoxError,
     },
+    /// The endpoint lacks something the consumer's settings need (a RabbitMQ queue without
+    /// the `x-dead-letter-exchange` its rejected messages would go to): the consumer refused
+    /// to start and consumed nothing.
+    #[error("{endpoint} has no {missing}: {why}")]
+    MissingTopology {
+        /// The queue (stream, subscription) consumed.
+        endpoint: String,
+        /// What it lacks (an argument's name).
+        missing: String,
+        /// What would happen, and the ways out.
+        why: String,
+    },
 }
 
 impl BrokerError {

@@ -9,12 +9,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use dedup_brokers::rabbitmq::{DeadLetters, RabbitConsumer, RabbitPublisher};
-use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, shutdown};
+use dedup_brokers::rabbitmq::{
+    DEAD_LETTER_EXCHANGE_ARG, DeadLetters, RabbitConsumer, RabbitPublisher, Topology,
+};
+use dedup_brokers::{BrokerError, ConsumerConfig, DEAD_LETTER_REASON, shutdown};
 use dedup_core::outbox::Publisher;
 use dedup_core::{InboxConfig, MemoryStore};
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -396,4 +399,234 @@ async fn a_transient_error_runs_again_inside_one_delivery_which_is_acked_once() 
     );
     assert!(fx.drain(&fx.dead).await.is_empty(), "nothing dead-lettered");
     fx.cleanup().await;
+}
+
+/// A message without a message id, straight to `queue` through the default exchange.
+async fn publish_without_id(conn: &Connection, queue: &str, payload: &[u8]) {
+    let ch = conn.create_channel().await.unwrap();
+    ch.basic_publish(
+        "".into(),
+        queue.into(),
+        BasicPublishOptions::default(),
+        payload,
+        BasicProperties::default(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let _ = ch.close(200, "published".into()).await;
+}
+
+/// Delete `queues` and `exchanges`.
+async fn remove(conn: &Connection, queues: &[&str], exchanges: &[&str]) {
+    let ch = conn.create_channel().await.unwrap();
+    for q in queues {
+        let _ = ch
+            .queue_delete((*q).into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for x in exchanges {
+        let _ = ch
+            .exchange_delete((*x).into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+}
+
+/// A consumer that declares its topology makes the queue, its dead-letter exchange and its
+/// dead-letter queue: a delivery it rejects (no message id) lands in the dead-letter queue,
+/// a good one is handled. A second run declares it all again, unchanged.
+#[tokio::test]
+async fn a_declared_topology_keeps_what_the_consumer_rejects() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_AMQP_URL") else {
+        return;
+    };
+    let conn = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let topology = Topology::for_queue(format!("dedup-topology-{}", uuid::Uuid::new_v4().simple()));
+    let publisher = RabbitPublisher::new(&conn).await.unwrap();
+    for round in 0..2 {
+        let (runs, calls) = (Runs::default(), Arc::new(AtomicU32::new(0)));
+        let store = Arc::new(MemoryStore::new());
+        let handler = counting(
+            &store,
+            InboxConfig::default(),
+            &runs,
+            &calls,
+            Duration::ZERO,
+        );
+        let consumer =
+            RabbitConsumer::from_uri(&url, &topology.queue, config()).declare(topology.clone());
+        let health = consumer.health();
+        let (stop, signal) = shutdown();
+        let task = tokio::spawn(consumer.run(handler, signal));
+        wait_until("connected", || health.snapshot().connected).await;
+        let id = format!("good-{round}");
+        publisher
+            .publish(&row(&format!("/{}", topology.queue), &id))
+            .await
+            .unwrap();
+        let bad = format!("no id {round}");
+        publish_without_id(&conn, &topology.queue, bad.as_bytes()).await;
+        wait_until("the good one handled", || {
+            runs.lock().unwrap().contains_key(&id)
+        })
+        .await;
+        let ch = conn.create_channel().await.unwrap();
+        let mut dead = Vec::new();
+        for _ in 0..200 {
+            if let Some(m) = ch
+                .basic_get(
+                    topology.dead_letter_queue.as_str().into(),
+                    BasicGetOptions { no_ack: true },
+                )
+                .await
+                .unwrap()
+            {
+                dead.push(m.delivery.data.clone());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        stop.shut_down();
+        let stats = task.await.unwrap().unwrap();
+        assert_eq!(dead, [bad.into_bytes()], "round {round}: {stats:?}");
+        assert_eq!((stats.processed, stats.refused), (1, 1), "{stats:?}");
+    }
+    remove(
+        &conn,
+        &[&topology.queue, &topology.dead_letter_queue],
+        &[&topology.dead_letter_exchange],
+    )
+    .await;
+}
+
+/// Run a consumer of `queue` made by `make` with a counting handler: its result (given up
+/// after 20 s) and the message ids it handled.
+async fn run_briefly(
+    queue: &str,
+    make: impl FnOnce() -> RabbitConsumer,
+    until: usize,
+) -> (Result<dedup_brokers::ConsumerStats, BrokerError>, Runs) {
+    let runs = Runs::default();
+    let handler = counting(
+        &Arc::new(MemoryStore::new()),
+        InboxConfig::default(),
+        &runs,
+        &Arc::new(AtomicU32::new(0)),
+        Duration::ZERO,
+    );
+    let (stop, signal) = shutdown();
+    let task = tokio::spawn(make().run(handler, signal));
+    for _ in 0..800 {
+        if task.is_finished() || runs.lock().unwrap().len() >= until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    stop.shut_down();
+    let result = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap_or_else(|_| panic!("the consumer of {queue} did not stop"))
+        .unwrap();
+    (result, runs)
+}
+
+/// The start-up check of the default dead-lettering (reject to the queue's dead-letter
+/// exchange): a queue without `x-dead-letter-exchange` is refused with `MissingTopology`
+/// naming the queue and the argument, and nothing is consumed; queues that have one (also
+/// with arguments RabbitMQ compares before it, durable or not) run; a policy-set exchange
+/// skips the check.
+#[tokio::test]
+async fn a_queue_without_a_dead_letter_exchange_is_refused_and_nothing_is_consumed() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_AMQP_URL") else {
+        return;
+    };
+    let conn = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let ttl = |args: &mut FieldTable| {
+        args.insert("x-message-ttl".into(), AMQPValue::LongInt(600_000));
+        args.insert("x-expires".into(), AMQPValue::LongInt(3_600_000));
+    };
+    let dlx = |args: &mut FieldTable| {
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+    };
+    // (queue, durable, with a TTL and expiry, with a dead-letter exchange)
+    let queues = [
+        (format!("dedup-bare-{tag}"), false, false, false),
+        (format!("dedup-bare-ttl-{tag}"), true, true, false),
+        (format!("dedup-dlx-ttl-{tag}"), true, true, true),
+        (format!("dedup-dlx-{tag}"), false, false, true),
+    ];
+    let publisher = RabbitPublisher::new(&conn).await.unwrap();
+    for (queue, durable, with_ttl, with_dlx) in &queues {
+        let mut args = FieldTable::default();
+        if *with_ttl {
+            ttl(&mut args);
+        }
+        if *with_dlx {
+            dlx(&mut args);
+        }
+        let options = QueueDeclareOptions {
+            durable: *durable,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(queue.as_str().into(), options, args)
+            .await
+            .unwrap();
+        publisher
+            .publish(&row(&format!("/{queue}"), &format!("m-{queue}")))
+            .await
+            .unwrap();
+    }
+    for (queue, _, _, with_dlx) in &queues {
+        let (result, runs) =
+            run_briefly(queue, || RabbitConsumer::from_uri(&url, queue, config()), 1).await;
+        if *with_dlx {
+            let stats = result.unwrap_or_else(|e| panic!("{queue} has one: {e}"));
+            assert_eq!(stats.processed, 1, "{queue}: {stats:?}");
+            continue;
+        }
+        match result {
+            Err(BrokerError::MissingTopology {
+                endpoint, missing, ..
+            }) => {
+                assert_eq!(&endpoint, queue);
+                assert_eq!(missing, DEAD_LETTER_EXCHANGE_ARG);
+            }
+            other => panic!("{queue} must be refused: {other:?}"),
+        }
+        assert!(runs.lock().unwrap().is_empty(), "{queue}: nothing handled");
+        let held = ch
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(held.message_count(), 1, "{queue}: nothing consumed");
+    }
+    // Told the exchange comes from a policy, the consumer skips the check and consumes.
+    let bare = &queues[0].0;
+    let (result, runs) = run_briefly(
+        bare,
+        || RabbitConsumer::from_uri(&url, bare, config()).dead_letter_exchange_by_policy(),
+        1,
+    )
+    .await;
+    assert_eq!(result.unwrap().processed, 1);
+    assert_eq!(runs.lock().unwrap().len(), 1);
+    let names: Vec<&str> = queues.iter().map(|q| q.0.as_str()).collect();
+    remove(&conn, &names, &[]).await;
 }

@@ -1,5 +1,7 @@
 //! RabbitMQ killed (`kill -9`) and restarted while a consumer runs: the consumer reconnects
 //! by itself and every published message is handled exactly once through a SQLite inbox.
+//! While a publisher publishes: it connects again by itself, and every publish it answered
+//! `Ok` is at the broker after the restart.
 //!
 //! The test restarts a PRIVATE RabbitMQ, never the shared one: it uses the server of the
 //! `scripts/services.sh` state dir named by `DEDUP_RESTART_SERVICES_DIR` (started with
@@ -9,17 +11,17 @@
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher};
+use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher, Topology};
 use dedup_brokers::{BrokerError, ConsumerConfig, Delivery, shutdown, with_inbox};
 use dedup_core::outbox::Publisher;
 use dedup_core::{Inbox, MemoryStore};
 use dedup_sqlite::SqliteStore;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
-use support::private::Private;
+use support::private::{Private, turn};
 use support::{Runs, row, wait_until};
 
 async fn connect(url: &str) -> Connection {
@@ -47,6 +49,50 @@ async fn publish(url: &str, queue: &str, ids: std::ops::Range<usize>) {
     conn.close(0, "done".into()).await.unwrap();
 }
 
+/// A durable queue named `queue` (it outlives a broker restart), with its dead-letter
+/// exchange and queue (`Topology::for_queue`).
+async fn declare_durable(url: &str, queue: &str) {
+    let conn = connect(url).await;
+    let ch = conn.create_channel().await.unwrap();
+    Topology::for_queue(queue).declare(&ch).await.unwrap();
+    conn.close(0, "done".into()).await.unwrap();
+}
+
+/// The message ids `queue` holds (taken out, acked), then the queue deleted.
+async fn drain_and_delete(url: &str, queue: &str) -> Vec<String> {
+    let conn = connect(url).await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut ids = Vec::new();
+    while let Some(m) = ch
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        ids.push(
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let topology = Topology::for_queue(queue);
+    for q in [&topology.queue, &topology.dead_letter_queue] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = ch
+        .exchange_delete(
+            topology.dead_letter_exchange.as_str().into(),
+            ExchangeDeleteOptions::default(),
+        )
+        .await;
+    let _ = conn.close(0, "done".into()).await;
+    ids
+}
+
 fn config() -> ConsumerConfig {
     ConsumerConfig {
         in_flight: 8,
@@ -60,22 +106,12 @@ fn config() -> ConsumerConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
+    let _turn = turn().await;
     let rabbit = tokio::task::spawn_blocking(|| Private::start("rabbitmq", "DEDUP_AMQP_URL"))
         .await
         .unwrap();
     let queue = format!("dedup-restart-{}", uuid::Uuid::new_v4().simple());
-    {
-        let conn = connect(&rabbit.url).await;
-        let ch = conn.create_channel().await.unwrap();
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(queue.as_str().into(), durable, FieldTable::default())
-            .await
-            .unwrap();
-        conn.close(0, "done".into()).await.unwrap();
-    }
+    declare_durable(&rabbit.url, &queue).await;
     publish(&rabbit.url, &queue, 0..150).await;
 
     let db = tempfile::tempdir().unwrap();
@@ -133,16 +169,103 @@ async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
     assert!(twice.is_empty(), "handled more than once: {twice:?}");
     assert_eq!(stats.processed, 300, "{stats:?}");
 
-    let conn = connect(&rabbit.url).await;
-    let ch = conn.create_channel().await.unwrap();
-    let left = ch
-        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+    let left = drain_and_delete(&rabbit.url, &queue).await;
+    assert!(left.is_empty(), "every message was acked: {left:?} left");
+    drop(rabbit);
+}
+
+/// Publishes one after another while RabbitMQ is killed and restarted: the publishes that
+/// meet the kill return errors (their confirm never came), never `Ok`; the publisher
+/// connects again by itself; every publish answered `Ok` is in the durable queue after the
+/// restart (a confirm of a persistent message means it is on disk).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_reconnects_after_rabbitmq_is_killed_and_never_says_ok_unconfirmed() {
+    let _turn = turn().await;
+    let rabbit = tokio::task::spawn_blocking(|| Private::start("rabbitmq", "DEDUP_AMQP_URL"))
         .await
         .unwrap();
-    assert!(left.is_none(), "every message was acked");
-    let _ = ch
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
+    let queue = format!("dedup-restart-pub-{}", uuid::Uuid::new_v4().simple());
+    declare_durable(&rabbit.url, &queue).await;
+    let destination = format!("/{queue}");
+    let publisher = RabbitPublisher::connect(&rabbit.url, ConnectionProperties::default())
+        .await
+        .unwrap()
+        .reconnect_within(Duration::from_secs(60));
+    publisher
+        .publish(&row(&destination, "before"))
+        .await
+        .unwrap();
+
+    // One publish after another until told to stop: (message id, answered Ok).
+    let stop = Arc::new(AtomicBool::new(false));
+    let confirmed = Arc::new(AtomicUsize::new(0));
+    let during = tokio::spawn({
+        let (publisher, destination) = (publisher.clone(), destination.clone());
+        let (stop, confirmed) = (Arc::clone(&stop), Arc::clone(&confirmed));
+        async move {
+            let mut answers = Vec::new();
+            for i in 0.. {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let id = format!("during-{i}");
+                let answer = publisher.publish(&row(&destination, &id)).await;
+                if answer.is_ok() {
+                    confirmed.fetch_add(1, Ordering::SeqCst);
+                }
+                answers.push((id, answer.map_err(|e| e.to_string())));
+            }
+            answers
+        }
+    });
+    wait_until("some were confirmed", || {
+        confirmed.load(Ordering::SeqCst) >= 20
+    })
+    .await;
+    let rabbit = tokio::task::spawn_blocking(move || {
+        rabbit.crash_restart("rabbitmq");
+        rabbit
+    })
+    .await
+    .unwrap();
+    // Publishing goes on after the restart, on a new connection.
+    let at_restart = confirmed.load(Ordering::SeqCst);
+    wait_until("confirmed again after the restart", || {
+        confirmed.load(Ordering::SeqCst) >= at_restart + 20
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let answers = during.await.unwrap();
+    let failed: Vec<_> = answers.iter().filter(|(_, a)| a.is_err()).collect();
+    assert!(
+        !failed.is_empty(),
+        "the publish the kill met must fail, not hang or say Ok"
+    );
+    for i in 0..3 {
+        publisher
+            .publish(&row(&destination, &format!("after-{i}")))
+            .await
+            .unwrap_or_else(|e| panic!("publish {i} after the restart failed: {e}"));
+    }
+    let batch = [row(&destination, "batch-0"), row(&destination, "batch-1")];
+    let results = publisher.publish_all(&batch).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+    let held = drain_and_delete(&rabbit.url, &queue).await;
+    let lost: Vec<_> = answers
+        .iter()
+        .filter(|(_, a)| a.is_ok())
+        .map(|(id, _)| id.as_str())
+        .chain([
+            "before", "after-0", "after-1", "after-2", "batch-0", "batch-1",
+        ])
+        .filter(|id| !held.iter().any(|h| h == id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "answered Ok but not at the broker: {lost:?} ({} failed: {failed:?})",
+        failed.len()
+    );
     drop(rabbit);
 }
 

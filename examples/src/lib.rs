@@ -12,6 +12,7 @@ pub mod exit;
     feature = "postgres",
     feature = "mysql",
     feature = "rabbitmq",
+    feature = "kafka",
     feature = "http",
     feature = "sqlite",
     feature = "redis"

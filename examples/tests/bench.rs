@@ -181,7 +181,8 @@ fn check_row(row: &Value, baseline_name: Option<&str>, out: &str) {
     feature = "sqlite",
     feature = "rabbitmq",
     feature = "redis",
-    feature = "nats"
+    feature = "nats",
+    feature = "kafka"
 ))]
 #[test]
 fn bench_reports_the_outbox_and_broker_groups() {
@@ -199,6 +200,7 @@ fn bench_reports_the_outbox_and_broker_groups() {
         url("DEDUP_NATS_URL"),
     );
     let (mysql, pubsub) = (url("DEDUP_MYSQL_URL"), url("DEDUP_PUBSUB_EMULATOR_HOST"));
+    let kafka = url("DEDUP_KAFKA_BROKERS");
     let concurrency = CONCURRENCY.map(|c| c.to_string()).join(",");
     let out = run_example(
         "bench",
@@ -234,6 +236,7 @@ fn bench_reports_the_outbox_and_broker_groups() {
             ("rabbitmq", amqp),
             ("redis-streams", redis),
             ("nats", nats),
+            ("kafka", kafka),
             ("pubsub", pubsub),
         ] {
             if there {

@@ -1,4 +1,5 @@
-//! The broker consumers against the real RabbitMQ and Redis the test script starts.
+//! The broker consumers against the real RabbitMQ, Redis and Kafka (Tansu) the test script
+//! starts.
 
 mod support;
 
@@ -47,4 +48,32 @@ fn redis_streams_dead_consumers_pending_entries_are_reclaimed_and_processed_once
     );
     assert_eq!(r["worker_2"]["duplicates"], 4, "{out}");
     assert_eq!(r["worker_2"]["processed"], 2, "{out}");
+}
+
+#[test]
+fn kafka_consumer_killed_before_its_record_settled_the_redelivery_is_processed_once() {
+    let Some(brokers) = dedup_conformance::server_url("DEDUP_KAFKA_BROKERS") else {
+        eprintln!("SKIPPED: DEDUP_KAFKA_BROKERS not set");
+        return;
+    };
+    let out = run_example("kafka", &["--kafka", &brokers]);
+    let r = &json_lines(&out)[0];
+    assert_eq!(r["records"], 6, "{out}");
+    assert_eq!(r["charges"], 5, "one charge per order:\n{out}");
+    assert_eq!(
+        (r["doubled"].as_u64(), r["lost"].as_u64()),
+        (Some(0), Some(0)),
+        "{out}"
+    );
+    // A processed order-1..3 (the second order-2 record a duplicate) and died on order-3;
+    // B was given order-3 again, a duplicate, then processed order-4 and order-5.
+    assert_eq!(r["a"]["processed"], 3, "{out}");
+    assert_eq!(r["a"]["duplicates"], 1, "{out}");
+    assert_eq!(r["a_last"], "order-3", "{out}");
+    assert!(r["b"]["duplicates"].as_u64().unwrap() >= 1, "{out}");
+    assert_eq!(r["b"]["processed"], 2, "{out}");
+    assert_eq!(
+        r["committed"], 6,
+        "every record settled and committed:\n{out}"
+    );
 }

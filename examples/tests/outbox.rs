@@ -1,19 +1,18 @@
 //! The outbox story against real PostgreSQL and RabbitMQ: once on the servers the test
-//! script started, once on its MariaDB (`--store mysql://...`), and under chaos (worker
-//! processes SIGKILLed at every step, a private store server, PostgreSQL or MariaDB, and
-//! RabbitMQ crash-restarted mid-run).
+//! script started, once on its MariaDB (`--store mysql://...`), once on its Kafka (Tansu,
+//! `--broker kafka`), and under chaos (worker processes SIGKILLed at every step, a private
+//! store server, PostgreSQL or MariaDB, and RabbitMQ crash-restarted mid-run).
 
 mod support;
 
 use support::{json_lines, run_example};
 
-/// Runs the story on the store at `store` and checks every order got one invoice and one
-/// e-mail.
-fn one_invoice_and_one_email_per_order(store: &str, amqp: &str) {
-    let out = run_example(
-        "outbox",
-        &["--store", store, "--amqp", amqp, "--orders", "40", "--json"],
-    );
+/// Runs the story on the store at `store` and the broker of `broker` (its arguments) and
+/// checks every order got one invoice and one e-mail.
+fn one_invoice_and_one_email_per_order(store: &str, broker: &[&str]) {
+    let mut args = vec!["--store", store, "--orders", "40", "--json"];
+    args.extend(broker);
+    let out = run_example("outbox", &args);
     let r = &json_lines(&out)[0];
     assert_eq!(r["orders"], 40, "{out}");
     assert_eq!(
@@ -43,7 +42,7 @@ fn every_order_gives_one_invoice_and_one_email() {
         eprintln!("SKIPPED: DEDUP_POSTGRES_URL or DEDUP_AMQP_URL not set");
         return;
     };
-    one_invoice_and_one_email_per_order(&pg, &amqp);
+    one_invoice_and_one_email_per_order(&pg, &["--amqp", &amqp]);
 }
 
 #[test]
@@ -55,7 +54,19 @@ fn on_mysql_every_order_gives_one_invoice_and_one_email() {
         eprintln!("SKIPPED: DEDUP_MYSQL_URL or DEDUP_AMQP_URL not set");
         return;
     };
-    one_invoice_and_one_email_per_order(&mysql, &amqp);
+    one_invoice_and_one_email_per_order(&mysql, &["--amqp", &amqp]);
+}
+
+#[test]
+fn on_kafka_every_order_gives_one_invoice_and_one_email() {
+    let (Some(pg), Some(kafka)) = (
+        dedup_conformance::server_url("DEDUP_POSTGRES_URL"),
+        dedup_conformance::server_url("DEDUP_KAFKA_BROKERS"),
+    ) else {
+        eprintln!("SKIPPED: DEDUP_POSTGRES_URL or DEDUP_KAFKA_BROKERS not set");
+        return;
+    };
+    one_invoice_and_one_email_per_order(&pg, &["--broker", "kafka", "--kafka", &kafka]);
 }
 
 /// Runs the story under chaos with `store` (`postgres` or `mariadb`) as the private store

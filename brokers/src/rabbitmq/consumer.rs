@@ -13,9 +13,9 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
 
-use super::RabbitPublisher;
 use super::errors::classify;
-use super::publisher::confirmed;
+use super::topology::check_dead_letter_exchange;
+use super::{RabbitPublisher, Topology};
 use crate::{
     Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
     Health, Pending, Shutdown, Source, consume_with_health,
@@ -25,8 +25,11 @@ use crate::{
 #[derive(Clone, Debug, Default)]
 pub enum DeadLetters {
     /// `basic.reject` without requeue: RabbitMQ moves the message to the queue's
-    /// dead-letter exchange (`x-dead-letter-exchange`), or drops it if the queue has none.
-    /// The reason is only logged (RabbitMQ's `x-death` header says `rejected`).
+    /// dead-letter exchange (`x-dead-letter-exchange`); it would drop it if the queue had
+    /// none, so a consumer that owns its connection ([`RabbitConsumer::from_uri`]) refuses
+    /// to start on such a queue ([`BrokerError::MissingTopology`]; see
+    /// [`RabbitConsumer::declare`]). The reason is only logged (RabbitMQ's `x-death` header
+    /// says `rejected`).
     #[default]
     QueueDlx,
     /// Publish a copy (same message id, headers and payload, plus the reason in
@@ -60,6 +63,12 @@ enum Link {
 /// [`ConsumerConfig::reconnect_delay`]); built with [`new`](Self::new) over a channel, a lost
 /// channel ends `run` with an error (it cannot open another).
 ///
+/// Topology: [`declare`](Self::declare) declares the queue and its dead-letter exchange
+/// and queue at every connect; without it, a consumer built with `from_uri` that
+/// dead-letters by rejecting ([`DeadLetters::QueueDlx`]) checks at every connect that the
+/// queue has an `x-dead-letter-exchange`, and refuses to run
+/// ([`BrokerError::MissingTopology`]) when it has none.
+///
 /// Actions: ack; a retry is a `basic.nack` with requeue sent after the delay (AMQP has no
 /// delayed requeue: the delivery keeps its in-flight slot while it waits, and a shutdown
 /// ends the wait at once); dead letters per [`DeadLetters`].
@@ -69,6 +78,8 @@ pub struct RabbitConsumer {
     config: ConsumerConfig,
     health: Health,
     dead_letters: Arc<DeadLetters>,
+    topology: Option<Topology>,
+    dlx_by_policy: bool,
     connection: Option<Connection>,
     channel: Option<Channel>,
     consumer: Option<Consumer>,
@@ -114,6 +125,8 @@ impl RabbitConsumer {
             config,
             health: Health::default(),
             dead_letters: Arc::default(),
+            topology: None,
+            dlx_by_policy: false,
             connection: None,
             channel: None,
             consumer: None,
@@ -134,6 +147,22 @@ impl RabbitConsumer {
     /// Where dead letters go (default: the queue's dead-letter exchange).
     pub fn dead_letters(mut self, dead_letters: DeadLetters) -> Self {
         self.dead_letters = Arc::new(dead_letters);
+        self
+    }
+
+    /// Declare `topology` (the queue, its dead-letter exchange and queue) at every connect,
+    /// before consuming. Its queue must be this consumer's; a queue that exists with other
+    /// arguments ends `run` with [`BrokerError::Refused`].
+    pub fn declare(mut self, topology: Topology) -> Self {
+        self.topology = Some(topology);
+        self
+    }
+
+    /// The queue's dead-letter exchange is set by a RabbitMQ policy, which AMQP cannot
+    /// read: skip the start-up check of [`DeadLetters::QueueDlx`] for a queue without an
+    /// `x-dead-letter-exchange` argument.
+    pub fn dead_letter_exchange_by_policy(mut self) -> Self {
+        self.dlx_by_policy = true;
         self
     }
 
@@ -214,6 +243,12 @@ impl Source for RabbitConsumer {
     }
 
     fn check(&self, config: &ConsumerConfig) -> Result<(), BrokerError> {
+        if let Some(topology) = self.topology.as_ref().filter(|t| t.queue != self.queue) {
+            return Err(BrokerError::Config(format!(
+                "the topology declares queue {}, the consumer consumes {}",
+                topology.queue, self.queue
+            )));
+        }
         u16::try_from(config.in_flight)
             .map(drop)
             .map_err(|_| BrokerError::Config("in_flight above 65535 (AMQP prefetch)".into()))
@@ -224,6 +259,13 @@ impl Source for RabbitConsumer {
         self.failed = None;
         let channel = self.open_channel().await?;
         self.channel = Some(channel.clone());
+        if let Some(topology) = &self.topology {
+            topology.declare(&channel).await?;
+        } else if let (DeadLetters::QueueDlx, false, Some(connection)) =
+            (&*self.dead_letters, self.dlx_by_policy, &self.connection)
+        {
+            check_dead_letter_exchange(connection, &self.queue).await?;
+        }
         let prefetch = u16::try_from(config.in_flight).unwrap_or(u16::MAX);
         channel
             .basic_qos(prefetch, BasicQosOptions::default())
@@ -393,7 +435,8 @@ impl RabbitPending {
         headers.extend(fault.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         let id = d.message_id.as_deref().unwrap_or("");
         let confirm = publisher.send(destination, id, headers, &d.payload).await?;
-        confirmed(destination, confirm).await
+        let deadline = publisher.confirm_deadline();
+        publisher.confirmed(destination, confirm, deadline).await
     }
 }
 

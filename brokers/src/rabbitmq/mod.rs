@@ -6,9 +6,11 @@
 mod consumer;
 mod errors;
 mod publisher;
+mod topology;
 
 pub use consumer::{DeadLetters, RabbitConsumer, RabbitPending};
 pub use publisher::RabbitPublisher;
+pub use topology::{DEAD_LETTER_EXCHANGE_ARG, Topology};
 
 /// `exchange` or `exchange/routing-key` into its two parts.
 pub fn split_destination(destination: &str) -> (&str, &str) {

@@ -1,41 +1,156 @@
 //! [`RabbitPublisher`]: outbox rows to RabbitMQ with publisher confirms.
 
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use dedup_core::BoxError;
 use dedup_core::outbox::{OutboxRow, Publisher};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use lapin::{Confirmation, PublisherConfirm};
 
+use super::errors::classify;
 use super::split_destination;
+use crate::BrokerError;
 
 /// Publishes outbox rows to RabbitMQ on a channel of its own in confirm mode: `Ok` once the
 /// broker confirmed (an unroutable message, returned by the broker, is an error: publishes
-/// are `mandatory`). The row's `message_id` becomes the AMQP `message_id` property, its
-/// headers AMQP string headers, the publish time the `timestamp` property (seconds; what
-/// the consumer's admission floor reads); messages are persistent (delivery mode 2).
-/// Destination: `exchange` or `exchange/routing-key` (see [the module](super)).
+/// are `mandatory`). A publish whose confirm never came (the connection or channel was lost
+/// first, or no confirm within [`confirm_timeout`](Self::confirm_timeout), 30 s by default)
+/// is an error, never `Ok`: the message may or may not be at the broker, so the relay
+/// publishes it again and consumers deduplicate by message id.
+///
+/// The row's `message_id` becomes the AMQP `message_id` property, its headers AMQP string
+/// headers, the publish time the `timestamp` property (seconds; what the consumer's
+/// admission floor reads); messages are persistent (delivery mode 2). Destination:
+/// `exchange` or `exchange/routing-key` (see [the module](super)).
+///
+/// A publisher made with [`connect`](Self::connect) owns its connection: when a publish
+/// finds its channel closed (the broker restarted, the connection was lost, the broker
+/// closed the channel), it opens a new channel, on a new connection if that one is lost
+/// too, retrying with a delay from 100 ms doubling up to 2 s for at most
+/// [`reconnect_within`](Self::reconnect_within) (10 s by default); the publish that met
+/// the loss still returns its error. One made with [`new`](Self::new) or
+/// [`from_channel`](Self::from_channel) does not reconnect. Clones share the channel.
 #[derive(Clone, Debug)]
 pub struct RabbitPublisher {
-    channel: Channel,
+    channel: Arc<Mutex<Channel>>,
+    link: Option<Arc<Link>>,
+    reconnect_within: Duration,
+    confirm_timeout: Duration,
+}
+
+/// What a publisher made by [`RabbitPublisher::connect`] connects again with.
+struct Link {
+    uri: String,
+    properties: ConnectionProperties,
+    /// Its connection; the lock also makes concurrent publishes reconnect once.
+    connection: tokio::sync::Mutex<Connection>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URI may carry credentials.
+        f.debug_struct("Link").finish_non_exhaustive()
+    }
 }
 
 impl RabbitPublisher {
-    /// A publisher on a new channel of `connection`, with confirms on.
+    /// A publisher on a new channel of `connection`, with confirms on. It does not
+    /// reconnect (see the type's docs).
     pub async fn new(connection: &Connection) -> Result<Self, lapin::Error> {
         Self::from_channel(connection.create_channel().await?).await
     }
 
     /// A publisher on `channel` (which it puts in confirm mode; do not share it with
-    /// publishers that expect no confirms).
+    /// publishers that expect no confirms). It does not reconnect.
     pub async fn from_channel(channel: Channel) -> Result<Self, lapin::Error> {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        Ok(RabbitPublisher { channel })
+        Ok(RabbitPublisher {
+            channel: Arc::new(Mutex::new(channel)),
+            link: None,
+            reconnect_within: Duration::from_secs(10),
+            confirm_timeout: Duration::from_secs(30),
+        })
+    }
+
+    /// A publisher on a connection of its own to `uri`, opened now (refused credentials
+    /// fail here), opened again after it is lost.
+    pub async fn connect(
+        uri: impl Into<String>,
+        properties: ConnectionProperties,
+    ) -> Result<Self, lapin::Error> {
+        let uri = uri.into();
+        let connection = Connection::connect(&uri, properties.clone()).await?;
+        let mut publisher = Self::new(&connection).await?;
+        publisher.link = Some(Arc::new(Link {
+            uri,
+            properties,
+            connection: tokio::sync::Mutex::new(connection),
+        }));
+        Ok(publisher)
+    }
+
+    /// How long one publish keeps trying to open a channel (and a connection) again after
+    /// they were lost, before it returns the connect error (10 s by default).
+    pub fn reconnect_within(mut self, within: Duration) -> Self {
+        self.reconnect_within = within;
+        self
+    }
+
+    /// How long a publish waits for the broker's confirm before it returns an error
+    /// (30 s by default; a batch of [`publish_all`](Publisher::publish_all) shares it).
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    fn current(&self) -> Channel {
+        self.channel
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The channel to publish on: the current one, or, for a publisher that owns its
+    /// connection, a new one after the current one was closed.
+    async fn channel(&self) -> Result<Channel, BrokerError> {
+        let current = self.current();
+        let Some(link) = self
+            .link
+            .as_deref()
+            .filter(|_| !current.status().connected())
+        else {
+            return Ok(current);
+        };
+        let mut connection = link.connection.lock().await;
+        // Another publish may have reconnected while this one waited for the lock.
+        let current = self.current();
+        if current.status().connected() {
+            return Ok(current);
+        }
+        let deadline = Instant::now() + self.reconnect_within;
+        let mut delay = Duration::from_millis(100);
+        let channel = loop {
+            match reopen(link, &mut connection).await {
+                Ok(channel) => break channel,
+                Err(e) => {
+                    if !e.is_retryable() || Instant::now() + delay > deadline {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "RabbitMQ publisher reconnecting");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
+        *self.channel.lock().unwrap_or_else(|e| e.into_inner()) = channel.clone();
+        tracing::info!("RabbitMQ publisher connected again");
+        Ok(channel)
     }
 
     /// Send one message; the confirm is awaited separately.
@@ -45,7 +160,8 @@ impl RabbitPublisher {
         message_id: &str,
         headers: impl IntoIterator<Item = (&str, &str)>,
         payload: &[u8],
-    ) -> Result<PublisherConfirm, lapin::Error> {
+    ) -> Result<PublisherConfirm, BoxError> {
+        let channel = self.channel().await?;
         let (exchange, routing_key) = split_destination(destination);
         let mut table = FieldTable::default();
         for (name, value) in headers {
@@ -63,7 +179,7 @@ impl RabbitPublisher {
             .with_headers(table)
             .with_timestamp(now)
             .with_delivery_mode(2);
-        self.channel
+        let confirm = channel
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
@@ -74,10 +190,11 @@ impl RabbitPublisher {
                 payload,
                 props,
             )
-            .await
+            .await?;
+        Ok(confirm)
     }
 
-    async fn send_row(&self, row: &OutboxRow) -> Result<PublisherConfirm, lapin::Error> {
+    async fn send_row(&self, row: &OutboxRow) -> Result<PublisherConfirm, BoxError> {
         self.send(
             &row.destination,
             &row.message_id,
@@ -86,14 +203,50 @@ impl RabbitPublisher {
         )
         .await
     }
+
+    /// The broker's confirm as a result, waited for until `deadline`.
+    pub(crate) async fn confirmed(
+        &self,
+        destination: &str,
+        confirm: PublisherConfirm,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BoxError> {
+        match tokio::time::timeout_at(deadline, confirm).await {
+            Ok(confirmation) => confirmation_result(destination, confirmation?),
+            Err(_) => Err(format!(
+                "no confirm from RabbitMQ within {:?} for the message to {destination}",
+                self.confirm_timeout
+            )
+            .into()),
+        }
+    }
+
+    /// When a confirm awaited from now is overdue.
+    pub(crate) fn confirm_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.confirm_timeout
+    }
 }
 
-/// The broker's confirm as a result.
-pub(crate) async fn confirmed(
-    destination: &str,
-    confirm: PublisherConfirm,
-) -> Result<(), BoxError> {
-    match confirm.await? {
+/// A new confirm channel, on the link's connection if it is still up, else on a new one.
+async fn reopen(link: &Link, connection: &mut Connection) -> Result<Channel, BrokerError> {
+    if !connection.status().connected() {
+        *connection = Connection::connect(&link.uri, link.properties.clone())
+            .await
+            .map_err(|e| classify("connecting the publisher to RabbitMQ again", e))?;
+    }
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| classify("opening the publisher's channel again", e))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| classify("confirm.select on the publisher's new channel", e))?;
+    Ok(channel)
+}
+
+fn confirmation_result(destination: &str, confirmation: Confirmation) -> Result<(), BoxError> {
+    match confirmation {
         Confirmation::Ack(None) => Ok(()),
         Confirmation::Ack(Some(returned)) => Err(format!(
             "unroutable: {destination} returned it ({} {})",
@@ -115,7 +268,8 @@ impl Publisher for RabbitPublisher {
 
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
         let confirm = self.send_row(row).await?;
-        confirmed(&row.destination, confirm).await
+        self.confirmed(&row.destination, confirm, self.confirm_deadline())
+            .await
     }
 
     /// Sends every row, then awaits the confirms.
@@ -124,11 +278,12 @@ impl Publisher for RabbitPublisher {
         for row in rows {
             sent.push(self.send_row(row).await);
         }
+        let deadline = self.confirm_deadline();
         let mut results = Vec::with_capacity(rows.len());
         for (row, confirm) in rows.iter().zip(sent) {
             results.push(match confirm {
-                Ok(confirm) => confirmed(&row.destination, confirm).await,
-                Err(e) => Err(e.into()),
+                Ok(confirm) => self.confirmed(&row.destination, confirm, deadline).await,
+                Err(e) => Err(e),
             });
         }
         results

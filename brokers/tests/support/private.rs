@@ -59,6 +59,17 @@ impl Private {
     }
 }
 
+/// Tests of one binary that restart a server take turns when they share one (through
+/// `DEDUP_RESTART_SERVICES_DIR`): one test's restart must not hit another's run. Without
+/// it each test has a server of its own and they run side by side.
+pub async fn turn() -> Option<tokio::sync::MutexGuard<'static, ()>> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    match std::env::var_os("DEDUP_RESTART_SERVICES_DIR") {
+        Some(_) => Some(TURN.lock().await),
+        None => None,
+    }
+}
+
 impl Drop for Private {
     fn drop(&mut self) {
         if self.owned {

@@ -386,6 +386,7 @@ async fn run_group(
                 amqp: env_url("DEDUP_AMQP_URL"),
                 redis: env_url("DEDUP_REDIS_URL"),
                 nats: env_url("DEDUP_NATS_URL"),
+                kafka: env_url("DEDUP_KAFKA_BROKERS"),
                 pubsub: env_url("DEDUP_PUBSUB_EMULATOR_HOST"),
             };
             Some(bench::brokers::run(params, &servers).await)

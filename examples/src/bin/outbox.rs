@@ -1,4 +1,4 @@
-//! The inbox and the outbox together, on PostgreSQL or MySQL / MariaDB and RabbitMQ: an orders API writes each
+//! The inbox and the outbox together, on PostgreSQL or MySQL / MariaDB and RabbitMQ or Kafka: an orders API writes each
 //! order and its `OrderPlaced` in one transaction; relays publish the outbox; billing
 //! consumes with `TxInbox` and writes the invoice and `InvoiceCreated` in its transaction;
 //! mail consumes with the lease-mode `Inbox` and sends one e-mail per invoice. Prints
@@ -11,8 +11,12 @@
 //! # The same on MySQL / MariaDB (scripts/services.sh start mariadb):
 //! cargo run --release -p dedup-examples --features full --bin outbox -- \
 //!     --store "$DEDUP_MYSQL_URL" --amqp "$DEDUP_AMQP_URL"
+//! # The same on Kafka (scripts/services.sh start kafka: Tansu):
+//! cargo run --release -p dedup-examples --features full --bin outbox -- \
+//!     --store "$DEDUP_POSTGRES_URL" --broker kafka --kafka "$DEDUP_KAFKA_BROKERS"
 //! # The same with every role in its own process, SIGKILLed at every step, and PostgreSQL
-//! # and RabbitMQ crash-restarted mid-run (private servers in a temporary folder):
+//! # and RabbitMQ crash-restarted mid-run (private servers in a temporary folder; with
+//! # `--broker kafka` a private Tansu, not restarted: it keeps its topics in memory):
 //! cargo run --release -p dedup-examples --features full --bin outbox -- --chaos
 //! # ... with MariaDB as the store (flushing its log at every commit):
 //! cargo run --release -p dedup-examples --features full --bin outbox -- --chaos --chaos-store mariadb
@@ -24,12 +28,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use dedup_examples::outbox_story::broker::{Broker, BrokerKind};
 use dedup_examples::outbox_story::roles::Ctx;
 use dedup_examples::outbox_story::run::{ChaosStore, Role, RunConfig, run};
 use dedup_examples::outbox_story::{Killer, Names};
 use dedup_examples::report::{print_json, print_table};
 
-/// Orders -> outbox -> RabbitMQ -> billing (TxInbox + outbox) -> mail (Inbox).
+/// Orders -> outbox -> RabbitMQ or Kafka -> billing (TxInbox + outbox) -> mail (Inbox).
 #[derive(Parser, Debug)]
 #[command(about, args_conflicts_with_subcommands = true)]
 struct Cli {
@@ -39,9 +44,16 @@ struct Cli {
     /// server: see --chaos-store).
     #[arg(long, alias = "postgres")]
     store: Option<String>,
-    /// RabbitMQ URL (not with --chaos, which starts its own).
+    /// The broker.
+    #[arg(long, value_enum, default_value_t = BrokerKind::Rabbitmq)]
+    broker: BrokerKind,
+    /// RabbitMQ URL, with `--broker rabbitmq` (not with --chaos, which starts its own).
     #[arg(long)]
     amqp: Option<String>,
+    /// Kafka bootstrap servers, with `--broker kafka` (not with --chaos, which starts its
+    /// own).
+    #[arg(long)]
+    kafka: Option<String>,
     /// Orders to place.
     #[arg(long, default_value_t = 100)]
     orders: u64,
@@ -72,8 +84,10 @@ enum Internal {
         role: Role,
         #[arg(long)]
         store: String,
+        #[arg(long, value_enum)]
+        broker: BrokerKind,
         #[arg(long)]
-        amqp: String,
+        broker_url: String,
         #[arg(long)]
         run_id: String,
         #[arg(long)]
@@ -93,7 +107,8 @@ async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(Internal::Worker {
         role,
         store,
-        amqp,
+        broker,
+        broker_url,
         run_id,
         run_dir,
         kill_rate,
@@ -101,7 +116,10 @@ async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
     {
         let ctx = Ctx {
             store,
-            amqp,
+            broker: Broker {
+                kind: broker,
+                url: broker_url,
+            },
             names: Names::for_run(&run_id),
         };
         let killer = Killer {
@@ -117,7 +135,12 @@ async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
     }
     let config = RunConfig {
         orders: cli.orders,
-        servers: cli.store.zip(cli.amqp),
+        store: cli.store,
+        broker: cli.broker,
+        broker_url: match cli.broker {
+            BrokerKind::Rabbitmq => cli.amqp,
+            BrokerKind::Kafka => cli.kafka,
+        },
         chaos_store: cli.chaos_store,
         kill_rate: cli.chaos.then_some(cli.kill_rate),
         timeout: Duration::from_secs(cli.timeout_secs),

@@ -21,12 +21,19 @@ use super::{BoxError, Db, Names};
 struct Api {
     db: Db,
     names: Names,
+    /// Where `OrderPlaced` goes.
+    destination: String,
 }
 
-/// Serve the API on `127.0.0.1:0`; returns its address. Runs until the runtime ends.
-pub async fn serve(db: Db, names: Names) -> Result<SocketAddr, BoxError> {
+/// Serve the API on `127.0.0.1:0`, writing `OrderPlaced` to `destination`; returns its
+/// address. Runs until the runtime ends.
+pub async fn serve(db: Db, names: Names, destination: String) -> Result<SocketAddr, BoxError> {
     let guard: Arc<dyn DedupStore> = db.dedup();
-    let api = Api { db, names };
+    let api = Api {
+        db,
+        names,
+        destination,
+    };
     let app = Router::new()
         .route("/orders", post(place))
         .layer(IdempotencyLayer::new(guard))
@@ -56,7 +63,7 @@ async fn place(State(api): State<Api>, body: Bytes) -> Response {
 
 async fn write(api: &Api, id: &str, item: &str) -> Result<(), BoxError> {
     let placed = OutboxMessage::new(
-        format!("/{}", api.names.orders_queue),
+        api.destination.clone(),
         format!("order-placed-{id}"),
         serde_json::json!({"order_id": id, "item": item}).to_string(),
     )?

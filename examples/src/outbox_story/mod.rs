@@ -1,9 +1,10 @@
 //! The whole story of `src/bin/outbox.rs`: an orders API, an outbox relay, a billing
-//! consumer and a mail consumer, on PostgreSQL or MySQL / MariaDB ([`db`]) and RabbitMQ.
+//! consumer and a mail consumer, on PostgreSQL or MySQL / MariaDB ([`db`]) and RabbitMQ
+//! ([`rabbit`]) or Kafka ([`kafka`]), chosen by [`broker::Broker`].
 //!
 //! 1. `POST /orders` (behind `dedup-http`'s `Idempotency-Key` layer) writes the order and
 //!    its `OrderPlaced` message in one transaction ([`api`]).
-//! 2. Relays publish the outbox to RabbitMQ with publisher confirms ([`roles::relay`]).
+//! 2. Relays publish the outbox to the broker, `Ok` only on its confirm ([`roles::relay`]).
 //! 3. Billing consumes `OrderPlaced` through `TxInbox`: the invoice and its
 //!    `InvoiceCreated` message (ids from `ConsumerOutbox`) commit with the inbox record
 //!    ([`roles::billing`]).
@@ -11,12 +12,16 @@
 //!    per invoice through a provider that honours the lease's idempotency key
 //!    ([`roles::mail`]).
 //!
-//! [`run`] runs it all; with chaos on, it runs the roles as processes it SIGKILLs at every step, and crash-restarts
-//! PostgreSQL and RabbitMQ under them. [`Db::count`] reads what happened: every order
+//! [`run`] runs it all; with chaos on, it runs the roles as processes it SIGKILLs at every
+//! step, and crash-restarts PostgreSQL (and RabbitMQ; not Kafka: the test broker, Tansu,
+//! keeps its topics in memory) under them. [`Db::count`] reads what happened: every order
 //! must have exactly one invoice and one e-mail.
 
 pub mod api;
+pub mod broker;
 pub mod db;
+pub mod kafka;
+pub mod rabbit;
 pub mod roles;
 pub mod run;
 
@@ -31,7 +36,7 @@ pub use db::Db;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Where one run keeps everything: a PostgreSQL schema (or, on MySQL / MariaDB, a table
-/// prefix) and two RabbitMQ queues of its own.
+/// prefix) and two queues (Kafka: topics) of its own.
 #[derive(Clone, Debug)]
 pub struct Names {
     /// The schema (PostgreSQL) or table prefix (MySQL) of the business tables, the inbox

@@ -6,14 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher};
-use dedup_brokers::{ConsumerConfig, ConsumerStats, Delivery, Handle, Shutdown, with_inbox};
+use dedup_brokers::{ConsumerStats, Delivery, Handle, Shutdown, with_inbox};
 use dedup_core::outbox::{OutboxRow, OutboxStore, Publisher, Relay, RelayConfig, RelayRound};
 use dedup_core::{Backoff, BoxError, Handled, Inbox, InboxConfig, Key, Lease};
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
 
+use super::broker::{Broker, Lost};
 use super::db::Invoice;
 use super::{Killer, Names, checkpoint};
 
@@ -22,47 +19,25 @@ use super::{Killer, Names, checkpoint};
 pub struct Ctx {
     /// The store's URL: PostgreSQL or MySQL / MariaDB.
     pub store: String,
-    /// RabbitMQ URL.
-    pub amqp: String,
-    /// The run's schema and queues.
+    /// The broker and its address.
+    pub broker: Broker,
+    /// The run's schema and queues (topics).
     pub names: Names,
 }
 
 /// Leases of the inboxes: short, so a killed worker's message comes back quickly.
 const LEASE: Duration = Duration::from_secs(3);
 
-/// Connect to RabbitMQ and declare the run's two durable queues.
-pub async fn connect(ctx: &Ctx) -> Result<Connection, BoxError> {
-    let connection = Connection::connect(&ctx.amqp, ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    for queue in [&ctx.names.orders_queue, &ctx.names.invoices_queue] {
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-    }
-    Ok(connection)
-}
-
-/// Publish the outbox until `shutdown` (or until the RabbitMQ connection is lost: an
-/// error, so a supervisor starts the relay again on a fresh connection).
+/// Publish the outbox until `shutdown` (or until the publisher's connection is lost for
+/// good: an error, so a supervisor starts the relay again on a fresh connection).
 pub async fn relay(
     ctx: &Ctx,
     killer: Option<Killer>,
     shutdown: Shutdown,
 ) -> Result<RelayRound, BoxError> {
     let store = ctx.names.store(&ctx.store).await?;
-    let connection = connect(ctx).await?;
-    let publisher = Checkpointed {
-        inner: RabbitPublisher::new(&connection).await?,
-        killer,
-    };
+    let (inner, lost) = ctx.broker.publisher(&ctx.names).await?;
+    let publisher = Checkpointed { inner, killer };
     let outbox: Arc<dyn OutboxStore> = store.outbox();
     let handle = Relay::new(outbox, Arc::new(publisher))
         .with_config(
@@ -75,10 +50,10 @@ pub async fn relay(
                 .backoff(Backoff::Interval(Duration::from_millis(300))),
         )
         .start();
-    let lost = until_shutdown_or_lost(&connection, &shutdown).await;
+    let lost = until_shutdown_or_lost(&lost, &shutdown).await;
     let all = handle.stop().await;
     if lost {
-        return Err("the RabbitMQ connection was lost".into());
+        return Err("the broker connection was lost".into());
     }
     Ok(all)
 }
@@ -96,7 +71,7 @@ pub async fn billing(
         ..InboxConfig::default()
     });
     let table = store.table(&ctx.names, "invoices");
-    let destination = format!("/{}", ctx.names.invoices_queue);
+    let destination = ctx.broker.destination(&ctx.names.invoices_queue);
     let bill = move |key: Key, delivery: Delivery| {
         let (billing, killer) = (billing.clone(), killer.clone());
         let invoice = Invoice {
@@ -112,7 +87,8 @@ pub async fn billing(
             handled
         }
     };
-    consume(ctx, &ctx.names.orders_queue, bill, shutdown).await
+    let queue = &ctx.names.orders_queue;
+    ctx.broker.consume(&ctx.names, queue, bill, shutdown).await
 }
 
 /// Consume `InvoiceCreated` in the lease-mode inbox: one e-mail per invoice, sent through a
@@ -153,23 +129,10 @@ pub async fn mail(
             handled
         }
     };
-    consume(ctx, &ctx.names.invoices_queue, handler, shutdown).await
-}
-
-async fn consume<H: Handle>(
-    ctx: &Ctx,
-    queue: &str,
-    handler: H,
-    shutdown: Shutdown,
-) -> Result<ConsumerStats, BoxError> {
-    let connection = connect(ctx).await?;
-    let config = ConsumerConfig {
-        in_flight: 8,
-        retry_delay: Duration::from_millis(300),
-        ..ConsumerConfig::default()
-    };
-    let consumer = RabbitConsumer::new(connection.create_channel().await?, queue, config);
-    Ok(consumer.run(handler, shutdown).await?)
+    let queue = &ctx.names.invoices_queue;
+    ctx.broker
+        .consume(&ctx.names, queue, handler, shutdown)
+        .await
 }
 
 fn order_id(delivery: &Delivery) -> String {
@@ -177,12 +140,12 @@ fn order_id(delivery: &Delivery) -> String {
     order["order_id"].as_str().unwrap_or_default().to_owned()
 }
 
-async fn until_shutdown_or_lost(connection: &Connection, shutdown: &Shutdown) -> bool {
+async fn until_shutdown_or_lost(lost: &Lost, shutdown: &Shutdown) -> bool {
     loop {
         tokio::select! {
             () = shutdown.wait() => return false,
             () = tokio::time::sleep(Duration::from_millis(200)) => {
-                if !connection.status().connected() {
+                if lost() {
                     return true;
                 }
             }
@@ -192,10 +155,18 @@ async fn until_shutdown_or_lost(connection: &Connection, shutdown: &Shutdown) ->
 
 /// The relay's publisher, with a kill point after the take (nothing published yet) and
 /// one after the broker confirmed a batch (not yet marked sent).
-#[derive(Debug)]
 struct Checkpointed {
-    inner: RabbitPublisher,
+    inner: Arc<dyn Publisher>,
     killer: Option<Killer>,
+}
+
+impl std::fmt::Debug for Checkpointed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpointed")
+            .field("publisher", &self.inner.name())
+            .field("killer", &self.killer)
+            .finish()
+    }
 }
 
 #[async_trait]

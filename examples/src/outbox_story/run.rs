@@ -6,9 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dedup_brokers::{Shutdown, ShutdownTrigger, shutdown};
-use lapin::options::QueueDeleteOptions;
 use serde::Serialize;
 
+use super::broker::{Broker, BrokerKind};
 use super::roles::{self, Ctx};
 use super::{BoxError, Db, Figures, Killer, Names, api};
 use crate::chaos::servers::{MariaDb, Postgres, RabbitMq, Service};
@@ -85,11 +85,15 @@ impl ChaosStore {
 pub struct RunConfig {
     /// Orders the client places.
     pub orders: u64,
-    /// The store (PostgreSQL or MySQL / MariaDB) and RabbitMQ to use (without chaos;
-    /// chaos starts a private store server and RabbitMQ).
-    pub servers: Option<(String, String)>,
+    /// The store (PostgreSQL or MySQL / MariaDB) to use (without chaos; chaos starts a
+    /// private store server: [`chaos_store`](Self::chaos_store)).
+    pub store: Option<String>,
     /// With chaos: which store server to start and crash-restart.
     pub chaos_store: ChaosStore,
+    /// The broker.
+    pub broker: BrokerKind,
+    /// Its address (without chaos; chaos starts a private one).
+    pub broker_url: Option<String>,
     /// Chaos: the probability of a kill at a step after its first (which always kills);
     /// `None`: no chaos.
     pub kill_rate: Option<f64>,
@@ -103,22 +107,33 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     let dir = tempfile::tempdir()?;
     let chaos = config.kill_rate.is_some();
     let mut private: Option<(Service, Service)> = None;
-    let (store_url, amqp) = match (&config.servers, chaos) {
-        (Some(urls), false) => urls.clone(),
-        (_, true) => {
-            let root = dir.path().to_path_buf();
-            let kind = config.chaos_store;
+    let (store_url, broker_url) = match (&config.store, &config.broker_url, chaos) {
+        (Some(store), Some(broker), false) => (store.clone(), broker.clone()),
+        (_, _, true) => {
+            let (root, kind, store_kind) =
+                (dir.path().to_path_buf(), config.broker, config.chaos_store);
             let servers = tokio::task::spawn_blocking(move || -> Result<_, String> {
-                let db = kind.start(&root).map_err(|e| e.to_string())?;
-                let mq = RabbitMq::start(&root.join("rabbitmq")).map_err(|e| e.to_string())?;
-                Ok((db, mq))
+                let db = store_kind.start(&root).map_err(|e| e.to_string())?;
+                let broker = match kind {
+                    BrokerKind::Rabbitmq => RabbitMq::start(&root.join("rabbitmq")),
+                    BrokerKind::Kafka => {
+                        Service::start(&root.join("kafka"), "kafka", "DEDUP_KAFKA_BROKERS")
+                    }
+                };
+                Ok((db, broker.map_err(|e| e.to_string())?))
             })
             .await??;
             let urls = (servers.0.url.clone(), servers.1.url.clone());
             private = Some(servers);
             urls
         }
-        (None, false) => return Err("give --store and --amqp (or run with --chaos)".into()),
+        _ => {
+            let broker = match config.broker {
+                BrokerKind::Rabbitmq => "--amqp",
+                BrokerKind::Kafka => "--kafka",
+            };
+            return Err(format!("give --store and {broker} (or run with --chaos)").into());
+        }
     };
     let names = Names::fresh();
     let store = names.store(&store_url).await?;
@@ -131,11 +146,15 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     store.prepare(&names).await?;
     let ctx = Ctx {
         store: store_url,
-        amqp,
+        broker: Broker {
+            kind: config.broker,
+            url: broker_url,
+        },
         names: names.clone(),
     };
-    let connection = roles::connect(&ctx).await?;
-    let addr = api::serve(store.clone(), names.clone()).await?;
+    ctx.broker.prepare(&names).await?;
+    let destination = ctx.broker.destination(&names.orders_queue);
+    let addr = api::serve(store.clone(), names.clone(), destination).await?;
     let killer = config.kill_rate.map(|rate| Killer {
         dir: dir.path().to_path_buf(),
         rate,
@@ -165,7 +184,9 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
             if figures.invoices * 3 >= orders && !figures.restarts.contains_key(db_name) {
                 crash_restart(db).await?;
                 figures.restarts.insert(db_name, 1);
-            } else if figures.emails * 3 >= orders * 2 && !figures.restarts.contains_key("rabbitmq")
+            } else if figures.emails * 3 >= orders * 2
+                && ctx.broker.kind == BrokerKind::Rabbitmq
+                && !figures.restarts.contains_key("rabbitmq")
             {
                 crash_restart(mq).await?;
                 figures.restarts.insert("rabbitmq", 1);
@@ -189,18 +210,13 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
     };
     figures.kills = read_kills(dir.path());
     if figures.lost > 0 {
-        explain_lost(&store, &ctx.amqp, &names).await;
+        explain_lost(&store, &ctx.broker, &names).await;
     }
     figures.seconds = started.elapsed().as_secs_f64();
     if !chaos {
         // The shared servers keep nothing of the run.
         store.drop_all(&names).await?;
-        let channel = connection.create_channel().await?;
-        for queue in [&names.orders_queue, &names.invoices_queue] {
-            channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await?;
-        }
+        ctx.broker.cleanup(&names).await?;
     }
     drop(private);
     Ok(figures)
@@ -237,8 +253,8 @@ async fn crash_restart(server: &Service) -> Result<(), BoxError> {
 }
 
 /// Print, for each order without an invoice or e-mail, where its messages are: the outbox
-/// rows, the inbox records, the queues' depths (to standard error).
-async fn explain_lost(store: &Db, amqp: &str, names: &Names) {
+/// rows, the inbox records, what the broker holds (to standard error).
+async fn explain_lost(store: &Db, broker: &Broker, names: &Names) {
     let lost = store.lost_orders(names).await;
     let rows = store
         .outbox()
@@ -264,29 +280,7 @@ async fn explain_lost(store: &Db, amqp: &str, names: &Names) {
             record
         );
     }
-    let connection = lapin::Connection::connect(amqp, lapin::ConnectionProperties::default()).await;
-    if let Ok(channel) = match &connection {
-        Ok(c) => c.create_channel().await,
-        Err(_) => return,
-    } {
-        for queue in [&names.orders_queue, &names.invoices_queue] {
-            let options = lapin::options::QueueDeclareOptions {
-                passive: true,
-                durable: true,
-                ..Default::default()
-            };
-            if let Ok(q) = channel
-                .queue_declare(queue.as_str().into(), options, Default::default())
-                .await
-            {
-                eprintln!(
-                    "queue {queue}: {} ready, {} consumers",
-                    q.message_count(),
-                    q.consumer_count()
-                );
-            }
-        }
-    }
+    broker.explain(names).await;
 }
 
 fn read_kills(dir: &Path) -> std::collections::BTreeMap<String, u64> {
@@ -372,7 +366,13 @@ impl Workers {
 fn spawn(role: Role, ctx: &Ctx, killer: &Killer) -> Result<Child, BoxError> {
     Ok(Command::new(std::env::current_exe()?)
         .args(["worker", "--role", role.name()])
-        .args(["--store", &ctx.store, "--amqp", &ctx.amqp])
+        .args(["--store", &ctx.store])
+        .args([
+            "--broker",
+            ctx.broker.kind.name(),
+            "--broker-url",
+            &ctx.broker.url,
+        ])
         .args(["--run-id", ctx.names.run_id()])
         .arg("--run-dir")
         .arg(&killer.dir)

@@ -1,7 +1,8 @@
 //! The broker rows (`--only brokers`): per broker (RabbitMQ, Redis Streams, NATS
-//! JetStream, Google Cloud Pub/Sub, each where the environment names its server), the throughput of consuming
-//! `--batch-messages` pre-published messages three ways, with at most `c` in flight (AMQP
-//! prefetch, `XREADGROUP COUNT`, JetStream batch and `max_ack_pending`):
+//! JetStream, Kafka, Google Cloud Pub/Sub, each where the environment names its server),
+//! the throughput of consuming `--batch-messages` pre-published messages three ways, with
+//! at most `c` in flight (AMQP prefetch, `XREADGROUP COUNT`, JetStream batch and
+//! `max_ack_pending`, Kafka records taken from librdkafka):
 //!
 //! - `raw`: a hand-written loop on the broker's client reading messages and acking each
 //!   (inline with one in flight; with more, each ack in a task holding one of `c` slots,
@@ -24,6 +25,8 @@ use super::{Names, Params, Result, Row, row};
 use harness::{Broker, KINDS, timed};
 
 mod harness;
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "pubsub")]
@@ -45,6 +48,9 @@ pub(crate) struct Servers {
     /// `DEDUP_NATS_URL`.
     #[cfg_attr(not(feature = "nats"), allow(dead_code))]
     pub(crate) nats: Option<String>,
+    /// `DEDUP_KAFKA_BROKERS` (bootstrap servers).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub(crate) kafka: Option<String>,
     /// `DEDUP_PUBSUB_EMULATOR_HOST` (`host:port` of Google's Pub/Sub emulator).
     #[cfg_attr(not(feature = "pubsub"), allow(dead_code))]
     pub(crate) pubsub: Option<String>,
@@ -96,6 +102,18 @@ pub(crate) async fn run(params: &Params, servers: &Servers) -> (Vec<Row>, Vec<St
             .await,
         ),
         None => eprintln!("brokers: DEDUP_NATS_URL not set: no NATS rows"),
+    }
+    #[cfg(feature = "kafka")]
+    match &servers.kafka {
+        Some(brokers) => keep(
+            "kafka",
+            async {
+                let broker = kafka::Kafka::connect(brokers, &names).await?;
+                bench_broker("kafka", params, &broker).await
+            }
+            .await,
+        ),
+        None => eprintln!("brokers: DEDUP_KAFKA_BROKERS not set: no Kafka rows"),
     }
     #[cfg(feature = "pubsub")]
     match &servers.pubsub {
