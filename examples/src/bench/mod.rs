@@ -25,6 +25,8 @@ mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 mod rounds;
+#[cfg(feature = "counted")]
+pub(crate) mod scale;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod target;
