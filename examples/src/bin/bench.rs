@@ -144,6 +144,11 @@ struct Args {
     /// streams run at the first --concurrency. Needs the `counted` feature.
     #[arg(long)]
     scale: bool,
+    /// Counted mode: run only these sides of each measure (comma-separated: library,
+    /// raw, TxInbox, claim_in_tx, hand_written, insert_alone, enqueue) [default: all]. One
+    /// side alone is what a `valgrind --tool=callgrind` run counts.
+    #[arg(long, value_delimiter = ',')]
+    sides: Vec<String>,
     /// Records preloaded, each size in turn on a fresh table (--scale).
     #[arg(long, value_delimiter = ',', default_values_t = [0, 1_000_000])]
     scale_records: Vec<usize>,
@@ -199,6 +204,7 @@ impl Args {
                 .iter()
                 .map(|d| d.parse())
                 .collect::<Result<_, _>>()?,
+            sides: (!self.sides.is_empty()).then(|| self.sides.clone()),
         })
     }
 }
@@ -360,7 +366,12 @@ async fn run_scale(args: &Args, params: &Params) -> Result<(), Box<dyn std::erro
         for &records in &args.scale_records {
             let names = Names::new();
             let measured = async {
-                let target = bench::open(&url, &Variant::AsIs, &names, params).await?;
+                // The first of the server settings asked for (`--postgres-durability`).
+                let variant = bench::variants(Some(&url), params)
+                    .into_iter()
+                    .next()
+                    .unwrap_or(Variant::AsIs);
+                let target = bench::open(&url, &variant, &names, params).await?;
                 eprintln!(
                     "bench scale {} ({}; {}) with {records} records...",
                     target.backend,

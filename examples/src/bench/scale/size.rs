@@ -68,8 +68,7 @@ mod postgres {
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "CREATE TABLE \"{raw}\" (consumer text NOT NULL, message_id text NOT NULL, \
                      PRIMARY KEY (consumer, message_id)); \
-                     INSERT INTO \"{raw}\" SELECT consumer, message_id FROM \"{table}\"; \
-                     VACUUM ANALYZE \"{raw}\""
+                     INSERT INTO \"{raw}\" SELECT consumer, message_id FROM \"{table}\""
                 )))
                 .execute(&mut conn)
                 .await?;
