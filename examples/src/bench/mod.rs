@@ -25,6 +25,8 @@ mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 mod rounds;
+#[cfg(feature = "counted")]
+pub(crate) mod scale;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod target;
@@ -96,6 +98,10 @@ pub(crate) struct Params {
     /// The PostgreSQL settings to bench on, each in turn.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) postgres_durability: Vec<Durability>,
+    /// Counted mode: only these sides of each measure (`library`, `raw`, ...); `None`:
+    /// all. One side alone is what `valgrind --tool=callgrind` runs (see BENCHMARKS.md).
+    #[cfg_attr(not(feature = "counted"), allow(dead_code))]
+    pub(crate) sides: Option<Vec<String>>,
 }
 
 /// The PostgreSQL settings a run measures on.

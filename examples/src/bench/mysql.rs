@@ -10,7 +10,7 @@ use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
+use super::target::{Raw, Target, Transactional, TxFlavor, hand_written, outbox_message};
 use super::{Bench, BoxError, NOT_SHARED, Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-mysql's migration), without
@@ -395,6 +395,11 @@ impl Transactional for MySqlTx {
                     }
                 }
                 TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
+                TxFlavor::Enqueue => {
+                    inner.insert_business(&mut tx, consumer, id).await?;
+                    let message = outbox_message(&format!("{consumer}/{id}"))?;
+                    store.outbox().enqueue(&mut tx, &[message]).await?;
+                }
                 TxFlavor::Inbox | TxFlavor::InboxAsHandWritten | TxFlavor::HandWritten => {
                     unreachable!("handled above")
                 }

@@ -15,7 +15,7 @@ use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
+use super::target::{Raw, Target, Transactional, TxFlavor, hand_written, outbox_message};
 use super::{Bench, Durability, NOT_SHARED, Names, Params, Result, now_ms, token};
 
 /// The settings that decide whether a commit waits for the disk, as `ALTER SYSTEM` sets
@@ -519,6 +519,11 @@ impl Transactional for PostgresTx {
                     }
                 }
                 TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
+                TxFlavor::Enqueue => {
+                    inner.insert_business(&mut tx, consumer, id).await?;
+                    let message = outbox_message(&format!("{consumer}/{id}"))?;
+                    store.outbox().enqueue(&mut tx, &[message]).await?;
+                }
                 TxFlavor::Inbox | TxFlavor::InboxAsHandWritten | TxFlavor::HandWritten => {
                     unreachable!("handled above")
                 }

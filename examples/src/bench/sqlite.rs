@@ -20,7 +20,7 @@ use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore, Synchronous
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target, Transactional, TxFlavor, hand_written};
+use super::target::{Raw, Target, Transactional, TxFlavor, hand_written, outbox_message};
 use super::{Bench, NOT_SHARED, Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-sqlite's schema), without its
@@ -435,6 +435,12 @@ impl Transactional for SqliteTx {
                 TxFlavor::BusinessOnly => {
                     inner.in_tx(&mut conn, |tx| inner.insert_business(tx, consumer, id))
                 }
+                TxFlavor::Enqueue => inner.in_tx(&mut conn, |tx| {
+                    inner.insert_business(tx, consumer, id)?;
+                    let message = outbox_message(&format!("{consumer}/{id}"))?;
+                    store.outbox().enqueue(tx, &[message])?;
+                    Ok(())
+                }),
                 TxFlavor::Inbox | TxFlavor::InboxAsHandWritten | TxFlavor::HandWritten => {
                     unreachable!("handled above")
                 }

@@ -62,6 +62,19 @@ pub(crate) enum TxFlavor {
     /// `claim`, then one transaction holding the business insert and `commit_in_tx`. What
     /// the wrapper itself costs is the gap between this and `InboxAsHandWritten`.
     HandWritten,
+    /// The business insert and one message through the store's outbox (`enqueue`) in one
+    /// transaction: what the outbox adds to [`BusinessOnly`](Self::BusinessOnly).
+    Enqueue,
+}
+
+/// The message an [`TxFlavor::Enqueue`] producer writes with its business row.
+pub(crate) fn outbox_message(id: &str) -> Result<dedup_core::outbox::OutboxMessage> {
+    Ok(dedup_core::outbox::OutboxMessage::new(
+        "/nowhere",
+        id,
+        br#"{"order_id":"o-1","item":"book","amount":100}"#.to_vec(),
+    )?
+    .header("type", "OrderPlaced")?)
 }
 
 /// The [`TxFlavor::HandWritten`] steps around the backend's transaction: the store's

@@ -137,6 +137,21 @@ struct Args {
     /// server counters are the whole server's. Needs the `counted` feature.
     #[arg(long)]
     counted: bool,
+    /// The scale mode (not in CI): per store and per size of --scale-records, claim+commit
+    /// latency and server CPU with that many records preloaded (30 % of them expired),
+    /// bytes per record against the smallest raw row, and the default purge of the
+    /// expired ones under a claim stream (see `bench/scale/mod.rs` and BENCHMARKS.md). The
+    /// streams run at the first --concurrency. Needs the `counted` feature.
+    #[arg(long)]
+    scale: bool,
+    /// Counted mode: run only these sides of each measure (comma-separated: library,
+    /// raw, TxInbox, claim_in_tx, hand_written, insert_alone, enqueue) [default: all]. One
+    /// side alone is what a `valgrind --tool=callgrind` run counts.
+    #[arg(long, value_delimiter = ',')]
+    sides: Vec<String>,
+    /// Records preloaded, each size in turn on a fresh table (--scale).
+    #[arg(long, value_delimiter = ',', default_values_t = [0, 1_000_000])]
+    scale_records: Vec<usize>,
 }
 
 impl Args {
@@ -189,6 +204,7 @@ impl Args {
                 .iter()
                 .map(|d| d.parse())
                 .collect::<Result<_, _>>()?,
+            sides: (!self.sides.is_empty()).then(|| self.sides.clone()),
         })
     }
 }
@@ -331,6 +347,86 @@ async fn run_counted(args: &Args, params: &Params) -> Result<(), Box<dyn std::er
     }
 }
 
+/// The scale mode: each store at each size of `--scale-records`, on fresh names.
+#[cfg(feature = "counted")]
+async fn run_scale(args: &Args, params: &Params) -> Result<(), Box<dyn std::error::Error>> {
+    use bench::scale;
+    let concurrency = params.concurrency.first().copied().unwrap_or(16);
+    let tmp = tempfile::tempdir()?;
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
+    for store in stores(args) {
+        // The sizer reads the file: the default store is a file of this run's own.
+        let url =
+            store.unwrap_or_else(|| format!("sqlite:{}", tmp.path().join("scale.db").display()));
+        let sizer = scale::size::open(&url);
+        let probe = bench::counted::probe(Some(&url))
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+        for &records in &args.scale_records {
+            let names = Names::new();
+            let measured = async {
+                // The first of the server settings asked for (`--postgres-durability`).
+                let variant = bench::variants(Some(&url), params)
+                    .into_iter()
+                    .next()
+                    .unwrap_or(Variant::AsIs);
+                let target = bench::open(&url, &variant, &names, params).await?;
+                eprintln!(
+                    "bench scale {} ({}; {}) with {records} records...",
+                    target.backend,
+                    target.setup,
+                    probe.describe()
+                );
+                let row = scale::measure(
+                    &target,
+                    &*probe,
+                    &*sizer,
+                    &names,
+                    records,
+                    concurrency,
+                    params.messages,
+                )
+                .await;
+                target.raw.cleanup().await?;
+                row
+            };
+            match measured.await {
+                Ok(row) => rows.push(row),
+                Err(e) => {
+                    let e = format!(
+                        "scale bench of {} with {records} records: {}",
+                        dedup::redact(&url),
+                        error_chain(&*e)
+                    );
+                    eprintln!("{e}");
+                    failed.push(e);
+                }
+            }
+        }
+    }
+    println!();
+    let (headers, cells) = scale::table(&rows);
+    print_table(&headers, &cells);
+    println!(
+        "\nc = concurrency of the claim+commit streams ({} messages each); p99 vs empty = claim \
+         p99 / the 0-record store's; srv cpu = the server's CPU per claim+commit; B/record = \
+         bytes per record of the store's table and indexes (Redis: MEMORY USAGE, sampled), in \
+         brackets the smallest raw row holding the same key; the purge is the default (paced) \
+         one of the 30 % expired records, p99 during purge against the stream's without.",
+        params.messages
+    );
+    if args.json {
+        for row in &rows {
+            print_json(row);
+        }
+    }
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(failed.join("; ").into()),
+    }
+}
+
 /// The whole chain: a store error's cause is in its sources.
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut chain = e.to_string();
@@ -426,6 +522,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return run_counted(&args, &params).await;
         #[cfg(not(feature = "counted"))]
         return Err("--counted needs the `counted` feature (--features full)".into());
+    }
+    if args.scale {
+        #[cfg(feature = "counted")]
+        return run_scale(&args, &params).await;
+        #[cfg(not(feature = "counted"))]
+        return Err("--scale needs the `counted` feature (--features full)".into());
     }
     let mut rows = Vec::new();
     // A backend that fails does not cost the others' figures: they are printed, and the

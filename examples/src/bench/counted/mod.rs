@@ -183,24 +183,7 @@ pub(crate) async fn run(
             ));
         }
         if wanted("tx") && counted.direct.tx.is_some() {
-            let flavor = |flavor: TxFlavor| {
-                move |t: &Target, tag: String, n: usize| {
-                    let tx = t.tx.clone();
-                    let consumer: Arc<str> = tag.into();
-                    async move {
-                        let tx = tx.ok_or("no transactional mode")?;
-                        drive(
-                            c,
-                            move |i| i < n,
-                            move |worker, i| {
-                                tx.process(flavor, worker, Arc::clone(&consumer), message_id(i))
-                            },
-                        )
-                        .await
-                    }
-                    .boxed()
-                }
-            };
+            let flavor = |flavor: TxFlavor| tx_flavor(c, flavor);
             measures.push((
                 "tx",
                 params.messages,
@@ -220,9 +203,29 @@ pub(crate) async fn run(
                 ],
             ));
         }
+        if wanted("outbox") && counted.direct.tx.is_some() {
+            measures.push((
+                "outbox_enqueue",
+                params.messages,
+                vec![
+                    side(
+                        "enqueue",
+                        Some("insert_alone"),
+                        tx_flavor(c, TxFlavor::Enqueue),
+                    ),
+                    side("insert_alone", None, tx_flavor(c, TxFlavor::BusinessOnly)),
+                ],
+            ));
+        }
         for (measure, n, sides) in measures {
             let mut found = Vec::new();
-            for s in &sides {
+            let sides = sides.into_iter().filter(|s| {
+                params
+                    .sides
+                    .as_ref()
+                    .is_none_or(|only| only.iter().any(|o| o == s.name))
+            });
+            for s in &sides.collect::<Vec<_>>() {
                 let tag =
                     |pass: &str| format!("bench-{}-n-c{c}-{measure}-{}-{pass}", names.run, s.name);
                 (s.run)(&counted.direct, tag("warm"), params.warmup).await?;
@@ -268,6 +271,27 @@ pub(crate) async fn run(
         }
     }
     Ok(rows)
+}
+
+/// A side that processes its messages the `flavor` way (the target's transactional mode).
+fn tx_flavor(
+    c: usize,
+    flavor: TxFlavor,
+) -> impl Fn(&Target, String, usize) -> BoxFuture<'static, Result<Run>> {
+    move |t: &Target, tag: String, n: usize| {
+        let tx = t.tx.clone();
+        let consumer: Arc<str> = tag.into();
+        async move {
+            let tx = tx.ok_or("no transactional mode")?;
+            drive(
+                c,
+                move |i| i < n,
+                move |worker, i| tx.process(flavor, worker, Arc::clone(&consumer), message_id(i)),
+            )
+            .await
+        }
+        .boxed()
+    }
 }
 
 #[allow(clippy::too_many_arguments)] // one row's figures, each from its own source

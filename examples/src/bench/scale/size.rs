@@ -1,0 +1,279 @@
+//! Bytes on disk or in memory: the scale store's (its table and indexes, or its keys)
+//! against the smallest raw row holding the same keys, built from the store's own keys.
+
+use futures::future::BoxFuture;
+
+use crate::bench::{Names, Result};
+
+/// Measures the scale store (the bench's purge store) and its raw minimum.
+pub(crate) trait Sizer: Send + Sync {
+    /// `(store bytes, raw bytes)` for the records the store holds now; `None` where this
+    /// backend cannot tell.
+    fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>>;
+}
+
+/// No figure for this store.
+struct Unknown;
+
+impl Sizer for Unknown {
+    fn sizes<'a>(&'a self, _: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// The sizer of the store `url` names.
+pub(crate) fn open(url: &str) -> Box<dyn Sizer> {
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Box::new(postgres::PgSizer(url.to_owned()));
+    }
+    #[cfg(feature = "mysql")]
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        return Box::new(mysql::MySqlSizer(url.to_owned()));
+    }
+    #[cfg(feature = "sqlite")]
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        return Box::new(sqlite::SqliteSizer(
+            path.trim_start_matches("//").to_owned(),
+        ));
+    }
+    #[cfg(feature = "redis")]
+    if url.starts_with("redis://") {
+        return Box::new(redis::RedisSizer(url.to_owned()));
+    }
+    let _ = url;
+    Box::new(Unknown)
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use dedup_postgres::sqlx::{self, AssertSqlSafe, Connection, PgConnection};
+    use futures::future::BoxFuture;
+
+    use super::Sizer;
+    use crate::bench::{Names, Result};
+
+    pub(super) struct PgSizer(pub(super) String);
+
+    impl Sizer for PgSizer {
+        fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+            Box::pin(async move {
+                let mut conn = PgConnection::connect(&self.0).await?;
+                let (table, raw) = (&names.purge_table, format!("{}_min", names.purge_table));
+                let size = "SELECT pg_total_relation_size(format('%I.%I', 'public', $1::text)::regclass)::float8";
+                let (store,): (f64,) = sqlx::query_as(size)
+                    .bind(table)
+                    .fetch_one(&mut conn)
+                    .await?;
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "CREATE TABLE \"{raw}\" (consumer text NOT NULL, message_id text NOT NULL, \
+                     PRIMARY KEY (consumer, message_id)); \
+                     INSERT INTO \"{raw}\" SELECT consumer, message_id FROM \"{table}\""
+                )))
+                .execute(&mut conn)
+                .await?;
+                let (raw_size,): (f64,) =
+                    sqlx::query_as(size).bind(&raw).fetch_one(&mut conn).await?;
+                sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE \"{raw}\"")))
+                    .execute(&mut conn)
+                    .await?;
+                Ok(Some((store, raw_size)))
+            })
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use dedup_mysql::sqlx::{self, AssertSqlSafe, Connection, MySqlConnection};
+    use futures::future::BoxFuture;
+
+    use super::Sizer;
+    use crate::bench::{Names, Result};
+
+    pub(super) struct MySqlSizer(pub(super) String);
+
+    /// Data and index bytes of `table` by InnoDB's statistics, refreshed first.
+    async fn size(conn: &mut MySqlConnection, table: &str) -> Result<f64> {
+        sqlx::raw_sql(AssertSqlSafe(format!("ANALYZE TABLE `{table}`")))
+            .execute(&mut *conn)
+            .await?;
+        let (bytes,): (f64,) = sqlx::query_as(
+            "SELECT CAST(data_length + index_length AS DOUBLE) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = ?",
+        )
+        .bind(table)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(bytes)
+    }
+
+    impl Sizer for MySqlSizer {
+        fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+            Box::pin(async move {
+                let mut conn = MySqlConnection::connect(&self.0).await?;
+                let (table, raw) = (&names.purge_table, format!("{}_min", names.purge_table));
+                let store = size(&mut conn, table).await?;
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "CREATE TABLE `{raw}` (consumer VARBINARY(200) NOT NULL, \
+                     message_id VARBINARY(255) NOT NULL, PRIMARY KEY (consumer, message_id)) \
+                     ENGINE=InnoDB; \
+                     INSERT INTO `{raw}` SELECT consumer, message_id FROM `{table}`"
+                )))
+                .execute(&mut conn)
+                .await?;
+                let raw_size = size(&mut conn, &raw).await?;
+                sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE `{raw}`")))
+                    .execute(&mut conn)
+                    .await?;
+                Ok(Some((store, raw_size)))
+            })
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use dedup_sqlite::rusqlite::{Connection, params};
+    use futures::future::BoxFuture;
+
+    use super::Sizer;
+    use crate::bench::{Names, Result};
+
+    pub(super) struct SqliteSizer(pub(super) String);
+
+    /// Bytes of the pages of `table` and its indexes (the `dbstat` table).
+    fn size(conn: &Connection, table: &str) -> Result<f64> {
+        Ok(conn.query_row(
+            "SELECT CAST(coalesce(sum(pgsize), 0) AS REAL) FROM dbstat \
+             WHERE name IN (SELECT name FROM sqlite_master WHERE tbl_name = ?1)",
+            params![table],
+            |r| r.get(0),
+        )?)
+    }
+
+    impl Sizer for SqliteSizer {
+        fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+            let (path, table) = (self.0.clone(), names.purge_table.clone());
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    let conn = Connection::open(&path)?;
+                    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+                    let raw = format!("{table}_min");
+                    let store = size(&conn, &table)?;
+                    conn.execute_batch(&format!(
+                        "CREATE TABLE \"{raw}\" (consumer TEXT NOT NULL, message_id TEXT NOT NULL, \
+                         PRIMARY KEY (consumer, message_id)) WITHOUT ROWID; \
+                         INSERT INTO \"{raw}\" SELECT consumer, message_id FROM \"{table}\";"
+                    ))?;
+                    let raw_size = size(&conn, &raw)?;
+                    conn.execute_batch(&format!("DROP TABLE \"{raw}\""))?;
+                    Ok(Some((store, raw_size)))
+                })
+                .await?
+            })
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use dedup_redis::redis::{self, aio::MultiplexedConnection};
+    use futures::future::BoxFuture;
+
+    use super::Sizer;
+    use crate::bench::{Names, Result};
+
+    pub(super) struct RedisSizer(pub(super) String);
+
+    /// Keys of the sample.
+    const SAMPLE: usize = 2000;
+
+    /// `MEMORY USAGE` of each key, summed.
+    async fn usage(conn: &mut MultiplexedConnection, keys: &[String]) -> Result<f64> {
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .arg("SAMPLES")
+                .arg(0);
+        }
+        let sizes: Vec<Option<u64>> = pipe.query_async(conn).await?;
+        Ok(sizes.into_iter().flatten().sum::<u64>() as f64)
+    }
+
+    impl Sizer for RedisSizer {
+        /// Sampled: the mean of `SAMPLE` keys times the records held, for the store and
+        /// for raw `SET key 1 PX` keys of the same length.
+        fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+            Box::pin(async move {
+                let mut conn = redis::Client::open(self.0.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?;
+                let prefix = names.redis_prefix("purge");
+                let mut keys: Vec<String> = Vec::new();
+                let mut cursor = 0u64;
+                loop {
+                    let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(format!("{prefix}*"))
+                        .arg("COUNT")
+                        .arg(10_000)
+                        .query_async(&mut conn)
+                        .await?;
+                    keys.extend(found);
+                    cursor = next;
+                    if cursor == 0 || keys.len() >= SAMPLE {
+                        break;
+                    }
+                }
+                keys.truncate(SAMPLE);
+                if keys.is_empty() {
+                    return Ok(None);
+                }
+                let held: u64 = {
+                    let mut n = 0u64;
+                    let mut cursor = 0u64;
+                    loop {
+                        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(format!("{prefix}*"))
+                            .arg("COUNT")
+                            .arg(10_000)
+                            .query_async(&mut conn)
+                            .await?;
+                        n += found.len() as u64;
+                        cursor = next;
+                        if cursor == 0 {
+                            break n;
+                        }
+                    }
+                };
+                let store = usage(&mut conn, &keys).await?;
+                // Same length: the prefix's first byte changed.
+                let raw: Vec<String> = keys.iter().map(|k| format!("~{}", &k[1..])).collect();
+                let mut pipe = redis::pipe();
+                for key in &raw {
+                    pipe.cmd("SET")
+                        .arg(key)
+                        .arg(1)
+                        .arg("PX")
+                        .arg(600_000)
+                        .ignore();
+                }
+                pipe.query_async::<()>(&mut conn).await?;
+                let raw_usage = usage(&mut conn, &raw).await?;
+                let mut pipe = redis::pipe();
+                for key in &raw {
+                    pipe.cmd("DEL").arg(key).ignore();
+                }
+                pipe.query_async::<()>(&mut conn).await?;
+                let per = |total: f64| total / keys.len() as f64 * held as f64;
+                Ok(Some((per(store), per(raw_usage))))
+            })
+        }
+    }
+}
