@@ -7,7 +7,7 @@
 //! - `raw`: a hand-written loop on the broker's client reading messages and acking each
 //!   (inline with one in flight; with more, each ack in a task holding one of `c` slots,
 //!   reads asking for as many messages as slots are free);
-//! - `inbox_loop`: the same loop with `Inbox::handle` (a [`MemoryStore`], so the store
+//! - `inbox_loop`: the same loop with `Inbox::handle` (a [`MemoryStore`](dedup_core::MemoryStore), so the store
 //!   costs next to nothing and the adapter's own cost shows) around an empty handler
 //!   before each ack;
 //! - `adapter`: the `dedup-brokers` consumer with `with_inbox` around the same empty

@@ -2,7 +2,7 @@
 //! the library and its baseline side by side, in figures that hold on a busy machine:
 //! round trips and statements counted at the client (a [`CountingProxy`] between a second
 //! copy of the target and its server), the server's own counters (statements, commits,
-//! log flushes: [`probe`]), the server's CPU (`/proc` of its processes) and the client's
+//! log flushes: [`probe`](mod@probe)), the server's CPU (`/proc` of its processes) and the client's
 //! (getrusage), in microseconds. Throughput is printed beside them as an indication only.
 //!
 //! Each side runs alone: a warm-up on keys of its own, then `--messages` (batches:

@@ -3,8 +3,8 @@
 //! - `outbox_enqueue_vs_insert_alone` (PostgreSQL, SQLite, and MySQL / MariaDB in
 //!   `outbox/mysql.rs`): one business row plus one `enqueue` in one transaction, against
 //!   the business row alone;
-//! - `relay_vs_raw_publish` (PostgreSQL + RabbitMQ): a [`Relay`] with a
-//!   [`RabbitPublisher`] (batches of 100) publishing pre-enqueued rows until the outbox is
+//! - `relay_vs_raw_publish` (PostgreSQL + RabbitMQ): a [`Relay`](dedup_core::outbox::Relay) with a
+//!   [`RabbitPublisher`](dedup_brokers::rabbitmq::RabbitPublisher) (batches of 100) publishing pre-enqueued rows until the outbox is
 //!   empty, against the same messages published raw through the same lapin client on a
 //!   confirm channel (publish all, then await every confirm);
 //! - `commit_to_publish_p50` / `_p99` (PostgreSQL + RabbitMQ): a producer commits one row
