@@ -1,26 +1,23 @@
 //! The outbox on PostgreSQL (`DEDUP_POSTGRES_URL`): the conformance clauses
-//! (`outbox_suite!`, relays racing over ordering keys among them), the relay woken by `NOTIFY`, and the
-//! consumer outbox from a `TxInbox` handler.
+//! (`outbox_suite!`, relays racing over ordering keys among them), the tests shared with
+//! MySQL (`backends/sql/tests/clauses/outbox.rs`: producers of one key taking turns, the
+//! consumer outbox from a `TxInbox` handler), and the relay woken by `NOTIFY`.
 
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_conformance::TestContext;
 use dedup_conformance::TxEnd;
 use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest};
-use dedup_core::outbox::{
-    ConsumerOutbox, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxStore, Relay, RelayConfig,
-    derived_message_id,
-};
+use dedup_core::outbox::{MemoryPublisher, OutboxMessage, OutboxStore, Relay, RelayConfig};
 use dedup_core::trace::{CORRELATION_ID_HEADER, MessageTrace, TRACEPARENT_HEADER};
-use dedup_core::{BoxError, Error, Handled, Key, Result};
+use dedup_core::{Error, Handled, Key, Result};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, Postgres, Transaction};
 use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
-use futures::future::BoxFuture;
 
 /// One records table per clause (the namespace; the outbox is `<namespace>_outbox`) in the
 /// test schema, on the clause's clock.
@@ -88,13 +85,14 @@ impl OutboxFactory for PostgresOutboxFactory {
 
 dedup_conformance::outbox_suite!(PostgresOutboxFactory);
 
-/// Commit `messages` in a transaction of their own.
-async fn enqueue(store: &PostgresStore, messages: &[OutboxMessage]) -> u64 {
-    let mut tx = store.pool().begin().await.unwrap();
-    let n = store.outbox().enqueue(&mut tx, messages).await.unwrap();
-    tx.commit().await.unwrap();
-    n
-}
+/// What the shared sqlx outbox tests (`backends/sql/tests/clauses/outbox.rs`) run on.
+type Store = PostgresStore;
+/// This backend's sqlx connection, for the shared tests' handlers.
+type Conn = sqlx::PgConnection;
+
+#[path = "../../sql/tests/clauses/outbox.rs"]
+mod sql_clauses;
+use sql_clauses::{enqueue, handler};
 
 /// With a poll interval of a minute, a committed row is published within a second: the
 /// relay listens on the outbox's channel and the producer's commit notifies it.
@@ -215,131 +213,6 @@ async fn notifications_follow_commits_of_new_rows_only() {
         quiet.is_err(),
         "an enqueue that wrote nothing woke the relay"
     );
-}
-
-/// A second producer of the same ordering key waits for the first one's transaction: per
-/// key, id order is commit order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn producers_of_one_ordering_key_take_turns() {
-    let url = url_or_skip!();
-    let store = common::store(&url, "outbox_key_lock", None).await;
-    let keyed = |id: &str| {
-        OutboxMessage::new("orders", id, b"x".to_vec())
-            .unwrap()
-            .ordering_key("customer-1")
-            .unwrap()
-    };
-    let mut first = store.pool().begin().await.unwrap();
-    store
-        .outbox()
-        .enqueue(&mut first, &[keyed("a")])
-        .await
-        .unwrap();
-    let second = {
-        let store = store.clone();
-        let m = keyed("b");
-        tokio::spawn(async move { enqueue(&store, &[m]).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !second.is_finished(),
-        "the second producer did not wait for the key"
-    );
-    // Another key does not wait.
-    let other = OutboxMessage::new("orders", "c", b"x".to_vec())
-        .unwrap()
-        .ordering_key("customer-2")
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(2), enqueue(&store, &[other]))
-        .await
-        .expect("another key is not blocked");
-    first.commit().await.unwrap();
-    assert_eq!(second.await.unwrap(), 1);
-    let rows = store.outbox().list(&OutboxQuery::default()).await.unwrap();
-    let a = rows
-        .iter()
-        .find(|e| e.row.message_id == "a")
-        .unwrap()
-        .row
-        .id;
-    let b = rows
-        .iter()
-        .find(|e| e.row.message_id == "b")
-        .unwrap()
-        .row
-        .id;
-    assert!(a < b);
-}
-
-/// A `TxInbox` handler writes a business row and two messages with derived ids. Its first
-/// run fails (rolled back: no rows), the second commits, a duplicate delivery runs nothing:
-/// the outbox holds each derived id once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tx_inbox_handler_enqueues_each_derived_id_once() {
-    let url = url_or_skip!();
-    let store = common::store(&url, "outbox_consumer", None).await;
-    common::create_business_table(&store).await;
-    let key = Key::new("billing", "order-7").unwrap();
-    let inbox = TxInbox::new(store.clone());
-    let runs = Arc::new(AtomicU32::new(0));
-    let handle = |fail: bool| handler(store.clone(), runs.clone(), fail);
-    assert!(inbox.handle(&key, None, handle(true)).await.is_err());
-    assert!(
-        store
-            .outbox()
-            .list(&OutboxQuery::default())
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    let handled = inbox.handle(&key, None, handle(false)).await.unwrap();
-    assert!(matches!(handled, Handled::Processed { .. }), "{handled:?}");
-    let duplicate = inbox.handle(&key, None, handle(false)).await.unwrap();
-    assert!(
-        matches!(duplicate, Handled::Duplicate { .. }),
-        "{duplicate:?}"
-    );
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let rows = store.outbox().list(&OutboxQuery::default()).await.unwrap();
-    let ids: Vec<&str> = rows.iter().map(|e| e.row.message_id.as_str()).collect();
-    assert_eq!(
-        ids,
-        vec![derived_message_id(&key, 0), derived_message_id(&key, 1)]
-    );
-    assert_eq!(common::business_rows(&store, &key).await, vec!["invoice"]);
-}
-
-type HandlerResult = std::result::Result<Option<Vec<u8>>, BoxError>;
-
-/// The handler of `a_tx_inbox_handler_enqueues_each_derived_id_once`.
-fn handler(
-    store: PostgresStore,
-    runs: Arc<AtomicU32>,
-    fail: bool,
-) -> impl for<'c> FnMut(
-    &'c mut sqlx::PgConnection,
-    &'c dedup_core::Lease,
-) -> BoxFuture<'c, HandlerResult>
-+ Send {
-    move |conn, lease| {
-        let (store, runs) = (store.clone(), runs.clone());
-        Box::pin(async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            common::insert_business_row(&store, &mut *conn, &lease.key, "invoice").await;
-            let mut out = ConsumerOutbox::new(lease);
-            let messages = [
-                out.message("invoices", b"invoice".to_vec())?,
-                out.message("emails", b"receipt".to_vec())?,
-            ];
-            let new = store.outbox().enqueue(&mut *conn, &messages).await?;
-            let again = store.outbox().enqueue(&mut *conn, &messages).await?;
-            assert_eq!((new, again), (2, 0));
-            if fail {
-                return Err(BoxError::from("the payment service is down"));
-            }
-            Ok(Some(b"invoiced".to_vec()))
-        })
-    }
 }
 
 /// Opened without migrating, the outbox of a table whose outbox was never created is

@@ -106,6 +106,7 @@ mod tests {
             include_str!("hostile.rs"),
             include_str!("outbox.rs"),
             include_str!("outbox_operations.rs"),
+            include_str!("outbox_racing.rs"),
             include_str!("persistence.rs"),
             include_str!("purge.rs"),
             include_str!("purger.rs"),
