@@ -115,7 +115,7 @@ if [[ $checks != 0 ]]; then
     # code only one broker uses is gated by its feature, not left dead in the others.
     step "dedup-brokers with no broker" \
         cargo clippy -p dedup-brokers --all-targets --no-default-features -- -D warnings
-    for feature in rabbitmq redis-streams nats kafka; do
+    for feature in rabbitmq redis-streams nats kafka pubsub; do
         step "dedup-brokers with only $feature" \
             cargo clippy -p dedup-brokers --all-targets --no-default-features --features "$feature" -- -D warnings
     done
