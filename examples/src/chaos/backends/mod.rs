@@ -23,6 +23,8 @@ use dedup_core::{Handled, InboxConfig, InboxError};
 use futures::future::BoxFuture;
 
 use super::Replication;
+use super::proxy::SwitchingProxy;
+use super::servers::ReplicaPair;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -141,8 +143,33 @@ pub(crate) fn effects_ddl() -> String {
     )
 }
 
+/// A failover run's store: the primary of `pair` behind a [`SwitchingProxy`], reached at
+/// the URL `url` makes of the front's address; the restart SIGKILLs the primary, promotes
+/// the replica and points the front at it.
+pub(crate) fn behind_switching_front(
+    pair: ReplicaPair,
+    url: impl FnOnce(std::net::SocketAddr) -> String,
+) -> Result<StoreServer, BoxError> {
+    let replica = socket_addr(&pair.standby_url)?;
+    let proxy = SwitchingProxy::start(
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        socket_addr(pair.primary_url())?,
+    )?;
+    Ok(StoreServer {
+        url: url(proxy.addr()),
+        restart: Some(Restart {
+            name: "failover",
+            crash_restart: Arc::new(move || {
+                pair.promote()?;
+                proxy.switch(replica);
+                Ok(())
+            }),
+        }),
+    })
+}
+
 /// `host:port` of a `scheme://user[:password]@host:port/db` URL.
-pub(crate) fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BoxError> {
+fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BoxError> {
     let authority = url
         .rsplit_once('@')
         .and_then(|(_, rest)| rest.split('/').next())

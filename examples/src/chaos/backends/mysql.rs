@@ -1,11 +1,10 @@
 //! MySQL / MariaDB in the chaos harness: the store lives in a private MariaDB of the run
 //! (`scripts/services.sh`), killed and restarted once; transactional mode runs the effect
 //! row's insert through the MySQL `TxInbox`. Failover runs put the store on a primary with
-//! a replica of its own (`mariadb-replica`), reached through a [`SwitchingProxy`], and
+//! a replica of its own (`mariadb-replica`), reached through a [`SwitchingProxy`](crate::chaos::proxy::SwitchingProxy), and
 //! promote the replica mid-run.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -16,11 +15,10 @@ use dedup_mysql::{MySqlStore, MySqlTarget, TxInbox};
 use futures::FutureExt;
 
 use super::{
-    BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, effects_ddl,
-    socket_addr, target,
+    BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, behind_switching_front,
+    effects_ddl, target,
 };
 use crate::chaos::protocol::{announce, key};
-use crate::chaos::proxy::SwitchingProxy;
 use crate::chaos::servers::{ReplicaPair, Service};
 use crate::chaos::{Replication, Window};
 
@@ -90,22 +88,8 @@ fn failover(dir: &Path, replication: Replication) -> Result<StoreServer, BoxErro
     if replication == Replication::Sync {
         tokio::runtime::Handle::current().block_on(semi_sync(&pair))?;
     }
-    let replica = socket_addr(&pair.standby_url)?;
-    let proxy = SwitchingProxy::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        socket_addr(pair.primary_url())?,
-    )?;
-    let url = format!("mysql://dedup:dedup@{}/dedup?pool_size=2", proxy.addr());
-    Ok(StoreServer {
-        url,
-        restart: Some(Restart {
-            name: "failover",
-            crash_restart: Arc::new(move || {
-                pair.promote()?;
-                proxy.switch(replica);
-                Ok(())
-            }),
-        }),
+    behind_switching_front(pair, |front| {
+        format!("mysql://dedup:dedup@{front}/dedup?pool_size=2")
     })
 }
 

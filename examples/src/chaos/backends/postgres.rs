@@ -1,13 +1,11 @@
 //! PostgreSQL in the chaos harness: the store lives in the run's PostgreSQL (the queue's
 //! server, which the controller crash-restarts in every run); transactional mode runs the
 //! effect row's insert through the PostgreSQL `TxInbox`. Failover runs put the store on a
-//! primary with a streaming standby of its own, reached through a [`SwitchingProxy`]
+//! primary with a streaming standby of its own, reached through a [`SwitchingProxy`](crate::chaos::proxy::SwitchingProxy)
 //! (sqlx takes one host per URL), and promote the standby mid-run.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use dedup_core::{Handled, InboxError};
@@ -16,11 +14,10 @@ use dedup_postgres::{PostgresStore, PostgresTarget, TxInbox};
 use futures::FutureExt;
 
 use super::{
-    BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, effects_ddl,
-    socket_addr, target,
+    BoxError, ChaosBackend, StoreServer, Transactional, TxHandler, behind_switching_front,
+    effects_ddl, target,
 };
 use crate::chaos::protocol::{announce, key};
-use crate::chaos::proxy::SwitchingProxy;
 use crate::chaos::servers::ReplicaPair;
 use crate::chaos::{Replication, Window};
 
@@ -104,22 +101,8 @@ fn failover(dir: &Path, replication: Replication) -> Result<StoreServer, BoxErro
         }
         Ok::<_, BoxError>(())
     })?;
-    let standby = socket_addr(&pair.standby_url)?;
-    let proxy = SwitchingProxy::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        socket_addr(pair.primary_url())?,
-    )?;
-    let url = format!("postgres://postgres@{}/dedup?pool_size=2", proxy.addr());
-    Ok(StoreServer {
-        url,
-        restart: Some(Restart {
-            name: "failover",
-            crash_restart: Arc::new(move || {
-                pair.promote()?;
-                proxy.switch(standby);
-                Ok(())
-            }),
-        }),
+    behind_switching_front(pair, |front| {
+        format!("postgres://postgres@{front}/dedup?pool_size=2")
     })
 }
 
