@@ -63,11 +63,18 @@ pub(crate) enum TxFlavor {
     /// the wrapper itself costs is the gap between this and `InboxAsHandWritten`.
     HandWritten,
     /// The business insert and one message through the store's outbox (`enqueue`) in one
-    /// transaction: what the outbox adds to [`BusinessOnly`](Self::BusinessOnly).
+    /// transaction: what the outbox adds to [`BusinessOnly`](Self::BusinessOnly). Made
+    /// by the counted mode only.
+    #[cfg_attr(not(feature = "counted"), allow(dead_code))]
     Enqueue,
 }
 
 /// The message an [`TxFlavor::Enqueue`] producer writes with its business row.
+/// Used by the SQL backends only.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn outbox_message(id: &str) -> Result<dedup_core::outbox::OutboxMessage> {
     Ok(dedup_core::outbox::OutboxMessage::new(
         "/nowhere",
@@ -80,6 +87,10 @@ pub(crate) fn outbox_message(id: &str) -> Result<dedup_core::outbox::OutboxMessa
 /// The [`TxFlavor::HandWritten`] steps around the backend's transaction: the store's
 /// lease-mode claim of `key`; if acquired, `in_tx` (the transaction holding the business
 /// insert and `commit_in_tx` under the lease), and a release of the lease if it failed.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) async fn hand_written<Fut>(
     store: &dyn DedupStore,
     key: &Key,
