@@ -64,7 +64,7 @@ pub async fn consume_with_health<S: Source, H: Handle>(
                     delay = config.reconnect_delay;
                 }
                 Err(e) if e.is_retryable() => {
-                    tracing::warn!(endpoint = source.endpoint(), error = %e, retry_in = ?delay, "could not connect; retrying");
+                    tracing::warn!(endpoint = source.endpoint(), error = %dedup_core::error_chain(&e), retry_in = ?delay, "could not connect; retrying");
                     if !pause(delay, &shutdown).await {
                         break;
                     }
@@ -102,7 +102,7 @@ pub async fn consume_with_health<S: Source, H: Handle>(
                 }
             }
             Err(e) if e.is_retryable() => {
-                tracing::warn!(endpoint = source.endpoint(), error = %e, "connection lost; reconnecting");
+                tracing::warn!(endpoint = source.endpoint(), error = %dedup_core::error_chain(&e), "connection lost; reconnecting");
                 Counters::bump(&shared.counters.reconnects);
                 health.reconnecting();
                 connected = false;
@@ -162,7 +162,7 @@ impl<H: Handle> Shared<H> {
         if let Err(e) = settled {
             // Not settled: the broker delivers it again (requeued with the channel,
             // left pending, or past its ack wait).
-            tracing::warn!(consumer = %self.consumer, %broker_ref, error = %e, "could not settle a delivery");
+            tracing::warn!(consumer = %self.consumer, %broker_ref, error = %dedup_core::error_chain(&e), "could not settle a delivery");
             Counters::bump(&self.counters.settle_errors);
         }
     }

@@ -5,21 +5,12 @@ use std::time::Duration;
 
 use dedup_core::parse_duration;
 use dedup_core::{Forgot, Key, ListFilter, PurgeOptions, Released, Status};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::failure::Failure;
 use crate::open::{Access, Opened, open};
-use crate::render::{bytes, record_json, record_text, span, summary_json, utc, when};
+use crate::render::{bytes, print, record_json, record_text, span, summary_json, utc, when};
 use crate::{Cli, Command};
-
-/// Print `json` (with `--json`) or `text`.
-fn print(as_json: bool, json: Value, text: impl FnOnce() -> String) {
-    if as_json {
-        println!("{json}");
-    } else {
-        println!("{}", text());
-    }
-}
 
 /// The key the operator typed.
 fn key(consumer: &str, message_id: &str) -> Result<Key, Failure> {
@@ -237,10 +228,12 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::List {
             consumer,
+            consumer_option,
             state,
             limit,
             after,
         } => {
+            let consumer = consumer.or(consumer_option).unwrap_or_default();
             let mut filter = ListFilter::consumer(consumer).limit(limit);
             filter.status = state.map(Into::into);
             filter.after = after;
@@ -272,11 +265,19 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                                 format!("expired {}", when(*expires_at, now))
                             }
                             dedup_core::RecordState::Completed { processed_at, .. } => {
-                                format!("processed {}", when(*processed_at, now))
+                                let verb = match status {
+                                    dedup_core::Status::DeadLettered => "dead-lettered",
+                                    dedup_core::Status::Failed => "failed",
+                                    _ => "processed",
+                                };
+                                format!("{verb} {}", when(*processed_at, now))
                             }
                         };
+                        let cause = crate::render::short_cause(r)
+                            .map(|c| format!(": {c}"))
+                            .unwrap_or_default();
                         format!(
-                            "{:<24} {:<10} attempt {:<3} fence {:<3} {at}",
+                            "{:<24} {:<11} attempt {:<3} fence {:<3} {at}{cause}",
                             r.key.message_id(),
                             status.as_str(),
                             r.attempt,

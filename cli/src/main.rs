@@ -73,9 +73,17 @@ enum Command {
     },
     /// The records of one consumer, in message id order.
     List {
-        /// The consumer whose records to list.
-        #[arg(long)]
-        consumer: String,
+        /// The consumer whose records to list (`dedup consumers` names them); also taken as
+        /// `--consumer NAME`.
+        #[arg(value_name = "CONSUMER", required_unless_present = "consumer_option")]
+        consumer: Option<String>,
+        /// The consumer, as an option.
+        #[arg(
+            long = "consumer",
+            value_name = "CONSUMER",
+            conflicts_with = "consumer"
+        )]
+        consumer_option: Option<String>,
         /// Only records in this state.
         #[arg(long, value_enum)]
         state: Option<StateArg>,

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::failure::Failure;
 use crate::open::{Access, open_outbox};
-use crate::render::{rfc3339, span, utc, when};
+use crate::render::{print, rfc3339, span, utc, when};
 use crate::{OutboxCommand, OutboxStateArg, StoreArgs};
 
 impl From<OutboxStateArg> for OutboxState {
@@ -18,14 +18,6 @@ impl From<OutboxStateArg> for OutboxState {
             OutboxStateArg::Sent => OutboxState::Sent,
             OutboxStateArg::Dead => OutboxState::Dead,
         }
-    }
-}
-
-fn print(as_json: bool, json: Value, text: impl FnOnce() -> String) {
-    if as_json {
-        println!("{json}");
-    } else {
-        println!("{}", text());
     }
 }
 

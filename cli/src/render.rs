@@ -1,5 +1,6 @@
 //! Turning records, stats and reports into text for people and into JSON.
 
+use std::io::Write;
 use std::time::Duration;
 
 use dedup_core::admin::KeySummary;
@@ -179,6 +180,43 @@ fn failure_lines(name: &'static str, f: &Failure, now: Timestamp) -> Vec<(&'stat
     lines
 }
 
+/// Print `json` (with `--json`) or `text` on standard output. A reader that stopped
+/// reading (`dedup list ... | head`) ends the output quietly; any other write error is
+/// said on standard error and exits with status 1.
+pub(crate) fn print(as_json: bool, json: Value, text: impl FnOnce() -> String) {
+    let body = if as_json { json.to_string() } else { text() };
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{body}").and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            eprintln!("error: cannot write the output: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Longest cause [`short_cause`] shows, in characters.
+const SHORT_CAUSE_CHARS: usize = 100;
+
+/// The cause of a failed or dead-lettered record, or the last failure of one in flight, as
+/// one line cut to 100 characters (`dedup inspect` shows the whole chain); `None` when the
+/// record has none (processed, or a backend that keeps no causes).
+pub(crate) fn short_cause(record: &Record) -> Option<String> {
+    let cause = match record.verdict() {
+        Some(Verdict::Processed(_)) => return None,
+        Some(Verdict::Failed {
+            message,
+            cause: None,
+        }) => message,
+        _ => record.failure()?.message(),
+    };
+    Some(match cause.char_indices().nth(SHORT_CAUSE_CHARS) {
+        Some((cut, _)) => format!("{}...", &cause[..cut]),
+        None => cause,
+    })
+}
+
 /// The record for people, one `name: value` line each.
 pub(crate) fn record_text(record: &Record, now: Timestamp) -> String {
     let status = Status::of(record, now);
@@ -210,7 +248,12 @@ pub(crate) fn record_text(record: &Record, now: Timestamp) -> String {
             processed_at,
             outcome: stored,
         } => {
-            lines.push(("processed", when(*processed_at, now)));
+            let verb = match status {
+                Status::DeadLettered => "dead-lettered",
+                Status::Failed => "failed",
+                _ => "processed",
+            };
+            lines.push((verb, when(*processed_at, now)));
             match Verdict::decode(stored.clone()) {
                 Verdict::Processed(bytes) => {
                     lines.push(("outcome", bytes.as_deref().map_or("none".into(), outcome)));

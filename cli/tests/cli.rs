@@ -548,6 +548,22 @@ async fn poison_scenario(t: &Target) {
         "{human}"
     );
     assert!(!human.contains("completed (processed"), "{human}");
+    // The list, with the consumer given as in `inspect`, says when it was dead-lettered and
+    // (where causes are kept) why, on the key's line.
+    let line = String::from_utf8_lossy(
+        &t.expect(0, &["list", "orders", "--state", "dead-letter"])
+            .stdout,
+    )
+    .into_owned();
+    assert!(
+        line.starts_with("poison-1") && line.contains(" dead-lettered 20"),
+        "{line}"
+    );
+    assert_eq!(
+        line.contains(": invoice payload: expected value at line 1 column 1"),
+        keeps,
+        "{line}"
+    );
     if keeps {
         assert_eq!(dead["cause"]["kind"], "handler", "{dead}");
         assert_eq!(dead["cause"]["attempt"], 2, "{dead}");
@@ -794,6 +810,16 @@ fn usage_errors_exit_2_and_a_missing_store_says_what_to_do() {
         stderr(&no_store)
     );
     assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
+    // `list` needs its consumer, given once (as an argument or as `--consumer`).
+    let unnamed = run(&["--store", "memory:", "list"]);
+    assert_eq!(unnamed.status.code(), Some(2));
+    assert!(
+        stderr(&unnamed).contains("<CONSUMER>"),
+        "{}",
+        stderr(&unnamed)
+    );
+    let twice = run(&["--store", "memory:", "list", "a", "--consumer", "b"]);
+    assert_eq!(twice.status.code(), Some(2), "{}", stderr(&twice));
     // An unknown scheme (mysql:// became a store with dedup-mysql).
     let bad_url = run(&["--store", "oracle://x", "stats"]);
     assert_eq!(bad_url.status.code(), Some(2));

@@ -66,12 +66,7 @@ impl Failure {
         at: Timestamp,
         worker: Option<&str>,
     ) -> Self {
-        let mut chain = vec![error.to_string()];
-        let mut source = error.source();
-        while let Some(s) = source {
-            chain.push(s.to_string());
-            source = s.source();
-        }
+        let mut chain = links(error);
         if chain.len() > MAX_FAILURE_LINKS {
             let root = chain.pop().unwrap_or_default();
             chain.truncate(MAX_FAILURE_LINKS - 1);
@@ -240,16 +235,28 @@ fn cut(text: &mut String, max: usize) {
     }
 }
 
-/// An error's message followed by its sources' (`outer: inner: root`), for log lines.
+/// An error's message followed by its sources' (`outer: inner: root`), for log lines; a
+/// source whose message its outer error already ends with is said once (see [`Failure`]'s
+/// chain).
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
+    links(e).join(": ")
+}
+
+/// The message of `e` and of each of its sources, outermost first, without the sources an
+/// outer message already ends with: many errors print their source in their own message
+/// (`error returned from database: {0}`, `error communicating with database: {0}`) and
+/// also return it from `source()`, which would say the same words twice.
+fn links(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut chain = vec![e.to_string()];
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !chain.last().is_some_and(|outer| outer.ends_with(&text)) {
+            chain.push(text);
+        }
         source = s.source();
     }
-    out
+    chain
 }
 
 #[cfg(test)]
@@ -283,6 +290,30 @@ mod tests {
         assert_eq!(Failure::decode(b"2junk"), None);
         assert_eq!(Failure::decode(b"13:abc"), None);
         assert_eq!(Failure::decode(b""), None);
+    }
+
+    /// An error that prints its source in its own message, as sqlx's do.
+    #[derive(Debug, thiserror::Error)]
+    #[error("error returned from database: {0}")]
+    struct Wraps(#[source] Link);
+
+    #[test]
+    fn a_source_its_outer_message_already_says_is_kept_once() {
+        let e = Wraps(Link("a CHECK violation".to_owned(), None));
+        let f = Failure::of_error("handler", &e, 1, Timestamp::EPOCH, None);
+        assert_eq!(
+            f.chain,
+            vec!["error returned from database: a CHECK violation"]
+        );
+        assert_eq!(
+            error_chain(&e),
+            "error returned from database: a CHECK violation"
+        );
+        let outer = Link(
+            "consume failed".to_owned(),
+            Some(Box::new(Link("0".repeat(3), None))),
+        );
+        assert_eq!(error_chain(&outer), "consume failed: 000");
     }
 
     #[test]

@@ -96,8 +96,7 @@ impl Background {
         {
             Ok(handle) => *running = Some(handle),
             Err(e) => tracing::warn!(
-                error = %e,
-                source = ?std::error::Error::source(&e),
+                error = %crate::error_chain(&e),
                 "dedup inbox: the retention purge did not start; nothing is purged (fix InboxConfig::retention)"
             ),
         }
@@ -341,7 +340,7 @@ impl Purger {
                 }
                 Err(e) => {
                     stats.failures += 1;
-                    tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "dedup purge failed; retrying next period");
+                    tracing::warn!(error = %crate::error_chain(&e), "dedup purge failed; retrying next period");
                 }
             }
             let spread = self.jitter * (2.0 * random_unit() - 1.0);

@@ -177,7 +177,7 @@ impl KafkaConsumer {
         if let (Some(consumer), true) = (&self.consumer, positions.count() > 0)
             && let Err(e) = consumer.commit(&positions, CommitMode::Sync)
         {
-            tracing::warn!(group = %self.group, error = %e, "could not commit the settled offsets at shutdown; their records come again");
+            tracing::warn!(group = %self.group, error = %dedup_core::error_chain(&e), "could not commit the settled offsets at shutdown; their records come again");
         }
     }
 }
@@ -264,7 +264,7 @@ impl Source for KafkaConsumer {
                     // librdkafka reconnects to the brokers by itself (a new consumer would
                     // only cost a rebalance): report it and go on.
                     BrokerError::Broker { context, source } => {
-                        tracing::warn!(group = %self.group, %context, error = %source, "Kafka consumer error; librdkafka retries");
+                        tracing::warn!(group = %self.group, %context, error = %dedup_core::error_chain(&*source), "Kafka consumer error; librdkafka retries");
                         Ok(Vec::new())
                     }
                     refused => Err(refused),
@@ -278,7 +278,7 @@ impl Source for KafkaConsumer {
             match consumer.recv().now_or_never() {
                 Some(Ok(record)) => fetched.push(self.pending(&record, &consumer, &copies)),
                 Some(Err(e)) => {
-                    tracing::warn!(group = %self.group, error = %e, "consuming");
+                    tracing::warn!(group = %self.group, error = %dedup_core::error_chain(&e), "consuming");
                     break;
                 }
                 None => break,

@@ -149,7 +149,7 @@ impl ConsumerContext for Rebalancing {
             if owed.count() > 0
                 && let Err(e) = consumer.commit(&owed, CommitMode::Sync)
             {
-                tracing::warn!(group = %self.group, error = %e, "could not commit the settled offsets of revoked partitions; their deliveries come again");
+                tracing::warn!(group = %self.group, error = %dedup_core::error_chain(&e), "could not commit the settled offsets of revoked partitions; their deliveries come again");
             }
         }
     }
@@ -159,7 +159,7 @@ impl ConsumerContext for Rebalancing {
             Rebalance::Assign(partitions) => self.offsets.assign(partitions),
             Rebalance::Revoke(_) => {}
             Rebalance::Error(e) => {
-                tracing::warn!(group = %self.group, error = %e, "rebalance failed");
+                tracing::warn!(group = %self.group, error = %dedup_core::error_chain(e), "rebalance failed");
             }
         }
     }

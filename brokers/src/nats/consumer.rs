@@ -178,7 +178,7 @@ impl Source for NatsConsumer {
                     }
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, "batch ended");
+                    tracing::debug!(error = %dedup_core::error_chain(&*e), "batch ended");
                     break;
                 }
             }
@@ -211,7 +211,7 @@ impl Pending for NatsPending {
                 match self.dead_letter(&reason, &headers).await {
                     Ok(()) => (AckKind::Term, None),
                     Err(e) => {
-                        tracing::warn!(error = %e, "dead letter not published; retrying");
+                        tracing::warn!(error = %dedup_core::error_chain(&*e), "dead letter not published; retrying");
                         (AckKind::Nak(Some(self.retry_delay)), Some(e))
                     }
                 }

@@ -82,7 +82,7 @@ impl KeepAlive {
             loop {
                 tokio::time::sleep(every).await;
                 if let Err(e) = extend.modify(&id, extend.ack_deadline).await {
-                    tracing::warn!(subscription = %extend.subscription, error = %e, "could not extend an ack deadline; the message may be delivered again");
+                    tracing::warn!(subscription = %extend.subscription, error = %dedup_core::error_chain(&e), "could not extend an ack deadline; the message may be delivered again");
                 }
             }
         });
@@ -106,7 +106,7 @@ impl Drop for KeepAlive {
         {
             runtime.spawn(async move {
                 if let Err(e) = link.modify(&ack_id, 0).await {
-                    tracing::warn!(subscription = %link.subscription, error = %e, "could not give back an unsettled message; it comes back at its ack deadline");
+                    tracing::warn!(subscription = %link.subscription, error = %dedup_core::error_chain(&e), "could not give back an unsettled message; it comes back at its ack deadline");
                 }
             });
         }

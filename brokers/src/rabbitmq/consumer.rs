@@ -403,7 +403,7 @@ impl Pending for RabbitPending {
                         .map(drop)
                         .map_err(|e| classify("basic.ack", e)),
                     Err(e) => {
-                        tracing::warn!(error = %e, "dead letter not published; requeueing");
+                        tracing::warn!(error = %dedup_core::error_chain(&*e), "dead letter not published; requeueing");
                         requeue_after(acker, self.retry_delay, shutdown).await?;
                         Err(BrokerError::broker(
                             format!("publishing a dead letter to {destination}"),

@@ -142,7 +142,7 @@ impl RabbitPublisher {
                     if !e.is_retryable() || Instant::now() + delay > deadline {
                         return Err(e);
                     }
-                    tracing::debug!(error = %e, "RabbitMQ publisher reconnecting");
+                    tracing::debug!(error = %dedup_core::error_chain(&e), "RabbitMQ publisher reconnecting");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }

@@ -203,7 +203,7 @@ impl<S> Observed<S> {
                 self.bump(Event::Error, 1);
                 metrics::counter!(m::ERRORS_TOTAL, "backend" => self.options.backend, "op" => op, "kind" => kind).increment(1);
                 if matches!(other, Error::Backend { .. }) {
-                    tracing::warn!(op, backend = self.options.backend, error = %other, source = ?std::error::Error::source(other), "dedup store operation failed");
+                    tracing::warn!(op, backend = self.options.backend, error = %crate::error_chain(other), "dedup store operation failed");
                 }
                 kind
             }

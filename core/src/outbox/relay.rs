@@ -219,7 +219,7 @@ impl Relay {
     async fn run(self, stopped: watch::Receiver<bool>, totals: Arc<Totals>) -> RelayRound {
         let purger = self.config.retention.and_then(|r| {
             (r.purger().start_outbox(Arc::clone(&self.store)))
-                .inspect_err(|e| tracing::warn!(error = %e, "dedup outbox relay: the retention purge did not start; sent rows are not purged"))
+                .inspect_err(|e| tracing::warn!(error = %error_chain(e), "dedup outbox relay: the retention purge did not start; sent rows are not purged"))
                 .ok()
         });
         let relay = Arc::new(self);
@@ -292,7 +292,7 @@ impl Relay {
                     round.taken as usize
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, source = ?std::error::Error::source(&e), backend = self.store.backend(), "dedup outbox relay: round failed; trying again after the poll interval");
+                    tracing::warn!(error = %error_chain(&e), backend = self.store.backend(), "dedup outbox relay: round failed; trying again after the poll interval");
                     0
                 }
             };
@@ -322,7 +322,7 @@ impl Relay {
                 metrics::gauge!(names::OUTBOX_OLDEST_UNSENT_SECONDS, "backend" => backend)
                     .set(stats.oldest_unsent_age().as_secs_f64());
             }
-            Err(e) => tracing::debug!(error = %e, "dedup outbox relay: stats failed"),
+            Err(e) => tracing::debug!(error = %error_chain(&e), "dedup outbox relay: stats failed"),
         }
     }
 
