@@ -92,7 +92,9 @@ where
                     let alone = matches!(&group[..], [only] if only.id == id);
                     let (reqs, replies): (Vec<Req>, Vec<_>) =
                         group.into_iter().map(|w| (w.req, w.reply)).unzip();
-                    let running = run(reqs);
+                    // Boxed, so moving it into `round` and `round` into a task or this
+                    // future copies a pointer, not the whole group future.
+                    let running = Box::pin(run(reqs));
                     let round = async move {
                         let results = running.await;
                         drop(permit);

@@ -342,7 +342,9 @@ where
 {
     fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
         Box::pin(async move {
-            let mut tx = match self.store.pool().begin().await {
+            // Boxed: sqlx's begin future (a pool acquire) is kilobytes, which this
+            // attempt's future would otherwise carry and copy at every move.
+            let mut tx = match Box::pin(self.store.pool().begin()).await {
                 Ok(tx) => tx,
                 Err(e) => return TxAttempt::Store(S::Backend::error(e)),
             };
