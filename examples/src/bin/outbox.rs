@@ -15,8 +15,8 @@
 //! cargo run --release -p dedup-examples --features full --bin outbox -- \
 //!     --store "$DEDUP_POSTGRES_URL" --broker kafka --kafka "$DEDUP_KAFKA_BROKERS"
 //! # The same with every role in its own process, SIGKILLed at every step, and PostgreSQL
-//! # and RabbitMQ crash-restarted mid-run (private servers in a temporary folder; with
-//! # `--broker kafka` a private Tansu, not restarted: it keeps its topics in memory):
+//! # and the broker crash-restarted mid-run (private servers in a temporary folder; with
+//! # `--broker kafka` a private Tansu on S3 storage served by a private S3 server):
 //! cargo run --release -p dedup-examples --features full --bin outbox -- --chaos
 //! # ... with MariaDB as the store (flushing its log at every commit):
 //! cargo run --release -p dedup-examples --features full --bin outbox -- --chaos --chaos-store mariadb
@@ -58,7 +58,7 @@ struct Cli {
     #[arg(long, default_value_t = 100)]
     orders: u64,
     /// Run each role in worker processes that are SIGKILLed at every step, and
-    /// crash-restart the store's server and RabbitMQ mid-run.
+    /// crash-restart the store's server and the broker (RabbitMQ or Kafka) mid-run.
     #[arg(long)]
     chaos: bool,
     /// With --chaos: the store server to start privately and crash-restart mid-run.

@@ -1,6 +1,6 @@
 //! The run's private servers from `scripts/services.sh` (crash-restartable): any of its
 //! services, by name ([`Service`]); the PostgreSQL of the chaos queue and the servers of
-//! the outbox story (PostgreSQL or MariaDB, RabbitMQ) by their own names. Private, so that restarting them disturbs nothing
+//! the outbox story (PostgreSQL or MariaDB, RabbitMQ, Kafka) by their own names. Private, so that restarting them disturbs nothing
 //! else on the machine. (A backend's own store server is started by its chaos module.)
 
 use std::path::{Path, PathBuf};
@@ -189,5 +189,17 @@ impl RabbitMq {
     /// Start one with its state in `dir`.
     pub fn start(dir: &Path) -> Result<Service, BoxError> {
         Service::start(dir, "rabbitmq", "DEDUP_AMQP_URL")
+    }
+}
+
+/// A private Kafka: Tansu on S3 storage (`services.sh`'s `kafka-durable`), so its topics,
+/// records and committed group offsets survive [`Service::crash_restart`] (a SIGKILL of the
+/// broker).
+pub struct Kafka;
+
+impl Kafka {
+    /// Start one with its state in `dir`.
+    pub fn start(dir: &Path) -> Result<Service, BoxError> {
+        Service::start(dir, "kafka-durable", "DEDUP_KAFKA_DURABLE_BROKERS")
     }
 }

@@ -13,8 +13,8 @@
 //!    ([`roles::mail`]).
 //!
 //! [`run`] runs it all; with chaos on, it runs the roles as processes it SIGKILLs at every
-//! step, and crash-restarts PostgreSQL (and RabbitMQ; not Kafka: the test broker, Tansu,
-//! keeps its topics in memory) under them. [`Db::count`] reads what happened: every order
+//! step, and crash-restarts the store server (PostgreSQL or MariaDB) and the broker
+//! (RabbitMQ, or Kafka: Tansu on S3 storage) under them. [`Db::count`] reads what happened: every order
 //! must have exactly one invoice and one e-mail.
 
 pub mod api;

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::broker::{Broker, BrokerKind};
 use super::roles::{self, Ctx};
 use super::{BoxError, Db, Figures, Killer, Names, api};
-use crate::chaos::servers::{MariaDb, Postgres, RabbitMq, Service};
+use crate::chaos::servers::{Kafka, MariaDb, Postgres, RabbitMq, Service};
 
 /// The roles and how many of each run.
 pub const ROLES: [(Role, u32); 3] = [(Role::Relay, 2), (Role::Billing, 2), (Role::Mail, 1)];
@@ -116,9 +116,7 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
                 let db = store_kind.start(&root).map_err(|e| e.to_string())?;
                 let broker = match kind {
                     BrokerKind::Rabbitmq => RabbitMq::start(&root.join("rabbitmq")),
-                    BrokerKind::Kafka => {
-                        Service::start(&root.join("kafka"), "kafka", "DEDUP_KAFKA_BROKERS")
-                    }
+                    BrokerKind::Kafka => Kafka::start(&root.join("kafka")),
                 };
                 Ok((db, broker.map_err(|e| e.to_string())?))
             })
@@ -185,11 +183,10 @@ pub async fn run(config: &RunConfig) -> Result<Figures, BoxError> {
                 crash_restart(db).await?;
                 figures.restarts.insert(db_name, 1);
             } else if figures.emails * 3 >= orders * 2
-                && ctx.broker.kind == BrokerKind::Rabbitmq
-                && !figures.restarts.contains_key("rabbitmq")
+                && !figures.restarts.contains_key(ctx.broker.kind.name())
             {
                 crash_restart(mq).await?;
-                figures.restarts.insert("rabbitmq", 1);
+                figures.restarts.insert(ctx.broker.kind.name(), 1);
             }
         }
         // Done when every order has its e-mail and a second has passed without a change
