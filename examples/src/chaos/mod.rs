@@ -33,7 +33,8 @@
 //!   the standby promoted and the front switched; afterwards every key is read on the
 //!   promoted node ([`Figures::completions_lost`]). The partition scenario is
 //!   [`partition`], on a host of its own made by [`netns`]; the Redis Cluster one
-//!   (a primary cut off in a minority) is `cluster_partition`.
+//!   (a primary cut off in a minority) is `cluster_partition`; the delayed link one
+//!   (renewals arriving late) is [`slow_link`].
 //!
 //! Checks ([`Figures::violations`]): transactional mode, every message has exactly one
 //! effect; lease mode, every message has at least one effect, and each message's extra
@@ -56,6 +57,7 @@ pub mod redis_cluster;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod servers;
+pub mod slow_link;
 pub mod worker;
 
 use std::collections::BTreeMap;
