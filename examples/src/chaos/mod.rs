@@ -55,6 +55,8 @@ pub mod queue;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;
 #[cfg(feature = "redis")]
+pub mod redis_sentinel;
+#[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod servers;
 pub mod slow_link;

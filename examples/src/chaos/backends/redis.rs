@@ -4,8 +4,10 @@
 //!
 //! Failover runs: a primary with two replicas, the store behind a [`SwitchingProxy`];
 //! the primary is SIGKILLed and the replica with the highest replication offset promoted
-//! (`REPLICAOF NO ONE`), the other pointed at it, as Sentinel does. "Sync" replication is
-//! the store's `WAIT` after each commit (`wait_replicas=1`).
+//! (`REPLICAOF NO ONE`), the other pointed at it, as Sentinel does; with
+//! `DEDUP_CHAOS_REDIS_SENTINEL=1`, three real sentinels elect and promote the replica and
+//! the front follows the primary they name ([`Sentinels`]), as a Sentinel-aware proxy
+//! does. "Sync" replication is the store's `WAIT` after each commit (`wait_replicas=1`).
 //!
 //! The servers are [`RedisServer`]s (`redis-server`, or the binary
 //! `DEDUP_CHAOS_REDIS_SERVER` names).
@@ -17,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use super::{BoxError, ChaosBackend, Restart, StoreServer};
 use crate::chaos::Replication;
 use crate::chaos::proxy::SwitchingProxy;
+use crate::chaos::redis_sentinel::{self as sentinel, Sentinels};
 use crate::chaos::redis_server::RedisServer;
 
 /// The Redis chaos module, chosen by the store URL's descriptor.
@@ -68,6 +71,24 @@ fn failover(dir: &Path, replication: Replication) -> Result<StoreServer, BoxErro
     }
     let proxy = SwitchingProxy::start(SocketAddr::from(([127, 0, 0, 1], 0)), primary.addr())?;
     let url = format!("redis://{}/{wait}", proxy.addr());
+    if sentinel::chosen() {
+        let sentinels = Sentinels::start(&dir.join("sentinel"), &primary, replicas.len())?;
+        let servers = Mutex::new((primary, replicas, sentinels));
+        return Ok(StoreServer {
+            url,
+            restart: Some(Restart {
+                name: "failover",
+                crash_restart: Arc::new(move || {
+                    let mut servers = servers.lock().unwrap_or_else(|p| p.into_inner());
+                    let (primary, _, sentinels) = &mut *servers;
+                    let old = primary.addr();
+                    primary.kill();
+                    proxy.switch(sentinels.wait_for_new_primary(old)?);
+                    Ok(())
+                }),
+            }),
+        });
+    }
     let servers = Mutex::new((primary, replicas));
     Ok(StoreServer {
         url,
