@@ -252,3 +252,81 @@ fn chaos_partition_cut_off_worker_is_fenced_out() {
     assert_eq!(run["downstream_writer"], "second", "{run}");
     assert!(out.contains("every check passed"), "{out}");
 }
+
+/// The Redis Cluster partition scenario (`chaos cluster-partition`): three primaries with
+/// a replica each, `cluster-node-timeout` 1 s, primary 0 and a worker in a network
+/// namespace cut off from the rest. The isolated primary acknowledges the worker's claims
+/// and commits until it sees itself in a minority; the majority promotes its replica; on
+/// heal the old primary rejoins as a replica and drops what it acknowledged alone. Without
+/// `WAIT` every completion acknowledged during the cut is lost (a redelivery runs it
+/// again); with `WAIT 1` no commit is acknowledged, so none is lost, but the claims are:
+/// the majority takes those keys while the worker's lease runs, and the worker's late
+/// commits are `LeaseLost`. Needs root for `ip netns`, like the partition test.
+#[test]
+fn chaos_redis_cluster_primary_cut_off_in_minority() {
+    let test = "chaos_redis_cluster_primary_cut_off_in_minority";
+    if !servers_available(test) {
+        return;
+    }
+    let args = [
+        "cluster-partition",
+        "--node-timeout-ms",
+        "1000",
+        "--messages",
+        "40",
+        "--seed",
+        "1",
+        "--json",
+    ];
+    let out = run_example("chaos", &args);
+    println!("{out}");
+    if out.contains("SKIPPED cluster-partition") {
+        assert!(
+            !dedup_conformance::strict(),
+            "DEDUP_TEST_STRICT=1 and no network namespace could be made:\n{out}"
+        );
+        eprintln!("SKIPPED {test}: {out}");
+        return;
+    }
+    let runs = json_lines(&out);
+    assert_eq!(runs.len(), 2, "one row without WAIT, one with:\n{out}");
+    for run in &runs {
+        let n = |field: &str| {
+            run[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{field} in {run}"))
+        };
+        assert!(
+            n("replica_promoted_ms") > 0,
+            "the replica was promoted: {run}"
+        );
+        assert!(
+            n("fresh_client_claim_ms") >= n("last_ack_ms"),
+            "the majority served the slots only after the old primary stopped: {run}"
+        );
+        assert!(
+            n("claims_acked") > 0,
+            "the isolated primary answered claims: {run}"
+        );
+        assert_eq!(n("late_commits_ok"), 0, "no stale commit lands: {run}");
+        if run["wait"] == false {
+            assert!(n("commits_acked") > 0, "and commits, without WAIT: {run}");
+            assert_eq!(
+                n("completions_lost"),
+                n("commits_acked"),
+                "every completion acknowledged by the cut-off primary is lost: {run}"
+            );
+            assert_eq!(n("doubled"), n("completions_lost"), "{run}");
+        } else {
+            assert_eq!(n("commits_acked"), 0, "WAIT acknowledges no commit: {run}");
+            assert_eq!(n("completions_lost"), 0, "{run}");
+            assert_eq!(
+                n("leases_lost"),
+                n("claims_acked"),
+                "WAIT does not cover claims: each is taken over: {run}"
+            );
+            assert_eq!(n("late_commits_lease_lost"), n("leases_lost"), "{run}");
+        }
+    }
+    assert!(out.contains("every check passed"), "{out}");
+}

@@ -8,12 +8,16 @@
 //! cargo run --release -p dedup-examples --features full --bin chaos -- --backend redis --messages 100 --json
 //! cargo run --release -p dedup-examples --features full --bin chaos -- --failover --backend postgres --seed 13
 //! sudo target/release/chaos partition      # needs root: `ip netns`
+//! sudo target/release/chaos cluster-partition --seed 31
+//! sudo target/release/chaos slow-link
 //! ```
 //!
 //! `--failover` runs the store on a primary with a standby and promotes the standby under
 //! load (`dedup_examples::chaos::controller::RunConfig::failover`); `partition` cuts a
 //! worker in a network namespace off while its lease runs out
-//! (`dedup_examples::chaos::partition`).
+//! (`dedup_examples::chaos::partition`); `cluster-partition` cuts a Redis Cluster primary
+//! off in a minority (`dedup_examples::chaos::cluster_partition`); `slow-link` delays a
+//! worker's requests so that its renewals arrive late (`dedup_examples::chaos::slow_link`).
 //!
 //! `--backend` takes the registry's names (`dedup::backends()`) of the backends with a
 //! chaos module (`dedup_examples::chaos::backends`). Needs PostgreSQL 15 binaries (the
@@ -24,7 +28,10 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+#[cfg(feature = "redis")]
+use dedup_examples::chaos::cluster_partition as cluster;
 use dedup_examples::chaos::partition::{self, CutWorkerArgs, Outcome, PartitionArgs, cut_worker};
+use dedup_examples::chaos::slow_link;
 use dedup_examples::chaos::worker::{WorkerArgs, work};
 use dedup_examples::chaos::{Figures, Mode, Replication, RunConfig, Window, backends, run};
 use dedup_examples::report::{print_json, print_table};
@@ -48,6 +55,18 @@ enum Internal {
     Partition(PartitionArgs),
     /// The partition scenario's worker in the namespace (not for direct use).
     CutWorker(CutWorkerArgs),
+    /// The Redis Cluster partition scenario: a primary cut off in a minority (needs root;
+    /// see `dedup_examples::chaos::cluster_partition`).
+    #[cfg(feature = "redis")]
+    ClusterPartition(cluster::ClusterPartitionArgs),
+    /// Its worker in the namespace (not for direct use).
+    #[cfg(feature = "redis")]
+    ClusterWorker(cluster::ClusterWorkerArgs),
+    /// The slow link scenario: a worker whose packets are delayed renews its lease late
+    /// (needs root; see `dedup_examples::chaos::slow_link`).
+    SlowLink(slow_link::SlowLinkArgs),
+    /// Its worker in the namespace (not for direct use).
+    SlowWorker(slow_link::SlowWorkerArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -187,6 +206,149 @@ async fn partition_main(
     std::process::exit(1);
 }
 
+/// `chaos slow-link`: run it per delay, print one row each; exit 1 when the contract
+/// broke.
+async fn slow_link_main(
+    args: &slow_link::SlowLinkArgs,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let rows = match slow_link::run(args, &std::env::current_exe()?).await? {
+        slow_link::Outcome::Ran(rows) => rows,
+        slow_link::Outcome::Unavailable(why) => {
+            println!("SKIPPED slow-link: cannot make a network namespace here: {why}");
+            return Ok(());
+        }
+    };
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|f| {
+            [
+                f.delay_ms,
+                f.lease_ms,
+                f.handler_ms,
+                f.messages,
+                f.renew_ms_mean,
+                f.takeovers,
+                f.renewals_refused,
+                f.slow_writes_rejected,
+                f.slow_commits_lease_lost,
+                f.doubled_downstream,
+            ]
+            .map(|v| v.to_string())
+            .into()
+        })
+        .collect();
+    for f in &rows {
+        if args.json {
+            print_json(f);
+        }
+    }
+    print_table(
+        &[
+            "delay ms",
+            "lease ms",
+            "handler ms",
+            "messages",
+            "renewal ms (mean)",
+            "takeovers",
+            "renewals refused",
+            "slow writes rejected",
+            "slow commits lease_lost",
+            "doubled downstream",
+        ],
+        &table,
+    );
+    let violations: Vec<String> = rows.iter().flat_map(|f| f.violations()).collect();
+    if violations.is_empty() {
+        println!("slow-link: every check passed");
+        return Ok(());
+    }
+    for v in violations {
+        println!("FAILED slow-link: {v}");
+    }
+    std::process::exit(1);
+}
+
+/// A random seed (when `--seed` is not given).
+fn random_seed() -> u64 {
+    u64::from_le_bytes(
+        uuid::Uuid::new_v4().as_bytes()[..8]
+            .try_into()
+            .unwrap_or_default(),
+    )
+}
+
+/// `chaos cluster-partition`: run it per node timeout, print one row per store; exit 1
+/// when the contract broke.
+#[cfg(feature = "redis")]
+async fn cluster_partition_main(
+    args: &cluster::ClusterPartitionArgs,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let seed = args.seed.unwrap_or_else(random_seed);
+    println!("chaos cluster-partition: seed {seed}");
+    let rows = match cluster::run(args, seed, &std::env::current_exe()?).await? {
+        cluster::Outcome::Ran(rows) => rows,
+        cluster::Outcome::Unavailable(why) => {
+            println!("SKIPPED cluster-partition: cannot make a network namespace here: {why}");
+            return Ok(());
+        }
+    };
+    let ms = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|f| {
+            vec![
+                f.node_timeout_ms.to_string(),
+                if f.wait { "WAIT 1" } else { "none" }.into(),
+                f.claims_acked.to_string(),
+                f.commits_acked.to_string(),
+                f.errors.to_string(),
+                ms(f.last_ack_ms),
+                ms(f.replica_promoted_ms),
+                ms(f.fresh_client_claim_ms),
+                ms(f.long_lived_client_claim_ms),
+                ms(f.rejoined_ms),
+                f.completions_lost.to_string(),
+                f.doubled.to_string(),
+                f.leases_lost.to_string(),
+                format!("{} / {}", f.late_commits_lease_lost, f.late_commits_ok),
+            ]
+        })
+        .collect();
+    for f in &rows {
+        if args.json {
+            print_json(f);
+        }
+    }
+    print_table(
+        &[
+            "node timeout ms",
+            "wait",
+            "claims acked (cut)",
+            "commits acked (cut)",
+            "errors (cut)",
+            "last ack ms",
+            "replica promoted ms",
+            "majority claim ms: fresh client",
+            "long-lived client",
+            "rejoined ms after heal",
+            "completions lost",
+            "doubled",
+            "leases lost",
+            "late commits lease_lost / ok",
+        ],
+        &table,
+    );
+    let violations: Vec<String> = rows.iter().flat_map(|f| f.violations()).collect();
+    if violations.is_empty() {
+        println!("cluster-partition: every check passed");
+        return Ok(());
+    }
+    for v in violations {
+        println!("FAILED cluster-partition: {v}");
+    }
+    std::process::exit(1);
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let cli = Cli::parse();
@@ -194,6 +356,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Some(Internal::Worker(args)) => return work(args).await,
         Some(Internal::CutWorker(args)) => return cut_worker(args).await,
         Some(Internal::Partition(args)) => return partition_main(&args).await,
+        Some(Internal::SlowLink(args)) => return slow_link_main(&args).await,
+        Some(Internal::SlowWorker(args)) => return slow_link::slow_worker(args).await,
+        #[cfg(feature = "redis")]
+        Some(Internal::ClusterPartition(args)) => return cluster_partition_main(&args).await,
+        #[cfg(feature = "redis")]
+        Some(Internal::ClusterWorker(args)) => return cluster::cluster_worker(args).await,
         None => {}
     }
     let args = cli.run;
@@ -209,13 +377,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         [] => vec![Mode::Transactional, Mode::Lease],
         m => m.to_vec(),
     };
-    let seed = args.seed.unwrap_or_else(|| {
-        u64::from_le_bytes(
-            uuid::Uuid::new_v4().as_bytes()[..8]
-                .try_into()
-                .unwrap_or_default(),
-        )
-    });
+    let seed = args.seed.unwrap_or_else(random_seed);
     println!("chaos: seed {seed}");
     let mut rows = Vec::new();
     let mut failed = Vec::new();

@@ -32,7 +32,9 @@
 //!   through a [`proxy::SwitchingProxy`]; at half the messages the primary is SIGKILLed,
 //!   the standby promoted and the front switched; afterwards every key is read on the
 //!   promoted node ([`Figures::completions_lost`]). The partition scenario is
-//!   [`partition`], on a host of its own made by [`netns`].
+//!   [`partition`], on a host of its own made by [`netns`]; the Redis Cluster one
+//!   (a primary cut off in a minority) is `cluster_partition`; the delayed link one
+//!   (renewals arriving late) is [`slow_link`].
 //!
 //! Checks ([`Figures::violations`]): transactional mode, every message has exactly one
 //! effect; lease mode, every message has at least one effect, and each message's extra
@@ -40,13 +42,24 @@
 //! (the only place the contract allows a repeat: the effect happened, the commit did not).
 
 pub mod backends;
+#[cfg(feature = "redis")]
+pub mod cluster_partition;
+#[cfg(feature = "redis")]
+pub mod cluster_worker;
 pub mod controller;
 pub mod netns;
 pub mod partition;
 pub mod protocol;
 pub mod proxy;
 pub mod queue;
+#[cfg(feature = "redis")]
+pub mod redis_cluster;
+#[cfg(feature = "redis")]
+pub mod redis_sentinel;
+#[cfg(feature = "redis")]
+pub mod redis_server;
 pub mod servers;
+pub mod slow_link;
 pub mod worker;
 
 use std::collections::BTreeMap;

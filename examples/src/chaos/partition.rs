@@ -26,8 +26,8 @@ use super::servers::Postgres;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The fenced downstream table.
-const CREATE_DOWNSTREAM: &str = "CREATE TABLE partition_downstream \
+/// The fenced downstream table (also the slow link scenario's).
+pub(crate) const CREATE_DOWNSTREAM: &str = "CREATE TABLE partition_downstream \
      (k text PRIMARY KEY, fence bigint NOT NULL, writer text NOT NULL)";
 /// A fenced write: lands only over a lower fence (or on no row).
 const FENCED_WRITE: &str = "INSERT INTO partition_downstream (k, fence, writer) \
@@ -137,10 +137,15 @@ pub enum Outcome {
     Unavailable(String),
 }
 
-/// The fenced write of `writer` with `fence`: `accepted` or `rejected`.
-async fn fenced_write(pool: &PgPool, fence: u64, writer: &str) -> Result<&'static str, BoxError> {
+/// The fenced write of `writer` with `fence` for message `id`: `accepted` or `rejected`.
+pub(crate) async fn fenced_write(
+    pool: &PgPool,
+    id: u64,
+    fence: u64,
+    writer: &str,
+) -> Result<&'static str, BoxError> {
     let done = sqlx::query(FENCED_WRITE)
-        .bind(key(MESSAGE).to_string())
+        .bind(key(id).to_string())
         .bind(fence as i64)
         .bind(writer)
         .execute(pool)
@@ -239,7 +244,9 @@ pub async fn run(args: &PartitionArgs, exe: &std::path::Path) -> Result<Outcome,
     };
     if let Some(second) = second {
         figures.second_fence = second.fence;
-        figures.second_write = fenced_write(&admin, second.fence, "second").await?.into();
+        figures.second_write = fenced_write(&admin, MESSAGE, second.fence, "second")
+            .await?
+            .into();
         store.commit(&second, Some(b"second")).await?;
     }
     ns.heal()?;
@@ -305,7 +312,7 @@ pub async fn cut_worker(args: CutWorkerArgs) -> Result<(), BoxError> {
                 }
             }
             "go" => {
-                let write = fenced_write(&downstream, lease.fence, "first").await?;
+                let write = fenced_write(&downstream, MESSAGE, lease.fence, "first").await?;
                 let commit = match store.commit(&lease, Some(b"first")).await {
                     Ok(()) => "ok".to_string(),
                     Err(e) if e.is_lease_lost() => "lease_lost".to_string(),

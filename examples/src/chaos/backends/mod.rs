@@ -169,7 +169,7 @@ pub(crate) fn behind_switching_front(
 }
 
 /// `host:port` of a `scheme://user[:password]@host:port/db` URL.
-fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BoxError> {
+pub(crate) fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BoxError> {
     let authority = url
         .rsplit_once('@')
         .and_then(|(_, rest)| rest.split('/').next())
