@@ -35,6 +35,7 @@ use std::future::Future;
 use sha2::{Digest, Sha256};
 
 use crate::Key;
+use crate::types::hex;
 
 /// The header carrying the correlation id.
 pub const CORRELATION_ID_HEADER: &str = "dedup-correlation-id";
@@ -269,6 +270,10 @@ impl MessageTrace {
     /// Record `trace_id`, `correlation_id` and `causation_id` on `span` (fields it
     /// declared, empty or not; others are ignored).
     pub fn record(&self, span: &tracing::Span) {
+        if span.is_disabled() {
+            // No subscriber takes it: skip formatting the ids.
+            return;
+        }
         span.record("trace_id", self.trace_id().as_str());
         span.record("correlation_id", self.correlation_id.as_str());
         if let Some(c) = &self.causation_id {
@@ -303,10 +308,6 @@ fn derive<const N: usize>(domain: &[u8], text: &str) -> [u8; N] {
         out[N - 1] = 1;
     }
     out
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn hex_bytes<const N: usize>(text: &str) -> Option<[u8; N]> {

@@ -65,14 +65,17 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// `bytes` as lowercase hex. A table, not `write!` per byte: this runs for every message
+/// (trace ids, idempotency keys), and the formatting machinery cost more than the rest of
+/// a trace's bookkeeping.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 /// How to claim a key.
