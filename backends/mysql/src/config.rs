@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::backend::names::sql_identifier;
-use dedup_core::{Clock, Error, Result, TlsFiles};
+use dedup_core::{Clock, Result, TlsFiles};
+use dedup_sql::config::SqlConfig;
+use dedup_sql::target::TargetConfig;
 
 /// The table recording each store table's schema version, one per database.
 pub const VERSIONS_TABLE: &str = "dedup_schema_versions";
@@ -82,47 +83,24 @@ impl MySqlConfig {
     /// Check the table name (it is spliced into SQL, quoted), the connect timeout and the
     /// TLS files.
     pub fn validate(&self) -> Result<()> {
-        sql_identifier("table", &self.table)?;
-        if let Some(outbox) = &self.outbox_table {
-            sql_identifier("outbox table", outbox)?;
-            if outbox == &self.table || outbox == VERSIONS_TABLE {
-                return Err(Error::invalid(
-                    "outbox table",
-                    format!("{outbox:?} is one of the store's other tables"),
-                ));
-            }
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(Error::invalid("connect_timeout", "must not be zero"));
-        }
-        if self.acquire_timeout.is_zero() {
-            return Err(Error::invalid("acquire_timeout", "must not be zero"));
-        }
+        self.validate_settings()?;
         self.tls.validate()
-    }
-
-    /// This configuration with [`acquire_timeout`](Self::acquire_timeout) set to `timeout`.
-    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
-        self
-    }
-
-    /// This configuration with [`max_connections`](Self::max_connections) set to `n`.
-    pub fn with_max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n;
-        self
     }
 
     /// `` `table` ``, ready to splice into SQL (call [`validate`](Self::validate) first).
     pub(crate) fn quoted_table(&self) -> String {
         format!("`{}`", self.table)
     }
+}
 
-    /// The outbox's table name: [`outbox_table`](Self::outbox_table), or the name derived
-    /// from [`table`](Self::table).
-    pub fn outbox_table_name(&self) -> String {
-        self.outbox_table
-            .clone()
-            .unwrap_or_else(|| dedup_core::backend::names::outbox_table(&self.table))
+dedup_sql::sql_config!(MySqlConfig, VERSIONS_TABLE);
+
+impl TargetConfig for MySqlConfig {
+    fn location(&self) -> String {
+        format!("table {}", self.table)
+    }
+
+    fn check(&self) -> Result<()> {
+        self.validate()
     }
 }
