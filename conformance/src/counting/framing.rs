@@ -218,7 +218,10 @@ mod tests {
 
     #[test]
     fn the_protocol_of_a_url_is_its_schemes() {
-        assert_eq!(Protocol::of_url("postgresql://h/db"), Some(Protocol::Postgres));
+        assert_eq!(
+            Protocol::of_url("postgresql://h/db"),
+            Some(Protocol::Postgres)
+        );
         assert_eq!(Protocol::of_url("mariadb://h/db"), Some(Protocol::MySql));
         assert_eq!(Protocol::of_url("redis://h"), Some(Protocol::Resp));
         assert_eq!(Protocol::of_url("rediss://h"), None, "TLS is not counted");
