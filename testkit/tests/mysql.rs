@@ -82,7 +82,7 @@ fn run(
                             .bind(message.id())
                             .execute(&mut *conn)
                             .await?;
-                            sql_billing::charge(&fx, lease, inserted.rows_affected() == 1, with_key)
+                            sql_billing::charge(fx, lease, inserted.rows_affected() == 1, with_key)
                                 .await
                         })
                     }),
