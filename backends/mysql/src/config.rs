@@ -36,8 +36,9 @@ pub struct MySqlConfig {
     pub max_connections: u32,
     /// How long a store call waits for a pool connection (a free one, or a new one opened
     /// within [`connect_timeout`](Self::connect_timeout)) before it fails with a retryable
-    /// [`Error::Backend`] naming the pool timeout. Default 5 s, the connect timeout: longer
-    /// than opening one connection takes on a healthy network, and short enough that
+    /// [`Error::Backend`](dedup_core::Error::Backend) naming the pool timeout. Default 5 s,
+    /// the connect timeout: longer than opening one connection takes on a healthy network,
+    /// and short enough that
     /// during a database outage each attempt fails in seconds (sqlx's own default, 30 s,
     /// held every message that long) and the caller's retry or the broker's redelivery
     /// takes over. Not zero.
@@ -52,8 +53,9 @@ pub struct MySqlConfig {
     /// Whether [`connect`](crate::MySqlStore::connect) /
     /// [`connect_with`](crate::MySqlStore::connect_with) create or upgrade the table
     /// ([`migrate`](crate::MySqlStore::migrate)). Default `true`. With `false` they only
-    /// check it, writing nothing: a missing or older table is [`Error::SchemaNotMigrated`],
-    /// a newer one [`Error::SchemaTooNew`].
+    /// check it, writing nothing: a missing or older table is
+    /// [`Error::SchemaNotMigrated`](dedup_core::Error::SchemaNotMigrated), a newer one
+    /// [`Error::SchemaTooNew`](dedup_core::Error::SchemaTooNew).
     pub migrate: bool,
     /// The outbox's table ([`MySqlStore::outbox`](crate::MySqlStore::outbox)), in the
     /// connection's database, created and migrated with the records table by

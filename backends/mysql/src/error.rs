@@ -21,7 +21,8 @@ impl SqlBackend for Backend {
     type Db = sqlx::MySql;
     const NAME: &'static str = BACKEND;
 
-    /// The server going away or resolving a conflict by refusing us (deadlock, lock wait timeout, `NOWAIT`).
+    /// The server going away or resolving a conflict by refusing us (deadlock, lock wait
+    /// timeout, `NOWAIT`).
     fn server_asks_retry(error: &sqlx::Error) -> bool {
         match error {
             sqlx::Error::Database(db) => {

@@ -20,8 +20,8 @@ impl SqlBackend for Backend {
     type Db = sqlx::Postgres;
     const NAME: &'static str = BACKEND;
 
-    /// The server restarting or resolving a conflict by aborting us (serialization failure, deadlock, lock
-    /// timeout).
+    /// The server restarting or resolving a conflict by aborting us (serialization
+    /// failure, deadlock, lock timeout).
     fn server_asks_retry(error: &sqlx::Error) -> bool {
         match error {
             sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
