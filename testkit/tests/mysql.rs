@@ -10,7 +10,9 @@ use std::sync::Arc;
 use dedup_core::{BoxError, DedupStore};
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlPool};
 use dedup_mysql::{MySqlConfig, TxInbox};
-use dedup_testkit::{Kit, Subject, Violation, mysql_tx};
+mod sql_billing;
+
+use dedup_testkit::{Kit, Subject, mysql_tx};
 
 /// The invoices table of a test: one per test, as the two run at once.
 fn invoices(with_key: bool) -> &'static str {
@@ -80,14 +82,8 @@ fn run(
                             .bind(message.id())
                             .execute(&mut *conn)
                             .await?;
-                            if inserted.rows_affected() == 1 {
-                                if with_key {
-                                    fx.call_with_key("charge", &lease.idempotency_key()).await?;
-                                } else {
-                                    fx.call("charge").await?;
-                                }
-                            }
-                            Ok(Some(b"invoiced".to_vec()))
+                            sql_billing::charge(fx, lease, inserted.rows_affected() == 1, with_key)
+                                .await
                         })
                     }),
                 })
@@ -97,32 +93,10 @@ fn run(
 
 #[test]
 fn billing_in_transactional_mode_passes_on_mysql() {
-    let Some(ran) = run(true, 256) else {
-        eprintln!("SKIPPED: DEDUP_MYSQL_URL is not set");
-        return;
-    };
-    let report = ran.unwrap_or_else(|f| panic!("{f}"));
-    eprintln!("billing, transactional mode, MySQL / MariaDB: {report:?}");
+    sql_billing::passes(run(true, 256), "DEDUP_MYSQL_URL", "MySQL / MariaDB");
 }
 
 #[test]
 fn a_charge_outside_the_transaction_is_caught_on_mysql() {
-    let Some(ran) = run(false, 256) else {
-        eprintln!("SKIPPED: DEDUP_MYSQL_URL is not set");
-        return;
-    };
-    let f = ran.expect_err("the repeated charge must be caught");
-    assert!(f.reproduced, "{f}");
-    assert_eq!(
-        f.violations,
-        vec![Violation::EffectRepeated {
-            message: "m0".into(),
-            effect: "charge".into(),
-            times: 2,
-            excused: 0,
-        }],
-        "{f}"
-    );
-    assert_eq!((f.schedule.messages, f.schedule.workers), (1, 1), "{f}");
-    assert_eq!(f.schedule.kills() + f.schedule.failures(), 1, "{f}");
+    sql_billing::repeated_charge_is_caught(run(false, 256), "DEDUP_MYSQL_URL");
 }

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::backend::names::sql_identifier;
-use dedup_core::{Clock, Error, Result, TlsFiles};
+use dedup_core::{Clock, Result, TlsFiles};
+use dedup_sql::config::SqlConfig;
+use dedup_sql::target::TargetConfig;
 
 /// The table recording each store table's schema version, one per database.
 pub const VERSIONS_TABLE: &str = "dedup_schema_versions";
@@ -35,8 +36,9 @@ pub struct MySqlConfig {
     pub max_connections: u32,
     /// How long a store call waits for a pool connection (a free one, or a new one opened
     /// within [`connect_timeout`](Self::connect_timeout)) before it fails with a retryable
-    /// [`Error::Backend`] naming the pool timeout. Default 5 s, the connect timeout: longer
-    /// than opening one connection takes on a healthy network, and short enough that
+    /// [`Error::Backend`](dedup_core::Error::Backend) naming the pool timeout. Default 5 s,
+    /// the connect timeout: longer than opening one connection takes on a healthy network,
+    /// and short enough that
     /// during a database outage each attempt fails in seconds (sqlx's own default, 30 s,
     /// held every message that long) and the caller's retry or the broker's redelivery
     /// takes over. Not zero.
@@ -51,8 +53,9 @@ pub struct MySqlConfig {
     /// Whether [`connect`](crate::MySqlStore::connect) /
     /// [`connect_with`](crate::MySqlStore::connect_with) create or upgrade the table
     /// ([`migrate`](crate::MySqlStore::migrate)). Default `true`. With `false` they only
-    /// check it, writing nothing: a missing or older table is [`Error::SchemaNotMigrated`],
-    /// a newer one [`Error::SchemaTooNew`].
+    /// check it, writing nothing: a missing or older table is
+    /// [`Error::SchemaNotMigrated`](dedup_core::Error::SchemaNotMigrated), a newer one
+    /// [`Error::SchemaTooNew`](dedup_core::Error::SchemaTooNew).
     pub migrate: bool,
     /// The outbox's table ([`MySqlStore::outbox`](crate::MySqlStore::outbox)), in the
     /// connection's database, created and migrated with the records table by
@@ -82,47 +85,24 @@ impl MySqlConfig {
     /// Check the table name (it is spliced into SQL, quoted), the connect timeout and the
     /// TLS files.
     pub fn validate(&self) -> Result<()> {
-        sql_identifier("table", &self.table)?;
-        if let Some(outbox) = &self.outbox_table {
-            sql_identifier("outbox table", outbox)?;
-            if outbox == &self.table || outbox == VERSIONS_TABLE {
-                return Err(Error::invalid(
-                    "outbox table",
-                    format!("{outbox:?} is one of the store's other tables"),
-                ));
-            }
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(Error::invalid("connect_timeout", "must not be zero"));
-        }
-        if self.acquire_timeout.is_zero() {
-            return Err(Error::invalid("acquire_timeout", "must not be zero"));
-        }
+        self.validate_settings()?;
         self.tls.validate()
-    }
-
-    /// This configuration with [`acquire_timeout`](Self::acquire_timeout) set to `timeout`.
-    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
-        self
-    }
-
-    /// This configuration with [`max_connections`](Self::max_connections) set to `n`.
-    pub fn with_max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n;
-        self
     }
 
     /// `` `table` ``, ready to splice into SQL (call [`validate`](Self::validate) first).
     pub(crate) fn quoted_table(&self) -> String {
         format!("`{}`", self.table)
     }
+}
 
-    /// The outbox's table name: [`outbox_table`](Self::outbox_table), or the name derived
-    /// from [`table`](Self::table).
-    pub fn outbox_table_name(&self) -> String {
-        self.outbox_table
-            .clone()
-            .unwrap_or_else(|| dedup_core::backend::names::outbox_table(&self.table))
+dedup_sql::sql_config!(MySqlConfig, VERSIONS_TABLE);
+
+impl TargetConfig for MySqlConfig {
+    fn location(&self) -> String {
+        format!("table {}", self.table)
+    }
+
+    fn check(&self) -> Result<()> {
+        self.validate()
     }
 }

@@ -21,8 +21,16 @@ impl SqlBackend for Backend {
     type Db = sqlx::MySql;
     const NAME: &'static str = BACKEND;
 
-    fn is_retryable(error: &sqlx::Error) -> bool {
-        is_retryable(error)
+    /// The server going away or resolving a conflict by refusing us (deadlock, lock wait
+    /// timeout, `NOWAIT`).
+    fn server_asks_retry(error: &sqlx::Error) -> bool {
+        match error {
+            sqlx::Error::Database(db) => {
+                error_number(error).is_some_and(retryable_number)
+                    || db.code().is_some_and(|code| code.starts_with("08"))
+            }
+            _ => false,
+        }
     }
 }
 
@@ -33,19 +41,6 @@ pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
             .try_downcast_ref::<MySqlDatabaseError>()
             .map(MySqlDatabaseError::number),
         _ => None,
-    }
-}
-
-/// Transient failures: the connection (I/O, pool exhaustion, a server going away) or the
-/// server resolving a conflict by refusing us (deadlock, lock wait timeout, `NOWAIT`).
-pub(crate) fn is_retryable(error: &sqlx::Error) -> bool {
-    match error {
-        e if dedup_sql::error::is_connection_failure(e) => true,
-        sqlx::Error::Database(db) => {
-            error_number(error).is_some_and(retryable_number)
-                || db.code().is_some_and(|code| code.starts_with("08"))
-        }
-        _ => false,
     }
 }
 

@@ -9,13 +9,12 @@ use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{LeaseToken, Result, duration_millis};
 use dedup_sql::outbox::{
-    OutboxDialect, SqlOutbox, StateCounts, Taken, decode_row, decode_state_counts,
+    OutboxDialect, OutboxTableState, SqlOutbox, StateCounts, Taken, decode_row, decode_state_counts,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
-use tokio::sync::OnceCell;
 
-use crate::error::{BACKEND, backend};
+use crate::error::{BACKEND, Backend, backend};
 use crate::outbox_schema;
 use crate::outbox_statements::OutboxStatements;
 use crate::outbox_table::OutboxTable;
@@ -112,23 +111,18 @@ fn chunks(messages: &[OutboxMessage]) -> Vec<std::ops::Range<usize>> {
 
 #[async_trait]
 impl OutboxDialect for MySqlOutboxDialect {
-    type Conn = MySqlConnection;
+    type Backend = Backend;
 
-    fn backend(&self) -> &'static str {
-        BACKEND
+    fn pool(&self) -> &sqlx::MySqlPool {
+        self.store.pool()
     }
 
-    fn table(&self) -> &str {
-        &self.state().quoted
+    fn table(&self) -> &OutboxTableState {
+        &self.state().table
     }
 
-    fn ready(&self) -> &OnceCell<()> {
-        &self.state().ready
-    }
-
-    async fn check_table(&self) -> Result<()> {
-        let mut conn = self.store.pool().acquire().await.map_err(backend)?;
-        outbox_schema::check(&mut conn, self.store.config()).await
+    async fn check_table(&self, conn: &mut MySqlConnection) -> Result<()> {
+        outbox_schema::check(conn, self.store.config()).await
     }
 
     async fn insert(

@@ -2,7 +2,7 @@
 //! tables (their names, their statements, whether they are known current), built with the
 //! store and shared by its clones.
 
-use tokio::sync::OnceCell;
+use dedup_sql::outbox::OutboxTableState;
 
 use crate::config::MySqlConfig;
 use crate::outbox_schema::keys_table_name;
@@ -10,11 +10,10 @@ use crate::outbox_statements::OutboxStatements;
 
 /// The outbox's tables as the store knows them.
 pub(crate) struct OutboxTable {
-    /// `` `table` ``.
-    pub(crate) quoted: String,
+    /// `` `table` ``, and whether the tables are known current (migrated, or checked on
+    /// first use).
+    pub(crate) table: OutboxTableState,
     pub(crate) sql: OutboxStatements,
-    /// Set once the tables are known to be current (migrated, or checked on first use).
-    pub(crate) ready: OnceCell<()>,
 }
 
 impl OutboxTable {
@@ -25,13 +24,7 @@ impl OutboxTable {
         let keys = format!("`{}`", keys_table_name(&name));
         OutboxTable {
             sql: OutboxStatements::new(&quoted, &keys),
-            quoted,
-            ready: OnceCell::new(),
+            table: OutboxTableState::new(quoted),
         }
-    }
-
-    /// The tables were just migrated: no check needed.
-    pub(crate) fn migrated(&self) {
-        let _ = self.ready.set(());
     }
 }

@@ -104,7 +104,7 @@ impl MySqlStore {
     /// named lock).
     pub async fn migrate(&self) -> Result<()> {
         crate::schema::migrate(&self.inner.pool, &self.inner.config).await?;
-        self.inner.outbox.migrated();
+        self.inner.outbox.table.migrated();
         Ok(())
     }
 

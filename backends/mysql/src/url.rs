@@ -5,12 +5,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use dedup_core::Result;
 use dedup_core::backend::url::{
-    BackendDescriptor, OpenTarget, Params, StoreTarget, UrlError, UrlParts, boolean, count,
-    duration, env_url, invalid, redact, tls_available, with_query,
+    BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, env_url,
 };
 use dedup_core::outbox::OutboxStore;
-use dedup_core::{Admin, Clock, Result};
+use dedup_sql::config::SqlConfig;
+use dedup_sql::target::{SqlTarget, TlsModeParam, UrlStore, finish};
 
 use crate::{MySqlConfig, MySqlStore};
 
@@ -54,108 +55,39 @@ const PARAMS: &[&str] = &[
     "time-zone",
 ];
 
-/// What a `mysql://` or `mariadb://` URL opens.
-#[derive(Clone)]
-pub struct MySqlTarget {
-    /// The connection URL handed to the driver (`mysql://`, dedup's own parameters
-    /// removed; it may hold a password: do not print it, [`redact`] it).
-    pub url: String,
-    /// The store's configuration.
-    pub config: MySqlConfig,
-}
+/// What a `mysql://` or `mariadb://` URL opens: the driver's URL and the store's configuration.
+pub type MySqlTarget = SqlTarget<MySqlStore>;
 
-impl std::fmt::Debug for MySqlTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlTarget")
-            .field("url", &redact(&self.url))
-            .field("config", &self.config)
-            .finish()
-    }
-}
+/// `ssl-mode` (or `sslmode`), MySQL's names for its modes, in any case.
+const SSL_MODE: TlsModeParam = TlsModeParam {
+    names: &["ssl-mode", "sslmode"],
+    plain: &["DISABLED", "PREFERRED"],
+    tls: &["REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY"],
+    ignore_case: true,
+};
 
 /// `mysql://` or `mariadb://` (the driver is given `mysql://`).
 fn parse(url: &UrlParts<'_>) -> std::result::Result<StoreTarget, UrlError> {
     let base = url.server_url("mysql", "MySQL")?;
     let mut params = Params::parse(url.query, "mysql", PARAMS)?;
-    let mut config = MySqlConfig {
-        clock: params.server_or_local_clock()?,
-        ..MySqlConfig::default()
-    };
-    if let Some(table) = params.take("table") {
-        config.table = table;
-    }
-    if let Some(n) = params.take_with("pool_size", count)? {
-        config.max_connections = n;
-    }
-    if let Some(t) = params.take_with("acquire_timeout", duration)? {
-        config.acquire_timeout = t;
-    }
-    if let Some(t) = params.take_with("connect_timeout", duration)? {
-        config.connect_timeout = t;
-    }
-    if let Some(migrate) = params.take_with("migrate", boolean)? {
-        config.migrate = migrate;
-    }
-    let mut ssl_mode = None;
-    for name in ["ssl-mode", "sslmode"] {
-        if let Some(mode) = params.take(name) {
-            let tls = match mode.to_ascii_uppercase().as_str() {
-                "DISABLED" | "PREFERRED" => false,
-                "REQUIRED" | "VERIFY_CA" | "VERIFY_IDENTITY" => true,
-                _ => {
-                    return Err(invalid(
-                        name,
-                        &mode,
-                        "expected DISABLED, PREFERRED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY",
-                    ));
-                }
-            };
-            tls_available(tls, cfg!(feature = "tls"))?;
-            ssl_mode = Some(mode);
-        }
-    }
-    config.validate().map_err(UrlError::Config)?;
-    let mut driver = params.rest();
-    if let Some(mode) = ssl_mode {
-        let pair = format!("ssl-mode={mode}");
-        driver = Some(match driver {
-            Some(q) => format!("{q}&{pair}"),
-            None => pair,
-        });
-    }
-    Ok(StoreTarget::new(MySqlTarget {
-        url: with_query(base, driver),
-        config,
-    }))
+    let config = MySqlConfig::from_params(&mut params)?;
+    let ssl_mode = SSL_MODE.take(&mut params, cfg!(feature = "tls"))?;
+    finish::<MySqlStore>(base, params, config, ssl_mode)
 }
 
 #[async_trait]
-impl OpenTarget for MySqlTarget {
-    fn descriptor(&self) -> &'static BackendDescriptor {
-        &DESCRIPTOR
+impl UrlStore for MySqlStore {
+    type Config = MySqlConfig;
+    const TARGET: &'static str = "MySqlTarget";
+
+    const DESCRIPTOR: &'static BackendDescriptor = &DESCRIPTOR;
+
+    async fn connect_with(url: &str, config: MySqlConfig) -> Result<Self> {
+        MySqlStore::connect_with(url, config).await
     }
 
-    fn location(&self) -> String {
-        format!("table {}", self.config.table)
-    }
-
-    fn set_clock(&mut self, clock: Arc<dyn Clock>) {
-        self.config.clock = Some(clock);
-    }
-
-    fn clone_target(&self) -> Box<dyn OpenTarget> {
-        Box::new(self.clone())
-    }
-
-    async fn open_admin(self: Box<Self>) -> Result<Arc<dyn Admin>> {
-        Ok(Arc::new(
-            MySqlStore::connect_with(&self.url, self.config).await?,
-        ))
-    }
-
-    async fn open_outbox(self: Box<Self>) -> Result<Arc<dyn OutboxStore>> {
-        let store = MySqlStore::connect_with(&self.url, self.config).await?;
-        Ok(Arc::new(store.outbox()))
+    fn outbox_store(&self) -> Arc<dyn OutboxStore> {
+        Arc::new(self.outbox())
     }
 }
 
@@ -164,8 +96,7 @@ mod tests {
     use super::*;
 
     fn target(url: &str) -> std::result::Result<MySqlTarget, UrlError> {
-        let target = parse(&UrlParts::split(url).unwrap())?;
-        Ok(target.downcast::<MySqlTarget>().unwrap())
+        dedup_sql::target::parse_target(&DESCRIPTOR, url)
     }
 
     #[test]

@@ -1,21 +1,8 @@
 //! Recorded concurrent histories of `MySqlStore` (four handles, each its own pool, on
 //! the server's clock with real expiry) are linearizable.
+//! (The sqlx backends' shared test, `../../sql/tests/clauses/linearizability.rs`.)
 
 mod common;
 
-use std::sync::Arc;
-
-use dedup_conformance::linearizability::{Workload, assert_linearizable};
-use dedup_core::SystemClock;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn linearizable_mysql_histories() {
-    let url = url_or_skip!();
-    let table = common::unique_table("linearizable");
-    let mut stores = Vec::new();
-    for _ in 0..4 {
-        stores.push(Arc::new(common::store_on(&url, &table, None).await));
-    }
-    // The server reads the same wall clock as this process (loopback, one machine).
-    assert_linearizable(stores, Arc::new(SystemClock), &Workload::default()).await;
-}
+#[path = "../../sql/tests/clauses/linearizability.rs"]
+mod shared;

@@ -26,7 +26,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::PostgresStore;
 use crate::decode::decode_keyed_record;
-use crate::error::backend;
+use crate::error::{Backend, backend};
 use crate::statements::{NOW_MS, retention_param, row_cols};
 use dedup_sql::admin::{self, AdminDialect};
 
@@ -49,12 +49,7 @@ impl AdminDialect for Dialect {
 #[async_trait]
 impl AdminStorage for PostgresStore {
     async fn now(&self) -> Result<Timestamp> {
-        let ms: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {NOW_MS}")))
-            .bind(self.now_param())
-            .fetch_one(self.pool())
-            .await
-            .map_err(backend)?;
-        Ok(Timestamp::from_millis(ms))
+        admin::now::<Backend>(self.pool(), NOW_MS, self.now_param()).await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {

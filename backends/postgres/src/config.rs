@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use dedup_core::backend::names::sql_identifier;
 use dedup_core::{Clock, Error, MAX_BATCH_LEN, Result, TlsFiles};
+use dedup_sql::config::SqlConfig;
+use dedup_sql::target::TargetConfig;
 
 /// How a [`PostgresStore`](crate::PostgresStore) is set up.
 ///
@@ -138,38 +140,11 @@ impl PostgresConfig {
     /// timeout, the group commit bounds and the TLS files.
     pub fn validate(&self) -> Result<()> {
         sql_identifier("schema", &self.schema)?;
-        sql_identifier("table", &self.table)?;
-        if let Some(outbox) = &self.outbox_table {
-            sql_identifier("outbox table", outbox)?;
-            if outbox == &self.table || outbox == crate::ddl::VERSIONS_TABLE {
-                return Err(Error::invalid(
-                    "outbox table",
-                    format!("{outbox:?} is one of the store's other tables"),
-                ));
-            }
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(Error::invalid("connect_timeout", "must not be zero"));
-        }
-        if self.acquire_timeout.is_zero() {
-            return Err(Error::invalid("acquire_timeout", "must not be zero"));
-        }
+        self.validate_settings()?;
         if let Some(group) = &self.group_commit {
             group.validate()?;
         }
         self.tls.validate()
-    }
-
-    /// This configuration with [`acquire_timeout`](Self::acquire_timeout) set to `timeout`.
-    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
-        self
-    }
-
-    /// This configuration with [`max_connections`](Self::max_connections) set to `n`.
-    pub fn with_max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n;
-        self
     }
 
     /// `"schema"."table"`, ready to splice into SQL (call [`validate`](Self::validate) first).
@@ -177,16 +152,20 @@ impl PostgresConfig {
         format!("\"{}\".\"{}\"", self.schema, self.table)
     }
 
-    /// The outbox's table name: [`outbox_table`](Self::outbox_table), or the name derived
-    /// from [`table`](Self::table).
-    pub fn outbox_table_name(&self) -> String {
-        self.outbox_table
-            .clone()
-            .unwrap_or_else(|| dedup_core::backend::names::outbox_table(&self.table))
-    }
-
     /// `"schema"."outbox table"`, ready to splice into SQL.
     pub(crate) fn qualified_outbox_table(&self) -> String {
         format!("\"{}\".\"{}\"", self.schema, self.outbox_table_name())
+    }
+}
+
+dedup_sql::sql_config!(PostgresConfig, crate::ddl::VERSIONS_TABLE);
+
+impl TargetConfig for PostgresConfig {
+    fn location(&self) -> String {
+        format!("table {}.{}", self.schema, self.table)
+    }
+
+    fn check(&self) -> Result<()> {
+        self.validate()
     }
 }

@@ -20,20 +20,14 @@ impl SqlBackend for Backend {
     type Db = sqlx::Postgres;
     const NAME: &'static str = BACKEND;
 
-    fn is_retryable(error: &sqlx::Error) -> bool {
-        is_retryable(error)
-    }
-}
-
-/// Transient failures: the connection (I/O, pool exhaustion, a server restart) or the
-/// server resolving a conflict by aborting us (serialization failure, deadlock, lock
-/// timeout).
-pub(crate) fn is_retryable(error: &sqlx::Error) -> bool {
-    match error {
-        e if dedup_sql::error::is_connection_failure(e) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
-        sqlx::Error::Protocol(message) => cut_during_tls_negotiation(message),
-        _ => false,
+    /// The server restarting or resolving a conflict by aborting us (serialization
+    /// failure, deadlock, lock timeout).
+    fn server_asks_retry(error: &sqlx::Error) -> bool {
+        match error {
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
+            sqlx::Error::Protocol(message) => cut_during_tls_negotiation(message),
+            _ => false,
+        }
     }
 }
 

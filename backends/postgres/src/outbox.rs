@@ -9,16 +9,15 @@ use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{Error, LeaseToken, Result, duration_millis};
 use dedup_sql::outbox::{
-    OutboxDialect, SqlOutbox, StateCounts, Taken, decode_row, decode_state_counts,
+    OutboxDialect, OutboxTableState, SqlOutbox, StateCounts, Taken, decode_row, decode_state_counts,
 };
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{PgConnection, Row};
-use tokio::sync::OnceCell;
 
 use crate::ddl::fnv1a;
-use crate::error::{BACKEND, backend};
+use crate::error::{BACKEND, Backend, backend};
 use crate::outbox_schema;
 use crate::outbox_statements::OutboxStatements;
 use crate::outbox_table::OutboxTable;
@@ -83,7 +82,7 @@ impl PostgresOutboxDialect {
 
     /// The advisory lock key of an ordering key in this outbox.
     fn key_lock(&self, key: &str) -> i64 {
-        let text = format!("dedup-postgres outbox {} {key}", self.table());
+        let text = format!("dedup-postgres outbox {} {key}", self.state().table.name());
         i64::from_ne_bytes(fnv1a(text.as_bytes()).to_ne_bytes())
     }
 }
@@ -95,23 +94,18 @@ fn decode(row: &PgRow) -> Result<RawOutboxRow> {
 
 #[async_trait]
 impl OutboxDialect for PostgresOutboxDialect {
-    type Conn = PgConnection;
+    type Backend = Backend;
 
-    fn backend(&self) -> &'static str {
-        BACKEND
+    fn pool(&self) -> &sqlx::PgPool {
+        self.store.pool()
     }
 
-    fn table(&self) -> &str {
-        &self.state().qualified
+    fn table(&self) -> &OutboxTableState {
+        &self.state().table
     }
 
-    fn ready(&self) -> &OnceCell<()> {
-        &self.state().ready
-    }
-
-    async fn check_table(&self) -> Result<()> {
-        let mut conn = self.store.pool().acquire().await.map_err(backend)?;
-        outbox_schema::check(&mut conn, self.store.config()).await
+    async fn check_table(&self, conn: &mut PgConnection) -> Result<()> {
+        outbox_schema::check(conn, self.store.config()).await
     }
 
     async fn insert(

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::OnceCell;
+use dedup_sql::outbox::OutboxTableState;
 
 use crate::config::PostgresConfig;
 use crate::outbox_statements::OutboxStatements;
@@ -16,14 +16,13 @@ pub const NOTIFY_EVERY: Duration = Duration::from_millis(10);
 
 /// The outbox's table as the store knows it.
 pub(crate) struct OutboxTable {
-    /// `"schema"."table"`.
-    pub(crate) qualified: String,
+    /// `"schema"."table"`, and whether it is known current (migrated, or checked on first
+    /// use).
+    pub(crate) table: OutboxTableState,
     /// The `NOTIFY` channel: `schema.table` when that fits PostgreSQL's 63 bytes, else the
     /// table's name.
     pub(crate) channel: String,
     pub(crate) sql: OutboxStatements,
-    /// Set once the table is known to be current (migrated, or checked on first use).
-    pub(crate) ready: OnceCell<()>,
     /// When this store last sent a `NOTIFY` (ms since `epoch`), for [`NOTIFY_EVERY`].
     last_notify_ms: AtomicU64,
     epoch: Instant,
@@ -37,8 +36,7 @@ impl OutboxTable {
         OutboxTable {
             sql: OutboxStatements::new(&qualified),
             channel: if full.len() <= 63 { full } else { name },
-            qualified,
-            ready: OnceCell::new(),
+            table: OutboxTableState::new(qualified),
             last_notify_ms: AtomicU64::new(0),
             epoch: Instant::now(),
         }
@@ -53,10 +51,5 @@ impl OutboxTable {
                 .last_notify_ms
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-    }
-
-    /// The table was just migrated: no check needed.
-    pub(crate) fn migrated(&self) {
-        let _ = self.ready.set(());
     }
 }

@@ -111,7 +111,7 @@ impl PostgresStore {
     /// many nodes at once (they take turns under an advisory lock).
     pub async fn migrate(&self) -> Result<()> {
         crate::schema::migrate(&self.inner.pool, &self.inner.config).await?;
-        self.inner.outbox.migrated();
+        self.inner.outbox.table.migrated();
         Ok(())
     }
 

@@ -104,29 +104,4 @@ impl TxStore for PostgresStore {
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(PostgresStore::commit_in_tx(self, conn, lease, outcome))
     }
-
-    fn execute<'a>(
-        conn: &'a mut PgConnection,
-        statement: &'static str,
-    ) -> BoxFuture<'a, std::result::Result<(), sqlx::Error>> {
-        Box::pin(async move { sqlx::query(statement).execute(conn).await.map(drop) })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use dedup_core::Key;
-
-    /// `handle`'s future can be spawned on a multi-threaded runtime.
-    #[allow(dead_code)]
-    fn handle_is_send(inbox: &TxInbox, key: &Key) {
-        fn send<T: Send>(_: T) {}
-        send(inbox.handle(key, None, |conn, _lease| {
-            Box::pin(async move {
-                sqlx::query("SELECT 1").execute(&mut *conn).await?;
-                Ok::<_, sqlx::Error>(None)
-            })
-        }));
-    }
 }

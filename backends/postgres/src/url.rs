@@ -5,12 +5,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use dedup_core::Result;
 use dedup_core::backend::url::{
-    BackendDescriptor, OpenTarget, Params, StoreTarget, UrlError, UrlParts, boolean, count,
-    duration, env_url, invalid, on_off, redact, tls_available, with_query,
+    BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, count, env_url, invalid, on_off,
 };
 use dedup_core::outbox::OutboxStore;
-use dedup_core::{Admin, Clock, Result};
+use dedup_sql::config::SqlConfig;
+use dedup_sql::target::{SqlTarget, TlsModeParam, UrlStore, finish};
 
 use crate::{GroupCommit, PostgresConfig, PostgresStore};
 
@@ -53,79 +54,27 @@ const PARAMS: &[&str] = &[
     "statement-cache-capacity",
 ];
 
-/// What a `postgres://` URL opens.
-#[derive(Clone)]
-pub struct PostgresTarget {
-    /// The connection URL handed to the driver (dedup's own parameters removed; it may
-    /// hold a password: do not print it, [`redact`] it).
-    pub url: String,
-    /// The store's configuration.
-    pub config: PostgresConfig,
-}
+/// What a `postgres://` URL opens: the driver's URL and the store's configuration.
+pub type PostgresTarget = SqlTarget<PostgresStore>;
 
-impl std::fmt::Debug for PostgresTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresTarget")
-            .field("url", &redact(&self.url))
-            .field("config", &self.config)
-            .finish()
-    }
-}
+/// `sslmode`, libpq's names for its modes.
+const SSL_MODE: TlsModeParam = TlsModeParam {
+    names: &["sslmode"],
+    plain: &["disable", "allow", "prefer"],
+    tls: &["require", "verify-ca", "verify-full"],
+    ignore_case: false,
+};
 
 fn parse(url: &UrlParts<'_>) -> std::result::Result<StoreTarget, UrlError> {
     let base = url.server_url(url.scheme, "PostgreSQL")?;
     let mut params = Params::parse(url.query, "postgres", PARAMS)?;
-    let mut config = PostgresConfig {
-        clock: params.server_or_local_clock()?,
-        ..PostgresConfig::default()
-    };
+    let mut config = PostgresConfig::from_params(&mut params)?;
     if let Some(schema) = params.take("schema") {
         config.schema = schema;
     }
-    if let Some(table) = params.take("table") {
-        config.table = table;
-    }
-    if let Some(n) = params.take_with("pool_size", count)? {
-        config.max_connections = n;
-    }
-    if let Some(t) = params.take_with("acquire_timeout", duration)? {
-        config.acquire_timeout = t;
-    }
-    if let Some(t) = params.take_with("connect_timeout", duration)? {
-        config.connect_timeout = t;
-    }
-    if let Some(migrate) = params.take_with("migrate", boolean)? {
-        config.migrate = migrate;
-    }
     config.group_commit = group_commit(&mut params)?;
-    let sslmode = params.take("sslmode");
-    if let Some(mode) = &sslmode {
-        let tls = match mode.as_str() {
-            "disable" | "allow" | "prefer" => false,
-            "require" | "verify-ca" | "verify-full" => true,
-            _ => {
-                return Err(invalid(
-                    "sslmode",
-                    mode,
-                    "expected disable, allow, prefer, require, verify-ca or verify-full",
-                ));
-            }
-        };
-        tls_available(tls, cfg!(feature = "tls"))?;
-    }
-    config.validate().map_err(UrlError::Config)?;
-    let mut driver = params.rest();
-    if let Some(mode) = sslmode {
-        let pair = format!("sslmode={mode}");
-        driver = Some(match driver {
-            Some(q) => format!("{q}&{pair}"),
-            None => pair,
-        });
-    }
-    Ok(StoreTarget::new(PostgresTarget {
-        url: with_query(base, driver),
-        config,
-    }))
+    let sslmode = SSL_MODE.take(&mut params, cfg!(feature = "tls"))?;
+    finish::<PostgresStore>(base, params, config, sslmode)
 }
 
 /// `group_commit=on|off`, `group_commit_rounds=N`, `group_commit_max=N` (either bound
@@ -155,42 +104,28 @@ fn group_commit(params: &mut Params) -> std::result::Result<Option<GroupCommit>,
 }
 
 #[async_trait]
-impl OpenTarget for PostgresTarget {
-    fn descriptor(&self) -> &'static BackendDescriptor {
-        &DESCRIPTOR
+impl UrlStore for PostgresStore {
+    type Config = PostgresConfig;
+    const TARGET: &'static str = "PostgresTarget";
+
+    const DESCRIPTOR: &'static BackendDescriptor = &DESCRIPTOR;
+
+    async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self> {
+        PostgresStore::connect_with(url, config).await
     }
 
-    fn location(&self) -> String {
-        format!("table {}.{}", self.config.schema, self.config.table)
-    }
-
-    fn set_clock(&mut self, clock: Arc<dyn Clock>) {
-        self.config.clock = Some(clock);
-    }
-
-    fn clone_target(&self) -> Box<dyn OpenTarget> {
-        Box::new(self.clone())
-    }
-
-    async fn open_admin(self: Box<Self>) -> Result<Arc<dyn Admin>> {
-        Ok(Arc::new(
-            PostgresStore::connect_with(&self.url, self.config).await?,
-        ))
-    }
-
-    async fn open_outbox(self: Box<Self>) -> Result<Arc<dyn OutboxStore>> {
-        let store = PostgresStore::connect_with(&self.url, self.config).await?;
-        Ok(Arc::new(store.outbox()))
+    fn outbox_store(&self) -> Arc<dyn OutboxStore> {
+        Arc::new(self.outbox())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dedup_core::backend::url::OpenTarget;
 
     fn target(url: &str) -> std::result::Result<PostgresTarget, UrlError> {
-        let target = parse(&UrlParts::split(url).unwrap())?;
-        Ok(target.downcast::<PostgresTarget>().unwrap())
+        dedup_sql::target::parse_target(&DESCRIPTOR, url)
     }
 
     #[test]

@@ -9,81 +9,26 @@
 //! `synchronous_commit = on`: the scripts' test servers run with it off for speed, and with
 //! it off a crash may lose the last fraction of a second of commits (see the README).
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use private_server::Server;
 
 use dedup_conformance::restart::{acknowledged_records_survive_a_restart, until_reconnected};
 use dedup_core::outbox::{MemoryPublisher, OutboxMessage, Relay, RelayConfig};
 use dedup_postgres::{PostgresConfig, PostgresStore, pool_options, sqlx};
 
-/// A private PostgreSQL from scripts/services.sh, stopped (and its folder removed) on drop.
-struct Server {
-    dir: PathBuf,
-    url: String,
-}
+#[path = "../../sql/tests/clauses/private_server.rs"]
+mod private_server;
 
-fn services(dir: &PathBuf, args: &[&str]) -> std::io::Result<std::process::Output> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/services.sh");
-    Command::new(script)
-        .args(args)
-        .env("DEDUP_SERVICES_DIR", dir)
-        .output()
-}
-
-impl Server {
-    /// A server of this test process named `tag` (one per test: they run in parallel).
-    fn start(tag: &str) -> Option<Self> {
-        let dir =
-            std::env::temp_dir().join(format!("dedup-pg-restart-{tag}-{}", std::process::id()));
-        let started = services(&dir, &["start", "postgres"]);
-        let ok = matches!(&started, Ok(out) if out.status.success());
-        if !ok {
-            let why = match started {
-                Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
-                Err(e) => e.to_string(),
-            };
-            let _ = services(&dir, &["stop"]);
-            assert!(
-                !dedup_conformance::strict(),
-                "cannot start a private PostgreSQL: {why}"
-            );
-            eprintln!("SKIPPED: cannot start a private PostgreSQL: {why}");
-            return None;
-        }
-        let env = services(&dir, &["env"]).expect("services.sh env");
-        let env = String::from_utf8_lossy(&env.stdout).into_owned();
-        let url = env
-            .lines()
-            .find_map(|l| l.strip_prefix("export DEDUP_POSTGRES_URL="))
-            .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string())
-            .unwrap_or_else(|| panic!("no DEDUP_POSTGRES_URL in {env}"));
-        Some(Server { dir, url })
-    }
-
-    /// Stop the server as a crash would, keep it down `down_secs` seconds, start it again.
-    fn crash_restart(&self, down_secs: u32) {
-        let down = down_secs.to_string();
-        let out =
-            services(&self.dir, &["crash-restart", "postgres", &down]).expect("crash-restart");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = services(&self.dir, &["stop"]);
-    }
+/// A private PostgreSQL for the test tagged `tag`.
+fn server(tag: &str) -> Option<Server> {
+    Server::start("postgres", "DEDUP_POSTGRES_URL", tag)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_and_restarted_server_keeps_every_acknowledged_commit_and_lease() {
-    let Some(server) = Server::start("commits") else {
+    let Some(server) = server("commits") else {
         return;
     };
     let admin = sqlx::PgPool::connect(&server.url)
@@ -101,7 +46,7 @@ async fn a_crashed_and_restarted_server_keeps_every_acknowledged_commit_and_leas
     admin.close().await;
 
     let store = PostgresStore::connect(&server.url).await.expect("connect");
-    acknowledged_records_survive_a_restart(&store, || server.crash_restart(0)).await;
+    acknowledged_records_survive_a_restart(&store, || server.crash_restart(Some(0))).await;
 }
 
 /// The relay's poll interval in the relay test: a row it finds by polling waits a second on
@@ -159,7 +104,7 @@ async fn assert_woken_by_notify(store: &PostgresStore, publisher: &MemoryPublish
 /// the relay listens again by itself, and new rows go out within 50 ms of their commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_listens_again_once_the_server_is_back() {
-    let Some(server) = Server::start("relay") else {
+    let Some(server) = server("relay") else {
         return;
     };
     let config = PostgresConfig {
@@ -180,7 +125,7 @@ async fn the_relay_listens_again_once_the_server_is_back() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_woken_by_notify(&store, &publisher, "before").await;
 
-    tokio::task::block_in_place(|| server.crash_restart(5));
+    tokio::task::block_in_place(|| server.crash_restart(Some(5)));
     // The relay's tries to listen again back off to at most the poll interval.
     tokio::time::sleep(POLL + Duration::from_secs(1)).await;
     assert_woken_by_notify(&store, &publisher, "after").await;

@@ -5,8 +5,11 @@
 
 use dedup_core::admin::{Stats, Status};
 use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
-use dedup_core::{Error, Result};
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use dedup_core::{Error, Result, Timestamp};
+use sqlx::{ColumnIndex, Decode, Pool, Row, Type};
+
+use crate::error::SqlBackend;
+use crate::query::SqlDb;
 
 /// What differs in one backend's SQL for the admin reads.
 pub trait AdminDialect {
@@ -15,6 +18,20 @@ pub trait AdminDialect {
 
     /// An aggregate counting the rows for which `condition` holds, as a 64-bit integer.
     fn count_where(condition: &str) -> String;
+}
+
+/// The store's "now" ([`AdminStorage::now`](dedup_core::backend::AdminStorage::now)):
+/// `SELECT now_ms` on `pool`, where `now_ms` is the backend's expression of "now" in ms
+/// with one parameter, `clock_ms` (the injected clock's reading, or `None`: the server's).
+pub async fn now<B: SqlBackend>(
+    pool: &Pool<B::Db>,
+    now_ms: &str,
+    clock_ms: Option<i64>,
+) -> Result<Timestamp> {
+    let ms = B::Db::select_i64(pool, format!("SELECT {now_ms}"), clock_ms)
+        .await
+        .map_err(B::error)?;
+    Ok(Timestamp::from_millis(ms))
 }
 
 /// The condition selecting completed rows whose outcome starts with the verdict prefix

@@ -3,7 +3,8 @@
 //! are retryable is each backend's.
 
 use dedup_core::Error;
-use sqlx::Database;
+
+use crate::query::SqlDb;
 
 /// One sqlx backend as the shared layer sees it: its database, its name in errors and
 /// metrics, and which driver errors ask for a retry. Each backend crate implements it once,
@@ -11,15 +12,23 @@ use sqlx::Database;
 /// [`TxStore`](crate::TxStore)) build on it.
 pub trait SqlBackend: Send + Sync + 'static {
     /// The sqlx database.
-    type Db: Database;
+    type Db: SqlDb;
 
     /// The backend name in [`Error::Backend`] and the metrics' backend label (`postgres`,
     /// `mysql`).
     const NAME: &'static str;
 
-    /// Whether the database asks to run the operation again for `error` (a deadlock, a
-    /// serialization failure, a dropped connection).
-    fn is_retryable(error: &sqlx::Error) -> bool;
+    /// Whether this server asks to run the operation again for `error`: what only it
+    /// reports (its error codes for a deadlock or a serialization failure, its way of
+    /// closing a connection). The driver's own connection failures are decided once, in
+    /// [`is_retryable`](Self::is_retryable).
+    fn server_asks_retry(error: &sqlx::Error) -> bool;
+
+    /// Whether the operation should run again for `error`: a connection failure
+    /// ([`is_connection_failure`]) or what [`server_asks_retry`](Self::server_asks_retry).
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        is_connection_failure(error) || Self::server_asks_retry(error)
+    }
 
     /// `error` as [`Error::Backend`], its source kept ([`backend`]).
     fn error(error: sqlx::Error) -> Error {

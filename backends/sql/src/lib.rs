@@ -1,12 +1,17 @@
 #![doc = include_str!("../README.md")]
 
 pub mod admin;
+pub mod capabilities;
+pub mod config;
 pub mod connect;
 pub mod error;
 pub mod migrate;
 pub mod outbox;
 pub mod purge;
+pub mod query;
+pub mod target;
 pub mod tx_inbox;
 
 pub use error::SqlBackend;
+pub use query::SqlDb;
 pub use tx_inbox::{TxInbox, TxStore};

@@ -15,10 +15,14 @@ use futures::future::BoxFuture;
 use sqlx::Database;
 
 use crate::error::SqlBackend;
+use crate::query::SqlDb;
 
 /// The connection a [`TxStore`]'s handlers run their statements on (`PgConnection`,
 /// `MySqlConnection`).
-pub type Conn<S> = <<<S as TxStore>::Backend as SqlBackend>::Db as Database>::Connection;
+pub type Conn<S> = <Db<S> as Database>::Connection;
+
+/// The sqlx database of a [`TxStore`].
+type Db<S> = <<S as TxStore>::Backend as SqlBackend>::Db;
 
 /// What [`TxInbox`] needs of a backend's store: its pool, the attempt-counting claim, the
 /// completion inside a transaction and the driver's errors.
@@ -44,12 +48,6 @@ pub trait TxStore: Clone + fmt::Debug + Send + Sync + 'static {
         lease: &'a Lease,
         outcome: Option<&'a [u8]>,
     ) -> BoxFuture<'a, Result<()>>;
-
-    /// Run `statement` (a fixed savepoint statement) on `conn`.
-    fn execute<'a>(
-        conn: &'a mut Conn<Self>,
-        statement: &'static str,
-    ) -> BoxFuture<'a, std::result::Result<(), sqlx::Error>>;
 }
 
 /// Runs handlers inside a database transaction, at most once per key, with the inbox row
@@ -287,7 +285,7 @@ where
 {
     fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
         Box::pin(async move {
-            if let Err(e) = S::execute(self.conn, SAVEPOINT).await {
+            if let Err(e) = <Db<S> as SqlDb>::run(self.conn, SAVEPOINT).await {
                 return TxAttempt::Store(S::Backend::error(e));
             }
             let ran = (self.handler)(&mut *self.conn, lease)
@@ -308,7 +306,7 @@ where
                     {
                         Err(e) => TxAttempt::Store(e),
                         Ok(()) => {
-                            return match S::execute(self.conn, RELEASE_SAVEPOINT).await {
+                            return match <Db<S> as SqlDb>::run(self.conn, RELEASE_SAVEPOINT).await {
                                 Ok(()) => TxAttempt::Committed(outcome),
                                 Err(e) => TxAttempt::Store(S::Backend::error(e)),
                             };
@@ -317,8 +315,8 @@ where
                 },
             };
             // Undo the run, keep the caller's transaction usable.
-            let _ = S::execute(self.conn, ROLLBACK_TO_SAVEPOINT).await;
-            let _ = S::execute(self.conn, RELEASE_SAVEPOINT).await;
+            let _ = <Db<S> as SqlDb>::run(self.conn, ROLLBACK_TO_SAVEPOINT).await;
+            let _ = <Db<S> as SqlDb>::run(self.conn, RELEASE_SAVEPOINT).await;
             answer
         })
     }
@@ -385,4 +383,21 @@ fn asks_for_retry<S: TxStore>(error: &(dyn std::error::Error + 'static)) -> bool
         e.downcast_ref::<sqlx::Error>()
             .map(S::Backend::is_retryable)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `handle`'s future can be spawned on a multi-threaded runtime, for every backend.
+    #[allow(dead_code)]
+    fn handle_is_send<S: TxStore>(inbox: &TxInbox<S>, key: &Key) {
+        fn send<T: Send>(_: T) {}
+        send(inbox.handle(key, None, |conn, _lease| {
+            Box::pin(async move {
+                <Db<S> as SqlDb>::run(conn, "SELECT 1").await?;
+                Ok::<_, sqlx::Error>(None)
+            })
+        }));
+    }
 }

@@ -18,6 +18,19 @@ pub enum Protocol {
     Opaque,
 }
 
+impl Protocol {
+    /// The protocol a store URL's server speaks, by its scheme, when its traffic can be
+    /// counted (one TCP server, no TLS); `None` for any other URL.
+    pub fn of_url(url: &str) -> Option<Protocol> {
+        match url.split("://").next()? {
+            "postgres" | "postgresql" => Some(Protocol::Postgres),
+            "mysql" | "mariadb" => Some(Protocol::MySql),
+            "redis" => Some(Protocol::Resp),
+            _ => None,
+        }
+    }
+}
+
 /// What one client message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -202,6 +215,18 @@ fn resp_number(digits: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::{Framer, Kind, Protocol};
+
+    #[test]
+    fn the_protocol_of_a_url_is_its_schemes() {
+        assert_eq!(
+            Protocol::of_url("postgresql://h/db"),
+            Some(Protocol::Postgres)
+        );
+        assert_eq!(Protocol::of_url("mariadb://h/db"), Some(Protocol::MySql));
+        assert_eq!(Protocol::of_url("redis://h"), Some(Protocol::Resp));
+        assert_eq!(Protocol::of_url("rediss://h"), None, "TLS is not counted");
+        assert_eq!(Protocol::of_url("sqlite:/tmp/x.db"), None);
+    }
 
     fn pg(tag: u8, body: &[u8]) -> Vec<u8> {
         let mut m = vec![tag];

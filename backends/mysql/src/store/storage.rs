@@ -188,15 +188,6 @@ impl Storage for MySqlStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            persistent: true,
-            multi_process: true,
-            native_batch: true,
-            transactional: true,
-            server_clock: self.inner.config.clock.is_none(),
-            first_claim_time: true,
-            failure_causes: true,
-            ..Capabilities::default()
-        }
+        dedup_sql::capabilities::capabilities(self.inner.config.clock.is_none())
     }
 }

@@ -1,59 +1,26 @@
 //! Shared by the server-backed tests: the server URL, fresh stores and business tables.
 #![allow(dead_code)] // each test binary uses a different part
 
-use std::sync::Arc;
-
-use dedup_core::{Clock, ManualClock};
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection};
 use dedup_mysql::{MySqlConfig, MySqlStore};
 
-/// `DEDUP_MYSQL_URL`, or `None` to skip (a failure under `DEDUP_TEST_STRICT=1`).
-pub fn url() -> Option<String> {
-    dedup_conformance::server_url("DEDUP_MYSQL_URL")
-}
+/// The variable naming the server's URL.
+pub const URL_VAR: &str = "DEDUP_MYSQL_URL";
 
-/// Skip the calling test (returning early) when no server is configured.
-#[macro_export]
-macro_rules! url_or_skip {
-    () => {
-        match common::url() {
-            Some(url) => url,
-            None => {
-                eprintln!("SKIPPED: DEDUP_MYSQL_URL is not set (see scripts/test.sh)");
-                return;
-            }
-        }
-    };
-}
+/// The store type the shared helpers open.
+pub type Store = MySqlStore;
 
-/// A unique table name for `test`.
-pub fn unique_table(test: &str) -> String {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    format!("t_{}_{}", &test[..test.len().min(20)], &id[..16])
-}
-
-/// A migrated store on a fresh table, on `clock` (`None`: the server's clock).
-pub async fn store(url: &str, test: &str, clock: Option<Arc<dyn Clock>>) -> MySqlStore {
-    store_on(url, &unique_table(test), clock).await
-}
-
-/// A migrated store on `table` (a second call gives an independent handle, own pool).
-pub async fn store_on(url: &str, table: &str, clock: Option<Arc<dyn Clock>>) -> MySqlStore {
-    let config = MySqlConfig {
+/// A configuration on `table` (the shared helpers set the clock and the pool).
+pub fn config(table: &str) -> MySqlConfig {
+    MySqlConfig {
         table: table.into(),
-        clock,
-        max_connections: 8,
         ..MySqlConfig::default()
-    };
-    MySqlStore::connect_with(url, config)
-        .await
-        .expect("connect and migrate")
+    }
 }
 
-/// A manual clock standing at the current time.
-pub fn manual_clock() -> Arc<ManualClock> {
-    Arc::new(ManualClock::starting_now())
-}
+#[path = "../../../sql/tests/clauses/common.rs"]
+mod shared;
+pub use shared::*;
 
 /// The business table standing for the caller's own data next to `store`'s inbox table.
 pub fn business_table(store: &MySqlStore) -> String {

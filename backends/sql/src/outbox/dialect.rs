@@ -9,7 +9,49 @@ use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{LeaseToken, Result};
 use futures::stream::BoxStream;
+use sqlx::{Database, Pool};
 use tokio::sync::OnceCell;
+
+use crate::error::SqlBackend;
+
+/// The connection of a dialect's database (`PgConnection`, `MySqlConnection`): `enqueue`
+/// runs on `&mut *tx` of the caller's transaction.
+pub type Conn<D> = <<<D as OutboxDialect>::Backend as SqlBackend>::Db as Database>::Connection;
+
+/// The outbox table as a store knows it: its name as the statements splice it in, and
+/// whether it is known to be current. A store builds one with its statements; its clones
+/// share it, so a store that migrated marks it and a check runs at most once per store.
+#[derive(Debug)]
+pub struct OutboxTableState {
+    name: String,
+    ready: OnceCell<()>,
+}
+
+impl OutboxTableState {
+    /// The table quoted as spliced into the statements (`"schema"."t"`, `` `t` ``), not yet
+    /// known current.
+    pub fn new(name: String) -> Self {
+        OutboxTableState {
+            name,
+            ready: OnceCell::new(),
+        }
+    }
+
+    /// The table, quoted.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The table was just migrated: no check needed.
+    pub fn migrated(&self) {
+        let _ = self.ready.set(());
+    }
+
+    /// Set once the table is known to be current.
+    pub(crate) fn ready(&self) -> &OnceCell<()> {
+        &self.ready
+    }
+}
 
 /// Rows a take put under a fresh hold, with the store's "now" when it took them.
 #[derive(Debug)]
@@ -51,22 +93,18 @@ pub struct StateCounts {
 /// `held` by `token` and its hold has not run out by the store's clock.
 #[async_trait]
 pub trait OutboxDialect: Send + Sync + Debug + 'static {
-    /// The caller's connection type (`PgConnection`, `MySqlConnection`): `enqueue` runs on
-    /// `&mut *tx` of the caller's transaction.
-    type Conn: Send;
+    /// The backend: its database, its name in errors, its retryable errors.
+    type Backend: SqlBackend;
 
-    /// The backend's name in errors.
-    fn backend(&self) -> &'static str;
+    /// The store's pool (the table check and the relay's statements run on it).
+    fn pool(&self) -> &Pool<<Self::Backend as SqlBackend>::Db>;
 
-    /// The outbox table, quoted as it is spliced into the statements.
-    fn table(&self) -> &str;
+    /// The outbox table's name and readiness, shared by the store's clones.
+    fn table(&self) -> &OutboxTableState;
 
-    /// Set once the table is known to be current; shared by every handle of one store, so
-    /// a store that migrated sets it and the check runs at most once per store.
-    fn ready(&self) -> &OnceCell<()>;
-
-    /// Check, writing nothing, that the outbox table is at this build's schema version.
-    async fn check_table(&self) -> Result<()>;
+    /// Check on `conn`, writing nothing, that the outbox table is at this build's schema
+    /// version.
+    async fn check_table(&self, conn: &mut Conn<Self>) -> Result<()>;
 
     /// Insert `messages` (non-empty; `headers[i]` is the JSON text of message `i`'s headers)
     /// on the caller's connection, in the caller's order, due after each message's delay
@@ -74,7 +112,7 @@ pub trait OutboxDialect: Send + Sync + Debug + 'static {
     /// how many rows were new.
     async fn insert(
         &self,
-        conn: &mut Self::Conn,
+        conn: &mut Conn<Self>,
         messages: &[OutboxMessage],
         headers: &[String],
     ) -> Result<u64>;

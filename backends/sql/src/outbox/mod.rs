@@ -15,7 +15,9 @@ use std::fmt;
 use dedup_core::Result;
 use dedup_core::outbox::OutboxMessage;
 
-pub use dialect::{OutboxDialect, StateCount, StateCounts, Taken};
+use crate::error::SqlBackend;
+
+pub use dialect::{Conn, OutboxDialect, OutboxTableState, StateCount, StateCounts, Taken};
 pub use row::{ROW_COLUMNS, decode_headers, decode_row, decode_state_counts, sql_limit};
 
 /// A transactional outbox table over dialect `D` (see the [module](self) docs). Cheap to
@@ -28,7 +30,7 @@ pub struct SqlOutbox<D> {
 impl<D: OutboxDialect> fmt::Debug for SqlOutbox<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqlOutbox")
-            .field("table", &self.dialect.table())
+            .field("table", &self.table())
             .field("dialect", &self.dialect)
             .finish()
     }
@@ -47,14 +49,24 @@ impl<D: OutboxDialect> SqlOutbox<D> {
 
     /// The outbox table, quoted.
     pub fn table(&self) -> &str {
-        self.dialect.table()
+        self.dialect.table().name()
     }
 
     /// For a store that did not migrate: check the outbox table once before its first use.
     pub(crate) async fn ensure(&self) -> Result<()> {
+        let check = || async {
+            let mut conn = self
+                .dialect
+                .pool()
+                .acquire()
+                .await
+                .map_err(D::Backend::error)?;
+            self.dialect.check_table(&mut conn).await
+        };
         self.dialect
+            .table()
             .ready()
-            .get_or_try_init(|| self.dialect.check_table())
+            .get_or_try_init(check)
             .await
             .map(|_| ())
     }
@@ -74,12 +86,12 @@ impl<D: OutboxDialect> SqlOutbox<D> {
     /// second transaction writing the same key waits until the first commits or rolls
     /// back, and per key, id order is commit order. Keep such transactions short; messages
     /// without a key take no lock. How each backend locks is in its dialect's docs.
-    pub async fn enqueue(&self, conn: &mut D::Conn, messages: &[OutboxMessage]) -> Result<u64> {
+    pub async fn enqueue(&self, conn: &mut Conn<D>, messages: &[OutboxMessage]) -> Result<u64> {
         if messages.is_empty() {
             return Ok(0);
         }
         self.ensure().await?;
-        let headers = row::encode_headers(messages, self.dialect.backend())?;
+        let headers = row::encode_headers(messages, D::Backend::NAME)?;
         self.dialect.insert(conn, messages, &headers).await
     }
 }

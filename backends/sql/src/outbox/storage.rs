@@ -13,6 +13,7 @@ use futures::stream::BoxStream;
 use super::SqlOutbox;
 use super::dialect::{OutboxDialect, StateCounts};
 use super::row::sql_limit;
+use crate::error::SqlBackend;
 
 /// `ids` that are in `marked`, in the caller's order, each once.
 fn in_callers_order(ids: &[i64], marked: &[i64]) -> Vec<i64> {
@@ -46,7 +47,7 @@ fn fold_stats(counts: StateCounts, backend: &'static str) -> Result<OutboxStats>
 #[async_trait]
 impl<D: OutboxDialect> OutboxStorage for SqlOutbox<D> {
     fn backend(&self) -> &'static str {
-        self.dialect.backend()
+        D::Backend::NAME
     }
 
     async fn take(&self, limit: usize, hold: Duration) -> Result<Held> {
@@ -57,7 +58,7 @@ impl<D: OutboxDialect> OutboxStorage for SqlOutbox<D> {
         let mut rows = taken
             .rows
             .into_iter()
-            .map(|raw| raw.decode(self.dialect.backend()))
+            .map(|raw| raw.decode(D::Backend::NAME))
             .collect::<Result<Vec<OutboxEntry>>>()?;
         rows.sort_by_key(|e| (e.due_at, e.row.id));
         Ok(Held {
@@ -108,7 +109,7 @@ impl<D: OutboxDialect> OutboxStorage for SqlOutbox<D> {
     async fn stats(&self) -> Result<OutboxStats> {
         self.ensure().await?;
         let counts = self.dialect.count_states().await?;
-        fold_stats(counts, self.dialect.backend())
+        fold_stats(counts, D::Backend::NAME)
     }
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
@@ -123,7 +124,7 @@ impl<D: OutboxDialect> OutboxStorage for SqlOutbox<D> {
             )
             .await?;
         rows.into_iter()
-            .map(|raw| raw.decode(self.dialect.backend()))
+            .map(|raw| raw.decode(D::Backend::NAME))
             .collect()
     }
 

@@ -94,18 +94,6 @@ fn side<'a>(
     }
 }
 
-/// The proxy protocol of a store URL, when its traffic can be counted (one TCP server, no
-/// TLS).
-pub(crate) fn protocol(url: &str) -> Option<Protocol> {
-    let scheme = url.split("://").next()?;
-    match scheme {
-        "postgres" | "postgresql" => Some(Protocol::Postgres),
-        "mysql" | "mariadb" => Some(Protocol::MySql),
-        "redis" => Some(Protocol::Resp),
-        _ => None,
-    }
-}
-
 /// A target opened twice: directly (CPU, server counters) and through a counting proxy
 /// (wire counts), with the probe of its server.
 pub(crate) struct Counted {
@@ -127,7 +115,7 @@ pub(crate) async fn probe(url: Option<&str>) -> Result<Box<dyn Probe>> {
 
 /// The URL of `url`'s server through a new counting proxy.
 pub(crate) async fn proxy(url: &str) -> Result<Option<(CountingProxy, String)>> {
-    let Some(protocol) = protocol(url) else {
+    let Some(protocol) = Protocol::of_url(url) else {
         return Ok(None);
     };
     Ok(Some(CountingProxy::for_url(url, protocol).await?))
