@@ -138,13 +138,26 @@ impl fmt::Display for TraceParent {
 /// the message that caused it, and its `traceparent`. Read from a delivery's headers
 /// ([`from_headers`](Self::from_headers)) or from an outbox message
 /// ([`OutboxMessage::trace`](crate::outbox::OutboxMessage::trace)).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct MessageTrace {
     message_id: String,
     correlation_id: String,
     causation_id: Option<String>,
-    traceparent: TraceParent,
+    /// `None`: derived from the correlation id and the message id when asked for (two
+    /// SHA-256 digests, which a consumer whose spans nobody records never needs).
+    traceparent: Option<TraceParent>,
 }
+
+impl PartialEq for MessageTrace {
+    fn eq(&self, other: &Self) -> bool {
+        self.message_id == other.message_id
+            && self.correlation_id == other.correlation_id
+            && self.causation_id == other.causation_id
+            && self.traceparent() == other.traceparent()
+    }
+}
+
+impl Eq for MessageTrace {}
 
 tokio::task_local! {
     static CURRENT: MessageTrace;
@@ -158,7 +171,7 @@ impl MessageTrace {
             message_id: message_id.to_owned(),
             correlation_id: message_id.to_owned(),
             causation_id: None,
-            traceparent: TraceParent::derived(message_id, message_id),
+            traceparent: None,
         }
     }
 
@@ -182,8 +195,6 @@ impl MessageTrace {
             }
         }
         let correlation_id = correlation.unwrap_or(message_id).to_owned();
-        let traceparent =
-            traceparent.unwrap_or_else(|| TraceParent::derived(&correlation_id, message_id));
         MessageTrace {
             message_id: message_id.to_owned(),
             correlation_id,
@@ -202,7 +213,7 @@ impl MessageTrace {
             message_id: message_id.to_owned(),
             correlation_id: correlation_id.to_owned(),
             causation_id: causation_id.map(str::to_owned),
-            traceparent,
+            traceparent: Some(traceparent),
         }
     }
 
@@ -224,11 +235,12 @@ impl MessageTrace {
     /// Its `traceparent`.
     pub fn traceparent(&self) -> TraceParent {
         self.traceparent
+            .unwrap_or_else(|| TraceParent::derived(&self.correlation_id, &self.message_id))
     }
 
     /// Its trace id (32 hex characters), as the spans record it.
     pub fn trace_id(&self) -> String {
-        self.traceparent.trace_id()
+        self.traceparent().trace_id()
     }
 
     /// Run `work` with this trace in scope: [`current`](Self::current) answers it, the
