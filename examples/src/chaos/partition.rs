@@ -22,7 +22,7 @@ use tokio::process::Command;
 use super::netns::NetNs;
 use super::protocol::key;
 use super::proxy::SwitchingProxy;
-use super::servers::Postgres;
+use super::servers::{Postgres, Service};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -177,6 +177,40 @@ async fn next(
     line.ok_or_else(|| "the cut-off worker ended early (see its stderr above)".into())
 }
 
+/// A private PostgreSQL for a scenario with a fenced downstream: the server, an admin pool
+/// on it (the downstream table created), the store on it, and its address (what a front
+/// in front of it forwards to).
+pub(super) struct FencedServer {
+    /// The server (stopped when dropped).
+    pub pg: Service,
+    /// A pool for reading the downstream table.
+    pub admin: PgPool,
+    /// The store, with a pool of the size asked for.
+    pub store: std::sync::Arc<dyn DedupStore>,
+    /// The server's address.
+    pub server: SocketAddr,
+}
+
+impl FencedServer {
+    /// Start it in `dir`, the store's pool `pool_size` connections.
+    pub(super) async fn start(
+        dir: std::path::PathBuf,
+        pool_size: u32,
+    ) -> Result<FencedServer, BoxError> {
+        let pg = tokio::task::spawn_blocking(move || Postgres::start(&dir)).await??;
+        let admin = PgPool::connect(&pg.url).await?;
+        sqlx::raw_sql(CREATE_DOWNSTREAM).execute(&admin).await?;
+        let store = dedup::open(&format!("{}?pool_size={pool_size}", pg.url)).await?;
+        let server = super::backends::socket_addr(&pg.url)?;
+        Ok(FencedServer {
+            pg,
+            admin,
+            store,
+            server,
+        })
+    }
+}
+
 /// The value after `prefix` in `line`, or an error quoting the line.
 fn field<'a>(line: &'a str, prefix: &str) -> Result<&'a str, BoxError> {
     line.strip_prefix(prefix)
@@ -193,20 +227,12 @@ pub async fn run(args: &PartitionArgs, exe: &std::path::Path) -> Result<Outcome,
     let started = Instant::now();
     let lease = Duration::from_millis(args.lease_ms);
     let tmp = tempfile::tempdir()?;
-    let pg = tokio::task::spawn_blocking({
-        let dir = tmp.path().join("pg");
-        move || Postgres::start(&dir)
-    })
-    .await??;
-    let admin = PgPool::connect(&pg.url).await?;
-    sqlx::raw_sql(CREATE_DOWNSTREAM).execute(&admin).await?;
-    let store = dedup::open(&format!("{}?pool_size=2", pg.url)).await?;
-    let server: SocketAddr = pg
-        .url
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .ok_or("no host:port in the PostgreSQL URL")?
-        .parse()?;
+    let FencedServer {
+        pg: _pg,
+        admin,
+        store,
+        server,
+    } = FencedServer::start(tmp.path().join("pg"), 2).await?;
     // The server, as the namespace sees it: on the host end of the veth pair.
     let front = SwitchingProxy::start(SocketAddr::from((ns.host_addr, 0)), server)?;
     let url = format!("postgres://postgres@{}/dedup", front.addr());

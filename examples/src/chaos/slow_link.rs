@@ -21,16 +21,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use dedup_core::{Claim, ClaimOptions, DedupStore};
-use dedup_postgres::sqlx::{self, PgPool};
+use dedup_postgres::sqlx::PgPool;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use super::netns::NetNs;
-use super::partition::{CREATE_DOWNSTREAM, fenced_write};
+use super::partition::{FencedServer, fenced_write};
 use super::protocol::key;
 use super::proxy::SwitchingProxy;
-use super::servers::Postgres;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -147,15 +146,12 @@ async fn run_one(
     let started = Instant::now();
     let lease = Duration::from_millis(args.lease_ms);
     let tmp = tempfile::tempdir()?;
-    let pg = tokio::task::spawn_blocking({
-        let dir = tmp.path().join("pg");
-        move || Postgres::start(&dir)
-    })
-    .await??;
-    let admin = PgPool::connect(&pg.url).await?;
-    sqlx::raw_sql(CREATE_DOWNSTREAM).execute(&admin).await?;
-    let store = dedup::open(&format!("{}?pool_size=4", pg.url)).await?;
-    let server = super::backends::socket_addr(&pg.url)?;
+    let FencedServer {
+        pg: _pg,
+        admin,
+        store,
+        server,
+    } = FencedServer::start(tmp.path().join("pg"), 4).await?;
     let front = SwitchingProxy::start_delayed(
         std::net::SocketAddr::from((ns.host_addr, 0)),
         server,
