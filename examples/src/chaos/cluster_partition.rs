@@ -23,10 +23,11 @@ use std::time::{Duration, Instant};
 
 use dedup_core::{Claim, ClaimOptions, DedupStore, RecordState};
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use super::netns::NetNs;
+use super::partition::{next_line, say};
 use super::protocol::key;
 use super::redis_cluster::{Cluster, SLOTS};
 use crate::rng::Rng;
@@ -440,16 +441,8 @@ fn expect(line: &str, want: &str) -> Result<(), BoxError> {
     }
 }
 
-async fn say(stdin: &mut tokio::process::ChildStdin, line: &str) -> Result<(), BoxError> {
-    stdin.write_all(format!("{line}\n").as_bytes()).await?;
-    Ok(stdin.flush().await?)
-}
-
 async fn next(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
 ) -> Result<String, BoxError> {
-    let line = tokio::time::timeout(Duration::from_secs(90), lines.next_line())
-        .await
-        .map_err(|_| "the cluster worker did not answer within 90 s")??;
-    line.ok_or_else(|| "the cluster worker ended early (see its stderr above)".into())
+    next_line(lines, Duration::from_secs(90), "the cluster worker").await
 }

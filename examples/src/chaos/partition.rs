@@ -163,18 +163,35 @@ async fn ask(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
     line: &str,
 ) -> Result<String, BoxError> {
-    stdin.write_all(format!("{line}\n").as_bytes()).await?;
-    stdin.flush().await?;
+    say(stdin, line).await?;
     next(lines).await
 }
 
 async fn next(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
 ) -> Result<String, BoxError> {
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+    next_line(lines, Duration::from_secs(60), "the cut-off worker").await
+}
+
+/// Send `line` to a worker in a namespace (the scenarios talk to theirs in lines).
+pub(super) async fn say(
+    stdin: &mut tokio::process::ChildStdin,
+    line: &str,
+) -> Result<(), BoxError> {
+    stdin.write_all(format!("{line}\n").as_bytes()).await?;
+    Ok(stdin.flush().await?)
+}
+
+/// A worker's next line, within `within`; `who` names the worker in the errors.
+pub(super) async fn next_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    within: Duration,
+    who: &str,
+) -> Result<String, BoxError> {
+    let line = tokio::time::timeout(within, lines.next_line())
         .await
-        .map_err(|_| "the cut-off worker did not answer within 60 s")??;
-    line.ok_or_else(|| "the cut-off worker ended early (see its stderr above)".into())
+        .map_err(|_| format!("{who} did not answer within {} s", within.as_secs()))??;
+    line.ok_or_else(|| format!("{who} ended early (see its stderr above)").into())
 }
 
 /// A private PostgreSQL for a scenario with a fenced downstream: the server, an admin pool

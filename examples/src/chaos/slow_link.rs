@@ -27,7 +27,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use super::netns::NetNs;
-use super::partition::{FencedServer, fenced_write};
+use super::partition::{FencedServer, fenced_write, next_line};
 use super::protocol::key;
 use super::proxy::SwitchingProxy;
 
@@ -180,10 +180,7 @@ async fn run_one(
     let (mut renew_count, mut renew_ms_total) = (0u64, 0u64);
     let mut contender: Option<tokio::task::JoinHandle<Result<bool, BoxError>>> = None;
     loop {
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .map_err(|_| "the slow worker did not answer within 60 s")??
-            .ok_or("the slow worker ended early (see its stderr above)")?;
+        let line = next_line(&mut lines, Duration::from_secs(60), "the slow worker").await?;
         let parts: Vec<&str> = line.split(' ').collect();
         match parts[..] {
             ["CLAIMED", id] => {
