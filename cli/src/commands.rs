@@ -31,6 +31,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Outbox { command } = cli.command {
         return crate::outbox::run(&cli.store, as_json, command).await;
     }
+    if let Command::Counts { command } = cli.command {
+        return crate::counts::run(&cli.store, as_json, command).await;
+    }
     if let Command::Console {
         outbox,
         listen,
@@ -49,7 +52,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         return crate::console::run(&cli.store, args).await;
     }
     let access = match &cli.command {
-        Command::Outbox { .. } | Command::Console { .. } => unreachable!("handled above"),
+        Command::Outbox { .. } | Command::Console { .. } | Command::Counts { .. } => {
+            unreachable!("handled above")
+        }
         Command::Migrate => Access::Migrate,
         Command::Stats { .. }
         | Command::Consumers
@@ -380,7 +385,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 .map_err(|e| Failure::store(format!("cannot forget {key}"), e))?;
             forget_answer(&key, forgot, as_json)?;
         }
-        Command::Outbox { .. } | Command::Console { .. } => unreachable!("handled above"),
+        Command::Outbox { .. } | Command::Console { .. } | Command::Counts { .. } => {
+            unreachable!("handled above")
+        }
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 mod commands;
 mod console;
+mod counts;
 mod failure;
 mod open;
 mod outbox;
@@ -153,11 +154,29 @@ enum Command {
         #[arg(long, default_value = "5m", value_name = "DURATION")]
         stuck_after: String,
     },
+    /// Kept counts: make `stats`, `consumers` and the console's overview read counts the
+    /// store keeps instead of every record (SQLite, PostgreSQL), at a cost on every write.
+    Counts {
+        #[command(subcommand)]
+        command: CountsCommand,
+    },
     /// The transactional outbox of an SQL store (sqlite:, postgres://, mysql://).
     Outbox {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+}
+
+/// `dedup counts ...`.
+#[derive(Debug, Subcommand)]
+enum CountsCommand {
+    /// Start keeping counts (the starting counts are computed at once, writers waiting
+    /// meanwhile); every claim, commit and purge then also updates them.
+    Enable,
+    /// Stop keeping counts: drop the counts table, its triggers and its index.
+    Disable,
+    /// Whether the store keeps counts.
+    Status,
 }
 
 /// `dedup outbox ...`.

@@ -4,7 +4,11 @@
 //! `cargo run --release -p dedup-console --example overview_timing -- URL seed` writes four
 //! template records per consumer (processed, failed, dead-lettered, in flight) for two
 //! consumers; multiply them with SQL to reach the size to measure (see the console's
-//! README), then `... -- URL` prints the timings (median of 7 runs after one warm-up).
+//! README), then `... -- URL` prints the timings (median of 7 runs after one warm-up) and
+//! where the counts came from. `... -- URL enable` / `disable` turns the store's kept
+//! counts on or off (printing how long that took); `... -- URL loop N` times N claim+commit
+//! pairs of new keys, one after the other (consumer `timing-loop`), to see what kept counts
+//! cost a consumer.
 
 use std::time::{Duration, Instant};
 
@@ -39,7 +43,46 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let url = args.next().expect("a store URL");
     let admin = dedup::open_admin(&url).await.expect("open");
-    if args.next().as_deref() == Some("seed") {
+    let mode = args.next();
+    match mode.as_deref() {
+        Some("enable" | "disable") => {
+            let t = Instant::now();
+            let changed = match mode.as_deref() {
+                Some("enable") => admin.enable_counts().await,
+                _ => admin.disable_counts().await,
+            }
+            .expect("kept counts");
+            println!(
+                "{}: changed {changed} in {:?}",
+                mode.unwrap_or_default(),
+                t.elapsed()
+            );
+            return;
+        }
+        Some("loop") => {
+            let n: usize = args.next().and_then(|n| n.parse().ok()).expect("loop N");
+            let run = uuid::Uuid::new_v4().simple().to_string();
+            let t = Instant::now();
+            for i in 0..n {
+                let key = Key::new("timing-loop", format!("{run}-{i}")).unwrap();
+                let lease = admin
+                    .claim(&key, &ClaimOptions::lease(Duration::from_secs(60)))
+                    .await
+                    .unwrap()
+                    .into_lease()
+                    .expect("a new key");
+                admin.commit(&lease, Some(b"ok")).await.unwrap();
+            }
+            let source = admin.count_source().await.unwrap().as_str();
+            println!(
+                "{n} claim+commit pairs (counts {source}): {:?} per pair",
+                t.elapsed() / n as u32
+            );
+            return;
+        }
+        _ => {}
+    }
+    if mode.as_deref() == Some("seed") {
         let now = admin.now().await.unwrap();
         let cause = Failure::new("handler", vec!["connection refused".into()], 1, now, None);
         for consumer in ["billing", "shipping"] {
@@ -93,8 +136,9 @@ async fn main() {
         assert!(resp.status().is_success());
     })
     .await;
+    let source = admin.count_source().await.unwrap().as_str();
     println!(
-        "{} records: overview {overview:?} (consumers {consumers:?}, stats {stats:?})",
-        total
+        "{total} records, counts {source}: overview {overview:?} (consumers {consumers:?}, \
+         stats {stats:?})"
     );
 }

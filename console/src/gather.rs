@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::outbox::{OutboxEntry, OutboxQuery, OutboxState, OutboxStore};
-use dedup_core::{Admin, Key, ListFilter, Record, RecordState, Result, Status, Timestamp};
+use dedup_core::{
+    Admin, CountSource, Key, ListFilter, Record, RecordState, Result, Status, Timestamp,
+};
 use sha2::{Digest, Sha256};
 
 use crate::ConsoleConfig;
@@ -15,6 +17,10 @@ use crate::model::*;
 
 /// Records read per `list` call.
 const BATCH: usize = 500;
+
+/// Records from which a store whose counts read every record is large enough for the
+/// overview to advise keeping counts.
+pub const LARGE_STORE: u64 = 100_000;
 
 /// The first line of `text`, at most 200 characters.
 pub fn first_line(text: &str) -> String {
@@ -96,7 +102,16 @@ pub async fn overview(
     last_purge: Option<PurgeLine>,
 ) -> Result<Overview> {
     // The store's counts and the consumers' lines, read at once.
-    let (stats, consumers) = futures::try_join!(admin.stats(0), admin.consumers())?;
+    let (stats, consumers, source) =
+        futures::try_join!(admin.stats(0), admin.consumers(), admin.count_source())?;
+    let counts_hint = match source {
+        CountSource::Scan { keepable: true } if stats.total() >= LARGE_STORE => Some(format!(
+            "These counts read all {} records; `dedup counts enable` makes the store keep \
+             them (a small cost on every consumer's write).",
+            stats.total()
+        )),
+        _ => None,
+    };
     let consumers = consumers
         .into_iter()
         .map(|c| ConsumerLine {
@@ -141,6 +156,8 @@ pub async fn overview(
         oldest_lease,
         outbox,
         last_purge,
+        counts_source: source.as_str(),
+        counts_hint,
     })
 }
 

@@ -18,6 +18,12 @@ pub struct Overview {
     pub outbox: Option<OutboxLine>,
     /// The last purge this console ran (the store keeps no purge history).
     pub last_purge: Option<PurgeLine>,
+    /// Where the counts came from: `kept` (counts the store keeps, `dedup counts enable`)
+    /// or `scan` (every record read).
+    pub counts_source: &'static str,
+    /// Set when the counts came from reading every record of a large store that could
+    /// keep them instead: the advice to enable kept counts.
+    pub counts_hint: Option<String>,
 }
 
 /// One consumer's records by status.

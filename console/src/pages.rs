@@ -46,7 +46,18 @@ fn n(v: impl std::fmt::Display) -> String {
 pub fn overview(inner: &Inner, o: &Overview) -> String {
     let mut b = String::new();
     let now = Timestamp::from_millis(o.now);
-    let _ = write!(b, "<p class=note>as of {} UTC</p>", t(o.now));
+    let source = match o.counts_source {
+        "kept" => "counts kept by the store",
+        _ => "counts read from every record",
+    };
+    let _ = write!(
+        b,
+        "<p class=note>as of {} UTC; <span id=counts-source>{source}</span></p>",
+        t(o.now)
+    );
+    if let Some(hint) = &o.counts_hint {
+        let _ = write!(b, "<p class=note id=counts-hint>{}</p>", esc(hint));
+    }
     b.push_str(
         "<h2>Consumers</h2><table id=consumers><tr><th>consumer</th><th>processed</th>\
          <th>in flight</th><th>expired</th><th>failed</th><th>dead-lettered</th></tr>",

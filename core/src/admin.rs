@@ -284,6 +284,32 @@ impl Stats {
     }
 }
 
+/// Where [`Admin::consumers`] and [`Admin::stats`] take their counts by status from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CountSource {
+    /// Every record is read (an aggregate query over the table, a `SCAN` on Redis): exact,
+    /// at a cost that grows with the store. `keepable`: the store could keep its counts
+    /// instead ([`Admin::enable_counts`], `dedup counts enable`).
+    Scan {
+        /// Whether [`Admin::enable_counts`] is available on this store.
+        keepable: bool,
+    },
+    /// Counts the store keeps as records change (enabled by [`Admin::enable_counts`]), plus
+    /// the in-flight records, read through an index of their own, to tell expired leases
+    /// from live ones: a cost that grows with the records in flight only.
+    Kept,
+}
+
+impl CountSource {
+    /// `scan` or `kept`, as the command line and the console's JSON say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CountSource::Scan { .. } => "scan",
+            CountSource::Kept => "kept",
+        }
+    }
+}
+
 /// Most consumers [`Admin::consumers`] returns.
 pub const MAX_CONSUMERS: usize = 10_000;
 
@@ -509,4 +535,27 @@ pub trait Admin: DedupStore {
     /// with a live lease is removed only with `force` (otherwise
     /// [`Forgot::LiveLease`], nothing changed); its worker then gets `LeaseLost`.
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot>;
+
+    /// Where [`consumers`](Self::consumers) and [`stats`](Self::stats) take their counts
+    /// from now. A store that cannot keep counts answers [`CountSource::Scan`] with
+    /// `keepable: false`.
+    async fn count_source(&self) -> Result<CountSource> {
+        Ok(CountSource::Scan { keepable: false })
+    }
+
+    /// Make the store keep its records' counts by consumer and status as they change, so
+    /// [`consumers`](Self::consumers) and [`stats`](Self::stats) stop reading every record.
+    /// Opt-in, because every write of every consumer then pays for it (see the backend's
+    /// README). The starting counts are computed from the records in the same step, under
+    /// the store's migration lock, with writers held off meanwhile. `Ok(false)`: they were
+    /// kept already, nothing changed. [`Error::Unsupported`] where the store cannot.
+    async fn enable_counts(&self) -> Result<bool> {
+        Err(Error::Unsupported("kept counts"))
+    }
+
+    /// Stop keeping counts: remove what [`enable_counts`](Self::enable_counts) added, so
+    /// the store is exactly as it was without. `Ok(false)`: none were kept.
+    async fn disable_counts(&self) -> Result<bool> {
+        Err(Error::Unsupported("kept counts"))
+    }
 }

@@ -21,7 +21,7 @@ mod verdict;
 // the record decoder, the contract as pure functions, name rules.
 pub mod backend;
 
-pub use admin::{Admin, Forgot, ListFilter, PurgeCount, Released, Stats, Status};
+pub use admin::{Admin, CountSource, Forgot, ListFilter, PurgeCount, Released, Stats, Status};
 pub use error::{BoxError, Error, Result, TimedOut};
 pub use failure::{Failure, MAX_FAILURE_LEN, MAX_FAILURE_LINKS, error_chain};
 pub use inbox::{

@@ -6,8 +6,10 @@
 //! [`count_purgeable`](AdminStorage::count_purgeable) runs the purge batch's condition. Listing walks the primary key from the `after` id in byte order
 //! (`COLLATE "C"`, so paging agrees with every other store whatever the database's
 //! collation); the counts and the most retried keys read the whole table (one aggregate
-//! query, one sort); the oldest live lease reads every in-flight row. The size is
-//! `pg_total_relation_size` (table, indexes and TOAST).
+//! query, one sort); the oldest live lease reads every in-flight row. A store that keeps
+//! counts ([`crate::counts`], opt-in) reads them instead of the table, plus its expired
+//! leases, and the oldest live lease, through the in-flight rows' partial index. The size
+//! is `pg_total_relation_size` (table, indexes and TOAST).
 //!
 //! Forgetting a record is one `DELETE` whose condition is `transition::forget`'s (no live
 //! lease at the statement's "now", or forced); revoking a lease is one `UPDATE` of the
@@ -17,7 +19,8 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 use dedup_core::admin::{
-    ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
+    ConsumerCounts, CountSource, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats,
+    Status,
 };
 use dedup_core::backend::{AdminStorage, Storage, attempt_from, fence_from};
 use dedup_core::{Error, Key, LeaseToken, Record, RecordState, Result, Timestamp};
@@ -25,26 +28,11 @@ use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::PostgresStore;
+use crate::counts;
 use crate::decode::decode_keyed_record;
 use crate::error::{Backend, backend};
-use crate::statements::{NOW_MS, retention_param, row_cols};
-use dedup_sql::admin::{self, AdminDialect};
-
-/// PostgreSQL's SQL for the shared admin conditions.
-struct Dialect;
-
-impl AdminDialect for Dialect {
-    fn outcome_starts_with(hex: &str) -> String {
-        format!(
-            "substring(outcome FROM 1 FOR {}) = '\\x{hex}'::bytea",
-            hex.len() / 2
-        )
-    }
-
-    fn count_where(condition: &str) -> String {
-        format!("count(*) FILTER (WHERE {condition})")
-    }
-}
+use crate::statements::{AdminSql as Dialect, NOW_MS, retention_param, row_cols};
+use dedup_sql::admin;
 
 #[async_trait]
 impl AdminStorage for PostgresStore {
@@ -80,19 +68,32 @@ impl AdminStorage for PostgresStore {
         // `$1` is the "now" just read, so every part agrees with the counts.
         let now = AdminStorage::now(self).await?;
         let in_flight = admin::status_condition::<Dialect>(Some(Status::InFlight), "$1");
-        let counts = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {counts}, pg_total_relation_size($2::regclass) AS size FROM {table}",
-            counts = admin::status_counts::<Dialect>("$1"),
-        )))
-        .bind(now.as_millis())
-        .bind(table)
-        .fetch_one(self.pool())
-        .await
-        .map_err(backend)?;
-        let count = |name: &str| admin::count_of(&counts, name, backend);
         let mut stats = Stats::at(now);
-        admin::read_counts(&counts, &mut stats, backend)?;
-        stats.size_bytes = Some(count("size")?);
+        if counts::kept(self).await? {
+            for consumer in counts::read(self, now, None).await? {
+                for status in Status::ALL {
+                    *stats.count_mut(status) += consumer.counts.count(status);
+                }
+            }
+            let size: i64 = sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)")
+                .bind(table)
+                .fetch_one(self.pool())
+                .await
+                .map_err(backend)?;
+            stats.size_bytes = u64::try_from(size).ok();
+        } else {
+            let counts = sqlx::query(AssertSqlSafe(format!(
+                "SELECT {counts}, pg_total_relation_size($2::regclass) AS size FROM {table}",
+                counts = admin::status_counts::<Dialect>("$1"),
+            )))
+            .bind(now.as_millis())
+            .bind(table)
+            .fetch_one(self.pool())
+            .await
+            .map_err(backend)?;
+            admin::read_counts(&counts, &mut stats, backend)?;
+            stats.size_bytes = Some(admin::count_of(&counts, "size", backend)?);
+        }
         let oldest = sqlx::query(AssertSqlSafe(format!(
             "SELECT {columns} FROM {table} WHERE {in_flight} \
              ORDER BY expires_at, consumer COLLATE \"C\", message_id COLLATE \"C\" LIMIT 1"
@@ -123,6 +124,9 @@ impl AdminStorage for PostgresStore {
 
     async fn consumers(&self) -> Result<Vec<ConsumerCounts>> {
         let now = AdminStorage::now(self).await?;
+        if counts::kept(self).await? {
+            return counts::read(self, now, Some(MAX_CONSUMERS)).await;
+        }
         sqlx::query(AssertSqlSafe(format!(
             "SELECT consumer, {counts} FROM {table} \
              GROUP BY consumer ORDER BY consumer COLLATE \"C\" LIMIT {MAX_CONSUMERS}",
@@ -191,6 +195,21 @@ impl AdminStorage for PostgresStore {
             }
         }
         Err(Error::lease_lost(key))
+    }
+
+    async fn count_source(&self) -> Result<CountSource> {
+        Ok(match counts::kept(self).await? {
+            true => CountSource::Kept,
+            false => CountSource::Scan { keepable: true },
+        })
+    }
+
+    async fn enable_counts(&self) -> Result<bool> {
+        counts::enable(self).await
+    }
+
+    async fn disable_counts(&self) -> Result<bool> {
+        counts::disable(self).await
     }
 
     async fn revoke(

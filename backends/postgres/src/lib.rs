@@ -3,6 +3,7 @@
 mod admin;
 mod config;
 mod connect;
+mod counts;
 mod ddl;
 mod decode;
 mod error;

@@ -13,7 +13,7 @@ use crate::ddl::{VERSIONS_TABLE, execute, fnv1a, recorded_version_of, render_tab
 use crate::error::backend;
 
 /// The advisory lock key that serialises migrations of one schema across nodes.
-fn lock_key(schema: &str) -> i64 {
+pub(crate) fn lock_key(schema: &str) -> i64 {
     i64::from_ne_bytes(fnv1a(format!("dedup-postgres migrate {schema}").as_bytes()).to_ne_bytes())
 }
 

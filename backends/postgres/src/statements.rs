@@ -108,6 +108,32 @@ fn purgeable() -> String {
     )
 }
 
+/// PostgreSQL's SQL for `dedup-sql`'s admin conditions and kept counts.
+pub(crate) struct AdminSql;
+
+impl dedup_sql::admin::AdminDialect for AdminSql {
+    fn outcome_starts_with(hex: &str) -> String {
+        format!(
+            "substring(outcome FROM 1 FOR {}) = '\\x{hex}'::bytea",
+            hex.len() / 2
+        )
+    }
+
+    fn count_where(condition: &str) -> String {
+        format!("count(*) FILTER (WHERE {condition})")
+    }
+}
+
+impl dedup_sql::counts::CountsDialect for AdminSql {
+    fn bigint(expr: &str) -> String {
+        format!("CAST({expr} AS bigint)")
+    }
+
+    fn byte_order(column: &str) -> String {
+        format!("{column} COLLATE \"C\"")
+    }
+}
+
 /// A condition that is always true and sets `synchronous_commit` to `off` for the
 /// statement's own (implicit) transaction, as `SET LOCAL` would, in the same round trip:
 /// the commit then returns without waiting for its log record to reach the disk. The

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod capabilities;
 pub mod config;
 pub mod connect;
+pub mod counts;
 pub mod error;
 pub mod migrate;
 pub mod outbox;

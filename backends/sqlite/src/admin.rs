@@ -6,12 +6,15 @@
 //!
 //! Listing walks the primary key `(consumer, message_id)` from the `after` id, so a page
 //! costs what it returns (plus the rows its status filter skips). The counts read the whole
-//! table once; the oldest live lease uses the `(state, expires_at)` index; the most retried
-//! keys read the whole table. The size is the database file's (every table in it).
+//! table once, unless the store keeps counts ([`crate::counts`], opt-in): then they are the
+//! kept ones plus the expired leases, read through the in-flight records' partial index,
+//! which also serves the oldest live lease (without it, that reads the table). The most
+//! retried keys read the whole table. The size is the database file's (every table in it).
 
 use async_trait::async_trait;
 use dedup_core::admin::{
-    ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
+    ConsumerCounts, CountSource, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats,
+    Status,
 };
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
@@ -21,6 +24,7 @@ use rusqlite::{Connection, Row, params};
 use std::time::Duration;
 
 use crate::SqliteStore;
+use crate::counts;
 use crate::decode::{self, RawRow};
 use crate::error::backend;
 use crate::statements::{COLUMN_COUNT, COLUMNS, PURGEABLE};
@@ -132,12 +136,20 @@ impl AdminStorage for SqliteStore {
             let now = inner.clock.now();
             let tx = conn.transaction().map_err(backend)?;
             let mut stats = Stats::at(now);
-            tx.query_row(
-                &format!("SELECT {} FROM \"{table}\"", status_counts()),
-                params![now.as_millis()],
-                |r| read_counts(r, 0, &mut stats),
-            )
-            .map_err(backend)?;
+            if counts::kept(&tx, table)? {
+                for consumer in counts::read(&tx, table, now, None)? {
+                    for status in Status::ALL {
+                        *stats.count_mut(status) += consumer.counts.count(status);
+                    }
+                }
+            } else {
+                tx.query_row(
+                    &format!("SELECT {} FROM \"{table}\"", status_counts()),
+                    params![now.as_millis()],
+                    |r| read_counts(r, 0, &mut stats),
+                )
+                .map_err(backend)?;
+            }
             let oldest = records(
                 &tx,
                 &format!(
@@ -174,13 +186,17 @@ impl AdminStorage for SqliteStore {
     async fn consumers(&self) -> Result<Vec<ConsumerCounts>> {
         self.run(false, move |conn, inner| {
             let now = inner.clock.now();
+            let tx = conn.transaction().map_err(backend)?;
+            if counts::kept(&tx, &inner.table)? {
+                return counts::read(&tx, &inner.table, now, Some(MAX_CONSUMERS));
+            }
             let sql = format!(
                 "SELECT consumer, {} FROM \"{table}\" GROUP BY consumer ORDER BY consumer \
                  LIMIT {MAX_CONSUMERS}",
                 status_counts(),
                 table = inner.table,
             );
-            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let mut stmt = tx.prepare_cached(&sql).map_err(backend)?;
             let rows = stmt
                 .query_map(params![now.as_millis()], |r| {
                     let mut counts = ConsumerCounts::new(r.get::<_, String>(0)?, now);
@@ -232,6 +248,26 @@ impl AdminStorage for SqliteStore {
             Ok(forgot)
         })
         .await
+    }
+
+    async fn count_source(&self) -> Result<CountSource> {
+        self.run(false, |conn, inner| {
+            Ok(match counts::kept(conn, &inner.table)? {
+                true => CountSource::Kept,
+                false => CountSource::Scan { keepable: true },
+            })
+        })
+        .await
+    }
+
+    async fn enable_counts(&self) -> Result<bool> {
+        self.run(true, |conn, inner| counts::enable(conn, &inner.table))
+            .await
+    }
+
+    async fn disable_counts(&self) -> Result<bool> {
+        self.run(true, |conn, inner| counts::disable(conn, &inner.table))
+            .await
     }
 
     async fn revoke(

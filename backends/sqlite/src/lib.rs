@@ -4,6 +4,7 @@ mod admin;
 mod blocking;
 mod config;
 mod connect;
+mod counts;
 mod decode;
 mod error;
 mod outbox;

@@ -136,6 +136,24 @@ impl<S: AdminStorage> Admin for S {
             .await
             .map_err(|e| e.during("forgetting a record"))
     }
+
+    async fn count_source(&self) -> Result<crate::admin::CountSource> {
+        AdminStorage::count_source(self)
+            .await
+            .map_err(|e| e.during("finding where the counts come from"))
+    }
+
+    async fn enable_counts(&self) -> Result<bool> {
+        AdminStorage::enable_counts(self)
+            .await
+            .map_err(|e| e.during("enabling kept counts"))
+    }
+
+    async fn disable_counts(&self) -> Result<bool> {
+        AdminStorage::disable_counts(self)
+            .await
+            .map_err(|e| e.during("disabling kept counts"))
+    }
 }
 
 /// How many times [`release_key`] reads the record again when the key changed hands

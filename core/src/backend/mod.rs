@@ -113,6 +113,18 @@ pub trait AdminStorage: Storage {
         force: bool,
         new_token: LeaseToken,
     ) -> Result<bool>;
+    /// [`Admin::count_source`](crate::Admin::count_source).
+    async fn count_source(&self) -> Result<crate::admin::CountSource> {
+        Ok(crate::admin::CountSource::Scan { keepable: false })
+    }
+    /// [`Admin::enable_counts`](crate::Admin::enable_counts).
+    async fn enable_counts(&self) -> Result<bool> {
+        Err(crate::Error::Unsupported("kept counts"))
+    }
+    /// [`Admin::disable_counts`](crate::Admin::disable_counts).
+    async fn disable_counts(&self) -> Result<bool> {
+        Err(crate::Error::Unsupported("kept counts"))
+    }
 }
 
 /// The outbox operations a backend implements; every `OutboxStorage` is an

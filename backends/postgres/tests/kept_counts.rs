@@ -1,0 +1,97 @@
+//! Kept counts (`Admin::enable_counts`) on the real PostgreSQL of `DEDUP_POSTGRES_URL`: the
+//! mixed workload's counts equal a scan's, every admin clause holds with counts kept, and
+//! disabling leaves the schema exactly as a store without counts has it.
+
+mod common;
+
+use async_trait::async_trait;
+use dedup_conformance::clauses::{self, KeptCounts};
+use dedup_conformance::{StoreFactory, TestContext, should_run};
+use dedup_core::Admin;
+use dedup_postgres::PostgresStore;
+use dedup_postgres::sqlx::{self, AssertSqlSafe};
+
+/// One table per clause, on the clause's clock.
+struct Factory;
+
+#[async_trait]
+impl StoreFactory for Factory {
+    type Store = PostgresStore;
+
+    async fn open(&self, ctx: &TestContext) -> PostgresStore {
+        let url = common::url().expect("available() checked the URL");
+        common::store_on(&url, &ctx.namespace, Some(ctx.clock.clone())).await
+    }
+
+    fn available(&self) -> bool {
+        common::url().is_some()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kept_counts_equal_a_scan_through_a_mixed_workload() {
+    if should_run(
+        &Factory,
+        "kept_counts_equal_a_scan_through_a_mixed_workload",
+    ) {
+        clauses::kept_counts_equal_a_scan_through_a_mixed_workload(&Factory).await;
+    }
+}
+
+/// The admin clauses again, on stores that keep counts from their first write.
+mod with_counts_kept {
+    use super::*;
+    dedup_conformance::admin_suite!(KeptCounts(Factory));
+}
+
+/// Every relation, index, trigger and function of `store`'s schema whose name starts with
+/// its table's, and the table's triggers.
+async fn schema_objects(store: &PostgresStore) -> Vec<String> {
+    let config = store.config();
+    let like = format!("{}%", config.table.replace('_', "\\_"));
+    let sql = "SELECT 'relation ' || c.relname || ' ' || c.relkind FROM pg_class c \
+               JOIN pg_namespace n ON n.oid = c.relnamespace \
+               WHERE n.nspname = $1 AND c.relname LIKE $2 \
+               UNION ALL SELECT 'function ' || p.proname FROM pg_proc p \
+               JOIN pg_namespace n ON n.oid = p.pronamespace \
+               WHERE n.nspname = $1 AND p.proname LIKE $2 \
+               UNION ALL SELECT 'trigger ' || t.tgname FROM pg_trigger t \
+               WHERE t.tgrelid = to_regclass($3) \
+               ORDER BY 1";
+    sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(&config.schema)
+        .bind(like)
+        .bind(store.table())
+        .fetch_all(store.pool())
+        .await
+        .expect("read the catalog")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disabling_leaves_the_schema_as_a_store_without_counts_has_it() {
+    let url = url_or_skip!();
+    let store = common::store(&url, "kept_schema", None).await;
+    let before = schema_objects(&store).await;
+    assert!(store.enable_counts().await.expect("enable"));
+    let kept = schema_objects(&store).await;
+    for added in [
+        "_counts r",
+        "_in_flight_idx i",
+        "_count_fn",
+        "_fold_fn",
+        "_counts_ins",
+        "_counts_upd",
+        "_counts_del",
+    ] {
+        assert!(
+            kept.iter().any(|o| o.ends_with(added)) && !before.iter().any(|o| o.ends_with(added)),
+            "enabling adds *{added}: {kept:?}"
+        );
+    }
+    assert!(store.disable_counts().await.expect("disable"));
+    assert_eq!(
+        schema_objects(&store).await,
+        before,
+        "disabling removes everything enabling added"
+    );
+}
