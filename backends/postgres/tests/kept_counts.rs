@@ -49,13 +49,13 @@ mod with_counts_kept {
 async fn schema_objects(store: &PostgresStore) -> Vec<String> {
     let config = store.config();
     let like = format!("{}%", config.table.replace('_', "\\_"));
-    let sql = "SELECT 'relation ' || c.relname || ' ' || c.relkind FROM pg_class c \
+    let sql = "SELECT 'relation ' || c.relname::text || ' ' || c.relkind::text FROM pg_class c \
                JOIN pg_namespace n ON n.oid = c.relnamespace \
                WHERE n.nspname = $1 AND c.relname LIKE $2 \
-               UNION ALL SELECT 'function ' || p.proname FROM pg_proc p \
+               UNION ALL SELECT 'function ' || p.proname::text FROM pg_proc p \
                JOIN pg_namespace n ON n.oid = p.pronamespace \
                WHERE n.nspname = $1 AND p.proname LIKE $2 \
-               UNION ALL SELECT 'trigger ' || t.tgname FROM pg_trigger t \
+               UNION ALL SELECT 'trigger ' || t.tgname::text FROM pg_trigger t \
                WHERE t.tgrelid = to_regclass($3) \
                ORDER BY 1";
     sqlx::query_scalar(AssertSqlSafe(sql))
