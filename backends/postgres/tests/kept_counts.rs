@@ -95,3 +95,55 @@ async fn disabling_leaves_the_schema_as_a_store_without_counts_has_it() {
         "disabling removes everything enabling added"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_folds_many_rows_of_differences_into_one_per_consumer() {
+    use dedup_core::{ClaimOptions, DedupStore, Key};
+    let url = url_or_skip!();
+    let store = common::store(&url, "kept_fold", None).await;
+    assert!(store.enable_counts().await.expect("enable"));
+    // Each claim of a new key and each commit appends one row of differences.
+    let n = dedup_sql::counts::FOLD_AFTER as usize / 2 + 10;
+    for i in 0..n {
+        let key = Key::new("fold", format!("m{i}")).unwrap();
+        let lease = store
+            .claim(&key, &ClaimOptions::lease(std::time::Duration::from_secs(60)))
+            .await
+            .expect("claim")
+            .into_lease()
+            .expect("a new key");
+        store.commit(&lease, Some(b"ok")).await.expect("commit");
+    }
+    let kept_rows = format!(
+        "SELECT count(*) FROM \"{}\".\"{}_counts\"",
+        store.config().schema,
+        store.config().table
+    );
+    let rows = |sql: String| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .expect("count the rows of differences")
+        }
+    };
+    assert!(
+        rows(kept_rows.clone()).await > dedup_sql::counts::FOLD_AFTER as i64,
+        "every claim and commit appended a row"
+    );
+    let counts = store.consumers().await.expect("consumers");
+    assert_eq!(counts.len(), 1);
+    assert_eq!(
+        (counts[0].counts.completed, counts[0].counts.total()),
+        (n as u64, n as u64)
+    );
+    assert_eq!(rows(kept_rows).await, 1, "the read folded them into one row");
+    let again = store.consumers().await.expect("consumers after the fold");
+    let by_status = |c: &[dedup_core::admin::ConsumerCounts]| {
+        c.iter()
+            .map(|c| dedup_core::Status::ALL.map(|s| c.counts.count(s)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(by_status(&again), by_status(&counts), "folding changes no count");
+}
