@@ -100,6 +100,19 @@ async fn scenario(t: Target) {
         assert_eq!(o["outbox"]["dead"], 1, "{o}");
         assert_eq!(o["outbox"]["pending"], 1, "{o}");
     }
+    assert_eq!(o["counts_source"], "scan", "{o}");
+    assert_eq!(o["counts_hint"], Value::Null, "a small store needs no advice: {o}");
+    if t.backend != "redis" {
+        // With kept counts: the same counts, and the page says where they came from.
+        assert!(s.admin.enable_counts().await.expect("enable_counts"));
+        let kept = json(&app, "/api/overview").await;
+        assert_eq!(kept["counts_source"], "kept", "{kept}");
+        assert_eq!(kept["consumers"], o["consumers"], "{kept}");
+        assert_eq!(kept["oldest_lease"], o["oldest_lease"], "{kept}");
+        let (_, html) = get(&app, "/").await;
+        assert!(html.contains("counts kept by the store"), "{html}");
+        assert!(s.admin.disable_counts().await.expect("disable_counts"));
+    }
 
     // Failures grouped by kind and first line.
     let f = json(&app, "/api/failures").await;
