@@ -136,6 +136,19 @@ async fn main() {
         assert!(resp.status().is_success());
     })
     .await;
+    let resp = app
+        .clone()
+        .oneshot(Request::get("/api/overview").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let page: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    if let Some(hint) = page["counts_hint"].as_str() {
+        println!("the overview advises: {hint}");
+    }
     let source = admin.count_source().await.unwrap().as_str();
     println!(
         "{total} records, counts {source}: overview {overview:?} (consumers {consumers:?}, \

@@ -181,7 +181,10 @@ pub(crate) async fn read(
 ) -> Result<Vec<ConsumerCounts>> {
     let config = store.config();
     let sql = counts::read_sql::<AdminSql>(&kept_table(config), store.table(), "$1", limit);
+    // Unnamed, so planned for this "now": a generic plan could not tell that few in-flight
+    // rows are expired, and scan them all.
     let rows = sqlx::query(AssertSqlSafe(sql))
+        .persistent(false)
         .bind(now.as_millis())
         .fetch_all(store.pool())
         .await
