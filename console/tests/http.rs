@@ -101,7 +101,11 @@ async fn scenario(t: Target) {
         assert_eq!(o["outbox"]["pending"], 1, "{o}");
     }
     assert_eq!(o["counts_source"], "scan", "{o}");
-    assert_eq!(o["counts_hint"], Value::Null, "a small store needs no advice: {o}");
+    assert_eq!(
+        o["counts_hint"],
+        Value::Null,
+        "a small store needs no advice: {o}"
+    );
     if t.backend != "redis" {
         // With kept counts: the same counts, and the page says where they came from.
         assert!(s.admin.enable_counts().await.expect("enable_counts"));

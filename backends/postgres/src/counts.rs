@@ -12,8 +12,9 @@
 //! - `T_fold_fn`, which folds the rows into one per consumer (run by a read that found
 //!   more than `FOLD_AFTER` extra rows; every write only appends, so writers never wait
 //!   on one counter row);
-//! - `T_in_flight_idx`, a partial index of the in-flight rows on `(expires_at, consumer)`:
-//!   the expired leases and the oldest live one are read through it.
+//! - `T_in_flight_idx`, a partial index of the in-flight rows on `(expires_at, consumer,
+//!   message_id)` (byte order): the expired leases and the oldest live one (ties in key
+//!   order) are read through it.
 //!
 //! What it costs the consumers: every writing statement runs the trigger (and the ones
 //! that change a class append a row: a claim of a new key, a commit, a purge, a forget),
@@ -74,7 +75,8 @@ CREATE TRIGGER "{update_trigger}" AFTER UPDATE ON {table}
     FOR EACH STATEMENT EXECUTE FUNCTION {count_fn}();
 CREATE TRIGGER "{delete_trigger}" AFTER DELETE ON {table}
     REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION {count_fn}();
-CREATE INDEX "{index}" ON {table} (expires_at, consumer) WHERE processed_at IS NULL;
+CREATE INDEX "{index}" ON {table} (expires_at, consumer COLLATE "C", message_id COLLATE "C")
+    WHERE processed_at IS NULL;
 INSERT INTO {kept} SELECT consumer, {plus} FROM {table} GROUP BY consumer;
 "#;
 

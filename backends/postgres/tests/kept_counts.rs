@@ -107,7 +107,10 @@ async fn a_read_folds_many_rows_of_differences_into_one_per_consumer() {
     for i in 0..n {
         let key = Key::new("fold", format!("m{i}")).unwrap();
         let lease = store
-            .claim(&key, &ClaimOptions::lease(std::time::Duration::from_secs(60)))
+            .claim(
+                &key,
+                &ClaimOptions::lease(std::time::Duration::from_secs(60)),
+            )
             .await
             .expect("claim")
             .into_lease()
@@ -138,12 +141,20 @@ async fn a_read_folds_many_rows_of_differences_into_one_per_consumer() {
         (counts[0].counts.completed, counts[0].counts.total()),
         (n as u64, n as u64)
     );
-    assert_eq!(rows(kept_rows).await, 1, "the read folded them into one row");
+    assert_eq!(
+        rows(kept_rows).await,
+        1,
+        "the read folded them into one row"
+    );
     let again = store.consumers().await.expect("consumers after the fold");
     let by_status = |c: &[dedup_core::admin::ConsumerCounts]| {
         c.iter()
             .map(|c| dedup_core::Status::ALL.map(|s| c.counts.count(s)))
             .collect::<Vec<_>>()
     };
-    assert_eq!(by_status(&again), by_status(&counts), "folding changes no count");
+    assert_eq!(
+        by_status(&again),
+        by_status(&counts),
+        "folding changes no count"
+    );
 }

@@ -9,7 +9,8 @@
 //!   a release or a takeover changes no class and runs nothing). SQLite has one writer at a
 //!   time, so one row per consumer makes no writer wait longer;
 //! - `T_in_flight_idx`, a partial index of the in-flight records on `(expires_at,
-//!   consumer)`: the expired leases and the oldest live one are read through it.
+//!   consumer, message_id)`: the expired leases and the oldest live one (ties in key
+//!   order) are read through it.
 //!
 //! What it costs the consumers: a claim of a new key, a commit, a purged or forgotten
 //! record each write the counts row (an upsert) in the same transaction, and the partial
@@ -70,7 +71,7 @@ CREATE TRIGGER \"{table}_counts_upd\" AFTER UPDATE ON \"{table}\"
     WHEN {class_old} <> {class_new} OR OLD.consumer <> NEW.consumer
     BEGIN {take_old} {add_new} END;
 CREATE TRIGGER \"{table}_counts_del\" AFTER DELETE ON \"{table}\" BEGIN {take_old} END;
-CREATE INDEX \"{table}_in_flight_idx\" ON \"{table}\" (expires_at, consumer)
+CREATE INDEX \"{table}_in_flight_idx\" ON \"{table}\" (expires_at, consumer, message_id)
     WHERE state = 'in_flight';
 INSERT INTO \"{kept}\" SELECT consumer, {sums} FROM (
     SELECT consumer, {class} AS class FROM \"{table}\") GROUP BY consumer;";
