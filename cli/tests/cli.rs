@@ -623,6 +623,31 @@ async fn poison_scenario(t: &Target) {
         .filter_map(|c| c["consumer"].as_str())
         .collect();
     assert_eq!(names, ["billing", "orders", "shipping"], "{consumers}");
+    // Kept counts: the same consumers and counts; a store that cannot keep them says so.
+    if matches!(t.backend, Backend::Sqlite | Backend::Postgres) {
+        assert_eq!(t.json(&["counts", "status"])["source"], "scan");
+        let enabled = t.json(&["counts", "enable"]);
+        assert_eq!(
+            (&enabled["changed"], &enabled["source"]),
+            (&Value::from(true), &Value::from("kept")),
+            "{enabled}"
+        );
+        assert_eq!(t.json(&["counts", "enable"])["changed"], false);
+        assert_eq!(t.json(&["consumers"])["consumers"], consumers["consumers"]);
+        let disabled = t.json(&["counts", "disable"]);
+        assert_eq!(
+            (&disabled["changed"], &disabled["source"]),
+            (&Value::from(true), &Value::from("scan")),
+            "{disabled}"
+        );
+    } else {
+        let refused = t.expect(1, &["counts", "enable"]);
+        assert!(
+            stderr(&refused).contains("kept counts exist on SQLite and PostgreSQL"),
+            "{}",
+            stderr(&refused)
+        );
+    }
     let forgot = String::from_utf8_lossy(&t.expect(0, &["forget", "orders", "poison-1"]).stdout)
         .into_owned();
     assert!(
