@@ -7,8 +7,9 @@
 //! as `dyn Admin` by the `dedup` command line.
 //!
 //! These are maintenance operations, not hot-path ones: [`Admin::stats`] reads the whole
-//! store (an aggregate query on SQL backends, a `SCAN` of the key prefix on Redis), and
-//! [`Admin::list`] reads one consumer's records in key order, one page at a time.
+//! store (an aggregate query on SQL backends, a `SCAN` of the key prefix on Redis) unless
+//! the store keeps counts ([`Admin::enable_counts`], opt-in), and [`Admin::list`] reads one
+//! consumer's records in key order, one page at a time.
 
 use async_trait::async_trait;
 use std::time::Duration;
@@ -507,7 +508,8 @@ pub trait Admin: DedupStore {
     /// counted by status (processed, failed, dead-lettered, in flight, expired), as of one
     /// reading of the store's clock. At most [`MAX_CONSUMERS`] consumers: the first ones
     /// in name order. Reads the whole store, like [`stats`](Self::stats): an aggregate
-    /// query grouped by consumer on the SQL backends, a `SCAN` of the key prefix on Redis.
+    /// query grouped by consumer on the SQL backends, a `SCAN` of the key prefix on Redis;
+    /// a store that keeps counts ([`enable_counts`](Self::enable_counts)) reads those.
     async fn consumers(&self) -> Result<Vec<ConsumerCounts>>;
 
     /// How many records [`DedupStore::purge`] with `retention` would remove now, removing
