@@ -21,7 +21,8 @@ use crate::versions::{self, VERSIONS_DDL};
 /// Migration `n` (1-based) brings a table from version `n - 1` to `n`; a missing table is
 /// created by running them all, in order. Never edit a released migration: a new layout is
 /// one more entry at the end. The README shows them as
-/// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs them for the default config. `{table}` is the quoted table name.
+/// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs them for the default config.
+/// `{table}` is the quoted table name.
 const MIGRATIONS: &[&str] = &[
     // 1: the records table, keyed by the key's bytes, and the purge index on `claimed_at`.
     r#"CREATE TABLE IF NOT EXISTS {table} (
