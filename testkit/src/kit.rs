@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -19,11 +18,9 @@ use crate::consumer::{Consumer, Message};
 use crate::report::{Failure, Report};
 use crate::run::Driver;
 use crate::schedule::Schedule;
+use crate::seed::{SEED_ENV, bad_seed, hex, parse_seed, random_seed, random_u64};
 use crate::setup::{Cleanups, Rig, Setup};
 use crate::world::World;
-
-/// The environment variable that sets the seed of a run (what a failure prints).
-pub const SEED_ENV: &str = "DEDUP_TESTKIT_SEED";
 
 /// The most runs spent simplifying a schedule proptest shrank.
 const MINIMIZE_RUNS: usize = 2_000;
@@ -508,48 +505,6 @@ impl Bench {
             }
         })
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn bad_seed(hex: &str) -> Error {
-    Error::invalid(
-        "seed",
-        format!("{hex:?} is not a seed: 64 hex digits, as a failure prints them"),
-    )
-}
-
-fn parse_seed(s: &str) -> Option<[u8; 32]> {
-    let s = s.trim();
-    if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
-fn random_u64() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    h.finish()
-}
-
-fn random_seed() -> [u8; 32] {
-    let mut seed = [0u8; 32];
-    for chunk in seed.chunks_mut(8) {
-        chunk.copy_from_slice(&random_u64().to_le_bytes());
-    }
-    seed
 }
 
 /// The kit's own tables for the run tagged `nonce`: `dedup_testkit_<nonce>` and that plus

@@ -97,6 +97,7 @@ mod kit;
 mod report;
 mod run;
 mod schedule;
+mod seed;
 mod setup;
 mod tables;
 mod tx;
@@ -104,9 +105,10 @@ mod world;
 
 pub use check::Violation;
 pub use consumer::{Consumer, Cx, Effects, LeaseConsumer, Message, Mode, lease};
-pub use kit::{Kit, SEED_ENV, Subject};
+pub use kit::{Kit, Subject};
 pub use report::{Failure, Report};
 pub use schedule::{Schedule, Step};
+pub use seed::SEED_ENV;
 pub use setup::Setup;
 #[cfg(feature = "mysql")]
 pub use tx::{MySqlTx, mysql_tx};

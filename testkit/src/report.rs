@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::check::Violation;
-use crate::kit::SEED_ENV;
 use crate::schedule::Schedule;
+use crate::seed::SEED_ENV;
 
 /// What a passing run did.
 #[derive(Clone, Debug)]

@@ -14,17 +14,18 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 use dedup_core::admin::{
-    ConsumerCounts, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
+    ConsumerCounts, Forgot, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
 };
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
 use dedup_core::{Key, LeaseToken, Record, Result, Timestamp};
-use sqlx::AssertSqlSafe;
+use dedup_sql::query::key_as_bytes;
+use sqlx::{AssertSqlSafe, MySql, SqlSafeStr};
 
 use crate::MySqlStore;
 use crate::decode::decode_keyed_record;
 use crate::error::{Backend, backend};
-use crate::statements::{NOW_MS, retention_param, row_cols};
+use crate::statements::{NOW_MS, row_cols};
 use dedup_sql::admin::{self, AdminDialect};
 
 /// MySQL's SQL for the shared admin conditions.
@@ -55,22 +56,12 @@ impl AdminStorage for MySqlStore {
             table = self.table(),
             status = admin::status_condition::<Dialect>(filter.status, "n.ms"),
         );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(self.now_param())
-            .bind(&filter.consumer)
-            .bind(filter.after.as_deref().unwrap_or("").as_bytes())
-            .bind(i64::try_from(filter.limit).unwrap_or(i64::MAX))
-            .fetch_all(self.pool())
-            .await
-            .map_err(backend)?
-            .iter()
-            .map(decode_keyed_record)
-            .collect()
+        // The key columns are VARBINARY: the id to start after is bound as bytes.
+        admin::list(self, sql, filter, key_as_bytes, decode_keyed_record).await
     }
 
     async fn stats(&self, top: usize) -> Result<Stats> {
         let table = self.table();
-        let columns = row_cols("");
         // Every part uses the "now" just read, so they agree with the counts.
         let now = AdminStorage::now(self).await?;
         let counts = sqlx::query(AssertSqlSafe(format!(
@@ -82,7 +73,7 @@ impl AdminStorage for MySqlStore {
         .await
         .map_err(backend)?;
         let mut stats = Stats::at(now);
-        admin::read_counts(&counts, &mut stats, backend)?;
+        admin::read_counts::<MySql>(&counts, &mut stats, backend)?;
         let size: Option<i64> = sqlx::query_scalar(
             "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables \
              WHERE table_schema = DATABASE() AND table_name = ?",
@@ -92,69 +83,37 @@ impl AdminStorage for MySqlStore {
         .await
         .map_err(backend)?;
         stats.size_bytes = size.and_then(|s| u64::try_from(s).ok());
-        let oldest = sqlx::query(AssertSqlSafe(format!(
+        let columns = row_cols("");
+        let oldest = format!(
             "SELECT {columns} FROM {table} WHERE {} \
              ORDER BY expires_at, consumer, message_id LIMIT 1",
             admin::status_condition::<Dialect>(Some(Status::InFlight), "?")
-        )))
-        .bind(now.as_millis())
-        .fetch_optional(self.pool())
-        .await
-        .map_err(backend)?;
-        stats.oldest_live = oldest
-            .as_ref()
-            .map(decode_keyed_record)
-            .transpose()?
-            .map(|r| KeySummary::of(&r, now));
-        let retried = sqlx::query(AssertSqlSafe(format!(
+        );
+        let retried = format!(
             "SELECT {columns} FROM {table} WHERE attempt >= 2 \
              ORDER BY attempt DESC, consumer, message_id LIMIT ?"
-        )))
-        .bind(i64::try_from(top).unwrap_or(i64::MAX))
-        .fetch_all(self.pool())
-        .await
-        .map_err(backend)?
-        .iter()
-        .map(decode_keyed_record)
-        .collect::<Result<Vec<_>>>();
-        stats.most_retried = retried?.iter().map(|r| KeySummary::of(r, now)).collect();
+        );
+        admin::keys_to_watch(self, oldest, retried, top, decode_keyed_record, &mut stats).await?;
         Ok(stats)
     }
 
     async fn consumers(&self) -> Result<Vec<ConsumerCounts>> {
-        let now = AdminStorage::now(self).await?;
-        sqlx::query(AssertSqlSafe(format!(
+        let sql = format!(
             "SELECT consumer, {} FROM (SELECT CAST(? AS SIGNED) AS ms) n \
              STRAIGHT_JOIN {table} GROUP BY consumer ORDER BY consumer LIMIT {MAX_CONSUMERS}",
             admin::status_counts::<Dialect>("n.ms"),
             table = self.table(),
-        )))
-        .bind(now.as_millis())
-        .fetch_all(self.pool())
-        .await
-        .map_err(backend)?
-        .iter()
-        .map(|row| {
-            let consumer = crate::decode::text(row, "consumer")?.unwrap_or_default();
-            let mut counts = ConsumerCounts::new(consumer, now);
-            admin::read_counts(row, &mut counts.counts, backend)?;
-            Ok(counts)
+        );
+        let now = AdminStorage::now(self).await?;
+        admin::consumers::<Backend>(self.pool(), sql, now, |row| {
+            Ok(crate::decode::text(row, "consumer")?.unwrap_or_default())
         })
-        .collect()
+        .await
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
-        // The purge batches' own condition and cutoff, counted.
-        let row = sqlx::query(AssertSqlSafe(self.statements().count_purgeable.clone()))
-            .bind(self.now_param())
-            .bind(retention_param(retention))
-            .fetch_one(self.pool())
-            .await
-            .map_err(backend)?;
-        Ok(PurgeCount {
-            completed: admin::count_of(&row, "completed", backend)?,
-            expired: admin::count_of(&row, "expired", backend)?,
-        })
+        let sql = AssertSqlSafe(self.statements().count_purgeable.clone()).into_sql_str();
+        admin::purgeable::<Backend>(self.pool(), sql, self.now_param(), retention).await
     }
 
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {

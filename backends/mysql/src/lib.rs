@@ -16,6 +16,7 @@ mod store;
 mod tx;
 mod tx_inbox;
 mod url;
+mod versions;
 
 pub use config::MySqlConfig;
 pub use config::VERSIONS_TABLE as SCHEMA_VERSIONS_TABLE;

@@ -2,14 +2,12 @@
 //! [`SqlOutbox`] engine over [`MySqlOutboxDialect`] (MySQL / MariaDB statements; relays
 //! poll, there are no wake-ups).
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{LeaseToken, Result, duration_millis};
 use dedup_sql::outbox::{
-    OutboxDialect, OutboxTableState, SqlOutbox, StateCounts, Taken, decode_row, decode_state_counts,
+    FailedPublish, OutboxDialect, OutboxTableState, RowFilter, SqlOutbox, Taken, decode_row,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
@@ -18,7 +16,7 @@ use crate::error::{BACKEND, Backend, backend};
 use crate::outbox_schema;
 use crate::outbox_statements::OutboxStatements;
 use crate::outbox_table::OutboxTable;
-use crate::statements::{BEGIN, NOW_MS, retention_param};
+use crate::statements::{BEGIN, NOW_MS};
 use crate::store::MySqlStore;
 
 /// Messages per insert statement at most, and payload bytes per statement at most (well
@@ -112,9 +110,10 @@ fn chunks(messages: &[OutboxMessage]) -> Vec<std::ops::Range<usize>> {
 #[async_trait]
 impl OutboxDialect for MySqlOutboxDialect {
     type Backend = Backend;
+    type Store = MySqlStore;
 
-    fn pool(&self) -> &sqlx::MySqlPool {
-        self.store.pool()
+    fn store(&self) -> &MySqlStore {
+        &self.store
     }
 
     fn table(&self) -> &OutboxTableState {
@@ -242,22 +241,15 @@ impl OutboxDialect for MySqlOutboxDialect {
         Ok(marked)
     }
 
-    async fn mark_failed(
-        &self,
-        token: &LeaseToken,
-        id: i64,
-        error: &str,
-        dead: bool,
-        delay_ms: i64,
-    ) -> Result<bool> {
+    async fn mark_failed(&self, token: &LeaseToken, failed: &FailedPublish<'_>) -> Result<bool> {
         let now = self.store.now_param();
         let done = sqlx::query(AssertSqlSafe(self.sql().mark_failed.clone()))
-            .bind(error)
-            .bind(dead)
+            .bind(failed.error)
+            .bind(failed.dead)
             .bind(now)
-            .bind(delay_ms)
-            .bind(dead)
-            .bind(id)
+            .bind(failed.delay_ms)
+            .bind(failed.dead)
+            .bind(failed.id)
             .bind(token.to_string())
             .bind(now)
             .execute(self.store.pool())
@@ -281,54 +273,18 @@ impl OutboxDialect for MySqlOutboxDialect {
         Ok(done.rows_affected())
     }
 
-    async fn retry(&self, id: i64) -> Result<bool> {
-        let done = sqlx::query(AssertSqlSafe(self.sql().retry.clone()))
-            .bind(self.store.now_param())
-            .bind(id)
-            .execute(self.store.pool())
-            .await
-            .map_err(backend)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn count_states(&self) -> Result<StateCounts> {
-        let rows = sqlx::query(AssertSqlSafe(self.sql().stats.clone()))
-            .bind(self.store.now_param())
-            .fetch_all(self.store.pool())
-            .await
-            .map_err(backend)?;
-        decode_state_counts(&rows, backend)
-    }
-
-    async fn list(
-        &self,
-        state: Option<&'static str>,
-        destination: Option<&str>,
-        after_id: i64,
-        limit: i64,
-    ) -> Result<Vec<RawOutboxRow>> {
+    async fn list(&self, filter: &RowFilter<'_>) -> Result<Vec<RawOutboxRow>> {
         let rows = sqlx::query(AssertSqlSafe(self.sql().list.clone()))
-            .bind(after_id)
-            .bind(state)
-            .bind(state)
-            .bind(destination)
-            .bind(destination)
-            .bind(limit)
+            .bind(filter.after_id)
+            .bind(filter.state)
+            .bind(filter.state)
+            .bind(filter.destination)
+            .bind(filter.destination)
+            .bind(filter.limit)
             .fetch_all(self.store.pool())
             .await
             .map_err(backend)?;
         rows.iter().map(decode).collect()
-    }
-
-    async fn purge_sent(&self, retention: Duration, limit: i64) -> Result<u64> {
-        let done = sqlx::query(AssertSqlSafe(self.sql().purge_batch.clone()))
-            .bind(self.store.now_param())
-            .bind(retention_param(retention))
-            .bind(limit)
-            .execute(self.store.pool())
-            .await
-            .map_err(backend)?;
-        Ok(done.rows_affected())
     }
 }
 

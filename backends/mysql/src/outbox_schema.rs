@@ -9,8 +9,9 @@
 use dedup_core::{Error, Result};
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
-use crate::config::{MySqlConfig, VERSIONS_TABLE};
+use crate::config::MySqlConfig;
 use crate::error::backend;
+use crate::versions;
 
 /// Migration `n` (1-based) brings the outbox tables from version `n - 1` to `n`. Never
 /// edit a released migration: append a new one. `{table}` is the quoted outbox table,
@@ -80,11 +81,11 @@ fn render(migration: &str, config: &MySqlConfig) -> String {
 /// Create or upgrade the outbox tables on `conn`, which holds the database's migration lock:
 /// the records table's [`migrate`](crate::schema) runs this as its `after` hook, once the
 /// versions table exists and the records table is current. A newer table is
-/// [`Error::SchemaTooNew`]; a table of the outbox's name that the store did not create is
+/// [`Error::SchemaTooNew`](dedup_core::Error::SchemaTooNew); a table of the outbox's name that the store did not create is
 /// refused, and nothing changes.
 pub(crate) async fn migrate_in(conn: &mut MySqlConnection, config: &MySqlConfig) -> Result<()> {
     let table = config.outbox_table_name();
-    let recorded = recorded_version(conn, &table).await?;
+    let recorded = versions::recorded(conn, &table).await?;
     let found = match recorded {
         Some(version) => version,
         None => unrecorded_version(conn, &table).await?,
@@ -96,60 +97,20 @@ pub(crate) async fn migrate_in(conn: &mut MySqlConnection, config: &MySqlConfig)
             .map_err(backend)?;
     }
     if recorded != Some(CURRENT_VERSION) {
-        sqlx::query(
-            "INSERT INTO dedup_schema_versions (table_name, version) VALUES (?, ?) \
-             ON DUPLICATE KEY UPDATE version = VALUES(version)",
-        )
-        .bind(&table)
-        .bind(i32::try_from(CURRENT_VERSION).unwrap_or(i32::MAX))
-        .execute(&mut *conn)
-        .await
-        .map_err(backend)?;
+        versions::record(conn, &table, CURRENT_VERSION).await?;
     }
     Ok(())
 }
 
 /// Check, writing nothing, that the outbox tables are at [`CURRENT_VERSION`]: missing or
-/// older is [`Error::SchemaNotMigrated`], newer [`Error::SchemaTooNew`].
+/// older is [`Error::SchemaNotMigrated`](dedup_core::Error::SchemaNotMigrated), newer [`Error::SchemaTooNew`](dedup_core::Error::SchemaTooNew).
 pub(crate) async fn check(conn: &mut MySqlConnection, config: &MySqlConfig) -> Result<()> {
     let name = config.outbox_table_name();
-    let versions: Option<i64> = sqlx::query_scalar(
-        "SELECT CAST(1 AS SIGNED) FROM information_schema.tables \
-         WHERE table_schema = DATABASE() AND table_name = ?",
-    )
-    .bind(VERSIONS_TABLE)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(backend)?;
-    let found = match versions {
-        Some(_) => recorded_version(conn, &name).await?.unwrap_or(0),
-        None => 0,
+    let found = match versions::exists(conn).await? {
+        true => versions::recorded(conn, &name).await?.unwrap_or(0),
+        false => 0,
     };
-    let table = format!("`{name}`");
-    match found.cmp(&CURRENT_VERSION) {
-        std::cmp::Ordering::Equal => Ok(()),
-        std::cmp::Ordering::Less => Err(Error::SchemaNotMigrated {
-            table,
-            found,
-            expected: CURRENT_VERSION,
-        }),
-        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
-            table,
-            found,
-            known: CURRENT_VERSION,
-        }),
-    }
-}
-
-/// The version recorded for the outbox table `table`, if any.
-async fn recorded_version(conn: &mut MySqlConnection, table: &str) -> Result<Option<i64>> {
-    let version: Option<i32> =
-        sqlx::query_scalar("SELECT version FROM dedup_schema_versions WHERE table_name = ?")
-            .bind(table)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(backend)?;
-    Ok(version.map(i64::from))
+    dedup_sql::migrate::expect_version(format!("`{name}`"), found, CURRENT_VERSION)
 }
 
 /// The version of an outbox table without a recorded version: 0 when it does not exist or

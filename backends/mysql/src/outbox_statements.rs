@@ -5,7 +5,16 @@
 //! `?` (the injected clock's milliseconds, or NULL for the server's clock). Statements over
 //! `n` rows or ids are built per call (sqlx caches each prepared text per connection).
 
+use dedup_sql::outbox::SharedStatements;
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
 use crate::statements::NOW_MS;
+
+/// A rendered statement for the shared layer. Safe: the only spliced text is the table
+/// name, validated (ASCII letters, digits, '_') and quoted.
+fn sql(text: String) -> SqlStr {
+    AssertSqlSafe(text).into_sql_str()
+}
 
 /// The outbox row columns the dialect decodes (see
 /// [`ROW_COLUMNS`](dedup_sql::outbox::ROW_COLUMNS)), qualified by `alias`.
@@ -36,15 +45,9 @@ pub(crate) struct OutboxStatements {
     /// earlier row of its key is pending or held, locked with `SKIP LOCKED`. Parameters:
     /// now (3 times), limit.
     pub(crate) take: String,
-    /// An operator's retry. Parameters: now, id.
-    pub(crate) retry: String,
-    /// Counts by state, and now. Parameter: now.
-    pub(crate) stats: String,
     /// An operator's listing. Parameters: after id, state (twice), destination (twice),
     /// limit.
     pub(crate) list: String,
-    /// One purge batch. Parameters: now, retention in ms, limit.
-    pub(crate) purge_batch: String,
     /// Record a failed publish. Parameters: error, dead, now, delay, dead, id, token, now.
     pub(crate) mark_failed: String,
 }
@@ -70,26 +73,12 @@ impl OutboxStatements {
                  FOR UPDATE SKIP LOCKED",
                 cols = row("c."),
             ),
-            retry: format!(
-                "UPDATE {table} SET state = 'pending', due_at = {NOW_MS}, attempts = 0 \
-                 WHERE id = ? AND state IN ('dead', 'pending')"
-            ),
-            stats: format!(
-                "SELECT {NOW_MS} AS now_ms, s.state, s.n, s.oldest \
-                 FROM (SELECT 1 AS one) o LEFT JOIN ( \
-                   SELECT state, COUNT(*) AS n, MIN(written_at) AS oldest \
-                   FROM {table} GROUP BY state) s ON TRUE"
-            ),
             list: format!(
                 "SELECT {cols} FROM {table} \
                  WHERE id > ? AND (? IS NULL OR state = ?) \
                    AND (? IS NULL OR destination = ?) \
                  ORDER BY id LIMIT ?",
                 cols = row(""),
-            ),
-            purge_batch: format!(
-                "DELETE FROM {table} WHERE state = 'sent' AND sent_at <= {NOW_MS} - ? \
-                 ORDER BY sent_at LIMIT ?"
             ),
             // MySQL assigns left to right: `due_at` and `state` read no column this
             // statement changes.
@@ -169,5 +158,26 @@ impl OutboxStatements {
             marks(n),
             held_by()
         )
+    }
+}
+
+/// The outbox statements whose parameters are the same on every server (see
+/// [`SharedStatements`]), for the outbox table `table` (quoted).
+pub(crate) fn shared(table: &str) -> SharedStatements {
+    SharedStatements {
+        retry: sql(format!(
+            "UPDATE {table} SET state = 'pending', due_at = {NOW_MS}, attempts = 0 \
+             WHERE id = ? AND state IN ('dead', 'pending')"
+        )),
+        stats: sql(format!(
+            "SELECT {NOW_MS} AS now_ms, s.state, s.n, s.oldest \
+             FROM (SELECT 1 AS one) o LEFT JOIN ( \
+               SELECT state, COUNT(*) AS n, MIN(written_at) AS oldest \
+               FROM {table} GROUP BY state) s ON TRUE"
+        )),
+        purge_batch: sql(format!(
+            "DELETE FROM {table} WHERE state = 'sent' AND sent_at <= {NOW_MS} - ? \
+             ORDER BY sent_at LIMIT ?"
+        )),
     }
 }

@@ -6,7 +6,7 @@ use dedup_sql::outbox::OutboxTableState;
 
 use crate::config::MySqlConfig;
 use crate::outbox_schema::keys_table_name;
-use crate::outbox_statements::OutboxStatements;
+use crate::outbox_statements::{OutboxStatements, shared};
 
 /// The outbox's tables as the store knows them.
 pub(crate) struct OutboxTable {
@@ -24,7 +24,7 @@ impl OutboxTable {
         let keys = format!("`{}`", keys_table_name(&name));
         OutboxTable {
             sql: OutboxStatements::new(&quoted, &keys),
-            table: OutboxTableState::new(quoted),
+            table: OutboxTableState::new(quoted.clone(), shared(&quoted)),
         }
     }
 }

@@ -13,7 +13,8 @@ use sqlx::{AssertSqlSafe, MySql, Row};
 
 use crate::MySqlStore;
 use crate::error::{backend, lost_race};
-use crate::statements::{BEGIN, CUTOFF_USES, retention_param};
+use crate::statements::{BEGIN, CUTOFF_USES};
+use dedup_sql::purge::retention_ms;
 
 #[async_trait]
 impl PurgeBatches for MySqlStore {
@@ -66,7 +67,7 @@ impl MySqlStore {
         for _ in 0..CUTOFF_USES {
             query = query
                 .bind(self.now_param())
-                .bind(retention_param(step.retention));
+                .bind(retention_ms(step.retention));
         }
         query.bind(cursor.claimed_from()).bind(limit)
     }

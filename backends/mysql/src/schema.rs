@@ -14,13 +14,15 @@ use dedup_sql::migrate::Migrations;
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool};
 
-use crate::config::{MySqlConfig, VERSIONS_TABLE};
+use crate::config::MySqlConfig;
 use crate::error::backend;
+use crate::versions::{self, VERSIONS_DDL};
 
 /// Migration `n` (1-based) brings a table from version `n - 1` to `n`; a missing table is
 /// created by running them all, in order. Never edit a released migration: a new layout is
-/// one more entry at the end. The README shows them as [`migrate`] runs them for the default
-/// config. `{table}` is the quoted table name.
+/// one more entry at the end. The README shows them as
+/// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs them for the default config.
+/// `{table}` is the quoted table name.
 const MIGRATIONS: &[&str] = &[
     // 1: the records table, keyed by the key's bytes, and the purge index on `claimed_at`.
     r#"CREATE TABLE IF NOT EXISTS {table} (
@@ -50,31 +52,8 @@ fn render(migration: &str, config: &MySqlConfig) -> String {
     migration.replace("{table}", &config.quoted_table())
 }
 
-/// The DDL of the versions table (idempotent).
-const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS dedup_schema_versions (\n    \
-     table_name VARCHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,\n    \
-     version    INT NOT NULL\n) ENGINE = InnoDB";
-
 /// Seconds a migrator waits for another node's migration of the same database.
 const LOCK_WAIT_SECONDS: i64 = 60;
-
-/// Create or upgrade the store's table (then the outbox's) under a named lock per database
-/// (`GET_LOCK`), so concurrent migrators take turns. The [`MIGRATIONS`] after the table's
-/// recorded version run in order; a table without a version row is adopted as version 1
-/// when it has the columns; a newer one is refused with [`Error::SchemaTooNew`] and nothing
-/// changes.
-pub(crate) async fn migrate(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> {
-    config.validate()?;
-    dedup_sql::migrate::migrate(&Inbox { pool, config }).await
-}
-
-/// Check, writing nothing, that the store's table is at the current version: for stores
-/// opened without migrating. A missing or older table is [`Error::SchemaNotMigrated`], a
-/// newer one [`Error::SchemaTooNew`].
-pub(crate) async fn check(pool: &MySqlPool, config: &MySqlConfig) -> Result<()> {
-    let mut conn = pool.acquire().await.map_err(backend)?;
-    dedup_sql::migrate::check(&Inbox { pool, config }, &mut conn).await
-}
 
 /// The migration lock's name: per database (`GET_LOCK` names are server-wide).
 async fn lock_name(conn: &mut MySqlConnection) -> Result<String> {
@@ -93,29 +72,24 @@ async fn lock_name(conn: &mut MySqlConnection) -> Result<String> {
     Ok(name.chars().take(64).collect())
 }
 
-/// The columns of the version 1 layout.
-const V1_COLUMNS: &[&str] = &[
-    "consumer",
-    "message_id",
-    "token",
-    "fence",
-    "attempt",
-    "claimed_at",
-    "expires_at",
-    "processed_at",
-    "outcome",
-    "fingerprint",
-    "first_claimed_at",
-];
-
-/// The records table's migrations on MySQL / MariaDB.
-struct Inbox<'a> {
+/// The records table's migrations on MySQL / MariaDB (run by [`dedup_sql::store::migrate`]
+/// and [`dedup_sql::store::check`]): the table (then the outbox's) created or upgraded under
+/// a named lock per database (`GET_LOCK`), so concurrent migrators take turns; a table
+/// without a version row is adopted as version 1 when it has the columns.
+pub struct Inbox<'a> {
     pool: &'a MySqlPool,
     config: &'a MySqlConfig,
 }
 
+impl<'a> Inbox<'a> {
+    /// The migrations of `config`'s table (validated) over `pool`.
+    pub(crate) fn new(pool: &'a MySqlPool, config: &'a MySqlConfig) -> Self {
+        Inbox { pool, config }
+    }
+}
+
 /// A connection holding the named migration lock.
-struct Locked {
+pub struct Locked {
     conn: PoolConnection<MySql>,
     name: String,
 }
@@ -151,8 +125,9 @@ impl Migrations for Inbox<'_> {
         render(migration, self.config)
     }
 
-    fn required_columns(&self) -> &'static [&'static str] {
-        V1_COLUMNS
+    /// The version 1 layout's columns beyond the shared ones.
+    fn more_required_columns(&self) -> &'static [&'static str] {
+        &["claimed_at", "first_claimed_at"]
     }
 
     fn adopted_version(&self, _columns: &[String]) -> i64 {
@@ -187,28 +162,14 @@ impl Migrations for Inbox<'_> {
     }
 
     async fn recorded_version(&self, conn: &mut MySqlConnection) -> Result<Option<i64>> {
-        let version: Option<i32> =
-            sqlx::query_scalar("SELECT version FROM dedup_schema_versions WHERE table_name = ?")
-                .bind(&self.config.table)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(backend)?;
-        Ok(version.map(i64::from))
+        versions::recorded(conn, &self.config.table).await
     }
 
     async fn readable_version(&self, conn: &mut MySqlConnection) -> Result<Option<i64>> {
-        let versions_exist: Option<i64> = sqlx::query_scalar(
-            "SELECT CAST(1 AS SIGNED) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = ?",
-        )
-        .bind(VERSIONS_TABLE)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(backend)?;
-        Ok(match versions_exist {
+        Ok(match versions::exists(conn).await? {
             // A role that may not read it is told by the columns instead.
-            Some(_) => self.recorded_version(conn).await.ok().flatten(),
-            None => None,
+            true => self.recorded_version(conn).await.ok().flatten(),
+            false => None,
         })
     }
 
@@ -234,16 +195,7 @@ impl Migrations for Inbox<'_> {
     }
 
     async fn record_version(&self, conn: &mut MySqlConnection, version: i64) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO dedup_schema_versions (table_name, version) VALUES (?, ?) \
-             ON DUPLICATE KEY UPDATE version = VALUES(version)",
-        )
-        .bind(&self.config.table)
-        .bind(i32::try_from(version).unwrap_or(i32::MAX))
-        .execute(&mut *conn)
-        .await
-        .map_err(backend)?;
-        Ok(())
+        versions::record(conn, &self.config.table, version).await
     }
 
     /// One entry point for both tables: the outbox's, under the same lock.
@@ -268,14 +220,13 @@ mod tests {
     #[test]
     fn readme_shows_the_schema() {
         let readme = include_str!("../README.md");
-        for (n, migration) in MIGRATIONS.iter().enumerate() {
-            let ddl = render(migration, &MySqlConfig::default());
-            assert!(
-                readme.contains(&ddl),
-                "README.md must show migration {} exactly as migrate() runs it:\n{ddl}",
-                n + 1
-            );
-        }
+        let config = MySqlConfig::default();
+        let unshown = dedup_sql::migrate::unshown(readme, MIGRATIONS, |m| render(m, &config));
+        assert!(
+            unshown.is_empty(),
+            "README.md must show every migration exactly as migrate() runs it:\n{}",
+            unshown.join("\n")
+        );
         assert!(
             readme.contains(VERSIONS_DDL),
             "README.md must show the versions table"

@@ -14,10 +14,6 @@
 //! table per statement on the bench machine, six times the cost of the one-row insert
 //! itself.
 
-use std::time::Duration;
-
-use dedup_core::duration_millis;
-
 /// "Now" in milliseconds since the Unix epoch: the bound clock `?`, else the server's
 /// clock. `UTC_TIMESTAMP(6)` is the time the statement started, in UTC whatever the
 /// session's `time_zone`; `TIMESTAMPDIFF` on it is calendar arithmetic, exact to the
@@ -57,11 +53,6 @@ pub(crate) fn row_cols(alias: &str) -> String {
         .map(|c| format!("{alias}{c}"))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// A purge's retention in milliseconds, clamped so "now - retention" cannot overflow.
-pub(crate) fn retention_param(retention: Duration) -> i64 {
-    duration_millis(retention).min(i64::MAX / 4)
 }
 
 /// `n` keys as a row-constructor list, `(consumer, message_id) IN ((?, ?), ...)`: `2 n`

@@ -6,13 +6,18 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+use async_trait::async_trait;
 use dedup_core::{Fingerprint, Key, Result, Timestamp};
+use dedup_sql::SqlStore;
+use dedup_sql::config::SqlConfig;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
 
 use crate::config::MySqlConfig;
 use crate::decode::{Stored, decode_stored, key_of};
+use crate::error::Backend;
 use crate::outbox_table::OutboxTable;
+use crate::schema::Inbox;
 use crate::statements::Statements;
 
 mod fast;
@@ -70,16 +75,7 @@ impl MySqlStore {
     /// port, user, password, database or TLS setting fails here with the server's or the
     /// operating system's error as the source and a hint in the message.
     pub async fn connect_with(url: &str, config: MySqlConfig) -> Result<Self> {
-        config.validate()?;
-        let pool = crate::connect::pool(url, &config).await?;
-        let store = Self::from_pool(pool, config).await?;
-        dedup_sql::migrate::migrate_or_check(
-            store.inner.config.migrate,
-            store.migrate(),
-            crate::schema::check(&store.inner.pool, &store.inner.config),
-        )
-        .await?;
-        Ok(store)
+        dedup_sql::store::connect_with(url, config).await
     }
 
     /// A store over an existing pool. Validates the table name; does not touch the
@@ -103,9 +99,7 @@ impl MySqlStore {
     /// them. Idempotent, and safe to run from many nodes at once (they take turns under a
     /// named lock).
     pub async fn migrate(&self) -> Result<()> {
-        crate::schema::migrate(&self.inner.pool, &self.inner.config).await?;
-        self.inner.outbox.table.migrated();
-        Ok(())
+        dedup_sql::store::migrate(self).await
     }
 
     /// The connection pool.
@@ -146,11 +140,7 @@ impl MySqlStore {
 
     /// The injected clock's time, bound for "now" (NULL: the server's clock).
     pub(crate) fn now_param(&self) -> Option<i64> {
-        self.inner
-            .config
-            .clock
-            .as_ref()
-            .map(|c| c.now().as_millis())
+        self.inner.config.now_param()
     }
 
     /// Read `keys` (distinct, in key order) on `conn` with "now"; `locking` keeps the rows
@@ -207,4 +197,35 @@ pub(crate) enum ReadError {
 /// The fingerprint as bound.
 pub(crate) fn fingerprint_param(fingerprint: Option<&Fingerprint>) -> Option<&str> {
     fingerprint.map(Fingerprint::as_str)
+}
+
+#[async_trait]
+impl SqlStore for MySqlStore {
+    type Backend = Backend;
+    type Config = MySqlConfig;
+    type Migrations<'a> = Inbox<'a>;
+
+    async fn open_pool(url: &str, config: &MySqlConfig) -> Result<MySqlPool> {
+        crate::connect::pool(url, config).await
+    }
+
+    async fn over_pool(pool: MySqlPool, config: MySqlConfig) -> Result<Self> {
+        Self::from_pool(pool, config).await
+    }
+
+    fn store_pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+
+    fn store_config(&self) -> &MySqlConfig {
+        &self.inner.config
+    }
+
+    fn migrations(&self) -> Inbox<'_> {
+        Inbox::new(&self.inner.pool, &self.inner.config)
+    }
+
+    fn tables_migrated(&self) {
+        self.inner.outbox.table.migrated();
+    }
 }

@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use dedup_core::Result;
 use dedup_core::backend::url::{
     BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, env_url,
 };
@@ -32,28 +30,25 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
 
 /// Parameters of `mysql://` and `mariadb://` URLs: dedup's own, then the driver's (passed
 /// through).
-const PARAMS: &[&str] = &[
-    "table",
-    "pool_size",
-    "acquire_timeout",
-    "clock",
-    "connect_timeout",
-    "migrate",
-    "ssl-mode",
-    "sslmode",
-    "ssl-ca",
-    "sslca",
-    "ssl-cert",
-    "sslcert",
-    "ssl-key",
-    "sslkey",
-    "charset",
-    "collation",
-    "statement-cache-capacity",
-    "socket",
-    "timezone",
-    "time-zone",
-];
+const PARAMS: &[&str] = dedup_sql::sql_params!(
+    [],
+    [
+        "ssl-mode",
+        "sslmode",
+        "ssl-ca",
+        "sslca",
+        "ssl-cert",
+        "sslcert",
+        "ssl-key",
+        "sslkey",
+        "charset",
+        "collation",
+        "statement-cache-capacity",
+        "socket",
+        "timezone",
+        "time-zone",
+    ]
+);
 
 /// What a `mysql://` or `mariadb://` URL opens: the driver's URL and the store's configuration.
 pub type MySqlTarget = SqlTarget<MySqlStore>;
@@ -75,16 +70,10 @@ fn parse(url: &UrlParts<'_>) -> std::result::Result<StoreTarget, UrlError> {
     finish::<MySqlStore>(base, params, config, ssl_mode)
 }
 
-#[async_trait]
 impl UrlStore for MySqlStore {
-    type Config = MySqlConfig;
     const TARGET: &'static str = "MySqlTarget";
 
     const DESCRIPTOR: &'static BackendDescriptor = &DESCRIPTOR;
-
-    async fn connect_with(url: &str, config: MySqlConfig) -> Result<Self> {
-        MySqlStore::connect_with(url, config).await
-    }
 
     fn outbox_store(&self) -> Arc<dyn OutboxStore> {
         Arc::new(self.outbox())

@@ -19,19 +19,19 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 use dedup_core::admin::{
-    ConsumerCounts, CountSource, Forgot, KeySummary, ListFilter, MAX_CONSUMERS, PurgeCount, Stats,
-    Status,
+    ConsumerCounts, CountSource, Forgot, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
 };
 use dedup_core::backend::{AdminStorage, Storage, attempt_from, fence_from};
 use dedup_core::{Error, Key, LeaseToken, Record, RecordState, Result, Timestamp};
+use dedup_sql::query::key_as_text;
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Postgres, Row};
 
 use crate::PostgresStore;
 use crate::counts;
 use crate::decode::decode_keyed_record;
 use crate::error::{Backend, backend};
-use crate::statements::{AdminSql as Dialect, NOW_MS, retention_param, row_cols};
+use crate::statements::{AdminSql as Dialect, NOW_MS, row_cols};
 use dedup_sql::admin;
 
 #[async_trait]
@@ -49,25 +49,13 @@ impl AdminStorage for PostgresStore {
             table = self.table(),
             status = admin::status_condition::<Dialect>(filter.status, "now.ms"),
         );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(self.now_param())
-            .bind(&filter.consumer)
-            .bind(filter.after.as_deref().unwrap_or(""))
-            .bind(i64::try_from(filter.limit).unwrap_or(i64::MAX))
-            .fetch_all(self.pool())
-            .await
-            .map_err(backend)?
-            .iter()
-            .map(decode_keyed_record)
-            .collect()
+        admin::list(self, sql, filter, key_as_text, decode_keyed_record).await
     }
 
     async fn stats(&self, top: usize) -> Result<Stats> {
         let table = self.table();
-        let columns = row_cols("");
         // `$1` is the "now" just read, so every part agrees with the counts.
         let now = AdminStorage::now(self).await?;
-        let in_flight = admin::status_condition::<Dialect>(Some(Status::InFlight), "$1");
         let mut stats = Stats::at(now);
         if counts::kept(self).await? {
             for consumer in counts::read(self, now, None).await? {
@@ -91,34 +79,20 @@ impl AdminStorage for PostgresStore {
             .fetch_one(self.pool())
             .await
             .map_err(backend)?;
-            admin::read_counts(&counts, &mut stats, backend)?;
-            stats.size_bytes = Some(admin::count_of(&counts, "size", backend)?);
+            admin::read_counts::<Postgres>(&counts, &mut stats, backend)?;
+            stats.size_bytes = Some(admin::count_of::<Postgres>(&counts, "size", backend)?);
         }
-        let oldest = sqlx::query(AssertSqlSafe(format!(
+        let columns = row_cols("");
+        let in_flight = admin::status_condition::<Dialect>(Some(Status::InFlight), "$1");
+        let oldest = format!(
             "SELECT {columns} FROM {table} WHERE {in_flight} \
              ORDER BY expires_at, consumer COLLATE \"C\", message_id COLLATE \"C\" LIMIT 1"
-        )))
-        .bind(now.as_millis())
-        .fetch_optional(self.pool())
-        .await
-        .map_err(backend)?;
-        stats.oldest_live = oldest
-            .as_ref()
-            .map(decode_keyed_record)
-            .transpose()?
-            .map(|r| KeySummary::of(&r, now));
-        let retried = sqlx::query(AssertSqlSafe(format!(
+        );
+        let retried = format!(
             "SELECT {columns} FROM {table} WHERE attempt >= 2 \
              ORDER BY attempt DESC, consumer COLLATE \"C\", message_id COLLATE \"C\" LIMIT $1"
-        )))
-        .bind(i64::try_from(top).unwrap_or(i64::MAX))
-        .fetch_all(self.pool())
-        .await
-        .map_err(backend)?
-        .iter()
-        .map(decode_keyed_record)
-        .collect::<Result<Vec<_>>>();
-        stats.most_retried = retried?.iter().map(|r| KeySummary::of(r, now)).collect();
+        );
+        admin::keys_to_watch(self, oldest, retried, top, decode_keyed_record, &mut stats).await?;
         Ok(stats)
     }
 
@@ -127,39 +101,21 @@ impl AdminStorage for PostgresStore {
         if counts::kept(self).await? {
             return counts::read(self, now, Some(MAX_CONSUMERS)).await;
         }
-        sqlx::query(AssertSqlSafe(format!(
+        let sql = format!(
             "SELECT consumer, {counts} FROM {table} \
              GROUP BY consumer ORDER BY consumer COLLATE \"C\" LIMIT {MAX_CONSUMERS}",
             counts = admin::status_counts::<Dialect>("$1"),
             table = self.table(),
-        )))
-        .bind(now.as_millis())
-        .fetch_all(self.pool())
-        .await
-        .map_err(backend)?
-        .iter()
-        .map(|row| {
-            let consumer: String = row.try_get("consumer").map_err(backend)?;
-            let mut counts = ConsumerCounts::new(consumer, now);
-            admin::read_counts(row, &mut counts.counts, backend)?;
-            Ok(counts)
+        );
+        admin::consumers::<Backend>(self.pool(), sql, now, |row| {
+            row.try_get("consumer").map_err(backend)
         })
-        .collect()
+        .await
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
-        // The purge batches' own condition and cutoff, counted.
-        let row = sqlx::query(self.statements().count_purgeable.clone())
-            .bind(self.now_param())
-            .bind(retention_param(retention))
-            .fetch_one(self.pool())
-            .await
-            .map_err(backend)?;
-        let count = |name: &str| admin::count_of(&row, name, backend);
-        Ok(PurgeCount {
-            completed: count("completed")?,
-            expired: count("expired")?,
-        })
+        let sql = self.statements().count_purgeable.clone();
+        admin::purgeable::<Backend>(self.pool(), sql, self.now_param(), retention).await
     }
 
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {

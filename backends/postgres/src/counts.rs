@@ -191,7 +191,7 @@ pub(crate) async fn read(
         .fetch_all(store.pool())
         .await
         .map_err(backend)?;
-    let (consumers, deltas) = read_rows(&rows, now, backend)?;
+    let (consumers, deltas) = read_rows::<Postgres>(&rows, now, backend)?;
     if needs_fold(deltas, consumers.len()) {
         let fold = format!(
             "SELECT \"{}\".\"{}\"()",

@@ -3,7 +3,8 @@
 //! and running DDL.
 
 use dedup_core::Result;
-use sqlx::{AssertSqlSafe, PgConnection};
+use dedup_sql::SqlDb;
+use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
 use crate::error::backend;
 
@@ -85,15 +86,26 @@ pub(crate) async fn recorded_version_of(
     schema: &str,
     table: &str,
 ) -> Result<Option<i64>> {
-    let version: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT version FROM \"{}\".{VERSIONS_TABLE} WHERE table_name = $1",
-        schema
-    )))
-    .bind(table)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(backend)?;
-    Ok(version.map(i64::from))
+    let read = format!("SELECT version FROM \"{schema}\".{VERSIONS_TABLE} WHERE table_name = $1");
+    Postgres::read_version(tx, read, table)
+        .await
+        .map_err(backend)
+}
+
+/// Record `version` as the version of `table` in `schema`'s versions table.
+pub(crate) async fn record_version_of(
+    tx: &mut PgConnection,
+    schema: &str,
+    table: &str,
+    version: i64,
+) -> Result<()> {
+    let write = format!(
+        "INSERT INTO \"{schema}\".{VERSIONS_TABLE} (table_name, version) VALUES ($1, $2) \
+         ON CONFLICT (table_name) DO UPDATE SET version = excluded.version"
+    );
+    Postgres::write_version(tx, write, table, version)
+        .await
+        .map_err(backend)
 }
 
 #[cfg(test)]

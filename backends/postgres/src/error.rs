@@ -22,6 +22,10 @@ impl SqlBackend for Backend {
 
     /// The server restarting or resolving a conflict by aborting us (serialization
     /// failure, deadlock, lock timeout).
+    fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
     fn server_asks_retry(error: &sqlx::Error) -> bool {
         match error {
             sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
@@ -77,13 +81,10 @@ mod tests {
     }
 
     #[test]
-    fn io_and_pool_errors_are_retryable() {
-        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        let e = backend(io);
-        assert!(e.is_retryable());
-        assert!(std::error::Error::source(&e).is_some(), "source kept");
-        assert!(backend(sqlx::Error::PoolTimedOut).is_retryable());
-        assert!(!backend(sqlx::Error::RowNotFound).is_retryable());
-        assert!(!backend(sqlx::Error::PoolClosed).is_retryable());
+    fn driver_errors_other_than_connection_failures_are_final() {
+        for error in [sqlx::Error::RowNotFound, sqlx::Error::PoolClosed] {
+            assert!(!Backend::server_asks_retry(&error), "{error}");
+            assert!(!backend(error).is_retryable());
+        }
     }
 }

@@ -2,14 +2,12 @@
 //! [`SqlOutbox`] engine over [`PostgresOutboxDialect`] (PostgreSQL's statements, each
 //! operation one statement, and `NOTIFY` / `LISTEN` wake-ups).
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{Error, LeaseToken, Result, duration_millis};
 use dedup_sql::outbox::{
-    OutboxDialect, OutboxTableState, SqlOutbox, StateCounts, Taken, decode_row, decode_state_counts,
+    FailedPublish, OutboxDialect, OutboxTableState, RowFilter, SqlOutbox, Taken, decode_row,
 };
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -21,7 +19,6 @@ use crate::error::{BACKEND, Backend, backend};
 use crate::outbox_schema;
 use crate::outbox_statements::OutboxStatements;
 use crate::outbox_table::OutboxTable;
-use crate::statements::retention_param;
 use crate::store::PostgresStore;
 
 /// The transactional outbox of a [`PostgresStore`] ([`PostgresStore::outbox`]), in its own
@@ -95,9 +92,10 @@ fn decode(row: &PgRow) -> Result<RawOutboxRow> {
 #[async_trait]
 impl OutboxDialect for PostgresOutboxDialect {
     type Backend = Backend;
+    type Store = PostgresStore;
 
-    fn pool(&self) -> &sqlx::PgPool {
-        self.store.pool()
+    fn store(&self) -> &PostgresStore {
+        &self.store
     }
 
     fn table(&self) -> &OutboxTableState {
@@ -194,21 +192,14 @@ impl OutboxDialect for PostgresOutboxDialect {
             .map_err(backend)
     }
 
-    async fn mark_failed(
-        &self,
-        token: &LeaseToken,
-        id: i64,
-        error: &str,
-        dead: bool,
-        delay_ms: i64,
-    ) -> Result<bool> {
+    async fn mark_failed(&self, token: &LeaseToken, failed: &FailedPublish<'_>) -> Result<bool> {
         let done = sqlx::query(self.sql().mark_failed.clone())
             .bind(self.store.now_param())
             .bind(token.to_string())
-            .bind(id)
-            .bind(error)
-            .bind(dead)
-            .bind(delay_ms)
+            .bind(failed.id)
+            .bind(failed.error)
+            .bind(failed.dead)
+            .bind(failed.delay_ms)
             .execute(self.store.pool())
             .await
             .map_err(backend)?;
@@ -226,52 +217,16 @@ impl OutboxDialect for PostgresOutboxDialect {
         Ok(done.rows_affected())
     }
 
-    async fn retry(&self, id: i64) -> Result<bool> {
-        let done = sqlx::query(self.sql().retry.clone())
-            .bind(self.store.now_param())
-            .bind(id)
-            .execute(self.store.pool())
-            .await
-            .map_err(backend)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn count_states(&self) -> Result<StateCounts> {
-        let rows = sqlx::query(self.sql().stats.clone())
-            .bind(self.store.now_param())
-            .fetch_all(self.store.pool())
-            .await
-            .map_err(backend)?;
-        decode_state_counts(&rows, backend)
-    }
-
-    async fn list(
-        &self,
-        state: Option<&'static str>,
-        destination: Option<&str>,
-        after_id: i64,
-        limit: i64,
-    ) -> Result<Vec<RawOutboxRow>> {
+    async fn list(&self, filter: &RowFilter<'_>) -> Result<Vec<RawOutboxRow>> {
         let rows = sqlx::query(self.sql().list.clone())
-            .bind(state)
-            .bind(destination)
-            .bind(after_id)
-            .bind(limit)
+            .bind(filter.state)
+            .bind(filter.destination)
+            .bind(filter.after_id)
+            .bind(filter.limit)
             .fetch_all(self.store.pool())
             .await
             .map_err(backend)?;
         rows.iter().map(decode).collect()
-    }
-
-    async fn purge_sent(&self, retention: Duration, limit: i64) -> Result<u64> {
-        let done = sqlx::query(self.sql().purge_batch.clone())
-            .bind(self.store.now_param())
-            .bind(retention_param(retention))
-            .bind(limit)
-            .execute(self.store.pool())
-            .await
-            .map_err(backend)?;
-        Ok(done.rows_affected())
     }
 
     /// A `LISTEN` on [`channel`](Self::channel) over a connection of its own, as a stream

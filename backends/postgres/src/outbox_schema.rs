@@ -2,11 +2,11 @@
 //! per table in `dedup_schema_versions`) and run by the same [`migrate`](crate::schema)
 //! under the same advisory lock.
 
-use dedup_core::{Error, Result};
-use sqlx::{AssertSqlSafe, PgConnection};
+use dedup_core::Result;
+use sqlx::PgConnection;
 
 use crate::config::PostgresConfig;
-use crate::ddl::{VERSIONS_TABLE, execute, recorded_version_of, render_table};
+use crate::ddl::{VERSIONS_TABLE, execute, record_version_of, recorded_version_of, render_table};
 use crate::error::backend;
 
 /// Migration `n` (1-based) brings the outbox table from version `n - 1` to `n`. Never edit
@@ -42,42 +42,25 @@ pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Create or upgrade the outbox table inside `migrate`'s transaction (which holds the
 /// schema's migration lock and created the versions table). A newer table is
-/// [`Error::SchemaTooNew`]; a table of that name the store did not create makes the
+/// [`Error::SchemaTooNew`](dedup_core::Error::SchemaTooNew); a table of that name the store did not create makes the
 /// `CREATE TABLE` fail instead of being adopted.
 pub(crate) async fn migrate_in(tx: &mut PgConnection, config: &PostgresConfig) -> Result<()> {
     let table = config.outbox_table_name();
     let found = recorded_version_of(tx, &config.schema, &table)
         .await?
         .unwrap_or(0);
-    let pending = usize::try_from(found)
-        .ok()
-        .and_then(|done| MIGRATIONS.get(done..))
-        .ok_or_else(|| Error::SchemaTooNew {
-            table: config.qualified_outbox_table(),
-            found,
-            known: CURRENT_VERSION,
-        })?;
+    let pending = dedup_sql::migrate::pending(MIGRATIONS, found, &config.qualified_outbox_table())?;
     if pending.is_empty() {
         return Ok(());
     }
     for migration in pending {
         execute(tx, render_table(migration, &config.schema, &table)).await?;
     }
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO \"{}\".{VERSIONS_TABLE} (table_name, version) VALUES ($1, $2) \
-         ON CONFLICT (table_name) DO UPDATE SET version = excluded.version",
-        config.schema
-    )))
-    .bind(&table)
-    .bind(i32::try_from(CURRENT_VERSION).unwrap_or(i32::MAX))
-    .execute(&mut *tx)
-    .await
-    .map_err(backend)?;
-    Ok(())
+    record_version_of(tx, &config.schema, &table, CURRENT_VERSION).await
 }
 
 /// Check, writing nothing, that the outbox table is at [`CURRENT_VERSION`]: missing or
-/// older is [`Error::SchemaNotMigrated`], newer [`Error::SchemaTooNew`].
+/// older is [`Error::SchemaNotMigrated`](dedup_core::Error::SchemaNotMigrated), newer [`Error::SchemaTooNew`](dedup_core::Error::SchemaTooNew).
 pub(crate) async fn check(conn: &mut PgConnection, config: &PostgresConfig) -> Result<()> {
     let versions: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
@@ -94,20 +77,7 @@ pub(crate) async fn check(conn: &mut PgConnection, config: &PostgresConfig) -> R
             .unwrap_or(0),
         false => 0,
     };
-    let table = config.qualified_outbox_table();
-    match found.cmp(&CURRENT_VERSION) {
-        std::cmp::Ordering::Equal => Ok(()),
-        std::cmp::Ordering::Less => Err(Error::SchemaNotMigrated {
-            table,
-            found,
-            expected: CURRENT_VERSION,
-        }),
-        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
-            table,
-            found,
-            known: CURRENT_VERSION,
-        }),
-    }
+    dedup_sql::migrate::expect_version(config.qualified_outbox_table(), found, CURRENT_VERSION)
 }
 
 #[cfg(test)]

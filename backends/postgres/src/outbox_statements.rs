@@ -4,6 +4,7 @@
 //! spliced in, every value is a bind parameter, and each statement that reads the clock
 //! takes it as `$1` ([`NOW_MS`]: the injected clock, or the server's).
 
+use dedup_sql::outbox::SharedStatements;
 use sqlx::SqlStr;
 
 use crate::statements::{NOW_MS, sql};
@@ -35,14 +36,8 @@ pub(crate) struct OutboxStatements {
     pub(crate) mark_failed: SqlStr,
     /// Hand held rows back.
     pub(crate) hand_back: SqlStr,
-    /// An operator's retry.
-    pub(crate) retry: SqlStr,
-    /// Counts by state.
-    pub(crate) stats: SqlStr,
     /// An operator's listing.
     pub(crate) list: SqlStr,
-    /// One purge batch.
-    pub(crate) purge_batch: SqlStr,
 }
 
 impl OutboxStatements {
@@ -144,17 +139,6 @@ impl OutboxStatements {
                      attempts = greatest(t.attempts - 1, 0) \
                  FROM {now} WHERE t.id = ANY($3::bigint[]) AND {held_by}"
             )),
-            // $2 id.
-            retry: sql(format!(
-                "UPDATE {table} t SET state = 'pending', due_at = now.ms, attempts = 0 \
-                 FROM {now} WHERE t.id = $2 AND t.state IN ('dead', 'pending')"
-            )),
-            stats: sql(format!(
-                "SELECT now.ms AS now_ms, s.state, s.n, s.oldest \
-                 FROM {now} LEFT JOIN ( \
-                   SELECT state, count(*) AS n, min(written_at) AS oldest \
-                   FROM {table} GROUP BY state) s ON true"
-            )),
             // $1 state or NULL, $2 destination or NULL, $3 after id, $4 limit.
             list: sql(format!(
                 "SELECT {cols} FROM {table} \
@@ -163,13 +147,32 @@ impl OutboxStatements {
                  ORDER BY id LIMIT $4",
                 cols = row(""),
             )),
-            // $2 retention in ms, $3 limit.
-            purge_batch: sql(format!(
-                "DELETE FROM {table} WHERE id IN ( \
-                   SELECT id FROM {table} \
-                   WHERE state = 'sent' AND sent_at <= (SELECT {NOW_MS}) - $2::bigint \
-                   ORDER BY sent_at LIMIT $3 FOR UPDATE SKIP LOCKED)"
-            )),
         }
+    }
+}
+
+/// The outbox statements whose parameters are the same on every server (see
+/// [`SharedStatements`]), for the outbox table `table` (`"schema"."table"`, quoted).
+pub(crate) fn shared(table: &str) -> SharedStatements {
+    let now = format!("(SELECT {NOW_MS} AS ms) now");
+    SharedStatements {
+        // $2 id.
+        retry: sql(format!(
+            "UPDATE {table} t SET state = 'pending', due_at = now.ms, attempts = 0 \
+             FROM {now} WHERE t.id = $2 AND t.state IN ('dead', 'pending')"
+        )),
+        stats: sql(format!(
+            "SELECT now.ms AS now_ms, s.state, s.n, s.oldest \
+             FROM {now} LEFT JOIN ( \
+               SELECT state, count(*) AS n, min(written_at) AS oldest \
+               FROM {table} GROUP BY state) s ON true"
+        )),
+        // $2 retention in ms, $3 limit.
+        purge_batch: sql(format!(
+            "DELETE FROM {table} WHERE id IN ( \
+               SELECT id FROM {table} \
+               WHERE state = 'sent' AND sent_at <= (SELECT {NOW_MS}) - $2::bigint \
+               ORDER BY sent_at LIMIT $3 FOR UPDATE SKIP LOCKED)"
+        )),
     }
 }

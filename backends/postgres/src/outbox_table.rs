@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use dedup_sql::outbox::OutboxTableState;
 
 use crate::config::PostgresConfig;
-use crate::outbox_statements::OutboxStatements;
+use crate::outbox_statements::{OutboxStatements, shared};
 
 /// At most one `NOTIFY` per this interval per store (see
 /// [`PostgresOutboxDialect`](crate::PostgresOutboxDialect)'s `enqueue`).
@@ -36,7 +36,7 @@ impl OutboxTable {
         OutboxTable {
             sql: OutboxStatements::new(&qualified),
             channel: if full.len() <= 63 { full } else { name },
-            table: OutboxTableState::new(qualified),
+            table: OutboxTableState::new(qualified.clone(), shared(&qualified)),
             last_notify_ms: AtomicU64::new(0),
             epoch: Instant::now(),
         }

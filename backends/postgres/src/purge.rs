@@ -10,7 +10,7 @@ use dedup_sql::purge::Cursor;
 
 use crate::PostgresStore;
 use crate::error::backend;
-use crate::statements::retention_param;
+use dedup_sql::purge::retention_ms;
 
 #[async_trait]
 impl PurgeBatches for PostgresStore {
@@ -24,7 +24,7 @@ impl PurgeBatches for PostgresStore {
         let started = Instant::now();
         let rows = sqlx::query(self.statements().purge_batch.clone())
             .bind(self.now_param())
-            .bind(retention_param(step.retention))
+            .bind(retention_ms(step.retention))
             .bind(limit)
             .bind(cursor.claimed_from())
             .fetch_all(&mut *conn)

@@ -6,10 +6,13 @@
 use async_trait::async_trait;
 use dedup_core::Result;
 use dedup_sql::migrate::Migrations;
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::config::PostgresConfig;
-use crate::ddl::{VERSIONS_TABLE, execute, fnv1a, recorded_version_of, render_table, versions_ddl};
+use crate::ddl::{
+    VERSIONS_TABLE, execute, fnv1a, record_version_of, recorded_version_of, render_table,
+    versions_ddl,
+};
 use crate::error::backend;
 
 /// The advisory lock key that serialises migrations of one schema across nodes.
@@ -19,8 +22,8 @@ pub(crate) fn lock_key(schema: &str) -> i64 {
 
 /// Migration `n` (1-based) brings a table from version `n - 1` to `n`; a missing table is
 /// created by running them all, in order. Never edit a released migration: a new layout is
-/// one more entry at the end. The README shows them as [`migrate`] runs them for the default
-/// config.
+/// one more entry at the end. The README shows them as
+/// [`PostgresStore::migrate`](crate::PostgresStore::migrate) runs them for the default config.
 ///
 /// Placeholders, filled in by [`render_table`]: `{table}` the quoted, schema-qualified
 /// table, `{schema}` the schema's name, `{<name>_idx}` an index name.
@@ -71,47 +74,23 @@ fn render(migration: &str, config: &PostgresConfig) -> String {
     render_table(migration, &config.schema, &config.table)
 }
 
-/// Create or upgrade the store's table (then the outbox's), in one transaction under an
-/// advisory lock per schema: `CREATE ... IF NOT EXISTS` alone can still fail when two
-/// nodes race (a unique violation on the catalog), so concurrent migrators take turns
-/// instead.
-///
-/// The table's version is kept in `"schema".dedup_schema_versions`. The [`MIGRATIONS`]
-/// after the table's version run in order: a missing table (version 0) gets them all, an
-/// older one the ones it lacks, its records kept; a table without a version row is adopted
-/// as version 1 or 2 by its columns (tables created before versions were recorded); a newer
-/// one is refused with [`Error::SchemaTooNew`](dedup_core::Error::SchemaTooNew) and nothing changes.
-pub(crate) async fn migrate(pool: &PgPool, config: &PostgresConfig) -> Result<()> {
-    config.validate()?;
-    dedup_sql::migrate::migrate(&Inbox { pool, config }).await
-}
-
-/// Check, writing nothing, that the store's table is at the current version: for stores
-/// opened without migrating. A missing or older table is [`Error::SchemaNotMigrated`](dedup_core::Error::SchemaNotMigrated), a
-/// newer one [`Error::SchemaTooNew`](dedup_core::Error::SchemaTooNew). The version is read from the versions table when it
-/// exists and the role may read it, else told by the table's columns.
-pub(crate) async fn check(pool: &PgPool, config: &PostgresConfig) -> Result<()> {
-    let mut conn = pool.acquire().await.map_err(backend)?;
-    dedup_sql::migrate::check(&Inbox { pool, config }, &mut conn).await
-}
-
-/// The columns every dedup-postgres layout has had (version 1 and later).
-const V1_COLUMNS: &[&str] = &[
-    "consumer",
-    "message_id",
-    "token",
-    "fence",
-    "attempt",
-    "expires_at",
-    "processed_at",
-    "outcome",
-    "fingerprint",
-];
-
-/// The records table's migrations on PostgreSQL.
-struct Inbox<'a> {
+/// The records table's migrations on PostgreSQL (run by [`dedup_sql::store::migrate`] and
+/// [`dedup_sql::store::check`]): the table (then the outbox's) created or upgraded in one
+/// transaction under an advisory lock per schema. `CREATE ... IF NOT EXISTS` alone can
+/// still fail when two nodes race (a unique violation on the catalog), so concurrent
+/// migrators take turns instead. The table's version is kept in
+/// `"schema".dedup_schema_versions`; a table without a version row is adopted as version 1
+/// or 2 by its columns (tables created before versions were recorded).
+pub struct Inbox<'a> {
     pool: &'a PgPool,
     config: &'a PostgresConfig,
+}
+
+impl<'a> Inbox<'a> {
+    /// The migrations of `config`'s table (validated) over `pool`.
+    pub(crate) fn new(pool: &'a PgPool, config: &'a PostgresConfig) -> Self {
+        Inbox { pool, config }
+    }
 }
 
 #[async_trait]
@@ -130,10 +109,6 @@ impl Migrations for Inbox<'_> {
 
     fn render(&self, migration: &str) -> String {
         render(migration, self.config)
-    }
-
-    fn required_columns(&self) -> &'static [&'static str] {
-        V1_COLUMNS
     }
 
     /// Version 2 added `claimed_at`.
@@ -212,17 +187,7 @@ impl Migrations for Inbox<'_> {
     }
 
     async fn record_version(&self, tx: &mut PgConnection, version: i64) -> Result<()> {
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO \"{}\".{VERSIONS_TABLE} (table_name, version) VALUES ($1, $2) \
-             ON CONFLICT (table_name) DO UPDATE SET version = excluded.version",
-            self.config.schema
-        )))
-        .bind(&self.config.table)
-        .bind(i32::try_from(version).unwrap_or(i32::MAX))
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
-        Ok(())
+        record_version_of(tx, &self.config.schema, &self.config.table, version).await
     }
 
     /// One entry point for both tables: the outbox's, under the same lock.
@@ -243,15 +208,15 @@ mod tests {
 
     #[test]
     fn readme_shows_the_schema() {
-        let readme = include_str!("../README.md");
-        for (n, migration) in MIGRATIONS.iter().enumerate() {
-            let ddl = render(migration, &PostgresConfig::default());
-            assert!(
-                readme.contains(&ddl),
-                "README.md must show migration {} exactly as migrate() runs it:\n{ddl}",
-                n + 1
-            );
-        }
+        let config = PostgresConfig::default();
+        let rendered = |m: &str| render(m, &config);
+        let unshown =
+            dedup_sql::migrate::unshown(include_str!("../README.md"), MIGRATIONS, rendered);
+        assert!(
+            unshown.is_empty(),
+            "README.md must show every migration exactly as migrate() runs it:\n{}",
+            unshown.join("\n")
+        );
     }
 
     #[test]

@@ -13,9 +13,7 @@
 //! did not write, the store then reads the stored records with [`Statements::read_one`] /
 //! [`Statements::read_many`], as of that read's snapshot.
 
-use std::time::Duration;
-
-use dedup_core::duration_millis;
+use dedup_sql::migrate::RECORD_COLUMNS;
 use sqlx::{AssertSqlSafe, SqlStr};
 
 /// "Now" in milliseconds since the Unix epoch: the bound clock `$1`, else the server's clock.
@@ -44,26 +42,18 @@ fn now_cte() -> String {
     format!("now AS (SELECT {NOW_MS} AS ms)")
 }
 
-/// The record's columns after the key, in the order [`crate::decode`] decodes them.
+/// The record's columns after the key, in the order [`crate::decode`] decodes them: those
+/// every layout has had ([`RECORD_COLUMNS`], the token as text), then the later ones.
 fn record_cols(alias: &str) -> String {
-    [
-        "token::text",
-        "fence",
-        "attempt",
-        "expires_at",
-        "processed_at",
-        "outcome",
-        "fingerprint",
-        "first_claimed_at",
-        "last_failure",
-    ]
-    .iter()
-    .map(|c| {
-        let name = c.trim_end_matches("::text");
-        format!("{alias}{c} AS {name}")
-    })
-    .collect::<Vec<_>>()
-    .join(", ")
+    RECORD_COLUMNS[2..]
+        .iter()
+        .chain(&["first_claimed_at", "last_failure"])
+        .map(|c| match *c {
+            "token" => format!("{alias}token::text AS token"),
+            _ => format!("{alias}{c} AS {c}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The key and record columns, qualified by `alias` (`""` or `"r."`), named as
@@ -85,14 +75,8 @@ const TAKEOVER_WHERE: &str = "r.processed_at IS NULL \
           OR r.fingerprint = excluded.fingerprint)";
 
 /// A purge's cutoff: "now" (the `now` relation) less the retention in milliseconds, `$2`
-/// (bound as [`retention_param`]).
+/// (bound as [`retention_ms`](dedup_sql::purge::retention_ms)).
 const PURGE_CUTOFF: &str = "(SELECT ms FROM now) - $2::bigint";
-
-/// A purge's retention as the `$2` of [`PURGE_CUTOFF`], in milliseconds. Clamped so "now -
-/// retention" cannot overflow in SQL; no real retention is near the clamp.
-pub(crate) fn retention_param(retention: Duration) -> i64 {
-    duration_millis(retention).min(i64::MAX / 4)
-}
 
 /// Which records are purgeable at [`PURGE_CUTOFF`]: completed before it, or in flight with a
 /// lease that expired before it. `claimed_at` comes first, for its index: a record is
@@ -406,7 +390,18 @@ impl Statements {
 
 #[cfg(test)]
 mod tests {
-    use super::NOW_MS;
+    use super::{NOW_MS, record_cols};
+
+    #[test]
+    fn record_columns_are_selected_in_decoding_order() {
+        assert_eq!(
+            record_cols("r."),
+            "r.token::text AS token, r.fence AS fence, r.attempt AS attempt, \
+             r.expires_at AS expires_at, r.processed_at AS processed_at, r.outcome AS outcome, \
+             r.fingerprint AS fingerprint, r.first_claimed_at AS first_claimed_at, \
+             r.last_failure AS last_failure"
+        );
+    }
 
     /// The double-based "now" gives the millisecond the exact numeric computation gives, for
     /// times spread over the microseconds and for whole milliseconds (where a double falling

@@ -6,13 +6,17 @@
 use std::fmt;
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use dedup_core::{Claim, ClaimRequest, CommitRequest, Result};
+use dedup_sql::SqlStore;
+use dedup_sql::config::SqlConfig;
 use sqlx::{PgPool, SqlStr};
 
 use crate::config::PostgresConfig;
-use crate::error::backend;
+use crate::error::{Backend, backend};
 use crate::group::Grouper;
 use crate::outbox_table::OutboxTable;
+use crate::schema::Inbox;
 use crate::statements::Statements;
 
 mod claim_commit;
@@ -74,16 +78,7 @@ impl PostgresStore {
     /// port, role, password, database or TLS setting fails here with the server's or the
     /// operating system's error as the source and a hint in the message.
     pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self> {
-        config.validate()?;
-        let pool = crate::connect::pool(url, &config).await?;
-        let store = Self::from_pool(pool, config).await?;
-        dedup_sql::migrate::migrate_or_check(
-            store.inner.config.migrate,
-            store.migrate(),
-            crate::schema::check(&store.inner.pool, &store.inner.config),
-        )
-        .await?;
-        Ok(store)
+        dedup_sql::store::connect_with(url, config).await
     }
 
     /// A store over an existing pool. Validates the names; does not touch the database
@@ -110,9 +105,7 @@ impl PostgresStore {
     /// Create the schema, the records and outbox tables and their indexes when missing. Idempotent, and safe to run from
     /// many nodes at once (they take turns under an advisory lock).
     pub async fn migrate(&self) -> Result<()> {
-        crate::schema::migrate(&self.inner.pool, &self.inner.config).await?;
-        self.inner.outbox.table.migrated();
-        Ok(())
+        dedup_sql::store::migrate(self).await
     }
 
     /// A handle on the same store (pool, table, queues) whose lease-mode claims
@@ -167,11 +160,7 @@ impl PostgresStore {
 
     /// The injected clock's time, bound as `$1` (NULL: the server's clock).
     pub(crate) fn now_param(&self) -> Option<i64> {
-        self.inner
-            .config
-            .clock
-            .as_ref()
-            .map(|c| c.now().as_millis())
+        self.inner.config.now_param()
     }
 
     async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>> {
@@ -180,5 +169,36 @@ impl PostgresStore {
         // move: a third of the client's instructions per claim+commit went to that memcpy
         // (callgrind). One allocation per acquire is far cheaper.
         Box::pin(self.inner.pool.acquire()).await.map_err(backend)
+    }
+}
+
+#[async_trait]
+impl SqlStore for PostgresStore {
+    type Backend = Backend;
+    type Config = PostgresConfig;
+    type Migrations<'a> = Inbox<'a>;
+
+    async fn open_pool(url: &str, config: &PostgresConfig) -> Result<PgPool> {
+        crate::connect::pool(url, config).await
+    }
+
+    async fn over_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
+        Self::from_pool(pool, config).await
+    }
+
+    fn store_pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    fn store_config(&self) -> &PostgresConfig {
+        &self.inner.config
+    }
+
+    fn migrations(&self) -> Inbox<'_> {
+        Inbox::new(&self.inner.pool, &self.inner.config)
+    }
+
+    fn tables_migrated(&self) {
+        self.inner.outbox.table.migrated();
     }
 }

@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use dedup_core::Result;
 use dedup_core::backend::url::{
     BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, count, env_url, invalid, on_off,
 };
@@ -28,31 +26,27 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
 };
 
 /// Parameters of `postgres://` URLs: dedup's own, then the driver's (passed through).
-const PARAMS: &[&str] = &[
-    "schema",
-    "table",
-    "pool_size",
-    "acquire_timeout",
-    "clock",
-    "connect_timeout",
-    "migrate",
-    "group_commit",
-    "group_commit_rounds",
-    "group_commit_max",
-    "sslmode",
-    "sslrootcert",
-    "sslcert",
-    "sslkey",
-    "application_name",
-    "options",
-    "host",
-    "hostaddr",
-    "port",
-    "dbname",
-    "user",
-    "password",
-    "statement-cache-capacity",
-];
+const PARAMS: &[&str] = dedup_sql::sql_params!(
+    ["schema"],
+    [
+        "group_commit",
+        "group_commit_rounds",
+        "group_commit_max",
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "application_name",
+        "options",
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "statement-cache-capacity",
+    ]
+);
 
 /// What a `postgres://` URL opens: the driver's URL and the store's configuration.
 pub type PostgresTarget = SqlTarget<PostgresStore>;
@@ -103,16 +97,10 @@ fn group_commit(params: &mut Params) -> std::result::Result<Option<GroupCommit>,
     Ok(Some(group))
 }
 
-#[async_trait]
 impl UrlStore for PostgresStore {
-    type Config = PostgresConfig;
     const TARGET: &'static str = "PostgresTarget";
 
     const DESCRIPTOR: &'static BackendDescriptor = &DESCRIPTOR;
-
-    async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self> {
-        PostgresStore::connect_with(url, config).await
-    }
 
     fn outbox_store(&self) -> Arc<dyn OutboxStore> {
         Arc::new(self.outbox())

@@ -1,15 +1,26 @@
 //! The operator's reads ([`AdminStorage`](dedup_core::backend::AdminStorage)) both sqlx
 //! backends share: the conditions selecting records by [`Status`], the counts per status in
-//! one aggregate row, and reading those counts back. A backend supplies how its SQL tests
-//! an outcome's prefix and counts rows ([`AdminDialect`]).
+//! one aggregate row, reading those counts back, and running a backend's read statements
+//! (the records a listing selects, the keys to watch, the counts per consumer, the
+//! purgeable counts). A backend supplies how its SQL tests an outcome's prefix and counts
+//! rows ([`AdminDialect`]), its statements and its record decoding.
 
-use dedup_core::admin::{Stats, Status};
+use std::time::Duration;
+
+use dedup_core::admin::{ConsumerCounts, KeySummary, ListFilter, PurgeCount, Stats, Status};
 use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
-use dedup_core::{Error, Result, Timestamp};
-use sqlx::{ColumnIndex, Decode, Pool, Row, Type};
+use dedup_core::{Error, Record, Result, Timestamp};
+use sqlx::{AssertSqlSafe, Pool, SqlStr};
 
+use crate::config::SqlConfig;
+pub use crate::error::RowOf;
 use crate::error::SqlBackend;
-use crate::query::SqlDb;
+use crate::purge::retention_ms;
+use crate::query::{Param, SqlDb};
+use crate::store::SqlStore;
+
+/// How a backend decodes a record (with its key) from a row of its record columns.
+pub type DecodeRecord<B> = fn(&RowOf<B>) -> Result<Record>;
 
 /// What differs in one backend's SQL for the admin reads.
 pub trait AdminDialect {
@@ -78,27 +89,133 @@ pub fn status_counts<D: AdminDialect>(now: &str) -> String {
 }
 
 /// The counts of [`status_counts`] in `row`, into `stats`; `error` maps a driver error.
-pub fn read_counts<R>(row: &R, stats: &mut Stats, error: fn(sqlx::Error) -> Error) -> Result<()>
-where
-    R: Row,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'n> &'n str: ColumnIndex<R>,
-{
+pub fn read_counts<DB: SqlDb>(
+    row: &DB::Row,
+    stats: &mut Stats,
+    error: fn(sqlx::Error) -> Error,
+) -> Result<()> {
     for (i, status) in Status::ALL.iter().enumerate() {
-        *stats.count_mut(*status) = count_of(row, &format!("n{i}"), error)?;
+        *stats.count_mut(*status) = count_of::<DB>(row, &format!("n{i}"), error)?;
     }
     Ok(())
 }
 
 /// The count in column `name` of `row` (a negative one, which no count is, as 0).
-pub fn count_of<R>(row: &R, name: &str, error: fn(sqlx::Error) -> Error) -> Result<u64>
-where
-    R: Row,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'n> &'n str: ColumnIndex<R>,
-{
-    let n: i64 = row.try_get(name).map_err(error)?;
+pub fn count_of<DB: SqlDb>(
+    row: &DB::Row,
+    name: &str,
+    error: fn(sqlx::Error) -> Error,
+) -> Result<u64> {
+    let n = DB::get_i64(row, name).map_err(error)?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// The records `statement` selects with `params`, each decoded by `decode`.
+pub async fn records<B: SqlBackend>(
+    pool: &Pool<B::Db>,
+    statement: String,
+    params: &[Param<'_>],
+    decode: DecodeRecord<B>,
+) -> Result<Vec<Record>> {
+    B::Db::fetch_all(pool, AssertSqlSafe(statement), params)
+        .await
+        .map_err(B::error)?
+        .iter()
+        .map(decode)
+        .collect()
+}
+
+/// The records of an operator's listing on `store`: those `statement` selects with its
+/// parameters the store's "now", the filter's consumer, the message id to start after
+/// (bound by `key`: as text, or as bytes where the backend compares keys byte for byte)
+/// and the filter's limit.
+pub async fn list<S: SqlStore>(
+    store: &S,
+    statement: String,
+    filter: &ListFilter,
+    key: for<'k> fn(&'k str) -> Param<'k>,
+    decode: DecodeRecord<S::Backend>,
+) -> Result<Vec<Record>> {
+    let params = [
+        Param::Int(store.store_config().now_param()),
+        Param::Text(Some(&filter.consumer)),
+        key(filter.after.as_deref().unwrap_or("")),
+        Param::Int(Some(i64::try_from(filter.limit).unwrap_or(i64::MAX))),
+    ];
+    records::<S::Backend>(store.store_pool(), statement, &params, decode).await
+}
+
+/// The keys an operator looks at first on `store`, into `stats` at its `now`: the oldest
+/// live lease (the first record `oldest` selects, its one parameter "now") and the `top`
+/// most retried (the records `retried` selects, its one parameter the limit).
+pub async fn keys_to_watch<S: SqlStore>(
+    store: &S,
+    oldest: String,
+    retried: String,
+    top: usize,
+    decode: DecodeRecord<S::Backend>,
+    stats: &mut Stats,
+) -> Result<()> {
+    let pool = store.store_pool();
+    let now = stats.now;
+    let at = [Param::Int(Some(now.as_millis()))];
+    let oldest = <S::Backend as SqlBackend>::Db::fetch_optional(pool, AssertSqlSafe(oldest), &at)
+        .await
+        .map_err(<S::Backend as SqlBackend>::error)?;
+    stats.oldest_live = oldest
+        .as_ref()
+        .map(decode)
+        .transpose()?
+        .map(|r| KeySummary::of(&r, now));
+    let limit = [Param::Int(Some(i64::try_from(top).unwrap_or(i64::MAX)))];
+    let retried = records::<S::Backend>(pool, retried, &limit, decode).await?;
+    stats.most_retried = retried.iter().map(|r| KeySummary::of(r, now)).collect();
+    Ok(())
+}
+
+/// The counts per status of each consumer at `now`, at most
+/// [`MAX_CONSUMERS`](dedup_core::admin::MAX_CONSUMERS) (the statement's limit): the rows of
+/// `statement` (its one parameter "now"; its columns `consumer`, read by `consumer`, and
+/// [`status_counts`]).
+pub async fn consumers<B: SqlBackend>(
+    pool: &Pool<B::Db>,
+    statement: String,
+    now: Timestamp,
+    consumer: fn(&RowOf<B>) -> Result<String>,
+) -> Result<Vec<ConsumerCounts>> {
+    let at = [Param::Int(Some(now.as_millis()))];
+    B::Db::fetch_all(pool, AssertSqlSafe(statement), &at)
+        .await
+        .map_err(B::error)?
+        .iter()
+        .map(|row| {
+            let mut counts = ConsumerCounts::new(consumer(row)?, now);
+            read_counts::<B::Db>(row, &mut counts.counts, B::error)?;
+            Ok(counts)
+        })
+        .collect()
+}
+
+/// What a purge with `retention` would remove now: the purge batches' own condition and
+/// cutoff, counted by `statement` (its parameters the store's "now", `clock_ms`, and the
+/// retention in ms; its columns `completed` and `expired`).
+pub async fn purgeable<B: SqlBackend>(
+    pool: &Pool<B::Db>,
+    statement: SqlStr,
+    clock_ms: Option<i64>,
+    retention: Duration,
+) -> Result<PurgeCount> {
+    let params = [
+        Param::Int(clock_ms),
+        Param::Int(Some(retention_ms(retention))),
+    ];
+    let row = B::Db::fetch_one(pool, statement, &params)
+        .await
+        .map_err(B::error)?;
+    Ok(PurgeCount {
+        completed: count_of::<B::Db>(&row, "completed", B::error)?,
+        expired: count_of::<B::Db>(&row, "expired", B::error)?,
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,9 @@ use dedup_core::{Clock, Error, Result};
 /// The records table's default name.
 pub const DEFAULT_TABLE: &str = "dedup_inbox";
 
+/// A configuration's injected clock.
+pub type SharedClock = Arc<dyn Clock>;
+
 /// The shared settings of a configuration, borrowed mutably.
 pub struct SettingsMut<'a> {
     /// The records table.
@@ -40,6 +43,8 @@ pub struct Settings<'a> {
     pub acquire_timeout: Duration,
     /// How long the first connection may take.
     pub connect_timeout: Duration,
+    /// Whether connecting creates or upgrades the tables (else it only checks them).
+    pub migrate: bool,
 }
 
 /// A sqlx backend's configuration as the shared layer sees it. Implement it with
@@ -54,6 +59,15 @@ pub trait SqlConfig: Default {
 
     /// The shared settings, borrowed mutably.
     fn settings_mut(&mut self) -> SettingsMut<'_>;
+
+    /// The injected clock (`None`: the server's).
+    fn clock(&self) -> Option<&SharedClock>;
+
+    /// The injected clock's reading in ms since the Unix epoch, as the statements bind
+    /// "now" (`None`, bound as `NULL`: the server's clock).
+    fn now_param(&self) -> Option<i64> {
+        self.clock().map(|c| c.now().as_millis())
+    }
 
     /// Check the shared settings: the table names (spliced into SQL, quoted), the outbox
     /// table apart from the store's other tables, the timeouts not zero.
@@ -112,6 +126,37 @@ pub trait SqlConfig: Default {
     }
 }
 
+/// A store's whole configuration, as [`SqlTarget`](crate::target::SqlTarget) and
+/// [`SqlStore`](crate::SqlStore) use it: the shared settings and the backend's own.
+pub trait TargetConfig: SqlConfig + Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// Where the records are kept, for people (`table public.dedup_inbox`).
+    fn location(&self) -> String;
+
+    /// Check the whole configuration (the backend's `validate`).
+    fn check(&self) -> Result<()>;
+}
+
+/// A backend's list of URL parameters: `$first` (its own that come first), the ones every
+/// sqlx store takes ([`SqlConfig::from_params`]: `table`, `pool_size`, `acquire_timeout`,
+/// `clock`, `connect_timeout`, `migrate`), then `$rest` (its own, then the driver's), as a
+/// `&'static [&'static str]` for `Params::parse` (which names them, in this order, when it
+/// refuses an unknown one).
+#[macro_export]
+macro_rules! sql_params {
+    ([$($first:literal),* $(,)?], [$($rest:literal),* $(,)?]) => {
+        &[
+            $($first,)*
+            "table",
+            "pool_size",
+            "acquire_timeout",
+            "clock",
+            "connect_timeout",
+            "migrate",
+            $($rest,)*
+        ]
+    };
+}
+
 /// Implement [`SqlConfig`] for a backend's configuration `$config` (a struct with the
 /// shared fields, see [`SqlConfig`]) whose versions table is `$versions`, and give it the
 /// shared builders (`with_acquire_timeout`, `with_max_connections`) and
@@ -129,7 +174,12 @@ macro_rules! sql_config {
                     outbox_table: self.outbox_table.as_deref(),
                     acquire_timeout: self.acquire_timeout,
                     connect_timeout: self.connect_timeout,
+                    migrate: self.migrate,
                 }
+            }
+
+            fn clock(&self) -> Option<&$crate::config::SharedClock> {
+                self.clock.as_ref()
             }
 
             fn settings_mut(&mut self) -> $crate::config::SettingsMut<'_> {

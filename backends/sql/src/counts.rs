@@ -13,9 +13,9 @@
 
 use dedup_core::admin::{ConsumerCounts, Status};
 use dedup_core::{Error, Result, Timestamp};
-use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::admin::{AdminDialect, count_of, read_counts, status_condition};
+use crate::query::SqlDb;
 
 /// The kept classes, in the counts table's column order: in flight (live or expired),
 /// processed, failed, dead-lettered.
@@ -113,24 +113,20 @@ pub fn read_sql<D: CountsDialect>(
 
 /// The rows of [`read_sql`] as per-consumer counts at `now`, and the rows of differences
 /// they were summed from; `error` maps a driver error.
-pub fn read_rows<R>(
-    rows: &[R],
+pub fn read_rows<DB: SqlDb>(
+    rows: &[DB::Row],
     now: Timestamp,
     error: fn(sqlx::Error) -> Error,
-) -> Result<(Vec<ConsumerCounts>, u64)>
-where
-    R: Row,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'n> &'n str: ColumnIndex<R>,
-{
+) -> Result<(Vec<ConsumerCounts>, u64)> {
     let mut deltas = 0;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let consumer: String = row.try_get("consumer").map_err(error)?;
+        let consumer = DB::get_opt_text(row, "consumer")
+            .map_err(error)?
+            .unwrap_or_default();
         let mut counts = ConsumerCounts::new(consumer, now);
-        read_counts(row, &mut counts.counts, error)?;
-        deltas += count_of(row, "deltas", error)?;
+        read_counts::<DB>(row, &mut counts.counts, error)?;
+        deltas += count_of::<DB>(row, "deltas", error)?;
         out.push(counts);
     }
     Ok((out, deltas))

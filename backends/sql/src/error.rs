@@ -4,7 +4,12 @@
 
 use dedup_core::Error;
 
+use sqlx::Database;
+
 use crate::query::SqlDb;
+
+/// A row of backend `B`'s database.
+pub type RowOf<B> = <<B as SqlBackend>::Db as Database>::Row;
 
 /// One sqlx backend as the shared layer sees it: its database, its name in errors and
 /// metrics, and which driver errors ask for a retry. Each backend crate implements it once,
@@ -23,6 +28,9 @@ pub trait SqlBackend: Send + Sync + 'static {
     /// closing a connection). The driver's own connection failures are decided once, in
     /// [`is_retryable`](Self::is_retryable).
     fn server_asks_retry(error: &sqlx::Error) -> bool;
+
+    /// How many rows a statement changed, from its driver's result.
+    fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
 
     /// Whether the operation should run again for `error`: a connection failure
     /// ([`is_connection_failure`]) or what [`server_asks_retry`](Self::server_asks_retry).
@@ -97,6 +105,33 @@ mod tests {
                 .contains("claim: the record kept changing"),
             "{source}"
         );
+    }
+
+    /// A backend whose server never asks for a retry: what is retryable is the layer's.
+    struct NoServerRetry;
+
+    impl SqlBackend for NoServerRetry {
+        type Db = sqlx::Postgres;
+        const NAME: &'static str = "test";
+
+        fn server_asks_retry(_: &sqlx::Error) -> bool {
+            false
+        }
+
+        fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
+            result.rows_affected()
+        }
+    }
+
+    #[test]
+    fn a_backends_connection_failures_are_retryable_and_keep_their_source() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        let e = NoServerRetry::error(io);
+        assert!(e.is_retryable());
+        assert!(std::error::Error::source(&e).is_some(), "source kept");
+        assert!(NoServerRetry::error(sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(!NoServerRetry::error(sqlx::Error::RowNotFound).is_retryable());
+        assert!(!NoServerRetry::error(sqlx::Error::PoolClosed).is_retryable());
     }
 
     #[test]

@@ -10,9 +10,11 @@ pub mod migrate;
 pub mod outbox;
 pub mod purge;
 pub mod query;
+pub mod store;
 pub mod target;
 pub mod tx_inbox;
 
 pub use error::SqlBackend;
 pub use query::SqlDb;
+pub use store::SqlStore;
 pub use tx_inbox::{TxInbox, TxStore};

@@ -26,7 +26,8 @@ pub trait Migrations: Sync {
     /// A connection holding the migration lock ([`lock`](Self::lock)).
     type Locked: DerefMut<Target = MigrationConn<Self>> + Send;
 
-    /// Whether [`required_columns`](Self::required_columns) are compared ignoring ASCII
+    /// Whether the required columns ([`RECORD_COLUMNS`] and
+    /// [`more_required_columns`](Self::more_required_columns)) are compared ignoring ASCII
     /// case (MySQL's column names are case-insensitive, PostgreSQL's quoted ones are not).
     const CASE_INSENSITIVE_COLUMNS: bool;
 
@@ -39,9 +40,11 @@ pub trait Migrations: Sync {
     /// `migration` ready to run: its placeholders filled in for this table.
     fn render(&self, migration: &str) -> String;
 
-    /// The columns every layout of the table has had: a table lacking one is someone
-    /// else's.
-    fn required_columns(&self) -> &'static [&'static str];
+    /// The columns this backend's every layout has had besides [`RECORD_COLUMNS`]: a table
+    /// lacking one is someone else's. None by default.
+    fn more_required_columns(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     /// The version of an existing table without a recorded version, told by its
     /// `columns` (which include every required one).
@@ -80,6 +83,20 @@ pub trait Migrations: Sync {
     async fn unlock(&self, locked: Self::Locked, result: Result<()>) -> Result<()>;
 }
 
+/// The columns every layout of a records table has had, on every sqlx backend: a table
+/// lacking one is someone else's.
+pub const RECORD_COLUMNS: [&str; 9] = [
+    "consumer",
+    "message_id",
+    "token",
+    "fence",
+    "attempt",
+    "expires_at",
+    "processed_at",
+    "outcome",
+    "fingerprint",
+];
+
 /// The schema version this build creates and understands: the number of migrations.
 pub fn current_version(migrations: &[&str]) -> i64 {
     i64::try_from(migrations.len()).unwrap_or(i64::MAX)
@@ -110,6 +127,20 @@ async fn migrate_locked<M: Migrations>(m: &M, conn: &mut MigrationConn<M>) -> Re
         m.record_version(conn, current).await?;
     }
     m.after(conn).await
+}
+
+/// The migrations a document (a backend's README, which shows its schema) does not show
+/// exactly as they run, each as `migration N:` and its DDL, `render` filling in the
+/// placeholders for the default configuration. For the backends' tests that keep their
+/// README true.
+pub fn unshown(doc: &str, migrations: &[&str], render: impl Fn(&str) -> String) -> Vec<String> {
+    migrations
+        .iter()
+        .enumerate()
+        .map(|(i, migration)| (i + 1, render(migration)))
+        .filter(|(_, ddl)| !doc.contains(ddl.as_str()))
+        .map(|(n, ddl)| format!("migration {n}:\n{ddl}"))
+        .collect()
 }
 
 /// What a store's `connect` does once its pool is open: `migrate` when the configuration
@@ -152,16 +183,21 @@ pub async fn check<M: Migrations>(m: &M, conn: &mut MigrationConn<M>) -> Result<
         Some(version) => version,
         None => unrecorded_version(m, conn).await?,
     };
-    let current = current_version(m.migrations());
+    expect_version(m.table(), found, current_version(m.migrations()))
+}
+
+/// `table` found at version `found` where this build expects `current`: a missing (0) or
+/// older table is [`Error::SchemaNotMigrated`], a newer one [`Error::SchemaTooNew`].
+pub fn expect_version(table: String, found: i64, current: i64) -> Result<()> {
     match found.cmp(&current) {
         std::cmp::Ordering::Equal => Ok(()),
         std::cmp::Ordering::Less => Err(Error::SchemaNotMigrated {
-            table: m.table(),
+            table,
             found,
             expected: current,
         }),
         std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
-            table: m.table(),
+            table,
             found,
             known: current,
         }),
@@ -183,9 +219,9 @@ async fn unrecorded_version<M: Migrations>(m: &M, conn: &mut MigrationConn<M>) -
             have == want
         }
     };
-    if let Some(missing) = m
-        .required_columns()
+    if let Some(missing) = RECORD_COLUMNS
         .iter()
+        .chain(m.more_required_columns())
         .find(|c| !columns.iter().any(|have| same(have, c)))
     {
         return Err(Error::invalid(
@@ -207,11 +243,43 @@ mod tests {
     const THREE: &[&str] = &["one", "two", "three"];
 
     #[test]
+    fn unshown_names_each_migration_missing_from_the_doc() {
+        let doc = "create one; and three";
+        let render = |m: &str| format!("create {m}");
+        assert_eq!(
+            unshown(doc, THREE, render),
+            ["migration 2:\ncreate two", "migration 3:\ncreate three"]
+        );
+        assert!(unshown("create one create two create three", THREE, render).is_empty());
+    }
+
+    #[test]
     fn pending_runs_what_the_table_lacks() {
         assert_eq!(pending(THREE, 0, "t").unwrap(), THREE);
         assert_eq!(pending(THREE, 2, "t").unwrap(), &["three"]);
         assert!(pending(THREE, 3, "t").unwrap().is_empty());
         assert_eq!(current_version(THREE), 3);
+    }
+
+    #[test]
+    fn a_table_is_expected_at_the_current_version() {
+        assert!(expect_version("t".into(), 3, 3).is_ok());
+        assert!(matches!(
+            expect_version("t".into(), 0, 3),
+            Err(Error::SchemaNotMigrated {
+                found: 0,
+                expected: 3,
+                ..
+            })
+        ));
+        assert!(matches!(
+            expect_version("t".into(), 4, 3),
+            Err(Error::SchemaTooNew {
+                found: 4,
+                known: 3,
+                ..
+            })
+        ));
     }
 
     #[test]

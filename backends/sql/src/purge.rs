@@ -2,8 +2,17 @@
 //! batches and the count of what a batch removed, the same on every sqlx backend. The
 //! statements that take the batch are each backend's.
 
+use std::time::Duration;
+
 use dedup_core::backend::{PurgeBatch, PurgeStep};
+use dedup_core::duration_millis;
 use sqlx::{ColumnIndex, Decode, Row, Type};
+
+/// A retention as the purge statements bind it: in ms, capped far below `i64::MAX` so
+/// that "now" minus it cannot overflow in SQL.
+pub fn retention_ms(retention: Duration) -> i64 {
+    duration_millis(retention).min(i64::MAX / 4)
+}
 
 /// Where the next batch starts in the `claimed_at` index: the largest `claimed_at` the
 /// previous batches removed. Rows a batch skipped because another transaction held them

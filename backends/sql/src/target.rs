@@ -1,5 +1,5 @@
 //! [`SqlTarget`]: what a sqlx backend's store URL opens (the driver's URL and the store's
-//! configuration), written once over the backend's store ([`UrlStore`]). Each backend
+//! configuration), written once over the backend's store ([`UrlStore`], [`SqlStore`]). Each backend
 //! parses its own URL parameters into its configuration; opening is the same for all.
 
 use std::fmt;
@@ -14,30 +14,17 @@ use dedup_core::outbox::OutboxStore;
 use dedup_core::{Admin, Clock, Result};
 
 use crate::config::SqlConfig;
+pub use crate::config::TargetConfig;
+use crate::store::{SqlStore, connect_with};
 
-/// What a [`SqlTarget`] needs of a store's configuration beyond [`SqlConfig`].
-pub trait TargetConfig: SqlConfig + Clone + fmt::Debug + Send + Sync + 'static {
-    /// Where the records are kept, for people (`table public.dedup_inbox`).
-    fn location(&self) -> String;
-
-    /// Check the whole configuration (the backend's `validate`).
-    fn check(&self) -> Result<()>;
-}
-
-/// What a sqlx backend's store offers its URL target: how to connect it, and its outbox.
-#[async_trait]
-pub trait UrlStore: Admin + Sized + 'static {
-    /// The store's configuration.
-    type Config: TargetConfig;
-
+/// What a sqlx backend's store offers its URL target beyond [`SqlStore`] (which
+/// connects it): its names, and its outbox.
+pub trait UrlStore: SqlStore + Admin {
     /// The target type's name in `Debug` output (`PostgresTarget`).
     const TARGET: &'static str;
 
     /// The backend's descriptor (its `DESCRIPTOR`).
     const DESCRIPTOR: &'static BackendDescriptor;
-
-    /// Connect to `url` with `config`, migrating or checking the schema as it says.
-    async fn connect_with(url: &str, config: Self::Config) -> Result<Self>;
 
     /// The store's outbox.
     fn outbox_store(&self) -> Arc<dyn OutboxStore>;
@@ -90,11 +77,11 @@ impl<S: UrlStore> OpenTarget for SqlTarget<S> {
     }
 
     async fn open_admin(self: Box<Self>) -> Result<Arc<dyn Admin>> {
-        Ok(Arc::new(S::connect_with(&self.url, self.config).await?))
+        Ok(Arc::new(connect_with::<S>(&self.url, self.config).await?))
     }
 
     async fn open_outbox(self: Box<Self>) -> Result<Arc<dyn OutboxStore>> {
-        Ok(S::connect_with(&self.url, self.config)
+        Ok(connect_with::<S>(&self.url, self.config)
             .await?
             .outbox_store())
     }

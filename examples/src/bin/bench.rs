@@ -19,21 +19,24 @@
 //! `--quick` takes a few minutes for the four backends (purge of 100 000 records); without
 //! it, the full run purges 1 000 000 and measures longer.
 //!
-//! Without `--store`, it benches SQLite in a temporary file plus every server named by
-//! `DEDUP_POSTGRES_URL`, `DEDUP_REDIS_URL`, `DEDUP_REDIS_CLUSTER_URLS` (comma-separated
-//! node URLs), `DEDUP_VALKEY_URL` and `DEDUP_VALKEY_CLUSTER_URLS`. Each run works on tables /
-//! key prefixes of its own (`dedup_bench_<id>`, `dedup-bench:<id>:`): SQL tables are dropped
-//! at the end, Redis keys expire by themselves after ten minutes (the purge measure's are
-//! purged).
+//! Without `--store`, it benches SQLite in a temporary file plus every test server each
+//! compiled-in backend's descriptor names in the environment (`dedup::backends()`:
+//! `DEDUP_POSTGRES_URL`, `DEDUP_MYSQL_URL`, `DEDUP_REDIS_URL`, `DEDUP_REDIS_CLUSTER_URLS`
+//! (comma-separated node URLs), `DEDUP_VALKEY_URL`, `DEDUP_VALKEY_CLUSTER_URLS`). Each run
+//! works on tables / key prefixes of its own (`dedup_bench_<id>`, `dedup-bench:<id>:`): SQL
+//! tables are dropped at the end, Redis keys expire by themselves after ten minutes (the
+//! purge measure's are purged).
 //!
 //! Two groups run once, not per store (by default without `--store`; `--only outbox`,
 //! `--only brokers` pick them): `outbox` (an `enqueue` inside a business transaction
-//! against the insert alone on SQLite and PostgreSQL, the relay against raw confirmed
-//! publishes to RabbitMQ, commit-to-publish latency with `NOTIFY` against polling alone:
-//! `DEDUP_POSTGRES_URL`, `DEDUP_AMQP_URL`) and `brokers` (per broker, consumer throughput
-//! of the raw client, of a hand-written `Inbox::handle` loop and of the `dedup-brokers`
-//! adapter with `with_inbox`: `DEDUP_AMQP_URL`, `DEDUP_REDIS_URL`, `DEDUP_NATS_URL`). Their
-//! queues, streams and schemas are removed at the end.
+//! against the insert alone on SQLite, PostgreSQL and MySQL / MariaDB, the relay against
+//! raw confirmed publishes to RabbitMQ, commit-to-publish latency with `NOTIFY` against
+//! polling alone: `DEDUP_POSTGRES_URL`, `DEDUP_MYSQL_URL`, `DEDUP_AMQP_URL`) and `brokers`
+//! (per broker, consumer throughput of the raw client, of a hand-written `Inbox::handle`
+//! loop and of the `dedup-brokers` adapter with `with_inbox`: `DEDUP_AMQP_URL`,
+//! `DEDUP_REDIS_URL`, `DEDUP_NATS_URL`, `DEDUP_KAFKA_BROKERS`,
+//! `DEDUP_PUBSUB_EMULATOR_HOST`). Their queues, streams, topics and schemas are removed at
+//! the end.
 //!
 //! PostgreSQL is benched once per `--postgres-durability` setting (default `durable,fast`):
 //! the bench sets the server's `fsync`, `synchronous_commit` and `full_page_writes`

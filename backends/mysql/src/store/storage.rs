@@ -14,7 +14,7 @@ use dedup_core::{
 use sqlx::AssertSqlSafe;
 
 use crate::decode::decode_record;
-use crate::error::backend;
+use crate::error::{Backend, backend};
 
 use super::MySqlStore;
 use super::fast::Fast;
@@ -177,14 +177,8 @@ impl Storage for MySqlStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        sqlx::query(AssertSqlSafe(self.inner.sql.get.clone()))
-            .bind(key.consumer())
-            .bind(key.message_id())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(backend)?
-            .map(|row| decode_record(&row, key))
-            .transpose()
+        let sql = AssertSqlSafe(self.inner.sql.get.clone());
+        dedup_sql::store::record::<Backend>(&self.inner.pool, sql, key, decode_record).await
     }
 
     fn capabilities(&self) -> Capabilities {

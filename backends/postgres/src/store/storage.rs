@@ -15,7 +15,7 @@ use sqlx::Row;
 
 use super::PostgresStore;
 use crate::decode::decode_record;
-use crate::error::backend;
+use crate::error::{Backend, backend};
 use crate::rounds::CommitRef;
 
 #[async_trait]
@@ -122,14 +122,8 @@ impl Storage for PostgresStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        sqlx::query(self.inner.sql.get.clone())
-            .bind(key.consumer())
-            .bind(key.message_id())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(backend)?
-            .map(|row| decode_record(&row, key))
-            .transpose()
+        let sql = self.inner.sql.get.clone();
+        dedup_sql::store::record::<Backend>(&self.inner.pool, sql, key, decode_record).await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -9,10 +9,18 @@ use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{LeaseToken, Result};
 use futures::stream::BoxStream;
-use sqlx::{Database, Pool};
+use sqlx::{Database, Pool, SqlStr};
 use tokio::sync::OnceCell;
 
+use super::row::decode_state_counts;
+use crate::config::SqlConfig;
 use crate::error::SqlBackend;
+use crate::purge::retention_ms;
+use crate::query::{Param, SqlDb};
+use crate::store::SqlStore;
+
+/// The database of a dialect's backend.
+pub type Db<D> = <<D as OutboxDialect>::Backend as SqlBackend>::Db;
 
 /// The connection of a dialect's database (`PgConnection`, `MySqlConnection`): `enqueue`
 /// runs on `&mut *tx` of the caller's transaction.
@@ -24,15 +32,17 @@ pub type Conn<D> = <<<D as OutboxDialect>::Backend as SqlBackend>::Db as Databas
 #[derive(Debug)]
 pub struct OutboxTableState {
     name: String,
+    shared: SharedStatements,
     ready: OnceCell<()>,
 }
 
 impl OutboxTableState {
-    /// The table quoted as spliced into the statements (`"schema"."t"`, `` `t` ``), not yet
-    /// known current.
-    pub fn new(name: String) -> Self {
+    /// The table quoted as spliced into the statements (`"schema"."t"`, `` `t` ``), with
+    /// the dialect's [`SharedStatements`] for it, not yet known current.
+    pub fn new(name: String, shared: SharedStatements) -> Self {
         OutboxTableState {
             name,
+            shared,
             ready: OnceCell::new(),
         }
     }
@@ -40,6 +50,11 @@ impl OutboxTableState {
     /// The table, quoted.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The statements [`OutboxDialect`]'s provided methods run on this table.
+    pub fn shared(&self) -> &SharedStatements {
+        &self.shared
     }
 
     /// The table was just migrated: no check needed.
@@ -51,6 +66,49 @@ impl OutboxTableState {
     pub(crate) fn ready(&self) -> &OnceCell<()> {
         &self.ready
     }
+}
+
+/// The outbox statements whose parameters are the same on every server, rendered by the
+/// dialect for its table and kept in its [`OutboxTableState`]. [`OutboxDialect`]'s
+/// provided methods run them; every one reads
+/// the clock from its first parameter, the store's "now" (`NULL`: the server's).
+#[derive(Debug)]
+pub struct SharedStatements {
+    /// An operator's retry of one row (pending, due now, attempts reset). Parameters:
+    /// now, the row's id.
+    pub retry: SqlStr,
+    /// The counts by state ([`StateCounts`]: columns `now_ms`, and per state `state`, `n`,
+    /// `oldest`). Parameter: now.
+    pub stats: SqlStr,
+    /// One purge batch: rows sent before now minus the retention, oldest first.
+    /// Parameters: now, the retention in ms, the batch's size.
+    pub purge_batch: SqlStr,
+}
+
+/// A failed publish of one held row, as [`OutboxDialect::mark_failed`] records it.
+#[derive(Clone, Copy, Debug)]
+pub struct FailedPublish<'a> {
+    /// The row's id.
+    pub id: i64,
+    /// The publish error's text, kept as the row's last error.
+    pub error: &'a str,
+    /// Dead (never published again) rather than pending again.
+    pub dead: bool,
+    /// When pending again: due this many ms from the store's "now".
+    pub delay_ms: i64,
+}
+
+/// The rows an operator's listing reads ([`OutboxDialect::list`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RowFilter<'a> {
+    /// Only rows in this state (as stored), or every state.
+    pub state: Option<&'static str>,
+    /// Only rows for this destination, or every one.
+    pub destination: Option<&'a str>,
+    /// Only rows with an id above this.
+    pub after_id: i64,
+    /// At most this many rows.
+    pub limit: i64,
 }
 
 /// Rows a take put under a fresh hold, with the store's "now" when it took them.
@@ -96,10 +154,25 @@ pub trait OutboxDialect: Send + Sync + Debug + 'static {
     /// The backend: its database, its name in errors, its retryable errors.
     type Backend: SqlBackend;
 
-    /// The store's pool (the table check and the relay's statements run on it).
-    fn pool(&self) -> &Pool<<Self::Backend as SqlBackend>::Db>;
+    /// The store whose outbox this is.
+    type Store: SqlStore<Backend = Self::Backend>;
 
-    /// The outbox table's name and readiness, shared by the store's clones.
+    /// The store (its pool, its clock).
+    fn store(&self) -> &Self::Store;
+
+    /// The store's pool (the table check and the relay's statements run on it).
+    fn pool(&self) -> &Pool<Db<Self>> {
+        self.store().store_pool()
+    }
+
+    /// The store's "now" as the statements bind it: the injected clock's reading in ms, or
+    /// `None` (`NULL`: the server's clock).
+    fn now_param(&self) -> Option<i64> {
+        self.store().store_config().now_param()
+    }
+
+    /// The outbox table's name, shared statements and readiness, shared by the store's
+    /// clones.
     fn table(&self) -> &OutboxTableState;
 
     /// Check on `conn`, writing nothing, that the outbox table is at this build's schema
@@ -126,16 +199,9 @@ pub trait OutboxDialect: Send + Sync + Debug + 'static {
     /// Mark the rows of `ids` still held by `token` sent; returns the ids marked (any order).
     async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>>;
 
-    /// Record a failed publish of row `id` held by `token`: `dead`, or pending again and
-    /// due `delay_ms` from now. Whether the row was still held.
-    async fn mark_failed(
-        &self,
-        token: &LeaseToken,
-        id: i64,
-        error: &str,
-        dead: bool,
-        delay_ms: i64,
-    ) -> Result<bool>;
+    /// Record a failed publish of a row held by `token` ([`FailedPublish`]). Whether the
+    /// row was still held.
+    async fn mark_failed(&self, token: &LeaseToken, failed: &FailedPublish<'_>) -> Result<bool>;
 
     /// Hand the rows of `ids` held by `token` back: pending, due now, the take's attempt
     /// undone. How many were handed back.
@@ -143,23 +209,41 @@ pub trait OutboxDialect: Send + Sync + Debug + 'static {
 
     /// An operator's retry of a dead (or pending) row: pending, due now, attempts reset.
     /// Whether the row was changed.
-    async fn retry(&self, id: i64) -> Result<bool>;
+    async fn retry(&self, id: i64) -> Result<bool> {
+        let sql = self.table().shared().retry.clone();
+        let params = [Param::Int(self.now_param()), Param::Int(Some(id))];
+        let done = Db::<Self>::execute(self.pool(), sql, &params)
+            .await
+            .map_err(Self::Backend::error)?;
+        Ok(Self::Backend::rows_affected(&done) == 1)
+    }
 
     /// The table's counts by state, and "now".
-    async fn count_states(&self) -> Result<StateCounts>;
+    async fn count_states(&self) -> Result<StateCounts> {
+        let sql = self.table().shared().stats.clone();
+        let params = [Param::Int(self.now_param())];
+        let rows = Db::<Self>::fetch_all(self.pool(), sql, &params)
+            .await
+            .map_err(Self::Backend::error)?;
+        decode_state_counts::<Db<Self>>(&rows, Self::Backend::error)
+    }
 
-    /// Rows with an id above `after_id`, optionally of one state (as stored) and one
-    /// destination, by id, at most `limit`.
-    async fn list(
-        &self,
-        state: Option<&'static str>,
-        destination: Option<&str>,
-        after_id: i64,
-        limit: i64,
-    ) -> Result<Vec<RawOutboxRow>>;
+    /// The rows `filter` selects, by id.
+    async fn list(&self, filter: &RowFilter<'_>) -> Result<Vec<RawOutboxRow>>;
 
     /// Delete at most `limit` rows sent more than `retention` ago, oldest first; how many.
-    async fn purge_sent(&self, retention: Duration, limit: i64) -> Result<u64>;
+    async fn purge_sent(&self, retention: Duration, limit: i64) -> Result<u64> {
+        let sql = self.table().shared().purge_batch.clone();
+        let params = [
+            Param::Int(self.now_param()),
+            Param::Int(Some(retention_ms(retention))),
+            Param::Int(Some(limit)),
+        ];
+        let done = Db::<Self>::execute(self.pool(), sql, &params)
+            .await
+            .map_err(Self::Backend::error)?;
+        Ok(Self::Backend::rows_affected(&done))
+    }
 
     /// A stream with one item per committed enqueue (or `None`: the relay polls).
     async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {

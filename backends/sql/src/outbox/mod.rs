@@ -17,7 +17,10 @@ use dedup_core::outbox::OutboxMessage;
 
 use crate::error::SqlBackend;
 
-pub use dialect::{Conn, OutboxDialect, OutboxTableState, StateCount, StateCounts, Taken};
+pub use dialect::{
+    Conn, Db, FailedPublish, OutboxDialect, OutboxTableState, RowFilter, SharedStatements,
+    StateCount, StateCounts, Taken,
+};
 pub use row::{ROW_COLUMNS, decode_headers, decode_row, decode_state_counts, sql_limit};
 
 /// A transactional outbox table over dialect `D` (see the [module](self) docs). Cheap to

@@ -4,6 +4,7 @@
 use dedup_core::backend::outbox::RawOutboxRow;
 
 use super::dialect::{StateCount, StateCounts};
+use crate::query::SqlDb;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{Error, Result};
 use sqlx::{ColumnIndex, Database, Decode, Row, Type};
@@ -62,21 +63,18 @@ where
 
 /// The counts of a counting statement whose rows have `now_ms` and, per state with rows,
 /// `state`, `n` and `oldest` (a single row with `state` NULL when the table is empty).
-pub fn decode_state_counts<R>(rows: &[R], map: fn(sqlx::Error) -> Error) -> Result<StateCounts>
-where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-{
+pub fn decode_state_counts<DB: SqlDb>(
+    rows: &[DB::Row],
+    map: fn(sqlx::Error) -> Error,
+) -> Result<StateCounts> {
     let mut counts = StateCounts::default();
     for row in rows {
-        counts.now_ms = row.try_get("now_ms").map_err(map)?;
-        if let Some(state) = row.try_get::<Option<String>, _>("state").map_err(map)? {
+        counts.now_ms = DB::get_i64(row, "now_ms").map_err(map)?;
+        if let Some(state) = DB::get_opt_text(row, "state").map_err(map)? {
             counts.states.push(StateCount {
                 state,
-                rows: row.try_get("n").map_err(map)?,
-                oldest: row.try_get("oldest").map_err(map)?,
+                rows: DB::get_i64(row, "n").map_err(map)?,
+                oldest: DB::get_opt_i64(row, "oldest").map_err(map)?,
             });
         }
     }

@@ -11,7 +11,7 @@ use dedup_core::{LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, durat
 use futures::stream::BoxStream;
 
 use super::SqlOutbox;
-use super::dialect::{OutboxDialect, StateCounts};
+use super::dialect::{FailedPublish, OutboxDialect, RowFilter, StateCounts};
 use super::row::sql_limit;
 use crate::error::SqlBackend;
 
@@ -89,9 +89,13 @@ impl<D: OutboxDialect> OutboxStorage for SqlOutbox<D> {
             AfterFailure::Dead => (true, 0),
             AfterFailure::RetryAfter(delay) => (false, duration_millis(delay)),
         };
-        self.dialect
-            .mark_failed(token, id, error, dead, delay)
-            .await
+        let failed = FailedPublish {
+            id,
+            error,
+            dead,
+            delay_ms: delay,
+        };
+        self.dialect.mark_failed(token, &failed).await
     }
 
     async fn hand_back(&self, token: &LeaseToken, ids: &[i64]) -> Result<u64> {
@@ -114,15 +118,13 @@ impl<D: OutboxDialect> OutboxStorage for SqlOutbox<D> {
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
         self.ensure().await?;
-        let rows = self
-            .dialect
-            .list(
-                query.state.map(OutboxState::as_str),
-                query.destination.as_deref(),
-                query.after_id.unwrap_or(i64::MIN),
-                sql_limit(query.limit),
-            )
-            .await?;
+        let filter = RowFilter {
+            state: query.state.map(OutboxState::as_str),
+            destination: query.destination.as_deref(),
+            after_id: query.after_id.unwrap_or(i64::MIN),
+            limit: sql_limit(query.limit),
+        };
+        let rows = self.dialect.list(&filter).await?;
         rows.into_iter()
             .map(|raw| raw.decode(D::Backend::NAME))
             .collect()

@@ -78,3 +78,168 @@ impl Server {
         }
     }
 }
+
+/// The server listening on the loopback or any address at the port of `url`
+/// (`scheme://[user[:password]@]host:port[/...]`): the process that holds the listening
+/// socket (`/proc/net/tcp{,6}` and the processes' open sockets). `None` when the URL has
+/// no port, nothing here listens on it, or the process cannot be read (another user's).
+pub(crate) fn listener_of(url: &str) -> Option<u32> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.rsplit_once('@').map_or(rest, |(_, a)| a);
+    let authority = authority.split(['/', '?']).next()?;
+    let port: u16 = authority.rsplit_once(':')?.1.parse().ok()?;
+    let inodes = listening_inodes(port);
+    if inodes.is_empty() {
+        return None;
+    }
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(link) = std::fs::read_link(fd.path())
+                && let Some(inode) = link
+                    .to_str()
+                    .and_then(|l| l.strip_prefix("socket:["))
+                    .and_then(|l| l.strip_suffix(']'))
+                && inodes.iter().any(|i| i == inode)
+            {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// The inodes of the sockets listening on TCP `port` (state `0A`).
+fn listening_inodes(port: u16) -> Vec<String> {
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    (f.len() > 9 && f[1].ends_with(&port) && f[3] == "0A").then(|| f[9].to_owned())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// CPU readings around timed sections: this process's and, where found, each server's.
+#[derive(Clone, Debug)]
+pub(crate) struct Meter {
+    servers: Vec<(&'static str, Option<Server>)>,
+}
+
+/// One reading of a [`Meter`]: this process's CPU and each server's.
+#[derive(Clone, Debug)]
+pub(crate) struct Mark {
+    client: Duration,
+    servers: Vec<Option<Duration>>,
+}
+
+/// CPU spent between readings, summed over sections: this process's and each server's
+/// (`None` when a server's cannot be read), and the messages the sections handled.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Spent {
+    pub(crate) client: Duration,
+    pub(crate) servers: Vec<(&'static str, Option<Duration>)>,
+    pub(crate) messages: usize,
+}
+
+impl Meter {
+    /// A meter of this process and of `servers` (a name, for the figures, and a server).
+    pub(crate) fn new(servers: Vec<(&'static str, Option<Server>)>) -> Self {
+        Meter { servers }
+    }
+
+    /// The CPU so far.
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            client: client(),
+            servers: self
+                .servers
+                .iter()
+                .map(|(_, s)| s.and_then(|s| s.cpu()))
+                .collect(),
+        }
+    }
+
+    /// Add what was spent since `mark`, handling `messages`, to `spent`.
+    pub(crate) fn add_since(&self, mark: &Mark, messages: usize, spent: &mut Spent) {
+        let now = self.mark();
+        spent.client += now.client.saturating_sub(mark.client);
+        spent.messages += messages;
+        if spent.servers.is_empty() {
+            spent.servers = self
+                .servers
+                .iter()
+                .map(|(name, _)| (*name, Some(Duration::ZERO)))
+                .collect();
+        }
+        for ((_, total), (after, before)) in spent
+            .servers
+            .iter_mut()
+            .zip(now.servers.iter().zip(&mark.servers))
+        {
+            *total = total
+                .zip(*after)
+                .zip(*before)
+                .map(|((t, a), b)| t + a.saturating_sub(b));
+        }
+    }
+}
+
+impl Spent {
+    /// Microseconds per message: `client` and each server's by name (`null` when a
+    /// server's is unknown); and their sum, when every part is known.
+    pub(crate) fn per_message_us(
+        &self,
+    ) -> (serde_json::Map<String, serde_json::Value>, Option<f64>) {
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / self.messages.max(1) as f64;
+        let mut figures = serde_json::Map::new();
+        figures.insert("client".into(), per(self.client).into());
+        let mut total = Some(per(self.client));
+        for (name, spent) in &self.servers {
+            let us = spent.map(per);
+            figures.insert((*name).into(), us.into());
+            total = total.zip(us).map(|(t, us)| t + us);
+        }
+        (figures, total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listener_of_a_url_is_the_process_holding_its_port() {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = socket.local_addr().unwrap().port();
+        let me = std::process::id();
+        assert_eq!(
+            listener_of(&format!("postgres://u@127.0.0.1:{port}/db")),
+            Some(me)
+        );
+        assert_eq!(
+            listener_of(&format!("amqp://g:p@127.0.0.1:{port}/%2f")),
+            Some(me)
+        );
+        assert_eq!(listener_of(&format!("redis://127.0.0.1:{port}")), Some(me));
+        drop(socket);
+        assert_eq!(listener_of(&format!("redis://127.0.0.1:{port}")), None);
+        assert_eq!(listener_of("sqlite://file.db"), None);
+    }
+}

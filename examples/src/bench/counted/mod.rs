@@ -10,7 +10,7 @@
 //! again, shorter, through the proxy, for the wire counts (the proxy's own CPU would
 //! otherwise be the client's).
 
-mod cpu;
+pub(crate) mod cpu;
 mod probe;
 
 use std::sync::Arc;

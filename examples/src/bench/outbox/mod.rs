@@ -94,7 +94,7 @@ pub(crate) async fn run(params: &Params, servers: &Servers) -> Result<Vec<Row>> 
         match &servers.amqp {
             Some(amqp) => {
                 eprintln!("outbox: relay throughput...");
-                rows.push(relay_throughput(params, &pg, amqp, &names).await?);
+                rows.push(relay_throughput(params, &pg, postgres, amqp, &names).await?);
                 eprintln!("outbox: commit-to-publish latency...");
                 rows.extend(commit_to_publish(params, &pg, amqp, &names).await?);
             }

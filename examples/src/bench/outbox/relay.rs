@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use dedup_brokers::rabbitmq::RabbitPublisher;
-use dedup_core::outbox::{OutboxStats, OutboxStore, Relay, RelayConfig};
+use dedup_core::outbox::{OutboxStore, Relay, RelayConfig};
 use futures::FutureExt;
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -14,6 +14,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection as AmqpConnection};
 use serde_json::{Map, json};
 
+#[cfg(feature = "counted")]
+use crate::bench::counted::cpu::{Meter, Server, Spent, listener_of};
 use crate::bench::driver::Run;
 use crate::bench::rounds::{best_of, contender};
 use crate::bench::{Names, Params, Result, Row, row};
@@ -41,11 +43,15 @@ pub(super) async fn declare(connection: &AmqpConnection, queue: &str) -> Result<
     Ok(channel)
 }
 
-/// Measure 2b: a started relay (its default rounds in flight) until the outbox is empty,
-/// against raw confirmed publishes.
+/// Measure 2b: a started relay (its default rounds in flight) until it sent every row,
+/// against raw confirmed publishes. With the `counted` feature, also the CPU each side
+/// spent per message in its timed part: the bench process (the relay or the raw
+/// publisher), PostgreSQL (the relay's takes and marks) and RabbitMQ, when they run on
+/// this machine.
 pub(super) async fn relay_throughput(
     params: &Params,
     pg: &Pg,
+    postgres: &str,
     amqp: &str,
     names: &Names,
 ) -> Result<Row> {
@@ -65,6 +71,7 @@ pub(super) async fn relay_throughput(
     raw.confirm_select(ConfirmSelectOptions::default()).await?;
     // The fastest relay run: its time, its seconds in take and mark_sent, its rounds.
     let fastest = Arc::new(Mutex::new(None::<(Duration, f64, f64, usize)>));
+    let meter = Meters::new(postgres, amqp);
 
     let relay_run = |round: usize| {
         let (relay, pg, destination, admin, queue) = (
@@ -74,16 +81,17 @@ pub(super) async fn relay_throughput(
             admin.clone(),
             queue.clone(),
         );
-        let (fastest, probe) = (Arc::clone(&fastest), Arc::clone(&probe));
+        let (fastest, probe, meter) = (Arc::clone(&fastest), Arc::clone(&probe), meter.clone());
         async move {
             prefill(&pg, &destination, &format!("relay-{round}"), n).await?;
             probe.split();
             // The relay as an application runs it (`start`: its rounds in flight), until
-            // the outbox is empty.
+            // it sent every row (watched on its own counters: polling the table would
+            // load the server the relay is measured on).
+            let mark = meter.mark();
             let started = Instant::now();
             let handle = Relay::clone(&relay).start();
-            let pending = |stats: OutboxStats| stats.pending + stats.held;
-            while pending(pg.outbox.stats().await?) > 0 {
+            while handle.sent() + handle.dead() < n as u64 {
                 if started.elapsed() > Duration::from_secs(120) {
                     handle.stop().await;
                     return Err("the relay did not drain the outbox in 120 s".into());
@@ -92,6 +100,7 @@ pub(super) async fn relay_throughput(
             }
             let elapsed = started.elapsed();
             let all = handle.stop().await;
+            meter.relay(&mark, n);
             if all.failed + all.dead + all.lost > 0 {
                 return Err(format!("relay rounds failed rows: {all:?}").into());
             }
@@ -117,8 +126,9 @@ pub(super) async fn relay_throughput(
         .boxed()
     };
     let raw_run = |round: usize| {
-        let (raw, queue, admin) = (raw.clone(), queue.clone(), admin.clone());
+        let (raw, queue, admin, meter) = (raw.clone(), queue.clone(), admin.clone(), meter.clone());
         async move {
+            let mark = meter.mark();
             let started = Instant::now();
             let mut confirms = Vec::with_capacity(n);
             for k in 0..n {
@@ -131,6 +141,7 @@ pub(super) async fn relay_throughput(
                 }
             }
             let elapsed = started.elapsed();
+            meter.raw(&mark, n);
             admin
                 .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
                 .await?;
@@ -164,6 +175,7 @@ pub(super) async fn relay_throughput(
         json!(RelayConfig::default().rounds_in_flight),
     );
     details.insert("messages".into(), json!(n));
+    meter.details(&mut details);
     details.insert(
         "setup".into(),
         json!(format!(
@@ -214,4 +226,70 @@ async fn publish_raw(
             props,
         )
         .await?)
+}
+
+/// The CPU each side of the relay measure spent in its timed parts, summed over its runs
+/// (the `counted` feature; without it, nothing is read).
+#[derive(Clone)]
+struct Meters {
+    #[cfg(feature = "counted")]
+    inner: Arc<(Meter, Mutex<(Spent, Spent)>)>,
+}
+
+#[cfg(feature = "counted")]
+impl Meters {
+    /// This process, PostgreSQL's postmaster and its children, and RabbitMQ's process.
+    fn new(postgres: &str, amqp: &str) -> Self {
+        let meter = Meter::new(vec![
+            ("postgres", listener_of(postgres).map(Server::Tree)),
+            ("rabbitmq", listener_of(amqp).map(Server::Process)),
+        ]);
+        Meters {
+            inner: Arc::new((meter, Mutex::new(Default::default()))),
+        }
+    }
+
+    fn mark(&self) -> crate::bench::counted::cpu::Mark {
+        self.inner.0.mark()
+    }
+
+    /// A relay run that handled `messages` since `mark`.
+    fn relay(&self, mark: &crate::bench::counted::cpu::Mark, messages: usize) {
+        self.inner
+            .0
+            .add_since(mark, messages, &mut lock(&self.inner.1).0);
+    }
+
+    /// A raw run that handled `messages` since `mark`.
+    fn raw(&self, mark: &crate::bench::counted::cpu::Mark, messages: usize) {
+        self.inner
+            .0
+            .add_since(mark, messages, &mut lock(&self.inner.1).1);
+    }
+
+    /// The figures, per message over every run of each side: `library_cpu_us` /
+    /// `raw_cpu_us` (each `client` and each server's µs, `null` where a server's CPU
+    /// cannot be read) and `cpu_ratio` (the sums' ratio, when every part is known).
+    fn details(&self, details: &mut Map<String, serde_json::Value>) {
+        let (library, raw) = lock(&self.inner.1).clone();
+        let ((lib_map, lib_total), (raw_map, raw_total)) =
+            (library.per_message_us(), raw.per_message_us());
+        details.insert("library_cpu_us".into(), json!(lib_map));
+        details.insert("raw_cpu_us".into(), json!(raw_map));
+        details.insert(
+            "cpu_ratio".into(),
+            json!(lib_total.zip(raw_total).map(|(l, r)| l / r)),
+        );
+    }
+}
+
+#[cfg(not(feature = "counted"))]
+impl Meters {
+    fn new(_: &str, _: &str) -> Self {
+        Meters {}
+    }
+    fn mark(&self) {}
+    fn relay(&self, _: &(), _: usize) {}
+    fn raw(&self, _: &(), _: usize) {}
+    fn details(&self, _: &mut Map<String, serde_json::Value>) {}
 }
