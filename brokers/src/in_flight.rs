@@ -30,6 +30,10 @@ impl InFlight {
         if shutdown.is_set() {
             return None;
         }
+        // A free slot needs no wait (nor a shutdown watcher registered and dropped).
+        if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Some(permit);
+        }
         tokio::select! {
             biased;
             _ = shutdown.wait() => None,
@@ -42,7 +46,8 @@ impl InFlight {
         let Some(first) = self.slot(shutdown).await else {
             return Vec::new();
         };
-        let mut permits = vec![first];
+        let mut permits = Vec::with_capacity(1 + self.slots.available_permits());
+        permits.push(first);
         while let Ok(p) = Arc::clone(&self.slots).try_acquire_owned() {
             permits.push(p);
         }

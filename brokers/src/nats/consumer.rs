@@ -169,7 +169,6 @@ impl Source for NatsConsumer {
                     fetched.push(NatsPending {
                         delivery: delivery(&message),
                         message,
-                        js: self.js.clone(),
                         dead_letter_subject: Arc::clone(&self.dead_letter_subject),
                         retry_delay: self.config.retry_delay,
                     });
@@ -187,12 +186,12 @@ impl Source for NatsConsumer {
     }
 }
 
-/// One JetStream message and what settles it.
+/// One JetStream message and what settles it (its dead letter is published through the
+/// message's own JetStream context: the consumer's).
 #[derive(Debug)]
 pub struct NatsPending {
     delivery: Delivery,
     message: Message,
-    js: Context,
     dead_letter_subject: Arc<str>,
     retry_delay: Duration,
 }
@@ -249,9 +248,14 @@ impl NatsPending {
                 .chain([(DEAD_LETTER_REASON, reason)])
                 .chain(fault.iter().map(|(n, v)| (n.as_str(), v.as_str()))),
         )?;
-        send(&self.js, &self.dead_letter_subject, map, d.payload.clone())
-            .await?
-            .await?;
+        send(
+            &self.message.context,
+            &self.dead_letter_subject,
+            map,
+            d.payload.clone(),
+        )
+        .await?
+        .await?;
         Ok(())
     }
 }
@@ -269,9 +273,9 @@ fn delivery(message: &Message) -> Delivery {
                 h.iter()
                     .filter(|(name, _)| AsRef::<str>::as_ref(*name) != MSG_ID_HEADER)
                     .flat_map(|(name, values)| {
-                        values
-                            .iter()
-                            .map(move |v| (name.to_string(), v.as_str().to_owned()))
+                        values.iter().map(move |v| {
+                            (AsRef::<str>::as_ref(name).to_owned(), v.as_str().to_owned())
+                        })
                     })
                     .collect()
             })

@@ -98,9 +98,19 @@ pub(crate) struct Params {
     /// The PostgreSQL settings to bench on, each in turn.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) postgres_durability: Vec<Durability>,
-    /// Counted mode: only these sides of each measure (`library`, `raw`, ...); `None`:
-    /// all. One side alone is what `valgrind --tool=callgrind` runs (see BENCHMARKS.md).
-    #[cfg_attr(not(feature = "counted"), allow(dead_code))]
+    /// Counted mode and the broker rows: only these sides of each measure (`library`,
+    /// `raw`, ...; brokers: `raw`, `loop`, `adapter`); `None`: all. One side alone is what
+    /// `valgrind --tool=callgrind` runs (see BENCHMARKS.md).
+    #[cfg_attr(
+        not(any(
+            feature = "counted",
+            feature = "rabbitmq",
+            feature = "redis",
+            feature = "nats",
+            feature = "pubsub"
+        )),
+        allow(dead_code)
+    )]
     pub(crate) sides: Option<Vec<String>>,
 }
 

@@ -148,8 +148,9 @@ struct Args {
     #[arg(long)]
     scale: bool,
     /// Counted mode: run only these sides of each measure (comma-separated: library,
-    /// raw, TxInbox, claim_in_tx, hand_written, insert_alone, enqueue) [default: all]. One
-    /// side alone is what a `valgrind --tool=callgrind` run counts.
+    /// raw, TxInbox, claim_in_tx, hand_written, insert_alone, enqueue); brokers: raw,
+    /// loop, adapter, each run once and printed without rows [default: all]. One side
+    /// alone is what a `valgrind --tool=callgrind` run counts.
     #[arg(long, value_delimiter = ',')]
     sides: Vec<String>,
     /// Records preloaded, each size in turn on a fresh table (--scale).

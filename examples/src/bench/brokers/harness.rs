@@ -4,12 +4,14 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use dedup_brokers::{ConsumerConfig, Delivery, Handle, ShutdownTrigger, shutdown, with_inbox};
-use dedup_core::{BoxError, Handled, Inbox, InboxError, Key, MemoryStore};
-use futures::future::BoxFuture;
+use dedup_brokers::{
+    ConsumerConfig, Delivery, Handle, InboxHandler, ShutdownTrigger, shutdown, with_inbox,
+};
+use dedup_core::{BoxError, Handled, Inbox, InboxError, Key, Lease, MemoryStore};
+use futures::future::{BoxFuture, Ready, ready};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
@@ -75,10 +77,39 @@ pub(super) async fn handle_once(
     }
 }
 
-/// The adapter's handler: `with_inbox` around an empty handler, counting what it handled;
-/// the `n`th handled message stamps the end of the run and stops the consumer.
+/// The hand-written loop's admission floor, the adapter's default
+/// ([`ConsumerConfig::max_age`]): a message the broker stored longer ago than that may have
+/// lost its inbox record to a purge, so a loop keeping the adapter's guarantee refuses it.
+/// The bench's messages are fresh: a refusal fails the run.
+pub(super) fn admit(published: SystemTime) -> Result<()> {
+    let age = SystemTime::now()
+        .duration_since(published)
+        .unwrap_or_default();
+    match ConsumerConfig::default().max_age {
+        Some(max_age) if age > max_age => {
+            Err(format!("published {age:?} ago, past the admission floor {max_age:?}").into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The empty handler the adapter runs under `with_inbox` (a plain `fn`, as the hand-written
+/// loop's is inline).
+type EmptyWork = fn(Lease, Delivery) -> Ready<Result<Option<Vec<u8>>, BoxError>>;
+
+/// The handler every adapter run takes: `with_inbox` around the empty handler, counted.
+pub(super) type AdapterHandler = Counting<InboxHandler<MemoryStore, EmptyWork>>;
+
+/// A handler counting what `inner` handled; the `n`th handled message stamps the end of the
+/// run and stops the consumer. The consumer owns it as it owns a user's handler (no `Arc`,
+/// no `dyn`): only the count is shared with the run.
 pub(super) struct Counting<H> {
     inner: H,
+    count: Arc<Count>,
+}
+
+/// What a [`Counting`] handler shares with its run.
+pub(super) struct Count {
     handled: AtomicUsize,
     n: usize,
     ended: std::sync::Mutex<Option<Instant>>,
@@ -89,9 +120,10 @@ pub(super) struct Counting<H> {
 impl<H: Handle> Handle for Counting<H> {
     async fn handle(&self, key: &Key, delivery: &Delivery) -> Result<Handled, InboxError> {
         let handled = self.inner.handle(key, delivery).await?;
-        if self.handled.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
-            *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-            self.stop.shut_down();
+        let count = &*self.count;
+        if count.handled.fetch_add(1, Ordering::SeqCst) + 1 == count.n {
+            *count.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            count.stop.shut_down();
         }
         Ok(handled)
     }
@@ -101,24 +133,24 @@ impl<H: Handle> Handle for Counting<H> {
 /// from the start to the `n`th.
 pub(super) async fn adapter_run<F, Fut>(n: usize, consume: F) -> Result<Run>
 where
-    F: FnOnce(Arc<Counting<Arc<dyn Handle>>>, dedup_brokers::Shutdown) -> Fut,
+    F: FnOnce(AdapterHandler, dedup_brokers::Shutdown) -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
 {
     let (stop, stopped) = shutdown();
-    let inner: Arc<dyn Handle> = Arc::new(with_inbox(
-        Inbox::new(MemoryStore::new()),
-        |_lease, _delivery| async { Ok::<_, BoxError>(None) },
-    ));
-    let handler = Arc::new(Counting {
-        inner,
+    let empty: EmptyWork = |_lease, _delivery| ready(Ok(None));
+    let count = Arc::new(Count {
         handled: AtomicUsize::new(0),
         n,
         ended: std::sync::Mutex::new(None),
         stop,
     });
+    let handler = Counting {
+        inner: with_inbox(Inbox::new(MemoryStore::new()), empty),
+        count: Arc::clone(&count),
+    };
     let started = Instant::now();
-    consume(Arc::clone(&handler), stopped).await?;
-    let ended = handler
+    consume(handler, stopped).await?;
+    let ended = count
         .ended
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -136,6 +136,9 @@ async fn bench_broker<B: Broker>(
     broker: &B,
 ) -> Result<Vec<Row>> {
     let n = params.batch_messages;
+    if let Some(only) = &params.sides {
+        return one_side(backend, params, broker, only).await;
+    }
     let mut rows = Vec::new();
     for &c in &params.concurrency {
         eprintln!("brokers: {backend} with {c} in flight...");
@@ -186,4 +189,31 @@ async fn bench_broker<B: Broker>(
         ));
     }
     Ok(rows)
+}
+
+/// `--sides`: only the ways named (`raw`, `loop`, `adapter`), each run once per
+/// concurrency after its warm-up, their throughput printed and no rows (a row compares
+/// two sides): what a `valgrind --tool=callgrind` run of one side counts.
+async fn one_side<B: Broker>(
+    backend: &'static str,
+    params: &Params,
+    broker: &B,
+    only: &[String],
+) -> Result<Vec<Row>> {
+    let n = params.batch_messages;
+    for &c in &params.concurrency {
+        for (kind, what) in KINDS
+            .into_iter()
+            .filter(|(_, w)| only.iter().any(|o| o == w))
+        {
+            timed(broker.consume(kind, format!("warm-c{c}-{what}"), params.warmup.max(1), c))
+                .await?;
+            let run = timed(broker.consume(kind, format!("c{c}-{what}-0"), n, c)).await?;
+            eprintln!(
+                "brokers: {backend} {what} with {c} in flight: {:.0} msgs/s",
+                run.throughput(n)
+            );
+        }
+    }
+    Ok(Vec::new())
 }

@@ -8,7 +8,7 @@ use futures::FutureExt;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 
-use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, config, handle_once};
+use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, admit, config, handle_once};
 use crate::bench::driver::Run;
 use crate::bench::{Names, Result};
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
@@ -130,6 +130,9 @@ async fn raw(js: &Context, name: &str, kind: Kind, n: usize, in_flight: usize) -
             workers
                 .run(slot, async move {
                     if kind == Kind::InboxLoop {
+                        // The adapter's admission floor reads the stored time from the
+                        // ack subject; a loop with its guarantee does too.
+                        admit(message.info()?.published.into())?;
                         let id = message
                             .headers
                             .as_ref()
