@@ -13,11 +13,12 @@ use dedup_core::{Forgot, Key, PurgeOptions, Released};
 use serde::Deserialize;
 use std::fmt::Write;
 
-use crate::console::{Inner, Problem, html, need_outbox};
 use crate::gather;
 use crate::guard::COOKIE;
 use crate::html::{esc, qs};
 use crate::model::{ActionDone, PurgeLine, Session};
+use crate::problem::{Problem, need_outbox};
+use crate::state::{Inner, html};
 
 /// The parameters of every action (each uses some).
 #[derive(Debug, Default, Deserialize)]

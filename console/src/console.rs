@@ -5,17 +5,16 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{Html, IntoResponse, Json, Response};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use dedup_core::outbox::OutboxStore;
 use dedup_core::{Admin, Key};
 use serde::Deserialize;
 
 use crate::config::{ConfigError, ConsoleConfig};
-use crate::guard::Refusal;
-use crate::html::{esc, page};
-use crate::model::PurgeLine;
+use crate::problem::{Problem, need_outbox};
+use crate::state::{Inner, html};
 use crate::{actions, gather, pages};
 
 /// The console over one store (and optionally its outbox). [`Console::router`] gives the
@@ -23,19 +22,6 @@ use crate::{actions, gather, pages};
 #[derive(Clone)]
 pub struct Console {
     inner: Arc<Inner>,
-}
-
-/// The state every handler shares.
-pub(crate) struct Inner {
-    pub(crate) admin: Arc<dyn Admin>,
-    pub(crate) outbox: Option<Arc<dyn OutboxStore>>,
-    pub(crate) config: ConsoleConfig,
-    /// The store's URL with any password removed.
-    pub(crate) store: String,
-    /// The CSRF token every form carries (random per console).
-    pub(crate) csrf: String,
-    /// The last purge this console ran.
-    pub(crate) last_purge: Mutex<Option<PurgeLine>>,
 }
 
 impl Console {
@@ -101,96 +87,7 @@ impl Console {
     }
 }
 
-/// A failed request: refused, bad input, or the store failing.
-pub(crate) enum Problem {
-    Refused(Refusal),
-    BadInput(String),
-    NotFound(String),
-    Conflict(String),
-    Unauthorized(String),
-    Store(&'static str, dedup_core::Error),
-}
-
-impl From<Refusal> for Problem {
-    fn from(r: Refusal) -> Self {
-        Problem::Refused(r)
-    }
-}
-
-impl Problem {
-    pub(crate) fn store(what: &'static str) -> impl FnOnce(dedup_core::Error) -> Problem {
-        move |e| Problem::Store(what, e)
-    }
-}
-
-impl Problem {
-    /// The status and the reason, logged (a store failure) or counted (a refusal).
-    fn parts(self) -> (StatusCode, String) {
-        match self {
-            Problem::Refused(r) => {
-                r.note();
-                (r.status, r.reason)
-            }
-            Problem::BadInput(t) => (StatusCode::BAD_REQUEST, t),
-            Problem::NotFound(t) => (StatusCode::NOT_FOUND, t),
-            Problem::Conflict(t) => (StatusCode::CONFLICT, t),
-            Problem::Unauthorized(t) => (StatusCode::UNAUTHORIZED, t),
-            Problem::Store(what, e) => {
-                tracing::error!(error = %dedup_core::error_chain(&e), "dedup console: {what} failed");
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("{what} failed: {}", dedup_core::error_chain(&e)),
-                )
-            }
-        }
-    }
-
-    /// The answer of an `/api` request: `{"status", "error"}` with the same status.
-    pub(crate) fn into_json_response(self) -> Response {
-        let (status, error) = self.parts();
-        (
-            status,
-            Json(crate::model::ApiError {
-                status: status.as_u16(),
-                error,
-            }),
-        )
-            .into_response()
-    }
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let (status, text) = match self {
-            Problem::Refused(r) => return r.into_response(),
-            other => other.parts(),
-        };
-        (
-            status,
-            Html(page(
-                "",
-                "",
-                "Error",
-                &format!("<p class=refused>{}</p>", esc(&text)),
-                false,
-            )),
-        )
-            .into_response()
-    }
-}
-
 type Shared = State<Arc<Inner>>;
-
-pub(crate) fn html(inner: &Inner, title: &str, body: &str, refresh: bool) -> Response {
-    Html(page(
-        &inner.config.base_path,
-        &inner.store,
-        title,
-        body,
-        refresh,
-    ))
-    .into_response()
-}
 
 async fn overview_data(inner: &Inner) -> Result<crate::model::Overview, Problem> {
     let last = inner.last_purge.lock().map(|g| g.clone()).unwrap_or(None);
@@ -361,13 +258,6 @@ async fn api_stuck(
 ) -> Result<Response, Problem> {
     inner.check_view(&headers)?;
     Ok(Json(stuck_data(&inner, &q).await?).into_response())
-}
-
-pub(crate) fn need_outbox(inner: &Inner) -> Result<&Arc<dyn OutboxStore>, Problem> {
-    inner
-        .outbox
-        .as_ref()
-        .ok_or_else(|| Problem::NotFound("this console was started without an outbox".into()))
 }
 
 async fn outbox_data(inner: &Inner) -> Result<crate::model::DeadRows, Problem> {

@@ -4,8 +4,8 @@
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 
-use crate::console::Inner;
 use crate::html::{esc, page};
+use crate::state::Inner;
 
 /// The cookie the sign-in form sets.
 pub const COOKIE: &str = "dedup_console_token";

@@ -8,6 +8,8 @@ mod guard;
 mod html;
 pub mod model;
 mod pages;
+mod problem;
+mod state;
 
 pub use config::{ConfigError, ConsoleConfig, MAX_PAGE_SIZE, MAX_SCAN_LIMIT};
 pub use console::Console;

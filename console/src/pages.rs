@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use dedup_core::{Record, Timestamp};
 
-use crate::console::Inner;
 use crate::gather::{failure_group_of, key_line};
 use crate::html::{age, esc, qs, time};
 use crate::model::*;
+use crate::state::Inner;
 
 fn t(ms: i64) -> String {
     time(Timestamp::from_millis(ms))

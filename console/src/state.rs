@@ -1,0 +1,36 @@
+//! The state every handler shares, and the page frame it fills.
+
+use std::sync::{Arc, Mutex};
+
+use axum::response::{Html, IntoResponse, Response};
+use dedup_core::Admin;
+use dedup_core::outbox::OutboxStore;
+
+use crate::config::ConsoleConfig;
+use crate::html::page;
+use crate::model::PurgeLine;
+
+/// The state every handler shares.
+pub(crate) struct Inner {
+    pub(crate) admin: Arc<dyn Admin>,
+    pub(crate) outbox: Option<Arc<dyn OutboxStore>>,
+    pub(crate) config: ConsoleConfig,
+    /// The store's URL with any password removed.
+    pub(crate) store: String,
+    /// The CSRF token every form carries (random per console).
+    pub(crate) csrf: String,
+    /// The last purge this console ran.
+    pub(crate) last_purge: Mutex<Option<PurgeLine>>,
+}
+
+/// `body` in the console's page frame (its base path and store in the header).
+pub(crate) fn html(inner: &Inner, title: &str, body: &str, refresh: bool) -> Response {
+    Html(page(
+        &inner.config.base_path,
+        &inner.store,
+        title,
+        body,
+        refresh,
+    ))
+    .into_response()
+}
