@@ -219,10 +219,11 @@ pub async fn purgeable<B: SqlBackend>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    struct Test;
+    /// A dialect whose SQL shows what it was asked (also used by `counts`' tests).
+    pub(crate) struct Test;
 
     impl AdminDialect for Test {
         fn outcome_starts_with(hex: &str) -> String {

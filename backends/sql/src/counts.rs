@@ -142,16 +142,7 @@ pub fn needs_fold(deltas: u64, consumers: usize) -> bool {
 mod tests {
     use super::*;
 
-    struct Test;
-
-    impl AdminDialect for Test {
-        fn outcome_starts_with(hex: &str) -> String {
-            format!("starts({hex})")
-        }
-        fn count_where(condition: &str) -> String {
-            format!("count({condition})")
-        }
-    }
+    use crate::admin::tests::Test;
 
     impl CountsDialect for Test {
         fn bigint(expr: &str) -> String {
