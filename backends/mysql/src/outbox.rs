@@ -297,7 +297,16 @@ impl OutboxDialect for MySqlOutboxDialect {
             .fetch_all(self.store.pool())
             .await
             .map_err(backend)?;
-        decode_state_counts(&rows, backend)
+        decode_state_counts(&rows, false, backend)
+    }
+
+    async fn count_destinations(&self) -> Result<StateCounts> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql().stats_by_destination.clone()))
+            .bind(self.store.now_param())
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(backend)?;
+        decode_state_counts(&rows, true, backend)
     }
 
     async fn list(

@@ -40,6 +40,8 @@ pub(crate) struct OutboxStatements {
     pub(crate) retry: String,
     /// Counts by state, and now. Parameter: now.
     pub(crate) stats: String,
+    /// Counts by destination and state, and now. Parameter: now.
+    pub(crate) stats_by_destination: String,
     /// An operator's listing. Parameters: after id, state (twice), destination (twice),
     /// limit.
     pub(crate) list: String,
@@ -79,6 +81,14 @@ impl OutboxStatements {
                  FROM (SELECT 1 AS one) o LEFT JOIN ( \
                    SELECT state, COUNT(*) AS n, MIN(written_at) AS oldest \
                    FROM {table} GROUP BY state) s ON TRUE"
+            ),
+            // One pass over the table, as `stats` (no index serves a grouping by
+            // destination; one would cost every enqueue and state change).
+            stats_by_destination: format!(
+                "SELECT {NOW_MS} AS now_ms, s.destination, s.state, s.n, s.oldest \
+                 FROM (SELECT 1 AS one) o LEFT JOIN ( \
+                   SELECT destination, state, COUNT(*) AS n, MIN(written_at) AS oldest \
+                   FROM {table} GROUP BY destination, state) s ON TRUE"
             ),
             list: format!(
                 "SELECT {cols} FROM {table} \

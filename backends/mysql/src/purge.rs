@@ -4,8 +4,9 @@
 use std::time::Instant;
 
 use async_trait::async_trait;
-use dedup_core::Result;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
+use dedup_core::{PurgeReport, PurgeRun, Result, Timestamp};
+use dedup_sql::config::PURGE_RUNS_TABLE;
 use dedup_sql::purge::Cursor;
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
@@ -13,7 +14,60 @@ use sqlx::{AssertSqlSafe, MySql, Row};
 
 use crate::MySqlStore;
 use crate::error::{backend, lost_race};
-use crate::statements::{BEGIN, CUTOFF_USES, retention_param};
+use crate::statements::{BEGIN, CUTOFF_USES, NOW_MS, retention_param};
+
+/// Keep a run as its table's last, replacing the one before. Parameters: table, now,
+/// removed, took in ms, stopped early.
+fn record_run_sql() -> String {
+    format!(
+        "INSERT INTO {PURGE_RUNS_TABLE} \
+         (table_name, finished_at, removed, took_ms, stopped_early) VALUES (?, {NOW_MS}, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE finished_at = VALUES(finished_at), removed = VALUES(removed), \
+         took_ms = VALUES(took_ms), stopped_early = VALUES(stopped_early)"
+    )
+}
+
+/// A table's last run, by the primary key. Parameter: table.
+const LAST_RUN: &str = "SELECT finished_at, removed, took_ms, stopped_early \
+     FROM dedup_purge_runs WHERE table_name = ?";
+
+impl MySqlStore {
+    /// `Storage::record_purge`: one upsert of the table's row, stamped with the store's
+    /// "now".
+    pub(crate) async fn record_purge_run(&self, report: &PurgeReport) -> Result<()> {
+        // The statement's clock gives the finish time; the run gives the rest.
+        let run = PurgeRun::of(report, Timestamp::from_millis(0));
+        sqlx::query(AssertSqlSafe(record_run_sql()))
+            .bind(&self.config().table)
+            .bind(self.now_param())
+            .bind(i64::try_from(run.removed).unwrap_or(i64::MAX))
+            .bind(run.took_ms())
+            .bind(run.stopped_early)
+            .execute(self.pool())
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// `AdminStorage::last_purge`: the table's row.
+    pub(crate) async fn last_purge_run(&self) -> Result<Option<PurgeRun>> {
+        let row = sqlx::query(LAST_RUN)
+            .bind(&self.config().table)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(backend)?;
+        row.map(|r| {
+            Ok(PurgeRun::from_stored(
+                r.try_get("finished_at")?,
+                r.try_get("removed")?,
+                r.try_get("took_ms")?,
+                r.try_get("stopped_early")?,
+            ))
+        })
+        .transpose()
+        .map_err(backend)
+    }
+}
 
 #[async_trait]
 impl PurgeBatches for MySqlStore {

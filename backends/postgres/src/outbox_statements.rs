@@ -39,6 +39,8 @@ pub(crate) struct OutboxStatements {
     pub(crate) retry: SqlStr,
     /// Counts by state.
     pub(crate) stats: SqlStr,
+    /// Counts by destination and state.
+    pub(crate) stats_by_destination: SqlStr,
     /// An operator's listing.
     pub(crate) list: SqlStr,
     /// One purge batch.
@@ -154,6 +156,14 @@ impl OutboxStatements {
                  FROM {now} LEFT JOIN ( \
                    SELECT state, count(*) AS n, min(written_at) AS oldest \
                    FROM {table} GROUP BY state) s ON true"
+            )),
+            // One pass over the table, as `stats` (no index serves a grouping by
+            // destination; one would cost every enqueue and state change).
+            stats_by_destination: sql(format!(
+                "SELECT now.ms AS now_ms, s.destination, s.state, s.n, s.oldest \
+                 FROM {now} LEFT JOIN ( \
+                   SELECT destination, state, count(*) AS n, min(written_at) AS oldest \
+                   FROM {table} GROUP BY destination, state) s ON true"
             )),
             // $1 state or NULL, $2 destination or NULL, $3 after id, $4 limit.
             list: sql(format!(

@@ -63,9 +63,12 @@ pub struct Taken {
     pub rows: Vec<RawOutboxRow>,
 }
 
-/// The row count of one state, as the dialect's counting statement found it.
+/// The row count of one state (of one destination), as the dialect's counting statement
+/// found it.
 #[derive(Debug)]
 pub struct StateCount {
+    /// The destination, when the statement counted per destination.
+    pub destination: Option<String>,
     /// The state as stored.
     pub state: String,
     /// How many rows are in it.
@@ -147,6 +150,10 @@ pub trait OutboxDialect: Send + Sync + Debug + 'static {
 
     /// The table's counts by state, and "now".
     async fn count_states(&self) -> Result<StateCounts>;
+
+    /// The table's counts by destination and state (each count's `destination` set), and
+    /// "now": one aggregate statement.
+    async fn count_destinations(&self) -> Result<StateCounts>;
 
     /// Rows with an id above `after_id`, optionally of one state (as stored) and one
     /// destination, by id, at most `limit`.

@@ -61,8 +61,13 @@ where
 }
 
 /// The counts of a counting statement whose rows have `now_ms` and, per state with rows,
-/// `state`, `n` and `oldest` (a single row with `state` NULL when the table is empty).
-pub fn decode_state_counts<R>(rows: &[R], map: fn(sqlx::Error) -> Error) -> Result<StateCounts>
+/// `state`, `n` and `oldest` (a single row with `state` NULL when the table is empty), and
+/// `destination` too when `by_destination`.
+pub fn decode_state_counts<R>(
+    rows: &[R],
+    by_destination: bool,
+    map: fn(sqlx::Error) -> Error,
+) -> Result<StateCounts>
 where
     R: Row,
     &'static str: ColumnIndex<R>,
@@ -73,7 +78,12 @@ where
     for row in rows {
         counts.now_ms = row.try_get("now_ms").map_err(map)?;
         if let Some(state) = row.try_get::<Option<String>, _>("state").map_err(map)? {
+            let destination = match by_destination {
+                true => Some(row.try_get("destination").map_err(map)?),
+                false => None,
+            };
             counts.states.push(StateCount {
+                destination,
                 state,
                 rows: row.try_get("n").map_err(map)?,
                 oldest: row.try_get("oldest").map_err(map)?,
