@@ -112,9 +112,10 @@ pub(crate) async fn run(
                 .stats()
                 .await
                 .map_err(|e| Failure::store("cannot read the outbox's stats", e))?;
-            let destinations = outbox.stats_by_destination().await.map_err(|e| {
-                Failure::store("cannot read the outbox's stats by destination", e)
-            })?;
+            let destinations = outbox
+                .stats_by_destination()
+                .await
+                .map_err(|e| Failure::store("cannot read the outbox's stats by destination", e))?;
             let json = json!({
                 "backend": backend,
                 "now": time_json(stats.now),

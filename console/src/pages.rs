@@ -102,9 +102,9 @@ pub fn overview(inner: &Inner, o: &Overview) -> String {
                 }
             );
         }
-        None => b.push_str(
-            "<p id=last-purge class=note>No purge of this store has finished yet.</p>",
-        ),
+        None => {
+            b.push_str("<p id=last-purge class=note>No purge of this store has finished yet.</p>")
+        }
     }
     b.push_str(&action_button(inner, "purge", "", "Purge now"));
     if let Some(x) = &o.outbox {

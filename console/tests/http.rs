@@ -106,7 +106,11 @@ async fn scenario(t: Target) {
                 &invoices["pending"],
                 &invoices["dead"]
             ),
-            (&json!("invoices"), &json!(1), &json!(1)),
+            (
+                &serde_json::json!("invoices"),
+                &Value::from(1),
+                &Value::from(1)
+            ),
             "{o}"
         );
         let (_, page) = get(&app, "/").await;

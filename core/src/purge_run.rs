@@ -34,7 +34,9 @@ impl PurgeRun {
         PurgeRun {
             finished_at,
             removed: report.total(),
-            took: Duration::from_millis(u64::try_from(report.elapsed.as_millis()).unwrap_or(u64::MAX)),
+            took: Duration::from_millis(
+                u64::try_from(report.elapsed.as_millis()).unwrap_or(u64::MAX),
+            ),
             stopped_early: report.stopped_early,
         }
     }

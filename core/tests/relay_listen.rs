@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_core::backend::OutboxStorage;
 use dedup_core::outbox::{
-    AfterFailure, DestinationStats, Held, MemoryOutbox, MemoryPublisher, OutboxEntry,
-    OutboxQuery, OutboxStats, Relay, RelayConfig,
+    AfterFailure, DestinationStats, Held, MemoryOutbox, MemoryPublisher, OutboxEntry, OutboxQuery,
+    OutboxStats, Relay, RelayConfig,
 };
 use dedup_core::{Error, LeaseToken, PurgeOptions, PurgeReport, Result};
 use futures::StreamExt;

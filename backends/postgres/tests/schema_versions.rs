@@ -158,7 +158,11 @@ INSERT INTO {t} VALUES
         (1, 1),
         "the backfilled claimed_at lets purge find both old records: {report:?}"
     );
-    let run = store.last_purge().await.unwrap().expect("version 5 keeps the run");
+    let run = store
+        .last_purge()
+        .await
+        .unwrap()
+        .expect("version 5 keeps the run");
     assert_eq!((run.removed, run.stopped_early), (2, false), "{run:?}");
     let recent = Key::new("billing", "recent").unwrap();
     assert!(store.get(&recent).await.unwrap().is_some(), "recent kept");

@@ -311,8 +311,12 @@ impl RedisStore {
     /// `AdminStorage::last_purge`: `HMGET` of the run's hash.
     pub(crate) async fn last_purge_run(&self) -> Result<Option<PurgeRun>> {
         let mut cmd = redis::cmd("HMGET");
-        cmd.arg(purge_run_key(&self.config().prefix))
-            .arg(&["finished_at", "removed", "took_ms", "stopped_early"]);
+        cmd.arg(purge_run_key(&self.config().prefix)).arg(&[
+            "finished_at",
+            "removed",
+            "took_ms",
+            "stopped_early",
+        ]);
         let fields: (Option<i64>, Option<i64>, Option<i64>, Option<i64>) =
             self.conn().query(&cmd).await.map_err(backend)?;
         Ok(match fields {

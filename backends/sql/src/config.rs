@@ -74,8 +74,7 @@ pub trait SqlConfig: Default {
         }
         if let Some(outbox) = s.outbox_table {
             sql_identifier("outbox table", outbox)?;
-            if outbox == s.table || outbox == Self::VERSIONS_TABLE || outbox == PURGE_RUNS_TABLE
-            {
+            if outbox == s.table || outbox == Self::VERSIONS_TABLE || outbox == PURGE_RUNS_TABLE {
                 return Err(Error::invalid(
                     "outbox table",
                     format!("{outbox:?} is one of the store's other tables"),

@@ -306,7 +306,7 @@ impl OutboxStorage for SqliteOutbox {
                     now: inner.clock.now(),
                     ..OutboxStats::default()
                 };
-                for_each_count(conn, &inner.outbox.sql.stats, |row, c| {
+                for_each_count(conn, &inner.outbox.sql.stats, |_, c| {
                     stats.count_state(BACKEND, &c.state, c.rows, c.oldest)
                 })?;
                 Ok(stats)

@@ -115,7 +115,12 @@ impl SqliteStore {
             conn.prepare_cached(&runs_sql(LAST_RUN))
                 .and_then(|mut stmt| {
                     stmt.query_row([&inner.table], |r| {
-                        Ok(PurgeRun::from_stored(r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                        Ok(PurgeRun::from_stored(
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                        ))
                     })
                     .optional()
                 })

@@ -296,11 +296,8 @@ mod tests {
     fn a_table_created_anew_drops_the_purge_run_of_an_earlier_table_of_its_name() {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn, "t").unwrap();
-        conn.execute(
-            "INSERT INTO dedup_purge_runs VALUES ('t', 1, 2, 3, 0)",
-            [],
-        )
-        .unwrap();
+        conn.execute("INSERT INTO dedup_purge_runs VALUES ('t', 1, 2, 3, 0)", [])
+            .unwrap();
         conn.execute_batch(
             "DROP TABLE t; DELETE FROM dedup_schema_versions WHERE table_name = 't';",
         )

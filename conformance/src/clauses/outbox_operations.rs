@@ -333,8 +333,14 @@ pub async fn outbox_stats_and_list_agree_with_the_rows<F: OutboxFactory>(factory
 pub async fn outbox_stats_by_destination_add_up_to_the_stats<F: OutboxFactory>(factory: &F) {
     let (ctx, outbox) = setup(factory, "outbox_stats_by_destination").await;
     let s = &*outbox.store;
-    let none = s.stats_by_destination().await.expect("stats by destination");
-    assert!(none.is_empty(), "an empty outbox has no destination: {none:?}");
+    let none = s
+        .stats_by_destination()
+        .await
+        .expect("stats by destination");
+    assert!(
+        none.is_empty(),
+        "an empty outbox has no destination: {none:?}"
+    );
     commit(
         &outbox,
         &[
@@ -360,13 +366,20 @@ pub async fn outbox_stats_by_destination_add_up_to_the_stats<F: OutboxFactory>(f
     assert_eq!(held.rows[0].message_id, "m-1", "{held:?}");
     ctx.clock.advance(Duration::from_secs(10));
 
-    let by_destination = s.stats_by_destination().await.expect("stats by destination");
+    let by_destination = s
+        .stats_by_destination()
+        .await
+        .expect("stats by destination");
     let seen: Vec<_> = by_destination
         .iter()
         .map(|d| {
             let st = &d.stats;
             let lag = st.oldest_unsent_age();
-            (d.destination.as_str(), (st.pending, st.held, st.sent, st.dead), lag)
+            (
+                d.destination.as_str(),
+                (st.pending, st.held, st.sent, st.dead),
+                lag,
+            )
         })
         .collect();
     assert_eq!(
@@ -386,7 +399,12 @@ pub async fn outbox_stats_by_destination_add_up_to_the_stats<F: OutboxFactory>(f
     let whole = s.stats().await.expect("stats");
     let sum = by_destination.iter().fold((0, 0, 0, 0), |a, d| {
         let st = &d.stats;
-        (a.0 + st.pending, a.1 + st.held, a.2 + st.sent, a.3 + st.dead)
+        (
+            a.0 + st.pending,
+            a.1 + st.held,
+            a.2 + st.sent,
+            a.3 + st.dead,
+        )
     });
     assert_eq!(
         sum,

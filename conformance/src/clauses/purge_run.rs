@@ -34,7 +34,11 @@ where
 {
     let (ctx, store) = setup(factory, "a_finished_purge_is_kept_as_the_last_run").await;
     let other = factory.open(&ctx).await;
-    assert_eq!(last_purge(&store).await, None, "no purge ran on a new store");
+    assert_eq!(
+        last_purge(&store).await,
+        None,
+        "no purge ran on a new store"
+    );
     for i in 0..3 {
         complete(&store, &key(&format!("old-{i}")), None).await;
     }

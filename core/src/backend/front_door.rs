@@ -20,8 +20,8 @@ use super::{AdminStorage, Storage, check, purge};
 use crate::admin::{Forgot, ListFilter, PurgeCount, Released, Stats};
 use crate::{
     Admin, Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error,
-    Failure, ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, PurgeRun, Record, RecordState,
-    Result, Timestamp,
+    Failure, ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, PurgeRun, Record,
+    RecordState, Result, Timestamp,
 };
 
 #[async_trait]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AfterFailure, DestinationStats, DestinationTally, Held, OutboxEntry, OutboxMessage, OutboxQuery, OutboxRow, OutboxState,
-    OutboxStats,
+    AfterFailure, DestinationStats, DestinationTally, Held, OutboxEntry, OutboxMessage,
+    OutboxQuery, OutboxRow, OutboxState, OutboxStats,
 };
 use crate::backend::OutboxStorage;
 use crate::{Clock, LeaseToken, PurgeOptions, PurgeReport, Result, SystemClock, Timestamp};
@@ -308,7 +308,13 @@ impl OutboxStorage for MemoryOutbox {
         let mut tally = DestinationTally::at(self.now());
         for s in self.lock().rows.values() {
             let destination = &s.row.destination;
-            tally.add("memory", destination, s.state.as_str(), 1, Some(s.row.written_at))?;
+            tally.add(
+                "memory",
+                destination,
+                s.state.as_str(),
+                1,
+                Some(s.row.written_at),
+            )?;
         }
         Ok(tally.finish())
     }

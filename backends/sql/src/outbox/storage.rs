@@ -10,7 +10,9 @@ use dedup_core::outbox::{
     AfterFailure, DestinationStats, DestinationTally, Held, OutboxEntry, OutboxQuery, OutboxState,
     OutboxStats,
 };
-use dedup_core::{Error, LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis};
+use dedup_core::{
+    Error, LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis,
+};
 use futures::stream::BoxStream;
 
 use super::SqlOutbox;
@@ -264,7 +266,13 @@ mod tests {
             .iter()
             .map(|d| {
                 let s = &d.stats;
-                (d.destination.as_str(), s.pending, s.held, s.sent, s.oldest_unsent_age())
+                (
+                    d.destination.as_str(),
+                    s.pending,
+                    s.held,
+                    s.sent,
+                    s.oldest_unsent_age(),
+                )
             })
             .collect();
         assert_eq!(
