@@ -93,10 +93,11 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 .stats(top)
                 .await
                 .map_err(|e| Failure::store("cannot read the store's stats", e))?;
+            // A role that may read the records but not the purge runs still gets its stats.
             let last_purge = store
                 .last_purge()
                 .await
-                .map_err(|e| Failure::store("cannot read the store's last purge run", e))?;
+                .map_err(|e| dedup_core::error_chain(&e));
             let json = json!({
                 "backend": backend,
                 "location": location,
@@ -110,7 +111,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 "oldest_live": stats.oldest_live.as_ref().map(summary_json),
                 "most_retried": stats.most_retried.iter().map(summary_json).collect::<Vec<_>>(),
                 "size_bytes": stats.size_bytes,
-                "last_purge": last_purge.as_ref().map(purge_run_json),
+                "last_purge": last_purge.as_ref().ok().flatten().map(purge_run_json),
+                "last_purge_error": last_purge.as_ref().err(),
             });
             print(as_json, json, || {
                 let now = stats.now;
@@ -164,7 +166,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                         .size_bytes
                         .map_or("unknown for this backend".into(), bytes)
                 ));
-                out.push(purge_run_line(last_purge.as_ref(), now));
+                out.push(purge_run_line(&last_purge, now));
                 out.join("\n")
             });
         }
@@ -560,10 +562,12 @@ fn purge_run_json(run: &PurgeRun) -> Value {
 }
 
 /// The store's last purge run as `dedup stats` shows it: when, how many, how long, and
-/// whether it kept up.
-fn purge_run_line(run: Option<&PurgeRun>, now: Timestamp) -> String {
-    let Some(run) = run else {
-        return "last purge:  none finished yet".into();
+/// whether it kept up (or why it could not be read).
+fn purge_run_line(run: &Result<Option<PurgeRun>, String>, now: Timestamp) -> String {
+    let run = match run {
+        Ok(Some(run)) => run,
+        Ok(None) => return "last purge:  none finished yet".into(),
+        Err(cause) => return format!("last purge:  unknown (cannot read it: {cause})"),
     };
     format!(
         "last purge:  finished {}, removed {} in {}, {}",

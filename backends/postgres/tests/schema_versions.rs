@@ -209,7 +209,7 @@ async fn a_newer_schema_is_refused_and_left_unchanged() {
             &err,
             Error::SchemaTooNew {
                 found: 99,
-                known: 4,
+                known: 5,
                 ..
             }
         ),

@@ -42,8 +42,8 @@ where
     for i in 0..3 {
         complete(&store, &key(&format!("old-{i}")), None).await;
     }
-    acquire(&store, &key("live")).await;
     ctx.clock.advance(2 * HOUR);
+    acquire(&store, &key("live")).await;
 
     let limited = PurgeOptions::older_than(HOUR)
         .batch_size(1)
