@@ -111,7 +111,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 "oldest_live": stats.oldest_live.as_ref().map(summary_json),
                 "most_retried": stats.most_retried.iter().map(summary_json).collect::<Vec<_>>(),
                 "size_bytes": stats.size_bytes,
-                "last_purge": last_purge.as_ref().ok().flatten().map(purge_run_json),
+                "last_purge": last_purge.as_ref().ok().and_then(Option::as_ref).map(purge_run_json),
                 "last_purge_error": last_purge.as_ref().err(),
             });
             print(as_json, json, || {

@@ -73,6 +73,16 @@ impl MySqlOutboxDialect {
         &self.state().sql
     }
 
+    /// Run a counting statement (its one parameter: now), per destination or not.
+    async fn counts(&self, sql: String, by_destination: bool) -> Result<StateCounts> {
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(self.store.now_param())
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(backend)?;
+        decode_state_counts(&rows, by_destination, backend)
+    }
+
     /// The store's "now" when it has an injected clock; else the server's, asked.
     async fn now_ms(&self, conn: &mut MySqlConnection) -> Result<i64> {
         if let Some(now) = self.store.now_param() {
@@ -292,21 +302,12 @@ impl OutboxDialect for MySqlOutboxDialect {
     }
 
     async fn count_states(&self) -> Result<StateCounts> {
-        let rows = sqlx::query(AssertSqlSafe(self.sql().stats.clone()))
-            .bind(self.store.now_param())
-            .fetch_all(self.store.pool())
-            .await
-            .map_err(backend)?;
-        decode_state_counts(&rows, false, backend)
+        self.counts(self.sql().stats.clone(), false).await
     }
 
     async fn count_destinations(&self) -> Result<StateCounts> {
-        let rows = sqlx::query(AssertSqlSafe(self.sql().stats_by_destination.clone()))
-            .bind(self.store.now_param())
-            .fetch_all(self.store.pool())
+        self.counts(self.sql().stats_by_destination.clone(), true)
             .await
-            .map_err(backend)?;
-        decode_state_counts(&rows, true, backend)
     }
 
     async fn list(

@@ -56,16 +56,10 @@ impl MySqlStore {
             .fetch_optional(self.pool())
             .await
             .map_err(backend)?;
-        row.map(|r| {
-            Ok(PurgeRun::from_stored(
-                r.try_get("finished_at")?,
-                r.try_get("removed")?,
-                r.try_get("took_ms")?,
-                r.try_get("stopped_early")?,
-            ))
-        })
-        .transpose()
-        .map_err(backend)
+        row.as_ref()
+            .map(dedup_sql::purge::decode_run)
+            .transpose()
+            .map_err(backend)
     }
 }
 

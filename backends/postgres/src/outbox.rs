@@ -80,6 +80,16 @@ impl PostgresOutboxDialect {
         &self.state().sql
     }
 
+    /// Run a counting statement (its one parameter: now), per destination or not.
+    async fn counts(&self, sql: sqlx::SqlStr, by_destination: bool) -> Result<StateCounts> {
+        let rows = sqlx::query(sql)
+            .bind(self.store.now_param())
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(backend)?;
+        decode_state_counts(&rows, by_destination, backend)
+    }
+
     /// The advisory lock key of an ordering key in this outbox.
     fn key_lock(&self, key: &str) -> i64 {
         let text = format!("dedup-postgres outbox {} {key}", self.state().table.name());
@@ -237,21 +247,12 @@ impl OutboxDialect for PostgresOutboxDialect {
     }
 
     async fn count_states(&self) -> Result<StateCounts> {
-        let rows = sqlx::query(self.sql().stats.clone())
-            .bind(self.store.now_param())
-            .fetch_all(self.store.pool())
-            .await
-            .map_err(backend)?;
-        decode_state_counts(&rows, false, backend)
+        self.counts(self.sql().stats.clone(), false).await
     }
 
     async fn count_destinations(&self) -> Result<StateCounts> {
-        let rows = sqlx::query(self.sql().stats_by_destination.clone())
-            .bind(self.store.now_param())
-            .fetch_all(self.store.pool())
+        self.counts(self.sql().stats_by_destination.clone(), true)
             .await
-            .map_err(backend)?;
-        decode_state_counts(&rows, true, backend)
     }
 
     async fn list(

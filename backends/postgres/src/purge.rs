@@ -9,7 +9,7 @@ use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
 use dedup_core::{PurgeReport, PurgeRun, Result, Timestamp};
 use dedup_sql::config::PURGE_RUNS_TABLE;
 use dedup_sql::purge::Cursor;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use crate::PostgresStore;
 use crate::error::backend;
@@ -84,15 +84,9 @@ impl PostgresStore {
             .fetch_optional(self.pool())
             .await
             .map_err(backend)?;
-        row.map(|r| {
-            Ok(PurgeRun::from_stored(
-                r.try_get("finished_at")?,
-                r.try_get("removed")?,
-                r.try_get("took_ms")?,
-                r.try_get("stopped_early")?,
-            ))
-        })
-        .transpose()
-        .map_err(backend)
+        row.as_ref()
+            .map(dedup_sql::purge::decode_run)
+            .transpose()
+            .map_err(backend)
     }
 }

@@ -1,9 +1,28 @@
 //! Purge batches as bounded keyset walks of the `claimed_at` index: the cursor between
-//! batches and the count of what a batch removed, the same on every sqlx backend. The
-//! statements that take the batch are each backend's.
+//! batches and the count of what a batch removed, the same on every sqlx backend; and the
+//! last purge run read back from its row. The statements are each backend's.
 
+use dedup_core::PurgeRun;
 use dedup_core::backend::{PurgeBatch, PurgeStep};
 use sqlx::{ColumnIndex, Decode, Row, Type};
+
+/// The last purge run from a row of the purge runs table (columns `finished_at`,
+/// `removed`, `took_ms`, `stopped_early`; see
+/// [`PURGE_RUNS_TABLE`](crate::config::PURGE_RUNS_TABLE)).
+pub fn decode_run<R>(row: &R) -> Result<PurgeRun, sqlx::Error>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(PurgeRun::from_stored(
+        row.try_get("finished_at")?,
+        row.try_get("removed")?,
+        row.try_get("took_ms")?,
+        row.try_get("stopped_early")?,
+    ))
+}
 
 /// Where the next batch starts in the `claimed_at` index: the largest `claimed_at` the
 /// previous batches removed. Rows a batch skipped because another transaction held them
