@@ -1,6 +1,6 @@
 //! [`Console`]: the router, its state, and the view handlers (HTML and `/api` JSON).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -15,7 +15,6 @@ use serde::Deserialize;
 use crate::config::{ConfigError, ConsoleConfig};
 use crate::guard::Refusal;
 use crate::html::{esc, page};
-use crate::model::PurgeLine;
 use crate::{actions, gather, pages};
 
 /// The console over one store (and optionally its outbox). [`Console::router`] gives the
@@ -34,8 +33,6 @@ pub(crate) struct Inner {
     pub(crate) store: String,
     /// The CSRF token every form carries (random per console).
     pub(crate) csrf: String,
-    /// The last purge this console ran.
-    pub(crate) last_purge: Mutex<Option<PurgeLine>>,
 }
 
 impl Console {
@@ -54,7 +51,6 @@ impl Console {
                 config,
                 store: dedup_core::backend::url::redact(store_url),
                 csrf: uuid::Uuid::new_v4().simple().to_string(),
-                last_purge: Mutex::new(None),
             }),
         })
     }
@@ -67,7 +63,6 @@ impl Console {
             config: shared.config.clone(),
             store: shared.store.clone(),
             csrf: shared.csrf.clone(),
-            last_purge: Mutex::new(None),
         });
         Console {
             inner: Arc::new(Inner {
@@ -193,16 +188,9 @@ pub(crate) fn html(inner: &Inner, title: &str, body: &str, refresh: bool) -> Res
 }
 
 async fn overview_data(inner: &Inner) -> Result<crate::model::Overview, Problem> {
-    let last = inner.last_purge.lock().map(|g| g.clone()).unwrap_or(None);
-    gather::overview(
-        inner.admin.as_ref(),
-        inner.outbox.as_ref(),
-        &inner.store,
-        &inner.config,
-        last,
-    )
-    .await
-    .map_err(Problem::store("reading the overview"))
+    gather::overview(inner.admin.as_ref(), inner.outbox.as_ref(), &inner.store)
+        .await
+        .map_err(Problem::store("reading the overview"))
 }
 
 async fn overview(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {

@@ -39,6 +39,11 @@ pub fn group_id(parts: &[&str]) -> String {
         .collect()
 }
 
+/// `d` in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A key as a list line.
 pub fn key_line(r: &Record, now: Timestamp, at: Timestamp) -> KeyLine {
     KeyLine {
@@ -92,11 +97,16 @@ pub async fn overview(
     admin: &dyn Admin,
     outbox: Option<&Arc<dyn OutboxStore>>,
     store: &str,
-    config: &ConsoleConfig,
-    last_purge: Option<PurgeLine>,
 ) -> Result<Overview> {
-    // The store's counts and the consumers' lines, read at once.
-    let (stats, consumers) = futures::try_join!(admin.stats(0), admin.consumers())?;
+    // The store's counts, the consumers' lines and the last purge run, read at once.
+    let (stats, consumers, last_purge) =
+        futures::try_join!(admin.stats(0), admin.consumers(), admin.last_purge())?;
+    let last_purge = last_purge.map(|run| PurgeLine {
+        finished_at: run.finished_at.as_millis(),
+        removed: run.removed,
+        took_ms: millis(run.took),
+        stopped_early: run.stopped_early,
+    });
     let consumers = consumers
         .into_iter()
         .map(|c| ConsumerLine {
@@ -117,19 +127,25 @@ pub async fn overview(
     });
     let outbox = match outbox {
         Some(o) => {
-            let s = o.stats().await?;
-            let (dead, _) = dead_rows(o.as_ref(), config.scan_limit.min(10_000)).await?;
-            let mut by_dest: BTreeMap<String, u64> = BTreeMap::new();
-            for e in &dead {
-                *by_dest.entry(e.row.destination.clone()).or_default() += 1;
-            }
+            let (s, by_destination) = futures::try_join!(o.stats(), o.stats_by_destination())?;
+            let destinations = by_destination
+                .into_iter()
+                .map(|d| DestinationLine {
+                    pending: d.stats.pending,
+                    held: d.stats.held,
+                    sent: d.stats.sent,
+                    dead: d.stats.dead,
+                    lag_ms: millis(d.stats.oldest_unsent_age()),
+                    destination: d.destination,
+                })
+                .collect();
             Some(OutboxLine {
                 pending: s.pending,
                 held: s.held,
                 sent: s.sent,
                 dead: s.dead,
-                lag_ms: s.oldest_unsent_age().as_millis() as u64,
-                dead_by_destination: by_dest.into_iter().collect(),
+                lag_ms: millis(s.oldest_unsent_age()),
+                destinations,
             })
         }
         None => None,

@@ -229,8 +229,14 @@ mod tests {
         let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = socket.local_addr().unwrap().port();
         let me = std::process::id();
-        assert_eq!(listener_of(&format!("postgres://u@127.0.0.1:{port}/db")), Some(me));
-        assert_eq!(listener_of(&format!("amqp://g:p@127.0.0.1:{port}/%2f")), Some(me));
+        assert_eq!(
+            listener_of(&format!("postgres://u@127.0.0.1:{port}/db")),
+            Some(me)
+        );
+        assert_eq!(
+            listener_of(&format!("amqp://g:p@127.0.0.1:{port}/%2f")),
+            Some(me)
+        );
         assert_eq!(listener_of(&format!("redis://127.0.0.1:{port}")), Some(me));
         drop(socket);
         assert_eq!(listener_of(&format!("redis://127.0.0.1:{port}")), None);
