@@ -4,8 +4,8 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use dedup_core::parse_duration;
-use dedup_core::{Forgot, Key, ListFilter, PurgeOptions, Released, Status};
-use serde_json::json;
+use dedup_core::{Forgot, Key, ListFilter, PurgeOptions, PurgeRun, Released, Status, Timestamp};
+use serde_json::{Value, json};
 
 use crate::failure::Failure;
 use crate::open::{Access, Opened, open};
@@ -98,6 +98,11 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 .stats(top)
                 .await
                 .map_err(|e| Failure::store("cannot read the store's stats", e))?;
+            // A role that may read the records but not the purge runs still gets its stats.
+            let last_purge = store
+                .last_purge()
+                .await
+                .map_err(|e| dedup_core::error_chain(&e));
             let json = json!({
                 "backend": backend,
                 "location": location,
@@ -111,6 +116,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 "oldest_live": stats.oldest_live.as_ref().map(summary_json),
                 "most_retried": stats.most_retried.iter().map(summary_json).collect::<Vec<_>>(),
                 "size_bytes": stats.size_bytes,
+                "last_purge": last_purge.as_ref().ok().and_then(Option::as_ref).map(purge_run_json),
+                "last_purge_error": last_purge.as_ref().err(),
             });
             print(as_json, json, || {
                 let now = stats.now;
@@ -164,6 +171,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                         .size_bytes
                         .map_or("unknown for this backend".into(), bytes)
                 ));
+                out.push(purge_run_line(&last_purge, now));
                 out.join("\n")
             });
         }
@@ -548,4 +556,34 @@ async fn purge(
         },
     );
     Ok(())
+}
+
+/// The store's last purge run as JSON.
+fn purge_run_json(run: &PurgeRun) -> Value {
+    json!({
+        "finished_at": { "utc": crate::render::rfc3339(run.finished_at), "ms": run.finished_at.as_millis() },
+        "removed": run.removed,
+        "took_ms": run.took_ms(),
+        "stopped_early": run.stopped_early,
+    })
+}
+
+/// The store's last purge run as `dedup stats` shows it: when, how many, how long, and
+/// whether it kept up (or why it could not be read).
+fn purge_run_line(run: &Result<Option<PurgeRun>, String>, now: Timestamp) -> String {
+    let run = match run {
+        Ok(Some(run)) => run,
+        Ok(None) => return "last purge:  none finished yet".into(),
+        Err(cause) => return format!("last purge:  unknown (cannot read it: {cause})"),
+    };
+    format!(
+        "last purge:  finished {}, removed {} in {}, {}",
+        when(run.finished_at, now),
+        run.removed,
+        span(run.took),
+        match run.stopped_early {
+            true => "stopped early at its batch limit (records it could remove are left)",
+            false => "to the end",
+        }
+    )
 }

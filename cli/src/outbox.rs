@@ -1,7 +1,7 @@
 //! `dedup outbox ...`: the transactional outbox of an SQL store, for operators: counts by
 //! state, a listing, a retry of a dead row, a purge of sent rows.
 
-use dedup_core::outbox::{OutboxEntry, OutboxQuery, OutboxState};
+use dedup_core::outbox::{DestinationStats, OutboxEntry, OutboxQuery, OutboxState};
 use dedup_core::{PurgeOptions, Timestamp, parse_duration};
 use serde_json::{Value, json};
 
@@ -42,6 +42,39 @@ fn entry_json(e: &OutboxEntry) -> Value {
     })
 }
 
+fn destination_json(d: &DestinationStats) -> Value {
+    let s = &d.stats;
+    json!({
+        "destination": d.destination,
+        "pending": s.pending,
+        "held": s.held,
+        "sent": s.sent,
+        "dead": s.dead,
+        "oldest_unsent": s.oldest_unsent.map(time_json),
+        "oldest_unsent_age_ms": s.oldest_unsent.map(|_| s.oldest_unsent_age().as_millis() as u64),
+    })
+}
+
+/// The per-destination table of `dedup outbox stats`.
+fn destinations_text(destinations: &[DestinationStats]) -> String {
+    let mut out = String::from("by destination:");
+    if destinations.is_empty() {
+        out.push_str(" none (no rows)");
+    }
+    for d in destinations {
+        let s = &d.stats;
+        let lag = match s.oldest_unsent {
+            Some(_) => format!("oldest unsent {} ago", span(s.oldest_unsent_age())),
+            None => "nothing unsent".into(),
+        };
+        out.push_str(&format!(
+            "\n  {}: pending {}, held {}, sent {}, dead {}, {lag}",
+            d.destination, s.pending, s.held, s.sent, s.dead
+        ));
+    }
+    out
+}
+
 /// Run `dedup outbox <command>`.
 pub(crate) async fn run(
     args: &StoreArgs,
@@ -79,6 +112,10 @@ pub(crate) async fn run(
                 .stats()
                 .await
                 .map_err(|e| Failure::store("cannot read the outbox's stats", e))?;
+            let destinations = outbox
+                .stats_by_destination()
+                .await
+                .map_err(|e| Failure::store("cannot read the outbox's stats by destination", e))?;
             let json = json!({
                 "backend": backend,
                 "now": time_json(stats.now),
@@ -88,6 +125,7 @@ pub(crate) async fn run(
                 "dead": stats.dead,
                 "oldest_unsent": stats.oldest_unsent.map(time_json),
                 "oldest_unsent_age_ms": stats.oldest_unsent.map(|_| stats.oldest_unsent_age().as_millis() as u64),
+                "destinations": destinations.iter().map(destination_json).collect::<Vec<_>>(),
             });
             print(as_json, json, || {
                 [
@@ -105,6 +143,7 @@ pub(crate) async fn run(
                         ),
                         None => "oldest unsent: none".into(),
                     },
+                    destinations_text(&destinations),
                 ]
                 .join("\n")
             });

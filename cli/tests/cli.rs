@@ -301,6 +301,7 @@ async fn scenario(t: Target) {
         "{stats}"
     );
     assert_eq!(stats["oldest_live"]["message_id"], "live", "{stats}");
+    assert!(stats["last_purge"].is_null(), "no purge ran yet: {stats}");
     assert_eq!(stats["most_retried"][0]["message_id"], "retried", "{stats}");
     assert_eq!(stats["most_retried"][0]["attempt"], 2, "{stats}");
     assert_eq!(
@@ -458,11 +459,27 @@ async fn scenario(t: Target) {
         "{dry}"
     );
     t.expect(0, &["inspect", "billing", "old-1"]);
+    assert!(
+        t.json(&["stats"])["last_purge"].is_null(),
+        "a dry run is no purge run"
+    );
     let purged = t.json(&["purge", "--older-than", "1d", "--batch", "2"]);
     assert_eq!(
         (&purged["completed"], &purged["expired"]),
         (&Value::from(2), &Value::from(1)),
         "{purged}"
+    );
+    // The store keeps the run: `dedup stats` (another process) shows it.
+    let last = t.json(&["stats"])["last_purge"].clone();
+    assert_eq!(
+        (&last["removed"], &last["stopped_early"]),
+        (&Value::from(3), &Value::from(false)),
+        "{last}"
+    );
+    let human = String::from_utf8_lossy(&t.expect(0, &["stats"]).stdout).into_owned();
+    assert!(
+        human.contains("last purge:  finished ") && human.contains("removed 3 in "),
+        "{human}"
     );
     for id in ["old-1", "old-2", "old-stuck"] {
         t.expect(3, &["inspect", "billing", id]);
@@ -786,6 +803,9 @@ async fn reading_commands_never_migrate_and_work_as_a_read_only_role() {
     assert_eq!(stats.status.code(), Some(0), "{}", stderr(&stats));
     let stats: Value = serde_json::from_slice(&stats.stdout).expect("JSON");
     assert_eq!(stats["completed"], 1, "{stats}");
+    // It may not read the purge runs: the stats say why the last run is unknown.
+    let why = stats["last_purge_error"].as_str().unwrap_or_default();
+    assert!(why.contains("permission denied"), "{stats}");
     let inspect = run(&["inspect", "billing", "ro-1"]);
     assert_eq!(inspect.status.code(), Some(0), "{}", stderr(&inspect));
     let dry = run(&["purge", "--older-than", "1d", "--dry-run"]);
@@ -981,8 +1001,29 @@ async fn outbox_scenario(t: Target) {
         ),
         "{stats}"
     );
+    let invoices = &stats["destinations"][0];
+    assert_eq!(
+        (
+            &invoices["destination"],
+            &invoices["pending"],
+            &invoices["sent"],
+            &invoices["dead"]
+        ),
+        (
+            &Value::from("invoices"),
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(1)
+        ),
+        "{stats}"
+    );
+    assert_eq!(stats["destinations"].as_array().map(Vec::len), Some(1));
     let text = String::from_utf8_lossy(&t.expect(0, &["outbox", "stats"]).stdout).into_owned();
     assert!(text.contains("dead:     1"), "{text}");
+    assert!(
+        text.contains("invoices: pending 1, held 0, sent 1, dead 1, oldest unsent "),
+        "{text}"
+    );
 
     let list = t.json(&["outbox", "list", "--state", "dead"]);
     let rows = list["rows"].as_array().expect("rows");

@@ -90,6 +90,7 @@ macro_rules! __outbox_clause_names {
             outbox_retry_makes_a_dead_row_pending_again,
             outbox_delayed_rows_wait_until_due,
             outbox_stats_and_list_agree_with_the_rows,
+            outbox_stats_by_destination_add_up_to_the_stats,
         }
     };
 }
@@ -121,6 +122,7 @@ macro_rules! __admin_clause_names {
             operator_release_of_a_live_lease_needs_force,
             operator_release_revokes_the_holder_at_once,
             count_purgeable_equals_what_purge_removes,
+            a_finished_purge_is_kept_as_the_last_run,
             forget_removes_a_completed_or_expired_record_and_the_key_starts_over,
             forget_of_a_live_lease_without_force_changes_nothing,
             forget_with_force_removes_a_live_lease_and_its_holder_loses_it,

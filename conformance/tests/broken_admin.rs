@@ -11,7 +11,8 @@ use dedup_conformance::{Namespaces, StoreFactory, TestContext};
 use dedup_core::admin::{Admin, Forgot, ListFilter, PurgeCount, Released, Stats, Status};
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, ItemResult, Key,
-    Lease, MemoryStore, PurgeOptions, PurgeReport, Record, RecordState, Result, Timestamp,
+    Lease, MemoryStore, PurgeOptions, PurgeReport, PurgeRun, Record, RecordState, Result,
+    Timestamp,
 };
 use futures::FutureExt;
 
@@ -44,6 +45,10 @@ enum Fault {
     ForgetForcedOnlyRevokes,
     /// `forget` of an absent key reports a removed expired record.
     ForgetAbsentReportsARemoval,
+    /// No purge run is kept.
+    PurgeRunsAreNotKept,
+    /// The kept run never says it stopped early.
+    PurgeRunNeverStoppedEarly,
 }
 
 /// `MemoryStore` with an optional fault in its [`Admin`] implementation.
@@ -143,6 +148,18 @@ impl Admin for Faulty {
                 .await?;
         }
         Ok(count)
+    }
+
+    async fn last_purge(&self) -> Result<Option<PurgeRun>> {
+        let run = self.inner.last_purge().await?;
+        Ok(match self.fault {
+            Some(Fault::PurgeRunsAreNotKept) => None,
+            Some(Fault::PurgeRunNeverStoppedEarly) => run.map(|r| PurgeRun {
+                stopped_early: false,
+                ..r
+            }),
+            _ => run,
+        })
     }
 
     async fn release_key(&self, key: &Key, force: bool) -> Result<Released> {
@@ -309,6 +326,14 @@ async fn each_admin_fault_is_caught_by_its_clause() {
         (
             Fault::ForgetAbsentReportsARemoval,
             "forget_of_an_absent_key_is_not_found",
+        ),
+        (
+            Fault::PurgeRunsAreNotKept,
+            "a_finished_purge_is_kept_as_the_last_run",
+        ),
+        (
+            Fault::PurgeRunNeverStoppedEarly,
+            "a_finished_purge_is_kept_as_the_last_run",
         ),
     ];
     for (fault, clause) in cases {

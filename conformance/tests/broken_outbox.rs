@@ -22,8 +22,8 @@ use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnd
 use dedup_core::backend::OutboxStorage;
 use dedup_core::backend::check::{self, MAX_OUTBOX_LIST, MAX_OUTBOX_TAKE};
 use dedup_core::outbox::{
-    AfterFailure, Held, MAX_DELAY, MAX_ERROR_LEN, MemoryOutbox, OutboxEntry, OutboxMessage,
-    OutboxQuery, OutboxState, OutboxStats, OutboxStore,
+    AfterFailure, DestinationStats, Held, MAX_DELAY, MAX_ERROR_LEN, MemoryOutbox, OutboxEntry,
+    OutboxMessage, OutboxQuery, OutboxState, OutboxStats, OutboxStore,
 };
 use dedup_core::{LeaseToken, PurgeOptions, PurgeReport, Result};
 use futures::FutureExt;
@@ -62,6 +62,8 @@ enum Fault {
     RetryIgnored,
     /// Delays are dropped on enqueue.
     IgnoresDelay,
+    /// Per-destination stats count held rows as pending.
+    HeldCountedAsPending,
     /// No fault (the producer of the front-door proof).
     Honest,
 }
@@ -196,6 +198,16 @@ impl OutboxStore for Broken {
 
     async fn stats(&self) -> Result<OutboxStats> {
         OutboxStore::stats(&self.inner).await
+    }
+
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>> {
+        let mut all = OutboxStore::stats_by_destination(&self.inner).await?;
+        if self.fault == Fault::HeldCountedAsPending {
+            for d in &mut all {
+                d.stats.pending += std::mem::take(&mut d.stats.held);
+            }
+        }
+        Ok(all)
     }
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
@@ -366,6 +378,7 @@ proofs! {
     a_counting_hand_back_is_caught: HandBackCounts => outbox_hand_back_makes_rows_due_without_counting_the_attempt;
     an_ignored_retry_is_caught: RetryIgnored => outbox_retry_makes_a_dead_row_pending_again;
     ignored_delays_are_caught: IgnoresDelay => outbox_delayed_rows_wait_until_due;
+    held_rows_counted_as_pending_are_caught: HeldCountedAsPending => outbox_stats_by_destination_add_up_to_the_stats;
     a_skipped_id_check_is_caught: SkipsIdCheck => outbox_refuses_bad_input_and_writes_nothing;
     a_skipped_delay_check_is_caught: SkipsDelayCheck => outbox_refuses_bad_input_and_writes_nothing;
     a_skipped_purge_check_is_caught: SkipsPurgeCheck => outbox_refuses_bad_input_and_writes_nothing;
@@ -432,6 +445,9 @@ impl OutboxStorage for Lax {
     }
     async fn stats(&self) -> Result<OutboxStats> {
         OutboxStorage::stats(&self.inner).await
+    }
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>> {
+        OutboxStorage::stats_by_destination(&self.inner).await
     }
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
         let bad = query.limit == 0 || query.limit > MAX_OUTBOX_LIST;

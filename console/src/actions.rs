@@ -16,7 +16,7 @@ use std::fmt::Write;
 use crate::gather;
 use crate::guard::COOKIE;
 use crate::html::{esc, qs};
-use crate::model::{ActionDone, PurgeLine, Session};
+use crate::model::{ActionDone, Session};
 use crate::problem::{Problem, need_outbox};
 use crate::state::{Inner, html};
 
@@ -389,28 +389,17 @@ async fn run(inner: &Inner, action: &str, p: &Params) -> Result<(u64, String), P
             ))
         }
         "purge" => {
+            // The store keeps the run as its last (the overview shows it).
             let report = admin
                 .purge(&PurgeOptions::older_than(inner.config.purge_retention))
                 .await
                 .map_err(Problem::store("purging"))?;
-            let at = admin
-                .now()
-                .await
-                .map_err(Problem::store("reading the clock"))?;
             tracing::info!(
                 completed = report.completed,
                 expired = report.expired,
                 "dedup console: purge"
             );
             count("purge", "done", 1);
-            if let Ok(mut last) = inner.last_purge.lock() {
-                *last = Some(PurgeLine {
-                    at: at.as_millis(),
-                    completed: report.completed,
-                    expired: report.expired,
-                    elapsed_ms: report.elapsed.as_millis() as u64,
-                });
-            }
             Ok(done(
                 report.completed + report.expired,
                 format!(

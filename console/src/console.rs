@@ -1,6 +1,6 @@
 //! [`Console`]: the router, its state, and the view handlers (HTML and `/api` JSON).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -40,7 +40,6 @@ impl Console {
                 config,
                 store: dedup_core::backend::url::redact(store_url),
                 csrf: uuid::Uuid::new_v4().simple().to_string(),
-                last_purge: Mutex::new(None),
             }),
         })
     }
@@ -53,7 +52,6 @@ impl Console {
             config: shared.config.clone(),
             store: shared.store.clone(),
             csrf: shared.csrf.clone(),
-            last_purge: Mutex::new(None),
         });
         Console {
             inner: Arc::new(Inner {
@@ -90,16 +88,9 @@ impl Console {
 type Shared = State<Arc<Inner>>;
 
 async fn overview_data(inner: &Inner) -> Result<crate::model::Overview, Problem> {
-    let last = inner.last_purge.lock().map(|g| g.clone()).unwrap_or(None);
-    gather::overview(
-        inner.admin.as_ref(),
-        inner.outbox.as_ref(),
-        &inner.store,
-        &inner.config,
-        last,
-    )
-    .await
-    .map_err(Problem::store("reading the overview"))
+    gather::overview(inner.admin.as_ref(), inner.outbox.as_ref(), &inner.store)
+        .await
+        .map_err(Problem::store("reading the overview"))
 }
 
 async fn overview(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {

@@ -45,6 +45,11 @@ pub fn group_id(parts: &[&str]) -> String {
         .collect()
 }
 
+/// `d` in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A key as a list line.
 pub fn key_line(r: &Record, now: Timestamp, at: Timestamp) -> KeyLine {
     KeyLine {
@@ -98,12 +103,15 @@ pub async fn overview(
     admin: &dyn Admin,
     outbox: Option<&Arc<dyn OutboxStore>>,
     store: &str,
-    config: &ConsoleConfig,
-    last_purge: Option<PurgeLine>,
 ) -> Result<Overview> {
-    // The store's counts and the consumers' lines, read at once.
-    let (stats, consumers, source) =
-        futures::try_join!(admin.stats(0), admin.consumers(), admin.count_source())?;
+    // The store's counts, the consumers' lines, the counts' source and the last purge
+    // run, read at once.
+    let (stats, consumers, source, last_purge) = futures::try_join!(
+        admin.stats(0),
+        admin.consumers(),
+        admin.count_source(),
+        admin.last_purge()
+    )?;
     let counts_hint = match source {
         CountSource::Scan { keepable: true } if stats.total() >= LARGE_STORE => Some(format!(
             "These counts read all {} records; `dedup counts enable` makes the store keep \
@@ -112,6 +120,12 @@ pub async fn overview(
         )),
         _ => None,
     };
+    let last_purge = last_purge.map(|run| PurgeLine {
+        finished_at: run.finished_at.as_millis(),
+        removed: run.removed,
+        took_ms: millis(run.took),
+        stopped_early: run.stopped_early,
+    });
     let consumers = consumers
         .into_iter()
         .map(|c| ConsumerLine {
@@ -132,19 +146,25 @@ pub async fn overview(
     });
     let outbox = match outbox {
         Some(o) => {
-            let s = o.stats().await?;
-            let (dead, _) = dead_rows(o.as_ref(), config.scan_limit.min(10_000)).await?;
-            let mut by_dest: BTreeMap<String, u64> = BTreeMap::new();
-            for e in &dead {
-                *by_dest.entry(e.row.destination.clone()).or_default() += 1;
-            }
+            let (s, by_destination) = futures::try_join!(o.stats(), o.stats_by_destination())?;
+            let destinations = by_destination
+                .into_iter()
+                .map(|d| DestinationLine {
+                    pending: d.stats.pending,
+                    held: d.stats.held,
+                    sent: d.stats.sent,
+                    dead: d.stats.dead,
+                    lag_ms: millis(d.stats.oldest_unsent_age()),
+                    destination: d.destination,
+                })
+                .collect();
             Some(OutboxLine {
                 pending: s.pending,
                 held: s.held,
                 sent: s.sent,
                 dead: s.dead,
-                lag_ms: s.oldest_unsent_age().as_millis() as u64,
-                dead_by_destination: by_dest.into_iter().collect(),
+                lag_ms: millis(s.oldest_unsent_age()),
+                destinations,
             })
         }
         None => None,

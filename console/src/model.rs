@@ -16,7 +16,7 @@ pub struct Overview {
     pub oldest_lease: Option<LeaseLine>,
     /// The outbox, when the console has one.
     pub outbox: Option<OutboxLine>,
-    /// The last purge this console ran (the store keeps no purge history).
+    /// The store's last purge run, whichever process ran it (`None`: none finished yet).
     pub last_purge: Option<PurgeLine>,
     /// Where the counts came from: `kept` (counts the store keeps, `dedup counts enable`)
     /// or `scan` (every record read).
@@ -58,7 +58,7 @@ pub struct LeaseLine {
     pub expires_at: i64,
 }
 
-/// The outbox's rows by state (one table for every destination).
+/// The outbox's rows by state: the whole table, and per destination.
 #[derive(Clone, Debug, Serialize)]
 pub struct OutboxLine {
     /// Waiting to be published.
@@ -71,21 +71,40 @@ pub struct OutboxLine {
     pub dead: u64,
     /// How long the oldest unsent row has waited (the lag), in milliseconds.
     pub lag_ms: u64,
-    /// Destinations seen among the dead rows read (at most the scan limit), with counts.
-    pub dead_by_destination: Vec<(String, u64)>,
+    /// The same counts per destination, in destination order (one line per destination
+    /// that has rows).
+    pub destinations: Vec<DestinationLine>,
 }
 
-/// A purge's result.
+/// One outbox destination's rows by state, and its lag.
+#[derive(Clone, Debug, Serialize)]
+pub struct DestinationLine {
+    /// The destination.
+    pub destination: String,
+    /// Waiting to be published.
+    pub pending: u64,
+    /// Held by a relay.
+    pub held: u64,
+    /// Published, not yet purged.
+    pub sent: u64,
+    /// Dead.
+    pub dead: u64,
+    /// How long its oldest pending or held row has waited, in milliseconds.
+    pub lag_ms: u64,
+}
+
+/// The store's last purge run (see `dedup_core::PurgeRun`).
 #[derive(Clone, Debug, Serialize)]
 pub struct PurgeLine {
-    /// When it ran, by the store's clock.
-    pub at: i64,
-    /// Completed records removed.
-    pub completed: u64,
-    /// Expired in-flight records removed.
-    pub expired: u64,
+    /// When it finished, by the store's clock.
+    pub finished_at: i64,
+    /// Records removed (completed and expired in-flight ones).
+    pub removed: u64,
     /// How long it took, in milliseconds.
-    pub elapsed_ms: u64,
+    pub took_ms: u64,
+    /// Whether it stopped at its batch limit with records possibly left: cleanup did not
+    /// keep up in that run.
+    pub stopped_early: bool,
 }
 
 /// `GET /api/failures`: failed and dead-lettered keys grouped by kind and first line.

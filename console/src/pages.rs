@@ -99,17 +99,23 @@ pub fn overview(inner: &Inner, o: &Overview) -> String {
         Some(p) => {
             let _ = write!(
                 b,
-                "<p>Last purge from this console: {} UTC, removed {} completed and {} expired in {}.</p>",
-                t(p.at),
-                p.completed,
-                p.expired,
-                age(Duration::from_millis(p.elapsed_ms))
+                "<p id=last-purge>Last purge: finished {} UTC ({} ago), removed {} in {}{}</p>",
+                t(p.finished_at),
+                age(now.since(Timestamp::from_millis(p.finished_at))),
+                p.removed,
+                age(Duration::from_millis(p.took_ms)),
+                match p.stopped_early {
+                    true => {
+                        ", <span class=bad>stopped early at its batch limit: records it \
+                         could remove are left</span>."
+                    }
+                    false => ", to the end.",
+                }
             );
         }
-        None => b.push_str(
-            "<p class=note>No purge run from this console yet (the store keeps no purge history; \
-             see the purger's metrics).</p>",
-        ),
+        None => {
+            b.push_str("<p id=last-purge class=note>No purge of this store has finished yet.</p>")
+        }
     }
     b.push_str(&action_button(inner, "purge", "", "Purge now"));
     if let Some(x) = &o.outbox {
@@ -124,10 +130,24 @@ pub fn overview(inner: &Inner, o: &Overview) -> String {
             x.dead,
             n(age(Duration::from_millis(x.lag_ms)))
         );
-        if !x.dead_by_destination.is_empty() {
-            b.push_str("<table id=dead-destinations><tr><th>destination</th><th>dead</th></tr>");
-            for (d, c) in &x.dead_by_destination {
-                let _ = write!(b, "<tr><td>{}</td>{}</tr>", esc(d), n(c));
+        if !x.destinations.is_empty() {
+            b.push_str(
+                "<table id=outbox-destinations><tr><th>destination</th><th>pending</th>\
+                 <th>held</th><th>sent</th><th>dead</th><th>lag (oldest unsent)</th></tr>",
+            );
+            for d in &x.destinations {
+                let _ = write!(
+                    b,
+                    "<tr data-destination=\"{}\"><td>{}</td>{}{}{}<td class=\"n{}\">{}</td>{}</tr>",
+                    esc(&d.destination),
+                    esc(&d.destination),
+                    n(d.pending),
+                    n(d.held),
+                    n(d.sent),
+                    if d.dead > 0 { " bad" } else { "" },
+                    d.dead,
+                    n(age(Duration::from_millis(d.lag_ms)))
+                );
             }
             b.push_str("</table>");
         }

@@ -1,6 +1,6 @@
 //! The state every handler shares, and the page frame it fills.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::response::{Html, IntoResponse, Response};
 use dedup_core::Admin;
@@ -8,7 +8,6 @@ use dedup_core::outbox::OutboxStore;
 
 use crate::config::ConsoleConfig;
 use crate::html::page;
-use crate::model::PurgeLine;
 
 /// The state every handler shares.
 pub(crate) struct Inner {
@@ -19,8 +18,6 @@ pub(crate) struct Inner {
     pub(crate) store: String,
     /// The CSRF token every form carries (random per console).
     pub(crate) csrf: String,
-    /// The last purge this console ran.
-    pub(crate) last_purge: Mutex<Option<PurgeLine>>,
 }
 
 /// `body` in the console's page frame (its base path and store in the header).

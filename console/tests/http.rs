@@ -99,7 +99,27 @@ async fn scenario(t: Target) {
     if s.outbox.is_some() {
         assert_eq!(o["outbox"]["dead"], 1, "{o}");
         assert_eq!(o["outbox"]["pending"], 1, "{o}");
+        let invoices = &o["outbox"]["destinations"][0];
+        assert_eq!(
+            (
+                &invoices["destination"],
+                &invoices["pending"],
+                &invoices["dead"]
+            ),
+            (
+                &serde_json::json!("invoices"),
+                &Value::from(1),
+                &Value::from(1)
+            ),
+            "{o}"
+        );
+        let (_, page) = get(&app, "/").await;
+        assert!(
+            page.contains("<tr data-destination=\"invoices\"><td>invoices</td>"),
+            "{page}"
+        );
     }
+    assert!(o["last_purge"].is_null(), "no purge ran yet: {o}");
     assert_eq!(o["counts_source"], "scan", "{o}");
     assert_eq!(
         o["counts_hint"],
@@ -254,10 +274,21 @@ async fn scenario(t: Target) {
         );
     }
 
-    // Purge now, shown on the overview.
+    // A purge by another process (another handle on the store) is shown on the overview.
+    let other = dedup::open_admin(&t.url).await.expect("a second handle");
+    let options = dedup::PurgeOptions::older_than(Duration::from_secs(7 * 24 * 3600));
+    other.purge(&options.max_batches(1)).await.expect("purge");
+    let last = json(&app, "/api/overview").await["last_purge"].clone();
+    assert_eq!(last["removed"], 0, "{last}");
+    let (_, page) = get(&app, "/").await;
+    assert!(page.contains("Last purge: finished "), "{page}");
+
+    // Purge now, shown on the overview as the latest run.
     let (status, done) = post(&app, "/act/purge", &format!("csrf={token}"), true, None).await;
     assert_eq!(status, StatusCode::OK, "{done}");
-    assert!(json(&app, "/api/overview").await["last_purge"].is_object());
+    let last = json(&app, "/api/overview").await["last_purge"].clone();
+    assert_eq!(last["stopped_early"], false, "{last}");
+    assert!(last["finished_at"].as_i64().is_some(), "{last}");
 }
 
 /// A read-only console offers no action and refuses every write, token or not.

@@ -516,6 +516,10 @@ pub trait Admin: DedupStore {
     /// none (a dry run). Records keep ageing, so a purge run later may remove more.
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount>;
 
+    /// The last purge of this store's records that finished, whichever process ran it
+    /// (`None`: none finished since the store was created). See [`PurgeRun`](crate::PurgeRun).
+    async fn last_purge(&self) -> Result<Option<crate::PurgeRun>>;
+
     /// Release `key`'s lease on an operator's request, so the next delivery retries it at
     /// once. A live lease is released only with `force`.
     ///

@@ -9,6 +9,7 @@ mod key;
 pub mod layers;
 mod memory;
 pub mod outbox;
+mod purge_run;
 mod purger;
 mod store;
 mod time;
@@ -30,6 +31,7 @@ pub use inbox::{
 };
 pub use key::Key;
 pub use memory::MemoryStore;
+pub use purge_run::PurgeRun;
 pub use purger::{Purger, PurgerError, PurgerHandle, PurgerStats, PurgerWarning, Retention};
 pub use store::{DedupStore, ItemResult};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_millis, parse_duration};

@@ -11,7 +11,7 @@ use crate::backend::{PurgeBatch, PurgeBatches, PurgeStep, Storage};
 use crate::store::ItemResult;
 use crate::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, Clock, CommitRequest, Key, Lease, LeaseToken,
-    Record, Result, SystemClock, Timestamp,
+    PurgeReport, PurgeRun, Record, Result, SystemClock, Timestamp,
 };
 
 /// An in-process store: a map under a mutex, following [`transition`] exactly.
@@ -29,6 +29,7 @@ pub struct MemoryStore {
 struct Inner {
     clock: Arc<dyn Clock>,
     records: Mutex<BTreeMap<Key, Record>>,
+    last_purge: Mutex<Option<PurgeRun>>,
 }
 
 impl Default for MemoryStore {
@@ -49,6 +50,7 @@ impl MemoryStore {
             inner: Arc::new(Inner {
                 clock,
                 records: Mutex::new(BTreeMap::new()),
+                last_purge: Mutex::new(None),
             }),
         }
     }
@@ -177,6 +179,16 @@ impl Storage for MemoryStore {
             ..Capabilities::default()
         }
     }
+
+    async fn record_purge(&self, report: &PurgeReport) -> Result<()> {
+        let run = PurgeRun::of(report, self.now());
+        *self
+            .inner
+            .last_purge
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(run);
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -248,6 +260,14 @@ impl crate::backend::AdminStorage for MemoryStore {
             count.add(record, now, retention);
         }
         Ok(count)
+    }
+
+    async fn last_purge(&self) -> Result<Option<PurgeRun>> {
+        Ok(*self
+            .inner
+            .last_purge
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 
     async fn forget(&self, key: &Key, force: bool) -> Result<crate::admin::Forgot> {

@@ -102,7 +102,9 @@ pub trait DedupStore: Send + Sync {
     /// The stored record of `key`, if any (expired leases included: compare `expires_at`).
     async fn get(&self, key: &Key) -> Result<Option<Record>>;
 
-    /// Remove records that can no longer matter, in batches.
+    /// Remove records that can no longer matter, in batches. A purge that finishes is kept
+    /// as the store's last run ([`Admin::last_purge`](crate::Admin::last_purge)); failing to
+    /// keep it is logged and does not fail the purge.
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport>;
 
     /// What this store can do.

@@ -493,6 +493,9 @@ pub struct PurgeReport {
     pub batches: u32,
     /// How long the purge took, rests between paced batches included.
     pub elapsed: Duration,
+    /// Whether it stopped at [`PurgeOptions::max_batches`] before finding nothing more to
+    /// remove: records it could have removed may be left.
+    pub stopped_early: bool,
 }
 
 impl PurgeReport {

@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_core::backend::OutboxStorage;
 use dedup_core::outbox::{
-    AfterFailure, Held, MemoryOutbox, MemoryPublisher, OutboxEntry, OutboxQuery, OutboxStats,
-    Relay, RelayConfig,
+    AfterFailure, DestinationStats, Held, MemoryOutbox, MemoryPublisher, OutboxEntry, OutboxQuery,
+    OutboxStats, Relay, RelayConfig,
 };
 use dedup_core::{Error, LeaseToken, PurgeOptions, PurgeReport, Result};
 use futures::StreamExt;
@@ -104,6 +104,9 @@ impl OutboxStorage for Outage {
     }
     async fn stats(&self) -> Result<OutboxStats> {
         OutboxStorage::stats(&self.inner).await
+    }
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>> {
+        OutboxStorage::stats_by_destination(&self.inner).await
     }
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
         OutboxStorage::list(&self.inner, query).await

@@ -116,6 +116,10 @@ impl AdminStorage for MySqlStore {
         admin::purgeable::<Backend>(self.pool(), sql, self.now_param(), retention).await
     }
 
+    async fn last_purge(&self) -> Result<Option<dedup_core::PurgeRun>> {
+        self.last_purge_run().await
+    }
+
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
         self.locked("forget", &[key], |w| {
             let forgot = transition::forget(w.record(key), force, w.now);

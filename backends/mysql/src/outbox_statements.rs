@@ -175,6 +175,14 @@ pub(crate) fn shared(table: &str) -> SharedStatements {
                SELECT state, COUNT(*) AS n, MIN(written_at) AS oldest \
                FROM {table} GROUP BY state) s ON TRUE"
         )),
+        // One pass over the table, as `stats` (no index serves a grouping by
+        // destination; one would cost every enqueue and state change).
+        stats_by_destination: sql(format!(
+            "SELECT {NOW_MS} AS now_ms, s.destination, s.state, s.n, s.oldest \
+             FROM (SELECT 1 AS one) o LEFT JOIN ( \
+               SELECT destination, state, COUNT(*) AS n, MIN(written_at) AS oldest \
+               FROM {table} GROUP BY destination, state) s ON TRUE"
+        )),
         purge_batch: sql(format!(
             "DELETE FROM {table} WHERE state = 'sent' AND sent_at <= {NOW_MS} - ? \
              ORDER BY sent_at LIMIT ?"

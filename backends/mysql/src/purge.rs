@@ -1,20 +1,50 @@
 //! Purge batches: bounded keyset walks of the `claimed_at` index (the cursor and the
-//! tally are [`dedup_sql::purge`]'s; the statements are this backend's).
+//! tally are [`dedup_sql::purge`]'s; the statements are this backend's); and the
+//! statements keeping the last purge run ([`dedup_sql::purge_run`] runs them).
 
 use std::time::Instant;
 
 use async_trait::async_trait;
-use dedup_core::Result;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
-use dedup_sql::purge::Cursor;
+use dedup_core::{PurgeReport, PurgeRun, Result};
+use dedup_sql::config::PURGE_RUNS_TABLE;
+use dedup_sql::purge::{Cursor, retention_ms};
+use dedup_sql::purge_run;
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, MySql, Row};
 
 use crate::MySqlStore;
 use crate::error::{backend, lost_race};
-use crate::statements::{BEGIN, CUTOFF_USES};
-use dedup_sql::purge::retention_ms;
+use crate::statements::{BEGIN, CUTOFF_USES, NOW_MS};
+
+/// Keep a run as its table's last, replacing the one before. Parameters: now, table,
+/// removed, took in ms, stopped early.
+fn record_run_sql() -> String {
+    format!(
+        "INSERT INTO {PURGE_RUNS_TABLE} \
+         (finished_at, table_name, removed, took_ms, stopped_early) VALUES ({NOW_MS}, ?, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE finished_at = VALUES(finished_at), removed = VALUES(removed), \
+         took_ms = VALUES(took_ms), stopped_early = VALUES(stopped_early)"
+    )
+}
+
+/// A table's last run, by the primary key. Parameter: table.
+const LAST_RUN: &str = "SELECT finished_at, removed, took_ms, stopped_early \
+     FROM dedup_purge_runs WHERE table_name = ?";
+
+impl MySqlStore {
+    /// `Storage::record_purge`: one upsert of the table's row, stamped with the store's
+    /// "now".
+    pub(crate) async fn record_purge_run(&self, report: &PurgeReport) -> Result<()> {
+        purge_run::record_run(self, AssertSqlSafe(record_run_sql()), report).await
+    }
+
+    /// `AdminStorage::last_purge`: the table's row.
+    pub(crate) async fn last_purge_run(&self) -> Result<Option<PurgeRun>> {
+        purge_run::last_run(self, LAST_RUN).await
+    }
+}
 
 #[async_trait]
 impl PurgeBatches for MySqlStore {

@@ -22,7 +22,7 @@ use crate::versions::{self, VERSIONS_DDL};
 /// created by running them all, in order. Never edit a released migration: a new layout is
 /// one more entry at the end. The README shows them as
 /// [`MySqlStore::migrate`](crate::MySqlStore::migrate) runs them for the default config.
-/// `{table}` is the quoted table name.
+/// `{table}` is the quoted table name, `{table_name}` the bare one.
 const MIGRATIONS: &[&str] = &[
     // 1: the records table, keyed by the key's bytes, and the purge index on `claimed_at`.
     r#"CREATE TABLE IF NOT EXISTS {table} (
@@ -45,11 +45,25 @@ const MIGRATIONS: &[&str] = &[
     // `dedup_core::Failure`, at most 4 KiB), written by `release_failed` only; NULL for
     // older rows.
     r#"ALTER TABLE {table} ADD COLUMN last_failure BLOB"#,
+    // 3: the last purge run of each records table in the database (`Admin::last_purge`),
+    // one row per table, replaced by every purge that finishes; a table created anew starts
+    // without one (a row left by a dropped table of that name is removed).
+    r#"CREATE TABLE IF NOT EXISTS dedup_purge_runs (
+    table_name    VARCHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,  -- a records table
+    finished_at   BIGINT  NOT NULL,  -- ms since the Unix epoch, by the store's clock
+    removed       BIGINT  NOT NULL,
+    took_ms       BIGINT  NOT NULL,
+    stopped_early BOOLEAN NOT NULL
+) ENGINE = InnoDB;
+DELETE FROM dedup_purge_runs WHERE table_name = '{table_name}'"#,
 ];
 
-/// `migration` for `config`'s table.
+/// `migration` for `config`'s table: `{table}` the quoted table, `{table_name}` its bare
+/// name (validated: letters, digits and `_`, so safe inside a string literal).
 fn render(migration: &str, config: &MySqlConfig) -> String {
-    migration.replace("{table}", &config.quoted_table())
+    migration
+        .replace("{table}", &config.quoted_table())
+        .replace("{table_name}", &config.table)
 }
 
 /// Seconds a migrator waits for another node's migration of the same database.

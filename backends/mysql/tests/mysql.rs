@@ -60,7 +60,7 @@ async fn migrate_from_eight_tasks_at_once_creates_one_table() {
             .fetch_one(store.pool())
             .await
             .expect("version row");
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     assert!(
         store
             .claim(&key("c", "m"), &lease(30))
@@ -115,7 +115,7 @@ async fn migrate_false_checks_and_writes_nothing_and_a_newer_version_is_refused(
             e,
             Error::SchemaTooNew {
                 found: 99,
-                known: 2,
+                known: 3,
                 ..
             }
         ),
@@ -184,6 +184,54 @@ async fn a_version_1_table_upgrades_and_an_interrupted_upgrade_runs_again() {
         Some(failure),
         "the column and its value stay"
     );
+}
+
+/// A version 2 table upgrades to version 3, which keeps the last purge run: a row left for
+/// the table's name (a dropped table of that name) is gone, the records stay, and a purge is
+/// then kept and read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_table_upgrades_and_keeps_its_last_purge_run() {
+    let url = url_or_skip!();
+    let table = common::unique_table("v2_upgrade");
+    let store = common::store_on(&url, &table, None).await;
+    let k = key("billing", "done");
+    let lease = store
+        .claim(&k, &lease(30))
+        .await
+        .expect("claim")
+        .into_lease()
+        .expect("acquired");
+    store.commit(&lease, None).await.expect("commit");
+    for sql in [
+        format!("UPDATE dedup_schema_versions SET version = 2 WHERE table_name = '{table}'"),
+        format!(
+            "INSERT INTO dedup_purge_runs VALUES ('{table}', 1, 99, 5, TRUE) \
+             ON DUPLICATE KEY UPDATE removed = 99"
+        ),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .expect("setup statement");
+    }
+    store.migrate().await.expect("upgrade from version 2");
+    let version: i32 =
+        sqlx::query_scalar("SELECT version FROM dedup_schema_versions WHERE table_name = ?")
+            .bind(&table)
+            .fetch_one(store.pool())
+            .await
+            .expect("version");
+    assert_eq!(version, 3);
+    assert_eq!(store.last_purge().await.expect("read"), None);
+    assert!(store.get(&k).await.expect("get").is_some(), "records stay");
+    // Past the zero retention by the server's clock.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store
+        .purge(&dedup_core::PurgeOptions::older_than(Duration::ZERO).unpaced())
+        .await
+        .expect("purge");
+    let run = store.last_purge().await.expect("read").expect("kept");
+    assert_eq!((run.removed, run.stopped_early), (1, false), "{run:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -554,7 +602,8 @@ async fn common_cases_are_one_statement_each_prepared_once() {
         }
     }
 
-    // A purge batch on MariaDB: one statement (the first purge also asks the version).
+    // A purge batch on MariaDB: one statement (the first purge also asks the version), and
+    // one more per purge run to keep it as the last.
     clock.advance(Duration::from_secs(3600));
     let options = dedup_core::PurgeOptions::older_than(Duration::from_secs(60))
         .batch_size(2)
@@ -577,8 +626,9 @@ async fn common_cases_are_one_statement_each_prepared_once() {
         .await
         .expect("version");
     if version.to_ascii_lowercase().contains("mariadb") {
+        // Besides the batches: the one that reads the counts, and the one that keeps the run.
         assert_eq!(
-            q1 - q0 - 1,
+            q1 - q0 - 2,
             u64::from(report.batches),
             "one statement per batch: {report:?}"
         );

@@ -37,7 +37,8 @@ const LEASE_MODE: LeaseCosts = LeaseCosts {
     claim_many_100: Cost::new(1, 1, 1),
     commit_many_100: Cost::new(1, 1, 1),
 };
-const PURGE_ONE_BATCH: Cost = Cost::new(1, 1, 1);
+/// The batch, then the run kept as the store's last (`Admin::last_purge`).
+const PURGE_ONE_BATCH: Cost = Cost::new(2, 2, 2);
 const TRANSACTIONAL: TxCosts = TxCosts {
     claim_in_tx: Cost::new(1, 1, 0),
     commit_in_tx: Cost::new(1, 1, 0),

@@ -118,6 +118,10 @@ impl AdminStorage for PostgresStore {
         admin::purgeable::<Backend>(self.pool(), sql, self.now_param(), retention).await
     }
 
+    async fn last_purge(&self) -> Result<Option<dedup_core::PurgeRun>> {
+        self.last_purge_run().await
+    }
+
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
         // A delete that removes nothing finds the record absent or held by a live lease;
         // the read after it tells which. Should the read find a record the delete would

@@ -37,7 +37,8 @@ pub(crate) fn index_name(table: &str, suffix: &str) -> String {
 }
 
 /// A migration for `table` in `schema`, its placeholders filled in: `{table}` the quoted,
-/// schema-qualified table, `{schema}` the schema's name, `{<name>_idx}` the index name
+/// schema-qualified table, `{table_name}` the table's bare name (validated: letters, digits
+/// and `_`, so safe inside a string literal), `{schema}` the schema's name, `{<name>_idx}` the index name
 /// [`index_name`]`(table, "<name>_idx")`. An unknown placeholder is left as it is (unit
 /// tests check there is none).
 pub(crate) fn render_table(migration: &str, schema: &str, table: &str) -> String {
@@ -52,6 +53,7 @@ pub(crate) fn render_table(migration: &str, schema: &str, table: &str) -> String
         let placeholder = &rest[open..=open + len];
         match &placeholder[1..len] {
             "table" => out.push_str(&qualified),
+            "table_name" => out.push_str(table),
             "schema" => out.push_str(schema),
             index if index.ends_with("_idx") => out.push_str(&index_name(table, index)),
             _ => out.push_str(placeholder),

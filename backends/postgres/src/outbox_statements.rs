@@ -167,6 +167,14 @@ pub(crate) fn shared(table: &str) -> SharedStatements {
                SELECT state, count(*) AS n, min(written_at) AS oldest \
                FROM {table} GROUP BY state) s ON true"
         )),
+        // One pass over the table, as `stats` (no index serves a grouping by
+        // destination; one would cost every enqueue and state change).
+        stats_by_destination: sql(format!(
+            "SELECT now.ms AS now_ms, s.destination, s.state, s.n, s.oldest \
+             FROM {now} LEFT JOIN ( \
+               SELECT destination, state, count(*) AS n, min(written_at) AS oldest \
+               FROM {table} GROUP BY destination, state) s ON true"
+        )),
         // $2 retention in ms, $3 limit.
         purge_batch: sql(format!(
             "DELETE FROM {table} WHERE id IN ( \

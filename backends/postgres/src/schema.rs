@@ -67,6 +67,18 @@ DROP INDEX IF EXISTS "{schema}"."{expiring_idx}";
     // older rows.
     r#"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS last_failure bytea;
 "#,
+    // 5: the last purge run of each records table in the schema (`Admin::last_purge`), one
+    // row per table, replaced by every purge that finishes; a table created anew starts
+    // without one (a row left by a dropped table of that name is removed).
+    r#"CREATE TABLE IF NOT EXISTS "{schema}".dedup_purge_runs (
+    table_name    text    PRIMARY KEY,  -- a records table in this schema
+    finished_at   bigint  NOT NULL,     -- ms since the Unix epoch, by the store's clock
+    removed       bigint  NOT NULL,
+    took_ms       bigint  NOT NULL,
+    stopped_early boolean NOT NULL
+);
+DELETE FROM "{schema}".dedup_purge_runs WHERE table_name = '{table_name}';
+"#,
 ];
 
 /// `migration` for `config`'s table, its placeholders (see [`MIGRATIONS`]) filled in.
@@ -229,7 +241,12 @@ mod tests {
         for migration in MIGRATIONS {
             let sql = render(migration, &config);
             assert!(!sql.contains(['{', '}']), "a placeholder left in:\n{sql}");
-            assert!(sql.contains(&config.qualified_table()), "{sql}");
+            // Every migration changes the table, or (5) the purge runs kept for it.
+            let purge_runs = format!("'{}'", config.table);
+            assert!(
+                sql.contains(&config.qualified_table()) || sql.contains(&purge_runs),
+                "{sql}"
+            );
         }
         let v2 = render(MIGRATIONS[1], &config);
         assert!(

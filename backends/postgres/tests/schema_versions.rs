@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use dedup_core::{Claim, ClaimOptions, DedupStore, Error, Key, PurgeOptions, RecordState};
+use dedup_core::{Admin, Claim, ClaimOptions, DedupStore, Error, Key, PurgeOptions, RecordState};
 use dedup_postgres::sqlx::{self, AssertSqlSafe};
 use dedup_postgres::{PostgresConfig, PostgresStore};
 
@@ -119,7 +119,7 @@ INSERT INTO {t} VALUES
     assert_eq!(version_of(&store).await, None, "no version recorded yet");
 
     store.migrate().await.expect("upgrade");
-    assert_eq!(version_of(&store).await, Some(4), "upgraded to version 4");
+    assert_eq!(version_of(&store).await, Some(5), "upgraded to version 5");
     assert_eq!(
         indexes_of(&store).await,
         vec![format!("{table}_claimed_idx"), format!("{table}_pkey")],
@@ -127,7 +127,8 @@ INSERT INTO {t} VALUES
     );
     // A second migrate (another node starting) changes nothing.
     store.migrate().await.expect("migrate again");
-    assert_eq!(version_of(&store).await, Some(4));
+    assert_eq!(version_of(&store).await, Some(5));
+    assert_eq!(store.last_purge().await.unwrap(), None, "no purge ran yet");
 
     // The old records read, answer and purge as before.
     let done = Key::new("billing", "done").unwrap();
@@ -157,6 +158,12 @@ INSERT INTO {t} VALUES
         (1, 1),
         "the backfilled claimed_at lets purge find both old records: {report:?}"
     );
+    let run = store
+        .last_purge()
+        .await
+        .unwrap()
+        .expect("version 5 keeps the run");
+    assert_eq!((run.removed, run.stopped_early), (2, false), "{run:?}");
     let recent = Key::new("billing", "recent").unwrap();
     assert!(store.get(&recent).await.unwrap().is_some(), "recent kept");
     let fresh = store
@@ -202,7 +209,7 @@ async fn a_newer_schema_is_refused_and_left_unchanged() {
             &err,
             Error::SchemaTooNew {
                 found: 99,
-                known: 4,
+                known: 5,
                 ..
             }
         ),

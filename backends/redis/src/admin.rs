@@ -168,6 +168,10 @@ impl AdminStorage for RedisStore {
         Ok(count)
     }
 
+    async fn last_purge(&self) -> Result<Option<dedup_core::PurgeRun>> {
+        self.last_purge_run().await
+    }
+
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
         let call = Call::new(&FORGET, self.redis_key(key))
             .arg(self.now_arg())

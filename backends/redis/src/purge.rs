@@ -22,6 +22,10 @@
 //! `purge.lua`),
 //! which follows the redirection.
 //!
+//! The last purge run is one hash under the prefix ([`purge_run_key`]), written by
+//! `lua/purge_run.lua` (its finish time from the store's clock: `TIME` unless injected) and
+//! read with `HMGET`.
+//!
 //! Each step reads the server's `TIME` at its start and end, and a batch reports the sum as
 //! its [`PurgeBatch::work`]: the time it held the server's one thread, which is what pacing
 //! bounds. Its round trips' wall time would also count the wait behind other clients and
@@ -32,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
-use dedup_core::{Result, duration_millis};
+use dedup_core::{PurgeReport, PurgeRun, Result, duration_millis};
 use redis::Cmd;
 
 use crate::RedisStore;
@@ -40,7 +44,8 @@ use crate::conn::Conn;
 use crate::decode::{self, purge::Purged};
 use crate::error::backend;
 use crate::nodes::ScanNode;
-use crate::scripts::{Call, PURGE_MANY, PURGE_STEP};
+use crate::schema::purge_run_key;
+use crate::scripts::{Call, PURGE_MANY, PURGE_RUN, PURGE_STEP};
 
 /// The shortest a paced step holds the server: a fraction of a local claim's round trip.
 const MIN_PACED_HOLD: Duration = Duration::from_micros(150);
@@ -286,6 +291,40 @@ impl RedisStore {
             }
         }
         Ok(())
+    }
+}
+
+impl RedisStore {
+    /// `Storage::record_purge`: one script call on the run's hash.
+    pub(crate) async fn record_purge_run(&self, report: &PurgeReport) -> Result<()> {
+        // The script's clock gives the finish time; the run gives the rest.
+        let run = PurgeRun::of(report, dedup_core::Timestamp::from_millis(0));
+        let call = Call::new(&PURGE_RUN, purge_run_key(&self.config().prefix))
+            .arg(self.now_arg())
+            .arg(run.removed)
+            .arg(run.took_ms())
+            .arg(if run.stopped_early { "1" } else { "0" });
+        self.conn().eval(&call).await.map_err(backend)?;
+        Ok(())
+    }
+
+    /// `AdminStorage::last_purge`: `HMGET` of the run's hash.
+    pub(crate) async fn last_purge_run(&self) -> Result<Option<PurgeRun>> {
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(purge_run_key(&self.config().prefix)).arg(&[
+            "finished_at",
+            "removed",
+            "took_ms",
+            "stopped_early",
+        ]);
+        let fields: (Option<i64>, Option<i64>, Option<i64>, Option<i64>) =
+            self.conn().query(&cmd).await.map_err(backend)?;
+        Ok(match fields {
+            (Some(finished), Some(removed), Some(took), Some(early)) => {
+                Some(PurgeRun::from_stored(finished, removed, took, early == 1))
+            }
+            _ => None,
+        })
     }
 }
 

@@ -25,6 +25,13 @@ use redis::Cmd;
 /// Hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
 
+/// The Redis key of the store's last purge run under `prefix` (a hash: `finished_at`,
+/// `removed`, `took_ms`, `stopped_early`). No ':' in it, so it is no record's key
+/// ([`key_of`] skips it) and purges leave it alone.
+pub(crate) fn purge_run_key(prefix: &str) -> String {
+    format!("{prefix}purge-run")
+}
+
 /// The Redis key of `key`'s record under `prefix`.
 pub(crate) fn redis_key(prefix: &str, key: &Key) -> String {
     let mut out =

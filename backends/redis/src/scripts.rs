@@ -75,9 +75,10 @@ lua!(FORGET, "record.lua", "forget.lua");
 lua!(REVOKE, "record.lua", "revoke.lua");
 lua!(PURGE_MANY, "record.lua", "purge.lua", "many.lua");
 lua!(PURGE_STEP, "record.lua", "purge.lua", "purge_step.lua");
+lua!(PURGE_RUN, "purge_run.lua");
 
 /// Every script, for `SCRIPT LOAD`.
-pub(crate) fn all() -> [&'static Lua; 11] {
+pub(crate) fn all() -> [&'static Lua; 12] {
     [
         &CLAIM,
         &CLAIM_MANY,
@@ -90,6 +91,7 @@ pub(crate) fn all() -> [&'static Lua; 11] {
         &REVOKE,
         &PURGE_MANY,
         &PURGE_STEP,
+        &PURGE_RUN,
     ]
 }
 

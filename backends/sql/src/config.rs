@@ -47,6 +47,11 @@ pub struct Settings<'a> {
     pub migrate: bool,
 }
 
+/// The table keeping the last purge run of each records table beside it (in the schema on
+/// PostgreSQL, the database on MySQL): one row per records table, created by the records
+/// table's migrations and replaced by every purge that finishes.
+pub const PURGE_RUNS_TABLE: &str = "dedup_purge_runs";
+
 /// A sqlx backend's configuration as the shared layer sees it. Implement it with
 /// [`sql_config!`](crate::sql_config), on a struct with the fields `table`, `clock`,
 /// `max_connections`, `acquire_timeout`, `connect_timeout`, `migrate` and `outbox_table`.
@@ -70,13 +75,20 @@ pub trait SqlConfig: Default {
     }
 
     /// Check the shared settings: the table names (spliced into SQL, quoted), the outbox
-    /// table apart from the store's other tables, the timeouts not zero.
+    /// table apart from the store's other tables, neither of them the [`PURGE_RUNS_TABLE`], the
+    /// timeouts not zero.
     fn validate_settings(&self) -> Result<()> {
         let s = self.settings();
         sql_identifier("table", s.table)?;
+        if s.table == PURGE_RUNS_TABLE {
+            return Err(Error::invalid(
+                "table",
+                format!("{:?} is the store's own purge run table", s.table),
+            ));
+        }
         if let Some(outbox) = s.outbox_table {
             sql_identifier("outbox table", outbox)?;
-            if outbox == s.table || outbox == Self::VERSIONS_TABLE {
+            if outbox == s.table || outbox == Self::VERSIONS_TABLE || outbox == PURGE_RUNS_TABLE {
                 return Err(Error::invalid(
                     "outbox table",
                     format!("{outbox:?} is one of the store's other tables"),

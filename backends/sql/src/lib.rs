@@ -9,6 +9,7 @@ pub mod error;
 pub mod migrate;
 pub mod outbox;
 pub mod purge;
+pub mod purge_run;
 pub mod query;
 pub mod store;
 pub mod target;

@@ -18,6 +18,8 @@ pub enum Param<'a> {
     Text(Option<&'a str>),
     /// Bytes (a key compared byte for byte).
     Bytes(&'a [u8]),
+    /// A boolean.
+    Bool(bool),
 }
 
 /// A key's part (a consumer or message id) bound as text.
@@ -40,6 +42,7 @@ where
     for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
     for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Type<DB>,
 {
     params
         .iter()
@@ -47,6 +50,7 @@ where
             Param::Int(n) => query.bind(n),
             Param::Text(text) => query.bind(text),
             Param::Bytes(bytes) => query.bind(bytes),
+            Param::Bool(flag) => query.bind(flag),
         })
 }
 
@@ -107,6 +111,9 @@ pub trait SqlDb: Database {
     /// The text in column `name` of `row` (`NULL` as `None`).
     fn get_opt_text(row: &Self::Row, name: &str) -> Result<Option<String>, sqlx::Error>;
 
+    /// The boolean in column `name` of `row` (`NULL` is an error).
+    fn get_bool(row: &Self::Row, name: &str) -> Result<bool, sqlx::Error>;
+
     /// The version `statement` reads from the versions table for `table` (its one
     /// parameter), if a row holds one.
     fn read_version<'a>(
@@ -134,10 +141,12 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Type<DB>,
     (i64,): for<'r> FromRow<'r, DB::Row>,
     (i32,): for<'r> FromRow<'r, DB::Row>,
     for<'r> i64: Decode<'r, DB>,
     for<'r> String: Decode<'r, DB>,
+    for<'r> bool: Decode<'r, DB>,
     i64: Type<DB>,
     String: Type<DB>,
     for<'n> &'n str: ColumnIndex<DB::Row>,
@@ -208,6 +217,10 @@ where
     }
 
     fn get_opt_text(row: &Self::Row, name: &str) -> Result<Option<String>, sqlx::Error> {
+        row.try_get(name)
+    }
+
+    fn get_bool(row: &Self::Row, name: &str) -> Result<bool, sqlx::Error> {
         row.try_get(name)
     }
 

@@ -235,6 +235,10 @@ impl AdminStorage for SqliteStore {
         .await
     }
 
+    async fn last_purge(&self) -> Result<Option<dedup_core::PurgeRun>> {
+        self.last_purge_run().await
+    }
+
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {
         let key = key.clone();
         self.write(move |conn, inner, now| {

@@ -13,6 +13,10 @@ pub const DEFAULT_TABLE: &str = "dedup_inbox";
 /// The table that records the schema version of every dedup table in a database file.
 pub const SCHEMA_VERSIONS_TABLE: &str = "dedup_schema_versions";
 
+/// The table that keeps the last purge run of every records table in a database file
+/// (created by schema version 5).
+pub const PURGE_RUNS_TABLE: &str = "dedup_purge_runs";
+
 /// How a [`SqliteStore`](crate::SqliteStore) opens its database.
 ///
 /// ```
@@ -31,7 +35,8 @@ pub const SCHEMA_VERSIONS_TABLE: &str = "dedup_schema_versions";
 pub struct SqliteConfig {
     /// The table holding the records (created and migrated by the store). ASCII letters,
     /// digits and `_`, starting with a letter or `_`, at most 63 bytes, not starting with
-    /// `sqlite_` and not [`SCHEMA_VERSIONS_TABLE`]. Default `dedup_inbox`.
+    /// `sqlite_` and not [`SCHEMA_VERSIONS_TABLE`] or [`PURGE_RUNS_TABLE`]. Default
+    /// `dedup_inbox`.
     pub table: String,
     /// How hard SQLite pushes each commit to the disk. Default [`Synchronous::Full`].
     pub synchronous: Synchronous,
@@ -152,6 +157,12 @@ fn table_name(what: &'static str, table: &str) -> Result<()> {
         return Err(Error::invalid(
             what,
             format!("{SCHEMA_VERSIONS_TABLE:?} is the store's own schema version table"),
+        ));
+    }
+    if table.eq_ignore_ascii_case(PURGE_RUNS_TABLE) {
+        return Err(Error::invalid(
+            what,
+            format!("{PURGE_RUNS_TABLE:?} is the store's own purge run table"),
         ));
     }
     Ok(())

@@ -20,7 +20,9 @@ mod tx_inbox;
 mod url;
 mod writes;
 
-pub use config::{DEFAULT_TABLE, SCHEMA_VERSIONS_TABLE, SqliteConfig, Synchronous};
+pub use config::{
+    DEFAULT_TABLE, PURGE_RUNS_TABLE, SCHEMA_VERSIONS_TABLE, SqliteConfig, Synchronous,
+};
 pub use outbox::SqliteOutbox;
 pub use store::SqliteStore;
 pub use tx_inbox::TxInbox;

@@ -17,7 +17,8 @@ use async_trait::async_trait;
 use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::backend::{OutboxStorage, PurgeBatch, PurgeBatches, PurgeStep};
 use dedup_core::outbox::{
-    AfterFailure, Held, OutboxEntry, OutboxMessage, OutboxQuery, OutboxState, OutboxStats,
+    AfterFailure, DestinationStats, DestinationTally, Held, OutboxEntry, OutboxMessage,
+    OutboxQuery, OutboxState, OutboxStats,
 };
 use dedup_core::{
     Error, LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis,
@@ -301,27 +302,29 @@ impl OutboxStorage for SqliteOutbox {
         self.store
             .run(false, |conn, inner| {
                 inner.outbox.ensure(conn)?;
-                let now = inner.clock.now();
                 let mut stats = OutboxStats {
-                    now,
+                    now: inner.clock.now(),
                     ..OutboxStats::default()
                 };
-                let mut stmt = conn
-                    .prepare_cached(&inner.outbox.sql.stats)
-                    .map_err(backend)?;
-                let mut rows = stmt.query([]).map_err(backend)?;
-                while let Some(row) = rows.next().map_err(backend)? {
-                    let state: String = row.get(0).map_err(backend)?;
-                    let count: i64 = row.get(1).map_err(backend)?;
-                    let oldest: Option<i64> = row.get(2).map_err(backend)?;
-                    stats.count_state(
-                        BACKEND,
-                        &state,
-                        u64::try_from(count).unwrap_or(0),
-                        oldest.map(Timestamp::from_millis),
-                    )?;
-                }
+                for_each_count(conn, &inner.outbox.sql.stats, |_, c| {
+                    stats.count_state(BACKEND, &c.state, c.rows, c.oldest)
+                })?;
                 Ok(stats)
+            })
+            .await
+    }
+
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>> {
+        self.store
+            .run(false, |conn, inner| {
+                inner.outbox.ensure(conn)?;
+                let mut tally = DestinationTally::at(inner.clock.now());
+                let sql = &inner.outbox.sql.stats_by_destination;
+                for_each_count(conn, sql, |row, c| {
+                    let destination: String = row.get(3).map_err(backend)?;
+                    tally.add(BACKEND, &destination, &c.state, c.rows, c.oldest)
+                })?;
+                Ok(tally.finish())
             })
             .await
     }
@@ -390,4 +393,33 @@ impl PurgeBatches for SqliteOutbox {
             })
             .await
     }
+}
+
+/// One row of a counting statement: its first three columns.
+struct Count {
+    state: String,
+    rows: u64,
+    oldest: Option<Timestamp>,
+}
+
+/// Run the counting statement `sql` (`state, count(*), min(written_at), ...`) and hand each
+/// row, with its first three columns read, to `each`.
+fn for_each_count(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    mut each: impl FnMut(&rusqlite::Row<'_>, Count) -> Result<()>,
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached(sql).map_err(backend)?;
+    let mut rows = stmt.query([]).map_err(backend)?;
+    while let Some(row) = rows.next().map_err(backend)? {
+        let count: i64 = row.get(1).map_err(backend)?;
+        let oldest: Option<i64> = row.get(2).map_err(backend)?;
+        let counted = Count {
+            state: row.get(0).map_err(backend)?,
+            rows: u64::try_from(count).unwrap_or(0),
+            oldest: oldest.map(Timestamp::from_millis),
+        };
+        each(row, counted)?;
+    }
+    Ok(())
 }

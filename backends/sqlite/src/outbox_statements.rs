@@ -61,6 +61,11 @@ const RETRY: &str = "UPDATE \"{table}\" SET state = 'pending', due_at = ?1, atte
 /// Rows per state, with the oldest write among the unsent ones.
 const STATS: &str = "SELECT state, count(*), min(written_at) FROM \"{table}\" GROUP BY state";
 
+/// [`STATS`] per destination: one pass over the table (no index serves the grouping; one
+/// would cost every enqueue and state change to speed up an operator's read).
+const STATS_BY_DESTINATION: &str = "SELECT state, count(*), min(written_at), destination \
+     FROM \"{table}\" GROUP BY destination, state";
+
 /// An operator's listing: ?1 state or NULL, ?2 destination or NULL, ids after ?3, at most ?4.
 const LIST: &str = "SELECT {row} FROM \"{table}\" \
      WHERE id > ?3 AND (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR destination = ?2) \
@@ -81,6 +86,7 @@ pub(crate) struct OutboxStatements {
     pub(crate) hand_back: String,
     pub(crate) retry: String,
     pub(crate) stats: String,
+    pub(crate) stats_by_destination: String,
     pub(crate) list: String,
     pub(crate) purge_batch: String,
 }
@@ -102,6 +108,7 @@ impl OutboxStatements {
             hand_back: render(HAND_BACK),
             retry: render(RETRY),
             stats: render(STATS),
+            stats_by_destination: render(STATS_BY_DESTINATION),
             list: render(LIST),
             purge_batch: render(PURGE_BATCH),
         }

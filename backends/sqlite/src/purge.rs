@@ -1,11 +1,14 @@
-//! Purge batches: one short write transaction each, driven by the purge indexes.
+//! Purge batches: one short write transaction each, driven by the purge indexes; and the
+//! last purge run, one row per records table in [`PURGE_RUNS_TABLE`].
 
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_core::backend::{PurgeBatch, PurgeBatches, PurgeStep};
-use dedup_core::{Result, Timestamp};
-use rusqlite::{Connection, params};
+use dedup_core::{PurgeReport, PurgeRun, Result, Timestamp};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::config::PURGE_RUNS_TABLE;
 
 use crate::decode;
 use crate::error::backend;
@@ -64,5 +67,65 @@ impl Inner {
         }
         batch.exhausted = batch.total() < limit as u64;
         Ok(batch)
+    }
+}
+
+/// Keep a run (?1 table, ?2 finished at, ?3 removed, ?4 took in ms, ?5 stopped early) as the
+/// table's last, replacing the one before.
+const RECORD_RUN: &str = "INSERT INTO {runs} \
+     (table_name, finished_at, removed, took_ms, stopped_early) VALUES (?1, ?2, ?3, ?4, ?5) \
+     ON CONFLICT (table_name) DO UPDATE SET finished_at = excluded.finished_at, \
+     removed = excluded.removed, took_ms = excluded.took_ms, \
+     stopped_early = excluded.stopped_early";
+
+/// The table's (?1) last run: one row by the primary key.
+const LAST_RUN: &str =
+    "SELECT finished_at, removed, took_ms, stopped_early FROM {runs} WHERE table_name = ?1";
+
+fn runs_sql(template: &str) -> String {
+    template.replace("{runs}", PURGE_RUNS_TABLE)
+}
+
+impl SqliteStore {
+    /// `Storage::record_purge`: one write of the store's queue, stamped with its "now".
+    pub(crate) async fn record_purge_run(&self, report: &PurgeReport) -> Result<()> {
+        let report = *report;
+        self.write(move |conn, inner, now| {
+            let run = PurgeRun::of(&report, now);
+            let removed = i64::try_from(run.removed).unwrap_or(i64::MAX);
+            conn.prepare_cached(&runs_sql(RECORD_RUN))
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        inner.table,
+                        run.finished_at.as_millis(),
+                        removed,
+                        run.took_ms(),
+                        run.stopped_early
+                    ])
+                })
+                .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// `AdminStorage::last_purge`: a read on a pooled connection.
+    pub(crate) async fn last_purge_run(&self) -> Result<Option<PurgeRun>> {
+        self.run(false, |conn, inner| {
+            conn.prepare_cached(&runs_sql(LAST_RUN))
+                .and_then(|mut stmt| {
+                    stmt.query_row([&inner.table], |r| {
+                        Ok(PurgeRun::from_stored(
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                        ))
+                    })
+                    .optional()
+                })
+                .map_err(backend)
+        })
+        .await
     }
 }

@@ -44,6 +44,17 @@ const MIGRATIONS: &[&str] = &[
     // 4: the latest released failure's cause (`Record::last_failure`, the encoded
     // `dedup_core::Failure`, at most 4 KiB); NULL for records written before this version.
     "ALTER TABLE \"{table}\" ADD COLUMN last_failure BLOB;",
+    // 5: the last purge run of each records table in the file (`Admin::last_purge`), one
+    // row per table, replaced by every purge that finishes; a table created anew starts
+    // without one (a row left by a dropped table of that name is removed).
+    "CREATE TABLE IF NOT EXISTS dedup_purge_runs (
+        table_name    TEXT    PRIMARY KEY NOT NULL,
+        finished_at   INTEGER NOT NULL,
+        removed       INTEGER NOT NULL,
+        took_ms       INTEGER NOT NULL,
+        stopped_early INTEGER NOT NULL
+    );
+    DELETE FROM dedup_purge_runs WHERE table_name = '{table}';",
 ];
 
 /// The schema version this build creates and understands.
@@ -270,6 +281,32 @@ mod tests {
             .collect::<rusqlite::Result<_>>()
             .unwrap();
         assert_eq!(purged.len(), 2, "{purged:?}");
+        // Version 5's table: no run kept for the table yet.
+        let runs: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM dedup_purge_runs WHERE table_name = 't'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(runs, 0);
+    }
+
+    #[test]
+    fn a_table_created_anew_drops_the_purge_run_of_an_earlier_table_of_its_name() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn, "t").unwrap();
+        conn.execute("INSERT INTO dedup_purge_runs VALUES ('t', 1, 2, 3, 0)", [])
+            .unwrap();
+        conn.execute_batch(
+            "DROP TABLE t; DELETE FROM dedup_schema_versions WHERE table_name = 't';",
+        )
+        .unwrap();
+        migrate(&mut conn, "t").unwrap();
+        let runs: i64 = conn
+            .query_row("SELECT count(*) FROM dedup_purge_runs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(runs, 0, "the new table starts without the old one's run");
     }
 
     #[test]

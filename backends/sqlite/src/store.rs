@@ -387,4 +387,8 @@ impl Storage for SqliteStore {
             ..Capabilities::default()
         }
     }
+
+    async fn record_purge(&self, report: &dedup_core::PurgeReport) -> Result<()> {
+        self.record_purge_run(report).await
+    }
 }

@@ -136,9 +136,9 @@ async fn tables_in_one_file_are_independent_and_versioned_separately() {
     assert_eq!(
         versions,
         vec![
-            ("inbox_a".into(), 4),
+            ("inbox_a".into(), 5),
             ("inbox_a_outbox".into(), 1),
-            ("inbox_a_purge".into(), 4),
+            ("inbox_a_purge".into(), 5),
             ("inbox_a_purge_outbox".into(), 1),
         ],
         "each store's records and outbox tables are versioned on their own"

@@ -16,6 +16,7 @@ mod outbox_operations;
 mod outbox_racing;
 mod persistence;
 mod purge;
+mod purge_run;
 mod purger;
 mod release_renew;
 mod transactional;
@@ -38,6 +39,7 @@ pub use outbox_operations::*;
 pub use outbox_racing::*;
 pub use persistence::*;
 pub use purge::*;
+pub use purge_run::*;
 pub use purger::*;
 pub use release_renew::*;
 pub use transactional::*;
@@ -111,6 +113,7 @@ mod tests {
             include_str!("outbox_racing.rs"),
             include_str!("persistence.rs"),
             include_str!("purge.rs"),
+            include_str!("purge_run.rs"),
             include_str!("purger.rs"),
             include_str!("release_renew.rs"),
             include_str!("transactional.rs"),

@@ -325,3 +325,90 @@ pub async fn outbox_stats_and_list_agree_with_the_rows<F: OutboxFactory>(factory
     let ids: HashSet<i64> = all.iter().map(|e| e.row.id).collect();
     assert_eq!(ids.len(), 3);
 }
+
+/// `stats_by_destination` counts each destination's rows by state, with its own lag (the
+/// age of its oldest pending or held row, by the store's clock), one entry per destination
+/// that has rows, in destination (byte) order, destinations differing only in case apart;
+/// the entries add up to `stats`.
+pub async fn outbox_stats_by_destination_add_up_to_the_stats<F: OutboxFactory>(factory: &F) {
+    let (ctx, outbox) = setup(factory, "outbox_stats_by_destination").await;
+    let s = &*outbox.store;
+    let none = s
+        .stats_by_destination()
+        .await
+        .expect("stats by destination");
+    assert!(
+        none.is_empty(),
+        "an empty outbox has no destination: {none:?}"
+    );
+    commit(
+        &outbox,
+        &[
+            msg("orders", "o-1"),
+            msg("orders", "o-2"),
+            msg("mail", "m-1"),
+            msg("Mail", "M-1"),
+        ],
+    )
+    .await;
+    ctx.clock.advance(Duration::from_secs(30));
+    commit(&outbox, &[msg("audit", "a-1")]).await;
+    // By due time then id: o-1 is sent, o-2 dies, m-1 stays held.
+    let held = s.take(1, LEASE).await.expect("take");
+    s.mark_sent(&held.token, &[held.rows[0].id])
+        .await
+        .expect("mark sent");
+    let held = s.take(1, LEASE).await.expect("take");
+    s.mark_failed(&held.token, held.rows[0].id, "refused", AfterFailure::Dead)
+        .await
+        .expect("mark dead");
+    let held = s.take(1, LEASE).await.expect("take");
+    assert_eq!(held.rows[0].message_id, "m-1", "{held:?}");
+    ctx.clock.advance(Duration::from_secs(10));
+
+    let by_destination = s
+        .stats_by_destination()
+        .await
+        .expect("stats by destination");
+    let seen: Vec<_> = by_destination
+        .iter()
+        .map(|d| {
+            let st = &d.stats;
+            let lag = st.oldest_unsent_age();
+            (
+                d.destination.as_str(),
+                (st.pending, st.held, st.sent, st.dead),
+                lag,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("Mail", (1, 0, 0, 0), Duration::from_secs(40)),
+            ("audit", (1, 0, 0, 0), Duration::from_secs(10)),
+            ("mail", (0, 1, 0, 0), Duration::from_secs(40)),
+            ("orders", (0, 0, 1, 1), Duration::ZERO),
+        ],
+        "per destination (pending, held, sent, dead) and lag"
+    );
+    assert!(
+        by_destination.iter().all(|d| d.stats.now == ctx.now()),
+        "counted at the store's now: {by_destination:?}"
+    );
+    let whole = s.stats().await.expect("stats");
+    let sum = by_destination.iter().fold((0, 0, 0, 0), |a, d| {
+        let st = &d.stats;
+        (
+            a.0 + st.pending,
+            a.1 + st.held,
+            a.2 + st.sent,
+            a.3 + st.dead,
+        )
+    });
+    assert_eq!(
+        sum,
+        (whole.pending, whole.held, whole.sent, whole.dead),
+        "the destinations add up to the whole table: {whole:?}"
+    );
+}

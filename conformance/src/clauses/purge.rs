@@ -170,23 +170,24 @@ pub async fn purge_never_removes_a_live_lease<F: StoreFactory>(factory: &F) {
     commit_ok(&store, &renewed, None).await;
 }
 
-/// Purge works in batches of `batch_size`, stops after `max_batches`, and reports the
-/// batches it ran (the last, short one included) and the records removed by kind.
+/// Purge works in batches of `batch_size`, stops after `max_batches` (reporting it stopped
+/// early), and reports the batches it ran (the last, short one included) and the records
+/// removed by kind.
 pub async fn purge_works_in_batches_and_reports_counts<F: StoreFactory>(factory: &F) {
     let (ctx, store) = setup(factory, "purge_works_in_batches_and_reports_counts").await;
     let keys = old_records(&store, "b", 25, 5).await;
     ctx.clock.advance(2 * HOUR);
     let first = purge(&store, HOUR, 7, Some(2)).await;
     assert_eq!(
-        (first.total(), first.batches),
-        (14, 2),
-        "two batches of 7, then stop: {first:?}"
+        (first.total(), first.batches, first.stopped_early),
+        (14, 2, true),
+        "two batches of 7, then stop early: {first:?}"
     );
     let rest = purge(&store, HOUR, 7, None).await;
     assert_eq!(
-        (rest.total(), rest.batches),
-        (16, 3),
-        "the remaining 16 in batches of 7, 7 and 2: {rest:?}"
+        (rest.total(), rest.batches, rest.stopped_early),
+        (16, 3, false),
+        "the remaining 16 in batches of 7, 7 and 2, to the end: {rest:?}"
     );
     assert_eq!(
         (

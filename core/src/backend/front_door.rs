@@ -20,8 +20,8 @@ use super::{AdminStorage, Storage, check, purge};
 use crate::admin::{Forgot, ListFilter, PurgeCount, Released, Stats};
 use crate::{
     Admin, Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error,
-    Failure, ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, Record, RecordState,
-    Result, Timestamp,
+    Failure, ItemResult, Key, Lease, LeaseToken, PurgeOptions, PurgeReport, PurgeRun, Record,
+    RecordState, Result, Timestamp,
 };
 
 #[async_trait]
@@ -81,9 +81,18 @@ impl<S: Storage> DedupStore for S {
     }
 
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        purge::run(self, options)
+        let report = purge::run(self, options)
             .await
-            .map_err(|e| e.during("purging"))
+            .map_err(|e| e.during("purging"))?;
+        if let Err(e) = Storage::record_purge(self, &report).await {
+            tracing::warn!(
+                store = std::any::type_name::<S>(),
+                error = %crate::error_chain(&e.during("recording the last purge run")),
+                removed = report.total(),
+                "dedup purge: finished, but its run was not recorded in the store (the purge itself succeeded)"
+            );
+        }
+        Ok(report)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -123,6 +132,12 @@ impl<S: AdminStorage> Admin for S {
         AdminStorage::count_purgeable(self, retention)
             .await
             .map_err(|e| e.during("counting purgeable records"))
+    }
+
+    async fn last_purge(&self) -> Result<Option<PurgeRun>> {
+        AdminStorage::last_purge(self)
+            .await
+            .map_err(|e| e.during("reading the last purge run"))
     }
 
     async fn release_key(&self, key: &Key, force: bool) -> Result<Released> {

@@ -41,10 +41,10 @@ pub use decode::{RawRecord, RawState, attempt_from, fence_from};
 pub use purge::{PurgeBatch, PurgeBatches, PurgeStep};
 
 use crate::admin::{Forgot, ListFilter, PurgeCount, Stats};
-use crate::outbox::{AfterFailure, Held, OutboxEntry, OutboxQuery, OutboxStats};
+use crate::outbox::{AfterFailure, DestinationStats, Held, OutboxEntry, OutboxQuery, OutboxStats};
 use crate::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, ItemResult, Key, Lease,
-    LeaseToken, PurgeOptions, PurgeReport, Record, Result, Timestamp,
+    LeaseToken, PurgeOptions, PurgeReport, PurgeRun, Record, Result, Timestamp,
 };
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -79,6 +79,11 @@ pub trait Storage: PurgeBatches {
     async fn get(&self, key: &Key) -> Result<Option<Record>>;
     /// [`DedupStore::capabilities`](crate::DedupStore::capabilities).
     fn capabilities(&self) -> Capabilities;
+    /// Keep `report` as the store's last purge run ([`PurgeRun::of`] at the store's "now",
+    /// replacing the run kept before), for [`AdminStorage::last_purge`]. Called by the front
+    /// door after every purge that finished; an error here is logged and never fails the
+    /// purge.
+    async fn record_purge(&self, report: &PurgeReport) -> Result<()>;
 }
 
 /// The operator's operations a backend implements; every `AdminStorage` is an
@@ -97,6 +102,9 @@ pub trait AdminStorage: Storage {
     async fn consumers(&self) -> Result<Vec<crate::admin::ConsumerCounts>>;
     /// [`Admin::count_purgeable`](crate::Admin::count_purgeable).
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount>;
+    /// [`Admin::last_purge`](crate::Admin::last_purge): what the last
+    /// [`record_purge`](Storage::record_purge) kept.
+    async fn last_purge(&self) -> Result<Option<PurgeRun>>;
     /// [`Admin::forget`](crate::Admin::forget), as one atomic operation on the storage
     /// ([`transition::forget`] at the store's "now"): a record is removed only if, at the
     /// instant it is removed, it holds no live lease or `force` is given, so a record a
@@ -162,6 +170,8 @@ pub trait OutboxStorage: Send + Sync + std::fmt::Debug {
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport>;
     /// `OutboxStore::stats`.
     async fn stats(&self) -> Result<OutboxStats>;
+    /// `OutboxStore::stats_by_destination`, in destination order.
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>>;
     /// `OutboxStore::list`.
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>>;
     /// `OutboxStore::retry`.

@@ -11,7 +11,8 @@ use futures::stream::BoxStream;
 
 use super::{OutboxStorage, check};
 use crate::outbox::{
-    AfterFailure, Held, OutboxEntry, OutboxQuery, OutboxStats, OutboxStore, cut_error,
+    AfterFailure, DestinationStats, Held, OutboxEntry, OutboxQuery, OutboxStats, OutboxStore,
+    cut_error,
 };
 use crate::{LeaseToken, PurgeOptions, PurgeReport, Result};
 
@@ -29,6 +30,8 @@ pub(crate) mod during {
     pub const PURGE: &str = "purging sent outbox rows";
     /// `stats`.
     pub const STATS: &str = "reading outbox stats";
+    /// `stats_by_destination`.
+    pub const STATS_BY_DESTINATION: &str = "reading outbox stats by destination";
     /// `list`.
     pub const LIST: &str = "listing outbox rows";
     /// `retry`.
@@ -88,6 +91,12 @@ impl<S: OutboxStorage> OutboxStore for S {
         OutboxStorage::stats(self)
             .await
             .map_err(|e| e.during(during::STATS))
+    }
+
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>> {
+        OutboxStorage::stats_by_destination(self)
+            .await
+            .map_err(|e| e.during(during::STATS_BY_DESTINATION))
     }
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
@@ -168,6 +177,9 @@ mod tests {
         async fn stats(&self) -> Result<OutboxStats> {
             self.fail("stats".into())
         }
+        async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>> {
+            self.fail("stats_by_destination".into())
+        }
         async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
             self.fail(format!("list {}", query.limit))
         }
@@ -211,6 +223,10 @@ mod tests {
                     during::PURGE,
                 ),
                 (store.stats().await.err(), during::STATS),
+                (
+                    store.stats_by_destination().await.err(),
+                    during::STATS_BY_DESTINATION,
+                ),
                 (
                     store.list(&OutboxQuery::default()).await.err(),
                     during::LIST,

@@ -84,7 +84,8 @@ impl PurgeBatch {
 }
 
 /// Run a purge over `store`'s batches: checks `options` ([`check::purge`]), then batches
-/// until the backend is exhausted or `max_batches` ran, paced as `options.pace` says.
+/// until the backend is exhausted or `max_batches` ran (then
+/// [`PurgeReport::stopped_early`]), paced as `options.pace` says.
 ///
 /// [`check::purge`]: super::check::purge
 pub async fn run<S: PurgeBatches + ?Sized>(
@@ -99,7 +100,11 @@ pub async fn run<S: PurgeBatches + ?Sized>(
         Pace::Unpaced => options.batch_size,
         Pace::Paced { .. } => options.batch_size.min(MIN_PACED_LIMIT),
     };
-    while options.max_batches.is_none_or(|max| report.batches < max) {
+    loop {
+        if options.max_batches.is_some_and(|max| report.batches >= max) {
+            report.stopped_early = true;
+            break;
+        }
         let batch_start = Instant::now();
         let step = PurgeStep {
             retention: options.retention,

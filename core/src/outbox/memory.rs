@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AfterFailure, Held, OutboxEntry, OutboxMessage, OutboxQuery, OutboxRow, OutboxState,
-    OutboxStats,
+    AfterFailure, DestinationStats, DestinationTally, Held, OutboxEntry, OutboxMessage,
+    OutboxQuery, OutboxRow, OutboxState, OutboxStats,
 };
 use crate::backend::OutboxStorage;
 use crate::{Clock, LeaseToken, PurgeOptions, PurgeReport, Result, SystemClock, Timestamp};
@@ -302,6 +302,21 @@ impl OutboxStorage for MemoryOutbox {
             }
         }
         Ok(stats)
+    }
+
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>> {
+        let mut tally = DestinationTally::at(self.now());
+        for s in self.lock().rows.values() {
+            let destination = &s.row.destination;
+            tally.add(
+                "memory",
+                destination,
+                s.state.as_str(),
+                1,
+                Some(s.row.written_at),
+            )?;
+        }
+        Ok(tally.finish())
     }
 
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {

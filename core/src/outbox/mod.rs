@@ -39,6 +39,6 @@ pub use message::{
 pub use publisher::{InjectedFailure, MemoryPublisher, Publisher};
 pub use relay::{Relay, RelayConfig, RelayHandle, RelayRound};
 pub use store::{
-    AfterFailure, Held, MAX_ERROR_LEN, OutboxEntry, OutboxQuery, OutboxRow, OutboxState,
-    OutboxStats, OutboxStore, cut_error,
+    AfterFailure, DestinationStats, DestinationTally, Held, MAX_ERROR_LEN, OutboxEntry,
+    OutboxQuery, OutboxRow, OutboxState, OutboxStats, OutboxStore, cut_error,
 };

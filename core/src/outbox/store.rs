@@ -117,9 +117,10 @@ pub struct OutboxStats {
 }
 
 impl OutboxStats {
-    /// Count `rows` rows in the stored state `state` (oldest written at `oldest`), as a
-    /// store's statistics query answers them one state per row; a pending or held row's
-    /// time feeds [`oldest_unsent`](Self::oldest_unsent). A state this build does not know
+    /// Add `rows` rows in the stored state `state` (oldest written at `oldest`), as a
+    /// store's statistics query answers them one state per row (or a store reading rows one
+    /// by one, one at a time); a pending or held row's time feeds
+    /// [`oldest_unsent`](Self::oldest_unsent). A state this build does not know
     /// is a non-retryable [`Error::Backend`](crate::Error::Backend) of `backend`.
     pub fn count_state(
         &mut self,
@@ -130,19 +131,19 @@ impl OutboxStats {
     ) -> Result<()> {
         let unsent = match OutboxState::parse(state) {
             Some(OutboxState::Pending) => {
-                self.pending = rows;
+                self.pending += rows;
                 true
             }
             Some(OutboxState::Held) => {
-                self.held = rows;
+                self.held += rows;
                 true
             }
             Some(OutboxState::Sent) => {
-                self.sent = rows;
+                self.sent += rows;
                 false
             }
             Some(OutboxState::Dead) => {
-                self.dead = rows;
+                self.dead += rows;
                 false
             }
             None => {
@@ -164,6 +165,68 @@ impl OutboxStats {
         self.oldest_unsent
             .map(|t| self.now.since(t))
             .unwrap_or_default()
+    }
+}
+
+/// One destination's rows by state and its lag (see
+/// [`OutboxStore::stats_by_destination`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DestinationStats {
+    /// The destination, as the producers wrote it.
+    pub destination: String,
+    /// Its rows by state; [`OutboxStats::oldest_unsent_age`] is its lag (how long its
+    /// oldest pending or held row has waited).
+    pub stats: OutboxStats,
+}
+
+/// Per-destination counts built from a statistics query's rows (one per destination and
+/// state) or from rows read one by one, in destination order.
+#[derive(Debug)]
+pub struct DestinationTally {
+    now: Timestamp,
+    by_destination: std::collections::BTreeMap<String, OutboxStats>,
+}
+
+impl DestinationTally {
+    /// No rows counted yet; the store's clock read `now`.
+    pub fn at(now: Timestamp) -> Self {
+        DestinationTally {
+            now,
+            by_destination: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// Add `rows` rows of `destination` in the stored state `state` (see
+    /// [`OutboxStats::count_state`], which refuses an unknown state as an error of
+    /// `backend`).
+    pub fn add(
+        &mut self,
+        backend: &'static str,
+        destination: &str,
+        state: &str,
+        rows: u64,
+        oldest: Option<Timestamp>,
+    ) -> Result<()> {
+        if !self.by_destination.contains_key(destination) {
+            let empty = OutboxStats {
+                now: self.now,
+                ..OutboxStats::default()
+            };
+            self.by_destination.insert(destination.to_owned(), empty);
+        }
+        let stats = self
+            .by_destination
+            .get_mut(destination)
+            .expect("inserted above");
+        stats.count_state(backend, state, rows, oldest)
+    }
+
+    /// The counts, in destination order.
+    pub fn finish(self) -> Vec<DestinationStats> {
+        self.by_destination
+            .into_iter()
+            .map(|(destination, stats)| DestinationStats { destination, stats })
+            .collect()
     }
 }
 
@@ -250,8 +313,16 @@ pub trait OutboxStore: Send + Sync + fmt::Debug {
     /// says. Counts them as `completed` in the report.
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport>;
 
-    /// Rows by state.
+    /// Rows by state, over the whole table.
     async fn stats(&self) -> Result<OutboxStats>;
+
+    /// Rows by state per destination, each with its lag (the age of its oldest pending or
+    /// held row), in destination order, as of one reading of the store's clock: one entry
+    /// per destination that has rows in any state. Their counts add up to
+    /// [`stats`](Self::stats)'s. One aggregate query grouped by destination and state on
+    /// the SQL backends; like [`stats`](Self::stats) it reads every row of the table (sent
+    /// rows until they are purged), a maintenance read, not a hot-path one.
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>>;
 
     /// Rows matching `query`, by id.
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>>;

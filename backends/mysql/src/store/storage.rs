@@ -184,4 +184,8 @@ impl Storage for MySqlStore {
     fn capabilities(&self) -> Capabilities {
         dedup_sql::capabilities::capabilities(self.inner.config.clock.is_none())
     }
+
+    async fn record_purge(&self, report: &dedup_core::PurgeReport) -> Result<()> {
+        self.record_purge_run(report).await
+    }
 }

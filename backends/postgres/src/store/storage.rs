@@ -129,4 +129,8 @@ impl Storage for PostgresStore {
     fn capabilities(&self) -> Capabilities {
         dedup_sql::capabilities::capabilities(self.inner.config.clock.is_none())
     }
+
+    async fn record_purge(&self, report: &dedup_core::PurgeReport) -> Result<()> {
+        self.record_purge_run(report).await
+    }
 }

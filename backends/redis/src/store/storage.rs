@@ -301,4 +301,8 @@ impl Storage for RedisStore {
             ..Capabilities::default()
         }
     }
+
+    async fn record_purge(&self, report: &dedup_core::PurgeReport) -> Result<()> {
+        self.record_purge_run(report).await
+    }
 }

@@ -80,6 +80,9 @@ pub struct SharedStatements {
     /// The counts by state ([`StateCounts`]: columns `now_ms`, and per state `state`, `n`,
     /// `oldest`). Parameter: now.
     pub stats: SqlStr,
+    /// The counts by destination and state (as `stats`, with a `destination` column).
+    /// Parameter: now.
+    pub stats_by_destination: SqlStr,
     /// One purge batch: rows sent before now minus the retention, oldest first.
     /// Parameters: now, the retention in ms, the batch's size.
     pub purge_batch: SqlStr,
@@ -121,9 +124,12 @@ pub struct Taken {
     pub rows: Vec<RawOutboxRow>,
 }
 
-/// The row count of one state, as the dialect's counting statement found it.
+/// The row count of one state (of one destination), as the dialect's counting statement
+/// found it.
 #[derive(Debug)]
 pub struct StateCount {
+    /// The destination, when the statement counted per destination.
+    pub destination: Option<String>,
     /// The state as stored.
     pub state: String,
     /// How many rows are in it.
@@ -220,12 +226,18 @@ pub trait OutboxDialect: Send + Sync + Debug + 'static {
 
     /// The table's counts by state, and "now".
     async fn count_states(&self) -> Result<StateCounts> {
-        let sql = self.table().shared().stats.clone();
-        let params = [Param::Int(self.now_param())];
-        let rows = Db::<Self>::fetch_all(self.pool(), sql, &params)
-            .await
-            .map_err(Self::Backend::error)?;
-        decode_state_counts::<Db<Self>>(&rows, Self::Backend::error)
+        counts(self, self.table().shared().stats.clone(), false).await
+    }
+
+    /// The table's counts by destination and state (each count's `destination` set), and
+    /// "now": one aggregate statement.
+    async fn count_destinations(&self) -> Result<StateCounts> {
+        counts(
+            self,
+            self.table().shared().stats_by_destination.clone(),
+            true,
+        )
+        .await
     }
 
     /// The rows `filter` selects, by id.
@@ -249,4 +261,18 @@ pub trait OutboxDialect: Send + Sync + Debug + 'static {
     async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {
         Ok(None)
     }
+}
+
+/// Run `dialect`'s counting statement `sql` (its one parameter: now), its rows decoded per
+/// destination or not.
+async fn counts<D: OutboxDialect + ?Sized>(
+    dialect: &D,
+    sql: SqlStr,
+    by_destination: bool,
+) -> Result<StateCounts> {
+    let params = [Param::Int(dialect.now_param())];
+    let rows = Db::<D>::fetch_all(dialect.pool(), sql, &params)
+        .await
+        .map_err(D::Backend::error)?;
+    decode_state_counts::<Db<D>>(&rows, by_destination, D::Backend::error)
 }

@@ -62,16 +62,23 @@ where
 }
 
 /// The counts of a counting statement whose rows have `now_ms` and, per state with rows,
-/// `state`, `n` and `oldest` (a single row with `state` NULL when the table is empty).
+/// `state`, `n` and `oldest` (a single row with `state` NULL when the table is empty), and
+/// `destination` too when `by_destination`.
 pub fn decode_state_counts<DB: SqlDb>(
     rows: &[DB::Row],
+    by_destination: bool,
     map: fn(sqlx::Error) -> Error,
 ) -> Result<StateCounts> {
     let mut counts = StateCounts::default();
     for row in rows {
         counts.now_ms = DB::get_i64(row, "now_ms").map_err(map)?;
         if let Some(state) = DB::get_opt_text(row, "state").map_err(map)? {
+            let destination = match by_destination {
+                true => DB::get_opt_text(row, "destination").map_err(map)?,
+                false => None,
+            };
             counts.states.push(StateCount {
+                destination,
                 state,
                 rows: DB::get_i64(row, "n").map_err(map)?,
                 oldest: DB::get_opt_i64(row, "oldest").map_err(map)?,

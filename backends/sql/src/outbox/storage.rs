@@ -6,8 +6,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_core::backend::{OutboxStorage, PurgeBatch, PurgeBatches, PurgeStep};
-use dedup_core::outbox::{AfterFailure, Held, OutboxEntry, OutboxQuery, OutboxState, OutboxStats};
-use dedup_core::{LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis};
+use dedup_core::outbox::{
+    AfterFailure, DestinationStats, DestinationTally, Held, OutboxEntry, OutboxQuery, OutboxState,
+    OutboxStats,
+};
+use dedup_core::{
+    Error, LeaseToken, PurgeOptions, PurgeReport, Result, Timestamp, duration_millis,
+};
 use futures::stream::BoxStream;
 
 use super::SqlOutbox;
@@ -42,6 +47,26 @@ fn fold_stats(counts: StateCounts, backend: &'static str) -> Result<OutboxStats>
         )?;
     }
     Ok(stats)
+}
+
+/// The counts by destination and state as [`DestinationStats`], in destination order; a
+/// count without its destination, or of a state this build does not know, is a
+/// non-retryable error of `backend`.
+fn fold_destinations(counts: StateCounts, backend: &'static str) -> Result<Vec<DestinationStats>> {
+    let mut tally = DestinationTally::at(Timestamp::from_millis(counts.now_ms));
+    for count in counts.states {
+        let destination = count.destination.ok_or_else(|| {
+            Error::backend(backend, false, "an outbox count by destination without one")
+        })?;
+        tally.add(
+            backend,
+            &destination,
+            &count.state,
+            u64::try_from(count.rows).unwrap_or(0),
+            count.oldest.map(Timestamp::from_millis),
+        )?;
+    }
+    Ok(tally.finish())
 }
 
 #[async_trait]
@@ -116,6 +141,12 @@ impl<D: OutboxDialect> OutboxStorage for SqlOutbox<D> {
         fold_stats(counts, D::Backend::NAME)
     }
 
+    async fn stats_by_destination(&self) -> Result<Vec<DestinationStats>> {
+        self.ensure().await?;
+        let counts = self.dialect.count_destinations().await?;
+        fold_destinations(counts, D::Backend::NAME)
+    }
+
     async fn list(&self, query: &OutboxQuery) -> Result<Vec<OutboxEntry>> {
         self.ensure().await?;
         let filter = RowFilter {
@@ -176,6 +207,7 @@ mod tests {
     #[test]
     fn counts_fold_and_an_unknown_state_is_refused() {
         let count = |state: &str, rows, oldest| StateCount {
+            destination: None,
             state: state.into(),
             rows,
             oldest,
@@ -210,5 +242,60 @@ mod tests {
             debug.contains("unknown state") && debug.contains("lost"),
             "{debug}"
         );
+    }
+
+    #[test]
+    fn counts_by_destination_fold_in_destination_order() {
+        let count = |destination: &str, state: &str, rows, oldest| StateCount {
+            destination: Some(destination.into()),
+            state: state.into(),
+            rows,
+            oldest,
+        };
+        let by = fold_destinations(
+            StateCounts {
+                now_ms: 100,
+                states: vec![
+                    count("orders", "pending", 2, Some(40)),
+                    count("mail", "sent", 3, Some(10)),
+                    count("orders", "held", 1, Some(30)),
+                ],
+            },
+            "test",
+        )
+        .unwrap();
+        let seen: Vec<_> = by
+            .iter()
+            .map(|d| {
+                let s = &d.stats;
+                (
+                    d.destination.as_str(),
+                    s.pending,
+                    s.held,
+                    s.sent,
+                    s.oldest_unsent_age(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("mail", 0, 0, 3, Duration::ZERO),
+                ("orders", 2, 1, 0, Duration::from_millis(70)),
+            ]
+        );
+        let unnamed = StateCount {
+            destination: None,
+            ..count("x", "pending", 1, None)
+        };
+        let err = fold_destinations(
+            StateCounts {
+                now_ms: 0,
+                states: vec![unnamed],
+            },
+            "test",
+        )
+        .unwrap_err();
+        assert!(format!("{err:?}").contains("without one"), "{err:?}");
     }
 }

@@ -75,6 +75,11 @@ impl OutboxStore for Probe {
     async fn stats(&self) -> dedup_core::Result<OutboxStats> {
         self.inner.stats().await
     }
+    async fn stats_by_destination(
+        &self,
+    ) -> dedup_core::Result<Vec<dedup_core::outbox::DestinationStats>> {
+        self.inner.stats_by_destination().await
+    }
     async fn list(&self, query: &OutboxQuery) -> dedup_core::Result<Vec<OutboxEntry>> {
         self.inner.list(query).await
     }
