@@ -80,8 +80,12 @@ pub(super) async fn handle_once(
 /// The hand-written loop's admission floor, the adapter's default
 /// ([`ConsumerConfig::max_age`]): a message the broker stored longer ago than that may have
 /// lost its inbox record to a purge, so a loop keeping the adapter's guarantee refuses it.
-/// The bench's messages are fresh: a refusal fails the run.
-pub(super) fn admit(published: SystemTime) -> Result<()> {
+/// The bench's messages are fresh: a refusal fails the run. `published`: the broker's
+/// stored time (`None`: it gives none, and the adapter admits the message too).
+pub(super) fn admit(published: Option<SystemTime>) -> Result<()> {
+    let Some(published) = published else {
+        return Ok(());
+    };
     let age = SystemTime::now()
         .duration_since(published)
         .unwrap_or_default();
@@ -91,6 +95,11 @@ pub(super) fn admit(published: SystemTime) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// A stored time given in milliseconds since the Unix epoch.
+pub(super) fn at_millis(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 /// The empty handler the adapter runs under `with_inbox` (a plain `fn`, as the hand-written

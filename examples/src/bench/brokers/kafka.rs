@@ -15,7 +15,9 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, config, handle_once};
+use super::harness::{
+    Broker, Kind, PAYLOAD, Workers, adapter_run, admit, at_millis, config, handle_once,
+};
 use crate::bench::driver::Run;
 use crate::bench::{Names, Result};
 use dedup_brokers::kafka::{KafkaConsumer, KafkaPublisher, MESSAGE_ID_HEADER};
@@ -163,11 +165,17 @@ async fn raw(
                     .map(|v| String::from_utf8_lossy(v).into_owned())
             });
             let (partition, offset) = (message.partition(), message.offset());
+            let published = message
+                .timestamp()
+                .to_millis()
+                .and_then(|ms| u64::try_from(ms).ok());
             let (inbox, consumer, topic) =
                 (Arc::clone(&inbox), Arc::clone(&consumer), topic.to_owned());
             workers
                 .run(slot, async move {
                     if kind == Kind::InboxLoop {
+                        // The adapter's admission floor: the record's timestamp.
+                        admit(published.map(at_millis))?;
                         handle_once(&inbox, CONSUMER, id.as_deref()).await?;
                     }
                     let mut done = TopicPartitionList::new();

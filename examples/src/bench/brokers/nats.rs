@@ -132,7 +132,7 @@ async fn raw(js: &Context, name: &str, kind: Kind, n: usize, in_flight: usize) -
                     if kind == Kind::InboxLoop {
                         // The adapter's admission floor reads the stored time from the
                         // ack subject; a loop with its guarantee does too.
-                        admit(message.info()?.published.into())?;
+                        admit(Some(message.info()?.published.into()))?;
                         let id = message
                             .headers
                             .as_ref()

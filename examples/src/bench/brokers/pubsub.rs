@@ -3,13 +3,13 @@
 //! made for (the emulator in the test servers).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use dedup_core::{Inbox, MemoryStore};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, config, handle_once};
+use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, admit, config, handle_once};
 use crate::bench::driver::Run;
 use crate::bench::{Names, Result};
 use dedup_brokers::pubsub::gcloud_gax::conn::Environment;
@@ -157,6 +157,17 @@ async fn raw(client: &Client, sub: &str, kind: Kind, n: usize, in_flight: usize)
             workers
                 .run(slot, async move {
                     if kind == Kind::InboxLoop {
+                        // The adapter's admission floor: the message's publish time.
+                        let published = received
+                            .message
+                            .as_ref()
+                            .and_then(|m| m.publish_time.as_ref())
+                            .and_then(|t| {
+                                let secs = u64::try_from(t.seconds).ok()?;
+                                let nanos = u32::try_from(t.nanos).ok()?;
+                                Some(SystemTime::UNIX_EPOCH + Duration::new(secs, nanos))
+                            });
+                        admit(published)?;
                         let id = received
                             .message
                             .as_ref()

@@ -1,14 +1,14 @@
 //! The RabbitMQ rows: a durable queue per run, persistent messages.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use dedup_core::{Inbox, MemoryStore};
 use futures::FutureExt;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 
-use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, config, handle_once};
+use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, admit, config, handle_once};
 use crate::bench::driver::Run;
 use crate::bench::{Names, Result};
 use dedup_brokers::rabbitmq::RabbitConsumer;
@@ -133,6 +133,10 @@ impl Broker for Rabbit {
                             workers
                                 .run(slot, async move {
                                     if kind == Kind::InboxLoop {
+                                        // The adapter's admission floor (as NATS's loop).
+                                        admit(d.properties.timestamp().map(|secs| {
+                                            SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+                                        }))?;
                                         let id = d.properties.message_id().as_ref();
                                         handle_once(&inbox, &queue, id.map(|s| s.as_str())).await?;
                                     }

@@ -7,7 +7,9 @@ use dedup_core::{Inbox, MemoryStore};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::harness::{Broker, Kind, PAYLOAD, Workers, adapter_run, config, handle_once};
+use super::harness::{
+    Broker, Kind, PAYLOAD, Workers, adapter_run, admit, at_millis, config, handle_once,
+};
 use crate::bench::driver::Run;
 use crate::bench::{Names, Result};
 use dedup_brokers::redis_streams::{MESSAGE_ID_FIELD, PAYLOAD_FIELD, StreamConsumer};
@@ -140,6 +142,9 @@ async fn raw(
             workers
                 .run(slot, async move {
                     if kind == Kind::InboxLoop {
+                        // The adapter's admission floor: the entry id's milliseconds.
+                        let ms = entry.id.split('-').next().and_then(|ms| ms.parse().ok());
+                        admit(ms.map(at_millis))?;
                         let id: Option<String> = entry.get(MESSAGE_ID_FIELD);
                         handle_once(&inbox, GROUP, id.as_deref()).await?;
                     }
