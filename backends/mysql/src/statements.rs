@@ -7,7 +7,8 @@
 //! clock); the server's clock is the statement's start time, the same at every use.
 //! Statements over several keys name them as a row-constructor list, `(consumer,
 //! message_id) IN ((?, ?), ...)`, which both MariaDB and MySQL read as one primary-key
-//! lookup per key.
+//! lookup per key; a statement over one key names its columns instead (MariaDB 10.11 plans
+//! an `UPDATE` or `DELETE` over a one-row list as a scan).
 //!
 //! No hot statement uses a derived table (`FROM (SELECT ...) q`): MariaDB materializes
 //! each one into a temporary table at every execution, which cost about 0.6 ms per derived
@@ -261,11 +262,19 @@ impl Statements {
     /// row still held by its token is completed; the matched count says whether all were.
     /// Parameters: now, then per key consumer, message id, token.
     pub(crate) fn commit_held(&self, n: usize) -> String {
+        // One lease by its columns: MariaDB 10.11 plans an `UPDATE` over a one-row `IN`
+        // list as a scan of the whole primary key, though not a longer list.
+        let filter = match n {
+            1 => "consumer = ? AND message_id = ? AND token = ?".to_owned(),
+            _ => format!(
+                "(consumer, message_id, token) IN ({})",
+                vec!["(?, ?, ?)"; n].join(", ")
+            ),
+        };
         format!(
             "UPDATE {} SET processed_at = {NOW_MS}, expires_at = NULL, outcome = NULL \
-             WHERE (consumer, message_id, token) IN ({}) AND processed_at IS NULL",
+             WHERE {filter} AND processed_at IS NULL",
             self.table,
-            vec!["(?, ?, ?)"; n].join(", ")
         )
     }
 
@@ -287,8 +296,15 @@ impl Statements {
         )
     }
 
-    /// Delete the records of `n` keys (parameters: the key parts).
+    /// Delete the records of `n` keys (parameters: the key parts). One key is named by
+    /// its columns: MariaDB 10.11 plans a `DELETE` over a one-row `IN` list as a full scan
+    /// (which locks every row it passes, so concurrent forgets deadlock), though not a
+    /// longer list.
     pub(crate) fn delete(&self, n: usize) -> String {
-        format!("DELETE FROM {} WHERE {}", self.table, keys_in(n))
+        let filter = match n {
+            1 => "consumer = ? AND message_id = ?".to_owned(),
+            _ => keys_in(n),
+        };
+        format!("DELETE FROM {} WHERE {filter}", self.table)
     }
 }
