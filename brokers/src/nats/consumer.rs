@@ -8,7 +8,7 @@ use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::stream::ConsumerErrorKind;
 use async_nats::jetstream::{AckKind, Context, ErrorCode, Message};
 use async_trait::async_trait;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 use super::MSG_ID_HEADER;
 use super::publisher::{headers, send};
@@ -22,8 +22,13 @@ use crate::{
 /// consumer name is the durable name by default; the message id is the `Nats-Msg-Id`
 /// header; the broker timestamp is the time the stream stored the message.
 ///
-/// Each round fetches at most its free in-flight slots (waiting up to 200 ms), so it never
-/// holds a message it has not started. Actions: ack; a retry is `Nak(delay)`; a dead letter
+/// A pull request asks for the free in-flight slots (expiring after 200 ms) and stays open
+/// across rounds: each round hands out the messages that arrived (waiting for the first),
+/// so a message is started as soon as it arrives and its ack lets the server send the
+/// request's next one (with `max_ack_pending` = in flight, a request whose messages were
+/// held until it filled would wait for its expiry). At shutdown the messages of the open
+/// request that arrive after the last round are given back (`Nak`, redelivered at once).
+/// Actions: ack; a retry is `Nak(delay)`; a dead letter
 /// is published (headers, payload, and the reason in [`DEAD_LETTER_REASON`]) to the
 /// dead-letter subject, which a stream must capture, and once the stream acknowledged it the
 /// original is `Term`inated (if that publish fails the original is `Nak`ed for a retry).
@@ -40,6 +45,17 @@ pub struct NatsConsumer {
     dead_letter_subject: Arc<str>,
     ack_wait: Duration,
     consumer: Option<PullConsumer>,
+    /// The pull request whose messages are still arriving.
+    open: Option<OpenPull>,
+}
+
+/// An open pull request's messages.
+struct OpenPull(pull::Batch);
+
+impl std::fmt::Debug for OpenPull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenPull")
+    }
 }
 
 impl NatsConsumer {
@@ -62,6 +78,7 @@ impl NatsConsumer {
             health: Health::default(),
             ack_wait: Duration::from_secs(30),
             consumer: None,
+            open: None,
         }
     }
 
@@ -107,6 +124,7 @@ impl Source for NatsConsumer {
 
     async fn connect(&mut self, config: &ConsumerConfig) -> Result<(), BrokerError> {
         self.consumer = None;
+        self.open = None;
         let context = format!("stream {}", self.stream);
         let stream = self.js.get_stream(&self.stream).await.map_err(|e| {
             let fatal = match e.kind() {
@@ -145,8 +163,10 @@ impl Source for NatsConsumer {
         Ok(())
     }
 
-    /// Not cut short on shutdown: what the server sends for this request is handled (the
-    /// request expires within 200 ms).
+    /// The messages of the open pull request that arrived, at most `max`: waits for the
+    /// first (or the request's end, at most 200 ms), then takes only those already there.
+    /// A request is opened for `max` when none is. Not cut short on shutdown: what arrives
+    /// later is given back ([`give_back`](Source::give_back)).
     async fn fetch(
         &mut self,
         max: usize,
@@ -155,34 +175,64 @@ impl Source for NatsConsumer {
         let Some(consumer) = &self.consumer else {
             return Err(BrokerError::broker("fetching a batch", "not connected"));
         };
-        let mut batch = consumer
-            .batch()
-            .max_messages(max)
-            .expires(Duration::from_millis(200))
-            .messages()
-            .await
-            .map_err(|e| BrokerError::broker("fetching a batch", e))?;
+        let mut open = match self.open.take() {
+            Some(open) => open,
+            None => OpenPull(
+                consumer
+                    .batch()
+                    .max_messages(max)
+                    .expires(Duration::from_millis(200))
+                    .messages()
+                    .await
+                    .map_err(|e| BrokerError::broker("fetching a batch", e))?,
+            ),
+        };
         let mut fetched = Vec::new();
-        while let Some(next) = batch.next().await {
-            match next {
-                Ok(message) => {
-                    fetched.push(NatsPending {
-                        delivery: delivery(&message),
-                        message,
-                        dead_letter_subject: Arc::clone(&self.dead_letter_subject),
-                        retry_delay: self.config.retry_delay,
-                    });
-                    if fetched.len() == max {
-                        break;
-                    }
+        let mut ended = false;
+        while fetched.len() < max {
+            let next = if fetched.is_empty() {
+                open.0.next().await
+            } else {
+                match open.0.next().now_or_never() {
+                    Some(next) => next,
+                    None => break,
                 }
-                Err(e) => {
-                    tracing::debug!(error = %dedup_core::error_chain(&*e), "batch ended");
+            };
+            match next {
+                Some(Ok(message)) => fetched.push(NatsPending {
+                    delivery: delivery(&message),
+                    message,
+                    dead_letter_subject: Arc::clone(&self.dead_letter_subject),
+                    retry_delay: self.config.retry_delay,
+                }),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %dedup_core::error_chain(&*e), "pull request ended");
+                    ended = true;
+                    break;
+                }
+                None => {
+                    ended = true;
                     break;
                 }
             }
         }
+        if !ended {
+            self.open = Some(open);
+        }
         Ok(fetched)
+    }
+
+    /// The open pull request's messages that arrive until it ends (at most 200 ms): `Nak`ed,
+    /// so the server redelivers them at once.
+    async fn give_back(&mut self) {
+        let Some(mut open) = self.open.take() else {
+            return;
+        };
+        while let Some(Ok(message)) = open.0.next().await {
+            if let Err(e) = message.ack_with(AckKind::Nak(None)).await {
+                tracing::debug!(error = %dedup_core::error_chain(&*e), "giving a message back");
+            }
+        }
     }
 }
 
