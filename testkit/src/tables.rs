@@ -1,11 +1,13 @@
 //! The kit's stores on SQLite, PostgreSQL and MySQL / MariaDB
 //! ([`Setup::sqlite`](crate::Setup::sqlite), [`Setup::postgres`](crate::Setup::postgres),
 //! [`Setup::mysql`](crate::Setup::mysql)): opened on the kit's tables and clock, with a
-//! cleanup that drops those tables (and their rows in the schema versions table) after the
-//! run.
+//! cleanup that drops those tables (and their rows in the schema versions table and the
+//! purge runs table) after the run.
 //!
 //! The versions table itself is dropped only when the kit created it: right after the
-//! store opened it held no row but the kit's two, and it is empty once they are gone.
+//! store opened it held no row but the kit's two, and it is empty once they are gone. The
+//! purge runs table (created by the same migrations) goes with it, when no other table's
+//! last purge is kept in it.
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
@@ -14,7 +16,7 @@ mod sqlite {
 
     use dedup_core::Error;
     use dedup_sqlite::rusqlite::{self, Connection, OptionalExtension, params};
-    use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore};
+    use dedup_sqlite::{PURGE_RUNS_TABLE, SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore};
 
     use crate::Setup;
 
@@ -112,6 +114,27 @@ mod sqlite {
                 tx.execute_batch(&format!("DROP TABLE \"{SCHEMA_VERSIONS_TABLE}\""))?;
             }
         }
+        let runs: Option<i64> = tx
+            .query_row(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                [PURGE_RUNS_TABLE],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if runs.is_some() {
+            tx.execute(
+                &format!("DELETE FROM \"{PURGE_RUNS_TABLE}\" WHERE table_name IN (?1, ?2)"),
+                params![inbox, outbox],
+            )?;
+            let left: i64 = tx.query_row(
+                &format!("SELECT count(*) FROM \"{PURGE_RUNS_TABLE}\""),
+                [],
+                |r| r.get(0),
+            )?;
+            if versions_ours && left == 0 {
+                tx.execute_batch(&format!("DROP TABLE \"{PURGE_RUNS_TABLE}\""))?;
+            }
+        }
         tx.commit()
     }
 }
@@ -120,7 +143,7 @@ mod sqlite {
 mod postgres {
     use dedup_core::Error;
     use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
-    use dedup_postgres::{PostgresConfig, PostgresStore, SCHEMA_VERSIONS_TABLE};
+    use dedup_postgres::{PURGE_RUNS_TABLE, PostgresConfig, PostgresStore, SCHEMA_VERSIONS_TABLE};
 
     use crate::Setup;
 
@@ -194,6 +217,7 @@ mod postgres {
         versions_ours: bool,
     ) -> Result<(), sqlx::Error> {
         let versions = format!("\"{schema}\".{SCHEMA_VERSIONS_TABLE}");
+        let runs = format!("\"{schema}\".{PURGE_RUNS_TABLE}");
         let mut tx = pool.begin().await?;
         sqlx::query(AssertSqlSafe(format!(
             "DROP TABLE IF EXISTS \"{schema}\".\"{inbox}\", \"{schema}\".\"{outbox}\""
@@ -202,6 +226,13 @@ mod postgres {
         .await?;
         sqlx::query(AssertSqlSafe(format!(
             "DELETE FROM {versions} WHERE table_name IN ($1, $2)"
+        )))
+        .bind(inbox)
+        .bind(outbox)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {runs} WHERE table_name IN ($1, $2)"
         )))
         .bind(inbox)
         .bind(outbox)
@@ -222,6 +253,21 @@ mod postgres {
                 sqlx::query(AssertSqlSafe(format!("DROP TABLE {versions}")))
                     .execute(&mut *tx)
                     .await?;
+                // Created by the same migrations; kept only if another table's run is in it.
+                sqlx::query(AssertSqlSafe(format!(
+                    "LOCK TABLE {runs} IN ACCESS EXCLUSIVE MODE"
+                )))
+                .execute(&mut *tx)
+                .await?;
+                let runs_left: i64 =
+                    sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {runs}")))
+                        .fetch_one(&mut *tx)
+                        .await?;
+                if runs_left == 0 {
+                    sqlx::query(AssertSqlSafe(format!("DROP TABLE {runs}")))
+                        .execute(&mut *tx)
+                        .await?;
+                }
             }
         }
         tx.commit().await
@@ -232,7 +278,7 @@ mod postgres {
 mod mysql {
     use dedup_core::Error;
     use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlPool};
-    use dedup_mysql::{MySqlConfig, MySqlStore, SCHEMA_VERSIONS_TABLE};
+    use dedup_mysql::{MySqlConfig, MySqlStore, PURGE_RUNS_TABLE, SCHEMA_VERSIONS_TABLE};
 
     use crate::Setup;
 
@@ -240,8 +286,8 @@ mod mysql {
         /// Connect to the MySQL / MariaDB database at `url` (your service's, or a copy)
         /// with `config`, on the kit's inbox table and clock: `config.table` and
         /// `config.clock` are replaced, the rest is kept. Unless the tables are
-        /// [named](crate::Kit::named_tables), the table and its row in the versions table
-        /// are dropped after the run. The versions table itself stays: MySQL commits DDL
+        /// [named](crate::Kit::named_tables), the table and its rows in the versions and
+        /// purge runs tables are dropped after the run. Those two tables stay: MySQL commits DDL
         /// at once, so dropping it could race another node's migration recording its row.
         pub async fn mysql(&self, url: &str, config: MySqlConfig) -> Result<MySqlStore, Error> {
             let inbox = self.inbox_table().to_owned();
@@ -269,17 +315,20 @@ mod mysql {
         }
     }
 
-    /// Drop the kit's table, then its versions row (each statement commits on its own).
+    /// Drop the kit's table, then its versions and purge runs rows (each statement commits
+    /// on its own).
     async fn drop_table(pool: &MySqlPool, inbox: &str) -> Result<(), sqlx::Error> {
         sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{inbox}`")))
             .execute(pool)
             .await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {SCHEMA_VERSIONS_TABLE} WHERE table_name = ?"
-        )))
-        .bind(inbox)
-        .execute(pool)
-        .await?;
+        for shared in [SCHEMA_VERSIONS_TABLE, PURGE_RUNS_TABLE] {
+            sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {shared} WHERE table_name = ?"
+            )))
+            .bind(inbox)
+            .execute(pool)
+            .await?;
+        }
         Ok(())
     }
 }

@@ -240,6 +240,7 @@ fn a_run_leaves_a_postgres_service_untouched() {
         [
             "billing_inbox",
             "billing_inbox_outbox",
+            "dedup_purge_runs",
             "dedup_schema_versions",
             "orders"
         ],
@@ -351,6 +352,7 @@ fn a_run_leaves_an_sqlite_service_untouched() {
         [
             "billing_inbox",
             "billing_inbox_outbox",
+            "dedup_purge_runs",
             "dedup_schema_versions",
             "orders",
             "sqlite_sequence"
