@@ -193,14 +193,20 @@ pub fn assert_retried_in_process(stats: &ConsumerStats, log: &Mutex<Vec<Transien
     );
 }
 
-pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..400 {
+pub async fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    wait_until_within(what, Duration::from_secs(10), cond).await;
+}
+
+/// [`wait_until`] with a limit of its own.
+pub async fn wait_until_within(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
         if cond() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("timed out waiting until {what}");
+    panic!("timed out waiting {limit:?} until {what}");
 }
 
 pub fn all_once(runs: &Runs, n: usize) -> bool {
