@@ -93,56 +93,51 @@ mod sqlite {
         tx.execute_batch(&format!(
             "DROP TABLE IF EXISTS \"{inbox}\"; DROP TABLE IF EXISTS \"{outbox}\";"
         ))?;
-        let versions: Option<i64> = tx
-            .query_row(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
-                [SCHEMA_VERSIONS_TABLE],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if versions.is_some() {
-            tx.execute(
-                &format!("DELETE FROM \"{SCHEMA_VERSIONS_TABLE}\" WHERE table_name IN (?1, ?2)"),
-                params![inbox, outbox],
-            )?;
-            let left: i64 = tx.query_row(
-                &format!("SELECT count(*) FROM \"{SCHEMA_VERSIONS_TABLE}\""),
-                [],
-                |r| r.get(0),
-            )?;
-            if versions_ours && left == 0 {
-                tx.execute_batch(&format!("DROP TABLE \"{SCHEMA_VERSIONS_TABLE}\""))?;
-            }
-        }
-        let runs: Option<i64> = tx
-            .query_row(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
-                [PURGE_RUNS_TABLE],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if runs.is_some() {
-            tx.execute(
-                &format!("DELETE FROM \"{PURGE_RUNS_TABLE}\" WHERE table_name IN (?1, ?2)"),
-                params![inbox, outbox],
-            )?;
-            let left: i64 = tx.query_row(
-                &format!("SELECT count(*) FROM \"{PURGE_RUNS_TABLE}\""),
-                [],
-                |r| r.get(0),
-            )?;
-            if versions_ours && left == 0 {
-                tx.execute_batch(&format!("DROP TABLE \"{PURGE_RUNS_TABLE}\""))?;
-            }
-        }
+        // The purge runs table goes only with the versions table (the same migrations made
+        // both): another store that recorded its version meanwhile needs it.
+        let dropped = forget(&tx, SCHEMA_VERSIONS_TABLE, inbox, outbox, versions_ours)?;
+        forget(&tx, PURGE_RUNS_TABLE, inbox, outbox, dropped)?;
         tx.commit()
+    }
+
+    /// Delete the rows of `inbox` and `outbox` from the shared `table` (when it exists), and
+    /// drop it if `drop_if_empty` and no row is left. Whether it was dropped.
+    fn forget(
+        tx: &Connection,
+        table: &str,
+        inbox: &str,
+        outbox: &str,
+        drop_if_empty: bool,
+    ) -> rusqlite::Result<bool> {
+        let exists: Option<i64> = tx
+            .query_row(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                [table],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if exists.is_none() {
+            return Ok(false);
+        }
+        tx.execute(
+            &format!("DELETE FROM \"{table}\" WHERE table_name IN (?1, ?2)"),
+            params![inbox, outbox],
+        )?;
+        let left: i64 = tx.query_row(&format!("SELECT count(*) FROM \"{table}\""), [], |r| {
+            r.get(0)
+        })?;
+        if drop_if_empty && left == 0 {
+            tx.execute_batch(&format!("DROP TABLE \"{table}\""))?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 }
 
 #[cfg(feature = "postgres")]
 mod postgres {
     use dedup_core::Error;
-    use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
+    use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
     use dedup_postgres::{PURGE_RUNS_TABLE, PostgresConfig, PostgresStore, SCHEMA_VERSIONS_TABLE};
 
     use crate::Setup;
@@ -224,53 +219,48 @@ mod postgres {
         )))
         .execute(&mut *tx)
         .await?;
+        // The purge runs table goes only with the versions table (the same migrations made
+        // both): another store that recorded its version meanwhile needs it.
+        let dropped = forget(&mut tx, &versions, inbox, outbox, versions_ours).await?;
+        forget(&mut tx, &runs, inbox, outbox, dropped).await?;
+        tx.commit().await
+    }
+
+    /// Delete the rows of `inbox` and `outbox` from the shared `table` (schema-qualified),
+    /// and drop it if `drop_if_empty` and no row is left. Whether it was dropped.
+    async fn forget(
+        tx: &mut PgConnection,
+        table: &str,
+        inbox: &str,
+        outbox: &str,
+        drop_if_empty: bool,
+    ) -> Result<bool, sqlx::Error> {
         sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {versions} WHERE table_name IN ($1, $2)"
+            "DELETE FROM {table} WHERE table_name IN ($1, $2)"
         )))
         .bind(inbox)
         .bind(outbox)
         .execute(&mut *tx)
         .await?;
+        if !drop_if_empty {
+            return Ok(false);
+        }
+        // Under the lock, no other node records a table between the count and the drop.
         sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {runs} WHERE table_name IN ($1, $2)"
+            "LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
         )))
-        .bind(inbox)
-        .bind(outbox)
         .execute(&mut *tx)
         .await?;
-        if versions_ours {
-            // Under the lock, no other node records a table between the count and the drop.
-            sqlx::query(AssertSqlSafe(format!(
-                "LOCK TABLE {versions} IN ACCESS EXCLUSIVE MODE"
-            )))
+        let left: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&mut *tx)
+            .await?;
+        if left > 0 {
+            return Ok(false);
+        }
+        sqlx::query(AssertSqlSafe(format!("DROP TABLE {table}")))
             .execute(&mut *tx)
             .await?;
-            let left: i64 =
-                sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {versions}")))
-                    .fetch_one(&mut *tx)
-                    .await?;
-            if left == 0 {
-                sqlx::query(AssertSqlSafe(format!("DROP TABLE {versions}")))
-                    .execute(&mut *tx)
-                    .await?;
-                // Created by the same migrations; kept only if another table's run is in it.
-                sqlx::query(AssertSqlSafe(format!(
-                    "LOCK TABLE {runs} IN ACCESS EXCLUSIVE MODE"
-                )))
-                .execute(&mut *tx)
-                .await?;
-                let runs_left: i64 =
-                    sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {runs}")))
-                        .fetch_one(&mut *tx)
-                        .await?;
-                if runs_left == 0 {
-                    sqlx::query(AssertSqlSafe(format!("DROP TABLE {runs}")))
-                        .execute(&mut *tx)
-                        .await?;
-                }
-            }
-        }
-        tx.commit().await
+        Ok(true)
     }
 }
 
