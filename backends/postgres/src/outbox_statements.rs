@@ -7,7 +7,7 @@
 use dedup_sql::outbox::SharedStatements;
 use sqlx::SqlStr;
 
-use crate::statements::{NOW_MS, sql};
+use crate::statements::{ASYNC_COMMIT_CTE, NOW_MS, sql};
 
 /// The outbox row columns the dialect decodes, qualified by `alias`.
 fn row(alias: &str) -> String {
@@ -175,9 +175,10 @@ pub(crate) fn shared(table: &str) -> SharedStatements {
                SELECT destination, state, count(*) AS n, min(written_at) AS oldest \
                FROM {table} GROUP BY destination, state) s ON true"
         )),
-        // $2 retention in ms, $3 limit.
+        // $2 retention in ms, $3 limit. Commits without waiting for its log flush (see
+        // `ASYNC_COMMIT_CTE`: a lost batch brings back sent rows the next purge removes).
         purge_batch: sql(format!(
-            "DELETE FROM {table} WHERE id IN ( \
+            "WITH {ASYNC_COMMIT_CTE} DELETE FROM {table} USING async_commit WHERE id IN ( \
                SELECT id FROM {table} \
                WHERE state = 'sent' AND sent_at <= (SELECT {NOW_MS}) - $2::bigint \
                ORDER BY sent_at LIMIT $3 FOR UPDATE SKIP LOCKED)"

@@ -14,7 +14,7 @@ use sqlx::AssertSqlSafe;
 
 use crate::PostgresStore;
 use crate::error::backend;
-use crate::statements::NOW_MS;
+use crate::statements::{ASYNC_COMMIT_CTE, NOW_MS};
 
 #[async_trait]
 impl PurgeBatches for PostgresStore {
@@ -49,11 +49,13 @@ impl PostgresStore {
     }
 
     /// `Storage::record_purge`: one upsert of the table's row, stamped with the store's
-    /// "now" (`$1`).
+    /// "now" (`$1`), committed without waiting for its log flush like the batches it
+    /// reports (`ASYNC_COMMIT_CTE`: a crash may lose the last run's row, never a record).
     pub(crate) async fn record_purge_run(&self, report: &PurgeReport) -> Result<()> {
         let sql = format!(
-            "INSERT INTO {runs} (table_name, finished_at, removed, took_ms, stopped_early) \
-             VALUES ($2, {NOW_MS}, $3, $4, $5) \
+            "WITH {ASYNC_COMMIT_CTE} \
+             INSERT INTO {runs} (table_name, finished_at, removed, took_ms, stopped_early) \
+             SELECT $2, {NOW_MS}, $3, $4, $5 FROM async_commit \
              ON CONFLICT (table_name) DO UPDATE SET finished_at = excluded.finished_at, \
              removed = excluded.removed, took_ms = excluded.took_ms, \
              stopped_early = excluded.stopped_early",
