@@ -55,6 +55,20 @@ trap stop_services EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# A clean build and the servers' data take about 10 GB; a full disk shows up later as a
+# linker's bus error or "No space left on device" in the middle of the build. Say so first.
+check_disk() {
+    local target=${CARGO_TARGET_DIR:-$REPO_ROOT/target} dir free_kb
+    for dir in "$target" "$(dirname "$DEDUP_SERVICES_DIR")"; do
+        while [[ ! -d $dir ]]; do dir=$(dirname "$dir"); done
+        free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+        if ((free_kb < 10 * 1024 * 1024)); then
+            log "warning: $((free_kb / 1024)) MiB free on the disk holding $dir; a clean run needs about 10 GiB"
+        fi
+    done
+}
+check_disk
+
 t=$EPOCHREALTIME
 scripts/services.sh start
 eval "$(scripts/services.sh env)"
