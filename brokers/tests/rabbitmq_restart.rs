@@ -22,7 +22,7 @@ use dedup_sqlite::SqliteStore;
 use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use support::private::{Private, turn};
-use support::{Runs, row, wait_until};
+use support::{Runs, reached_within, row, wait_until};
 
 async fn connect(url: &str) -> Connection {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -266,36 +266,37 @@ async fn a_publisher_reconnects_after_rabbitmq_is_killed_and_never_says_ok_uncon
     let restarted = Instant::now();
     let at_restart = confirmed.load(Ordering::SeqCst);
     let limit = Duration::from_secs(60);
-    while confirmed.load(Ordering::SeqCst) < at_restart + 20 {
-        if restarted.elapsed() > limit {
-            // Read the log and let go of it before panicking (the task still writes it).
-            let (answered, last) = {
-                let log = log.lock().unwrap();
-                let last: Vec<String> = log
-                    .iter()
-                    .rev()
-                    .take(8)
-                    .rev()
-                    .map(|a| a.show(restarted))
-                    .collect();
-                (log.len(), last)
-            };
-            panic!(
-                "no 20 confirms within {limit:?} after RabbitMQ was back ({} since); \
-                 {answered} publishes answered in all, the last ones:\n{}",
-                confirmed.load(Ordering::SeqCst) - at_restart,
-                last.join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+    let again = reached_within(limit, || {
+        confirmed.load(Ordering::SeqCst) >= at_restart + 20
+    })
+    .await;
+    if !again {
+        // Read the log and let go of it before panicking (the task still writes it).
+        let (answered, last) = {
+            let log = log.lock().unwrap();
+            let last: Vec<String> = log
+                .iter()
+                .rev()
+                .take(8)
+                .rev()
+                .map(|a| a.show(restarted))
+                .collect();
+            (log.len(), last)
+        };
+        panic!(
+            "no 20 confirms within {limit:?} after RabbitMQ was back ({} since); \
+             {answered} publishes answered in all, the last ones:\n{}",
+            confirmed.load(Ordering::SeqCst) - at_restart,
+            last.join("\n")
+        );
     }
     stop.store(true, Ordering::SeqCst);
     during.await.unwrap();
-    let answers: Vec<(String, Result<(), String>)> = std::mem::take(&mut *log.lock().unwrap())
-        .into_iter()
-        .map(|a| (a.id, a.answer))
+    let answers = std::mem::take(&mut *log.lock().unwrap());
+    let failed: Vec<_> = answers
+        .iter()
+        .filter_map(|a| a.answer.as_ref().err().map(|e| (&a.id, e)))
         .collect();
-    let failed: Vec<_> = answers.iter().filter(|(_, a)| a.is_err()).collect();
     assert!(
         !failed.is_empty(),
         "the publish the kill met must fail, not hang or say Ok"
@@ -313,8 +314,8 @@ async fn a_publisher_reconnects_after_rabbitmq_is_killed_and_never_says_ok_uncon
     let held = drain_and_delete(&rabbit.url, &queue).await;
     let lost: Vec<_> = answers
         .iter()
-        .filter(|(_, a)| a.is_ok())
-        .map(|(id, _)| id.as_str())
+        .filter(|a| a.answer.is_ok())
+        .map(|a| a.id.as_str())
         .chain([
             "before", "after-0", "after-1", "after-2", "batch-0", "batch-1",
         ])

@@ -194,19 +194,24 @@ pub fn assert_retried_in_process(stats: &ConsumerStats, log: &Mutex<Vec<Transien
 }
 
 pub async fn wait_until(what: &str, cond: impl FnMut() -> bool) {
-    wait_until_within(what, Duration::from_secs(10), cond).await;
+    let limit = Duration::from_secs(10);
+    assert!(
+        reached_within(limit, cond).await,
+        "timed out waiting {limit:?} until {what}"
+    );
 }
 
-/// [`wait_until`] with a limit of its own.
-pub async fn wait_until_within(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+/// Whether `cond` held within `limit` (checked every 25 ms), for a caller that explains a
+/// timeout itself.
+pub async fn reached_within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let started = std::time::Instant::now();
     while started.elapsed() < limit {
         if cond() {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("timed out waiting {limit:?} until {what}");
+    false
 }
 
 pub fn all_once(runs: &Runs, n: usize) -> bool {
