@@ -56,6 +56,13 @@ const POLL: Duration = Duration::from_secs(5);
 /// leaves room for a loaded machine). A row found by polling instead comes within it with
 /// a chance of 4 % (200 ms of the 5 s poll interval), all three rows of a check 0.006 %.
 const WOKEN_WITHIN: Duration = Duration::from_millis(200);
+/// The pool's acquire timeout in the relay test.
+const ACQUIRE: Duration = Duration::from_secs(1);
+/// How long the server stays down in the relay test: longer than the poll interval plus
+/// the acquire timeout, so the relay's first tries to listen again fail.
+const DOWN: Duration = POLL
+    .saturating_add(ACQUIRE)
+    .saturating_add(Duration::from_secs(1));
 
 /// Enqueue one message (retrying while the pool reconnects) and return how long after its
 /// commit the relay published it.
@@ -101,9 +108,9 @@ async fn assert_woken_by_notify(store: &PostgresStore, publisher: &MemoryPublish
     }
 }
 
-/// The server is down for 7 s: longer than the poll interval plus the pool's acquire
-/// timeout (1 s), so the relay's first tries to listen again fail. Once the server is back
-/// the relay listens again by itself, and new rows go out within 200 ms of their commit.
+/// The server is down for [`DOWN`], so the relay's first tries to listen again fail. Once
+/// it is back the relay listens again by itself, and new rows go out within
+/// [`WOKEN_WITHIN`] of their commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_listens_again_once_the_server_is_back() {
     let Some(server) = server("relay") else {
@@ -114,7 +121,7 @@ async fn the_relay_listens_again_once_the_server_is_back() {
         ..PostgresConfig::default()
     };
     let pool = pool_options(&config)
-        .acquire_timeout(Duration::from_secs(1))
+        .acquire_timeout(ACQUIRE)
         .connect(&server.url)
         .await
         .expect("connect");
@@ -127,7 +134,7 @@ async fn the_relay_listens_again_once_the_server_is_back() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_woken_by_notify(&store, &publisher, "before").await;
 
-    tokio::task::block_in_place(|| server.crash_restart(Some(7)));
+    tokio::task::block_in_place(|| server.crash_restart(Some(DOWN.as_secs() as u32)));
     // The relay's tries to listen again back off to at most the poll interval.
     tokio::time::sleep(POLL + Duration::from_secs(1)).await;
     assert_woken_by_notify(&store, &publisher, "after").await;
