@@ -51,15 +51,27 @@ impl Fixture {
             (&fx.stream, &fx.subject),
             (&fx.dead_stream, &fx.dead_subject),
         ] {
-            fx.js
-                .create_stream(StreamConfig {
-                    name: name.clone(),
-                    subjects: vec![subject.clone()],
-                    duplicate_window: WINDOW,
-                    ..StreamConfig::default()
-                })
-                .await
-                .unwrap();
+            let config = StreamConfig {
+                name: name.clone(),
+                subjects: vec![subject.clone()],
+                duplicate_window: WINDOW,
+                ..StreamConfig::default()
+            };
+            // nats-server 2.9 once answered a create with a 500 "error creating store for
+            // stream" in a full test run (twelve tests create streams at once); the fixture
+            // tries three times, printing each failure, before it gives up.
+            let mut tries = 0;
+            loop {
+                match fx.js.create_stream(config.clone()).await {
+                    Ok(_) => break,
+                    Err(e) if tries < 2 => {
+                        tries += 1;
+                        eprintln!("creating stream {name} failed (try {tries} of 3): {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("creating stream {name} failed three times: {e}"),
+                }
+            }
         }
         Some(fx)
     }
