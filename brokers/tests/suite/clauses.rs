@@ -50,7 +50,8 @@ pub async fn same_id_published_n_times_is_handled_once<F: BrokerFactory>(fx: F) 
     let (stop, signal) = shutdown();
     let cfg = config();
     let task = tokio::spawn(consume(fx.source("w1", &cfg).await, cfg, handler, signal));
-    wait_until("five settled", || calls.load(Ordering::SeqCst) == 5).await;
+    // At least five: a redelivery on top of the five copies shows in the stats below.
+    wait_until("five settled", || calls.load(Ordering::SeqCst) >= 5).await;
     stop.shut_down();
     let stats = task.await.unwrap().unwrap();
     assert_eq!((stats.processed, stats.duplicates), (3, 2), "{stats:?}");
