@@ -45,6 +45,21 @@ fn poll_lock(tries: i32) -> bool {
     true
 }
 
+/// How long the write-ahead log of the store's pooled connections gets (pages) before the
+/// commit that passes it copies the log back into the database file (a checkpoint; SQLite's
+/// default is 1 000).
+///
+/// That commit holds the write lock while it copies and syncs, and every write queued
+/// behind it waits. With a million records the copied pages lie all over the file, and a
+/// 1 000-page checkpoint is most of a claim's p99; checkpoints of 100 pages come ten times
+/// as often and each holds the writes back about a tenth as long, for a little more CPU
+/// per commit at one stream (BENCHMARKS.md, Scale). A checkpoint run on a thread of its
+/// own instead was tried and dropped: under a steady stream of commits it never finds the
+/// log wholly copied, so the log grows (and every read looks pages up in it) unless it also
+/// holds the writes back, and its syncs slowed every commit's. Connections handed to the
+/// caller and other processes keep SQLite's default.
+pub(crate) const CHECKPOINT_PAGES: u32 = 100;
+
 /// Pause between two tries of [`retry_busy`].
 const RETRY_PAUSE: Duration = Duration::from_millis(1);
 
@@ -84,7 +99,8 @@ impl ConnectionSettings {
     }
 
     /// Open a connection to the file at `path`: WAL, synchronous, and the busy wait of
-    /// `wait`. Retries while another process holds a lock the
+    /// `wait` (the store's own connections, [`Wait::Poll`], also checkpoint every
+    /// [`CHECKPOINT_PAGES`]). Retries while another process holds a lock the
     /// setup needs (switching to WAL), within the configured busy timeout. Blocking.
     pub(crate) fn open_file(&self, path: &Path, wait: Wait) -> Result<Connection> {
         retry_busy(self.busy_timeout, || {
@@ -101,6 +117,10 @@ impl ConnectionSettings {
                 .map_err(backend)?;
             if !mode.eq_ignore_ascii_case("wal") {
                 return Err(SetupError::NotWal { mode }.into());
+            }
+            if wait == Wait::Poll {
+                conn.pragma_update(None, "wal_autocheckpoint", CHECKPOINT_PAGES)
+                    .map_err(backend)?;
             }
             self.finish(conn)
         })
@@ -244,6 +264,39 @@ mod tests {
         assert!(waited < POLL_WAIT * 20, "{waited:?}");
         let tries = (0..).take_while(|&n| poll_lock(n)).count();
         assert_eq!(tries, 50);
+    }
+
+    /// A pooled connection's commits copy the log into the database file once it passes
+    /// [`CHECKPOINT_PAGES`]: the file holds the pages at once, although the log stayed far
+    /// below SQLite's default of 1 000 pages and no connection closed. A caller's
+    /// connection keeps the default (its commits leave the file as it was).
+    #[test]
+    fn a_pooled_connection_checkpoints_every_checkpoint_pages_a_callers_at_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = ConnectionSettings {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+        };
+        let pages = u64::from(CHECKPOINT_PAGES);
+        for (wait, checkpoints) in [(Wait::Poll, true), (Wait::Full, false)] {
+            let path = dir.path().join(format!("{wait:?}.db"));
+            let conn = settings.open_file(&path, wait).unwrap();
+            conn.execute_batch("CREATE TABLE filler (page BLOB)")
+                .unwrap();
+            let before = std::fs::metadata(&path).unwrap().len();
+            // One commit each, about a 4 KiB page each: twice the pooled threshold.
+            for _ in 0..2 * pages {
+                conn.execute("INSERT INTO filler VALUES (zeroblob(4000))", [])
+                    .unwrap();
+            }
+            let after = std::fs::metadata(&path).unwrap().len();
+            assert_eq!(
+                after >= before + pages * 4000,
+                checkpoints,
+                "{wait:?}: the database file went from {before} to {after} bytes after {} commits",
+                2 * pages
+            );
+        }
     }
 
     #[test]
