@@ -138,6 +138,15 @@ pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
             RawConn::Cluster(_) => "cluster connection (store and raw), one pipeline per slot",
         }
     );
+    // The purge's SCAN walks every key of the server, not only the run's prefix: keys left
+    // by earlier runs (each leaves its records, and its stream's) slow the purge and lengthen
+    // the claims' wait behind it, so the header says how many there were.
+    if let RawConn::Standalone(manager) = &conn {
+        let keys: u64 = redis::cmd("DBSIZE")
+            .query_async(&mut manager.clone())
+            .await?;
+        setup.push_str(&format!("; {keys} keys on the server before the run"));
+    }
     // Valkey >= 8.1 / Redis >= 8.4: the holder's commits and renewals are one plain command.
     if store.uses_set_ifeq() {
         setup.push_str("; commit and renew by SET ... IFEQ (no script)");
