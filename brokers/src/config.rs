@@ -31,11 +31,17 @@ pub struct ConsumerConfig {
     pub reconnect_delay: Duration,
     /// The longest wait between two connect attempts.
     pub max_reconnect_delay: Duration,
+    /// How long one connect (connection, subscription, topology check) may take: one that
+    /// takes longer is given up and counts as a failed connect, retried after
+    /// [`reconnect_delay`](Self::reconnect_delay), so a broker that takes the connection and
+    /// never answers does not stall the consumer. At shutdown, also how long the consumer
+    /// waits for the broker to stop its deliveries and to take back what was not started.
+    pub connect_timeout: Duration,
 }
 
 impl Default for ConsumerConfig {
     /// Consumer name from the endpoint, 16 in flight, retry after 1 s (at most 30 s), a
-    /// 7-day admission floor, reconnect after 100 ms doubling up to 10 s.
+    /// 7-day admission floor, reconnect after 100 ms doubling up to 10 s, 30 s per connect.
     fn default() -> Self {
         ConsumerConfig {
             consumer: None,
@@ -45,6 +51,7 @@ impl Default for ConsumerConfig {
             max_age: Some(Duration::from_secs(7 * 24 * 3600)),
             reconnect_delay: Duration::from_millis(100),
             max_reconnect_delay: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -69,6 +76,11 @@ impl ConsumerConfig {
         if self.reconnect_delay.is_zero() || self.max_reconnect_delay < self.reconnect_delay {
             return Err(crate::BrokerError::Config(
                 "reconnect_delay must be above zero and not above max_reconnect_delay".into(),
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(crate::BrokerError::Config(
+                "connect_timeout must be above zero".into(),
             ));
         }
         Ok(())

@@ -43,6 +43,7 @@ pub async fn consume_with_health<S: Source, H: Handle>(
 ) -> Result<ConsumerStats, BrokerError> {
     config.check()?;
     source.check(&config)?;
+    let endpoint = source.endpoint().to_owned();
     let shared = Arc::new(Shared {
         consumer: config.consumer_name(source.endpoint()).to_owned(),
         config: config.clone(),
@@ -57,7 +58,19 @@ pub async fn consume_with_health<S: Source, H: Handle>(
     let mut failure = None;
     loop {
         if !connected {
-            match source.connect(&config).await {
+            // A connect ends at shutdown, and is given up after `connect_timeout`.
+            let attempt = tokio::select! {
+                biased;
+                _ = shutdown.wait() => break,
+                attempt = tokio::time::timeout(config.connect_timeout, source.connect(&config)) => attempt,
+            };
+            let attempt = attempt.unwrap_or_else(|_| {
+                Err(BrokerError::broker(
+                    format!("connecting to {endpoint}"),
+                    format!("no answer within {:?}", config.connect_timeout),
+                ))
+            });
+            match attempt {
                 Ok(()) => {
                     connected = true;
                     health.set_connected(true);
@@ -114,16 +127,33 @@ pub async fn consume_with_health<S: Source, H: Handle>(
         }
     }
     if connected {
-        source.stop().await;
+        bounded(&config, &endpoint, "stopping the deliveries", source.stop()).await;
     }
     health.set_connected(false);
     in_flight.drain().await;
     if connected && failure.is_none() {
-        source.give_back().await;
+        let what = "giving back what was not started";
+        bounded(&config, &endpoint, what, source.give_back()).await;
     }
     match failure {
         Some(e) => Err(e),
         None => Ok(shared.counters.snapshot()),
+    }
+}
+
+/// A shutdown step with the broker, given up (and logged) after `connect_timeout`: what it
+/// did not do, the broker does itself when the connection goes (redelivers what was held).
+async fn bounded(
+    config: &ConsumerConfig,
+    endpoint: &str,
+    what: &str,
+    step: impl Future<Output = ()>,
+) {
+    if tokio::time::timeout(config.connect_timeout, step)
+        .await
+        .is_err()
+    {
+        tracing::warn!(endpoint, step = what, limit = ?config.connect_timeout, "shutdown step not done in time; left to the broker");
     }
 }
 
@@ -167,3 +197,6 @@ impl<H: Handle> Shared<H> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

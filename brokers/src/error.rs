@@ -50,7 +50,6 @@ impl BrokerError {
         matches!(self, BrokerError::Broker { .. })
     }
 
-    #[allow(dead_code)] // used by the broker modules (each behind its feature)
     pub(crate) fn broker(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
         BrokerError::Broker {
             context: context.into(),

@@ -29,7 +29,9 @@ pub trait Source: Send + 'static {
     }
 
     /// (Re)connect and subscribe, asking the broker for at most `config.in_flight`
-    /// deliveries at once where it can bound them.
+    /// deliveries at once where it can bound them. The loop drops this future when it takes
+    /// longer than [`ConsumerConfig::connect_timeout`] or shutdown fires: whatever it left
+    /// half done, the next call starts over from.
     async fn connect(&mut self, config: &ConsumerConfig) -> Result<(), BrokerError>;
 
     /// Up to `max` deliveries (at least one, or none after a short wait). May return early
@@ -42,10 +44,12 @@ pub trait Source: Send + 'static {
     ) -> Result<Vec<Self::Pending>, BrokerError>;
 
     /// At shutdown, before the started handlers are awaited: stop the broker's deliveries.
+    /// Given up after [`ConsumerConfig::connect_timeout`].
     async fn stop(&mut self) {}
 
     /// At shutdown, after every started delivery settled: give back what was received but
-    /// not started (what is not given back, the broker redelivers later by itself).
+    /// not started (what is not given back, the broker redelivers later by itself). Given up
+    /// after [`ConsumerConfig::connect_timeout`].
     async fn give_back(&mut self) {}
 }
 

@@ -12,9 +12,11 @@ use async_trait::async_trait;
 use dedup_brokers::rabbitmq::{
     DEAD_LETTER_EXCHANGE_ARG, DeadLetters, RabbitConsumer, RabbitPublisher, Topology,
 };
-use dedup_brokers::{BrokerError, ConsumerConfig, DEAD_LETTER_REASON, shutdown};
+use dedup_brokers::{
+    BrokerError, ConsumerConfig, DEAD_LETTER_REASON, Delivery, shutdown, with_inbox,
+};
 use dedup_core::outbox::Publisher;
-use dedup_core::{InboxConfig, MemoryStore};
+use dedup_core::{Inbox, InboxConfig, MemoryStore};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions, QueueDeclareOptions,
     QueueDeleteOptions,
@@ -23,6 +25,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use suite::{BrokerFactory, DeadLetter, broker_suite};
 use support::{Runs, assert_retried_in_process, config, counting, row, transient_once, wait_until};
+use tokio::sync::Semaphore;
 
 struct Fixture {
     conn: Connection,
@@ -359,6 +362,58 @@ async fn a_consumer_over_a_channel_ends_with_a_refused_error_when_its_channel_is
         }
         other => panic!("{other:?}"),
     }
+    fx.cleanup().await;
+}
+
+/// The handler finishes after its delivery's channel closed: the ack cannot go, so the
+/// delivery is not counted as settled (health shows no settle) and RabbitMQ keeps the
+/// message for a redelivery.
+#[tokio::test]
+async fn an_ack_whose_channel_closed_first_is_not_counted_as_settled() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let publisher = RabbitPublisher::new(&fx.conn).await.unwrap();
+    publisher.publish(&row(&fx.dest(), "m-1")).await.unwrap();
+    let channel = fx.channel().await;
+    let consumer = RabbitConsumer::new(channel.clone(), fx.queue.clone(), config());
+    let health = consumer.health();
+    let (started, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let handler = {
+        let (started, gate) = (Arc::clone(&started), Arc::clone(&gate));
+        with_inbox(
+            Inbox::new(MemoryStore::new()),
+            move |_lease, _d: Delivery| {
+                let (started, gate) = (Arc::clone(&started), Arc::clone(&gate));
+                async move {
+                    started.add_permits(1);
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<_, std::io::Error>(None)
+                }
+            },
+        )
+    };
+    let (_stop, signal) = shutdown();
+    let task = tokio::spawn(consumer.run(handler, signal));
+    started.acquire().await.unwrap().forget();
+    channel.close(200, "gone".into()).await.unwrap();
+    gate.add_permits(1);
+    let result = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("run ends when its channel is lost")
+        .unwrap();
+    assert!(
+        result.is_err(),
+        "a consumer over a lost channel ends: {result:?}"
+    );
+    let after = health.snapshot();
+    assert_eq!(after.last_settle, None, "the ack never went: {after:?}");
+    let back = fx.drain(&fx.queue).await;
+    let ids: Vec<_> = back
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
+        .collect();
+    assert_eq!(ids, [Some("m-1".to_owned())], "RabbitMQ kept the message");
     fx.cleanup().await;
 }
 

@@ -1,7 +1,8 @@
 //! RabbitMQ killed (`kill -9`) and restarted while a consumer runs: the consumer reconnects
 //! by itself and every published message is handled exactly once through a SQLite inbox.
 //! While a publisher publishes: it connects again by itself, and every publish it answered
-//! `Ok` is at the broker after the restart.
+//! `Ok` is at the broker after the restart. A server that takes the connection and never
+//! answers: the consumer gives each connect up and tries again, and a shutdown ends it.
 //!
 //! The test restarts a PRIVATE RabbitMQ, never the shared one: it uses the server of the
 //! `scripts/services.sh` state dir named by `DEDUP_RESTART_SERVICES_DIR` (started with
@@ -22,19 +23,28 @@ use dedup_sqlite::SqliteStore;
 use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use support::private::{Private, turn};
-use support::{Runs, reached_within, row, wait_until};
+use support::{Runs, reached_within, row, wait_until, within};
 
+/// How long one step of a test (a connect, a publish, a shutdown) may take before the test
+/// fails naming it.
+const STEP: Duration = Duration::from_secs(90);
+
+/// A connection, tried every 200 ms for 60 s (each try given 10 s: a connect whose
+/// handshake stalls is tried again, not waited for forever).
 async fn connect(url: &str) -> Connection {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match Connection::connect(url, ConnectionProperties::default()).await {
-            Ok(c) => return c,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("RabbitMQ did not come back: {e}"),
-        }
+        let attempt = Connection::connect(url, ConnectionProperties::default());
+        let error = match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+            Ok(Ok(c)) => return c,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within 10 s".to_owned(),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "RabbitMQ did not come back: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -51,11 +61,18 @@ async fn publish(url: &str, queue: &str, ids: std::ops::Range<usize>) {
 
 /// A durable queue named `queue` (it outlives a broker restart), with its dead-letter
 /// exchange and queue (`Topology::for_queue`).
+///
+/// Then a second's rest before anything else: RabbitMQ 3.10 answers `queue.declare-ok`
+/// before its metadata store has the queue on disk, and a `kill -9` soon after can lose the
+/// queue, with the persistent messages it confirmed (seen here: the queue declared about
+/// 0.3 s before the kill was not among those recovered, and every publish after the restart
+/// came back unroutable).
 async fn declare_durable(url: &str, queue: &str) {
     let conn = connect(url).await;
     let ch = conn.create_channel().await.unwrap();
     Topology::for_queue(queue).declare(&ch).await.unwrap();
     conn.close(0, "done".into()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
 /// The message ids `queue` holds (taken out, acked), then the queue deleted.
@@ -111,8 +128,18 @@ async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
         .await
         .unwrap();
     let queue = format!("dedup-restart-{}", uuid::Uuid::new_v4().simple());
-    declare_durable(&rabbit.url, &queue).await;
-    publish(&rabbit.url, &queue, 0..150).await;
+    within(
+        STEP,
+        "declaring the queue",
+        declare_durable(&rabbit.url, &queue),
+    )
+    .await;
+    within(
+        STEP,
+        "publishing 0..150",
+        publish(&rabbit.url, &queue, 0..150),
+    )
+    .await;
 
     let db = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(db.path().join("inbox.db")).await.unwrap();
@@ -144,7 +171,8 @@ async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
     .await
     .unwrap();
     assert!(!task.is_finished(), "run must not end on a broker restart");
-    publish(&rabbit.url, &queue, 150..300).await;
+    let after = publish(&rabbit.url, &queue, 150..300);
+    within(STEP, "publishing 150..300 after the restart", after).await;
 
     let deadline = Instant::now() + Duration::from_secs(90);
     while runs.lock().unwrap().len() < 300 {
@@ -161,7 +189,10 @@ async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.shut_down();
-    let stats = task.await.unwrap().unwrap();
+    let stats = within(STEP, "the consumer's shutdown", task)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(stats.reconnects >= 1, "{stats:?}");
     let runs = runs.lock().unwrap().clone();
     assert_eq!(runs.len(), 300);
@@ -169,7 +200,12 @@ async fn a_consumer_resumes_by_itself_after_rabbitmq_is_killed_and_restarted() {
     assert!(twice.is_empty(), "handled more than once: {twice:?}");
     assert_eq!(stats.processed, 300, "{stats:?}");
 
-    let left = drain_and_delete(&rabbit.url, &queue).await;
+    let left = within(
+        STEP,
+        "draining the queue",
+        drain_and_delete(&rabbit.url, &queue),
+    )
+    .await;
     assert!(left.is_empty(), "every message was acked: {left:?} left");
     drop(rabbit);
 }
@@ -210,14 +246,20 @@ async fn a_publisher_reconnects_after_rabbitmq_is_killed_and_never_says_ok_uncon
         .await
         .unwrap();
     let queue = format!("dedup-restart-pub-{}", uuid::Uuid::new_v4().simple());
-    declare_durable(&rabbit.url, &queue).await;
+    within(
+        STEP,
+        "declaring the queue",
+        declare_durable(&rabbit.url, &queue),
+    )
+    .await;
     let destination = format!("/{queue}");
-    let publisher = RabbitPublisher::connect(&rabbit.url, ConnectionProperties::default())
+    let publisher = RabbitPublisher::connect(&rabbit.url, ConnectionProperties::default());
+    let publisher = within(STEP, "connecting the publisher", publisher)
         .await
         .unwrap()
         .reconnect_within(Duration::from_secs(60));
-    publisher
-        .publish(&row(&destination, "before"))
+    let before = row(&destination, "before");
+    within(STEP, "the first publish", publisher.publish(&before))
         .await
         .unwrap();
 
@@ -291,7 +333,9 @@ async fn a_publisher_reconnects_after_rabbitmq_is_killed_and_never_says_ok_uncon
         );
     }
     stop.store(true, Ordering::SeqCst);
-    during.await.unwrap();
+    within(STEP, "the publishing task's end", during)
+        .await
+        .unwrap();
     let answers = std::mem::take(&mut *log.lock().unwrap());
     let failed: Vec<_> = answers
         .iter()
@@ -302,16 +346,26 @@ async fn a_publisher_reconnects_after_rabbitmq_is_killed_and_never_says_ok_uncon
         "the publish the kill met must fail, not hang or say Ok"
     );
     for i in 0..3 {
-        publisher
-            .publish(&row(&destination, &format!("after-{i}")))
+        let row = row(&destination, &format!("after-{i}"));
+        within(STEP, "a publish after the restart", publisher.publish(&row))
             .await
             .unwrap_or_else(|e| panic!("publish {i} after the restart failed: {e}"));
     }
     let batch = [row(&destination, "batch-0"), row(&destination, "batch-1")];
-    let results = publisher.publish_all(&batch).await;
+    let results = within(
+        STEP,
+        "a batch after the restart",
+        publisher.publish_all(&batch),
+    )
+    .await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
 
-    let held = drain_and_delete(&rabbit.url, &queue).await;
+    let held = within(
+        STEP,
+        "draining the queue",
+        drain_and_delete(&rabbit.url, &queue),
+    )
+    .await;
     let lost: Vec<_> = answers
         .iter()
         .filter(|a| a.answer.is_ok())
@@ -327,6 +381,52 @@ async fn a_publisher_reconnects_after_rabbitmq_is_killed_and_never_says_ok_uncon
         failed.len()
     );
     drop(rabbit);
+}
+
+/// A server that takes the TCP connection and never says a word of AMQP (a broker stuck in
+/// its boot, a proxy whose upstream is gone): each connect is given up after
+/// `connect_timeout` and tried again, and a shutdown ends the run at once.
+#[tokio::test]
+async fn a_server_that_never_answers_the_handshake_is_tried_again_not_waited_for() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let silent = tokio::spawn({
+        let accepted = Arc::clone(&accepted);
+        async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        }
+    });
+    let config = ConsumerConfig {
+        connect_timeout: Duration::from_millis(200),
+        reconnect_delay: Duration::from_millis(50),
+        max_reconnect_delay: Duration::from_millis(50),
+        ..config()
+    };
+    let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+    let consumer = RabbitConsumer::from_uri(url, "any", config);
+    let health = consumer.health();
+    let handler = with_inbox(
+        Inbox::new(MemoryStore::new()),
+        |_lease, _d: Delivery| async { Ok::<_, std::io::Error>(None) },
+    );
+    let (stop, signal) = shutdown();
+    let task = tokio::spawn(consumer.run(handler, signal));
+    wait_until("three connects", || accepted.load(Ordering::SeqCst) >= 3).await;
+    assert!(
+        !task.is_finished(),
+        "a silent server is retried, not an error"
+    );
+    assert!(!health.snapshot().connected);
+    stop.shut_down();
+    let ended = within(Duration::from_secs(5), "the run after the shutdown", task).await;
+    let stats = ended.unwrap().unwrap();
+    assert_eq!(stats.processed, 0, "{stats:?}");
+    silent.abort();
 }
 
 #[tokio::test]
@@ -346,9 +446,8 @@ async fn refused_credentials_end_run_with_a_refused_error_at_once() {
         Inbox::new(MemoryStore::new()),
         |_lease, _d: Delivery| async { Ok::<_, std::io::Error>(None) },
     );
-    let result = RabbitConsumer::from_uri(bad, "any", config())
-        .run(handler, signal)
-        .await;
+    let run = RabbitConsumer::from_uri(bad, "any", config()).run(handler, signal);
+    let result = within(STEP, "a run with refused credentials", run).await;
     assert!(
         matches!(result, Err(BrokerError::Refused { .. })),
         "{result:?}"
@@ -362,9 +461,8 @@ async fn refused_credentials_end_run_with_a_refused_error_at_once() {
         |_lease, _d: Delivery| async { Ok::<_, std::io::Error>(None) },
     );
     let missing = format!("no-such-queue-{}", uuid::Uuid::new_v4().simple());
-    let result = RabbitConsumer::from_uri(url, missing, config())
-        .run(handler, signal)
-        .await;
+    let run = RabbitConsumer::from_uri(url, missing, config()).run(handler, signal);
+    let result = within(STEP, "a run on a missing queue", run).await;
     assert!(
         matches!(result, Err(BrokerError::Refused { .. })),
         "{result:?}"

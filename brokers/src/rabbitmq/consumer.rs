@@ -381,27 +381,18 @@ impl Pending for RabbitPending {
     async fn settle(self, action: Action, shutdown: &Shutdown) -> Result<(), BrokerError> {
         let acker = &self.acker;
         match action {
-            Action::Ack => acker
-                .ack(BasicAckOptions::default())
-                .await
-                .map(drop)
-                .map_err(|e| classify("basic.ack", e)),
+            Action::Ack => answered("basic.ack", acker.ack(BasicAckOptions::default()).await),
             Action::Retry { delay } => requeue_after(acker, delay, shutdown).await,
             Action::DeadLetter { reason, headers } => match &*self.dead_letters {
-                DeadLetters::QueueDlx => acker
-                    .reject(BasicRejectOptions { requeue: false })
-                    .await
-                    .map(drop)
-                    .map_err(|e| classify("basic.reject", e)),
+                DeadLetters::QueueDlx => {
+                    let rejected = acker.reject(BasicRejectOptions { requeue: false }).await;
+                    answered("basic.reject", rejected)
+                }
                 DeadLetters::Publish {
                     publisher,
                     destination,
                 } => match self.copy(publisher, destination, &reason, &headers).await {
-                    Ok(()) => acker
-                        .ack(BasicAckOptions::default())
-                        .await
-                        .map(drop)
-                        .map_err(|e| classify("basic.ack", e)),
+                    Ok(()) => answered("basic.ack", acker.ack(BasicAckOptions::default()).await),
                     Err(e) => {
                         tracing::warn!(error = %dedup_core::error_chain(&*e), "dead letter not published; requeueing");
                         requeue_after(acker, self.retry_delay, shutdown).await?;
@@ -449,11 +440,21 @@ async fn requeue_after(
         _ = tokio::time::sleep(delay) => {}
         _ = shutdown.wait() => {}
     }
-    acker
-        .nack(requeue())
-        .await
-        .map(drop)
-        .map_err(|e| classify("basic.nack", e))
+    answered("basic.nack", acker.nack(requeue()).await)
+}
+
+/// An acker's answer as a settle: lapin answers `Ok(false)` when the delivery's channel
+/// closed before the frame could go (the broker delivers the message again), which is a
+/// settle that did not happen, not a success.
+fn answered(what: &str, answer: lapin::Result<bool>) -> Result<(), BrokerError> {
+    match answer {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(BrokerError::broker(
+            what,
+            "not sent: the delivery's channel closed first; RabbitMQ delivers the message again",
+        )),
+        Err(e) => Err(classify(what, e)),
+    }
 }
 
 fn requeue() -> BasicNackOptions {

@@ -201,6 +201,15 @@ pub async fn wait_until(what: &str, cond: impl FnMut() -> bool) {
     );
 }
 
+/// `step`'s output, or a panic naming `what` when it takes longer than `limit`: a step that
+/// hangs fails its test with the step's name instead of stalling the whole run.
+pub async fn within<T>(limit: Duration, what: &str, step: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, step).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: not done within {limit:?}"),
+    }
+}
+
 /// Whether `cond` held within `limit` (checked every 25 ms), for a caller that explains a
 /// timeout itself.
 pub async fn reached_within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {

@@ -4,27 +4,41 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// How long one `services.sh` call may take (a start boots the server and waits for it)
+/// before it is killed and the test fails naming the call, instead of hanging the run.
+const SERVICES_LIMIT_SECS: &str = "300";
+
 /// A private server, stopped on drop if this test started it.
 pub struct Private {
     dir: PathBuf,
+    service: String,
     owned: bool,
     /// Its URL (from `services.sh env`).
     pub url: String,
 }
 
-fn services(dir: &Path, args: &[&str]) -> String {
+/// `scripts/services.sh ARGS` on the state dir `dir`: its stdout, or what went wrong.
+fn run_services(dir: &Path, args: &[&str]) -> Result<String, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh");
-    let out = Command::new(script)
+    let out = Command::new("timeout")
+        .args(["-k", "10", SERVICES_LIMIT_SECS])
+        .arg(script)
         .args(args)
         .env("DEDUP_SERVICES_DIR", dir)
         .output()
-        .expect("run scripts/services.sh");
-    assert!(
-        out.status.success(),
-        "services.sh {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+        .map_err(|e| format!("could not run services.sh {args:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "services.sh {args:?} failed ({}; 124: killed after {SERVICES_LIMIT_SECS} s): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn services(dir: &Path, args: &[&str]) -> String {
+    run_services(dir, args).unwrap_or_else(|e| panic!("{e}"))
 }
 
 impl Private {
@@ -49,7 +63,12 @@ impl Private {
             .unwrap_or_else(|| panic!("no {url_var} from services.sh env"))
             .trim_matches('\'')
             .to_owned();
-        Private { dir, owned, url }
+        Private {
+            dir,
+            service: service.to_owned(),
+            owned,
+            url,
+        }
     }
 
     /// `services.sh crash-restart <service>`: killed (-9) and started again, data kept.
@@ -70,10 +89,64 @@ pub async fn turn() -> Option<tokio::sync::MutexGuard<'static, ()>> {
     }
 }
 
+impl Private {
+    /// The last lines of the server's log files (`*.log`, `*.out` in its folder and the
+    /// folders under it), for a failing test's report: what the server did around the
+    /// failure, before `stop` removes the folder.
+    fn log_tails(&self) -> String {
+        const LINES: usize = 40;
+        let mut files = Vec::new();
+        let mut folders = vec![self.dir.join(&self.service)];
+        while let Some(folder) = folders.pop() {
+            let Ok(entries) = std::fs::read_dir(&folder) else {
+                continue;
+            };
+            for path in entries.flatten().map(|e| e.path()) {
+                let is_log = matches!(
+                    path.extension().and_then(|e| e.to_str()),
+                    Some("log" | "out")
+                );
+                if path.is_dir() {
+                    folders.push(path);
+                } else if is_log {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        let mut tails = String::new();
+        for file in files {
+            let text = std::fs::read(&file).unwrap_or_default();
+            let text = String::from_utf8_lossy(&text);
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(LINES);
+            tails.push_str(&format!(
+                "--- {} (last {} of {} lines)\n{}\n",
+                file.display(),
+                lines.len() - from,
+                lines.len(),
+                lines[from..].join("\n")
+            ));
+        }
+        tails
+    }
+}
+
 impl Drop for Private {
     fn drop(&mut self) {
-        if self.owned {
-            services(&self.dir, &["stop"]);
+        if std::thread::panicking() {
+            eprintln!(
+                "the private {} of the failed test ({}):\n{}",
+                self.service,
+                self.dir.display(),
+                self.log_tails()
+            );
+        }
+        // No panic here: a second one while the test unwinds would abort the whole binary.
+        if self.owned
+            && let Err(e) = run_services(&self.dir, &["stop"])
+        {
+            eprintln!("{e}");
         }
     }
 }
