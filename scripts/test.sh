@@ -20,6 +20,8 @@
 #   DEDUP_CHECKS=0        skip fmt / MSRV / clippy / doc / feature checks (tests only)
 #   PROPTEST_CASES        cases per property test (default 256)
 #   DEDUP_SERVICES_DIR    where the servers keep their data (default: a fresh folder per run)
+#   DEDUP_TEST_BINARY_LIMIT  seconds one test binary may run before it is killed and fails
+#                         (default 900; scripts/test-binary.sh)
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -109,6 +111,12 @@ if [[ $checks != 0 ]]; then
     step fmt cargo fmt --all --check
     step layout scripts/check-layout.sh
 fi
+
+# Each test binary runs under a time limit (scripts/test-binary.sh as cargo's runner): a
+# test that hangs fails its binary, named in the log, and the rest of the run goes on.
+host=$(rustc -vV | sed -n 's/^host: //p')
+runner_var=CARGO_TARGET_$(printf '%s' "$host" | tr 'a-z.-' 'A-Z__')_RUNNER
+export "$runner_var=$REPO_ROOT/scripts/test-binary.sh"
 
 # --all-features: the examples crate's default builds only the main demo (a lean first
 # `cargo run`); the tests build and run every program, backend and TLS.

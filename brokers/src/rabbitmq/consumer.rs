@@ -381,18 +381,18 @@ impl Pending for RabbitPending {
     async fn settle(self, action: Action, shutdown: &Shutdown) -> Result<(), BrokerError> {
         let acker = &self.acker;
         match action {
-            Action::Ack => answered("basic.ack", acker.ack(BasicAckOptions::default()).await),
+            Action::Ack => answered("basic.ack", acker.ack(BasicAckOptions::default())).await,
             Action::Retry { delay } => requeue_after(acker, delay, shutdown).await,
             Action::DeadLetter { reason, headers } => match &*self.dead_letters {
                 DeadLetters::QueueDlx => {
-                    let rejected = acker.reject(BasicRejectOptions { requeue: false }).await;
-                    answered("basic.reject", rejected)
+                    let rejected = acker.reject(BasicRejectOptions { requeue: false });
+                    answered("basic.reject", rejected).await
                 }
                 DeadLetters::Publish {
                     publisher,
                     destination,
                 } => match self.copy(publisher, destination, &reason, &headers).await {
-                    Ok(()) => answered("basic.ack", acker.ack(BasicAckOptions::default()).await),
+                    Ok(()) => answered("basic.ack", acker.ack(BasicAckOptions::default())).await,
                     Err(e) => {
                         tracing::warn!(error = %dedup_core::error_chain(&*e), "dead letter not published; requeueing");
                         requeue_after(acker, self.retry_delay, shutdown).await?;
@@ -440,20 +440,37 @@ async fn requeue_after(
         _ = tokio::time::sleep(delay) => {}
         _ = shutdown.wait() => {}
     }
-    answered("basic.nack", acker.nack(requeue()).await)
+    answered("basic.nack", acker.nack(requeue())).await
 }
 
-/// An acker's answer as a settle: lapin answers `Ok(false)` when the delivery's channel
-/// closed before the frame could go (the broker delivers the message again), which is a
-/// settle that did not happen, not a success.
-fn answered(what: &str, answer: lapin::Result<bool>) -> Result<(), BrokerError> {
-    match answer {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(BrokerError::broker(
+/// How long an ack, nack or reject may take to be sent. lapin sends it as a frame and
+/// answers once the frame is written; an ack queued just as the connection died was seen
+/// never to be answered (lapin 4.12; its issue #409 is the same for publishes), which held
+/// the consumer's shutdown forever.
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// An acker's answer as a settle, waited for [`SETTLE_LIMIT`] at most. lapin answers
+/// `Ok(false)` when the delivery's channel closed before the frame could go: a settle that
+/// did not happen, not a success. Either way RabbitMQ delivers the message again unless the
+/// frame reached it, and the inbox answers the copy.
+async fn answered(
+    what: &str,
+    answer: impl Future<Output = lapin::Result<bool>>,
+) -> Result<(), BrokerError> {
+    match tokio::time::timeout(SETTLE_LIMIT, answer).await {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => Err(BrokerError::broker(
             what,
             "not sent: the delivery's channel closed first; RabbitMQ delivers the message again",
         )),
-        Err(e) => Err(classify(what, e)),
+        Ok(Err(e)) => Err(classify(what, e)),
+        Err(_) => Err(BrokerError::broker(
+            what,
+            format!(
+                "not reported sent within {SETTLE_LIMIT:?} (the connection was probably lost \
+                 as it went); RabbitMQ delivers the message again if it did not get it"
+            ),
+        )),
     }
 }
 

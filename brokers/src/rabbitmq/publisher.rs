@@ -103,7 +103,8 @@ impl RabbitPublisher {
     }
 
     /// How long a publish waits for the broker's confirm before it returns an error
-    /// (30 s by default; a batch of [`publish_all`](Publisher::publish_all) shares it).
+    /// (30 s by default; a batch of [`publish_all`](Publisher::publish_all) shares it), and
+    /// how long each message may take to be sent before that.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
         self
@@ -136,7 +137,16 @@ impl RabbitPublisher {
         let deadline = Instant::now() + self.reconnect_within;
         let mut delay = Duration::from_millis(100);
         let channel = loop {
-            match reopen(link, &mut connection).await {
+            // An attempt whose handshake stalls ends at the deadline, not never.
+            let attempt = tokio::time::timeout_at(deadline.into(), reopen(link, &mut connection))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(BrokerError::broker(
+                        "reconnecting the RabbitMQ publisher",
+                        format!("no connection within {:?}", self.reconnect_within),
+                    ))
+                });
+            match attempt {
                 Ok(channel) => break channel,
                 Err(e) => {
                     if !e.is_retryable() || Instant::now() + delay > deadline {
@@ -179,19 +189,26 @@ impl RabbitPublisher {
             .with_headers(table)
             .with_timestamp(now)
             .with_delivery_mode(2);
-        let confirm = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                payload,
-                props,
+        let sent = channel.basic_publish(
+            exchange.into(),
+            routing_key.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            payload,
+            props,
+        );
+        // lapin answers once the frame is written; one queued as the connection died may
+        // never be answered (lapin issue #409): bounded like the confirm.
+        match tokio::time::timeout(self.confirm_timeout, sent).await {
+            Ok(confirm) => Ok(confirm?),
+            Err(_) => Err(format!(
+                "the message to {destination} was not reported sent within {:?}",
+                self.confirm_timeout
             )
-            .await?;
-        Ok(confirm)
+            .into()),
+        }
     }
 
     async fn send_row(&self, row: &OutboxRow) -> Result<PublisherConfirm, BoxError> {
