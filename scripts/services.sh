@@ -997,9 +997,24 @@ EOF
         printf '%s\n' "$@"
     } >"$dir/my.cnf"
     give_to mysql "$dir"
-    as_user mysql mariadb-install-db --defaults-file="$dir/my.cnf" --skip-test-db \
-        >"$dir/install-db.log" 2>&1 || { show_log "$dir/install-db.log"; die "mariadb-install-db failed"; }
+    install_mariadb_data_in "$dir" || install_mariadb_data_in "$dir" ||
+        { show_log "$dir/install-db.log"; show_log "$dir/error.log"; die "mariadb-install-db failed twice"; }
     run_mariadbd_in "$dir"
+}
+
+# install_mariadb_data_in DIR: make DIR's data dir with mariadb-install-db, on an empty
+# folder. Its bootstrap server writes why it failed to DIR/error.log, not to its own output.
+# It failed once in many runs here ("Installation of system tables failed!") with nothing
+# else changed, so a failure is logged in full and the caller tries once more.
+install_mariadb_data_in() {
+    local dir=$1
+    rm -rf "$dir/data"
+    as_user mysql mariadb-install-db --defaults-file="$dir/my.cnf" --skip-test-db \
+        >"$dir/install-db.log" 2>&1 && return 0
+    log "mariadb-install-db failed in $dir"
+    show_log "$dir/install-db.log"
+    show_log "$dir/error.log"
+    return 1
 }
 
 # run_mariadbd_in DIR: start DIR's mariadbd (its my.cnf, its data) and wait until it answers.
