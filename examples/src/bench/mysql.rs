@@ -116,11 +116,14 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
     }
     // The server's commit durability is part of the figure (1: every commit flushed, as
     // production runs; 2, the test services' setting: written at commit, flushed once a
-    // second).
-    let (version, flush): (String, i64) =
-        sqlx::query_as("SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)")
-            .fetch_one(&pool)
-            .await?;
+    // second), and so is its buffer pool: a table larger than the pool is read from disk
+    // page by page (a purge deletes in `claimed_at` order, so its rows lie on pages all
+    // over the primary key's random UUID order).
+    let (version, flush, buffer_pool): (String, i64, i64) = sqlx::query_as(
+        "SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED),          CAST(@@innodb_buffer_pool_size AS SIGNED)",
+    )
+    .fetch_one(&pool)
+    .await?;
     let raw = MySqlRaw {
         inner: Arc::new(Inner {
             table: raw_table.clone(),
@@ -154,8 +157,9 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         raw: Arc::new(raw),
         tx: Some(Arc::new(tx)),
         setup: format!(
-            "{version}, innodb_flush_log_at_trx_commit={flush}; pool {} (store and raw, the \
-             store's pool options){}",
+            "{version}, innodb_flush_log_at_trx_commit={flush}, innodb_buffer_pool_size={} MiB; \
+             pool {} (store and raw, the store's pool options){}",
+            buffer_pool >> 20,
             config.max_connections,
             if params.raw_indexes {
                 ", raw with the store's index"

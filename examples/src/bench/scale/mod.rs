@@ -5,8 +5,11 @@
 //!
 //! 1. preload N records through the store on a manual clock, in batches of 1 000 from 16
 //!    tasks (`claim_many` + `commit_many`: the store's own rows, written as it writes
-//!    them), keyed as a service would be (one consumer, UUID message ids); 30 % of them are
-//!    then two hours old, past the purge's retention of an hour;
+//!    them), keyed as a service would be (one consumer, UUID message ids), each batch
+//!    claimed a millisecond after the one before, as a consumer's claims spread over time
+//!    (a clock standing still would give every record the same `claimed_at`, which no
+//!    store in service holds); 30 % of them are then two hours old, past the purge's
+//!    retention of an hour;
 //! 2. a claim+commit stream of fresh UUID keys of the same consumer: p50 / p99 latency
 //!    and the server's CPU per message (see `counted/probe.rs`; the whole server's, so run
 //!    on servers of its own);
@@ -27,7 +30,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dedup_core::{
-    Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, PurgeOptions, PurgeReport,
+    Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, ManualClock, PurgeOptions,
+    PurgeReport,
 };
 use serde::Serialize;
 
@@ -47,6 +51,9 @@ const PURGE_RETENTION: Duration = Duration::from_secs(3600);
 /// Preload: keys per batch and concurrent tasks.
 const PRELOAD_BATCH: usize = 1000;
 const PRELOAD_TASKS: usize = 16;
+/// How far the clock moves on before each preload batch: 10 M records span 10 s, well
+/// inside the purge's retention.
+const PRELOAD_TICK: Duration = Duration::from_millis(1);
 /// The lease of every scale claim.
 const LEASE: Duration = Duration::from_secs(30);
 /// Longest the claim stream runs alongside the purge once it made its messages.
@@ -100,9 +107,9 @@ pub(crate) async fn measure(
     let (store, clock) = (&target.purge_store, &target.clock);
     let started = Instant::now();
     let expired = records * EXPIRED_PERCENT / 100;
-    preload(store, expired).await?;
+    preload(store, clock, expired).await?;
     clock.advance(CLOCK_JUMP);
-    preload(store, records - expired).await?;
+    preload(store, clock, records - expired).await?;
     let preload_secs = started.elapsed().as_secs_f64();
     eprintln!("  {} records preloaded in {preload_secs:.0} s", records);
 
@@ -168,14 +175,17 @@ fn fresh_key() -> Result<Key> {
     Ok(Key::new(CONSUMER, uuid::Uuid::new_v4().to_string())?)
 }
 
-/// Claim and commit `n` fresh keys in batches.
-async fn preload(store: &Arc<dyn DedupStore>, n: usize) -> Result<()> {
+/// Claim and commit `n` fresh keys in batches, `clock` moving on by [`PRELOAD_TICK`]
+/// before each.
+async fn preload(store: &Arc<dyn DedupStore>, clock: &Arc<ManualClock>, n: usize) -> Result<()> {
     let store = Arc::clone(store);
+    let clock = Arc::clone(clock);
     drive(
         PRELOAD_TASKS,
         move |b| b * PRELOAD_BATCH < n,
         move |_, b| {
             let store = Arc::clone(&store);
+            clock.advance(PRELOAD_TICK);
             async move {
                 let len = PRELOAD_BATCH.min(n - b * PRELOAD_BATCH);
                 let requests = (0..len)
