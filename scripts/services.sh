@@ -53,6 +53,10 @@ readonly HOST=127.0.0.1
 # Seconds to wait for PostgreSQL / Redis readiness; RabbitMQ gets RABBITMQ_WAIT (its VM boots slower).
 readonly WAIT_SECONDS=${DEDUP_SERVICES_WAIT:-30}
 readonly RABBITMQ_WAIT=${DEDUP_RABBITMQ_WAIT:-120}
+# MariaDB's InnoDB buffer pool: enough for the tests. The scale bench's tables of millions
+# of records need it larger than the table (e.g. DEDUP_MARIADB_BUFFER_POOL=5G for 10 M),
+# or every purge batch reads its pages from disk.
+readonly MARIADB_BUFFER_POOL=${DEDUP_MARIADB_BUFFER_POOL:-256M}
 # Ports are picked in [PORT_LOW, PORT_HIGH). Redis Cluster also binds port+10000 (cluster bus)
 # and the RabbitMQ CLI uses dist port+10000..+10010; the range keeps both below Linux's
 # ephemeral range (32768+), where outgoing connections could take them.
@@ -989,7 +993,7 @@ skip-name-resolve
 max_connections = 500
 character-set-server = utf8mb4
 collation-server = utf8mb4_bin
-innodb_buffer_pool_size = 256M
+innodb_buffer_pool_size = $MARIADB_BUFFER_POOL
 # Test data is thrown away afterwards: durability is not needed, speed is.
 innodb_flush_log_at_trx_commit = 2
 innodb_doublewrite = 0

@@ -114,11 +114,17 @@ mod mysql {
                 let mut conn = MySqlConnection::connect(&self.0).await?;
                 let (table, raw) = (&names.purge_table, format!("{}_min", names.purge_table));
                 let store = size(&mut conn, table).await?;
+                // The raw table gets the keys in the order the store got them
+                // (`claimed_at`): InnoDB keeps a table in primary-key order, so keys
+                // inserted in that order fill its pages whole, and random UUIDs, as a
+                // consumer receives them, leave them partly empty. The store's table was
+                // filled the second way, and so is the raw one.
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "CREATE TABLE `{raw}` (consumer VARBINARY(200) NOT NULL, \
                      message_id VARBINARY(255) NOT NULL, PRIMARY KEY (consumer, message_id)) \
                      ENGINE=InnoDB; \
-                     INSERT INTO `{raw}` SELECT consumer, message_id FROM `{table}`"
+                     INSERT INTO `{raw}` SELECT consumer, message_id FROM `{table}` \
+                     ORDER BY claimed_at"
                 )))
                 .execute(&mut conn)
                 .await?;
