@@ -10,17 +10,20 @@
 //!    (a clock standing still would give every record the same `claimed_at`, which no
 //!    store in service holds); 30 % of them are then two hours old, past the purge's
 //!    retention of an hour;
-//! 2. a claim+commit stream of fresh UUID keys of the same consumer: p50 / p99 latency
+//! 2. the server settles: it writes back what the bulk preload left to write (a
+//!    checkpoint, InnoDB's dirty pages; see [`Sizer::settle`]), as a server that took its
+//!    records over days has done;
+//! 3. a claim+commit stream of fresh UUID keys of the same consumer: p50 / p99 latency
 //!    and the server's CPU per message (see `counted/probe.rs`; the whole server's, so run
 //!    on servers of its own);
-//! 3. bytes per record: the store's table and indexes (PostgreSQL
+//! 4. bytes per record: the store's table and indexes (PostgreSQL
 //!    `pg_total_relation_size`, MySQL / MariaDB `data_length + index_length` after
 //!    `ANALYZE TABLE`, SQLite the pages the preload added, Redis `MEMORY USAGE` of a sample
 //!    of keys) against the smallest raw row holding the same key (a two-column table whose
 //!    primary key is the key, `WITHOUT ROWID` on SQLite; on Redis a string key of the same
 //!    length holding `1` with a TTL);
-//! 4. the default (paced) purge of the 30 % expired records while the same claim stream
-//!    runs: claim p99 during it against step 2's, its rows/s, the claim p99 of a stream
+//! 5. the default (paced) purge of the 30 % expired records while the same claim stream
+//!    runs: claim p99 during it against step 3's, its rows/s, the claim p99 of a stream
 //!    right after, and the bytes left per remaining record.
 
 pub(crate) mod size;
@@ -68,6 +71,9 @@ pub(crate) struct ScaleRow {
     pub(crate) records: usize,
     /// Seconds the preload took (context).
     pub(crate) preload_secs: f64,
+    /// Seconds the server took to write back what the preload left (see
+    /// [`Sizer::settle`]); `None`: nothing to wait for.
+    pub(crate) settle_secs: Option<f64>,
     /// Claim+commit concurrency of the streams.
     pub(crate) concurrency: usize,
     /// Claim+commit latency of the stream, p50 and p99, in ms.
@@ -112,6 +118,13 @@ pub(crate) async fn measure(
     preload(store, clock, records - expired).await?;
     let preload_secs = started.elapsed().as_secs_f64();
     eprintln!("  {} records preloaded in {preload_secs:.0} s", records);
+    let settle_secs = match sizer.settle().await? {
+        Some((what, took)) => {
+            eprintln!("  settled ({what}) in {:.1} s", took.as_secs_f64());
+            Some(took.as_secs_f64())
+        }
+        None => None,
+    };
 
     stream(store, concurrency, |i| i < 100).await?; // warm-up
     let before = probe.read().await?;
@@ -155,6 +168,7 @@ pub(crate) async fn measure(
         backend: target.backend,
         records,
         preload_secs,
+        settle_secs,
         concurrency,
         claim_p50_ms,
         claim_p99_ms,

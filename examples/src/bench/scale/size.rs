@@ -1,15 +1,28 @@
-//! Bytes on disk or in memory: the scale store's (its table and indexes, or its keys)
-//! against the smallest raw row holding the same keys, built from the store's own keys.
+//! What the scale mode asks of each backend's server beside the store: bytes on disk or in
+//! memory, the scale store's (its table and indexes, or its keys) against the smallest raw
+//! row holding the same keys, built from the store's own keys; and a rest after the
+//! preload.
+
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
 use crate::bench::{Names, Result};
 
-/// Measures the scale store (the bench's purge store) and its raw minimum.
+/// Measures the scale store (the bench's purge store) and its raw minimum, and lets its
+/// server settle.
 pub(crate) trait Sizer: Send + Sync {
     /// `(store bytes, raw bytes)` for the records the store holds now; `None` where this
     /// backend cannot tell.
     fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>>;
+
+    /// Write back what the preload left to write (dirty pages, the log), as a server that
+    /// took its records over days has long done, so the stream measured next pays for a
+    /// claim in a large table and not for the minutes of bulk load just before it. What
+    /// it does and how long it took; `None` where nothing is waiting (Redis).
+    fn settle(&self) -> BoxFuture<'_, Result<Option<(&'static str, Duration)>>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// No figure for this store.
@@ -19,6 +32,14 @@ impl Sizer for Unknown {
     fn sizes<'a>(&'a self, _: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
         Box::pin(async { Ok(None) })
     }
+}
+
+/// How long [`Sizer::settle`] waits at most for a server to write back.
+const SETTLE_LIMIT: Duration = Duration::from_secs(300);
+
+/// `what`, and the time since `started`.
+fn settled(what: &'static str, started: Instant) -> Option<(&'static str, Duration)> {
+    Some((what, started.elapsed()))
 }
 
 /// The sizer of the store `url` names.
@@ -47,10 +68,12 @@ pub(crate) fn open(url: &str) -> Box<dyn Sizer> {
 
 #[cfg(feature = "postgres")]
 mod postgres {
+    use std::time::{Duration, Instant};
+
     use dedup_postgres::sqlx::{self, AssertSqlSafe, Connection, PgConnection};
     use futures::future::BoxFuture;
 
-    use super::Sizer;
+    use super::{Sizer, settled};
     use crate::bench::{Names, Result};
 
     pub(super) struct PgSizer(pub(super) String);
@@ -80,15 +103,27 @@ mod postgres {
                 Ok(Some((store, raw_size)))
             })
         }
+
+        /// A `CHECKPOINT`: every dirty buffer written and synced.
+        fn settle(&self) -> BoxFuture<'_, Result<Option<(&'static str, Duration)>>> {
+            Box::pin(async move {
+                let started = Instant::now();
+                let mut conn = PgConnection::connect(&self.0).await?;
+                sqlx::raw_sql("CHECKPOINT").execute(&mut conn).await?;
+                Ok(settled("CHECKPOINT", started))
+            })
+        }
     }
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
+    use std::time::{Duration, Instant};
+
     use dedup_mysql::sqlx::{self, AssertSqlSafe, Connection, MySqlConnection};
     use futures::future::BoxFuture;
 
-    use super::Sizer;
+    use super::{SETTLE_LIMIT, Sizer, settled};
     use crate::bench::{Names, Result};
 
     pub(super) struct MySqlSizer(pub(super) String);
@@ -135,15 +170,59 @@ mod mysql {
                 Ok(Some((store, raw_size)))
             })
         }
+
+        /// InnoDB's dirty pages written back: `innodb_max_dirty_pages_pct` set to 0 until
+        /// at most 1 % of the pool's pages are dirty (or [`SETTLE_LIMIT`]), then put back.
+        fn settle(&self) -> BoxFuture<'_, Result<Option<(&'static str, Duration)>>> {
+            Box::pin(async move {
+                let started = Instant::now();
+                let mut conn = MySqlConnection::connect(&self.0).await?;
+                let (pct,): (f64,) =
+                    sqlx::query_as("SELECT CAST(@@innodb_max_dirty_pages_pct AS DOUBLE)")
+                        .fetch_one(&mut conn)
+                        .await?;
+                sqlx::raw_sql("SET GLOBAL innodb_max_dirty_pages_pct = 0")
+                    .execute(&mut conn)
+                    .await?;
+                let waited = async {
+                    while started.elapsed() < SETTLE_LIMIT {
+                        let (dirty, total): (f64, f64) = sqlx::query_as(
+                            "SELECT CAST(SUM(IF(variable_name = 'INNODB_BUFFER_POOL_PAGES_DIRTY', \
+                             variable_value, 0)) AS DOUBLE), \
+                             CAST(SUM(IF(variable_name = 'INNODB_BUFFER_POOL_PAGES_TOTAL', \
+                             variable_value, 0)) AS DOUBLE) \
+                             FROM information_schema.global_status",
+                        )
+                        .fetch_one(&mut conn)
+                        .await?;
+                        if dirty <= total / 100.0 {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Ok::<_, sqlx::Error>(())
+                }
+                .await;
+                sqlx::query(AssertSqlSafe(format!(
+                    "SET GLOBAL innodb_max_dirty_pages_pct = {pct}"
+                )))
+                .execute(&mut conn)
+                .await?;
+                waited?;
+                Ok(settled("dirty pages written back", started))
+            })
+        }
     }
 }
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
+    use std::time::{Duration, Instant};
+
     use dedup_sqlite::rusqlite::{Connection, params};
     use futures::future::BoxFuture;
 
-    use super::Sizer;
+    use super::{Sizer, settled};
     use crate::bench::{Names, Result};
 
     pub(super) struct SqliteSizer(pub(super) String);
@@ -175,6 +254,25 @@ mod sqlite {
                     let raw_size = size(&conn, &raw)?;
                     conn.execute_batch(&format!("DROP TABLE \"{raw}\""))?;
                     Ok(Some((store, raw_size)))
+                })
+                .await?
+            })
+        }
+
+        /// A `wal_checkpoint(TRUNCATE)`: the log copied into the file, synced, emptied.
+        fn settle(&self) -> BoxFuture<'_, Result<Option<(&'static str, Duration)>>> {
+            let path = self.0.clone();
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    let started = Instant::now();
+                    let conn = Connection::open(&path)?;
+                    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+                    let busy: i64 =
+                        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+                    if busy != 0 {
+                        return Err("wal_checkpoint(TRUNCATE) was blocked by a reader".into());
+                    }
+                    Ok(settled("wal_checkpoint(TRUNCATE)", started))
                 })
                 .await?
             })
