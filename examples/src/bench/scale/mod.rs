@@ -72,7 +72,7 @@ pub(crate) struct ScaleRow {
     /// Seconds the preload took (context).
     pub(crate) preload_secs: f64,
     /// Seconds the server took to write back what the preload left (see
-    /// [`Sizer::settle`]); `None`: nothing to wait for.
+    /// [`Sizer::settle`]); `None`: nothing to wait for, or the server refused.
     pub(crate) settle_secs: Option<f64>,
     /// Claim+commit concurrency of the streams.
     pub(crate) concurrency: usize,
@@ -118,12 +118,18 @@ pub(crate) async fn measure(
     preload(store, clock, records - expired).await?;
     let preload_secs = started.elapsed().as_secs_f64();
     eprintln!("  {} records preloaded in {preload_secs:.0} s", records);
-    let settle_secs = match sizer.settle().await? {
-        Some((what, took)) => {
+    // A server that refuses (no privilege for `CHECKPOINT` or `SET GLOBAL`) is measured
+    // unsettled, and the line says so.
+    let settle_secs = match sizer.settle().await {
+        Ok(Some((what, took))) => {
             eprintln!("  settled ({what}) in {:.1} s", took.as_secs_f64());
             Some(took.as_secs_f64())
         }
-        None => None,
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("  could not let the server settle ({e}); measuring it unsettled");
+            None
+        }
     };
 
     stream(store, concurrency, |i| i < 100).await?; // warm-up
