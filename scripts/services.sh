@@ -17,7 +17,8 @@
 # Pub/Sub is Google's emulator (the Debian package google-cloud-cli-pubsub-emulator, from
 # Google's own apt repository: not installed by this script; DEDUP_PUBSUB_EMULATOR names its
 # launcher elsewhere); where it is missing, `start` says so in one line and goes on without it
-# (its tests then skip, or fail under DEDUP_TEST_STRICT=1).
+# (its tests then skip, or fail under DEDUP_TEST_STRICT=1). DEDUP_MARIADB_BUFFER_POOL sets
+# MariaDB's InnoDB buffer pool (default 256M; the scale bench wants the table to fit).
 #
 # Usage:
 #   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls]
@@ -975,6 +976,8 @@ start_mariadb_in() {
     local dir=$1 port
     shift
     mariadb_server_bin >/dev/null || die "mariadbd not found (install mariadb-server)"
+    [[ $MARIADB_BUFFER_POOL =~ ^[0-9]+[KMGkmg]?$ ]] ||
+        die "DEDUP_MARIADB_BUFFER_POOL='$MARIADB_BUFFER_POOL': a size in bytes, or with K, M or G (e.g. 5G)"
     mkdir -p "$dir/run"
     port=$(free_ports 1)
     echo "$port" >"$dir/port"
@@ -1002,7 +1005,7 @@ EOF
     } >"$dir/my.cnf"
     give_to mysql "$dir"
     install_mariadb_data_in "$dir" || install_mariadb_data_in "$dir" ||
-        { show_log "$dir/install-db.log"; show_log "$dir/error.log"; die "mariadb-install-db failed twice"; }
+        die "mariadb-install-db failed twice (its logs are above)"
     run_mariadbd_in "$dir"
 }
 

@@ -120,7 +120,8 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
     // page by page (a purge deletes in `claimed_at` order, so its rows lie on pages all
     // over the primary key's random UUID order).
     let (version, flush, buffer_pool): (String, i64, i64) = sqlx::query_as(
-        "SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED),          CAST(@@innodb_buffer_pool_size AS SIGNED)",
+        "SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED), \
+         CAST(@@innodb_buffer_pool_size AS SIGNED)",
     )
     .fetch_one(&pool)
     .await?;

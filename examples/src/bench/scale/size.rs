@@ -172,7 +172,8 @@ mod mysql {
         }
 
         /// InnoDB's dirty pages written back: `innodb_max_dirty_pages_pct` set to 0 until
-        /// at most 1 % of the pool's pages are dirty (or [`SETTLE_LIMIT`]), then put back.
+        /// at most 1 % of the pool's pages are dirty (or [`SETTLE_LIMIT`], which the
+        /// answer then names), then put back.
         fn settle(&self) -> BoxFuture<'_, Result<Option<(&'static str, Duration)>>> {
             Box::pin(async move {
                 let started = Instant::now();
@@ -185,7 +186,10 @@ mod mysql {
                     .execute(&mut conn)
                     .await?;
                 let waited = async {
-                    while started.elapsed() < SETTLE_LIMIT {
+                    loop {
+                        if started.elapsed() >= SETTLE_LIMIT {
+                            return Ok("dirty pages over 1 % of the pool still, at the limit");
+                        }
                         let (dirty, total): (f64, f64) = sqlx::query_as(
                             "SELECT CAST(SUM(IF(variable_name = 'INNODB_BUFFER_POOL_PAGES_DIRTY', \
                              variable_value, 0)) AS DOUBLE), \
@@ -196,11 +200,10 @@ mod mysql {
                         .fetch_one(&mut conn)
                         .await?;
                         if dirty <= total / 100.0 {
-                            break;
+                            return Ok::<_, sqlx::Error>("dirty pages written back");
                         }
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
-                    Ok::<_, sqlx::Error>(())
                 }
                 .await;
                 sqlx::query(AssertSqlSafe(format!(
@@ -208,8 +211,7 @@ mod mysql {
                 )))
                 .execute(&mut conn)
                 .await?;
-                waited?;
-                Ok(settled("dirty pages written back", started))
+                Ok(settled(waited?, started))
             })
         }
     }
@@ -266,7 +268,7 @@ mod sqlite {
                 tokio::task::spawn_blocking(move || {
                     let started = Instant::now();
                     let conn = Connection::open(&path)?;
-                    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+                    conn.busy_timeout(Duration::from_secs(30))?;
                     let busy: i64 =
                         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
                     if busy != 0 {
