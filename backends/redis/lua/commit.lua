@@ -13,7 +13,7 @@ local function op(key, now, retention, token, has_outcome, outcome)
     if err then
         return {'X', err}
     end
-    if not rec or rec.token ~= token then
+    if not rec or not same_token(rec.token, token) then
         return {'L'}
     end
     if rec.state == 'c' then

@@ -22,8 +22,10 @@
 --                     processed_at = retain_until - b.
 --   fence         integer >= 1, +1 per acquisition
 --   attempt       integer >= 1, +1 per takeover
---   token         lease token (UUID text, no comma); on a completed record, the committing
---                 token
+--   token         lease token; on a completed record, the committing token. Written in Z85 (the
+--                 token's 16 bytes, 20 characters, no comma: src/token.rs), as clients send
+--                 it; records written by dedup-redis before that hold the UUID text (36
+--                 characters), which same_token below still matches
 --   fingerprint   the payload fingerprint, any bytes but NUL, after its length in bytes
 --                 (0 and nothing: no fingerprint)
 --   failure       layout 3 only: the latest released failure's cause (Record::last_failure,
@@ -52,6 +54,38 @@
 
 local function is_count(n)
     return n ~= nil and n >= 1 and n == math.floor(n)
+end
+
+-- Whether a record's token `held` is the caller's `token` (Z85, as clients send it): the same
+-- text, or `held` is the UUID text of the same 16 bytes, as records written before Z85 hold
+-- it (a lease handed out by an earlier dedup-redis, or a token an operator read from one).
+-- The conversion runs only for such a record, never on a Z85 one.
+local Z85 = '0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#'
+local function same_token(held, token)
+    if held == token then
+        return true
+    end
+    if type(held) ~= 'string' or #held ~= 36 or #token ~= 20 then
+        return false
+    end
+    local hex = {}
+    for i = 1, 16, 5 do
+        local n = 0
+        for j = i, i + 4 do
+            local d = string.find(Z85, string.sub(token, j, j), 1, true)
+            if not d then
+                return false
+            end
+            n = n * 85 + d - 1
+        end
+        if n >= 4294967296 then
+            return false
+        end
+        hex[#hex + 1] = string.format('%08x', n)
+    end
+    local h = table.concat(hex)
+    return string.lower(held) == string.sub(h, 1, 8) .. '-' .. string.sub(h, 9, 12) .. '-'
+        .. string.sub(h, 13, 16) .. '-' .. string.sub(h, 17, 20) .. '-' .. string.sub(h, 21, 32)
 end
 
 local FIELDS = {

@@ -7,7 +7,7 @@ local rec, err = load(key, now, true)
 if err then
     return {'X', err}
 end
-if not rec or rec.state ~= 'i' or rec.token ~= ARGV[2] then
+if not rec or rec.state ~= 'i' or not same_token(rec.token, ARGV[2]) then
     return {'L'}
 end
 local expires_at = now + tonumber(ARGV[3])

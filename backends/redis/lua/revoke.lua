@@ -11,7 +11,7 @@ local rec, err = load(key, now)
 if err then
     return {'X', err}
 end
-if not rec or rec.state ~= 'i' or rec.token ~= ARGV[2] then
+if not rec or rec.state ~= 'i' or not same_token(rec.token, ARGV[2]) then
     return {'L'}
 end
 if rec.expires_at > now and ARGV[3] ~= '1' then

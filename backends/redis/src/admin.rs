@@ -36,6 +36,7 @@ use crate::decode;
 use crate::error::backend;
 use crate::schema::{encode_into, key_of};
 use crate::scripts::{Call, FORGET, GET, REVOKE};
+use crate::token;
 
 /// Keys asked of one `SCAN` step (a hint to the server).
 const SCAN_COUNT: usize = 100;
@@ -189,9 +190,9 @@ impl AdminStorage for RedisStore {
     ) -> Result<bool> {
         let call = Call::new(&REVOKE, self.redis_key(key))
             .arg(self.now_arg())
-            .arg(token.to_string())
+            .arg(token::text(token))
             .arg(if force { "1" } else { "0" })
-            .arg(new_token.to_string())
+            .arg(token::text(new_token))
             .arg(duration_millis(self.config().retention));
         let value = self.conn().eval(&call).await.map_err(backend)?;
         decode::revoke(key, value)

@@ -14,6 +14,7 @@ mod purge;
 mod schema;
 mod scripts;
 mod store;
+mod token;
 mod url;
 
 pub use config::{MAX_RETENTION, RedisConfig};

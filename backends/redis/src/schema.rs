@@ -18,9 +18,13 @@
 //! ```text
 //! 2,<state>,<fence>,<attempt>,<a>,<b>,<token>,<fingerprint length>,<fingerprint>[,<outcome>]
 //! ```
+//!
+//! The token in Z85 ([`crate::token`]).
 
 use dedup_core::{ClaimOptions, Key, LeaseToken, Timestamp, duration_millis};
 use redis::Cmd;
+
+use crate::token;
 
 /// Hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
@@ -202,7 +206,8 @@ impl InFlight {
             ..
         } = self;
         format!(
-            "{VERSION},{state},{fence},{attempt},{a},{b},{token},{},{fingerprint}",
+            "{VERSION},{state},{fence},{attempt},{a},{b},{},{},{fingerprint}",
+            token::text(*token),
             fingerprint.len()
         )
     }
@@ -248,7 +253,7 @@ impl InFlight {
         };
         let mut value = format!(
             "{VERSION},{stamps},{},{},{}",
-            self.token,
+            token::text(self.token),
             self.fingerprint.len(),
             self.fingerprint
         )
@@ -428,6 +433,9 @@ mod tests {
             .with_fingerprint(dedup_core::Fingerprint::new("f,p").unwrap());
         let server = fresh_claim("k", token, &options, 1000, None);
         let injected = fresh_claim("k", token, &options, 1000, Some(Timestamp::from_millis(50)));
+        // The token in Z85 (crate::token), 20 characters.
+        let token = crate::token::text(token);
+        assert_eq!(token.len(), 20);
         let args = |c: &Cmd| -> Vec<String> {
             c.args_iter()
                 .map(|a| match a {

@@ -145,6 +145,15 @@ impl RedisStore {
         self.conn.misroute().await.map_err(backend)
     }
 
+    /// A test hook, only with the `test-hooks` feature (not part of the API): `token` as
+    /// this version writes it into records (Z85, 20 characters), for tests that read the
+    /// stored value.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn stored_token(token: dedup_core::LeaseToken) -> String {
+        crate::token::text(token)
+    }
+
     pub(crate) fn conn(&self) -> &Conn {
         &self.conn
     }

@@ -273,7 +273,7 @@ async fn a_fast_path_lease_expires_on_the_server_clock() {
             stored.starts_with(&format!(
                 "2,l,1,1,400,{},{},0,",
                 RETENTION.as_millis(),
-                lease.token
+                RedisStore::stored_token(lease.token)
             )),
             "{name}: {stored}"
         );
@@ -335,7 +335,10 @@ async fn a_fast_path_commit_keeps_its_instants_in_the_keys_expiry() {
         let retention_ms = RETENTION.as_millis() as i64;
         assert_eq!(
             value(&mut raw, &redis_key).await,
-            format!("2,d,1,1,0,{retention_ms},{},3,f,p,out,come", lease.token),
+            format!(
+                "2,d,1,1,0,{retention_ms},{},3,f,p,out,come",
+                RedisStore::stored_token(lease.token)
+            ),
             "{name}"
         );
         let at = expiry(&mut raw, &redis_key).await;
@@ -399,7 +402,10 @@ async fn a_fast_path_commit_keeps_its_instants_in_the_keys_expiry() {
         );
         assert_eq!(
             value(&mut raw, &redis_key).await,
-            format!("2,d,1,1,0,{retention_ms},{},3,f,p,out,come", lease.token),
+            format!(
+                "2,d,1,1,0,{retention_ms},{},3,f,p,out,come",
+                RedisStore::stored_token(lease.token)
+            ),
             "{name}: unchanged by all of that"
         );
         // The purge reads processed_at from the key's expiry too: kept while younger than
@@ -589,5 +595,96 @@ async fn a_released_failure_makes_layout_3_and_every_write_keeps_it() {
             );
             assert_eq!(value(&mut raw, &redis_key).await, bad, "{name}: {id}");
         }
+    }
+}
+
+/// Records written before tokens were kept in Z85 hold the lease token as UUID text. A lease
+/// on such a record (handed out by the earlier version) is still its holder's here: renew,
+/// commit, a commit again, release and an operator's release all match it
+/// (`lua/record.lua`'s `same_token`); `get` reads the token; and a commit writes the
+/// committing token in Z85 from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_on_records_with_the_uuid_text_of_earlier_versions_hold() {
+    for target in Target::all("leases_on_records_with_the_uuid_text_of_earlier_versions_hold") {
+        let (store, mut raw) = on_server_clock(&target, "uuid_text").await;
+        let name = &target.name();
+        let retention_ms = RETENTION.as_millis() as i64;
+        let lease_ms = MINUTE.as_millis() as i64;
+        // As an earlier version's fresh-key claim wrote it: `l`, the UUID text.
+        let earlier = async |raw: &mut Raw, id: &str| -> Lease {
+            let key = Key::new("uuid-text", id).unwrap();
+            let token = LeaseToken::random();
+            raw.run(
+                redis::cmd("SET")
+                    .arg(store.redis_key(&key))
+                    .arg(format!("2,l,1,1,{lease_ms},{retention_ms},{token},0,"))
+                    .arg("PX")
+                    .arg(lease_ms + retention_ms),
+            )
+            .await;
+            Lease {
+                key,
+                token,
+                fence: 1,
+                attempt: 1,
+                expires_at: Timestamp::from_millis(0),
+            }
+        };
+
+        let lease = earlier(&mut raw, "committed").await;
+        match store.get(&lease.key).await.unwrap().unwrap().state {
+            RecordState::InFlight { token, .. } => assert_eq!(token, lease.token, "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+        let lease = store.renew(&lease, MINUTE).await.unwrap();
+        store.commit(&lease, Some(b"done")).await.unwrap();
+        store.commit(&lease, Some(b"again")).await.unwrap();
+        let stored = value(&mut raw, &store.redis_key(&lease.key)).await;
+        assert!(
+            stored.contains(&format!(
+                ",{},0,,done",
+                RedisStore::stored_token(lease.token)
+            )),
+            "{name}: {stored}"
+        );
+        match store.get(&lease.key).await.unwrap().unwrap().state {
+            RecordState::Completed { token, outcome, .. } => {
+                assert_eq!(
+                    (token, outcome.as_deref()),
+                    (Some(lease.token), Some(&b"done"[..])),
+                    "{name}"
+                )
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+
+        let lease = earlier(&mut raw, "released").await;
+        store.release(&lease).await.unwrap();
+        match store
+            .claim(&lease.key, &ClaimOptions::lease(MINUTE))
+            .await
+            .unwrap()
+        {
+            Claim::Acquired(l) => assert_eq!((l.fence, l.attempt), (2, 2), "{name}"),
+            other => panic!("{name}: after the release: {other:?}"),
+        }
+
+        let lease = earlier(&mut raw, "revoked").await;
+        assert_eq!(
+            store.release_key(&lease.key, true).await.unwrap(),
+            Released::Released {
+                fence: 1,
+                attempt: 1,
+                was_live: true
+            },
+            "{name}"
+        );
+        assert!(
+            matches!(
+                store.commit(&lease, None).await,
+                Err(Error::LeaseLost { .. })
+            ),
+            "{name}: the revoked lease"
+        );
     }
 }

@@ -10,6 +10,7 @@ use dedup_core::{Claim, ClaimOptions, Error, Key, Lease, LeaseToken, Record, Res
 use redis::{RedisResult, Value};
 
 use crate::error::backend;
+use crate::token;
 
 /// What the reply to a fresh-key claim (`SET ... NX PX ... GET`, see
 /// [`schema::fresh_claim`](crate::schema::fresh_claim)) settles.
@@ -117,7 +118,7 @@ pub(crate) fn completed(
     } else {
         (a, b)
     };
-    let token = next()?;
+    let token = token::as_uuid_text(next()?);
     let fp_len: usize = next()?.parse().ok()?;
     if now.is_some_and(|now| retain_until <= now.as_millis()) {
         return None;
@@ -131,7 +132,7 @@ pub(crate) fn completed(
     Some(
         RawRecord {
             state: RawState::Completed,
-            token: (!token.is_empty()).then_some(token),
+            token: (!token.is_empty()).then_some(&*token),
             fence,
             attempt,
             expires_at: None,
@@ -201,24 +202,30 @@ mod tests {
 
     /// A `d` record (a single commit on the server's clock) takes its instants from the
     /// key's expiry: processed_at is the expiry less the retention it holds; without an
-    /// expiry (the key went away after the `SET` read it) the script judges it.
+    /// expiry (the key went away after the `SET` read it) the script judges it. Its token
+    /// is read in Z85, as written now, and as the UUID text earlier records hold.
     #[test]
     fn a_fast_path_commit_is_read_with_the_keys_expiry() {
         let token = LeaseToken::random();
-        let v = format!("2,d,3,2,0,600000,{token},2,fp,out");
-        let r = completed(&key(), v.as_bytes(), None, Some(1_000_600_000))
-            .unwrap()
-            .unwrap();
-        assert_eq!((r.fence, r.attempt), (3, 2));
-        assert_eq!(r.fingerprint.as_ref().unwrap().as_str(), "fp");
-        assert_eq!(
-            completion(r),
-            (
-                Timestamp::from_millis(1_000_000_000),
-                Some(b"out".to_vec()),
-                Some(token)
-            )
-        );
+        let z85 = crate::token::text(token);
+        for held in [z85, token.to_string()] {
+            let v = format!("2,d,3,2,0,600000,{held},2,fp,out");
+            let r = completed(&key(), v.as_bytes(), None, Some(1_000_600_000))
+                .unwrap()
+                .unwrap();
+            assert_eq!((r.fence, r.attempt), (3, 2));
+            assert_eq!(r.fingerprint.as_ref().unwrap().as_str(), "fp");
+            assert_eq!(
+                completion(r),
+                (
+                    Timestamp::from_millis(1_000_000_000),
+                    Some(b"out".to_vec()),
+                    Some(token)
+                ),
+                "{v}"
+            );
+        }
+        let v = format!("2,d,3,2,0,600000,{},2,fp,out", crate::token::text(token));
         assert!(completed(&key(), v.as_bytes(), None, None).is_none());
         // Past its retention by an injected clock: the key's expiry is retain_until.
         let at = Timestamp::from_millis(1_000_600_000);

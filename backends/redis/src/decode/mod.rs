@@ -10,6 +10,8 @@ use dedup_core::backend::{RawRecord, RawState, attempt_from, fence_from};
 use dedup_core::{Claim, Error, Forgot, Key, Lease, LeaseToken, Record, Result, Status, Timestamp};
 use redis::Value;
 
+use crate::token;
+
 /// A script's reply array, with the key it was about (for errors).
 struct Reply<'a> {
     key: &'a Key,
@@ -232,9 +234,10 @@ pub(crate) fn get(key: &Key, value: Value) -> Result<Option<Record>> {
                 other => return Err(r.corrupt(format!("unknown state {other:?}"))),
             };
             let failure = r.bytes(9)?;
+            let token = r.text(2)?.map(token::as_uuid_text);
             RawRecord {
                 state,
-                token: r.text(2)?,
+                token: token.as_deref(),
                 fence: r.int(3)?,
                 attempt: r.int(4)?,
                 expires_at: r.optional_int(5)?,

@@ -7,6 +7,7 @@ use crate::decode;
 use crate::error::{ReplicationShortfall, backend};
 use crate::pipeline::BatchReply;
 use crate::scripts::{CLAIM, COMMIT, COMMIT_MANY, Call, Lua};
+use crate::token;
 
 use super::RedisStore;
 
@@ -23,7 +24,7 @@ impl RedisStore {
         Call::new(&CLAIM, self.redis_key(key))
             .arg(now)
             .arg(self.retention_ms())
-            .arg(token.to_string())
+            .arg(token::text(token))
             .arg(duration_millis(options.lease))
             .arg(fingerprint)
     }
@@ -33,7 +34,7 @@ impl RedisStore {
         Call::new(&COMMIT, self.redis_key(&lease.key))
             .arg(now)
             .arg(self.retention_ms())
-            .arg(lease.token.to_string())
+            .arg(token::text(lease.token))
             .arg(if outcome.is_some() { "1" } else { "0" })
             .arg(outcome.unwrap_or_default())
     }
@@ -41,7 +42,7 @@ impl RedisStore {
     pub(super) fn lease_call(&self, lua: &'static Lua, lease: &Lease) -> Call {
         Call::new(lua, self.redis_key(&lease.key))
             .arg(self.now_arg())
-            .arg(lease.token.to_string())
+            .arg(token::text(lease.token))
     }
 
     /// Run commits (one script call per batch; in a cluster one per slot, one pipeline per
