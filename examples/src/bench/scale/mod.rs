@@ -21,7 +21,14 @@
 //!    `ANALYZE TABLE`, SQLite the pages the preload added, Redis `MEMORY USAGE` of a sample
 //!    of keys) against the smallest raw row holding the same key (a two-column table whose
 //!    primary key is the key, `WITHOUT ROWID` on SQLite; on Redis a string key of the same
-//!    length holding `1` with a TTL);
+//!    length holding `1` with a TTL). Measured twice: on the preloaded store, whose rows
+//!    were written in batches of 1 000 on a manual clock, and, before the preload, on
+//!    [`ONE_AT_A_TIME`] records claimed and committed one at a time by the store as an
+//!    application opens it (its default clock, a table or key prefix of its own), as a
+//!    consumer writes them. The two differ: on PostgreSQL a batch's commits find the pages
+//!    its claims filled and write each row's new version elsewhere, with index entries
+//!    of its own, where a single commit updates the row in its page; on Redis the manual
+//!    clock writes a record with its instants in full, the server's clock a shorter one;
 //! 5. the default (paced) purge of the 30 % expired records while the same claim stream
 //!    runs: claim p99 during it against step 3's, its rows/s, the claim p99 of a stream
 //!    right after, and the bytes left per remaining record.
@@ -42,7 +49,7 @@ use super::counted::Probe;
 use super::driver::{Run, drive, percentile_ms};
 use super::{Names, Result, Target};
 
-pub(crate) use size::Sizer;
+pub(crate) use size::{Sizer, Which};
 
 /// The consumer of every scale key: one service's inbox.
 const CONSUMER: &str = "orders-service";
@@ -59,6 +66,9 @@ const PRELOAD_TASKS: usize = 16;
 const PRELOAD_TICK: Duration = Duration::from_millis(1);
 /// The lease of every scale claim.
 const LEASE: Duration = Duration::from_secs(30);
+/// Records the store as an application opens it writes one claim+commit at a time, to
+/// size them (step 4).
+pub(crate) const ONE_AT_A_TIME: usize = 50_000;
 /// Longest the claim stream runs alongside the purge once it made its messages.
 const PURGE_STREAM_SECS: f64 = 300.0;
 
@@ -86,6 +96,11 @@ pub(crate) struct ScaleRow {
     pub(crate) store_bytes: Option<f64>,
     /// See `store_bytes`.
     pub(crate) raw_bytes: Option<f64>,
+    /// Bytes per record of [`ONE_AT_A_TIME`] records written one claim+commit at a time
+    /// by the store as an application opens it, and of the raw rows of their keys.
+    pub(crate) single_bytes: Option<f64>,
+    /// See `single_bytes`.
+    pub(crate) single_raw_bytes: Option<f64>,
     /// Expired records the purge removed.
     pub(crate) purged: u64,
     /// The purge's rate, rows/s.
@@ -111,6 +126,14 @@ pub(crate) async fn measure(
     messages: usize,
 ) -> Result<ScaleRow> {
     let (store, clock) = (&target.purge_store, &target.clock);
+    stream(&target.store, concurrency, |i| i < ONE_AT_A_TIME).await?;
+    let (single_bytes, single_raw_bytes) = match sizer.sizes(names, Which::Default).await? {
+        Some((store_total, raw_total)) => (
+            Some(store_total / ONE_AT_A_TIME as f64),
+            Some(raw_total / ONE_AT_A_TIME as f64),
+        ),
+        None => (None, None),
+    };
     let started = Instant::now();
     let expired = records * EXPIRED_PERCENT / 100;
     preload(store, clock, expired).await?;
@@ -145,7 +168,7 @@ pub(crate) async fn measure(
     let claim_p99_ms = percentile_ms(&mut alone_latencies, 0.99);
 
     let held = records + messages + 100;
-    let (store_bytes, raw_bytes) = match sizer.sizes(names).await? {
+    let (store_bytes, raw_bytes) = match sizer.sizes(names, Which::Scale).await? {
         Some((store_total, raw_total)) if records > 0 => (
             Some(store_total / held as f64),
             Some(raw_total / held as f64),
@@ -166,7 +189,7 @@ pub(crate) async fn measure(
     let after_run = stream(store, concurrency, move |i| i < messages).await?;
     let after_claim_p99_ms = percentile_ms(&mut latencies(&after_run, None), 0.99);
     let left = held - expired + purge_claims + messages;
-    let store_bytes_after = match sizer.sizes(names).await? {
+    let store_bytes_after = match sizer.sizes(names, Which::Scale).await? {
         Some((store_total, _)) if records > 0 => Some(store_total / left as f64),
         _ => None,
     };
@@ -181,6 +204,8 @@ pub(crate) async fn measure(
         server_cpu_us,
         store_bytes,
         raw_bytes,
+        single_bytes,
+        single_raw_bytes,
         purged: report.total(),
         purge_rows_per_s: report.rate(),
         purge_claim_p99_ms,
@@ -307,6 +332,7 @@ pub(crate) fn table(rows: &[ScaleRow]) -> (Vec<&'static str>, Vec<Vec<String>>) 
         "p99 vs empty",
         "srv cpu µs/msg",
         "B/record (raw)",
+        "B/record 1-by-1 (raw)",
         "purged",
         "purge rows/s",
         "p99 during purge",
@@ -333,6 +359,11 @@ pub(crate) fn table(rows: &[ScaleRow]) -> (Vec<&'static str>, Vec<Vec<String>>) 
                 opt(empty.map(|e| r.claim_p99_ms / e), 2),
                 opt(r.server_cpu_us, 0),
                 format!("{} ({})", opt(r.store_bytes, 0), opt(r.raw_bytes, 0)),
+                format!(
+                    "{} ({})",
+                    opt(r.single_bytes, 0),
+                    opt(r.single_raw_bytes, 0)
+                ),
                 r.purged.to_string(),
                 format!("{:.0}", r.purge_rows_per_s),
                 format!(

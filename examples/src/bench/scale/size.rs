@@ -9,12 +9,45 @@ use futures::future::BoxFuture;
 
 use crate::bench::{Names, Result};
 
-/// Measures the scale store (the bench's purge store) and its raw minimum, and lets its
+/// Which of the bench's two stores of a backend a size is of.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Which {
+    /// The scale store: the bench's purge store, on a manual clock, preloaded in batches.
+    Scale,
+    /// The store as an application opens it (its default clock), written one claim+commit
+    /// at a time: what a consumer's records take.
+    Default,
+}
+
+impl Which {
+    /// The store's table.
+    fn table(self, names: &Names) -> &str {
+        match self {
+            Which::Scale => &names.purge_table,
+            Which::Default => &names.table,
+        }
+    }
+
+    /// The store's Redis key prefix (see `bench/redis.rs`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    fn redis_prefix(self, names: &Names) -> String {
+        names.redis_prefix(match self {
+            Which::Scale => "purge",
+            Which::Default => "lib",
+        })
+    }
+}
+
+/// Measures the bench's stores (by [`Which`]) against their raw minimum, and lets the
 /// server settle.
 pub(crate) trait Sizer: Send + Sync {
-    /// `(store bytes, raw bytes)` for the records the store holds now; `None` where this
-    /// backend cannot tell.
-    fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>>;
+    /// `(store bytes, raw bytes)` for the records `which` store holds now; `None` where
+    /// this backend cannot tell.
+    fn sizes<'a>(
+        &'a self,
+        names: &'a Names,
+        which: Which,
+    ) -> BoxFuture<'a, Result<Option<(f64, f64)>>>;
 
     /// Write back what the preload left to write (dirty pages, the log), as a server that
     /// took its records over days has long done, so the stream measured next pays for a
@@ -29,7 +62,7 @@ pub(crate) trait Sizer: Send + Sync {
 struct Unknown;
 
 impl Sizer for Unknown {
-    fn sizes<'a>(&'a self, _: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+    fn sizes<'a>(&'a self, _: &'a Names, _: Which) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
         Box::pin(async { Ok(None) })
     }
 }
@@ -73,16 +106,21 @@ mod postgres {
     use dedup_postgres::sqlx::{self, AssertSqlSafe, Connection, PgConnection};
     use futures::future::BoxFuture;
 
-    use super::{Sizer, settled};
+    use super::{Sizer, Which, settled};
     use crate::bench::{Names, Result};
 
     pub(super) struct PgSizer(pub(super) String);
 
     impl Sizer for PgSizer {
-        fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+        fn sizes<'a>(
+            &'a self,
+            names: &'a Names,
+            which: Which,
+        ) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
             Box::pin(async move {
                 let mut conn = PgConnection::connect(&self.0).await?;
-                let (table, raw) = (&names.purge_table, format!("{}_min", names.purge_table));
+                let table = which.table(names);
+                let raw = format!("{table}_min");
                 let size = "SELECT pg_total_relation_size(format('%I.%I', 'public', $1::text)::regclass)::float8";
                 let (store,): (f64,) = sqlx::query_as(size)
                     .bind(table)
@@ -123,7 +161,7 @@ mod mysql {
     use dedup_mysql::sqlx::{self, AssertSqlSafe, Connection, MySqlConnection};
     use futures::future::BoxFuture;
 
-    use super::{SETTLE_LIMIT, Sizer, settled};
+    use super::{SETTLE_LIMIT, Sizer, Which, settled};
     use crate::bench::{Names, Result};
 
     pub(super) struct MySqlSizer(pub(super) String);
@@ -144,10 +182,15 @@ mod mysql {
     }
 
     impl Sizer for MySqlSizer {
-        fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+        fn sizes<'a>(
+            &'a self,
+            names: &'a Names,
+            which: Which,
+        ) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
             Box::pin(async move {
                 let mut conn = MySqlConnection::connect(&self.0).await?;
-                let (table, raw) = (&names.purge_table, format!("{}_min", names.purge_table));
+                let table = which.table(names);
+                let raw = format!("{table}_min");
                 let store = size(&mut conn, table).await?;
                 // The raw table gets the keys in the order the store got them
                 // (`claimed_at`): InnoDB keeps a table in primary-key order, so keys
@@ -224,7 +267,7 @@ mod sqlite {
     use dedup_sqlite::rusqlite::{Connection, params};
     use futures::future::BoxFuture;
 
-    use super::{Sizer, settled};
+    use super::{Sizer, Which, settled};
     use crate::bench::{Names, Result};
 
     pub(super) struct SqliteSizer(pub(super) String);
@@ -240,8 +283,12 @@ mod sqlite {
     }
 
     impl Sizer for SqliteSizer {
-        fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
-            let (path, table) = (self.0.clone(), names.purge_table.clone());
+        fn sizes<'a>(
+            &'a self,
+            names: &'a Names,
+            which: Which,
+        ) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+            let (path, table) = (self.0.clone(), which.table(names).to_owned());
             Box::pin(async move {
                 tokio::task::spawn_blocking(move || {
                     let conn = Connection::open(&path)?;
@@ -287,7 +334,7 @@ mod redis {
     use dedup_redis::redis::{self, aio::MultiplexedConnection};
     use futures::future::BoxFuture;
 
-    use super::Sizer;
+    use super::{Sizer, Which};
     use crate::bench::{Names, Result};
 
     pub(super) struct RedisSizer(pub(super) String);
@@ -312,12 +359,16 @@ mod redis {
     impl Sizer for RedisSizer {
         /// Sampled: the mean of `SAMPLE` keys times the records held, for the store and
         /// for raw `SET key 1 PX` keys of the same length.
-        fn sizes<'a>(&'a self, names: &'a Names) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
+        fn sizes<'a>(
+            &'a self,
+            names: &'a Names,
+            which: Which,
+        ) -> BoxFuture<'a, Result<Option<(f64, f64)>>> {
             Box::pin(async move {
                 let mut conn = redis::Client::open(self.0.as_str())?
                     .get_multiplexed_async_connection()
                     .await?;
-                let prefix = names.redis_prefix("purge");
+                let prefix = which.redis_prefix(names);
                 let mut keys: Vec<String> = Vec::new();
                 let mut cursor = 0u64;
                 loop {
