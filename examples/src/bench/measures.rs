@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use super::driver::{Run, drive, percentile_ms};
 use super::rounds::{best_of, contender};
 use super::target::{Target, Transactional, TxFlavor};
-use super::workloads::{batches, message_id, raw_batches, raw_single, single};
+use super::workloads::{aged_batches, batches, message_id, raw_batches, raw_single, single};
 use super::{Names, Params, Result};
 
 /// How far the purge store's clock jumps after the prefill, and the retention the purge
@@ -329,8 +329,9 @@ impl Bench<'_> {
         let (p, c) = (self.params, self.concurrency);
         let (store, clock) = (&self.target.purge_store, &self.target.clock);
         let prefill = self.consumer("old");
-        batches(
+        aged_batches(
             Arc::clone(store),
+            Arc::clone(clock),
             prefill,
             c.max(PREFILL_CONCURRENCY),
             p.purge_rows,

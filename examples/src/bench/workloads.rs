@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::{Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key};
+use dedup_core::{Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, ManualClock};
 
 use super::Result;
 use super::driver::{Run, drive};
@@ -106,12 +106,45 @@ pub(crate) async fn batches(
     total: usize,
     size: usize,
 ) -> Result<Run> {
+    batches_each(store, consumer, concurrency, total, size, || {}).await
+}
+
+/// How far [`aged_batches`] moves the clock on before each batch.
+const AGED_TICK: Duration = Duration::from_millis(1);
+
+/// [`batches`] on a store running on `clock`, which moves on by [`AGED_TICK`] before each
+/// batch, so the records' claim times spread as a consumer's do over time (a clock that
+/// stands still gives them all one `claimed_at`, which no store in service holds and which
+/// slows the SQL stores' purges: each batch steps again over the index entries of the
+/// records deleted before it).
+pub(crate) async fn aged_batches(
+    store: Arc<dyn DedupStore>,
+    clock: Arc<ManualClock>,
+    consumer: Arc<str>,
+    concurrency: usize,
+    total: usize,
+    size: usize,
+) -> Result<Run> {
+    let tick = move || clock.advance(AGED_TICK);
+    batches_each(store, consumer, concurrency, total, size, tick).await
+}
+
+/// [`batches`], calling `before` as each batch starts.
+async fn batches_each(
+    store: Arc<dyn DedupStore>,
+    consumer: Arc<str>,
+    concurrency: usize,
+    total: usize,
+    size: usize,
+    before: impl Fn() + Send + Sync + 'static,
+) -> Result<Run> {
     let size = size.max(1);
     drive(
         concurrency,
         move |b| b * size < total,
         move |_, b| {
             let (store, consumer) = (Arc::clone(&store), Arc::clone(&consumer));
+            before();
             async move {
                 let ids = batch_ids(b, total, size).unwrap_or_default();
                 let requests = ids
