@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use super::driver::{Run, drive, percentile_ms};
 use super::rounds::{best_of, contender};
 use super::target::{Target, Transactional, TxFlavor};
-use super::workloads::{aged_batches, batches, message_id, raw_batches, raw_single, single};
+use super::workloads::{Ids, aged_batches, batches, message_id, raw_batches, raw_single, single};
 use super::{Names, Params, Result};
 
 /// How far the purge store's clock jumps after the prefill, and the retention the purge
@@ -336,6 +336,7 @@ impl Bench<'_> {
             c.max(PREFILL_CONCURRENCY),
             p.purge_rows,
             MAX_BATCH_LEN,
+            Ids::Numbered,
         )
         .await?;
         // The prefilled records are now 2 h old; the retention of the purge is 1 h.

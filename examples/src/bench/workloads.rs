@@ -94,8 +94,39 @@ pub(crate) async fn raw_single(
 /// The message ids of batch `b` of `total` messages in batches of `size`, or `None` past
 /// the end.
 fn batch_ids(b: usize, total: usize, size: usize) -> Option<Vec<String>> {
+    Some(batch_range(b, total, size)?.map(message_id).collect())
+}
+
+/// The message numbers of batch `b` of `total` messages in batches of `size`, or `None`
+/// past the end.
+fn batch_range(b: usize, total: usize, size: usize) -> Option<std::ops::Range<usize>> {
     let start = b.checked_mul(size).filter(|s| *s < total)?;
-    Some((start..total.min(start + size)).map(message_id).collect())
+    Some(start..total.min(start + size))
+}
+
+/// How a batch of [`batches_each`] names its messages.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Ids {
+    /// `m<i>`, numbered through the run ([`message_id`]).
+    Numbered,
+    /// Random UUIDs, as a consumer receives them (the scale mode's, `counted` feature).
+    #[cfg_attr(not(feature = "counted"), allow(dead_code))]
+    Random,
+}
+
+impl Ids {
+    /// The message ids of batch `b` of `total` messages in batches of `size`, or `None`
+    /// past the end.
+    fn of(self, b: usize, total: usize, size: usize) -> Option<Vec<String>> {
+        match self {
+            Ids::Numbered => batch_ids(b, total, size),
+            Ids::Random => Some(
+                batch_range(b, total, size)?
+                    .map(|_| uuid::Uuid::new_v4().to_string())
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// `claim_many` then `commit_many` of `total` fresh keys in batches of `size`.
@@ -106,10 +137,20 @@ pub(crate) async fn batches(
     total: usize,
     size: usize,
 ) -> Result<Run> {
-    batches_each(store, consumer, concurrency, total, size, || {}).await
+    batches_each(
+        store,
+        consumer,
+        concurrency,
+        total,
+        size,
+        Ids::Numbered,
+        || {},
+    )
+    .await
 }
 
-/// How far [`aged_batches`] moves the clock on before each batch.
+/// How far [`aged_batches`] moves the clock on before each batch: 10 M records in batches
+/// of 1 000 span 10 s, well inside any purge retention the bench uses.
 const AGED_TICK: Duration = Duration::from_millis(1);
 
 /// [`batches`] on a store running on `clock`, which moves on by [`AGED_TICK`] before each
@@ -124,18 +165,20 @@ pub(crate) async fn aged_batches(
     concurrency: usize,
     total: usize,
     size: usize,
+    ids: Ids,
 ) -> Result<Run> {
     let tick = move || clock.advance(AGED_TICK);
-    batches_each(store, consumer, concurrency, total, size, tick).await
+    batches_each(store, consumer, concurrency, total, size, ids, tick).await
 }
 
-/// [`batches`], calling `before` as each batch starts.
+/// [`batches`] with the messages named by `ids`, calling `before` as each batch starts.
 async fn batches_each(
     store: Arc<dyn DedupStore>,
     consumer: Arc<str>,
     concurrency: usize,
     total: usize,
     size: usize,
+    ids: Ids,
     before: impl Fn() + Send + Sync + 'static,
 ) -> Result<Run> {
     let size = size.max(1);
@@ -146,7 +189,7 @@ async fn batches_each(
             let (store, consumer) = (Arc::clone(&store), Arc::clone(&consumer));
             before();
             async move {
-                let ids = batch_ids(b, total, size).unwrap_or_default();
+                let ids = ids.of(b, total, size).unwrap_or_default();
                 let requests = ids
                     .into_iter()
                     .map(|id| {

@@ -39,14 +39,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dedup_core::{
-    Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, ManualClock, PurgeOptions,
-    PurgeReport,
-};
+use dedup_core::{Claim, ClaimOptions, DedupStore, Key, ManualClock, PurgeOptions, PurgeReport};
 use serde::Serialize;
 
 use super::counted::Probe;
 use super::driver::{Run, drive, percentile_ms};
+use super::workloads::{Ids, aged_batches};
 use super::{Names, Result, Target};
 
 pub(crate) use size::{Sizer, Which};
@@ -61,9 +59,6 @@ const PURGE_RETENTION: Duration = Duration::from_secs(3600);
 /// Preload: keys per batch and concurrent tasks.
 const PRELOAD_BATCH: usize = 1000;
 const PRELOAD_TASKS: usize = 16;
-/// How far the clock moves on before each preload batch: 10 M records span 10 s, well
-/// inside the purge's retention.
-const PRELOAD_TICK: Duration = Duration::from_millis(1);
 /// The lease of every scale claim.
 const LEASE: Duration = Duration::from_secs(30);
 /// Records the store as an application opens it writes one claim+commit at a time, to
@@ -220,38 +215,17 @@ fn fresh_key() -> Result<Key> {
     Ok(Key::new(CONSUMER, uuid::Uuid::new_v4().to_string())?)
 }
 
-/// Claim and commit `n` fresh keys in batches, `clock` moving on by [`PRELOAD_TICK`]
-/// before each.
+/// Claim and commit `n` fresh keys in batches, the clock moving on before each
+/// ([`aged_batches`]).
 async fn preload(store: &Arc<dyn DedupStore>, clock: &Arc<ManualClock>, n: usize) -> Result<()> {
-    let store = Arc::clone(store);
-    let clock = Arc::clone(clock);
-    drive(
+    aged_batches(
+        Arc::clone(store),
+        Arc::clone(clock),
+        CONSUMER.into(),
         PRELOAD_TASKS,
-        move |b| b * PRELOAD_BATCH < n,
-        move |_, b| {
-            let store = Arc::clone(&store);
-            clock.advance(PRELOAD_TICK);
-            async move {
-                let len = PRELOAD_BATCH.min(n - b * PRELOAD_BATCH);
-                let requests = (0..len)
-                    .map(|_| Ok(ClaimRequest::new(fresh_key()?, ClaimOptions::lease(LEASE))))
-                    .collect::<Result<Vec<_>>>()?;
-                let mut commits = Vec::with_capacity(len);
-                for claim in store.claim_many(&requests).await? {
-                    match claim? {
-                        Claim::Acquired(lease) => commits.push(CommitRequest {
-                            lease,
-                            outcome: None,
-                        }),
-                        other => return Err(format!("preload claim: {other:?}").into()),
-                    }
-                }
-                for committed in store.commit_many(&commits).await? {
-                    committed?;
-                }
-                Ok(())
-            }
-        },
+        n,
+        PRELOAD_BATCH,
+        Ids::Random,
     )
     .await?;
     Ok(())
