@@ -29,6 +29,11 @@ const RETENTION: Duration = Duration::from_secs(600);
 /// the prefilled records are still there (by that clock) when purge runs.
 const PURGE_STORE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
+/// The key prefix part of the store as an application opens it ([`Names::redis_prefix`]).
+pub(crate) const STORE_PART: &str = "lib";
+/// The key prefix part of the purge store, on the manual clock.
+pub(crate) const PURGE_PART: &str = "purge";
+
 /// Where the servers are.
 pub(crate) enum Servers {
     /// One standalone server.
@@ -87,12 +92,12 @@ pub(crate) async fn open(servers: Servers, names: &Names) -> Result<Target> {
     let (valkey, version) = server_version(&first).await?;
     let clock = Arc::new(ManualClock::starting_now());
     let config = RedisConfig {
-        prefix: names.redis_prefix("lib"),
+        prefix: names.redis_prefix(STORE_PART),
         retention: RETENTION,
         ..RedisConfig::default()
     };
     let purge_config = RedisConfig {
-        prefix: names.redis_prefix("purge"),
+        prefix: names.redis_prefix(PURGE_PART),
         retention: PURGE_STORE_RETENTION,
         clock: Some(Arc::clone(&clock) as Arc<dyn Clock>),
         ..RedisConfig::default()

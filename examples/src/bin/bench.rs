@@ -416,9 +416,10 @@ async fn run_scale(args: &Args, params: &Params) -> Result<(), Box<dyn std::erro
         "\nc = concurrency of the claim+commit streams ({} messages each); p99 vs empty = claim \
          p99 / the 0-record store's; srv cpu = the server's CPU per claim+commit; B/record = \
          bytes per record of the store's table and indexes (Redis: MEMORY USAGE, sampled), in \
-         brackets the smallest raw row holding the same key; 1-by-1 = the same for {} records \
-         written one claim+commit at a time by the store on its default clock; the purge is the default (paced) \
-         one of the 30 % expired records, p99 during purge against the stream's without.",
+         brackets the smallest raw row holding the same key; 1-by-1 = the same for {} \
+         records written one claim+commit at a time by the store on its default clock; the \
+         purge is the default (paced) one of the 30 % expired records, p99 during purge \
+         against the stream's without.",
         params.messages,
         scale::ONE_AT_A_TIME
     );

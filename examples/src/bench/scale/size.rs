@@ -28,12 +28,13 @@ impl Which {
         }
     }
 
-    /// The store's Redis key prefix (see `bench/redis.rs`).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// The store's Redis key prefix.
+    #[cfg(feature = "redis")]
     fn redis_prefix(self, names: &Names) -> String {
+        use crate::bench::redis::{PURGE_PART, STORE_PART};
         names.redis_prefix(match self {
-            Which::Scale => "purge",
-            Which::Default => "lib",
+            Which::Scale => PURGE_PART,
+            Which::Default => STORE_PART,
         })
     }
 }
