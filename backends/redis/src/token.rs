@@ -115,6 +115,16 @@ mod tests {
         );
     }
 
+    /// `lua/record.lua`'s `same_token` reads Z85 with its own copy of the digits.
+    #[test]
+    fn the_scripts_read_z85_with_the_same_digits() {
+        let digits = std::str::from_utf8(DIGITS).unwrap();
+        assert!(
+            include_str!("../lua/record.lua").contains(&format!("local Z85 = '{digits}'")),
+            "lua/record.lua's Z85 digits differ from src/token.rs's"
+        );
+    }
+
     #[test]
     fn the_uuid_text_of_earlier_records_still_parses() {
         let token = LeaseToken::random();
