@@ -9,8 +9,9 @@
 # The arguments go to the first `cargo test --workspace --all-targets --all-features` run; the doc tests
 # always run in full afterwards. The exit code is the tests' (non-zero if either run failed).
 #
-# Before the tests it checks formatting, the toolchain against the MSRV and the backends'
-# file layout against ARCHITECTURE.md (scripts/check-layout.sh); after them it
+# Before the tests it checks formatting, the toolchain against the MSRV, the backends'
+# file layout against ARCHITECTURE.md (scripts/check-layout.sh) and that each backend
+# feature compiles only its own driver (scripts/check-drivers.sh); after them it
 # runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples
 # with each backend feature alone, and clippy of dedup-brokers with no broker and with each
 # broker feature alone. Any failure fails the run; every step still runs, and the
@@ -110,6 +111,7 @@ if [[ $checks != 0 ]]; then
     step msrv check_msrv
     step fmt cargo fmt --all --check
     step layout scripts/check-layout.sh
+    step drivers scripts/check-drivers.sh
 fi
 
 # Each test binary runs under a time limit (scripts/test-binary.sh as cargo's runner): a
