@@ -30,3 +30,13 @@ pub use store_url::url_or_temp_sqlite;
 #[cfg(all(doctest, feature = "postgres", feature = "rabbitmq"))]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The snippets of the docs pages the README links to, compiled the same way.
+#[cfg(all(doctest, feature = "postgres", feature = "rabbitmq"))]
+#[doc = include_str!("../../docs/production.md")]
+pub struct ProductionDoctests;
+
+/// The operator's page's snippets (`docs/operating.md`).
+#[cfg(all(doctest, feature = "postgres", feature = "rabbitmq"))]
+#[doc = include_str!("../../docs/operating.md")]
+pub struct OperatingDoctests;

@@ -1,5 +1,5 @@
-//! The operator's reset of a dead-lettered key: `Admin::forget` (what `dedup forget`, in the
-//! README's "Poison messages and failures" section, runs) on every backend, and a delete of
+//! The operator's reset of a dead-lettered key: `Admin::forget` (what `dedup forget`, in
+//! docs/operating.md's "A dead letter, run again", runs) on every backend, and a delete of
 //! the record with the backend's own client (SQL `DELETE`, Redis `DEL`, the internal layout
 //! the crate READMEs describe); either way the next delivery runs the handler again as
 //! attempt 1.
