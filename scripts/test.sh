@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The project's one test command (the README's and CI's): starts PostgreSQL, Redis, Redis
-# Cluster, Valkey, Valkey Cluster, RabbitMQ and MariaDB (and the TLS servers) on loopback (installing
-# them first when missing: scripts/services.sh), exports their URLs, runs every test of
-# the workspace against them, and stops them again, also on failure or Ctrl-C.
+# The project's one test command (the README's and CI's): starts the servers
+# scripts/services.sh lists on loopback (installing them first when missing), exports their
+# URLs, runs every test of the workspace against them, and stops them again, also on
+# failure or Ctrl-C.
 #
 #   scripts/test.sh [extra `cargo test` arguments, e.g. -p dedup-postgres or -- claim_]
 #
@@ -10,7 +10,8 @@
 # always run in full afterwards. The exit code is the tests' (non-zero if either run failed).
 #
 # Before the tests it checks formatting, the toolchain against the MSRV, the backends'
-# file layout against ARCHITECTURE.md (scripts/check-layout.sh) and that each backend
+# file layout against ARCHITECTURE.md (scripts/check-layout.sh), the docs' lengths, links
+# and sentences (scripts/check-docs.sh) and that each backend
 # feature compiles only its own driver (scripts/check-drivers.sh); after them it
 # runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples
 # with each backend feature alone, and clippy of dedup-brokers with no broker and with each
@@ -111,6 +112,7 @@ if [[ $checks != 0 ]]; then
     step msrv check_msrv
     step fmt cargo fmt --all --check
     step layout scripts/check-layout.sh
+    step docs scripts/check-docs.sh
     step drivers scripts/check-drivers.sh
 fi
 
