@@ -213,6 +213,8 @@ broken_tx_inbox_tests! {
         => tx_inbox_dead_letters_a_key_past_max_attempts,
     tx_inbox_without_retries_is_caught: NoRetry
         => tx_inbox_retries_a_transaction_the_database_refused_and_commits_once,
+    tx_inbox_counting_conflicts_as_attempts_is_caught: CountsConflicts
+        => tx_inbox_retries_a_transaction_the_database_refused_and_commits_once,
     tx_inbox_not_storing_failures_is_caught: NoStoredFailure
         => tx_inbox_stores_a_failure_and_replays_it,
 }

@@ -40,8 +40,12 @@ const VERSION: u8 = b'1';
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
     /// What failed, one of a few fixed words (bounded, so it is also a metrics label):
-    /// `handler` (the handler returned an error), `panic`, `outcome` (its outcome could not
-    /// be stored), `store` (the store failed during the attempt), `attempts` (no attempt
+    /// `handler` (the handler returned an error), `transient` (an error it marked
+    /// [`Transient`](crate::Transient), its in-process retries used up), `panic`, `outcome`
+    /// (its outcome could not be stored), `store` (the store failed during the attempt),
+    /// `conflict` (a transactional inbox's transaction was refused over a conflict with a
+    /// concurrent one, a deadlock or a serialization failure, on every run of the attempt:
+    /// see [`InboxError::Conflict`](crate::InboxError::Conflict)), `attempts` (no attempt
     /// left: a dead letter after attempts that crashed or timed out without an error).
     pub kind: String,
     /// The error's message, then the message of each of its sources, outermost first.

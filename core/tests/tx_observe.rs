@@ -22,7 +22,10 @@ use futures::future::BoxFuture;
 enum Step {
     Commit,
     Fail,
+    /// A deadlock or serialization failure: run again under the same lease.
     Conflict,
+    /// Another error the database asks to retry (a dropped connection): a new attempt.
+    Dropped,
     /// A handler error marked `Transient`.
     Timeout,
 }
@@ -50,15 +53,34 @@ impl TxAttempts for Fake {
                 },
                 Step::Conflict => {
                     let source: dedup_core::BoxError =
-                        Error::backend("fake", true, "serialization failure").into();
+                        Error::backend("fake", true, Deadlock).into();
+                    let conflict =
+                        TxEngine::is_conflict(&*source, |e| e.is::<Deadlock>().then_some(true));
+                    assert!(
+                        conflict,
+                        "the driver's deadlock found behind the store error"
+                    );
+                    TxAttempt::Conflict(source)
+                }
+                Step::Dropped => {
+                    let source: dedup_core::BoxError =
+                        Error::backend("fake", true, "connection reset").into();
                     let retryable = TxEngine::asks_for_retry(&*source, |_| None);
                     assert!(retryable, "a retryable store error asks for a retry");
+                    assert!(!TxEngine::is_conflict(&*source, |e| e
+                        .is::<Deadlock>()
+                        .then_some(true)));
                     TxAttempt::HandlerFailed { source, retryable }
                 }
             }
         })
     }
 }
+
+/// The fake driver's deadlock error.
+#[derive(Debug, thiserror::Error)]
+#[error("deadlock detected")]
+struct Deadlock;
 
 fn key(id: &str) -> Key {
     Key::new("billing", id).unwrap()
@@ -106,11 +128,48 @@ fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_wit
                 "{handled:?}"
             );
         }
-        // A conflict, retried as attempt 2, which commits.
+        // A conflict, run again under the same lease (still attempt 1), which commits.
         let handled = run("c", &[Step::Conflict, Step::Commit], engine.clone()).await;
+        assert!(
+            matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 1),
+            "{handled:?}"
+        );
+        // A dropped connection, retried as a new attempt (2), which commits.
+        let handled = run("d", &[Step::Dropped, Step::Commit], engine.clone()).await;
         assert!(
             matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
             "{handled:?}"
+        );
+        // Conflicts on every run: the 2 retries run out; one attempt used, the failure
+        // kept as `conflict`, the lease released, never stored as the result.
+        let conflicted = run(
+            "x",
+            &[Step::Conflict, Step::Conflict, Step::Conflict],
+            engine.clone().with_config(InboxConfig {
+                failures: FailurePolicy::Store,
+                ..config.clone()
+            }),
+        )
+        .await;
+        match &conflicted {
+            Err(InboxError::Conflict { failure, .. }) => {
+                assert_eq!((failure.kind.as_str(), failure.attempt), ("conflict", 1));
+            }
+            other => panic!("expected InboxError::Conflict, got {other:?}"),
+        }
+        let record = store.get(&key("x")).await.unwrap().unwrap();
+        assert_eq!(
+            record.attempt, 1,
+            "one attempt used by three runs: {record:?}"
+        );
+        let kept = record
+            .last_failure
+            .clone()
+            .expect("the conflict kept on the record");
+        assert_eq!((kept.kind.as_str(), kept.attempt), ("conflict", 1));
+        assert!(
+            !matches!(record.state, RecordState::Completed { .. }),
+            "released, not stored: {record:?}"
         );
         // A poison message with one attempt: fails, then is dead-lettered, then replayed.
         let poison = engine.clone().with_config(InboxConfig {
@@ -158,34 +217,50 @@ fn a_tx_inbox_counts_claims_commits_retries_dead_letters_and_stored_failures_wit
         );
     });
     let tx = ("mode", "tx");
-    // Claims: m1..m3, c, p, f, t, u acquired; the retries of c, t and u and p's
-    // dead-letter run are takeovers; m1, m2 and p's replay are duplicates.
-    assert_eq!(snap.counter(m::CLAIMS_TOTAL, &[("outcome", "acquired")]), 8);
+    // Claims: m1..m3, c, d, x, p, f, t, u acquired; the retries of d, t and u and p's
+    // dead-letter run are takeovers (c's and x's conflicts kept their lease); m1, m2 and
+    // p's replay are duplicates.
+    assert_eq!(
+        snap.counter(m::CLAIMS_TOTAL, &[("outcome", "acquired")]),
+        10
+    );
     assert_eq!(snap.counter(m::CLAIMS_TOTAL, &[("outcome", "takeover")]), 4);
     assert_eq!(
         snap.counter(m::CLAIMS_TOTAL, &[("outcome", "completed")]),
         3
     );
-    // Commits: 5 inside a transaction (m1..m3, c, t), 2 in lease mode (p's dead letter,
+    // Commits: 6 inside a transaction (m1..m3, c, d, t), 2 in lease mode (p's dead letter,
     // f's stored failure).
-    assert_eq!(snap.counter(m::COMMITS_TOTAL, &[("backend", "memory")]), 7);
-    // Releases: c, t and u before their retries, p and u after their last failure.
-    assert_eq!(snap.counter(m::RELEASES_TOTAL, &[]), 5);
+    assert_eq!(snap.counter(m::COMMITS_TOTAL, &[("backend", "memory")]), 8);
+    // Releases: d, t and u before their retries; x, p and u after their last failure.
+    assert_eq!(snap.counter(m::RELEASES_TOTAL, &[]), 6);
     assert_eq!(
         snap.observations(m::HANDLER_DURATION_SECONDS, &[tx, ("result", "ok")]),
-        5
+        6
     );
     assert_eq!(
         snap.observations(m::HANDLER_DURATION_SECONDS, &[tx, ("result", "error")]),
         6
     );
     assert_eq!(
+        snap.observations(m::HANDLER_DURATION_SECONDS, &[tx, ("result", "conflict")]),
+        4
+    );
+    assert_eq!(
         snap.counter(m::HANDLER_RETRIES_TOTAL, &[tx, ("reason", "database")]),
         1
     );
     assert_eq!(
+        snap.counter(m::HANDLER_RETRIES_TOTAL, &[tx, ("reason", "conflict")]),
+        3
+    );
+    assert_eq!(
         snap.counter(m::HANDLER_RETRIES_TOTAL, &[tx, ("reason", "transient")]),
         2
+    );
+    assert_eq!(
+        snap.counter(m::HANDLER_FAILURES_TOTAL, &[tx, ("kind", "conflict")]),
+        1
     );
     assert_eq!(
         snap.observations(m::HANDLER_DURATION_SECONDS, &[("mode", "lease")]),

@@ -27,6 +27,12 @@ impl SqlBackend for Backend {
         result.rows_affected()
     }
 
+    /// A deadlock (1213), a lock wait timeout (1205, and MariaDB's `NOWAIT`), MySQL 8's
+    /// `NOWAIT` (3572).
+    fn is_conflict(error: &sqlx::Error) -> bool {
+        error_number(error).is_some_and(conflict_number)
+    }
+
     fn server_asks_retry(error: &sqlx::Error) -> bool {
         match error {
             sqlx::Error::Database(db) => {
@@ -48,18 +54,26 @@ pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
     }
 }
 
-/// Server error numbers worth retrying.
-fn retryable_number(number: u16) -> bool {
+/// Server error numbers of a transaction refused over a conflict with a concurrent one.
+fn conflict_number(number: u16) -> bool {
     matches!(
         number,
         1205 // ER_LOCK_WAIT_TIMEOUT (MariaDB's NOWAIT too)
             | 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back
             | 3572 // ER_LOCK_NOWAIT (MySQL 8)
-            | 1040 // ER_CON_COUNT_ERROR: too many connections
+    )
+}
+
+/// Server error numbers worth retrying.
+fn retryable_number(number: u16) -> bool {
+    conflict_number(number)
+        || matches!(
+            number,
+            1040 // ER_CON_COUNT_ERROR: too many connections
             | 1053 // ER_SERVER_SHUTDOWN
             | 1927 // ER_CONNECTION_KILLED (MariaDB)
             | 4031 // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8: idle connection closed)
-    )
+        )
 }
 
 /// A statement of our own transaction that lost a race with a concurrent writer and may
@@ -86,6 +100,12 @@ mod tests {
         }
         for n in [1062, 1146, 1064, 1406] {
             assert!(!retryable_number(n), "{n}");
+        }
+        for n in [1205, 1213, 3572] {
+            assert!(conflict_number(n), "{n}");
+        }
+        for n in [1040, 1053, 1927, 1062] {
+            assert!(!conflict_number(n), "{n}");
         }
     }
 

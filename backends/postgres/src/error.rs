@@ -26,6 +26,14 @@ impl SqlBackend for Backend {
         result.rows_affected()
     }
 
+    /// A serialization failure (`40001`), a deadlock (`40P01`), a lock timeout (`55P03`).
+    fn is_conflict(error: &sqlx::Error) -> bool {
+        match error {
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| conflict_sqlstate(&code)),
+            _ => false,
+        }
+    }
+
     fn server_asks_retry(error: &sqlx::Error) -> bool {
         match error {
             sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_sqlstate(&code)),
@@ -44,16 +52,24 @@ pub(crate) fn cut_during_tls_negotiation(message: &str) -> bool {
     message.starts_with("unexpected response from SSLRequest: 0x00")
 }
 
+/// SQLSTATEs of a transaction refused over a conflict with a concurrent one.
+fn conflict_sqlstate(code: &str) -> bool {
+    matches!(
+        code,
+        "40001" // serialization_failure
+            | "40P01" // deadlock_detected
+            | "55P03" // lock_not_available (lock_timeout)
+    )
+}
+
 /// SQLSTATEs worth retrying.
 fn retryable_sqlstate(code: &str) -> bool {
     // Class 08: connection exceptions.
     code.starts_with("08")
+        || conflict_sqlstate(code)
         || matches!(
             code,
-            "40001" // serialization_failure
-                | "40P01" // deadlock_detected
-                | "55P03" // lock_not_available (lock_timeout)
-                | "57P01" // admin_shutdown (also pg_terminate_backend)
+            "57P01" // admin_shutdown (also pg_terminate_backend)
                 | "57P02" // crash_shutdown
                 | "57P03" // cannot_connect_now (starting up / shutting down)
                 | "53300" // too_many_connections
@@ -77,6 +93,12 @@ mod tests {
         }
         for code in ["23505", "42P01", "22003", "25P02"] {
             assert!(!retryable_sqlstate(code), "{code}");
+        }
+        for code in ["40001", "40P01", "55P03"] {
+            assert!(conflict_sqlstate(code), "{code}");
+        }
+        for code in ["08006", "57P01", "53300", "23505"] {
+            assert!(!conflict_sqlstate(code), "{code}");
         }
     }
 

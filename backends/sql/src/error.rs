@@ -29,6 +29,16 @@ pub trait SqlBackend: Send + Sync + 'static {
     /// [`is_retryable`](Self::is_retryable).
     fn server_asks_retry(error: &sqlx::Error) -> bool;
 
+    /// Whether `error` is this server refusing a transaction over a conflict with a
+    /// concurrent one: a deadlock, a serialization failure, a lock wait timeout. Each is
+    /// also one the server [asks to retry](Self::server_asks_retry); the transactional
+    /// inbox runs such a transaction again under the same lease, without using an attempt
+    /// ([`TxEngine`](dedup_core::TxEngine)). The default: none.
+    fn is_conflict(error: &sqlx::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// How many rows a statement changed, from its driver's result.
     fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
 

@@ -26,6 +26,13 @@ pub(crate) fn is_transient(err: &rusqlite::Error) -> bool {
         .is_some_and(|code| is_lock_conflict(code) || code == ErrorCode::SystemIoFailure)
 }
 
+/// Whether `err` is another connection's lock refusing this one (SQLITE_BUSY,
+/// SQLITE_LOCKED, SQLITE_PROTOCOL): the conflict the transactional inbox runs again under
+/// the same lease, without using an attempt.
+pub(crate) fn is_conflict(err: &rusqlite::Error) -> bool {
+    err.sqlite_error_code().is_some_and(is_lock_conflict)
+}
+
 /// Whether `err` says another connection holds a lock this operation needs (SQLITE_BUSY,
 /// SQLITE_LOCKED, SQLITE_PROTOCOL): the operation changed nothing and can simply run again.
 pub(crate) fn is_busy(err: &Error) -> bool {

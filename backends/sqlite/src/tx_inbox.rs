@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::blocking::blocking;
-use crate::error::{BACKEND, backend, is_transient};
+use crate::error::{BACKEND, backend, is_conflict, is_transient};
 use crate::store::SqliteStore;
 
 /// Runs synchronous handlers inside a SQLite transaction, at most once per key, with the
@@ -242,12 +242,15 @@ where
 {
     let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
-        Err(e) => return TxAttempt::Store(backend(e)),
+        Err(e) => return driver_failed(e),
     };
     let outcome = match handler(&tx, lease) {
         Ok(outcome) => outcome,
         Err(e) => {
             let source: BoxError = e.into();
+            if TxEngine::is_conflict(&*source, driver_conflict) {
+                return TxAttempt::Conflict(source);
+            }
             let retryable = TxEngine::asks_for_retry(&*source, |e| {
                 e.downcast_ref::<rusqlite::Error>().map(is_transient)
             });
@@ -258,10 +261,31 @@ where
         return TxAttempt::Outcome(source);
     }
     if let Err(e) = store.commit_in_tx(&tx, lease, outcome.as_deref()) {
+        if TxEngine::is_conflict(&e, driver_conflict) {
+            return TxAttempt::Conflict(e.into());
+        }
         return TxAttempt::Store(e);
     }
     match tx.commit() {
         Ok(()) => TxAttempt::Committed(outcome),
-        Err(e) => TxAttempt::Store(backend(e)),
+        Err(e) => driver_failed(e),
     }
+}
+
+/// How a run ended whose begin or commit failed with `error`: another connection's lock
+/// is a conflict (run again under the same lease), anything else the store's error.
+fn driver_failed(error: rusqlite::Error) -> TxAttempt {
+    let conflict = is_conflict(&error);
+    let error = backend(error);
+    if conflict {
+        TxAttempt::Conflict(error.into())
+    } else {
+        TxAttempt::Store(error)
+    }
+}
+
+/// Whether `error` is a driver error that is another connection's lock (`None`: not a
+/// driver error).
+fn driver_conflict(error: &(dyn std::error::Error + 'static)) -> Option<bool> {
+    error.downcast_ref::<rusqlite::Error>().map(is_conflict)
 }

@@ -254,10 +254,13 @@ pub async fn tx_inbox_dead_letters_a_key_past_max_attempts<F: TxInboxFactory>(fa
     assert_eq!(factory.business_rows(&store, &k).await, rows(&[]));
 }
 
-/// A run that meets a real conflict the database asks to retry (a serialization failure,
-/// SQLite busy) is rolled back and run again in a fresh transaction as the next attempt:
-/// `Processed` as attempt 2, two runs, one business row (`row@2`), and the key completed
-/// once. Without retries the same conflict is the handler's error (proof it happened).
+/// A run that meets a real conflict the database refuses the transaction for (a
+/// serialization failure, a lock refused, SQLite busy) is rolled back and run again in a
+/// fresh transaction under the same lease, without using an attempt: `Processed` as
+/// attempt 1, two runs, one business row (`row@1`), and the key completed once. Without
+/// retries the conflict ends the delivery as a failed attempt: `InboxError::Conflict`,
+/// the failure kept on the record as kind `conflict` (never stored as the key's result,
+/// even under `FailurePolicy::Store`), and the next delivery runs as attempt 2.
 pub async fn tx_inbox_retries_a_transaction_the_database_refused_and_commits_once<
     F: TxInboxFactory,
 >(
@@ -280,19 +283,45 @@ pub async fn tx_inbox_retries_a_transaction_the_database_refused_and_commits_onc
     )
     .await;
     assert_eq!(runs, 1);
-    assert!(
-        matches!(refused, Err(InboxError::Handler { .. })),
-        "without retries the conflict is the handler's error (and, being transient, not \
-         stored as a failure): {refused:?}"
-    );
+    match &refused {
+        Err(InboxError::Conflict { failure, .. }) => {
+            assert_eq!((failure.kind.as_str(), failure.attempt), ("conflict", 1));
+        }
+        other => panic!(
+            "without retries the conflict ends the delivery as InboxError::Conflict (not \
+             stored as a failure), got {other:?}"
+        ),
+    }
     assert_eq!(factory.business_rows(&store, &never).await, rows(&[]));
+    let kept = record(&store, &never).await.expect("a record");
+    assert_eq!(kept.attempt, 1, "{kept:?}");
+    assert!(
+        kept.last_failure
+            .as_ref()
+            .is_some_and(|f| f.kind == "conflict"),
+        "the conflict kept on the record: {kept:?}"
+    );
+    let (again, _) = handle(
+        factory,
+        &store,
+        &never,
+        cfg.clone(),
+        RetryPolicy::NEVER,
+        succeed(b"n"),
+    )
+    .await;
+    assert_eq!(processed_attempt(&again, "the next delivery"), 2);
 
     let k = key("m1");
     let work = TxWork::ConflictOnce(Some(b"o".to_vec()));
     let (handled, runs) = handle(factory, &store, &k, cfg.clone(), retries(3), work).await;
-    assert_eq!(processed_attempt(&handled, "after a conflict"), 2);
+    assert_eq!(
+        processed_attempt(&handled, "after a conflict"),
+        1,
+        "a conflict's run again uses no attempt"
+    );
     assert_eq!(runs, 2, "one refused run, one committed");
-    assert_eq!(factory.business_rows(&store, &k).await, rows(&["row@2"]));
+    assert_eq!(factory.business_rows(&store, &k).await, rows(&["row@1"]));
     let (again, runs) = handle(factory, &store, &k, cfg, retries(3), succeed(b"x")).await;
     assert_eq!(runs, 0);
     assert!(

@@ -462,6 +462,9 @@ pub enum TxInboxBreak {
     ForgetsAttempts,
     /// A conflict the database asked to retry is never retried.
     NoRetry,
+    /// A conflict is run again as a new attempt (released and claimed again), as a
+    /// retryable error that is not a conflict is.
+    CountsConflicts,
     /// A failure is never stored, whatever the policy.
     NoStoredFailure,
     /// The attempt limit is ignored.
@@ -620,12 +623,21 @@ impl TxAttempts for FakeAttempts {
                     }
                 }
                 Kind::ConflictOnce(outcome) if run > 1 => Ok(outcome),
-                Kind::ConflictOnce(_) => Err(Error::backend(
-                    "fake",
-                    true,
-                    "could not serialize access due to concurrent update",
-                )
-                .into()),
+                Kind::ConflictOnce(_) => {
+                    let source: BoxError = Error::backend(
+                        "fake",
+                        true,
+                        "could not serialize access due to concurrent update",
+                    )
+                    .into();
+                    if self.how == TxInboxBreak::CountsConflicts {
+                        return TxAttempt::HandlerFailed {
+                            source,
+                            retryable: true,
+                        };
+                    }
+                    return TxAttempt::Conflict(source);
+                }
             };
             match ran {
                 Ok(outcome) => {

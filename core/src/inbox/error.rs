@@ -25,6 +25,24 @@ pub enum InboxError {
         #[source]
         source: BoxError,
     },
+    /// The database refused the transactional inbox's transaction over a conflict with a
+    /// concurrent one (a deadlock, a serialization failure, a lock wait timeout, SQLite
+    /// busy) every time it ran: the first run and each run again of the inbox's
+    /// [`RetryPolicy`](crate::layers::RetryPolicy), all under the same lease, as one
+    /// attempt (see [`TxEngine`](super::TxEngine)). The lease was released, with the
+    /// failure (kind `conflict`) kept on the key's record, so the next delivery runs again
+    /// as the next attempt. Never stored as the key's result, whatever the
+    /// [`FailurePolicy`](super::FailurePolicy).
+    #[error("the database refused the transaction for {key} over a conflict at attempt {}, on every run; the lease was released for a retry", failure.attempt)]
+    Conflict {
+        /// The key.
+        key: Key,
+        /// The failure as it was kept on the record (kind `conflict`).
+        failure: Box<Failure>,
+        /// The last run's error: the handler's, or the store's [`Error`] (begin, commit).
+        #[source]
+        source: BoxError,
+    },
     /// The lease was lost while the handler ran (renewal or commit answered `LeaseLost`):
     /// another worker took the key over after the lease expired. If the renewal noticed,
     /// the handler was stopped (its future dropped) at its next await point. Side effects it
@@ -35,9 +53,10 @@ pub enum InboxError {
         key: Key,
     },
     /// The store failed (claim, or commit after retries), or refused the outcome. The lease,
-    /// if any, expires by itself.
+    /// if any, expires by itself. A store [`Error`] converts into it, so `?` works in a
+    /// hand-written broker handler.
     #[error("dedup store failed")]
-    Store(#[source] Error),
+    Store(#[from] Error),
     /// A typed outcome could not be encoded (after the handler ran: nothing was committed,
     /// the lease was released) or a stored one could not be decoded as the handler's type.
     #[error("outcome of {key} could not be encoded or decoded")]
@@ -62,6 +81,11 @@ impl InboxError {
             }),
             _ => None,
         }
+    }
+
+    /// Whether this is [`InboxError::Conflict`].
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, InboxError::Conflict { .. })
     }
 
     /// Whether this is [`InboxError::LeaseLost`].

@@ -56,6 +56,20 @@ type Decode<T> = fn(Option<Vec<u8>>) -> Result<T, BoxError>;
 /// mid-handler (a cancelled task, a shutdown), the lease is released in the background so
 /// the key is not stuck until the lease expires.
 ///
+/// # Store errors and database conflicts
+///
+/// The inbox's own store errors never use an attempt. A claim that fails took no lease.
+/// A commit that fails with a retryable error is tried again in place, under
+/// [`InboxConfig::commit_retry`] (commit is retry-safe). A renewal that fails is tried
+/// again at the next tick.
+///
+/// A database conflict inside the handler (a deadlock in a transaction of its own) is
+/// the handler's error. The inbox does not own that transaction, so it cannot run it
+/// again: the run counts as a failed attempt, of kind `handler` (or `transient`, if the
+/// handler marks it [`Transient`]). Let the handler retry its own transaction. Or use a
+/// SQL backend's `TxInbox`: it runs a conflicted transaction again without using an
+/// attempt (see [`TxEngine`]).
+///
 /// Observability: each call runs in a `dedup_inbox` span (fields `consumer`, `attempt`,
 /// `result`; never the message id: the store's spans carry it when allowed), records
 /// [`dedup_handler_duration_seconds`](crate::layers::metric_names::HANDLER_DURATION_SECONDS)

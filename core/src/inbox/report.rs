@@ -13,7 +13,7 @@ use super::{DuplicateLog, Handled, InboxError};
 use crate::layers::metric_names as m;
 use crate::{Failure, Key};
 
-/// Count a handler run started again, by `reason` (`transient`, `database`).
+/// Count a handler run started again, by `reason` (`transient`, `database`, `conflict`).
 pub(super) fn retry_counted(key: &Key, mode: Mode, reason: &'static str) {
     metrics::counter!(m::HANDLER_RETRIES_TOTAL, "consumer" => key.consumer().to_owned(), "mode" => mode.label(), "reason" => reason)
         .increment(1);
@@ -117,6 +117,7 @@ pub(super) fn result_name<T>(handled: &Result<Handled<T>, InboxError>) -> &'stat
     match handled {
         Ok(handled) => handled_name(handled),
         Err(InboxError::Handler { .. }) => "handler_error",
+        Err(InboxError::Conflict { .. }) => "conflict",
         Err(InboxError::LeaseLost { .. }) => "lease_lost",
         Err(InboxError::Store(_)) => "store_error",
         Err(InboxError::Outcome { .. }) => "outcome_error",

@@ -10,12 +10,16 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 use super::{
-    FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop, Transient,
-    handler_finished, now, result_name, retry_counted,
+    Backoff, FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop,
+    Transient, handler_finished, now, result_name, retry_counted,
 };
 use crate::layers::metric_names as m;
 use crate::layers::{ObserveOptions, Observed, RetryPolicy};
 use crate::{BoxError, DedupStore, Error, Failure, Fingerprint, Key, Lease, Verdict};
+
+/// The [`Failure::kind`] of a conflict the retries did not get past, and the `reason` of
+/// its runs again in [`dedup_handler_retries_total`](m::HANDLER_RETRIES_TOTAL).
+const CONFLICT: &str = "conflict";
 
 /// How one run of the handler inside the backend's transaction ended. The backend rolls
 /// the transaction back in every case but [`Committed`](TxAttempt::Committed).
@@ -29,11 +33,20 @@ pub enum TxAttempt {
     HandlerFailed {
         /// The handler's error.
         source: BoxError,
-        /// Whether the database asked for the transaction to be run again (a
-        /// serialization failure, a deadlock, SQLite busy): the backend's
-        /// [`Error::is_retryable`] for a driver error found in the error's source chain.
+        /// Whether the database asked for the transaction to be run again for a reason
+        /// other than a conflict (a conflict is [`TxAttempt::Conflict`]): a dropped
+        /// connection, a server restarting; the backend's [`Error::is_retryable`] for a
+        /// driver error found in the error's source chain.
         retryable: bool,
     },
+    /// The database refused the transaction over a conflict with a concurrent one (a
+    /// deadlock, a serialization failure, a lock wait timeout, SQLite busy), raised by
+    /// begin, by the handler (found in its error's source chain, see
+    /// [`TxEngine::is_conflict`]), by `commit_in_tx` or by the commit itself; the
+    /// transaction was rolled back. The engine runs the attempt again under the same
+    /// lease, without using an attempt (see [`TxEngine`]). `source` is the handler's error,
+    /// or the store's [`Error`] for the others.
+    Conflict(BoxError),
     /// The store failed (begin, `commit_in_tx`, the commit itself) or answered
     /// `LeaseLost`; the transaction was rolled back.
     Store(Error),
@@ -69,13 +82,34 @@ pub trait TxAttempts: Send {
 ///    completes the key inside it with `commit_in_tx(lease, outcome)` (fenced by the
 ///    lease's token: a worker whose lease was taken over gets `LeaseLost` and rolls back)
 ///    and commits. Meanwhile the lease is renewed as in lease mode.
-/// 3. **On failure** the transaction is rolled back (no business row, no completion) and:
-///    - an error the database asks to retry (serialization failure, deadlock, SQLite busy)
-///      runs again after the [`retry`](Self::retry) policy's backoff, in a fresh
-///      transaction and as a new attempt (the lease is held, renewed, through the backoff,
-///      then released and claimed again, so each run counts toward `max_attempts`, and
-///      another worker may take it instead: then this call answers what that claim
-///      answered);
+/// 3. **A conflict is run again under the same lease.** When the database refuses the
+///    transaction over a conflict with a concurrent one ([`TxAttempt::Conflict`]: a
+///    deadlock, a serialization failure, a lock wait timeout, SQLite busy; at begin, in the
+///    handler, at `commit_in_tx` or at the commit), the engine waits the
+///    [`retry`](Self::retry) policy's backoff (doubling, each delay drawn between half of
+///    it and all of it, so workers that deadlocked together do not retry together) and
+///    runs the attempt again in a fresh transaction, up to
+///    [`max_retries`](RetryPolicy::max_retries) times. No attempt is used: the lease is
+///    kept (renewed throughout, runs and backoffs alike), so the handler sees the same
+///    attempt, fence and idempotency key, and `commit_in_tx` stays fenced by the lease's
+///    token. A conflict is not the message's fault, and counting one against
+///    `max_attempts` would dead-letter valid messages under load. Each run again is
+///    counted in [`dedup_handler_retries_total`](m::HANDLER_RETRIES_TOTAL) with `reason =
+///    "conflict"`. When the retries run out, the failure is kept on the record with kind
+///    `conflict`, the lease released, and [`InboxError::Conflict`] returned (never a
+///    stored failure, whatever the [`FailurePolicy`]): the delivery ends as a failed
+///    attempt does, and the broker's redelivery is the next attempt. A worker that dies
+///    during these runs leaves its lease held: it expires, and the next claim is a
+///    takeover, attempt + 1, as after any crash.
+/// 4. **On any other failure** the transaction is rolled back (no business row, no
+///    completion) and:
+///    - another error the database asks to retry (a dropped connection, a server
+///      restarting) runs again after the [`retry`](Self::retry) policy's backoff, in a
+///      fresh transaction and as a new attempt (the lease is held, renewed, through the
+///      backoff, then released and claimed again, so each run counts toward
+///      `max_attempts`, and another worker may take it instead: then this call answers
+///      what that claim answered); these runs and the conflicts' share the policy's
+///      `max_retries`;
 ///    - a handler error marked [`Transient`] runs again the same way under
 ///      [`InboxConfig::handler_retry`] (its own count and delays; see
 ///      [`HandlerRetry`](super::HandlerRetry)); used up, it is given back as
@@ -88,8 +122,9 @@ pub trait TxAttempts: Send {
 ///
 /// Cost against a hand-written `claim_in_tx`: one more statement and one more commit per
 /// message (the lease-mode claim), plus a renewal per [`renew_every`](InboxConfig) of
-/// handler time; a failure adds a release (or a lease-mode commit), a retry a release and a
-/// claim. A backend may commit that claim without waiting for its log flush when the
+/// handler time; a failure adds a release (or a lease-mode commit), a retry as a new
+/// attempt a release and a claim; a conflict's run again adds nothing but the run and its
+/// backoff. A backend may commit that claim without waiting for its log flush when the
 /// handler's durable commit follows and flushes past it (PostgreSQL's `TxInbox` does, and
 /// documents what a server crash can then lose).
 pub struct TxEngine {
@@ -168,7 +203,8 @@ impl TxEngine {
     }
 
     /// The same engine retrying transactions the database asked to run again under
-    /// `policy` ([`RetryPolicy::NEVER`]: never).
+    /// `policy` ([`RetryPolicy::NEVER`]: never): conflicts under the same lease, other
+    /// retryable errors as new attempts (see the type's docs).
     pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
@@ -210,6 +246,26 @@ impl TxEngine {
             }
             if let Some(retryable) = driver(e) {
                 return retryable;
+            }
+            current = e.source();
+        }
+        false
+    }
+
+    /// Whether a handler's `error` is, or was caused by, a conflict the database refused
+    /// the transaction for (a deadlock, a serialization failure, a lock wait timeout,
+    /// SQLite busy): the first error in its source chain that `driver` classifies
+    /// (`Some(conflict)` for the backend's driver error type, `None` for others) decides.
+    /// A [`dedup_core::Error`](Error) in the chain does not decide: its source (the
+    /// driver's error, for a backend's) is read on.
+    pub fn is_conflict(
+        error: &(dyn std::error::Error + 'static),
+        driver: impl Fn(&(dyn std::error::Error + 'static)) -> Option<bool>,
+    ) -> bool {
+        let mut current = Some(error);
+        while let Some(e) = current {
+            if let Some(conflict) = driver(e) {
+                return conflict;
             }
             current = e.source();
         }
@@ -263,8 +319,9 @@ impl TxEngine {
             Ok(lease) => lease,
             Err(answer) => return answer,
         };
-        // Runs again so far: after errors the database asked to retry, and after
-        // `Transient` handler errors (each counted against its own policy).
+        // Runs again so far: after errors the database asked to retry (conflicts under
+        // the same lease, others as new attempts), and after `Transient` handler errors
+        // (each counted against its own policy).
         let mut retries = 0;
         let mut transient_retries = 0;
         let mut backoff = self.retry.initial_backoff;
@@ -279,15 +336,16 @@ impl TxEngine {
                 store: Arc::clone(store),
                 lease: Some(lease.clone()),
             };
-            let started = Instant::now();
-            let ran = tokio::select! {
+            let first_started = Instant::now();
+            // One renewal for every run of this attempt and the backoffs between them.
+            let (ran, started) = tokio::select! {
                 biased;
                 lost = self.inbox.keep_renewed(&lease) => {
                     guard.disarm();
-                    handler_finished(key, Mode::Tx, "lease_lost", started);
+                    handler_finished(key, Mode::Tx, "lease_lost", first_started);
                     return Err(InboxError::LeaseLost { key: lost.key });
                 }
-                ran = attempts.attempt(&lease) => ran,
+                ran = self.run_through_conflicts(&lease, attempts, &mut retries) => ran,
             };
             guard.disarm();
             // The failed attempt to run again (below), kept on the record by the release.
@@ -296,6 +354,17 @@ impl TxEngine {
                     handler_finished(key, Mode::Tx, "ok", started);
                     self.count_commit(key);
                     return Ok(Handled::Processed { outcome, lease });
+                }
+                TxAttempt::Conflict(source) => {
+                    // Every run met a conflict, and the retries ran out.
+                    handler_finished(key, Mode::Tx, "conflict", started);
+                    let failure = self.failure(CONFLICT, &*source, &lease);
+                    self.inbox.release_failed(&lease, &failure, Mode::Tx).await;
+                    return Err(InboxError::Conflict {
+                        key: key.clone(),
+                        failure: Box::new(failure),
+                        source,
+                    });
                 }
                 TxAttempt::HandlerFailed { source, retryable } => {
                     handler_finished(key, Mode::Tx, "error", started);
@@ -358,7 +427,8 @@ impl TxEngine {
                     });
                 }
             };
-            // The database asked for another run: a new attempt, in a fresh transaction.
+            // The database asked for another run for a reason other than a conflict: a
+            // new attempt, in a fresh transaction.
             retries += 1;
             retry_counted(key, Mode::Tx, "database");
             self.inbox
@@ -370,6 +440,49 @@ impl TxEngine {
                 Err(answer) => return answer,
             };
         }
+    }
+
+    /// Run the attempt under `lease`, and again under the same lease after each conflict
+    /// while the [`retry`](Self::retry) policy allows (`retries`: runs again so far, for
+    /// this delivery); the last run's end and when that run started.
+    async fn run_through_conflicts(
+        &self,
+        lease: &Lease,
+        attempts: &mut dyn TxAttempts,
+        retries: &mut u32,
+    ) -> (TxAttempt, Instant) {
+        loop {
+            let started = Instant::now();
+            match attempts.attempt(lease).await {
+                TxAttempt::Conflict(source) if *retries < self.retry.max_retries => {
+                    handler_finished(&lease.key, Mode::Tx, "conflict", started);
+                    *retries += 1;
+                    retry_counted(&lease.key, Mode::Tx, CONFLICT);
+                    let delay = self.conflict_delay(*retries);
+                    tracing::debug!(
+                        consumer = lease.key.consumer(),
+                        message_id = lease.key.message_id(),
+                        attempt = lease.attempt,
+                        retry = *retries,
+                        cause = %crate::error_chain(&*source),
+                        "dedup inbox: the database refused the transaction (a conflict); it runs again under the same lease after {delay:?}"
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+                ran => return (ran, started),
+            }
+        }
+    }
+
+    /// The delay before a conflict's run again number `retry` (1 for the first): the
+    /// policy's backoff, doubling, each drawn between half of it and all of it.
+    fn conflict_delay(&self, retry: u32) -> std::time::Duration {
+        Backoff::Exponential {
+            initial: self.retry.initial_backoff,
+            max: self.retry.max_backoff,
+            jitter: true,
+        }
+        .delay(retry)
     }
 
     /// The failure `error` of `kind` caused at `lease`'s attempt, now, on this worker.

@@ -49,12 +49,14 @@ pub const STORED_FAILURES_TOTAL: &str = "dedup_stored_failures_total";
 /// stored, a store failure inside the transactional inbox's attempt), each of which the
 /// inbox kept on the key's record. Labels `consumer`, `mode`, `kind` (the
 /// [`Failure::kind`](crate::Failure::kind): `handler`, `transient`, `panic`, `outcome`,
-/// `store`); never the message id.
+/// `store`, `conflict`); never the message id.
 pub const HANDLER_FAILURES_TOTAL: &str = "dedup_handler_failures_total";
 /// Counter: handler runs started again in process after a
 /// [`Transient`](crate::Transient) error ([`HandlerRetry`](crate::HandlerRetry)), and, in
 /// the transactional inbox, after an error the database asked to retry, by `reason`:
-/// `transient` or `database`. Labels `consumer`, `mode`, `reason`.
+/// `transient`, `conflict` (a deadlock, a serialization failure: run again under the same
+/// lease, no attempt used) or `database` (another retryable error: a new attempt). Labels
+/// `consumer`, `mode`, `reason`.
 pub const HANDLER_RETRIES_TOTAL: &str = "dedup_handler_retries_total";
 
 /// Counter: outbox rows published and marked sent by a relay. Labels `publisher`,
