@@ -6,13 +6,15 @@
 use std::fmt;
 use std::sync::Arc;
 
+use std::future::Future;
+
 use dedup_core::layers::{ObserveOptions, RetryPolicy};
 use dedup_core::{
-    BoxError, DedupStore, Fingerprint, Handled, InboxConfig, InboxError, Key, Lease, Result,
+    BoxError, DedupStore, Error, Fingerprint, Handled, InboxConfig, InboxError, Key, Lease, Result,
     TxAttempt, TxAttempts, TxEngine,
 };
 use futures::future::BoxFuture;
-use sqlx::Database;
+use sqlx::{Database, Transaction};
 
 use crate::error::SqlBackend;
 use crate::query::SqlDb;
@@ -23,6 +25,40 @@ pub type Conn<S> = <Db<S> as Database>::Connection;
 
 /// The sqlx database of a [`TxStore`].
 type Db<S> = <<S as TxStore>::Backend as SqlBackend>::Db;
+
+/// Where [`TxInbox::handle`] gets the transaction each run of the handler runs in: the
+/// store's pool by default, or yours ([`TxInbox::with_begin`]).
+///
+/// Implemented for a [`sqlx::Pool`] (`pool.begin()`) and for any closure returning a
+/// future of a begun transaction, which may set it up before the handler runs (an
+/// isolation level, `SET LOCAL` settings). Either way the transaction must be on the
+/// store's database: the key's completion (`commit_in_tx`) is written in it.
+pub trait Begin<DB: Database>: Send + Sync + 'static {
+    /// Begin a transaction. A driver error is converted by the inbox: a conflict runs the
+    /// attempt again (see [`TxEngine`]), any other is the attempt's store error.
+    fn begin(&self) -> BoxFuture<'_, std::result::Result<Transaction<'static, DB>, sqlx::Error>>;
+}
+
+impl<DB: Database> Begin<DB> for sqlx::Pool<DB> {
+    fn begin(&self) -> BoxFuture<'_, std::result::Result<Transaction<'static, DB>, sqlx::Error>> {
+        // Boxed: sqlx's begin future (a pool acquire) is kilobytes, which the attempt's
+        // future would otherwise carry and copy at every move.
+        Box::pin(sqlx::Pool::begin(self))
+    }
+}
+
+impl<DB, F, Fut> Begin<DB> for F
+where
+    DB: Database,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = std::result::Result<Transaction<'static, DB>, sqlx::Error>>
+        + Send
+        + 'static,
+{
+    fn begin(&self) -> BoxFuture<'_, std::result::Result<Transaction<'static, DB>, sqlx::Error>> {
+        Box::pin(self())
+    }
+}
 
 /// What [`TxInbox`] needs of a backend's store: its pool, the attempt-counting claim, the
 /// completion inside a transaction and the driver's errors.
@@ -60,19 +96,54 @@ pub trait TxStore: Clone + fmt::Debug + Send + Sync + 'static {
 /// transaction ended by the store's `commit_in_tx`: two statements and two commits beside
 /// the handler's) is in [`TxEngine`]'s docs.
 ///
-/// Errors the database asks to retry ([`SqlBackend::is_retryable`]: deadlocks, serialization
-/// failures, lock timeouts, a dropped connection), found as a `sqlx::Error` or a
-/// [`dedup_core::Error`] in the handler's error's source chain or raised by the commit, run
-/// the handler again in a fresh transaction, as a new attempt, under the
-/// [`retry`](Self::with_retry) policy. The database writes of a failed run are rolled
-/// back; the handler's other side effects (an e-mail, an HTTP call) are not, so they must
-/// be idempotent (use [`Lease::idempotency_key`]). Handler errors marked
-/// [`Transient`](dedup_core::Transient) run again the same way under
+/// # Conflicts are retried, not counted
+///
+/// A transaction the database refuses over a conflict with a concurrent one
+/// ([`SqlBackend::is_conflict`]: a deadlock, a serialization failure, a lock wait timeout),
+/// raised at begin, by the handler (a `sqlx::Error` found in its error's source chain),
+/// by `commit_in_tx` or by the commit, runs again in a fresh transaction under the same
+/// lease: the same attempt, fence and idempotency key, no attempt used. At most
+/// [`max_retries`](RetryPolicy::max_retries) times (default 3), after the policy's
+/// backoff (default 50 ms doubling to 1 s, each delay drawn between half of it and all
+/// of it). The cost is the runs themselves and the waits: no claim, no release. Each run
+/// again counts in `dedup_handler_retries_total{reason="conflict"}`. When the retries run
+/// out, the key is released with a failure of kind `conflict` kept on its record (in the
+/// log line, `dedup_handler_failures_total{kind="conflict"}`, `dedup inspect`, the
+/// console), and [`InboxError::Conflict`] is returned: the broker redelivers, and the
+/// next delivery is the next attempt. A worker that dies during these runs leaves its
+/// lease held: it expires, and the next claim is a takeover (attempt + 1). See
+/// [`TxEngine`].
+///
+/// Other errors the database asks to retry ([`SqlBackend::is_retryable`]: a dropped
+/// connection, a server restarting) run the handler again in a fresh transaction as a new
+/// attempt, under the same policy. The database writes of a failed run are rolled back;
+/// the handler's other side effects (an e-mail, an HTTP call) are not, so they must be
+/// idempotent (use [`Lease::idempotency_key`]). Handler errors marked
+/// [`Transient`](dedup_core::Transient) run again as new attempts under
 /// [`InboxConfig::handler_retry`].
+///
+/// # What the transaction commits
+///
+/// Only a run that succeeded: the handler's writes and the key's completion, together
+/// ([`Handled::Processed`]). Every other run is rolled back whole. A stored failure
+/// ([`Handled::Failed`]) and a dead letter ([`Handled::DeadLetter`]) are written by the
+/// inbox in its own short transaction on the store's pool, so no write of the handler
+/// survives them. The types hold this: the handler gets the connection (`&mut Conn`),
+/// not the transaction, so it cannot commit or roll back; the transaction [`Begin`] gives
+/// is the inbox's to end.
+///
+/// # Your own transaction, behind a broker consumer
+///
+/// [`with_begin`](Self::with_begin) makes `handle` begin each run's transaction on your
+/// pool, or with your closure, instead of the store's pool. With
+/// `dedup_brokers::with_tx_inbox` that is the whole consumer: no glue around
+/// [`handle_in`](Self::handle_in), conflicts retried as above, begin and commit errors
+/// converted by the inbox, the handler's own error any `Into<BoxError>`.
 pub struct TxInbox<S: TxStore> {
     store: S,
     engine: TxEngine,
     durable_claims: bool,
+    begin: Option<Arc<dyn Begin<Db<S>>>>,
 }
 
 impl<S: TxStore> Clone for TxInbox<S> {
@@ -81,6 +152,7 @@ impl<S: TxStore> Clone for TxInbox<S> {
             store: self.store.clone(),
             engine: self.engine.clone(),
             durable_claims: self.durable_claims,
+            begin: self.begin.clone(),
         }
     }
 }
@@ -91,6 +163,14 @@ impl<S: TxStore> fmt::Debug for TxInbox<S> {
             .field("store", &self.store)
             .field("engine", &self.engine)
             .field("durable_claims", &self.durable_claims())
+            .field(
+                "begin",
+                &if self.begin.is_some() {
+                    "yours"
+                } else {
+                    "the store's pool"
+                },
+            )
             .finish()
     }
 }
@@ -104,7 +184,25 @@ impl<S: TxStore> TxInbox<S> {
             engine: TxEngine::new(store.claim_store(false), InboxConfig::default()),
             store,
             durable_claims: false,
+            begin: None,
         }
+    }
+
+    /// The same inbox beginning each run's transaction with `begin` instead of on the
+    /// store's pool: your own pool (a [`sqlx::Pool`]), or a closure that begins and sets
+    /// the transaction up (an isolation level, `SET LOCAL` settings). The transaction must
+    /// be on the store's database. [`handle`](Self::handle) then runs the handler in your
+    /// transaction and commits it only when the run succeeded; conflicts at begin, in the
+    /// handler or at the commit run again under the same lease (see the type's docs).
+    ///
+    /// This is [`handle_in`](Self::handle_in) for a consumer that does not already hold a
+    /// transaction: the inbox begins it, ends it, and retries it.
+    ///
+    /// `dedup_postgres::TxInbox` and `dedup_mysql::TxInbox` show it with an isolation
+    /// level set by the closure.
+    pub fn with_begin(mut self, begin: impl Begin<Db<S>>) -> Self {
+        self.begin = Some(Arc::new(begin));
+        self
     }
 
     /// The same inbox with an attempt-counting claim that waits for its own log flush, as
@@ -174,8 +272,13 @@ impl<S: TxStore> TxInbox<S> {
             + Send,
         E: Into<BoxError>,
     {
+        let begin: &dyn Begin<Db<S>> = match &self.begin {
+            Some(begin) => &**begin,
+            None => self.store.pool(),
+        };
         let mut attempts = Attempts {
             store: &self.store,
+            begin,
             handler,
         };
         self.engine.run(key, fingerprint, &mut attempts).await
@@ -195,9 +298,14 @@ impl<S: TxStore> TxInbox<S> {
     /// - A failed run rolls back to the savepoint, so the caller's own earlier writes stay
     ///   and its transaction stays usable; [`Transient`](dedup_core::Transient) errors run
     ///   again under [`InboxConfig::handler_retry`] in a fresh savepoint.
-    /// - Errors the database asks to retry are not retried here (the transaction is the
-    ///   caller's to run again): they come back as [`InboxError::Handler`] /
-    ///   [`InboxError::Store`] with the driver error as the source.
+    /// - Conflicts are not retried here: the transaction is the caller's (MySQL has rolled
+    ///   it back whole, PostgreSQL has aborted it). The key is released with a failure of
+    ///   kind `conflict` (this attempt used) and [`InboxError::Conflict`] comes back with
+    ///   the driver error in its source chain; roll back, and run the unit of work again.
+    ///   Other errors the database asks to retry come back as [`InboxError::Handler`] /
+    ///   [`InboxError::Store`]. Behind a broker consumer, let the inbox own the
+    ///   transaction instead ([`with_begin`](Self::with_begin) with your pool, and
+    ///   [`handle`](Self::handle)): it retries conflicts without using attempts.
     /// - The attempt is still counted by a lease-mode claim committed on the store's pool
     ///   before the handler runs, so `max_attempts` and stored failures work as in
     ///   [`handle`](Self::handle); the caller's transaction must not hold a lock on this
@@ -286,17 +394,13 @@ where
     fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
         Box::pin(async move {
             if let Err(e) = <Db<S> as SqlDb>::run(self.conn, SAVEPOINT).await {
-                return TxAttempt::Store(S::Backend::error(e));
+                return driver_failed::<S>(e);
             }
             let ran = (self.handler)(&mut *self.conn, lease)
                 .await
                 .map_err(Into::into);
             let answer = match ran {
-                Err(source) => {
-                    let source: BoxError = source;
-                    let retryable = asks_for_retry::<S>(&*source);
-                    TxAttempt::HandlerFailed { source, retryable }
-                }
+                Err(source) => handler_failed::<S>(source),
                 Ok(outcome) => match TxEngine::check_outcome(outcome.as_deref()) {
                     Err(source) => TxAttempt::Outcome(source),
                     Ok(()) => match self
@@ -304,11 +408,11 @@ where
                         .commit_in_tx(&mut *self.conn, lease, outcome.as_deref())
                         .await
                     {
-                        Err(e) => TxAttempt::Store(e),
+                        Err(e) => store_failed::<S>(e),
                         Ok(()) => {
                             return match <Db<S> as SqlDb>::run(self.conn, RELEASE_SAVEPOINT).await {
                                 Ok(()) => TxAttempt::Committed(outcome),
-                                Err(e) => TxAttempt::Store(S::Backend::error(e)),
+                                Err(e) => driver_failed::<S>(e),
                             };
                         }
                     },
@@ -322,9 +426,11 @@ where
     }
 }
 
-/// One run of the handler in a transaction on the store's pool.
-struct Attempts<'s, S, H> {
+/// One run of the handler in a fresh transaction: on the store's pool, or begun by the
+/// user's [`Begin`].
+struct Attempts<'s, S: TxStore, H> {
     store: &'s S,
+    begin: &'s dyn Begin<Db<S>>,
     handler: H,
 }
 
@@ -340,20 +446,16 @@ where
 {
     fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
         Box::pin(async move {
-            // Boxed: sqlx's begin future (a pool acquire) is kilobytes, which this
-            // attempt's future would otherwise carry and copy at every move.
-            let mut tx = match Box::pin(self.store.pool().begin()).await {
+            let mut tx = match self.begin.begin().await {
                 Ok(tx) => tx,
-                Err(e) => return TxAttempt::Store(S::Backend::error(e)),
+                Err(e) => return driver_failed::<S>(e),
             };
             let ran = (self.handler)(&mut *tx, lease).await.map_err(Into::into);
             let outcome = match ran {
                 Ok(outcome) => outcome,
                 Err(source) => {
-                    let source: BoxError = source;
-                    let retryable = asks_for_retry::<S>(&*source);
                     let _ = tx.rollback().await;
-                    return TxAttempt::HandlerFailed { source, retryable };
+                    return handler_failed::<S>(source);
                 }
             };
             if let Err(source) = TxEngine::check_outcome(outcome.as_deref()) {
@@ -366,23 +468,55 @@ where
                 .await
             {
                 let _ = tx.rollback().await;
-                return TxAttempt::Store(e);
+                return store_failed::<S>(e);
             }
             match tx.commit().await {
                 Ok(()) => TxAttempt::Committed(outcome),
-                Err(e) => TxAttempt::Store(S::Backend::error(e)),
+                Err(e) => driver_failed::<S>(e),
             }
         })
     }
 }
 
-/// Whether a handler's error is, or was caused by, a database error worth running the
-/// transaction again for.
-fn asks_for_retry<S: TxStore>(error: &(dyn std::error::Error + 'static)) -> bool {
-    TxEngine::asks_for_retry(error, |e| {
+/// How a run whose handler failed with `source` ended: a conflict (run again under the
+/// same lease), or a failure the database may ask to retry (as a new attempt) or not.
+fn handler_failed<S: TxStore>(source: BoxError) -> TxAttempt {
+    if TxEngine::is_conflict(&*source, driver_conflict::<S>) {
+        return TxAttempt::Conflict(source);
+    }
+    let retryable = TxEngine::asks_for_retry(&*source, |e| {
         e.downcast_ref::<sqlx::Error>()
             .map(S::Backend::is_retryable)
-    })
+    });
+    TxAttempt::HandlerFailed { source, retryable }
+}
+
+/// How a run ended whose begin, savepoint or commit failed with the driver's `error`.
+fn driver_failed<S: TxStore>(error: sqlx::Error) -> TxAttempt {
+    let conflict = S::Backend::is_conflict(&error);
+    let error = S::Backend::error(error);
+    if conflict {
+        TxAttempt::Conflict(error.into())
+    } else {
+        TxAttempt::Store(error)
+    }
+}
+
+/// How a run ended whose `commit_in_tx` failed with `error`.
+fn store_failed<S: TxStore>(error: Error) -> TxAttempt {
+    if TxEngine::is_conflict(&error, driver_conflict::<S>) {
+        TxAttempt::Conflict(error.into())
+    } else {
+        TxAttempt::Store(error)
+    }
+}
+
+/// Whether `error` is a driver error the backend calls a conflict (`None`: not a driver
+/// error).
+fn driver_conflict<S: TxStore>(error: &(dyn std::error::Error + 'static)) -> Option<bool> {
+    error
+        .downcast_ref::<sqlx::Error>()
+        .map(S::Backend::is_conflict)
 }
 
 #[cfg(test)]
