@@ -489,19 +489,63 @@ pub enum Forgot {
 /// The operator's extension of [`DedupStore`]: listing, counting, releasing and forgetting
 /// by hand.
 ///
-/// Used as `dyn Admin` (it has `DedupStore` as a supertrait, so one handle does both).
-/// "Now" is the store's clock, the one its leases use.
+/// Every store implements it. Used as `dyn Admin`: it has `DedupStore` as a supertrait,
+/// so one handle does both. `dedup::open_admin` opens one from a URL. "Now" is the
+/// store's clock, the one its leases use.
+///
+/// # Examples
+///
+/// ```
+/// use dedup_core::{Admin, ClaimOptions, DedupStore, Key, ListFilter, MemoryStore, Status};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dedup_core::Error> {
+/// let store = MemoryStore::new();
+/// let key = Key::new("billing", "order-42")?;
+/// let lease = store.claim(&key, &ClaimOptions::default()).await?.into_lease().unwrap();
+/// store.commit(&lease, None).await?;
+///
+/// let stats = store.stats(10).await?;
+/// assert_eq!(stats.completed, 1);
+/// let done = store.list(&ListFilter::consumer("billing").status(Status::Completed)).await?;
+/// assert_eq!(done.len(), 1);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// Every method can fail with [`Error::Backend`] when the storage fails. Bad input (an
+/// invalid consumer name, a limit out of range) is [`Error::InvalidInput`], before
+/// anything is read. Each method lists its own further errors.
+///
+/// # Cancel safety
+///
+/// The reads are cancel safe. [`release_key`](Self::release_key) and
+/// [`forget`](Self::forget) are atomic: a dropped call did all or nothing.
 #[async_trait]
 pub trait Admin: DedupStore {
     /// The store's current time (the server's clock, or the injected one).
     async fn now(&self) -> Result<Timestamp>;
 
-    /// Records of one consumer matching `filter`, in message id order, at most
-    /// `filter.limit` of them. Never a record of another consumer.
+    /// Records of one consumer matching `filter`, in message id order.
+    ///
+    /// At most `filter.limit` of them. Never a record of another consumer. Page with
+    /// [`ListFilter::after`] and the last message id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an invalid filter ([`ListFilter::validate`]).
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>>;
 
-    /// Counts by status, the oldest live lease, the `top` most retried keys and the size,
-    /// as of one reading of the store's clock.
+    /// Counts by status, the oldest live lease, the `top` most retried keys and the size.
+    ///
+    /// All as of one reading of the store's clock. It reads the whole store, unless the
+    /// store keeps counts ([`enable_counts`](Self::enable_counts)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when `top` is out of range.
     async fn stats(&self, top: usize) -> Result<Stats>;
 
     /// The consumers the store holds records of, in name order, each with its records
@@ -520,26 +564,56 @@ pub trait Admin: DedupStore {
     /// (`None`: none finished since the store was created). See [`PurgeRun`](crate::PurgeRun).
     async fn last_purge(&self) -> Result<Option<crate::PurgeRun>>;
 
-    /// Release `key`'s lease on an operator's request, so the next delivery retries it at
-    /// once. A live lease is released only with `force`.
+    /// Releases `key`'s lease on an operator's request.
     ///
-    /// Unlike a worker's [`DedupStore::release`], it revokes the lease: in one atomic step,
-    /// and only if the record still holds the lease that was read, the lease expires and
-    /// its token is replaced. From then on the worker that held it gets `LeaseLost` on
-    /// commit, renew and release (its work must not be made permanent), and the next claim
-    /// takes the key over with fence + 1 and attempt + 1. When the key changes hands
-    /// between the read and the revocation, it reads again (a few times, then
-    /// `LeaseLost`).
+    /// The next delivery then retries the key at once. A live lease is released only with
+    /// `force`; otherwise the answer is [`Released::LiveLease`] and nothing changes.
+    ///
+    /// Unlike a worker's [`DedupStore::release`], it revokes the lease. In one atomic
+    /// step, the lease expires and its token is replaced. This happens only if the record
+    /// still holds the lease that was read. From then on the worker that held it gets
+    /// `LeaseLost` on commit, renew and release. The next claim takes the key over, with
+    /// fence + 1 and attempt + 1.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when the key kept changing hands between the read and the
+    /// revocation (it reads again a few times first).
     async fn release_key(&self, key: &Key, force: bool) -> Result<Released>;
 
-    /// Remove `key`'s record on an operator's request, in one atomic step, so the next
-    /// delivery of the message is processed as new: a dead-lettered message (after the
-    /// fix), or a completed one that must run again.
+    /// Removes `key`'s record on an operator's request, in one atomic step.
     ///
-    /// The key starts over: the next claim gets fence 1 and attempt 1 (fences restart, as
-    /// after a purge; a downstream system that remembers fences must be told). A record
-    /// with a live lease is removed only with `force` (otherwise
-    /// [`Forgot::LiveLease`], nothing changed); its worker then gets `LeaseLost`.
+    /// The next delivery of the message is then processed as new. Use it for a
+    /// dead-lettered message (after the fix), or a completed one that must run again.
+    ///
+    /// The key starts over: the next claim gets fence 1 and attempt 1. Fences restart,
+    /// as after a purge: tell any downstream system that remembers fences. A record with
+    /// a live lease is removed only with `force`. Without it the answer is
+    /// [`Forgot::LiveLease`] and nothing changes. With it, the worker gets `LeaseLost`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] when the storage fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedup_core::{Admin, ClaimOptions, DedupStore, Forgot, Key, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dedup_core::Error> {
+    /// let store = MemoryStore::new();
+    /// let key = Key::new("billing", "order-42")?;
+    /// let lease = store.claim(&key, &ClaimOptions::default()).await?.into_lease().unwrap();
+    /// store.commit(&lease, None).await?;
+    ///
+    /// assert!(matches!(store.forget(&key, false).await?, Forgot::Forgot { fence: 1, .. }));
+    /// // The next claim starts over at fence 1.
+    /// let again = store.claim(&key, &ClaimOptions::default()).await?;
+    /// assert_eq!(again.lease().map(|l| l.fence), Some(1));
+    /// # Ok(())
+    /// # }
+    /// ```
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot>;
 
     /// Where [`consumers`](Self::consumers) and [`stats`](Self::stats) take their counts

@@ -26,6 +26,14 @@ impl Key {
 
     /// A key for `message_id` as seen by `consumer`.
     ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when a part is empty, holds a NUL byte or is too long
+    /// ([`MAX_CONSUMER_LEN`](Self::MAX_CONSUMER_LEN),
+    /// [`MAX_MESSAGE_ID_LEN`](Self::MAX_MESSAGE_ID_LEN)).
+    ///
+    /// # Examples
+    ///
     /// ```
     /// use dedup_core::Key;
     /// let key = Key::new("billing", "order-42")?;
@@ -45,6 +53,10 @@ impl Key {
     }
 
     /// A key whose message id is a UUID (hyphenated lowercase form).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an invalid consumer name (see [`new`](Self::new)).
     pub fn from_uuid(consumer: impl Into<String>, message_id: uuid::Uuid) -> Result<Self> {
         Self::new(consumer, message_id.hyphenated().to_string())
     }

@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // What consumers and operators use, in the order they meet it (see the README).
 pub mod admin;

@@ -148,32 +148,41 @@ pub enum PurgerWarning {
     },
 }
 
-/// A background purge: every `every` (± a jitter, so many nodes do not purge in step) it
-/// calls the store's [`purge`](DedupStore::purge) with `retention`, logs what was removed
-/// (`tracing`, `INFO` when something was, `DEBUG` otherwise, `WARN` on failure) and adds it
-/// to [`PurgerHandle::removed`].
+/// A background purge of a store, on a jittered period, until stopped.
 ///
-/// Safe to run on every node at once: each purge batch removes a record at most once (every
-/// backend deletes with one atomic statement or script per batch), so the nodes' counts add
-/// up to the records removed. The first run comes after a random part of the period, which
-/// spreads nodes started together. A failed run is logged and retried at the next period.
-/// For a `dedup_purged_total` metric, give the purger a store wrapped in
-/// [`Observed`](crate::layers::Observed).
+/// Every `every` it calls the store's [`purge`](DedupStore::purge) with `retention`. The
+/// period varies by a jitter, so many nodes do not purge in step. It logs what it removed
+/// (`tracing`: `INFO` when something was, `DEBUG` otherwise, `WARN` on failure). It adds
+/// the count to [`PurgerHandle::removed`].
+///
+/// You rarely need one: an [`Inbox`](crate::Inbox) runs a [`Retention`] purge by default.
+/// Start a `Purger` when one dedicated node (or a cron `dedup purge`) does the work.
+///
+/// It is safe to run on every node at once. Each purge batch removes a record at most
+/// once: every backend deletes with one atomic statement or script per batch. The first
+/// run comes after a random part of the period, which spreads nodes started together. A
+/// failed run is logged and retried at the next period. For a `dedup_purged_total`
+/// metric, give it a store wrapped in [`Observed`](crate::layers::Observed).
+///
+/// # Examples
 ///
 /// ```
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::{sync::Arc, time::Duration};
 /// use dedup_core::{MemoryStore, Purger};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dedup_core::PurgerError> {
 /// let store = Arc::new(MemoryStore::new());
-/// let purger = Purger::new(Duration::from_secs(7 * 24 * 3600), Duration::from_secs(600))
+/// let week = Duration::from_secs(7 * 24 * 3600);
+/// let purger = Purger::new(week, Duration::from_secs(600))
 ///     .longest_lease(Duration::from_secs(30))
 ///     .redelivery_window(Duration::from_secs(4 * 24 * 3600))
 ///     .start(store)?;
 /// // ... serve ...
 /// let stats = purger.stop().await;
 /// assert_eq!(stats.removed, 0);
-/// # Ok::<(), dedup_core::PurgerError>(())
-/// # }).unwrap();
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Purger {
@@ -185,9 +194,11 @@ pub struct Purger {
 }
 
 impl Purger {
-    /// A purger removing records older than `retention` every `every` (± 20 %), with
-    /// [`PurgeOptions::older_than`]: paced batches ([`Pace::default`](crate::Pace)), so a
-    /// run never makes claims wait behind more than one short batch.
+    /// A purger removing records older than `retention`, every `every` (± 20 %).
+    ///
+    /// It uses [`PurgeOptions::older_than`]: paced batches
+    /// ([`Pace::default`](crate::Pace)). A run never makes claims wait behind more than one
+    /// short batch. Nothing runs until [`start`](Self::start).
     pub fn new(retention: Duration, every: Duration) -> Self {
         Purger {
             options: PurgeOptions::older_than(retention),
@@ -198,7 +209,15 @@ impl Purger {
         }
     }
 
-    /// Start a purger with the defaults of [`Purger::new`] over `store`.
+    /// Starts a purger with the defaults of [`Purger::new`] over `store`.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start): outside a tokio runtime.
     pub fn spawn<S: DedupStore + ?Sized + 'static>(
         store: Arc<S>,
         retention: Duration,
@@ -234,8 +253,15 @@ impl Purger {
         self
     }
 
-    /// Check the settings: the errors [`start`](Self::start) would refuse with, else the
-    /// warnings it would log.
+    /// Checks the settings without starting anything.
+    ///
+    /// It answers the warnings [`start`](Self::start) would log.
+    ///
+    /// # Errors
+    ///
+    /// - [`PurgerError::RetentionShorterThanLease`]: the retention is shorter than
+    ///   [`longest_lease`](Self::longest_lease).
+    /// - [`PurgerError::Invalid`]: a zero period, or unusable [`options`](Self::options).
     pub fn check(&self) -> Result<Vec<PurgerWarning>, PurgerError> {
         self.options.validate().map_err(PurgerError::Invalid)?;
         if self.every.is_zero() {
@@ -266,8 +292,18 @@ impl Purger {
             .collect())
     }
 
-    /// Start purging `store` in a tokio task. Refuses the settings [`check`](Self::check)
-    /// refuses; logs its warnings.
+    /// Starts purging `store` in a tokio task.
+    ///
+    /// It logs the warnings of [`check`](Self::check). Stop it with
+    /// [`PurgerHandle::stop`], or drop the handle.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`check`](Self::check). Nothing is started then.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (it calls `tokio::spawn`).
     pub fn start<S: DedupStore + ?Sized + 'static>(
         self,
         store: Arc<S>,
@@ -275,11 +311,20 @@ impl Purger {
         self.start_target(Box::new(Inbox(store)))
     }
 
-    /// Start purging the sent rows of an outbox in a tokio task, with the same retention,
-    /// period, jitter and pacing (its retention is how long sent rows, and with them their
-    /// message ids, are kept: an id enqueued again within it is still dropped). Several
-    /// nodes may run one each: the jitter spreads their runs, and paced batches keep each
-    /// short.
+    /// Starts purging the sent rows of an outbox in a tokio task.
+    ///
+    /// It uses the same retention, period, jitter and pacing. The retention is how long
+    /// sent rows, and with them their message ids, are kept. An id enqueued again within
+    /// it is still dropped. Several nodes may run one each. A started
+    /// [`Relay`](crate::outbox::Relay) runs one by default.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start): outside a tokio runtime.
     pub fn start_outbox(self, outbox: Arc<dyn OutboxStore>) -> Result<PurgerHandle, PurgerError> {
         self.start_target(Box::new(Outbox(outbox)))
     }
@@ -417,7 +462,16 @@ impl PurgerHandle {
         &self.warnings
     }
 
-    /// Stop it: a run in progress finishes first. Returns what it did.
+    /// Stops it: a run in progress finishes first. Returns what it did.
+    ///
+    /// # Panics
+    ///
+    /// If the purge task panicked, the panic continues here.
+    ///
+    /// # Cancel safety
+    ///
+    /// The stop is asked for at the first poll. Dropping the future after that still
+    /// stops the purger, without waiting for it.
     pub async fn stop(self) -> PurgerStats {
         let _ = self.stop.send(true);
         match self.task.await {

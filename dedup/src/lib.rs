@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
 mod open;
@@ -14,26 +15,35 @@ pub use url::StoreUrl;
 
 /// The SQLite backend (`dedup-sqlite`), with the `sqlite` feature (on by default).
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use dedup_sqlite as sqlite;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use dedup_sqlite::{SqliteConfig, SqliteOutbox, SqliteStore, Synchronous};
 
 /// The PostgreSQL backend (`dedup-postgres`), with the `postgres` feature.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use dedup_postgres as postgres;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use dedup_postgres::{PostgresConfig, PostgresOutbox, PostgresStore};
 
 /// The MySQL / MariaDB backend (`dedup-mysql`), with the `mysql` feature.
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use dedup_mysql as mysql;
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use dedup_mysql::{MySqlConfig, MySqlOutbox, MySqlStore};
 
 /// The Redis backend (`dedup-redis`), with the `redis` feature.
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use dedup_redis as redis;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use dedup_redis::cluster_url as redis_cluster_url;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use dedup_redis::{RedisConfig, RedisStore};

@@ -12,10 +12,13 @@ use dedup_core::backend::url::{
 use crate::error::OpenError;
 use crate::registry::{Entry, REGISTRY};
 
-/// A store URL, parsed and checked: which backend, and the configuration it will be
-/// opened with. Parsing contacts nothing and writes nothing; [`open`](Self::open) does.
+/// A store URL, parsed and checked.
 ///
-/// Its `Debug` and `Display` show the URL with passwords masked.
+/// It holds which backend, and the configuration the store will be opened with. Parsing
+/// contacts nothing and writes nothing; [`open`](Self::open) does. Its `Debug` and
+/// `Display` show the URL with passwords masked.
+///
+/// # Examples
 ///
 /// ```
 /// let url = dedup::StoreUrl::parse("memory:").unwrap();
@@ -30,7 +33,14 @@ pub struct StoreUrl {
 }
 
 impl StoreUrl {
-    /// Parse and check `url`. See the crate docs for the forms and their parameters.
+    /// Parses and checks `url`. See the [crate docs](crate) for the forms and their
+    /// parameters.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::Url`]: an unknown scheme or parameter, a parameter given twice, a
+    /// value that cannot be used, or a backend this build lacks
+    /// ([`UrlError::Disabled`]).
     pub fn parse(url: &str) -> Result<Self, OpenError> {
         let shown = redact(url);
         match target(REGISTRY, url) {

@@ -43,18 +43,27 @@ type Encode<T> = fn(&T) -> Result<Option<Vec<u8>>, BoxError>;
 /// Turns stored outcome bytes back into a handler's value.
 type Decode<T> = fn(Option<Vec<u8>>) -> Result<T, BoxError>;
 
-/// Wraps a store and runs handlers effectively once per key.
+/// Runs a handler at most once per key.
 ///
-/// For each delivery: claim the key; on `Acquired` run the handler while renewing the lease
-/// in the background; commit with the handler's outcome on success; on error release (or,
-/// with [`FailurePolicy::Store`], commit the failure); release on panic, before the panic
-/// continues; report a duplicate with the stored outcome; report busy when another worker
-/// holds a live lease; and past [`InboxConfig::max_attempts`] report a dead letter without
-/// running the handler. A handler error marked [`Transient`] runs the handler again in
-/// process, as a new attempt, under [`InboxConfig::handler_retry`] (off by default). If the
-/// future returned by [`handle`](Self::handle) is dropped
-/// mid-handler (a cancelled task, a shutdown), the lease is released in the background so
-/// the key is not stuck until the lease expires.
+/// An `Inbox` wraps a [`DedupStore`]. It is where most users start. Call
+/// [`handle`](Self::handle) once per delivery, with the delivery's [`Key`].
+///
+/// For each delivery it claims the key:
+/// - Acquired: it runs the handler. The lease renews itself in the background.
+/// - The handler succeeded: it commits the handler's outcome.
+/// - The handler failed: it releases the key, keeping the failure on the record.
+///   With [`FailurePolicy::Store`] it commits the failure instead.
+/// - The handler panicked: it releases the key, then the panic continues.
+/// - Already completed: a duplicate. It answers the stored outcome.
+/// - Another worker holds a live lease: it answers busy.
+/// - Past [`InboxConfig::max_attempts`]: a dead letter. The handler does not run.
+///
+/// The answer is a [`Handled`]: map it onto the broker's ack.
+///
+/// A handler error marked [`Transient`] can run the handler again, in process. Each run
+/// is a new attempt. [`InboxConfig::handler_retry`] sets how (off by default).
+///
+/// Clones share the store and the retention purge. Cloning is cheap.
 ///
 /// # Store errors and database conflicts
 ///
@@ -70,29 +79,37 @@ type Decode<T> = fn(Option<Vec<u8>>) -> Result<T, BoxError>;
 /// SQL backend's `TxInbox`: it runs a conflicted transaction again without using an
 /// attempt (see [`TxEngine`]).
 ///
-/// Observability: each call runs in a `dedup_inbox` span (fields `consumer`, `attempt`,
-/// `result`; never the message id: the store's spans carry it when allowed), records
-/// [`dedup_handler_duration_seconds`](crate::layers::metric_names::HANDLER_DURATION_SECONDS)
-/// and counts dead letters, stored failures and runs again
-/// ([`dedup_handler_retries_total`](crate::layers::metric_names::HANDLER_RETRIES_TOTAL));
-/// [`InboxConfig::log_duplicates`] logs each suppressed duplicate. Its store operations (claims, takeovers,
-/// renewals, lost leases, commits) are counted by wrapping the store in
-/// [`Observed`](crate::layers::Observed).
+/// # Observability
+///
+/// Each call runs in a `dedup_inbox` span. Its fields are `consumer`, `attempt` and
+/// `result`. The message id is not among them: the store's spans carry it when allowed.
+/// The inbox records
+/// [`dedup_handler_duration_seconds`](crate::layers::metric_names::HANDLER_DURATION_SECONDS).
+/// It counts dead letters, stored failures and runs again
+/// ([`dedup_handler_retries_total`](crate::layers::metric_names::HANDLER_RETRIES_TOTAL)).
+/// [`InboxConfig::log_duplicates`] logs each suppressed duplicate. Wrap the store in
+/// [`Observed`](crate::layers::Observed) to count its operations too.
+///
+/// # Examples
 ///
 /// ```
-/// # tokio_test_block_on(async {
 /// use dedup_core::{Handled, Inbox, Key, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// let inbox = Inbox::new(MemoryStore::new());
 /// let key = Key::new("billing", "order-42")?;
 /// let charge = |_lease| async { Ok::<_, std::io::Error>(Some(b"charged".to_vec())) };
-/// assert!(matches!(inbox.handle(&key, None, charge).await?, Handled::Processed { .. }));
+///
+/// // The first delivery runs the handler.
+/// let first = inbox.handle(&key, None, charge).await?;
+/// assert!(matches!(first, Handled::Processed { .. }));
+///
+/// // A redelivery gets the stored outcome back.
 /// let again = inbox.handle(&key, None, charge).await?;
 /// assert!(again.is_replay());
 /// assert!(matches!(again, Handled::Duplicate { outcome: Some(o), .. } if o == b"charged"));
-/// # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
-/// # }).unwrap();
-/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
-/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+/// # Ok(())
 /// # }
 /// ```
 #[derive(Debug)]
@@ -115,14 +132,40 @@ impl<S: ?Sized> Clone for Inbox<S> {
 }
 
 impl<S: DedupStore + 'static> Inbox<S> {
-    /// An inbox over `store` with the default configuration.
+    /// An inbox over `store` with the default [`InboxConfig`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedup_core::{Inbox, MemoryStore};
+    ///
+    /// let inbox = Inbox::new(MemoryStore::new());
+    /// assert_eq!(inbox.config().max_attempts, None);
+    /// ```
     pub fn new(store: S) -> Self {
         Self::from_arc(Arc::new(store), InboxConfig::default())
     }
 }
 
 impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
-    /// An inbox over a shared store (e.g. `Arc<dyn DedupStore>`) with `config`.
+    /// An inbox over a shared store with `config`.
+    ///
+    /// Use it for an `Arc<dyn DedupStore>`, such as the one `dedup::open` returns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use dedup_core::{DedupStore, Inbox, InboxConfig, MemoryStore};
+    ///
+    /// let store: Arc<dyn DedupStore> = Arc::new(MemoryStore::new());
+    /// let config = InboxConfig {
+    ///     max_attempts: Some(5),
+    ///     ..InboxConfig::default()
+    /// };
+    /// let inbox = Inbox::from_arc(store, config);
+    /// assert_eq!(inbox.config().max_attempts, Some(5));
+    /// ```
     pub fn from_arc(store: Arc<S>, config: InboxConfig) -> Self {
         Inbox {
             config,
@@ -132,15 +175,19 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         }
     }
 
-    /// The same inbox naming its worker `name` (a host or pod name, 1 to 128 bytes: longer
-    /// is cut) in the [`Failure`]s it keeps on the records and in its failure log lines.
+    /// The same inbox, naming its worker `name`.
+    ///
+    /// The name appears in the [`Failure`]s kept on the records and in failure log lines.
+    /// Use a host or pod name. It is 1 to 128 bytes; a longer one is cut.
     pub fn with_worker(mut self, name: impl Into<String>) -> Self {
         let name = name.into();
         self.worker = (!name.is_empty()).then(|| Arc::from(name.as_str()));
         self
     }
 
-    /// The same inbox with another configuration (and its own retention purge).
+    /// The same inbox with another configuration.
+    ///
+    /// It gets its own retention purge.
     pub fn with_config(self, config: InboxConfig) -> Self {
         Self::from_arc(self.store, config)
     }
@@ -155,16 +202,79 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         &self.store
     }
 
-    /// Process `key` at most once: see the type's docs. `handler` gets the lease (for its
-    /// fence and idempotency key) and returns the outcome to store for duplicates (at most
-    /// [`MAX_OUTCOME_LEN`](crate::MAX_OUTCOME_LEN) bytes, not starting with the reserved
-    /// bytes `\0dedup:`). Its error may be any type that converts into a
-    /// `Box<dyn Error + Send + Sync>` (`std` errors, `anyhow::Error`, `String`, `&str`).
+    /// Processes `key` at most once.
     ///
-    /// After an error the handler marks [`Transient`], it runs again in this call under
-    /// [`InboxConfig::handler_retry`] (off by default), each run as a new attempt (see
-    /// [`HandlerRetry`]); so it is an `FnMut` that builds a fresh future per run: clone
-    /// what each run needs inside the closure (`|lease| charge(order.clone(), lease)`).
+    /// `handler` gets the [`Lease`]. Pass its fence or idempotency key to downstream
+    /// systems. The handler returns the outcome to store for duplicates. The outcome is at
+    /// most [`MAX_OUTCOME_LEN`](crate::MAX_OUTCOME_LEN) bytes. It may not start with the
+    /// reserved bytes `\0dedup:`. The handler's error may be any type that converts into
+    /// `Box<dyn Error + Send + Sync>`: `std` errors, `anyhow::Error`, `String`, `&str`.
+    ///
+    /// The handler is an `FnMut` that builds a fresh future per run. It may run again
+    /// within this call after an error marked [`Transient`] (see
+    /// [`InboxConfig::handler_retry`], off by default). Clone what each run needs inside
+    /// the closure: `|lease| charge(order.clone(), lease)`.
+    ///
+    /// See the [type's docs](Inbox) for what each answer means.
+    ///
+    /// # Errors
+    ///
+    /// Never acknowledge the message on an error: let the broker deliver it again.
+    ///
+    /// - [`InboxError::Handler`]: the handler failed (and [`FailurePolicy::Retry`] is in
+    ///   force). The key was released, with the failure kept on its record.
+    /// - [`InboxError::LeaseLost`]: another worker took the key over while the handler ran.
+    ///   The handler's future was dropped at its next await point.
+    /// - [`InboxError::Store`]: the claim failed, or the commit failed after its retries.
+    ///   An outcome the store refuses (too long) is this too.
+    /// - [`InboxError::Outcome`]: the outcome starts with the reserved bytes. Nothing was
+    ///   committed and the key was released.
+    ///
+    /// # Panics
+    ///
+    /// If the handler panics, the key is released (the failure kept on its record). Then
+    /// the panic continues out of this call.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is safe, but not free:
+    /// - Dropped while the handler runs or commits: the lease is released in a background
+    ///   task on the current runtime. The next delivery can claim the key at once. The
+    ///   handler's side effects so far stay.
+    /// - Dropped during the claim: the claim may have taken effect. The key then waits for
+    ///   its lease to expire ([`InboxConfig::lease`], 30 s by default).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedup_core::{Handled, Inbox, InboxError, Key, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// let inbox = Inbox::new(MemoryStore::new());
+    /// let key = Key::new("billing", "order-7")?;
+    ///
+    /// // A failing handler: the key is released for the next delivery.
+    /// let failed = inbox
+    ///     .handle(&key, None, |_lease| async { Err::<Option<Vec<u8>>, _>("card declined") })
+    ///     .await;
+    /// assert!(matches!(failed, Err(InboxError::Handler { .. })));
+    ///
+    /// // The next delivery runs the handler again, as attempt 2.
+    /// let handled = inbox
+    ///     .handle(&key, None, |lease| async move {
+    ///         assert_eq!(lease.attempt, 2);
+    ///         Ok::<_, std::io::Error>(None)
+    ///     })
+    ///     .await?;
+    /// match handled {
+    ///     Handled::Processed { .. } | Handled::Duplicate { .. } => { /* ack */ }
+    ///     Handled::Busy { .. } => { /* nack: redeliver later */ }
+    ///     Handled::Failed { .. } | Handled::DeadLetter { .. } => { /* dead-letter queue */ }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn handle<F, Fut, E>(
         &self,
         key: &Key,

@@ -258,9 +258,47 @@ pub struct OutboxQuery {
     pub limit: usize,
 }
 
-/// The outbox table as a relay and an operator use it. Producers write to it with their
-/// backend's `enqueue`, inside their own transaction; everything after the commit goes
-/// through this trait.
+/// The outbox table as a relay and an operator use it.
+///
+/// Producers write to it with their backend's `enqueue`, inside their own transaction.
+/// Everything after the commit goes through this trait. Most services only hand it to a
+/// [`Relay`](super::Relay). `dedup::open_outbox` opens one from a URL.
+///
+/// # Examples
+///
+/// What a relay does, by hand:
+///
+/// ```
+/// use std::time::Duration;
+/// use dedup_core::outbox::{MemoryOutbox, OutboxMessage, OutboxStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dedup_core::Error> {
+/// let outbox = MemoryOutbox::new();
+/// outbox.enqueue(&[OutboxMessage::new("invoices", "invoice-1", b"{}".to_vec())?])?;
+///
+/// let held = outbox.take(10, Duration::from_secs(30)).await?;
+/// assert_eq!(held.rows.len(), 1);
+/// // ... publish the rows ...
+/// let ids: Vec<i64> = held.rows.iter().map(|row| row.id).collect();
+/// let sent = outbox.mark_sent(&held.token, &ids).await?;
+/// assert_eq!(sent, ids);
+/// assert_eq!(outbox.stats().await?.sent, 1);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// Every method can fail with [`Error::Backend`](crate::Error::Backend) when the storage
+/// fails, and with [`Error::InvalidInput`](crate::Error::InvalidInput) for input out of
+/// range (a zero limit or hold, too many ids). A mark refused because the hold ran out is
+/// not an error: the method answers what it changed.
+///
+/// # Cancel safety
+///
+/// Each method is atomic. A dropped [`take`](Self::take) may have held rows: they are
+/// taken again once the hold runs out. A dropped mark may or may not have marked.
 ///
 /// # Contract
 ///

@@ -51,6 +51,7 @@ impl<'a> UrlParts<'a> {
     /// (`"PostgreSQL"`). `scheme` replaces the URL's own (`mariadb://` is given to the
     /// driver as `mysql://`).
     #[cfg(feature = "server-url")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "server-url")))]
     pub fn server_url(&self, scheme: &str, what: &str) -> Result<String, UrlError> {
         server_url(scheme, self.rest, what)
     }
@@ -58,6 +59,7 @@ impl<'a> UrlParts<'a> {
 
 /// `scheme:rest` checked as a server URL (see [`UrlParts::server_url`]).
 #[cfg(feature = "server-url")]
+#[cfg_attr(docsrs, doc(cfg(feature = "server-url")))]
 pub fn server_url(scheme: &str, rest: &str, what: &str) -> Result<String, UrlError> {
     if !rest.starts_with("//") {
         return Err(malformed(format!("{what} URLs start with {scheme}://")));
