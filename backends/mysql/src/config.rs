@@ -89,6 +89,16 @@ impl MySqlConfig {
         self.tls.validate()
     }
 
+    /// The tables a store on this configuration creates in its database: the records
+    /// table, the outbox table and the outbox's ordering keys table (`<outbox>_keys`). The
+    /// shared `dedup_schema_versions` and `dedup_purge_runs` tables are not among them.
+    /// For a tool that drops a store it made (a test's).
+    pub fn table_names(&self) -> Vec<String> {
+        let outbox = self.outbox_table_name();
+        let keys = crate::outbox_schema::keys_table_name(&outbox);
+        vec![self.table.clone(), outbox, keys]
+    }
+
     /// `` `table` ``, ready to splice into SQL (call [`validate`](Self::validate) first).
     pub(crate) fn quoted_table(&self) -> String {
         format!("`{}`", self.table)

@@ -160,6 +160,24 @@ mod tests {
     }
 
     #[test]
+    fn a_config_names_every_table_its_store_creates() {
+        assert_eq!(
+            MySqlConfig::default().table_names(),
+            [
+                "dedup_inbox",
+                "dedup_inbox_outbox",
+                "dedup_inbox_outbox_keys"
+            ]
+        );
+        let config = MySqlConfig {
+            table: "billing".into(),
+            outbox_table: Some("events".into()),
+            ..MySqlConfig::default()
+        };
+        assert_eq!(config.table_names(), ["billing", "events", "events_keys"]);
+    }
+
+    #[test]
     fn keys_table_names_fit_mysql() {
         assert_eq!(
             keys_table_name("dedup_inbox_outbox"),
