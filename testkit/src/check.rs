@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use dedup_core::RecordState;
+use dedup_core::{RecordState, Verdict};
 
 use crate::consumer::Mode;
 use crate::world::{EffectRec, RunInfo, State, World};
@@ -17,9 +17,25 @@ pub enum Violation {
         /// The message (`m0`, ...).
         message: String,
     },
+    /// Lost: a message that is not poison was rejected: its key holds a stored failure or
+    /// a dead letter, so it is never processed.
+    Rejected {
+        /// The message.
+        message: String,
+        /// What the key holds.
+        verdict: String,
+    },
+    /// A message whose payload is poison ([`Kit::poison`](crate::Kit::poison)) was
+    /// processed: its key holds a handler's outcome, not a stored failure or a dead
+    /// letter.
+    PoisonProcessed {
+        /// The message.
+        message: String,
+    },
     /// Lost: an effect every message must have (see
     /// [`Kit::expect_effect`](crate::Kit::expect_effect) and
-    /// [`Kit::effects_query`](crate::Kit::effects_query)) never happened.
+    /// [`Kit::effects_query`](crate::Kit::effects_query)) never happened. Poison messages
+    /// need none.
     EffectMissing {
         /// The message.
         message: String,
@@ -65,6 +81,14 @@ impl fmt::Display for Violation {
             Violation::NotProcessed { message } => {
                 write!(f, "lost: {message}'s key is not completed in the store")
             }
+            Violation::Rejected { message, verdict } => write!(
+                f,
+                "lost: {message} was rejected ({verdict}), but its payload is not poison"
+            ),
+            Violation::PoisonProcessed { message } => write!(
+                f,
+                "poison: {message}'s payload is poison, yet its key was processed (reject it: store a failure or dead-letter it)"
+            ),
             Violation::EffectMissing { message, effect } => {
                 write!(f, "lost: {message} never got its effect {effect:?}")
             }
@@ -93,11 +117,13 @@ pub(crate) struct Expectations<'a> {
     pub(crate) mode: Mode,
     /// Ledger effects every message must have at least once.
     pub(crate) expected: &'a [String],
-    /// The application's count of an effect in its own tables, by message id.
-    pub(crate) queried: Option<(&'a str, BTreeMap<String, usize>)>,
+    /// The application's counts of effects in its own tables, by effect, then by message
+    /// id.
+    pub(crate) queried: Vec<(&'a str, BTreeMap<String, usize>)>,
+    /// Whether each message's payload is poison.
+    pub(crate) poison: &'a [bool],
 }
 
-/// Check a drained case.
 /// What the checks found: the violations, and how many repeated effects lease mode
 /// excused (for the report).
 pub(crate) struct Checked {
@@ -105,24 +131,45 @@ pub(crate) struct Checked {
     pub(crate) excused: usize,
 }
 
+/// Check a drained case.
 pub(crate) async fn check(world: &World, expect: Expectations<'_>) -> Checked {
     let mut violations = Vec::new();
     let mut excused_total = 0;
-    let mut completed = Vec::new();
+    let mut verdicts = Vec::new();
     for m in 0..world.messages.len() {
-        let done = match world.store.get(&world.key(m)).await {
-            Ok(Some(r)) => matches!(r.state, RecordState::Completed { .. }),
-            _ => false,
+        let verdict = match world.store.get(&world.key(m)).await {
+            Ok(Some(r)) => match r.state {
+                RecordState::Completed { outcome, .. } => Some(Verdict::decode(outcome)),
+                RecordState::InFlight { .. } => None,
+            },
+            _ => None,
         };
-        completed.push(done);
+        verdicts.push(verdict);
     }
     let st = world.lock();
     for (m, message) in world.messages.iter().enumerate() {
         let name = message.name();
-        if !completed[m] {
-            violations.push(Violation::NotProcessed {
+        let poison = expect.poison.get(m).copied().unwrap_or(false);
+        match (&verdicts[m], poison) {
+            (None, _) => violations.push(Violation::NotProcessed {
                 message: name.clone(),
-            });
+            }),
+            (Some(Verdict::Processed(_)), true) => violations.push(Violation::PoisonProcessed {
+                message: name.clone(),
+            }),
+            (Some(Verdict::Failed { message: why, .. }), false) => {
+                violations.push(Violation::Rejected {
+                    message: name.clone(),
+                    verdict: format!("a stored failure: {why}"),
+                })
+            }
+            (Some(Verdict::DeadLetter { attempts, .. }), false) => {
+                violations.push(Violation::Rejected {
+                    message: name.clone(),
+                    verdict: format!("a dead letter after {attempts} attempts"),
+                })
+            }
+            _ => {}
         }
         if st.acks[m] == 0 {
             violations.push(Violation::NeverAcked {
@@ -135,7 +182,7 @@ pub(crate) async fn check(world: &World, expect: Expectations<'_>) -> Checked {
             .filter(|e| e.message == m && e.applied)
             .collect();
         for effect in expect.expected {
-            if !mine.iter().any(|e| &e.name == effect) {
+            if !poison && !mine.iter().any(|e| &e.name == effect) {
                 violations.push(Violation::EffectMissing {
                     message: name.clone(),
                     effect: effect.clone(),
@@ -165,22 +212,24 @@ pub(crate) async fn check(world: &World, expect: Expectations<'_>) -> Checked {
                 excused_total += applied.len() - 1;
             }
         }
-        if let Some((effect, counts)) = &expect.queried {
+        // Lease mode, counted effects (no time of their own): one repeat per run that
+        // started its handler and was interrupted.
+        let allowed = match expect.mode {
+            Mode::Tx => 0,
+            Mode::Lease => st
+                .runs
+                .iter()
+                .filter(|r| r.message == m && r.entered && interrupted_anywhere(r))
+                .count(),
+        };
+        for (effect, counts) in &expect.queried {
             let times = counts.get(message.id()).copied().unwrap_or(0);
-            if times == 0 {
+            if times == 0 && !poison {
                 violations.push(Violation::EffectMissing {
                     message: name.clone(),
                     effect: (*effect).to_owned(),
                 });
             }
-            let allowed = match expect.mode {
-                Mode::Tx => 0,
-                Mode::Lease => st
-                    .runs
-                    .iter()
-                    .filter(|r| r.message == m && r.entered && interrupted_anywhere(r))
-                    .count(),
-            };
             if times >= 2 && times - 1 > allowed {
                 violations.push(Violation::EffectRepeated {
                     message: name.clone(),
@@ -198,7 +247,6 @@ pub(crate) async fn check(world: &World, expect: Expectations<'_>) -> Checked {
         excused: excused_total,
     }
 }
-
 /// Lease mode: an effect made without an idempotency key by a run that did not complete
 /// its key and was interrupted after the effect (killed, a later failure, a release).
 fn excused(st: &State, e: &EffectRec) -> bool {

@@ -14,19 +14,28 @@ use crate::world::{Actor, Interrupted, Point, World};
 
 /// One message of a case. Its [`id`](Self::id) is unique to the case (the kit runs every
 /// case against the same store, so ids never repeat across cases or runs); its
-/// [`index`](Self::index) is its number in the schedule (`m0`, `m1`, ...).
+/// [`index`](Self::index) is its number in the schedule (`m0`, `m1`, ...); its
+/// [`payload`](Self::payload) comes from [`Kit::payloads`](crate::Kit::payloads).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Message {
     id: String,
     index: usize,
+    payload: Vec<u8>,
 }
 
 impl Message {
-    pub(crate) fn new(prefix: &str, index: usize) -> Self {
+    pub(crate) fn new(prefix: &str, index: usize, payload: Vec<u8>) -> Self {
         Message {
             id: format!("{prefix}-m{index}"),
             index,
+            payload,
         }
+    }
+
+    /// The message's body: drawn from the [`Kit::payloads`](crate::Kit::payloads)
+    /// generator, empty without one. Every delivery of the message carries the same.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
     }
 
     /// The message id (the key's message id; use it as the business id too, e.g. the
@@ -153,20 +162,15 @@ impl Effects {
         self.world.entered(&self.actor, lease, true);
     }
 
-    /// Transactional shells: the stopping point after the handler, before the commit.
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
+    /// The sqlx shell: the stopping point after the handler, before the commit.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) async fn before_tx_commit(&self) -> Result<(), Interrupted> {
         self.world.gate(&self.actor, Point::TxCommit, true).await
     }
 
-    /// [`before_tx_commit`](Self::before_tx_commit) from a blocking thread.
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
+    /// The SQLite shell: the stopping point after the handler, before the commit, from a
+    /// blocking thread.
+    #[cfg(feature = "sqlite")]
     pub(crate) fn before_tx_commit_blocking(&self) -> Result<(), Interrupted> {
         self.world.gate_blocking(&self.actor, Point::TxCommit, true)
     }

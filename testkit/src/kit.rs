@@ -11,22 +11,15 @@ use std::time::{Duration, Instant};
 use dedup_core::backend::names::sql_identifier;
 use dedup_core::{BoxError, DedupStore, Error, InboxConfig, Key, ManualClock};
 use futures::future::BoxFuture;
+use proptest::strategy::{Just, SBoxedStrategy, Strategy};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
-use crate::check::{self, Expectations, Violation};
-use crate::consumer::{Consumer, Message};
+use crate::bench::{Bench, Tally};
+use crate::consumer::Consumer;
 use crate::report::{Failure, Report};
-use crate::run::Driver;
 use crate::schedule::Schedule;
 use crate::seed::{SEED_ENV, bad_seed, hex, parse_seed, random_seed, random_u64};
 use crate::setup::{Cleanups, Rig, Setup};
-use crate::world::World;
-
-/// The most runs spent simplifying a schedule proptest shrank.
-const MINIMIZE_RUNS: usize = 2_000;
-
-/// The most runs spent looking for a counter-example of at most two steps.
-const SMALL_RUNS: usize = 400;
 
 /// The renewal interval the kit gives inboxes: never, within a run (the kit renews live
 /// workers' leases itself when it moves the clock).
@@ -37,6 +30,9 @@ type Query = Arc<
         + Send
         + Sync,
 >;
+
+/// Whether a payload is poison ([`Kit::poison`]).
+type IsPoison = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 /// The store and the consumer a run tests (what a [`Kit::run_with`] setup returns).
 pub struct Subject<C> {
@@ -53,28 +49,51 @@ impl<C> fmt::Debug for Subject<C> {
     }
 }
 
-/// A property test of an application's consumer: generates schedules (messages, duplicate
-/// deliveries, concurrent workers, kills, injected failures, expiring leases), runs the
-/// consumer under each, checks that nothing is lost and no effect repeats beyond what the
-/// mode allows, and on failure shrinks to the smallest schedule and tells its story.
+/// A property test of an application's consumer.
 ///
-/// Defaults: 256 cases; up to 3 messages, 3 workers and 24 steps per case; the
-/// [`InboxConfig`] default (its 30-second lease, on the kit's clock); consumer name
-/// `testkit`; a [`MemoryStore`](dedup_core::MemoryStore) on the kit's clock; a fresh random seed (or
-/// [`SEED_ENV`]).
+/// The kit generates schedules: messages, duplicate deliveries, concurrent workers,
+/// kills, injected failures, expiring leases. It runs the consumer under each. It checks
+/// that nothing is lost, and that no effect repeats beyond what the mode allows. On a
+/// failure it shrinks the schedule to the smallest one and tells its story.
+///
+/// The defaults:
+/// - 256 cases, each with up to 3 messages, 3 workers and 24 steps;
+/// - the [`InboxConfig`] default (its 30-second lease, on the kit's clock);
+/// - the consumer name `testkit`;
+/// - a [`MemoryStore`](dedup_core::MemoryStore) on the kit's clock;
+/// - a fresh random seed, or the one in [`SEED_ENV`].
+///
+/// # Examples
+///
+/// ```
+/// use dedup_testkit::{Kit, lease};
+///
+/// // In a #[test]: it panics with the failure's story.
+/// let report = Kit::new()
+///     .cases(16)
+///     .expect_effect("charge") // every message must be charged
+///     .check(lease(|_message, lease, fx| async move {
+///         // The payment provider dedupes by the lease's idempotency key.
+///         fx.call_with_key("charge", &lease.idempotency_key()).await?;
+///         Ok(Some(b"charged".to_vec()))
+///     }));
+/// assert_eq!(report.cases, 16);
+/// ```
 #[derive(Clone)]
 pub struct Kit {
     cases: u32,
     max_messages: usize,
     max_workers: usize,
     max_steps: usize,
-    failures: bool,
+    pub(crate) failures: bool,
     seed: Option<[u8; 32]>,
     config: InboxConfig,
-    consumer_name: String,
+    pub(crate) consumer_name: String,
     named_tables: Option<(String, String)>,
-    expected: Vec<String>,
-    query: Option<(String, Query)>,
+    pub(crate) expected: Vec<String>,
+    pub(crate) queries: Vec<(String, Query)>,
+    payloads: Option<SBoxedStrategy<Vec<u8>>>,
+    pub(crate) poison: Option<IsPoison>,
 }
 
 impl fmt::Debug for Kit {
@@ -86,6 +105,12 @@ impl fmt::Debug for Kit {
             .field("max_steps", &self.max_steps)
             .field("config", &self.config)
             .field("expected", &self.expected)
+            .field(
+                "queried",
+                &self.queries.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("payloads", &self.payloads.is_some())
+            .field("poison", &self.poison.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -110,7 +135,9 @@ impl Kit {
             consumer_name: "testkit".to_owned(),
             named_tables: None,
             expected: Vec::new(),
-            query: None,
+            queries: Vec::new(),
+            payloads: None,
+            poison: None,
         }
     }
 
@@ -145,8 +172,11 @@ impl Kit {
         self
     }
 
-    /// Replay a run: the seed a failure printed (64 hex digits); anything else is
-    /// [`Error::InvalidInput`].
+    /// Replays a run, from the seed a failure printed (64 hex digits).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for anything but 64 hex digits.
     pub fn seed(mut self, hex: &str) -> Result<Self, Error> {
         self.seed = Some(parse_seed(hex).ok_or_else(|| bad_seed(hex))?);
         Ok(self)
@@ -161,21 +191,28 @@ impl Kit {
         self
     }
 
-    /// The consumer name of the keys (`Key::new(name, message id)`); a name a [`Key`]
-    /// refuses is [`Error::InvalidInput`].
+    /// The consumer name of the keys: `Key::new(name, message id)`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a name a [`Key`] refuses.
     pub fn consumer_name(mut self, name: &str) -> Result<Self, Error> {
         Key::new(name, "m")?;
         self.consumer_name = name.to_owned();
         Ok(self)
     }
 
-    /// Run on the tables `inbox` and `outbox` instead of the kit's own: an explicit opt-in,
-    /// for a copy of your service's schema (never the live tables a running service or its
-    /// relay reads: the kit's clock runs hours ahead, and the kit's messages would be
-    /// relayed). [`Setup::sqlite`] and [`Setup::postgres`] open the store on them; the kit
-    /// does not drop them after the run. Names that are not safe SQL identifiers (ASCII
-    /// letters, digits and `_`, at most 63 bytes), or twice the same name, are
-    /// [`Error::InvalidInput`].
+    /// Runs on the tables `inbox` and `outbox` instead of the kit's own.
+    ///
+    /// It is an explicit opt-in, for a copy of your service's schema. Never give it the
+    /// live tables a running service or its relay reads: the kit's clock runs hours ahead,
+    /// and the kit's messages would be relayed. [`Setup::sqlite`] and [`Setup::postgres`]
+    /// open the store on them. The kit does not drop them after the run.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a name that is not a safe SQL identifier (ASCII
+    /// letters, digits and `_`, at most 63 bytes), or the same name twice.
     pub fn named_tables(mut self, inbox: &str, outbox: &str) -> Result<Self, Error> {
         sql_identifier("inbox table", inbox)?;
         sql_identifier("outbox table", outbox)?;
@@ -190,22 +227,84 @@ impl Kit {
     }
 
     /// Every message must get the ledger effect `name` at least once (nothing lost).
+    /// Expecting a name twice is expecting it once.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is already an [`effects_query`](Self::effects_query)'s: a violation
+    /// naming it could not say which of the two broke.
     pub fn expect_effect(mut self, name: &str) -> Self {
-        self.expected.push(name.to_owned());
+        if let Err(e) = self.name_is_free(name, "expect_effect") {
+            panic!("dedup-testkit: {e}");
+        }
+        if !self.expected.iter().any(|e| e == name) {
+            self.expected.push(name.to_owned());
+        }
         self
     }
 
     /// An effect the application keeps in its own tables: `count` gets the case's message
     /// ids and answers how many times the effect happened for each (a `SELECT ... GROUP BY`
     /// over its tables). Every message must have it at least once; how often it may
-    /// repeat follows the mode.
-    pub fn effects_query<F, Fut>(mut self, name: &str, count: F) -> Self
+    /// repeat follows the mode. Register as many as the handler has effects: the kit runs
+    /// every query after each case and checks each effect on its own, and a violation
+    /// names the effect. A name already used by another query or by
+    /// [`expect_effect`](Self::expect_effect) is [`Error::InvalidInput`].
+    pub fn effects_query<F, Fut>(mut self, name: &str, count: F) -> Result<Self, Error>
     where
         F: Fn(Vec<String>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<BTreeMap<String, usize>, BoxError>> + Send + 'static,
     {
+        self.name_is_free(name, "effects_query")?;
+        if self.expected.iter().any(|e| e == name) {
+            return Err(Error::invalid(
+                "effects_query",
+                format!(
+                    "{name:?} is already an expect_effect's name: give the queried effect another"
+                ),
+            ));
+        }
         let query: Query = Arc::new(move |ids| Box::pin(count(ids)));
-        self.query = Some((name.to_owned(), query));
+        self.queries.push((name.to_owned(), query));
+        Ok(self)
+    }
+
+    /// Refuse `name` if an effects query has it.
+    fn name_is_free(&self, name: &str, by: &'static str) -> Result<(), Error> {
+        if self.queries.iter().any(|(n, _)| n == name) {
+            return Err(Error::invalid(
+                by,
+                format!("{name:?} is already an effects_query's name: each effect needs its own"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Give each message a payload drawn from `strategy` (by default a message's payload is
+    /// empty). The handler reads it as [`Message::payload`]. Draw malformed payloads too, and
+    /// say which are poison with [`poison`](Self::poison): the run then tests how the
+    /// consumer handles them. A failure shrinks the payloads with the schedule and prints
+    /// them.
+    pub fn payloads<S>(mut self, strategy: S) -> Self
+    where
+        S: Strategy<Value = Vec<u8>> + Send + Sync + 'static,
+    {
+        self.payloads = Some(strategy.sboxed());
+        self
+    }
+
+    /// Which payloads are poison: messages no retry can process, which the consumer must
+    /// reject. For a poison message the kit expects its key to end rejected (a stored
+    /// failure, [`FailurePolicy::Store`](dedup_core::FailurePolicy::Store), or a dead
+    /// letter) and the delivery acknowledged; it expects none of its effects, and still
+    /// checks that none repeats beyond what the mode allows. Every other message must end
+    /// processed: a stored failure or a dead letter for it is a lost message. Without this,
+    /// no payload is poison.
+    pub fn poison<F>(mut self, is_poison: F) -> Self
+    where
+        F: Fn(&[u8]) -> bool + Send + Sync + 'static,
+    {
+        self.poison = Some(Arc::new(is_poison));
         self
     }
 
@@ -220,11 +319,21 @@ impl Kit {
     }
 
     /// [`run`](Self::run), panicking with the failure's story: for `#[test]`s.
+    ///
+    /// # Panics
+    ///
+    /// When the consumer broke a guarantee, with the story of the smallest schedule. Also
+    /// as [`run_with`](Self::run_with).
     pub fn check<C: Consumer>(self, consumer: C) -> Report {
         self.run(consumer).unwrap_or_else(|f| panic!("{f}"))
     }
 
     /// [`run_with`](Self::run_with), panicking with the failure's story.
+    ///
+    /// # Panics
+    ///
+    /// When the consumer broke a guarantee, with the story of the smallest schedule. Also
+    /// as [`run_with`](Self::run_with).
     pub fn check_with<C, F, Fut>(self, setup: F) -> Report
     where
         C: Consumer,
@@ -234,7 +343,16 @@ impl Kit {
         self.run_with(setup).unwrap_or_else(|f| panic!("{f}"))
     }
 
-    /// Run `consumer` on a [`MemoryStore`](dedup_core::MemoryStore) on the kit's clock.
+    /// Runs `consumer` on a [`MemoryStore`](dedup_core::MemoryStore) on the kit's clock.
+    ///
+    /// # Errors
+    ///
+    /// A [`Failure`] when the consumer broke a guarantee. It holds the smallest schedule,
+    /// its story and the seed that replays it.
+    ///
+    /// # Panics
+    ///
+    /// As [`run_with`](Self::run_with).
     pub fn run<C: Consumer>(self, consumer: C) -> Result<Report, Box<Failure>> {
         self.run_with(|setup| async move {
             Ok(Subject {
@@ -244,15 +362,28 @@ impl Kit {
         })
     }
 
-    /// Run the consumer and store `setup` builds, on the kit's runtime (a current-thread
-    /// tokio runtime: build connection pools there), from the kit's [`Setup`]: its clock
-    /// (so expiring leases is the kit's to decide) and its own tables, fresh per run and
-    /// dropped after it. Build the store with [`Setup::sqlite`], [`Setup::postgres`] or
-    /// [`Setup::memory_store`]. Every case runs against this one store (message ids are
-    /// unique per case), so your service's database works: the kit's tables sit beside
-    /// the service's, which it never writes.
+    /// Runs the consumer and store that `setup` builds.
     ///
-    /// Panics if `setup` fails (the test cannot run); what it created is dropped first.
+    /// `setup` runs on the kit's runtime, a current-thread tokio runtime: build connection
+    /// pools there. It gets the kit's [`Setup`]: its clock, so expiring leases is the
+    /// kit's to decide, and its own tables, fresh per run and dropped after it. Build the
+    /// store with [`Setup::sqlite`], [`Setup::postgres`] or [`Setup::memory_store`].
+    ///
+    /// Every case runs against this one store; message ids are unique per case. So your
+    /// service's database works: the kit's tables sit beside the service's, which it
+    /// never writes.
+    ///
+    /// # Errors
+    ///
+    /// A [`Failure`] when the consumer broke a guarantee, as [`run`](Self::run).
+    ///
+    /// # Panics
+    ///
+    /// The test cannot run, so it panics:
+    /// - when `setup` fails (what it created is dropped first);
+    /// - when called inside a tokio runtime (the kit runs its own);
+    /// - when [`SEED_ENV`] holds something other than a seed;
+    /// - when an [`effects_query`](Self::effects_query) fails.
     pub fn run_with<C, F, Fut>(self, setup: F) -> Result<Report, Box<Failure>>
     where
         C: Consumer,
@@ -309,25 +440,22 @@ impl Kit {
             },
             TestRng::from_seed(RngAlgorithm::ChaCha, &seed),
         );
-        let strategy = Schedule::strategy(
+        let schedules = Schedule::strategy(
             self.max_messages,
             self.max_workers,
             self.max_steps,
             self.failures,
         );
-        let tally = std::sync::Mutex::new((BTreeMap::new(), BTreeMap::new(), 0));
-        let result = runner.run(&strategy, |schedule| {
-            let ran = bench.case(&schedule);
-            {
-                let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-                for k in &ran.kills_at {
-                    *t.0.entry(k.clone()).or_insert(0) += 1;
-                }
-                for f in &ran.failures_at {
-                    *t.1.entry(f.clone()).or_insert(0) += 1;
-                }
-                t.2 += ran.excused;
-            }
+        // One payload per message the schedule may have, drawn after the schedule (so
+        // proptest shrinks the schedule first). Without a generator every payload is empty.
+        let payloads = match &self.payloads {
+            Some(p) => proptest::collection::vec(p.clone(), self.max_messages).sboxed(),
+            None => Just(Vec::new()).sboxed(),
+        };
+        let tally = std::sync::Mutex::new(Tally::default());
+        let result = runner.run(&(schedules, payloads), |(schedule, payloads)| {
+            let ran = bench.case(&schedule, &payloads);
+            tally.lock().unwrap_or_else(|p| p.into_inner()).add(&ran);
             if ran.violations.is_empty() {
                 Ok(())
             } else {
@@ -341,25 +469,29 @@ impl Kit {
             }
         });
         let cases_run = bench.cases.load(Ordering::SeqCst);
-        let (kills, failures, excused_repeats) =
-            tally.into_inner().unwrap_or_else(|p| p.into_inner());
+        let tally = tally.into_inner().unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(()) => Ok(Report {
                 cases: self.cases,
                 runs: cases_run,
                 seed: hex(&seed),
                 elapsed: started.elapsed(),
-                kills,
-                failures,
-                excused_repeats,
+                kills: tally.kills,
+                failures: tally.failures,
+                excused_repeats: tally.excused,
+                poison_messages: tally.poison,
             }),
-            Err(TestError::Fail(reason, schedule)) => {
+            Err(TestError::Fail(reason, (schedule, payloads))) => {
                 // proptest shrinks a tuple's parts once each, in order; finish the job
                 // greedily (runs take milliseconds), then run the result once more for
                 // its story.
-                let schedule = bench.minimize(schedule);
-                let again = bench.case(&schedule);
+                let schedule = bench.minimize(schedule, &payloads);
+                let again = bench.case(&schedule, &payloads);
+                let mut payloads = payloads;
+                payloads.truncate(schedule.messages);
                 Err(Box::new(Failure {
+                    payloads,
+                    poison: again.poison,
                     seed: hex(&seed),
                     reproduced: !again.violations.is_empty(),
                     violations: again.violations,
@@ -374,136 +506,6 @@ impl Kit {
                 panic!("dedup-testkit: proptest aborted the run: {reason}")
             }
         }
-    }
-}
-
-/// What one run of a case produced.
-struct Ran {
-    violations: Vec<Violation>,
-    excused: usize,
-    story: Vec<String>,
-    kills_at: Vec<String>,
-    failures_at: Vec<String>,
-}
-
-/// Everything a run's cases share.
-struct Bench {
-    clock: Arc<ManualClock>,
-    store: Arc<dyn DedupStore>,
-    consumer: Arc<dyn Consumer>,
-    config: InboxConfig,
-    kit: Kit,
-    nonce: String,
-    cases: AtomicU64,
-    /// Last: the store and the consumer (connection pools) drop while its runtime still
-    /// runs, then it drops the kit's tables.
-    rig: Rig,
-}
-
-impl Bench {
-    /// Take any simpler schedule that still fails, until none does.
-    fn minimize(&self, mut schedule: Schedule) -> Schedule {
-        let mut budget = MINIMIZE_RUNS;
-        'simpler: loop {
-            for candidate in schedule.simpler() {
-                if budget == 0 {
-                    break 'simpler;
-                }
-                budget -= 1;
-                if !self.case(&candidate).violations.is_empty() {
-                    schedule = candidate;
-                    continue 'simpler;
-                }
-            }
-            break;
-        }
-        // A greedy pass can stop in a local minimum (a smaller counter-example needs two
-        // changes at once); every schedule of at most two steps, smallest first, finds the
-        // tiny ones.
-        let mut budget = SMALL_RUNS;
-        for candidate in Schedule::small(
-            schedule.messages,
-            schedule.workers,
-            self.kit.failures,
-            schedule.size(),
-        ) {
-            if budget == 0 {
-                break;
-            }
-            budget -= 1;
-            if !self.case(&candidate).violations.is_empty() {
-                return candidate;
-            }
-        }
-        schedule
-    }
-
-    fn case(&self, schedule: &Schedule) -> Ran {
-        let n = self.cases.fetch_add(1, Ordering::SeqCst);
-        let prefix = format!("{}-{n}", self.nonce);
-        let messages: Vec<Message> = (0..schedule.messages)
-            .map(|i| Message::new(&prefix, i))
-            .collect();
-        let world = Arc::new(World::new(
-            Arc::clone(&self.clock),
-            Arc::clone(&self.store),
-            self.config.clone(),
-            self.kit.consumer_name.clone(),
-            messages,
-            schedule.workers,
-        ));
-        self.rig.runtime.block_on(async {
-            let mut driver = Driver::new(
-                Arc::clone(&world),
-                Arc::clone(&self.consumer),
-                schedule.workers,
-            );
-            driver.run(schedule).await;
-            let panicked = world.lock().panics.first().cloned();
-            let halted = match (panicked, driver.stuck.take()) {
-                (Some((worker, detail)), _) => Some(Violation::Panicked { worker, detail }),
-                (None, Some(detail)) => Some(Violation::Stuck { detail }),
-                (None, None) => None,
-            };
-            if let Some(violation) = halted {
-                driver.abort();
-                let st = world.lock();
-                return Ran {
-                    violations: vec![violation],
-                    excused: 0,
-                    story: st.story.clone(),
-                    kills_at: st.kills_at.clone(),
-                    failures_at: st.failures_at.clone(),
-                };
-            }
-            let queried = match &self.kit.query {
-                Some((name, count)) => {
-                    let ids = world.messages.iter().map(|m| m.id().to_owned()).collect();
-                    match count(ids).await {
-                        Ok(counts) => Some((name.as_str(), counts)),
-                        Err(e) => panic!("dedup-testkit: the effects query failed: {e}"),
-                    }
-                }
-                None => None,
-            };
-            let checked = check::check(
-                &world,
-                Expectations {
-                    mode: self.consumer.mode(),
-                    expected: &self.kit.expected,
-                    queried,
-                },
-            )
-            .await;
-            let st = world.lock();
-            Ran {
-                violations: checked.violations,
-                excused: checked.excused,
-                story: st.story.clone(),
-                kills_at: st.kills_at.clone(),
-                failures_at: st.failures_at.clone(),
-            }
-        })
     }
 }
 

@@ -90,6 +90,9 @@
 //! when it fails or panics), so the kit's clock never stamps a row of the service's own
 //! inbox or outbox; [`Kit::named_tables`] opts in to tables of your choosing.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod bench;
 mod check;
 mod consumer;
 mod gated;
@@ -106,17 +109,23 @@ mod world;
 pub use check::Violation;
 pub use consumer::{Consumer, Cx, Effects, LeaseConsumer, Message, Mode, lease};
 pub use kit::{Kit, Subject};
+/// The proptest the kit runs on, for [`Kit::payloads`] strategies.
+pub use proptest;
 pub use report::{Failure, Report};
 pub use schedule::{Schedule, Step};
 pub use seed::SEED_ENV;
 pub use setup::Setup;
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use tx::{MySqlTx, mysql_tx};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use tx::{PostgresTx, postgres_tx};
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use tx::{SqliteTx, sqlite_tx};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use tx::{SqlxTx, sqlx_tx};
 pub use world::{InterruptKind, Interrupted, Point};
 

@@ -27,6 +27,9 @@ pub struct Report {
     /// Lease mode: repeated effects the mode excused over all cases (each made by a run
     /// interrupted between the effect and its commit). Transactional mode: always 0.
     pub excused_repeats: usize,
+    /// Messages over all cases whose payload was poison ([`Kit::poison`](crate::Kit::poison)):
+    /// how much of the run tested the consumer's poison handling.
+    pub poison_messages: u64,
 }
 
 /// A broken guarantee: the smallest schedule proptest shrank the failure to, what it
@@ -39,6 +42,11 @@ pub struct Failure {
     pub mode: crate::Mode,
     /// The smallest failing schedule.
     pub schedule: Schedule,
+    /// Each message's payload in that schedule ([`Kit::payloads`](crate::Kit::payloads));
+    /// empty without a generator.
+    pub payloads: Vec<Vec<u8>>,
+    /// Whether each message's payload is poison ([`Kit::poison`](crate::Kit::poison)).
+    pub poison: Vec<bool>,
     /// What it broke (empty if the rerun for the story did not fail again: see
     /// [`reproduced`](Self::reproduced)).
     pub violations: Vec<Violation>,
@@ -72,6 +80,14 @@ impl fmt::Display for Failure {
             writeln!(f, "  {v}")?;
         }
         writeln!(f, "smallest schedule: {}", self.schedule)?;
+        for (i, payload) in self.payloads.iter().enumerate() {
+            let poison = if self.poison.get(i) == Some(&true) {
+                " (poison)"
+            } else {
+                ""
+            };
+            writeln!(f, "  m{i}'s payload: {}{poison}", shown(payload))?;
+        }
         writeln!(f, "what happened:")?;
         for (i, line) in self.story.iter().enumerate() {
             writeln!(f, "  {:>3}. {line}", i + 1)?;
@@ -85,3 +101,17 @@ impl fmt::Display for Failure {
 }
 
 impl std::error::Error for Failure {}
+
+/// The most bytes of a payload a failure prints.
+const SHOWN_BYTES: usize = 64;
+
+/// `payload` as a byte string literal (`b"..."`, escaped), cut after [`SHOWN_BYTES`].
+fn shown(payload: &[u8]) -> String {
+    let cut = payload.len().min(SHOWN_BYTES);
+    let more = if cut < payload.len() {
+        format!("... ({} bytes)", payload.len())
+    } else {
+        String::new()
+    };
+    format!("b\"{}\"{more}", payload[..cut].escape_ascii())
+}

@@ -25,6 +25,7 @@ mod sqlite {
         /// `config`, on the kit's tables and clock: `config.table`, `config.outbox_table`
         /// and `config.clock` are replaced, the rest is kept. Unless the tables are
         /// [named](crate::Kit::named_tables), they are dropped after the run.
+        #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
         pub async fn sqlite(
             &self,
             path: impl AsRef<Path>,
@@ -147,6 +148,7 @@ mod postgres {
         /// `config`, on the kit's tables (in `config.schema`) and clock: `config.table`,
         /// `config.outbox_table` and `config.clock` are replaced, the rest is kept. Unless
         /// the tables are [named](crate::Kit::named_tables), they are dropped after the run.
+        #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
         pub async fn postgres(
             &self,
             url: &str,
@@ -274,17 +276,19 @@ mod mysql {
 
     impl Setup {
         /// Connect to the MySQL / MariaDB database at `url` (your service's, or a copy)
-        /// with `config`, on the kit's inbox table and clock: `config.table` and
-        /// `config.clock` are replaced, the rest is kept. Unless the tables are
-        /// [named](crate::Kit::named_tables), the table and its rows in the versions and
-        /// purge runs tables are dropped after the run. Those two tables stay: MySQL commits DDL
-        /// at once, so dropping it could race another node's migration recording its row.
+        /// with `config`, on the kit's tables and clock: `config.table`,
+        /// `config.outbox_table` and `config.clock` are replaced, the rest is kept. Unless
+        /// the tables are [named](crate::Kit::named_tables), every table the store created
+        /// (its records, its outbox and the outbox's ordering keys:
+        /// [`MySqlConfig::table_names`]) and their rows in the versions and purge runs
+        /// tables are dropped after the run. Those two tables stay: MySQL commits DDL at
+        /// once, so dropping them could race another node's migration recording its row.
         pub async fn mysql(&self, url: &str, config: MySqlConfig) -> Result<MySqlStore, Error> {
-            let inbox = self.inbox_table().to_owned();
             let store = MySqlStore::connect_with(
                 url,
                 MySqlConfig {
-                    table: inbox.clone(),
+                    table: self.inbox_table().to_owned(),
+                    outbox_table: Some(self.outbox_table().to_owned()),
                     clock: Some(self.clock()),
                     ..config
                 },
@@ -292,10 +296,11 @@ mod mysql {
             .await?;
             if self.owns_tables() {
                 let pool = store.pool().clone();
+                let tables = store.config().table_names();
                 self.on_cleanup(move || async move {
-                    if let Err(e) = drop_table(&pool, &inbox).await {
+                    if let Err(e) = drop_tables(&pool, &tables).await {
                         eprintln!(
-                            "dedup-testkit: could not drop the kit's table {inbox:?}: {e}; drop it by hand"
+                            "dedup-testkit: could not drop the kit's tables {tables:?}: {e}; drop them by hand"
                         );
                     }
                     pool.close().await;
@@ -305,19 +310,23 @@ mod mysql {
         }
     }
 
-    /// Drop the kit's table, then its versions and purge runs rows (each statement commits
-    /// on its own).
-    async fn drop_table(pool: &MySqlPool, inbox: &str) -> Result<(), sqlx::Error> {
-        sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{inbox}`")))
-            .execute(pool)
-            .await?;
+    /// Drop the kit's tables, then their versions and purge runs rows (each statement
+    /// commits on its own).
+    async fn drop_tables(pool: &MySqlPool, tables: &[String]) -> Result<(), sqlx::Error> {
+        for table in tables {
+            sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{table}`")))
+                .execute(pool)
+                .await?;
+        }
+        let marks = vec!["?"; tables.len()].join(", ");
         for shared in [SCHEMA_VERSIONS_TABLE, PURGE_RUNS_TABLE] {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {shared} WHERE table_name = ?"
-            )))
-            .bind(inbox)
-            .execute(pool)
-            .await?;
+            let mut delete = sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {shared} WHERE table_name IN ({marks})"
+            )));
+            for table in tables {
+                delete = delete.bind(table);
+            }
+            delete.execute(pool).await?;
         }
         Ok(())
     }

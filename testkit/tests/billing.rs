@@ -80,6 +80,7 @@ fn billing_in_lease_mode_passes_on_sqlite() {
         .cases(256)
         .expect_effect("charge")
         .effects_query("invoice", invoices(db.clone()))
+        .expect("each effect has its own name")
         .check_with(|setup| async move {
             let store = store(&path, setup).await?;
             let db = path.clone();
@@ -121,6 +122,7 @@ fn billing_tx(
         .cases(cases)
         .expect_effect("charge")
         .effects_query("invoice", invoices(db.clone()))
+        .expect("each effect has its own name")
         .run_with(|setup| async move {
             let store = store(&path, setup).await?;
             Ok(Subject {

@@ -88,3 +88,40 @@ fn a_bad_seed_or_consumer_name_is_a_typed_error() {
     assert!(e.is_invalid_input(), "{e}");
     assert!(Kit::new().consumer_name("billing").is_ok());
 }
+
+/// An effects query that counts nothing.
+fn no_counts(
+    _ids: Vec<String>,
+) -> futures::future::Ready<Result<std::collections::BTreeMap<String, usize>, BoxError>> {
+    futures::future::ready(Ok(Default::default()))
+}
+
+#[test]
+fn an_effect_name_registered_twice_is_a_typed_error() {
+    let kit = Kit::new()
+        .effects_query("invoice", no_counts)
+        .expect("a first name");
+    let e = kit
+        .clone()
+        .effects_query("invoice", no_counts)
+        .expect_err("the same query name twice");
+    assert!(e.is_invalid_input(), "{e}");
+    assert!(e.to_string().contains("\"invoice\""), "{e}");
+    // A ledger effect and a queried one of the same name: a violation could not say which.
+    let e = Kit::new()
+        .expect_effect("charge")
+        .effects_query("charge", no_counts)
+        .expect_err("a ledger effect's name");
+    assert!(e.is_invalid_input(), "{e}");
+    let other = kit.effects_query("event", no_counts);
+    assert!(other.is_ok(), "another name is fine");
+}
+
+#[test]
+#[should_panic(expected = "\"invoice\" is already an effects_query's name")]
+fn expecting_a_queried_effect_in_the_ledger_panics() {
+    let _ = Kit::new()
+        .effects_query("invoice", no_counts)
+        .expect("a first name")
+        .expect_effect("invoice");
+}

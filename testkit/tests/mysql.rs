@@ -68,6 +68,7 @@ fn run(
                     )
                 }
             })
+            .expect("each effect has its own name")
             .run_with(|setup| async move {
                 let store = setup.mysql(&url, MySqlConfig::default()).await?;
                 invoices_table(store.pool(), table).await?;

@@ -204,6 +204,7 @@ fn pg_kit_run(url: String, schema: String, cases: u32) {
                 Ok::<_, BoxError>(rows.into_iter().map(|(id, n)| (id, n as usize)).collect())
             }
         })
+        .expect("each effect has its own name")
         .check_with(|setup| async move {
             assert!(setup.owns_tables());
             assert!(setup.inbox_table().starts_with("dedup_testkit_"));
@@ -383,6 +384,7 @@ fn a_run_leaves_an_sqlite_service_untouched() {
                 Ok::<_, BoxError>(counts)
             })())
         })
+        .expect("each effect has its own name")
         .check_with(|setup| async move {
             let store = setup.sqlite(&path, SqliteConfig::default()).await?;
             let _ = outbox_table.set(setup.outbox_table().to_owned());
@@ -481,6 +483,7 @@ fn a_panic_inside_the_run_still_drops_the_tables() {
                     "the query's table is missing".into(),
                 ))
             })
+            .expect("each effect has its own name")
             .check_with(|setup| async move {
                 let store = setup.sqlite(&path, SqliteConfig::default()).await?;
                 Ok(Subject {
@@ -491,7 +494,10 @@ fn a_panic_inside_the_run_still_drops_the_tables() {
     }));
     let story = panicked.expect_err("the query's failure panics");
     let story = story.downcast_ref::<String>().cloned().unwrap_or_default();
-    assert!(story.contains("the effects query failed"), "{story}");
+    assert!(
+        story.contains("the effects query \"broken\" failed"),
+        "{story}"
+    );
     let left = sqlite_snapshot(&db);
     assert_eq!(
         left.iter()

@@ -62,6 +62,7 @@ fn run(
                     )
                 }
             })
+            .expect("each effect has its own name")
             .run_with(|setup| async move {
                 let store = setup
                     .postgres(
