@@ -17,64 +17,83 @@ use crate::blocking::blocking;
 use crate::error::{BACKEND, backend, is_conflict, is_transient};
 use crate::store::SqliteStore;
 
-/// Runs synchronous handlers inside a SQLite transaction, at most once per key, with the
-/// inbox row committing together with the handler's own writes.
+/// Runs synchronous handlers inside a SQLite transaction, at most once per key.
+///
+/// The inbox row commits together with the handler's own writes. A duplicate delivery
+/// finds the key done, so the handler's writes never happen twice.
 ///
 /// [`handle`](Self::handle) answers the same [`Handled`] as the lease-mode
 /// [`Inbox`](dedup_core::Inbox), so the acknowledgement code is the same in both modes.
-/// How a delivery runs, how the attempt count survives a rollback and a crashed worker,
-/// and what it costs (one lease-mode claim, committed on its own, then the handler's
-/// `BEGIN IMMEDIATE` transaction ended by [`commit_in_tx`](SqliteStore::commit_in_tx): two
-/// write transactions, so two disk flushes, per message) is in [`TxEngine`]'s docs.
+/// [`TxEngine`]'s docs say how a delivery runs, and how the attempt count survives a
+/// rollback and a crashed worker. They also say what it costs. Here: one lease-mode
+/// claim, committed on its own, then the handler's `BEGIN IMMEDIATE` transaction, ended
+/// by [`commit_in_tx`](SqliteStore::commit_in_tx). That is two write transactions, so
+/// two disk flushes, per message.
 ///
-/// The handler runs on tokio's blocking pool (never in place), on a connection of the
-/// inbox's own to the store's file (see [`SqliteStore::open_connection`]; an in-memory
-/// store has none: every delivery then fails with [`Error::Unsupported`]). Connections are
-/// opened as needed and kept for the next runs. The transaction holds SQLite's one write
-/// lock from `BEGIN IMMEDIATE` to its commit, and the store's write gate with it: this
-/// process's other writers (other deliveries, the store's own writes, including this
-/// lease's renewals, and purge batches) wait their turn at the gate in arrival order, and
-/// no other worker can take the key over while the transaction is open.
+/// The handler runs on tokio's blocking pool, never in place. It runs on a connection of
+/// the inbox's own to the store's file (see [`SqliteStore::open_connection`]).
+/// Connections are opened as needed and kept for the next runs. An in-memory store has
+/// no such connection: every delivery then fails with [`Error::Unsupported`].
 ///
-/// Errors the database asks to retry (`SQLITE_BUSY`, `SQLITE_LOCKED`: another connection
-/// held the lock past the busy timeout), found as a `rusqlite::Error` or a
-/// [`dedup_core::Error`] in the handler's error's source chain or raised by begin or commit,
-/// run the handler again in a fresh transaction, as a new attempt, under the
-/// [`retry`](Self::with_retry) policy. The database writes of a failed run are rolled
-/// back; the handler's other side effects are not, so they must be idempotent (use
-/// [`Lease::idempotency_key`]). Handler errors marked
-/// [`Transient`](dedup_core::Transient) run again the same way under
+/// The transaction holds SQLite's one write lock from `BEGIN IMMEDIATE` to its commit,
+/// and the store's write gate with it. This process's other writers wait their turn at
+/// the gate, in arrival order: other deliveries, the store's own writes (this lease's
+/// renewals included), purge batches. No other worker can take the key over while the
+/// transaction is open.
+///
+/// Some errors ask for the transaction to run again: `SQLITE_BUSY` and `SQLITE_LOCKED`,
+/// when another connection held the lock past the busy timeout. They are found as a
+/// `rusqlite::Error` or a [`dedup_core::Error`] in the handler's error's source chain,
+/// or raised by begin or commit. The handler then runs again in a fresh transaction, as a
+/// new attempt, under the [`retry`](Self::with_retry) policy. The database writes of a
+/// failed run are rolled back. The handler's other side effects are not, so they must be
+/// idempotent (use [`Lease::idempotency_key`]). Handler errors marked
+/// [`Transient`](dedup_core::Transient) run again the same way, under
 /// [`InboxConfig::handler_retry`].
 ///
 /// There is no `handle_in` joining a transaction the caller opened, as PostgreSQL's
-/// `TxInbox` has: the attempt-counting claim runs on another connection, and SQLite lets
-/// one writer in at a time, so it would wait for the caller's own write lock. A caller
-/// with its own transaction uses [`SqliteStore::claim_in_tx`] by hand.
+/// `TxInbox` has. The attempt-counting claim runs on another connection, and SQLite lets
+/// one writer in at a time: it would wait for the caller's own write lock. A caller with
+/// its own transaction uses [`SqliteStore::claim_in_tx`] by hand.
 ///
-/// Messages the handler sends go through the store's outbox in the same transaction, with
-/// ids derived from the incoming key so a re-run writes the same ones:
-/// `store.outbox().enqueue(conn, &[ConsumerOutbox::new(lease).message("/invoices", payload)?])`
-/// (see [`SqliteOutbox`](crate::SqliteOutbox) and
-/// [`ConsumerOutbox`](dedup_core::outbox::ConsumerOutbox)); a relay publishes them after
+/// Messages the handler sends go through the store's outbox, in the same transaction.
+/// Their ids derive from the incoming key, so a re-run writes the same ones:
+/// `store.outbox().enqueue(conn, &[ConsumerOutbox::new(lease).message("/invoices", payload)?])`.
+/// See [`SqliteOutbox`](crate::SqliteOutbox) and
+/// [`ConsumerOutbox`](dedup_core::outbox::ConsumerOutbox). A relay publishes them after
 /// the commit.
 ///
-/// ```no_run
-/// # async fn demo(store: dedup_sqlite::SqliteStore) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// # Examples
+///
+/// ```
 /// use dedup_core::{Handled, Key};
-/// use dedup_sqlite::TxInbox;
+/// use dedup_sqlite::{SqliteStore, TxInbox};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let dir = tempfile::tempdir()?;
+/// let store = SqliteStore::open(dir.path().join("app.db")).await?;
+/// store
+///     .open_connection()?
+///     .execute("CREATE TABLE invoices (order_id TEXT PRIMARY KEY, fence INTEGER)", ())?;
+///
 /// let inbox = TxInbox::new(store);
 /// let key = Key::new("billing", "order-42")?;
-/// let handled = inbox
-///     .handle(&key, None, |tx, lease| {
-///         tx.execute(
-///             "INSERT INTO invoices (order_id, fence) VALUES (?1, ?2)",
-///             ("order-42", lease.fence as i64),
-///         )?;
-///         Ok::<_, rusqlite::Error>(Some(b"invoiced".to_vec()))
-///     })
-///     .await?;
-/// assert!(handled.is_settled());
-/// # Ok(()) }
+/// let invoice = |tx: &rusqlite::Transaction<'_>, lease: &dedup_core::Lease| {
+///     tx.execute(
+///         "INSERT INTO invoices (order_id, fence) VALUES (?1, ?2)",
+///         ("order-42", lease.fence as i64),
+///     )?;
+///     Ok::<_, rusqlite::Error>(Some(b"invoiced".to_vec()))
+/// };
+///
+/// let first = inbox.handle(&key, None, invoice).await?;
+/// assert!(matches!(first, Handled::Processed { .. }));
+/// // A redelivery does not insert again: the primary key would refuse it.
+/// let again = inbox.handle(&key, None, invoice).await?;
+/// assert!(again.is_replay());
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Debug)]
 pub struct TxInbox {
@@ -126,11 +145,31 @@ impl TxInbox {
         &self.store
     }
 
-    /// Process `key` at most once, inside a transaction: see the type's docs. `handler`
-    /// gets the open transaction and the lease (fence, attempt, idempotency key), and
-    /// returns the outcome stored for duplicates; it may run more than once (a retry, a
-    /// later delivery after a failure), each time in a fresh transaction. It must not
-    /// commit or roll back the transaction itself.
+    /// Processes `key` at most once, inside a transaction. See the [type's docs](Self).
+    ///
+    /// `handler` gets the open transaction and the lease (fence, attempt, idempotency
+    /// key). It returns the outcome stored for duplicates. It may run more than once: a
+    /// retry, or a later delivery after a failure. Each run gets a fresh transaction. It
+    /// must not commit or roll back the transaction itself.
+    ///
+    /// # Errors
+    ///
+    /// - [`InboxError::Handler`]: the handler failed and the failure was not stored. The
+    ///   transaction was rolled back and the key released.
+    /// - [`InboxError::LeaseLost`]: another worker took the key over. The transaction was
+    ///   rolled back.
+    /// - [`InboxError::Store`]: the store failed (claim, begin, commit), after the retries
+    ///   its policy allows. An in-memory store answers [`Error::Unsupported`] here. A
+    ///   panic in the handler is this too: it rolls the transaction back and does not
+    ///   unwind into the caller.
+    /// - [`InboxError::Outcome`]: the outcome starts with the reserved bytes. The
+    ///   transaction was rolled back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future releases the lease in the background. A transaction already
+    /// running on the blocking pool still finishes: it commits or rolls back as if the
+    /// future were alive. The next delivery then finds the key done, or claims it again.
     pub async fn handle<H, E>(
         &self,
         key: &Key,
