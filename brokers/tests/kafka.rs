@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedup_brokers::kafka::{KafkaConsumer, KafkaPublisher, MESSAGE_ID_HEADER};
+use dedup_brokers::kafka::{
+    DEFAULT_MESSAGE_TIMEOUT, KafkaConsumer, KafkaPublisher, MESSAGE_ID_HEADER,
+};
 use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Delivery, Shutdown, shutdown, with_inbox};
 use dedup_core::outbox::Publisher;
 use dedup_core::{Inbox, InboxConfig, MemoryStore};
@@ -494,4 +496,31 @@ async fn a_record_older_than_the_floor_by_its_timestamp_is_dead_lettered_unhandl
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert_eq!(fx.outstanding().await, 0);
     fx.cleanup().await;
+}
+
+/// `KafkaPublisher::new` (15 s message timeout, plus at most 5 s waiting for room in the
+/// local queue) fits a relay's default 30 s hold; one keeping librdkafka's own default of
+/// 300 s, or its alias `delivery.timeout.ms`, is refused by the relay.
+#[tokio::test]
+async fn a_relay_refuses_a_kafka_publisher_whose_message_timeout_outlasts_its_hold() {
+    let Some(brokers) = dedup_conformance::server_url("DEDUP_KAFKA_BROKERS") else {
+        return;
+    };
+    let default = KafkaPublisher::new(&brokers).unwrap();
+    assert_eq!(default.message_timeout(), DEFAULT_MESSAGE_TIMEOUT);
+    assert_eq!(default.delivery_timeout(), Duration::from_secs(20));
+    let mut settings = ClientConfig::new();
+    settings.set("bootstrap.servers", &brokers);
+    let mut alias = settings.clone();
+    alias.set("delivery.timeout.ms", "60000");
+    let alias = KafkaPublisher::from_config(&alias).unwrap();
+    assert_eq!(alias.message_timeout(), Duration::from_secs(60));
+    settings.set("message.timeout.ms", "300000");
+    let slow = KafkaPublisher::from_config(&settings).unwrap();
+    support::relay_time::assert_relay_checks_timeout(
+        Arc::new(default),
+        Arc::new(slow),
+        Duration::from_secs(305),
+    )
+    .await;
 }

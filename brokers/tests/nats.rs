@@ -268,3 +268,21 @@ async fn a_message_older_than_the_floor_by_its_stream_time_is_dead_lettered_unha
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     fx.cleanup().await;
 }
+
+/// A publisher's publish timeout (10 s by default) fits a relay's default 30 s hold; a
+/// 60 s one is refused by the relay.
+#[tokio::test]
+async fn a_relay_refuses_a_nats_publisher_whose_publish_timeout_outlasts_its_hold() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_NATS_URL") else {
+        return;
+    };
+    let client = async_nats::connect(url).await.unwrap();
+    let default = NatsPublisher::from_client(client.clone());
+    let slow = NatsPublisher::from_client(client).publish_timeout(Duration::from_secs(60));
+    support::relay_time::assert_relay_checks_timeout(
+        Arc::new(default),
+        Arc::new(slow),
+        Duration::from_secs(60),
+    )
+    .await;
+}

@@ -440,3 +440,20 @@ async fn a_missing_subscription_is_refused_at_start() {
     assert!(dedup_core::error_chain(&err).contains("-missing"), "{err}");
     fx.cleanup().await;
 }
+
+/// A publisher's publish timeout (10 s by default) fits a relay's default 30 s hold; a
+/// 60 s one is refused by the relay.
+#[tokio::test]
+async fn a_relay_refuses_a_pubsub_publisher_whose_publish_timeout_outlasts_its_hold() {
+    let Some(client) = client().await else {
+        return;
+    };
+    let default = PubSubPublisher::new(client.clone());
+    let slow = PubSubPublisher::new(client).publish_timeout(Duration::from_secs(60));
+    support::relay_time::assert_relay_checks_timeout(
+        Arc::new(default),
+        Arc::new(slow),
+        Duration::from_secs(60),
+    )
+    .await;
+}

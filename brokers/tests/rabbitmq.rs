@@ -685,3 +685,22 @@ async fn a_queue_without_a_dead_letter_exchange_is_refused_and_nothing_is_consum
     let names: Vec<&str> = queues.iter().map(|q| q.0.as_str()).collect();
     remove(&conn, &names, &[]).await;
 }
+
+/// A publisher's confirm timeout (20 s by default) fits a relay's default 30 s hold; a
+/// 30 s one is refused by the relay.
+#[tokio::test]
+async fn a_relay_refuses_a_rabbitmq_publisher_whose_confirm_timeout_outlasts_its_hold() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_AMQP_URL") else {
+        return;
+    };
+    let default = RabbitPublisher::connect(url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let slow = default.clone().confirm_timeout(Duration::from_secs(30));
+    support::relay_time::assert_relay_checks_timeout(
+        Arc::new(default),
+        Arc::new(slow),
+        Duration::from_secs(30),
+    )
+    .await;
+}

@@ -300,3 +300,21 @@ async fn a_transient_error_runs_again_inside_one_delivery_which_is_acked_once() 
     assert!(fx.entries(&dead_stream(&fx.stream)).await.is_empty());
     fx.cleanup().await;
 }
+
+/// A publisher's publish timeout (10 s by default) fits a relay's default 30 s hold; a
+/// 60 s one is refused by the relay.
+#[tokio::test]
+async fn a_relay_refuses_a_redis_streams_publisher_whose_publish_timeout_outlasts_its_hold() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_REDIS_URL") else {
+        return;
+    };
+    let client = redis::Client::open(url).unwrap();
+    let default = StreamPublisher::connect(&client).await.unwrap();
+    let slow = default.clone().publish_timeout(Duration::from_secs(60));
+    support::relay_time::assert_relay_checks_timeout(
+        Arc::new(default),
+        Arc::new(slow),
+        Duration::from_secs(60),
+    )
+    .await;
+}

@@ -101,6 +101,31 @@ pub enum Error {
         expected: i64,
     },
 
+    /// An outbox relay was asked to run with a publisher that may still deliver a message
+    /// after the relay's hold on its row ended: another relay could take the row again and
+    /// publish a second copy while the first can still land. Nothing was started.
+    ///
+    /// The relay needs `delivery_timeout + mark_margin <= hold`. Lower the publisher's
+    /// timeout (Kafka `message.timeout.ms`, a RabbitMQ confirm timeout...) or raise
+    /// [`RelayConfig::hold`](crate::outbox::RelayConfig::hold).
+    #[error(
+        "the {publisher} publisher's delivery timeout ({delivery_timeout:?}) plus the relay's \
+         mark margin ({mark_margin:?}) outlasts the relay's hold ({hold:?}): a row could be \
+         taken again while its first publish can still land; lower the publisher's timeout \
+         or raise RelayConfig::hold"
+    )]
+    PublisherOutlastsHold {
+        /// The publisher's [`name`](crate::outbox::Publisher::name).
+        publisher: &'static str,
+        /// What the publisher reported as its
+        /// [`delivery_timeout`](crate::outbox::Publisher::delivery_timeout).
+        delivery_timeout: std::time::Duration,
+        /// [`RelayConfig::mark_margin`](crate::outbox::RelayConfig::mark_margin).
+        mark_margin: std::time::Duration,
+        /// [`RelayConfig::hold`](crate::outbox::RelayConfig::hold).
+        hold: std::time::Duration,
+    },
+
     /// The storage failed (connection refused, dropped, server restarted, disk full, lock
     /// timeout, serialization failure...). `source` is the driver's own error.
     ///

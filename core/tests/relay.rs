@@ -29,6 +29,10 @@ impl Publisher for Slow {
     fn name(&self) -> &'static str {
         "slow"
     }
+    /// `delay`, or (never answering) more than the relay waits: it cuts the call.
+    fn delivery_timeout(&self) -> Duration {
+        self.delay.unwrap_or(Duration::from_secs(20))
+    }
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
         match self.delay {
             Some(d) => tokio::time::sleep(d).await,
@@ -44,7 +48,8 @@ async fn a_started_relay_publishes_rows_committed_after_it_started() {
     let publisher = MemoryPublisher::new();
     let handle = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher.clone()))
         .with_config(RelayConfig::default().poll_interval(Duration::from_millis(10)))
-        .start();
+        .start()
+        .expect("the relay starts");
     outbox.enqueue(&[msg("a"), msg("b")]).unwrap();
     for _ in 0..200 {
         if publisher.message_ids().len() == 2 {
@@ -71,7 +76,8 @@ async fn full_batches_are_taken_back_to_back_without_waiting_for_the_poll() {
                 .batch_size(5)
                 .poll_interval(Duration::from_secs(3600)),
         )
-        .start();
+        .start()
+        .expect("the relay starts");
     for _ in 0..200 {
         if publisher.message_ids().len() == 50 {
             break;
@@ -99,7 +105,8 @@ async fn a_stop_hands_back_rows_whose_publish_does_not_finish_in_the_grace() {
         }),
     )
     .with_config(RelayConfig::default().stop_grace(Duration::from_millis(50)))
-    .start();
+    .start()
+    .expect("the relay starts");
     // Let it take the rows.
     for _ in 0..100 {
         if outbox.stats().await.unwrap().held == 2 {
@@ -131,7 +138,8 @@ async fn a_stop_lets_a_publish_in_flight_finish_within_the_grace() {
         }),
     )
     .with_config(RelayConfig::default().stop_grace(Duration::from_secs(10)))
-    .start();
+    .start()
+    .expect("the relay starts");
     for _ in 0..100 {
         if outbox.stats().await.unwrap().held == 1 {
             break;
@@ -238,7 +246,8 @@ async fn rounds_in_flight_keep_each_keys_order_and_publish_every_row_once() {
             .rounds_in_flight(4)
             .poll_interval(Duration::from_millis(5)),
     )
-    .start();
+    .start()
+    .expect("the relay starts");
     for _ in 0..400 {
         if inner.message_ids().len() == 24 {
             break;
@@ -255,4 +264,89 @@ async fn rounds_in_flight_keep_each_keys_order_and_publish_every_row_once() {
     let expected: Vec<String> = (0..12).map(|i| format!("k-{i}")).collect();
     assert_eq!(keyed, expected, "one key's rows in order, one at a time");
     assert_eq!(published.len(), 24, "every row once: {published:?}");
+}
+
+/// A publisher that claims to answer at once and never does.
+#[derive(Debug)]
+struct Hangs;
+
+#[async_trait]
+impl Publisher for Hangs {
+    fn name(&self) -> &'static str {
+        "hangs"
+    }
+    fn delivery_timeout(&self) -> Duration {
+        Duration::ZERO
+    }
+    async fn publish(&self, _row: &OutboxRow) -> Result<(), BoxError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_relay_refuses_a_publisher_whose_delivery_timeout_outlasts_its_hold() {
+    let outbox = MemoryOutbox::new();
+    outbox.enqueue(&[msg("a")]).unwrap();
+    let slow = Slow {
+        delay: Some(Duration::from_secs(26)),
+        inner: MemoryPublisher::new(),
+    };
+    let relay = Relay::new(Arc::new(outbox.clone()), Arc::new(slow));
+    let refused = relay.clone().start().expect_err("26 s + 5 s outlasts 30 s");
+    assert!(
+        matches!(
+            refused,
+            dedup_core::Error::PublisherOutlastsHold {
+                publisher: "slow",
+                delivery_timeout,
+                mark_margin,
+                hold,
+            } if delivery_timeout == Duration::from_secs(26)
+                && mark_margin == Duration::from_secs(5)
+                && hold == Duration::from_secs(30)
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused.to_string(),
+        "the slow publisher's delivery timeout (26s) plus the relay's mark margin (5s) \
+         outlasts the relay's hold (30s): a row could be taken again while its first publish \
+         can still land; lower the publisher's timeout or raise RelayConfig::hold"
+    );
+    assert!(relay.run_once().await.is_err(), "run_once checks too");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.held), (1, 0), "nothing taken");
+    // 25 s fits exactly short of the hold: refused too (the margin must stay free).
+    let at_the_edge = RelayConfig::default().mark_margin(Duration::from_secs(4));
+    assert!(relay.clone().with_config(at_the_edge).check().is_err());
+    let fits = RelayConfig::default().mark_margin(Duration::from_millis(3999));
+    relay.with_config(fits).check().unwrap();
+}
+
+#[tokio::test]
+async fn a_publish_unanswered_at_the_hold_less_the_margin_counts_as_failed() {
+    let outbox = MemoryOutbox::new();
+    outbox.enqueue(&[msg("stuck")]).unwrap();
+    let relay = Relay::new(Arc::new(outbox.clone()), Arc::new(Hangs)).with_config(
+        RelayConfig::default()
+            .hold(Duration::from_millis(1500))
+            .mark_margin(Duration::from_millis(500)),
+    );
+    let started = std::time::Instant::now();
+    let round = relay.run_once().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        (round.taken, round.failed, round.lost),
+        (1, 1, 0),
+        "{round:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(1400),
+        "cut at the hold less the margin, marked within the hold: {took:?}"
+    );
+    let rows = outbox.list(&OutboxQuery::default()).await.unwrap();
+    assert_eq!(rows[0].state, OutboxState::Pending, "{rows:?}");
+    assert_eq!(rows[0].row.attempts, 1, "{rows:?}");
+    let error = rows[0].last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("hangs publisher"), "{error}");
 }

@@ -143,7 +143,8 @@ fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
     runtime.block_on(async {
         let relay = Relay::new(store.clone(), Arc::new(MemoryPublisher::new()))
             .with_config(RelayConfig::default().poll_interval(Duration::from_secs(1)))
-            .start();
+            .start()
+            .expect("the relay starts");
         // Backoff 100, 200, 400, 800 ms, then the poll interval: well inside a minute.
         tokio::time::sleep(Duration::from_secs(60)).await;
         relay.stop().await;

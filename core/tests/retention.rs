@@ -125,7 +125,7 @@ async fn a_default_relay_purges_its_sent_rows() {
         .unwrap();
     let relay = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher.clone()));
     assert_eq!(relay.config().retention, Some(Retention::default()));
-    let handle = relay.start();
+    let handle = relay.start().expect("the relay starts");
     while publisher.message_ids().is_empty() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -151,7 +151,8 @@ async fn a_relay_without_retention_keeps_its_sent_rows() {
         .unwrap();
     let handle = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher.clone()))
         .with_config(dedup_core::outbox::RelayConfig::default().retention(None))
-        .start();
+        .start()
+        .expect("the relay starts");
     while publisher.message_ids().is_empty() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

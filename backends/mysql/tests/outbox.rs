@@ -144,7 +144,8 @@ async fn the_relay_polls() {
     let publisher = Arc::new(MemoryPublisher::new());
     let relay = Relay::new(Arc::new(store.outbox()), publisher.clone())
         .with_config(RelayConfig::default().poll_interval(Duration::from_millis(100)))
-        .start();
+        .start()
+        .expect("the relay starts");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let m = OutboxMessage::new("orders", "polled-1", b"x".to_vec()).unwrap();
     let committed = Instant::now();

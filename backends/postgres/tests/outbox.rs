@@ -103,7 +103,8 @@ async fn the_relay_wakes_on_notify() {
     let publisher = Arc::new(MemoryPublisher::new());
     let relay = Relay::new(Arc::new(store.outbox()), publisher.clone())
         .with_config(RelayConfig::default().poll_interval(Duration::from_secs(60)))
-        .start();
+        .start()
+        .expect("the relay starts");
     // Let it take (nothing), subscribe and settle into its wait.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let m = OutboxMessage::new("orders", "woken-1", b"x".to_vec()).unwrap();
@@ -136,7 +137,8 @@ async fn a_burst_notifies_sparingly_and_every_row_still_goes_out_at_once() {
     let publisher = Arc::new(MemoryPublisher::new());
     let relay = Relay::new(Arc::new(store.outbox()), publisher.clone())
         .with_config(RelayConfig::default().poll_interval(Duration::from_secs(60)))
-        .start();
+        .start()
+        .expect("the relay starts");
     tokio::time::sleep(Duration::from_millis(500)).await;
     const BURST: usize = 30;
     let started = Instant::now();

@@ -83,7 +83,7 @@ async fn a_relay_purges_its_old_sent_rows() {
             .poll_interval(Duration::from_millis(20))
             .retention(soon()),
     );
-    let running = relay.start();
+    let running = relay.start().expect("the relay starts");
     assert!(eventually(async || outbox.stats().await.unwrap().sent == 1).await);
     // Sent just now: kept through several purges.
     tokio::time::sleep(Duration::from_millis(500)).await;

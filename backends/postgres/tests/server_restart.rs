@@ -130,7 +130,8 @@ async fn the_relay_listens_again_once_the_server_is_back() {
     let publisher = Arc::new(MemoryPublisher::new());
     let relay = Relay::new(Arc::new(store.outbox()), publisher.clone())
         .with_config(RelayConfig::default().poll_interval(POLL))
-        .start();
+        .start()
+        .expect("the relay starts");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_woken_by_notify(&store, &publisher, "before").await;
 

@@ -12,7 +12,7 @@ mod publisher;
 
 pub use consumer::KafkaConsumer;
 pub use pending::KafkaPending;
-pub use publisher::KafkaPublisher;
+pub use publisher::{DEFAULT_MESSAGE_TIMEOUT, KafkaPublisher};
 
 /// The header that carries a message's id (what the inbox keys on).
 pub const MESSAGE_ID_HEADER: &str = "message-id";

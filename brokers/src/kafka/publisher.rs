@@ -12,9 +12,16 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
 use super::MESSAGE_ID_HEADER;
 
-/// How long a row may wait in the producer's queue before it counts as failed (librdkafka's
-/// `message.timeout.ms` bounds the whole delivery too).
+/// How long a call may wait for room in the producer's local queue (at most the message
+/// timeout); the rows it could not queue by then count as failed.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// librdkafka's `message.timeout.ms` when the settings do not set it (librdkafka's own
+/// default, 300 s, would outlast any relay's hold).
+pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The settings that name the message timeout (`delivery.timeout.ms` is librdkafka's alias).
+const MESSAGE_TIMEOUT_KEYS: [&str; 2] = ["message.timeout.ms", "delivery.timeout.ms"];
 
 /// `settings` with the producer settings this crate relies on: the idempotent producer
 /// (`enable.idempotence=true`, hence `acks=all`), so the producer's own retries never
@@ -28,14 +35,41 @@ pub(crate) fn producer_config(settings: &ClientConfig) -> ClientConfig {
     config
 }
 
+/// The message timeout `config` sets, if it sets one: the longer when it sets both names
+/// (librdkafka checked they are numbers of milliseconds when the producer was made).
+fn message_timeout(config: &ClientConfig) -> Option<Duration> {
+    MESSAGE_TIMEOUT_KEYS
+        .iter()
+        .filter_map(|key| config.get(key))
+        .map(|ms| {
+            ms.trim()
+                .parse()
+                .map_or(Duration::MAX, Duration::from_millis)
+        })
+        .max()
+}
+
 /// Publishes outbox rows to Kafka topics (the row's destination) with the idempotent
 /// producer and `acks=all`: `Ok` only once the delivery report says the broker stored the
 /// record on all in-sync replicas. The row's `message_id` becomes the [`MESSAGE_ID_HEADER`]
 /// header, its headers Kafka headers, its `ordering_key` the record key (so rows of one key
 /// land in one partition, in order); rows without one get no key.
+///
+/// # Time
+///
+/// librdkafka keeps a queued message, and retries it across an outage, until its
+/// `message.timeout.ms` runs out: [`DEFAULT_MESSAGE_TIMEOUT`] (15 s) unless the settings
+/// given to [`from_config`](Self::from_config) set it (or its alias `delivery.timeout.ms`).
+/// A call waits at most 5 s (at most the message timeout) for room in the local queue, so
+/// its [`delivery_timeout`](Publisher::delivery_timeout) is that wait plus the message
+/// timeout: 20 s by default, which fits a relay's default 30 s hold. A relay refuses a
+/// publisher whose timeout does not fit its hold: with librdkafka's own default of 300 s,
+/// a publish still queued when the hold ran out would land after another relay published
+/// the row again.
 #[derive(Clone)]
 pub struct KafkaPublisher {
     producer: FutureProducer,
+    message_timeout: Duration,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -53,15 +87,40 @@ impl KafkaPublisher {
     }
 
     /// A publisher from librdkafka settings (security, `message.timeout.ms`...);
-    /// `enable.idempotence` and `acks` are set over them.
+    /// `enable.idempotence` and `acks` are set over them, and `message.timeout.ms` to
+    /// [`DEFAULT_MESSAGE_TIMEOUT`] when they do not set it.
     pub fn from_config(settings: &ClientConfig) -> Result<Self, KafkaError> {
+        let mut config = producer_config(settings);
+        if message_timeout(&config).is_none() {
+            config.set(
+                MESSAGE_TIMEOUT_KEYS[0],
+                DEFAULT_MESSAGE_TIMEOUT.as_millis().to_string(),
+            );
+        }
+        let producer = config.create()?;
         Ok(KafkaPublisher {
-            producer: producer_config(settings).create()?,
+            producer,
+            message_timeout: message_timeout(&config).unwrap_or(DEFAULT_MESSAGE_TIMEOUT),
         })
     }
 
-    /// Queue one row; its delivery report is awaited separately.
-    fn send(&self, row: &OutboxRow) -> Result<DeliveryFuture, KafkaError> {
+    /// The `message.timeout.ms` the producer runs with.
+    pub fn message_timeout(&self) -> Duration {
+        self.message_timeout
+    }
+
+    /// How long a call waits for room in the local queue.
+    fn queue_timeout(&self) -> Duration {
+        QUEUE_TIMEOUT.min(self.message_timeout)
+    }
+
+    /// Queue one row, waiting for room in the local queue until `deadline`; its delivery
+    /// report is awaited separately.
+    fn send(
+        &self,
+        row: &OutboxRow,
+        deadline: std::time::Instant,
+    ) -> Result<DeliveryFuture, KafkaError> {
         let mut headers = OwnedHeaders::new().insert(Header {
             key: MESSAGE_ID_HEADER,
             value: Some(row.message_id.as_str()),
@@ -83,7 +142,6 @@ impl KafkaPublisher {
         if let Some(key) = &row.ordering_key {
             record = record.key(key.as_str());
         }
-        let deadline = std::time::Instant::now() + QUEUE_TIMEOUT;
         loop {
             match self.producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),
@@ -128,15 +186,21 @@ impl Publisher for KafkaPublisher {
         "kafka"
     }
 
+    /// The wait for room in the local queue (5 s at most) plus `message.timeout.ms`.
+    fn delivery_timeout(&self) -> Duration {
+        self.queue_timeout().saturating_add(self.message_timeout)
+    }
+
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
-        let delivery = self.send(row)?;
+        let delivery = self.send(row, std::time::Instant::now() + self.queue_timeout())?;
         delivered(&row.destination, delivery).await
     }
 
     /// Queues every row (in order: with the idempotent producer, one partition keeps it),
-    /// then awaits the delivery reports.
+    /// then awaits the delivery reports. The rows share one wait for room in the queue.
     async fn publish_all(&self, rows: &[OutboxRow]) -> Vec<Result<(), BoxError>> {
-        let queued: Vec<_> = rows.iter().map(|row| self.send(row)).collect();
+        let deadline = std::time::Instant::now() + self.queue_timeout();
+        let queued: Vec<_> = rows.iter().map(|row| self.send(row, deadline)).collect();
         let mut results = Vec::with_capacity(rows.len());
         for (row, delivery) in rows.iter().zip(queued) {
             results.push(match delivery {

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_core::BoxError;
@@ -11,6 +12,10 @@ use gcloud_pubsub::client::Client;
 use gcloud_pubsub::publisher::Publisher as TopicPublisher;
 
 use super::MESSAGE_ID_ATTRIBUTE;
+use crate::PublishTimedOut;
+
+/// [`PubSubPublisher::publish_timeout`] unless set.
+const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// At most this many messages go in one publish request (Pub/Sub takes 1 000).
 const MAX_BATCH: usize = 1000;
@@ -21,9 +26,14 @@ const MAX_BATCH: usize = 1000;
 /// message ids, which it does after storing the messages. The row's `message_id` becomes
 /// the [`MESSAGE_ID_ATTRIBUTE`] attribute, its headers attributes, its `ordering_key` the
 /// message's ordering key (kept in order only on a subscription with message ordering on).
+///
+/// A call answers within [`publish_timeout`](Self::publish_timeout), 10 s by default, the
+/// client's own retries included (the request is cancelled then): its
+/// [`delivery_timeout`](Publisher::delivery_timeout), which a relay checks against its hold.
 pub struct PubSubPublisher {
     client: Client,
     topics: Mutex<HashMap<String, TopicPublisher>>,
+    publish_timeout: Duration,
 }
 
 impl std::fmt::Debug for PubSubPublisher {
@@ -38,7 +48,31 @@ impl PubSubPublisher {
         PubSubPublisher {
             client,
             topics: Mutex::new(HashMap::new()),
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
         }
+    }
+
+    /// How long a call may wait for the server's answers in all before its rows count as
+    /// failed (10 s by default).
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// `send`'s answer, or [`PublishTimedOut`] at `deadline`.
+    async fn send_by(
+        &self,
+        destination: &str,
+        rows: &[&OutboxRow],
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BoxError> {
+        let timed_out = PublishTimedOut {
+            publisher: "pubsub",
+            destination: destination.to_owned(),
+            timeout: self.publish_timeout,
+        };
+        let send = async { Ok(self.send(destination, rows).await?) };
+        timed_out.unless(deadline, send).await
     }
 
     fn topic(&self, id: &str) -> TopicPublisher {
@@ -105,19 +139,37 @@ enum Unconfirmed {
     },
 }
 
+/// `error` (from [`PubSubPublisher::send_by`]) for another row of its request.
+fn copy(error: &BoxError) -> BoxError {
+    if let Some(e) = error.downcast_ref::<Unconfirmed>() {
+        Box::new(e.clone())
+    } else if let Some(e) = error.downcast_ref::<PublishTimedOut>() {
+        Box::new(e.clone())
+    } else {
+        error.to_string().into()
+    }
+}
+
 #[async_trait]
 impl Publisher for PubSubPublisher {
     fn name(&self) -> &'static str {
         "pubsub"
     }
 
+    /// [`publish_timeout`](Self::publish_timeout).
+    fn delivery_timeout(&self) -> Duration {
+        self.publish_timeout
+    }
+
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
-        Ok(self.send(&row.destination, &[row]).await?)
+        let deadline = tokio::time::Instant::now() + self.publish_timeout;
+        self.send_by(&row.destination, &[row], deadline).await
     }
 
     /// Rows to one topic in a row go in one request (at most 1 000 each); each row gets its
-    /// request's result.
+    /// request's result. The requests share one publish timeout.
     async fn publish_all(&self, rows: &[OutboxRow]) -> Vec<Result<(), BoxError>> {
+        let deadline = tokio::time::Instant::now() + self.publish_timeout;
         let mut results = Vec::with_capacity(rows.len());
         let mut start = 0;
         while start < rows.len() {
@@ -128,10 +180,10 @@ impl Publisher for PubSubPublisher {
                 .position(|r| &r.destination != destination)
                 .map_or((start + MAX_BATCH).min(rows.len()), |n| start + n);
             let batch: Vec<&OutboxRow> = rows[start..end].iter().collect();
-            let result = self.send(destination, &batch).await;
+            let result = self.send_by(destination, &batch, deadline).await;
             results.extend((start..end).map(|_| match &result {
                 Ok(()) => Ok(()),
-                Err(e) => Err(BoxError::from(e.clone())),
+                Err(e) => Err(copy(e)),
             }));
             start = end;
         }

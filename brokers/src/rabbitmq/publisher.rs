@@ -18,9 +18,11 @@ use crate::BrokerError;
 /// Publishes outbox rows to RabbitMQ on a channel of its own in confirm mode: `Ok` once the
 /// broker confirmed (an unroutable message, returned by the broker, is an error: publishes
 /// are `mandatory`). A publish whose confirm never came (the connection or channel was lost
-/// first, or no confirm within [`confirm_timeout`](Self::confirm_timeout), 30 s by default)
+/// first, or no confirm within [`confirm_timeout`](Self::confirm_timeout), 20 s by default)
 /// is an error, never `Ok`: the message may or may not be at the broker, so the relay
-/// publishes it again and consumers deduplicate by message id.
+/// publishes it again and consumers deduplicate by message id. The confirm timeout bounds a
+/// whole call (a reconnect, the sends and the confirms of a batch): it is the publisher's
+/// [`delivery_timeout`](Publisher::delivery_timeout), which a relay checks against its hold.
 ///
 /// The row's `message_id` becomes the AMQP `message_id` property, its headers AMQP string
 /// headers, the publish time the `timestamp` property (seconds; what the consumer's
@@ -41,6 +43,10 @@ pub struct RabbitPublisher {
     reconnect_within: Duration,
     confirm_timeout: Duration,
 }
+
+/// [`RabbitPublisher::confirm_timeout`] unless set: within a relay's default 30 s hold, less
+/// its 5 s mark margin.
+const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What a publisher made by [`RabbitPublisher::connect`] connects again with.
 struct Link {
@@ -74,7 +80,7 @@ impl RabbitPublisher {
             channel: Arc::new(Mutex::new(channel)),
             link: None,
             reconnect_within: Duration::from_secs(10),
-            confirm_timeout: Duration::from_secs(30),
+            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
         })
     }
 
@@ -102,9 +108,10 @@ impl RabbitPublisher {
         self
     }
 
-    /// How long a publish waits for the broker's confirm before it returns an error
-    /// (30 s by default; a batch of [`publish_all`](Publisher::publish_all) shares it), and
-    /// how long each message may take to be sent before that.
+    /// How long a publish may take in all, reconnect, send and the broker's confirm, before
+    /// it returns an error (20 s by default; a batch of
+    /// [`publish_all`](Publisher::publish_all) shares it). A relay refuses to start when
+    /// it does not fit in its hold less its mark margin.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
         self
@@ -221,6 +228,22 @@ impl RabbitPublisher {
         .await
     }
 
+    /// [`send_row`](Self::send_row), given up at `deadline` (a reconnect included).
+    async fn send_row_by(
+        &self,
+        row: &OutboxRow,
+        deadline: tokio::time::Instant,
+    ) -> Result<PublisherConfirm, BoxError> {
+        match tokio::time::timeout_at(deadline, self.send_row(row)).await {
+            Ok(sent) => sent,
+            Err(_) => Err(format!(
+                "the message to {} was not sent within the confirm timeout ({:?})",
+                row.destination, self.confirm_timeout
+            )
+            .into()),
+        }
+    }
+
     /// The broker's confirm as a result, waited for until `deadline`.
     pub(crate) async fn confirmed(
         &self,
@@ -283,19 +306,25 @@ impl Publisher for RabbitPublisher {
         "rabbitmq"
     }
 
-    async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
-        let confirm = self.send_row(row).await?;
-        self.confirmed(&row.destination, confirm, self.confirm_deadline())
-            .await
+    /// [`confirm_timeout`](Self::confirm_timeout): a call's reconnect, sends and confirms
+    /// share it.
+    fn delivery_timeout(&self) -> Duration {
+        self.confirm_timeout
     }
 
-    /// Sends every row, then awaits the confirms.
+    async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
+        let deadline = self.confirm_deadline();
+        let confirm = self.send_row_by(row, deadline).await?;
+        self.confirmed(&row.destination, confirm, deadline).await
+    }
+
+    /// Sends every row, then awaits the confirms, all within one confirm timeout.
     async fn publish_all(&self, rows: &[OutboxRow]) -> Vec<Result<(), BoxError>> {
+        let deadline = self.confirm_deadline();
         let mut sent = Vec::with_capacity(rows.len());
         for row in rows {
-            sent.push(self.send_row(row).await);
+            sent.push(self.send_row_by(row, deadline).await);
         }
-        let deadline = self.confirm_deadline();
         let mut results = Vec::with_capacity(rows.len());
         for (row, confirm) in rows.iter().zip(sent) {
             results.push(match confirm {

@@ -11,7 +11,10 @@ use redis::aio::MultiplexedConnection;
 
 use super::errors::classify;
 use super::{MESSAGE_ID_FIELD, PAYLOAD_FIELD};
-use crate::BrokerError;
+use crate::{BrokerError, PublishTimedOut};
+
+/// [`StreamPublisher::publish_timeout`] unless set.
+const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Publishes each row as `XADD <destination> * message_id <id> payload <bytes>
 /// [<header> <value>]...`; `Ok` once Redis answered the entry id. A header named
@@ -26,12 +29,19 @@ use crate::BrokerError;
 /// the relay publishes it again and consumers deduplicate by message id). One made with
 /// [`new`](Self::new) over a connection has no client and does not reconnect. Clones share
 /// the connection.
+///
+/// A call (a reconnect included) answers within
+/// [`publish_timeout`](Self::publish_timeout), 10 s by default: its
+/// [`delivery_timeout`](Publisher::delivery_timeout), which a relay checks against its
+/// hold. A call that ran out of time counts its connection as lost, so the next one
+/// connects again instead of queueing behind it.
 #[derive(Clone, Debug)]
 pub struct StreamPublisher {
     conn: Arc<Mutex<MultiplexedConnection>>,
     broken: Arc<AtomicBool>,
     client: Option<redis::Client>,
     reconnect_within: Duration,
+    publish_timeout: Duration,
 }
 
 impl StreamPublisher {
@@ -42,7 +52,38 @@ impl StreamPublisher {
             broken: Arc::default(),
             client: None,
             reconnect_within: Duration::from_secs(10),
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
         }
+    }
+
+    /// How long a call may take in all, a reconnect included, before its rows count as
+    /// failed (10 s by default).
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// `call`'s answer, or [`PublishTimedOut`] after the publish timeout (the connection
+    /// then counts as lost).
+    async fn bounded<T>(
+        &self,
+        destination: &str,
+        call: impl std::future::Future<Output = Result<T, BoxError>>,
+    ) -> Result<T, BoxError> {
+        let deadline = tokio::time::Instant::now() + self.publish_timeout;
+        let timed_out = PublishTimedOut {
+            publisher: "redis-streams",
+            destination: destination.to_owned(),
+            timeout: self.publish_timeout,
+        };
+        let answer = timed_out.unless(deadline, call).await;
+        if answer
+            .as_ref()
+            .is_err_and(|e| e.downcast_ref::<PublishTimedOut>().is_some())
+        {
+            self.broken.store(true, Ordering::Release);
+        }
+        answer
     }
 
     /// A publisher on a new multiplexed connection of `client`, connecting again after a
@@ -120,18 +161,48 @@ impl Publisher for StreamPublisher {
         "redis-streams"
     }
 
-    async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
-        let cmd = xadd(row)?;
-        let answer: redis::RedisResult<String> = cmd.query_async(&mut self.conn().await?).await;
-        if let Err(e) = &answer {
-            self.note(e);
-        }
-        answer?;
-        Ok(())
+    /// [`publish_timeout`](Self::publish_timeout).
+    fn delivery_timeout(&self) -> Duration {
+        self.publish_timeout
     }
 
-    /// One pipeline of `XADD`s (one round trip), each answered on its own.
+    async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
+        let cmd = xadd(row)?;
+        self.bounded(&row.destination, async {
+            let answer: redis::RedisResult<String> = cmd.query_async(&mut self.conn().await?).await;
+            if let Err(e) = &answer {
+                self.note(e);
+            }
+            answer?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// One pipeline of `XADD`s (one round trip), each answered on its own, within one
+    /// publish timeout.
     async fn publish_all(&self, rows: &[OutboxRow]) -> Vec<Result<(), BoxError>> {
+        let Some(first) = rows.first() else {
+            return Vec::new();
+        };
+        let all = self.bounded(&first.destination, async { Ok(self.pipeline(rows).await) });
+        match all.await {
+            Ok(results) => results,
+            // Only the time bound fails the whole call.
+            Err(e) => rows
+                .iter()
+                .map(|_| match e.downcast_ref::<PublishTimedOut>() {
+                    Some(timed_out) => Err(Box::new(timed_out.clone()) as BoxError),
+                    None => Err(e.to_string().into()),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl StreamPublisher {
+    /// [`Publisher::publish_all`] without its time bound.
+    async fn pipeline(&self, rows: &[OutboxRow]) -> Vec<Result<(), BoxError>> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let mut results: Vec<Option<Result<(), BoxError>>> = Vec::with_capacity(rows.len());

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test file uses a part
 
 pub mod private;
+pub mod relay_time;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

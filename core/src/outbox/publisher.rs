@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -16,10 +17,30 @@ use crate::BoxError;
 /// Publishers set [`OutboxRow::message_id`] as the broker's message id (AMQP
 /// `message_id`, a stream entry field, `Nats-Msg-Id`): the relay publishes at least once,
 /// and the consumer's inbox uses that id to drop the copies.
+///
+/// # Time
+///
+/// A relay holds the rows it publishes for [`RelayConfig::hold`](super::RelayConfig::hold);
+/// after that another relay may take them again. So a publish must be over, one way or the
+/// other, before the hold ends: a message that can still reach the broker after its row was
+/// taken again becomes a second copy on the broker. Each publisher says how long that can
+/// take ([`delivery_timeout`](Self::delivery_timeout)), and a relay refuses to start when
+/// that outlasts its hold ([`Error::PublisherOutlastsHold`](crate::Error::PublisherOutlastsHold)).
 #[async_trait]
 pub trait Publisher: Send + Sync + fmt::Debug {
     /// A short name for metrics and logs (`rabbitmq`, `redis-streams`, `memory`).
     fn name(&self) -> &'static str;
+
+    /// The longest one call of [`publish`](Self::publish) or
+    /// [`publish_all`](Self::publish_all) can take from its start until no message it sent
+    /// can still reach the broker: a call answers within it (an error when the broker did
+    /// not confirm in time), and whatever the client library still queued for it is
+    /// dropped by then (Kafka's `message.timeout.ms`).
+    ///
+    /// A relay checks `delivery_timeout + mark_margin <= hold` when it starts, and stops
+    /// waiting for a call at `hold - mark_margin` whatever this answers (the rows still
+    /// unanswered then count as failed).
+    fn delivery_timeout(&self) -> Duration;
 
     /// Publish one row; `Ok` once the broker confirmed it.
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError>;
@@ -36,6 +57,9 @@ pub trait Publisher: Send + Sync + fmt::Debug {
 impl<P: Publisher + ?Sized> Publisher for Arc<P> {
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+    fn delivery_timeout(&self) -> Duration {
+        (**self).delivery_timeout()
     }
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
         (**self).publish(row).await
@@ -100,6 +124,11 @@ impl MemoryPublisher {
 impl Publisher for MemoryPublisher {
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    /// Zero: a publish answers at once and leaves nothing behind.
+    fn delivery_timeout(&self) -> Duration {
+        Duration::ZERO
     }
 
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {

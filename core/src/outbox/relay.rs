@@ -8,11 +8,11 @@ use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
 use super::listen::listen;
-use super::{AfterFailure, Held, OutboxStore, Publisher};
-use crate::error_chain;
+use super::{AfterFailure, Held, OutboxRow, OutboxStore, Publisher};
 use crate::layers::metric_names as names;
 use crate::trace::MessageTrace;
 use crate::{Backoff, Result, Retention};
+use crate::{BoxError, Error, TimedOut, error_chain};
 
 /// How a [`Relay`] works. The defaults suit most services; see each field.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,10 +20,17 @@ use crate::{Backoff, Result, Retention};
 pub struct RelayConfig {
     /// Rows per take (default 100).
     pub batch_size: usize,
-    /// How long a take holds its rows (default 30 s). A round that takes longer (a broker
-    /// that hangs) lets another relay take the rows again: they are then published twice,
-    /// which the downstream inbox absorbs.
+    /// How long a take holds its rows (default 30 s). It must outlast the publisher's
+    /// [`delivery_timeout`](super::Publisher::delivery_timeout) by at least
+    /// [`mark_margin`](Self::mark_margin): the relay refuses to start otherwise
+    /// ([`Error::PublisherOutlastsHold`](crate::Error::PublisherOutlastsHold)). Every
+    /// publisher of `dedup-brokers` fits the default with its own defaults.
     pub hold: Duration,
+    /// The end of each hold kept for marking the rows after their publish (default 5 s):
+    /// the relay gives a publish at most `hold - mark_margin` from the take, then counts
+    /// the rows still unanswered as failed. It covers the marks' round trip and the time
+    /// the take's answer took to arrive.
+    pub mark_margin: Duration,
     /// How often to look for due rows when nothing wakes the relay (default 1 s). The
     /// relay is correct on polling alone; notifications only make it quicker.
     pub poll_interval: Duration,
@@ -58,6 +65,7 @@ impl Default for RelayConfig {
         RelayConfig {
             batch_size: 100,
             hold: Duration::from_secs(30),
+            mark_margin: Duration::from_secs(5),
             poll_interval: Duration::from_secs(1),
             max_attempts: 10,
             backoff: Backoff::Exponential {
@@ -83,6 +91,11 @@ impl RelayConfig {
     /// The same configuration holding taken rows for `hold`.
     pub fn hold(mut self, hold: Duration) -> Self {
         self.hold = hold;
+        self
+    }
+    /// The same configuration keeping `margin` of each hold for the marks.
+    pub fn mark_margin(mut self, margin: Duration) -> Self {
+        self.mark_margin = margin;
         self
     }
     /// The same configuration polling every `every`.
@@ -194,14 +207,44 @@ impl Relay {
         &self.config
     }
 
+    /// Whether the publisher's deliveries end within the hold: `delivery_timeout +
+    /// mark_margin < hold` (see [`Publisher::delivery_timeout`]).
+    /// [`start`](Self::start) and [`run_once`](Self::run_once) check it first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PublisherOutlastsHold`], naming the three durations, when it does not hold.
+    pub fn check(&self) -> Result<()> {
+        let delivery_timeout = self.publisher.delivery_timeout();
+        let RelayConfig {
+            hold, mark_margin, ..
+        } = self.config;
+        if delivery_timeout.saturating_add(mark_margin) >= hold {
+            return Err(Error::PublisherOutlastsHold {
+                publisher: self.publisher.name(),
+                delivery_timeout,
+                mark_margin,
+                hold,
+            });
+        }
+        Ok(())
+    }
+
     /// One round: take due rows, publish them, mark each. For tests and for callers that
     /// drive the relay themselves; [`start`](Self::start) runs rounds in a loop.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PublisherOutlastsHold`] (see [`check`](Self::check)), before anything is
+    /// taken; the store's errors.
     pub async fn run_once(&self) -> Result<RelayRound> {
+        self.check()?;
+        let taken_at = Instant::now();
         let held = self
             .store
             .take(self.config.batch_size, self.config.hold)
             .await?;
-        self.settle(held, None).await
+        self.settle(held, None, taken_at).await
     }
 
     /// Run rounds in tokio tasks until [`RelayHandle::stop`]:
@@ -209,11 +252,18 @@ impl Relay {
     /// batches come back, otherwise waiting for a wake-up from the store or the poll
     /// interval. Store errors are logged and retried after the poll interval. Beside them,
     /// the [`RelayConfig::retention`] purge of sent rows, stopped with the relay.
-    pub fn start(self) -> RelayHandle {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PublisherOutlastsHold`] when the publisher's
+    /// [`delivery_timeout`](Publisher::delivery_timeout) does not fit in the hold (see
+    /// [`check`](Self::check)); nothing is started then.
+    pub fn start(self) -> Result<RelayHandle> {
+        self.check()?;
         let (stop, stopped) = watch::channel(false);
         let totals = Arc::new(Totals::default());
         let task = tokio::spawn(self.run(stopped, Arc::clone(&totals)));
-        RelayHandle { stop, task, totals }
+        Ok(RelayHandle { stop, task, totals })
     }
 
     async fn run(self, stopped: watch::Receiver<bool>, totals: Arc<Totals>) -> RelayRound {
@@ -277,12 +327,13 @@ impl Relay {
             let wake = woken.notified();
             tokio::pin!(wake);
             wake.as_mut().enable();
+            let taken_at = Instant::now();
             let round = match self
                 .store
                 .take(self.config.batch_size, self.config.hold)
                 .await
             {
-                Ok(held) => self.settle(held, Some(&mut stopped)).await,
+                Ok(held) => self.settle(held, Some(&mut stopped), taken_at).await,
                 Err(e) => Err(e),
             };
             let taken = match round {
@@ -326,12 +377,14 @@ impl Relay {
         }
     }
 
-    /// Publish `held`'s rows and mark each. With `stopped`, a stop during the publish gives
+    /// Publish `held`'s rows (taken at `taken_at`) and mark each. The publish gets until
+    /// `hold - mark_margin` after the take. With `stopped`, a stop during the publish gives
     /// it [`RelayConfig::stop_grace`] to finish, then hands the rows back.
     async fn settle(
         &self,
         held: Held,
         stopped: Option<&mut watch::Receiver<bool>>,
+        taken_at: Instant,
     ) -> Result<RelayRound> {
         let mut round = RelayRound {
             taken: held.rows.len() as u64,
@@ -349,7 +402,10 @@ impl Relay {
         );
         async {
             let started = Instant::now();
-            let publish = self.publisher.publish_all(&held.rows);
+            let budget = (self.config.hold)
+                .saturating_sub(self.config.mark_margin)
+                .saturating_sub(taken_at.elapsed());
+            let publish = self.publish_within(&held.rows, budget);
             let results = match stopped {
                 None => publish.await,
                 Some(stopped) => {
@@ -426,6 +482,33 @@ impl Relay {
         }
         .instrument(span)
         .await
+    }
+}
+
+impl Relay {
+    /// `rows` published, each answered; the rows still unanswered after `budget` count as
+    /// failed (the call is dropped: the publisher's own timeout, checked against the hold,
+    /// makes sure nothing of it lands later).
+    async fn publish_within(
+        &self,
+        rows: &[OutboxRow],
+        budget: Duration,
+    ) -> Vec<std::result::Result<(), BoxError>> {
+        match tokio::time::timeout(budget, self.publisher.publish_all(rows)).await {
+            Ok(results) => results,
+            Err(_) => {
+                let name = self.publisher.name();
+                tracing::warn!(rows = rows.len(), publisher = name, after = ?budget, "dedup outbox relay: the publisher did not answer before the end of the hold less the mark margin; the rows count as failed");
+                rows.iter()
+                    .map(|_| {
+                        Err(Box::new(TimedOut {
+                            what: format!("the {name} publisher's answer within the relay's hold"),
+                            after: budget,
+                        }) as BoxError)
+                    })
+                    .collect()
+            }
+        }
     }
 }
 

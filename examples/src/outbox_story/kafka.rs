@@ -59,9 +59,16 @@ pub async fn prepare(brokers: &str, names: &Names) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The idempotent producer; never reported lost (librdkafka reconnects).
+/// The idempotent producer; never reported lost (librdkafka reconnects). Its messages time
+/// out after 1.5 s, so a call is over within 3 s: within the relay's short hold
+/// (`roles.rs`).
 pub fn publisher(brokers: &str) -> Result<(Arc<dyn Publisher>, Lost), BoxError> {
-    Ok((Arc::new(KafkaPublisher::new(brokers)?), Box::new(|| false)))
+    let mut settings = ClientConfig::new();
+    settings
+        .set("bootstrap.servers", brokers)
+        .set("message.timeout.ms", "1500");
+    let publisher = KafkaPublisher::from_config(&settings)?;
+    Ok((Arc::new(publisher), Box::new(|| false)))
 }
 
 /// Consume `topic` in group `<topic>-group`, keys under the topic's name.

@@ -43,7 +43,10 @@ pub async fn prepare(amqp: &str, names: &Names) -> Result<Connection, BoxError> 
 /// A publisher on a fresh connection, lost when that connection is.
 pub async fn publisher(amqp: &str, names: &Names) -> Result<(Arc<dyn Publisher>, Lost), BoxError> {
     let connection = prepare(amqp, names).await?;
-    let publisher = RabbitPublisher::new(&connection).await?;
+    // Within the relay's short hold (`roles.rs`).
+    let publisher = RabbitPublisher::new(&connection)
+        .await?
+        .confirm_timeout(Duration::from_secs(3));
     Ok((
         Arc::new(publisher),
         Box::new(move || !connection.status().connected()),

@@ -44,12 +44,15 @@ pub async fn relay(
             RelayConfig::default()
                 .batch_size(50)
                 .hold(Duration::from_secs(5))
+                // Publishers of 3 s (`rabbit.rs`, `kafka.rs`) fit in a 5 s hold with 1 s
+                // kept for the marks.
+                .mark_margin(Duration::from_secs(1))
                 .poll_interval(Duration::from_millis(500))
                 // A broker restart fails publishes for a while; rows must not die of it.
                 .max_attempts(1000)
                 .backoff(Backoff::Interval(Duration::from_millis(300))),
         )
-        .start();
+        .start()?;
     let lost = until_shutdown_or_lost(&lost, &shutdown).await;
     let all = handle.stop().await;
     if lost {
@@ -173,6 +176,10 @@ impl std::fmt::Debug for Checkpointed {
 impl Publisher for Checkpointed {
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+
+    fn delivery_timeout(&self) -> std::time::Duration {
+        self.inner.delivery_timeout()
     }
 
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {

@@ -84,7 +84,7 @@ pub(super) async fn commit_to_publish(
                         .batch_size(RELAY_BATCH)
                         .poll_interval(poll),
                 )
-                .start();
+                .start()?;
             // Let it LISTEN before the first commit.
             tokio::time::sleep(Duration::from_millis(300)).await;
             let mut commits = Vec::with_capacity(n);

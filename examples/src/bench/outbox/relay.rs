@@ -90,7 +90,7 @@ pub(super) async fn relay_throughput(
             // load the server the relay is measured on).
             let mark = meter.mark();
             let started = Instant::now();
-            let handle = Relay::clone(&relay).start();
+            let handle = Relay::clone(&relay).start()?;
             while handle.sent() + handle.dead() < n as u64 {
                 if started.elapsed() > Duration::from_secs(120) {
                     handle.stop().await;
