@@ -1,12 +1,13 @@
 //! The billing consumer's transactional shape on PostgreSQL (`TxInbox` over a
 //! `PostgresStore` on the kit's clock): the invoice written in the handler's transaction,
 //! the charge passed the lease's idempotency key. Restated here in sqlx (the example's
-//! handlers are SQLite's). Needs `DEDUP_POSTGRES_URL`; skips without it, fails under
-//! `DEDUP_TEST_STRICT=1`.
+//! handlers are SQLite's). Then the kit's tables all gone after a run. Needs
+//! `DEDUP_POSTGRES_URL`; skips without it, fails under `DEDUP_TEST_STRICT=1`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use dedup_core::outbox::OutboxMessage;
 use dedup_core::{BoxError, DedupStore};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
 use dedup_postgres::{PostgresConfig, TxInbox};
@@ -77,7 +78,7 @@ fn run(
                 let _ = pool.set(store.pool().clone());
                 Ok(Subject {
                     store: Arc::new(store.clone()) as Arc<dyn DedupStore>,
-                    consumer: postgres_tx(TxInbox::new(store), move |conn, lease, message, fx| {
+                    consumer: postgres_tx(own_tx(store), move |conn, lease, message, fx| {
                         Box::pin(async move {
                             let inserted = sqlx::query(AssertSqlSafe(format!(
                                 "INSERT INTO {schema}.invoices VALUES ($1, 4999)"
@@ -102,4 +103,114 @@ fn billing_in_transactional_mode_passes_on_postgres() {
 #[test]
 fn a_charge_outside_the_transaction_is_caught_on_postgres() {
     sql_billing::repeated_charge_is_caught(run(false, 256), "DEDUP_POSTGRES_URL");
+}
+
+/// How many tables of any schema are named with `prefix`, and whether `schema` has a
+/// versions table.
+async fn named_with(pool: &PgPool, schema: &str, prefix: &str) -> (i64, bool) {
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE starts_with(table_name::text, $1)",
+    )
+    .bind(prefix)
+    .fetch_one(pool)
+    .await
+    .expect("the tables");
+    let versions: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
+         WHERE table_schema = $1 AND table_name = 'dedup_schema_versions')",
+    )
+    .bind(schema)
+    .fetch_one(pool)
+    .await
+    .expect("the versions table");
+    (tables, versions)
+}
+
+#[test]
+fn a_run_leaves_no_table_of_its_own_on_postgres() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_POSTGRES_URL") else {
+        eprintln!("SKIPPED: DEDUP_POSTGRES_URL is not set");
+        return;
+    };
+    let schema = format!("dedup_testkit_nonce_{}", std::process::id());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let admin = rt.block_on(async {
+        let admin = PgPool::connect(&url).await.expect("a pool");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
+        )))
+        .execute(&admin)
+        .await
+        .expect("a fresh schema");
+        admin
+    });
+    // The run's tables as the setup saw them: their prefix, and what was there.
+    let seen: Arc<OnceLock<(String, (i64, bool))>> = Arc::default();
+    let during = Arc::clone(&seen);
+    let in_schema = schema.clone();
+    let report = Kit::new()
+        .cases(16)
+        .run_with(|setup| async move {
+            let store = setup
+                .postgres(
+                    &url,
+                    PostgresConfig {
+                        schema: in_schema.clone(),
+                        ..PostgresConfig::default()
+                    },
+                )
+                .await?;
+            let prefix = setup.inbox_table().to_owned();
+            let found = named_with(store.pool(), &in_schema, &prefix).await;
+            let _ = during.set((prefix, found));
+            let outbox = store.outbox();
+            Ok(Subject {
+                store: Arc::new(store.clone()) as Arc<dyn DedupStore>,
+                // Each message also puts an event in the outbox.
+                consumer: postgres_tx(TxInbox::new(store), move |conn, _lease, message, _fx| {
+                    let outbox = outbox.clone();
+                    Box::pin(async move {
+                        let event = OutboxMessage::new("events", message.id(), b"{}".to_vec())?;
+                        outbox.enqueue(&mut *conn, &[event]).await?;
+                        Ok(None)
+                    })
+                }),
+            })
+        })
+        .unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(report.runs, 16, "{report:?}");
+    let (prefix, during) = seen.get().cloned().expect("the setup ran");
+    // The records and the outbox, in a schema the kit made the versions table of.
+    assert_eq!(during, (2, true), "{prefix}");
+    let after = rt.block_on(named_with(&admin, &schema, &prefix));
+    rt.block_on(
+        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE"))).execute(&admin),
+    )
+    .expect("dropping the test schema");
+    assert_eq!(
+        after,
+        (0, false),
+        "{prefix}: tables left, and the versions table"
+    );
+}
+
+/// The inbox as a service builds it behind a broker consumer: each run's transaction
+/// begun by the service's own closure (`with_begin`; here it sets the isolation level), so
+/// the billing runs check that production path: begun, committed, rolled back and
+/// retried on conflicts by the inbox.
+fn own_tx(store: dedup_postgres::PostgresStore) -> TxInbox {
+    let pool = store.pool().clone();
+    TxInbox::new(store).with_begin(move || {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .execute(&mut *tx)
+                .await?;
+            Ok(tx)
+        }
+    })
 }
