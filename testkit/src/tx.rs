@@ -128,7 +128,7 @@ mod sqlite {
 mod sqlx_tx {
     use std::sync::Arc;
 
-    use dedup_core::{BoxError, InboxConfig, Lease};
+    use dedup_core::{BoxError, InboxConfig, Lease, TxHandle};
     use dedup_sql::tx_inbox::{Conn, TxInbox, TxStore};
     use futures::future::BoxFuture;
 
@@ -142,6 +142,13 @@ mod sqlx_tx {
     /// [`Subject`](crate::Subject); the kit applies its inbox configuration to it.
     /// Stopping points and kills as for `sqlite_tx`. [`postgres_tx`](crate::postgres_tx)
     /// and [`mysql_tx`](crate::mysql_tx) name it per backend.
+    ///
+    /// The kit calls the inbox through [`TxHandle::handle_tx`], the entry point a broker
+    /// consumer's `dedup_brokers::with_tx_inbox` calls: what the kit checks is the
+    /// production path. Build `inbox` as your service does: an inbox
+    /// [`with_begin`](TxInbox::with_begin) (your pool, or your closure that begins the
+    /// transaction) is checked with your transactions, begun, committed, rolled back and
+    /// retried on conflicts by the inbox.
     pub fn sqlx_tx<S, H>(inbox: TxInbox<S>, handler: H) -> SqlxTx<S, H>
     where
         S: TxStore,
@@ -178,6 +185,7 @@ mod sqlx_tx {
     impl<S, H> Consumer for SqlxTx<S, H>
     where
         S: TxStore,
+        Conn<S>: Send,
         H: for<'c> Fn(
                 &'c mut Conn<S>,
                 &'c Lease,
@@ -204,19 +212,18 @@ mod sqlx_tx {
                     "hands {} to the TxInbox (claim)",
                     cx.message().name()
                 ));
-                let (message, fx) = (cx.message().clone(), cx.effects());
-                let handled = inbox
-                    .handle(&cx.key(), None, |conn, lease| {
-                        let (handler, message, fx) =
-                            (Arc::clone(&handler), message.clone(), fx.clone());
-                        Box::pin(async move {
-                            fx.enter_tx(lease);
-                            let out = (*handler)(conn, lease, &message, &fx).await?;
-                            fx.before_tx_commit().await?;
-                            Ok::<_, BoxError>(out)
-                        })
+                let (message, fx, key) = (cx.message().clone(), cx.effects(), cx.key());
+                let handled = TxHandle::handle_tx(&inbox, &key, None, |conn, lease| {
+                    let (handler, message, fx) =
+                        (Arc::clone(&handler), message.clone(), fx.clone());
+                    Box::pin(async move {
+                        fx.enter_tx(lease);
+                        let out = (*handler)(conn, lease, &message, &fx).await?;
+                        fx.before_tx_commit().await?;
+                        Ok::<_, BoxError>(out)
                     })
-                    .await;
+                })
+                .await;
                 fx.leave_tx();
                 super::settle(&cx, handled).await
             })
