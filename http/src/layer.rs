@@ -19,17 +19,39 @@ use crate::{IdempotencyConfig, Problem, StoredResponse};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A tower [`Layer`] that makes the wrapped service idempotent per `Idempotency-Key`, over
-/// any [`DedupStore`]. See the crate docs for the protocol.
+/// A tower [`Layer`] that makes the wrapped service idempotent per `Idempotency-Key`.
+///
+/// It works over any [`DedupStore`]. A client that retries a request with the same key
+/// gets the first response back. The handler does not run twice. See the [crate
+/// docs](crate) for the protocol. Clones share the store and the configuration.
+///
+/// # Examples
 ///
 /// ```
 /// use std::sync::Arc;
+/// use axum::{Router, body::Body, routing::post};
 /// use dedup_core::{DedupStore, MemoryStore};
 /// use dedup_http::IdempotencyLayer;
+/// use http::Request;
+/// use tower_service::Service;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store: Arc<dyn DedupStore> = Arc::new(MemoryStore::new());
-/// let layer = IdempotencyLayer::new(store);
-/// // axum: Router::new().route("/orders", post(create)).layer(layer)
-/// # let _ = layer;
+/// let mut app: Router = Router::new()
+///     .route("/orders", post(|| async { "created" }))
+///     .layer(IdempotencyLayer::new(store));
+///
+/// let order = || Request::post("/orders").header("Idempotency-Key", "k-42").body(Body::empty());
+/// let first = app.call(order()?).await?;
+/// assert_eq!(first.status(), 200);
+///
+/// // The client retries: it gets the stored response back.
+/// let retry = app.call(order()?).await?;
+/// assert_eq!(retry.status(), 200);
+/// assert_eq!(retry.headers()["idempotency-replayed"], "true");
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
@@ -42,12 +64,26 @@ struct Shared {
 }
 
 impl IdempotencyLayer {
-    /// A layer over `store` with the default configuration.
+    /// A layer over `store` with the default [`IdempotencyConfig`].
     pub fn new(store: Arc<dyn DedupStore>) -> Self {
         Self::with_config(store, IdempotencyConfig::default())
     }
 
     /// A layer over `store` with `config`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use dedup_core::{DedupStore, MemoryStore};
+    /// use dedup_http::{IdempotencyConfig, IdempotencyLayer};
+    ///
+    /// let store: Arc<dyn DedupStore> = Arc::new(MemoryStore::new());
+    /// let mut config = IdempotencyConfig::default();
+    /// config.lease.lease = Duration::from_secs(60); // handlers that run long
+    /// let layer = IdempotencyLayer::with_config(store, config);
+    /// assert_eq!(layer.config().lease.lease, Duration::from_secs(60));
+    /// ```
     pub fn with_config(store: Arc<dyn DedupStore>, config: IdempotencyConfig) -> Self {
         let inbox = Inbox::from_arc(store, config.lease.clone());
         IdempotencyLayer {
@@ -83,9 +119,20 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// The service [`IdempotencyLayer`] produces around `S`.
 ///
 /// The inner service sees guarded requests with their buffered body
-/// (`Either::Left(Full<Bytes>)`) and the running claim's [`Lease`] in the request
-/// extensions (its `fence` and `idempotency_key()` are stable handles for calls to other
-/// systems); other requests pass through with their own body (`Either::Right`).
+/// (`Either::Left(Full<Bytes>)`). The running claim's [`Lease`] is in the request
+/// extensions. Its `fence` and `idempotency_key()` are stable handles for calls to other
+/// systems. Other requests pass through with their own body (`Either::Right`).
+///
+/// # Errors
+///
+/// The layer answers its own refusals and store failures as responses
+/// (`application/problem+json`), never as errors. An `Err` from the inner service passes
+/// through, after the key was released.
+///
+/// # Cancel safety
+///
+/// Dropping the response future (the client went away, a shutdown) releases the key in
+/// the background. A retry then runs the handler afresh.
 #[derive(Clone)]
 pub struct Idempotency<S> {
     inner: S,
