@@ -7,7 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Header: what failed. `refused` for a delivery not admitted (no or an invalid message
 /// id, older than the admission floor); otherwise the last failure's kind as the inbox
-/// kept it (`handler`, `panic`, `outcome`, `store`, `attempts`).
+/// kept it (`handler`, `transient`, `panic`, `outcome`, `store`, `conflict`,
+/// `attempts`).
 pub const FAILURE_KIND_HEADER: &str = "dedup-failure-kind";
 /// Header: the message chain: the refusal's reason, or the last failure's error and its
 /// sources, outermost first, joined by `: `.

@@ -33,6 +33,36 @@ impl<I, F> std::fmt::Debug for TxInboxHandler<I, F> {
 /// [`Transient`](dedup_core::Transient) error), each time in a fresh transaction with its
 /// own copy of the delivery.
 ///
+/// A deadlock or a serialization failure runs `work` again in a fresh transaction under
+/// the same lease, without using an attempt; when the inbox's retries run out, the
+/// answer is [`InboxError::Conflict`] and the broker redelivers (see the backend's
+/// `TxInbox`). The transaction commits only when `work` succeeded.
+///
+/// To run `work` in your own transactions (your pool, an isolation level you set), build
+/// the inbox with `TxInbox::with_begin`: no glue around `handle_in` is needed, and begin
+/// and commit errors are the inbox's to convert:
+///
+/// ```no_run
+/// # async fn demo(store: dedup_postgres::PostgresStore, pool: dedup_postgres::sqlx::PgPool) {
+/// use dedup_brokers::{Delivery, with_tx_inbox};
+/// use dedup_core::Lease;
+/// use dedup_postgres::sqlx;
+/// let handler = with_tx_inbox(
+///     dedup_postgres::TxInbox::new(store).with_begin(pool),
+///     |conn: &mut sqlx::PgConnection, _lease: &Lease, delivery: Delivery| {
+///         Box::pin(async move {
+///             sqlx::query("INSERT INTO shipments (body) VALUES ($1)")
+///                 .bind(delivery.payload.to_vec())
+///                 .execute(&mut *conn)
+///                 .await?;
+///             Ok::<_, sqlx::Error>(None)
+///         })
+///     },
+/// );
+/// # let _ = handler;
+/// # }
+/// ```
+///
 /// ```no_run
 /// # async fn demo(store: dedup_postgres::PostgresStore) {
 /// use dedup_brokers::{Delivery, with_tx_inbox};

@@ -22,13 +22,45 @@ use crate::error::Backend;
 /// transaction ended by [`commit_in_tx`](MySqlStore::commit_in_tx): two statements and
 /// two commits beside the handler's) is in [`TxEngine`](dedup_core::TxEngine)'s docs.
 ///
-/// Errors the database asks to retry (deadlock `1213`, lock wait timeout `1205`, `NOWAIT`
-/// refusals, a dropped connection), found as a `sqlx::Error` or a
-/// [`dedup_core::Error`] in the handler's error's source chain or raised by the commit, run
-/// the handler again in a fresh transaction, as a new attempt, under the
-/// [`retry`](dedup_sql::TxInbox::with_retry) policy. The database writes of a failed run are rolled
-/// back; the handler's other side effects (an e-mail, an HTTP call) are not, so they must
-/// be idempotent (use [`Lease::idempotency_key`](dedup_core::Lease::idempotency_key)).
+/// A conflict (deadlock `1213`, lock wait timeout `1205`, `NOWAIT` refusals), found as a
+/// `sqlx::Error` in the handler's error's source chain or raised by begin or the commit,
+/// runs the handler again in a fresh transaction under the same lease, without using an
+/// attempt, at most [`max_retries`](dedup_core::layers::RetryPolicy::max_retries) times;
+/// then the key is released with a failure of kind `conflict` and
+/// [`InboxError::Conflict`](dedup_core::InboxError::Conflict) comes back (see
+/// [`dedup_sql::TxInbox`]). A dropped connection runs it again as a new attempt. The
+/// database writes of a failed run are rolled back; the handler's other side effects (an
+/// e-mail, an HTTP call) are not, so they must be idempotent (use
+/// [`Lease::idempotency_key`](dedup_core::Lease::idempotency_key)).
+///
+/// [`with_begin`](dedup_sql::TxInbox::with_begin) runs the handler in your own
+/// transactions (your pool, or a closure that begins them), committed only when it
+/// succeeded and retried the same way on a conflict:
+///
+/// ```no_run
+/// # async fn demo(store: dedup_mysql::MySqlStore, pool: sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use dedup_core::Key;
+/// let read_committed = move || {
+///     let pool = pool.clone();
+///     async move {
+///         pool.begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+///             .await
+///     }
+/// };
+/// let inbox = dedup_mysql::TxInbox::new(store).with_begin(read_committed);
+/// let key = Key::new("shipping", "order-42")?;
+/// inbox
+///     .handle(&key, None, |conn, _lease| {
+///         Box::pin(async move {
+///             sqlx::query("UPDATE stock SET reserved = reserved + 1 WHERE sku = 'A'")
+///                 .execute(&mut *conn)
+///                 .await?;
+///             Ok::<_, sqlx::Error>(None)
+///         })
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
 ///
 /// The attempt-counting claim is the store's own lease-mode claim, which waits for its
 /// log flush: [`durable_claims`](dedup_sql::TxInbox::durable_claims) is always `true`.

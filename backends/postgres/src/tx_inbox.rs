@@ -39,15 +39,50 @@ use crate::error::Backend;
 /// [`with_durable_claims`](dedup_sql::TxInbox::with_durable_claims) makes the claim wait for its own
 /// flush instead, for a second durable commit per message.
 ///
-/// Errors the database asks to retry (serialization failure `40001`, deadlock `40P01`,
-/// lock timeout, a dropped connection), found as a `sqlx::Error` or a
-/// [`dedup_core::Error`] in the handler's error's source chain or raised by the commit, run
-/// the handler again in a fresh transaction, as a new attempt, under the
-/// [`retry`](dedup_sql::TxInbox::with_retry) policy. The database writes of a failed run are rolled
-/// back; the handler's other side effects (an e-mail, an HTTP call) are not, so they must
-/// be idempotent (use [`Lease::idempotency_key`](dedup_core::Lease::idempotency_key)). Handler errors marked
-/// [`Transient`](dedup_core::Transient) run again the same way under
+/// A conflict (serialization failure `40001`, deadlock `40P01`, lock timeout `55P03`),
+/// found as a `sqlx::Error` in the handler's error's source chain or raised by begin or the
+/// commit, runs the handler again in a fresh transaction under the same lease, without
+/// using an attempt, at most [`max_retries`](dedup_core::layers::RetryPolicy::max_retries)
+/// times; then the key is released with a failure of kind `conflict` and
+/// [`InboxError::Conflict`](dedup_core::InboxError::Conflict) comes back (see
+/// [`dedup_sql::TxInbox`]). A dropped connection runs it again as a new attempt. The
+/// database writes of a failed run are rolled back; the handler's other side effects (an
+/// e-mail, an HTTP call) are not, so they must be idempotent (use
+/// [`Lease::idempotency_key`](dedup_core::Lease::idempotency_key)). Handler errors marked
+/// [`Transient`](dedup_core::Transient) run again as new attempts under
 /// [`InboxConfig::handler_retry`](dedup_core::InboxConfig::handler_retry).
+///
+/// [`with_begin`](dedup_sql::TxInbox::with_begin) runs the handler in your own
+/// transactions (your pool, or a closure that begins them), committed only when it
+/// succeeded and retried the same way on a conflict:
+///
+/// ```no_run
+/// # async fn demo(store: dedup_postgres::PostgresStore, pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use dedup_core::Key;
+/// let serializable = move || {
+///     let pool = pool.clone();
+///     async move {
+///         let mut tx = pool.begin().await?;
+///         sqlx::query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+///             .execute(&mut *tx)
+///             .await?;
+///         Ok(tx)
+///     }
+/// };
+/// let inbox = dedup_postgres::TxInbox::new(store).with_begin(serializable);
+/// let key = Key::new("shipping", "order-42")?;
+/// inbox
+///     .handle(&key, None, |conn, _lease| {
+///         Box::pin(async move {
+///             sqlx::query("UPDATE stock SET reserved = reserved + 1 WHERE sku = 'A'")
+///                 .execute(&mut *conn)
+///                 .await?;
+///             Ok::<_, sqlx::Error>(None)
+///         })
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
 ///
 /// Messages the handler sends go through the store's outbox in the same transaction, with
 /// ids derived from the incoming key so a re-run writes the same ones:
