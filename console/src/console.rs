@@ -17,16 +17,51 @@ use crate::problem::{Problem, need_outbox};
 use crate::state::{Inner, html};
 use crate::{actions, gather, pages};
 
-/// The console over one store (and optionally its outbox). [`Console::router`] gives the
-/// axum router to serve alone or to nest in your own service.
+/// The operator's console over one store, and optionally its outbox.
+///
+/// [`Console::router`] gives the axum router. Serve it alone, or nest it in your own
+/// service. Clones share the store and the configuration.
+///
+/// # Examples
+///
+/// ```
+/// use axum::body::Body;
+/// use dedup_console::{Console, ConsoleConfig};
+/// use http::Request;
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let url = "sqlite::memory:";
+/// let admin = dedup::open_admin(url).await?;
+/// let console = Console::new(admin, url, ConsoleConfig::default())?;
+///
+/// let request = Request::get("/api/overview").body(Body::empty())?;
+/// let response = console.router().oneshot(request).await?;
+/// assert_eq!(response.status(), 200);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Console {
     inner: Arc<Inner>,
 }
 
 impl Console {
-    /// A console over `admin`, named by `store_url` in its header (any password in it is
-    /// removed before it is shown), as `config` says (checked).
+    /// A console over `admin`, as `config` says.
+    ///
+    /// `store_url` names the store in the console's header. Any password in it is removed
+    /// before it is shown.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when `config` is unusable ([`ConsoleConfig::validate`]):
+    /// - [`ConfigError::NoToken`]: writes or guarded views with neither a token nor
+    ///   `host_auth`;
+    /// - [`ConfigError::WeakToken`]: a token under 16 characters;
+    /// - [`ConfigError::OutOfRange`]: a page size or scan limit out of range;
+    /// - [`ConfigError::BasePath`]: a base path that is not empty and does not start with
+    ///   `/`, or ends with one.
     pub fn new(
         admin: Arc<dyn Admin>,
         store_url: &str,
@@ -44,7 +79,9 @@ impl Console {
         })
     }
 
-    /// The same console showing `outbox` too (its overview line, its dead rows, retry).
+    /// The same console showing `outbox` too.
+    ///
+    /// It adds the outbox's overview line, its dead rows, and their retry.
     pub fn with_outbox(self, outbox: Arc<dyn OutboxStore>) -> Self {
         let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
             admin: shared.admin.clone(),
@@ -62,7 +99,10 @@ impl Console {
     }
 
     /// The router: the HTML views, their JSON under `/api/...`, the confirmation pages
-    /// and the actions. Mount it with `Router::nest` at [`ConsoleConfig::base_path`].
+    /// and the actions.
+    ///
+    /// Mount it with `Router::nest` at [`ConsoleConfig::base_path`]. Put your
+    /// authentication layer on it when [`ConsoleConfig::host_auth`] is set.
     pub fn router(&self) -> Router {
         Router::new()
             .route("/", get(overview))
