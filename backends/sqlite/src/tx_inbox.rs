@@ -41,15 +41,18 @@ use crate::store::SqliteStore;
 /// renewals included), purge batches. No other worker can take the key over while the
 /// transaction is open.
 ///
-/// Some errors ask for the transaction to run again: `SQLITE_BUSY` and `SQLITE_LOCKED`,
-/// when another connection held the lock past the busy timeout. They are found as a
-/// `rusqlite::Error` or a [`dedup_core::Error`] in the handler's error's source chain,
-/// or raised by begin or commit. The handler then runs again in a fresh transaction, as a
-/// new attempt, under the [`retry`](Self::with_retry) policy. The database writes of a
-/// failed run are rolled back. The handler's other side effects are not, so they must be
-/// idempotent (use [`Lease::idempotency_key`]). Handler errors marked
-/// [`Transient`](dedup_core::Transient) run again the same way, under
-/// [`InboxConfig::handler_retry`].
+/// `SQLITE_BUSY` and `SQLITE_LOCKED` are a conflict: another connection (another
+/// process) held the lock past the busy timeout. They are found as a `rusqlite::Error` in
+/// the handler's error's source chain, or raised by begin or commit. The handler then runs
+/// again in a fresh transaction under the same lease, without using an attempt, at most
+/// the [`retry`](Self::with_retry) policy's `max_retries` times. When those run out, the
+/// key is released with a failure of kind `conflict`, and
+/// [`InboxError::Conflict`](dedup_core::InboxError::Conflict) comes back (see
+/// [`TxEngine`]). The database writes of a failed run are rolled back. The handler's other
+/// side effects are not, so they must be idempotent (use [`Lease::idempotency_key`]).
+/// Other errors the database asks to retry (an I/O error) run again as new attempts.
+/// Handler errors marked [`Transient`](dedup_core::Transient) run again as new attempts,
+/// under [`InboxConfig::handler_retry`].
 ///
 /// There is no `handle_in` joining a transaction the caller opened, as PostgreSQL's
 /// `TxInbox` has. The attempt-counting claim runs on another connection, and SQLite lets
