@@ -15,8 +15,9 @@
 # feature compiles only its own driver (scripts/check-drivers.sh); after them it
 # runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples
 # with each backend feature alone, and clippy of dedup-brokers with no broker and with each
-# broker feature alone. Any failure fails the run; every step still runs, and the
-# summary at the end names the steps that failed.
+# broker feature alone, and of dedup-testkit with each backend feature alone. Any failure
+# fails the run; every step still runs, and the summary at the end names the steps that
+# failed.
 #
 # Environment:
 #   DEDUP_CHECKS=0        skip fmt / MSRV / clippy / doc / feature checks (tests only)
@@ -144,6 +145,11 @@ if [[ $checks != 0 ]]; then
     for feature in rabbitmq redis-streams nats kafka pubsub; do
         step "dedup-brokers with only $feature" \
             cargo clippy -p dedup-brokers --all-targets --no-default-features --features "$feature" -- -D warnings
+    done
+    # The test kit: clippy with each backend feature alone (a user's build enables one).
+    for feature in sqlite postgres mysql; do
+        step "dedup-testkit with only $feature" \
+            cargo clippy -p dedup-testkit --all-targets --no-default-features --features "$feature" -- -D warnings
     done
 fi
 
