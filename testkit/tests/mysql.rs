@@ -216,9 +216,12 @@ fn every_effect_is_checked_whatever_the_registration_order_on_mysql() {
         .expect("dropping the effects table");
 }
 
-/// How many tables of the database, and rows of the versions and purge runs tables, are
-/// named with `prefix`.
-async fn named_with(pool: &MySqlPool, prefix: &str) -> (i64, i64, i64) {
+/// How many tables of the database, rows of the versions table and rows of the purge
+/// runs table are named with a prefix.
+type Named = (i64, i64, i64);
+
+/// The [`Named`] counts for `prefix`.
+async fn named_with(pool: &MySqlPool, prefix: &str) -> Named {
     let tables: i64 = sqlx::query_scalar(
         "SELECT CAST(count(*) AS SIGNED) FROM information_schema.tables \
          WHERE table_schema = DATABASE() AND LOCATE(?, table_name) = 1",
@@ -250,7 +253,7 @@ fn a_run_leaves_no_table_of_its_own_on_mysql() {
         return;
     };
     // The run's tables as the setup saw them: their prefix, and what was there.
-    let seen: Arc<OnceLock<(String, (i64, i64, i64))>> = Arc::default();
+    let seen: Arc<OnceLock<(String, Named)>> = Arc::default();
     let during = Arc::clone(&seen);
     let report = Kit::new()
         .cases(16)
