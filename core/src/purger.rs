@@ -388,8 +388,7 @@ impl Purger {
                     tracing::warn!(error = %crate::error_chain(&e), "dedup purge failed; retrying next period");
                 }
             }
-            let spread = self.jitter * (2.0 * random_unit() - 1.0);
-            wait = self.every.mul_f64(1.0 + spread);
+            wait = jittered(self.every, self.jitter, random_unit());
         }
     }
 }
@@ -423,6 +422,12 @@ impl Target for Outbox {
     fn what(&self) -> &'static str {
         "outbox"
     }
+}
+
+/// `every`, longer or shorter by up to `jitter` of it: `unit` 0 gives the shortest wait,
+/// 0.5 `every` itself, and values near 1 the longest.
+fn jittered(every: Duration, jitter: f64, unit: f64) -> Duration {
+    every.mul_f64(1.0 + jitter * (2.0 * unit - 1.0))
 }
 
 /// A uniformly random number in [0, 1), from the operating system's randomness.
@@ -482,5 +487,27 @@ impl PurgerHandle {
                 ..PurgerStats::default()
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_wait_is_the_period_give_or_take_the_jitter() {
+        let every = Duration::from_secs(10);
+        assert_eq!(jittered(every, 0.2, 0.0), Duration::from_secs(8));
+        assert_eq!(jittered(every, 0.2, 0.5), every);
+        assert_eq!(jittered(every, 0.2, 0.75), Duration::from_secs(11));
+        assert_eq!(jittered(every, 0.0, 0.9), every);
+    }
+
+    #[test]
+    fn random_units_spread_over_zero_to_one() {
+        let draws: Vec<f64> = (0..200).map(|_| random_unit()).collect();
+        assert!(draws.iter().all(|u| (0.0..1.0).contains(u)), "{draws:?}");
+        // 200 draws all in one half, or all equal, would be a broken generator.
+        assert!(draws.iter().any(|u| *u < 0.5) && draws.iter().any(|u| *u >= 0.5));
     }
 }

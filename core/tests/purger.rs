@@ -5,11 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use dedup_core::layers::{ObserveOptions, Observed};
 use dedup_core::{
-    ClaimOptions, DedupStore, Key, ManualClock, MemoryStore, PurgeOptions, Purger, PurgerError,
-    PurgerWarning,
+    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Failure,
+    ItemResult, Key, Lease, ManualClock, MemoryStore, PurgeOptions, PurgeReport, Purger,
+    PurgerError, PurgerWarning, Record, Result, Retention,
 };
+
+mod support;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -105,4 +109,71 @@ async fn it_purges_periodically_counts_what_it_removed_and_stops_cleanly() {
     clock.advance(2 * MINUTE);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(store.get(&k).await.unwrap().is_some());
+}
+
+#[test]
+fn the_default_retention_keeps_a_week_and_purges_every_ten_minutes() {
+    let retention = Retention::default();
+    assert_eq!(retention.keep, Duration::from_secs(7 * 24 * 3600));
+    assert_eq!(retention.every, Duration::from_secs(600));
+    let purger = retention.purger();
+    assert_eq!(purger, Purger::new(retention.keep, retention.every));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_run_is_counted_and_the_next_period_tries_again() {
+    let store = Arc::new(support::flaky(2, true));
+    let purger = Purger::spawn(store, MINUTE, Duration::from_millis(5)).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = purger.stop().await;
+    assert_eq!(stats.failures, 2, "{stats:?}");
+    assert!(stats.runs >= 10, "{stats:?}");
+}
+
+/// A MemoryStore whose purge panics.
+#[derive(Debug, Default)]
+struct PanickingPurge(MemoryStore);
+
+#[async_trait]
+impl DedupStore for PanickingPurge {
+    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+        self.0.claim(key, options).await
+    }
+    async fn claim_many(&self, r: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
+        self.0.claim_many(r).await
+    }
+    async fn renew(&self, lease: &Lease, d: Duration) -> Result<Lease> {
+        self.0.renew(lease, d).await
+    }
+    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        self.0.commit(lease, outcome).await
+    }
+    async fn commit_many(&self, r: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
+        self.0.commit_many(r).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.0.release(lease).await
+    }
+    async fn release_failed(&self, lease: &Lease, failure: &Failure) -> Result<()> {
+        self.0.release_failed(lease, failure).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        self.0.get(key).await
+    }
+    async fn purge(&self, _: &PurgeOptions) -> Result<PurgeReport> {
+        panic!("the purge broke");
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_purge_task_comes_out_of_stop() {
+    let store = Arc::new(PanickingPurge::default());
+    let purger = Purger::spawn(store, MINUTE, Duration::from_millis(5)).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped = tokio::spawn(purger.stop()).await;
+    let panic = stopped.expect_err("stop panics").into_panic();
+    assert_eq!(panic.downcast_ref::<&str>(), Some(&"the purge broke"));
 }
