@@ -5,8 +5,10 @@
 
 mod common;
 
+use dedup_core::Key;
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySql, MySqlConnection};
 use dedup_mysql::{MySqlStore, TxInbox};
+use futures::future::BoxFuture;
 
 /// The sqlx database.
 type Db = MySql;
@@ -54,3 +56,38 @@ async fn before_locking(_conn: &mut MySqlConnection) -> Result<(), sqlx::Error> 
 
 #[path = "../../sql/tests/clauses/tx_conflicts.rs"]
 mod clauses;
+
+/// The shipment service's handler as its user wrote it: a locking read of the message's
+/// business row (absent, so at REPEATABLE READ it locks the gap), then the insert.
+/// Concurrent runs into the same gap deadlock (1213).
+fn read_then_insert<'c>(
+    store: &'c MySqlStore,
+    conn: &'c mut MySqlConnection,
+    key: &'c Key,
+    _id: usize,
+) -> BoxFuture<'c, Result<Option<Vec<u8>>, sqlx::Error>> {
+    let table = common::business_table(store);
+    Box::pin(async move {
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT label FROM {table} WHERE consumer = ? AND message_id = ? FOR UPDATE"
+        )))
+        .bind(key.consumer())
+        .bind(key.message_id())
+        .fetch_all(&mut *conn)
+        .await?;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} (consumer, message_id, label) VALUES (?, ?, 'reserved')"
+        )))
+        .bind(key.consumer())
+        .bind(key.message_id())
+        .execute(&mut *conn)
+        .await?;
+        Ok(None)
+    })
+}
+
+#[test]
+fn select_for_update_then_insert_deadlocks_are_run_again_without_dead_letters() {
+    clauses::deadlocking_workers_process_each_message_once("gap_locks", false, read_then_insert);
+}

@@ -34,7 +34,8 @@ pub const ERRORS_TOTAL: &str = "dedup_errors_total";
 /// Histogram: time each store operation took, in seconds. Labels `backend`, `op`.
 pub const OPERATION_DURATION_SECONDS: &str = "dedup_operation_duration_seconds";
 /// Histogram: time the [`Inbox`](crate::Inbox)'s handlers ran, in seconds, by `result`:
-/// `ok`, `error`, `panic`, `lease_lost`. Labels `consumer`, `result`, `mode`.
+/// `ok`, `error`, `panic`, `lease_lost`, `conflict` (a transactional run the database
+/// refused over a conflict). Labels `consumer`, `result`, `mode`.
 pub const HANDLER_DURATION_SECONDS: &str = "dedup_handler_duration_seconds";
 /// Counter: deliveries the [`Inbox`](crate::Inbox) told to dead-letter because the key used
 /// up its attempts (poison messages). Labels `consumer`, `replay` (`false` the first time,

@@ -116,6 +116,25 @@ fn retries(retries: u32) -> RetryPolicy {
     }
 }
 
+/// A deadlock test's handler for message `id`: its writes end with the business row
+/// `reserved`.
+pub type Work = for<'c> fn(
+    &'c common::Store,
+    &'c mut Conn,
+    &'c Key,
+    usize,
+) -> BoxFuture<'c, Result<Option<Vec<u8>>, sqlx::Error>>;
+
+/// [`reserve`] as a [`Work`]: even messages lock row 1 first, odd ones row 2.
+fn opposite_orders<'c>(
+    store: &'c common::Store,
+    conn: &'c mut Conn,
+    key: &'c Key,
+    id: usize,
+) -> BoxFuture<'c, Result<Option<Vec<u8>>, sqlx::Error>> {
+    Box::pin(reserve(store, conn, key, id % 2 == 0))
+}
+
 /// The handler of the deadlock test: lock the two stock rows in an order that depends on
 /// the message (half one way, half the other, so concurrent runs deadlock), then write
 /// the business row.
@@ -164,8 +183,8 @@ struct Seen {
 /// redelivers the message. Every message must be processed once, none dead-lettered, and
 /// every conflict's run again counted (`reason = "conflict"`) without using an attempt.
 /// `own` runs it through `with_begin` on a pool of the test's own (the user's
-/// transactions).
-fn deadlocking_workers_process_each_message_once(test: &str, own: bool) {
+/// transactions); `work` is the handler.
+pub fn deadlocking_workers_process_each_message_once(test: &str, own: bool, work: Work) {
     let Some(url) = common::url() else { return };
     let consumer = "shipments";
     let (seen, counters) = recorded(|| async {
@@ -206,9 +225,7 @@ fn deadlocking_workers_process_each_message_once(test: &str, own: bool) {
                             .handle(&k, None, |conn, _lease| {
                                 seen.runs.fetch_add(1, Ordering::SeqCst);
                                 let (store, k) = (store.clone(), k.clone());
-                                Box::pin(
-                                    async move { reserve(&store, conn, &k, id % 2 == 0).await },
-                                )
+                                Box::pin(async move { work(&store, conn, &k, id).await })
                             })
                             .await;
                         match handled {
@@ -310,12 +327,12 @@ fn deadlocking_workers_process_each_message_once(test: &str, own: bool) {
 
 #[test]
 fn deadlocking_workers_process_each_message_once_without_dead_letters() {
-    deadlocking_workers_process_each_message_once("deadlocks", false);
+    deadlocking_workers_process_each_message_once("deadlocks", false, opposite_orders);
 }
 
 #[test]
 fn deadlocking_workers_in_their_own_transactions_process_each_message_once() {
-    deadlocking_workers_process_each_message_once("deadlocks_own", true);
+    deadlocking_workers_process_each_message_once("deadlocks_own", true, opposite_orders);
 }
 
 /// A conflict on every run (a row locked by another transaction, taken with `NOWAIT`):
