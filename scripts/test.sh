@@ -12,7 +12,8 @@
 # Before the tests it checks formatting, the toolchain against the MSRV, the backends'
 # file layout against ARCHITECTURE.md (scripts/check-layout.sh), the docs' lengths, links
 # and sentences (scripts/check-docs.sh) and that each backend
-# feature compiles only its own driver (scripts/check-drivers.sh); after them it
+# feature compiles only its own driver (scripts/check-drivers.sh), and that no mutant of the
+# state machine or the front door survives dedup-core's tests (scripts/check-mutants.sh); after them it
 # runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples
 # with each backend feature alone, and clippy of dedup-brokers with no broker and with each
 # broker feature alone, and of dedup-testkit with each backend feature alone. Any failure
@@ -115,6 +116,8 @@ if [[ $checks != 0 ]]; then
     step layout scripts/check-layout.sh
     step docs scripts/check-docs.sh
     step drivers scripts/check-drivers.sh
+    # Mutants of the state machine and the front door must each fail a test (a few minutes).
+    step mutants scripts/check-mutants.sh
 fi
 
 # Each test binary runs under a time limit (scripts/test-binary.sh as cargo's runner): a
