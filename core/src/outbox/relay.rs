@@ -164,21 +164,45 @@ impl RelayRound {
     }
 }
 
-/// Publishes an outbox: takes due rows in batches under a hold, publishes them through a
-/// [`Publisher`], marks them sent, retries failures with backoff and makes a row dead
-/// after [`RelayConfig::max_attempts`], without holding up the rows behind it.
+/// Publishes an outbox.
+///
+/// A relay takes due rows in batches, under a hold. It publishes them through a
+/// [`Publisher`] and marks them sent. It retries failures with backoff. After
+/// [`RelayConfig::max_attempts`] a row is dead; it does not hold up the rows behind it.
 ///
 /// Run as many relays as you like, on as many nodes: the store never gives one row to two
-/// live holds. Each published row is published at least once; a relay that dies between
-/// the publish and the mark leaves the row to be published again when its hold runs out,
-/// with the same message id, so the consumer's inbox drops the copy.
+/// live holds. Each row is published at least once. A relay may die between the publish
+/// and the mark. The row is then published again when its hold runs out, with the same
+/// message id, and the consumer's inbox drops the copy.
 ///
 /// Metrics (names in [`metric_names`](crate::layers::metric_names)): published rows,
-/// publish failures, dead rows, lost marks, publish time and commit-to-publish latency,
-/// and gauges of pending and dead rows and the age of the oldest unsent row. Each round is
-/// a `dedup.outbox.round` span; each row's outcome a `dedup.outbox.publish` span (debug
+/// publish failures, dead rows, lost marks, publish time and commit-to-publish latency.
+/// Gauges: pending and dead rows, and the age of the oldest unsent row. Each round is a
+/// `dedup.outbox.round` span. Each row's outcome is a `dedup.outbox.publish` span (debug
 /// level) with its `message_id`, `trace_id`, `correlation_id` and `causation_id` (see
 /// [`crate::trace`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use dedup_core::outbox::{MemoryOutbox, MemoryPublisher, OutboxMessage, Relay};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dedup_core::Error> {
+/// let outbox = MemoryOutbox::new();
+/// let publisher = MemoryPublisher::new();
+/// // A producer's transaction wrote a message.
+/// outbox.enqueue(&[OutboxMessage::new("invoices", "invoice-1", b"{}".to_vec())?])?;
+///
+/// let relay = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher.clone()));
+/// // A service starts it: `let running = relay.start()?;` ... `running.stop().await;`
+/// let round = relay.run_once().await?;
+/// assert_eq!(round.sent, 1);
+/// assert_eq!(publisher.message_ids(), ["invoice-1"]);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Relay {
     store: Arc<dyn OutboxStore>,
@@ -230,13 +254,21 @@ impl Relay {
         Ok(())
     }
 
-    /// One round: take due rows, publish them, mark each. For tests and for callers that
-    /// drive the relay themselves; [`start`](Self::start) runs rounds in a loop.
+    /// One round: take due rows, publish them, mark each.
+    ///
+    /// For tests, and for callers that drive the relay themselves.
+    /// [`start`](Self::start) runs rounds in a loop.
     ///
     /// # Errors
     ///
     /// [`Error::PublisherOutlastsHold`] (see [`check`](Self::check)), before anything is
     /// taken; the store's errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped round leaves the rows it took held. Once the hold runs out, another
+    /// round takes them again. A row published before the drop is then published twice,
+    /// with the same message id.
     pub async fn run_once(&self) -> Result<RelayRound> {
         self.check()?;
         let taken_at = Instant::now();
@@ -258,6 +290,10 @@ impl Relay {
     /// [`Error::PublisherOutlastsHold`] when the publisher's
     /// [`delivery_timeout`](Publisher::delivery_timeout) does not fit in the hold (see
     /// [`check`](Self::check)); nothing is started then.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (it spawns tasks).
     pub fn start(self) -> Result<RelayHandle> {
         self.check()?;
         let (stop, stopped) = watch::channel(false);
@@ -570,8 +606,15 @@ impl RelayHandle {
         self.totals.dead.load(Ordering::Relaxed)
     }
 
-    /// Stop: a round in flight finishes (or, after [`RelayConfig::stop_grace`], hands its
-    /// rows back). Returns what the relay did in all.
+    /// Stops the relay and returns what it did in all.
+    ///
+    /// A round in flight finishes. After [`RelayConfig::stop_grace`] it hands its rows
+    /// back instead. Dropping the handle stops the relay too, without waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// The stop is asked for at the first poll. Dropped after that, the relay still stops
+    /// gracefully; nobody waits for it.
     pub async fn stop(self) -> RelayRound {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
