@@ -206,8 +206,8 @@ impl Kit {
     ///
     /// It is an explicit opt-in, for a copy of your service's schema. Never give it the
     /// live tables a running service or its relay reads: the kit's clock runs hours ahead,
-    /// and the kit's messages would be relayed. [`Setup::sqlite`] and [`Setup::postgres`]
-    /// open the store on them. The kit does not drop them after the run.
+    /// and the kit's messages would be relayed. [`Setup::sqlite`], [`Setup::postgres`] and
+    /// [`Setup::mysql`] open the store on them. The kit does not drop them after the run.
     ///
     /// # Errors
     ///
@@ -281,10 +281,10 @@ impl Kit {
     }
 
     /// Give each message a payload drawn from `strategy` (by default a message's payload is
-    /// empty). The handler reads it as [`Message::payload`]. Draw malformed payloads too, and
-    /// say which are poison with [`poison`](Self::poison): the run then tests how the
-    /// consumer handles them. A failure shrinks the payloads with the schedule and prints
-    /// them.
+    /// empty). The handler reads it as [`Message::payload`](crate::Message::payload). Draw
+    /// malformed payloads too, and say which are poison with [`poison`](Self::poison): the
+    /// run then tests how the consumer handles them. A failure shrinks the payloads with
+    /// the schedule and prints them. The testkit's README has an example.
     pub fn payloads<S>(mut self, strategy: S) -> Self
     where
         S: Strategy<Value = Vec<u8>> + Send + Sync + 'static,
@@ -367,7 +367,8 @@ impl Kit {
     /// `setup` runs on the kit's runtime, a current-thread tokio runtime: build connection
     /// pools there. It gets the kit's [`Setup`]: its clock, so expiring leases is the
     /// kit's to decide, and its own tables, fresh per run and dropped after it. Build the
-    /// store with [`Setup::sqlite`], [`Setup::postgres`] or [`Setup::memory_store`].
+    /// store with [`Setup::sqlite`], [`Setup::postgres`], [`Setup::mysql`] or
+    /// [`Setup::memory_store`].
     ///
     /// Every case runs against this one store; message ids are unique per case. So your
     /// service's database works: the kit's tables sit beside the service's, which it

@@ -6,7 +6,9 @@
 //!
 //! - **nothing lost**: after the schedule and a drain, every message's key is completed
 //!   in the store, every message was acknowledged, and every effect the application
-//!   expects ([`Kit::expect_effect`], [`Kit::effects_query`]) happened for it;
+//!   expects ([`Kit::expect_effect`], each [`Kit::effects_query`]) happened for it; a key
+//!   ends rejected (a stored failure, a dead letter) only for a message whose payload is
+//!   poison ([`Kit::payloads`], [`Kit::poison`]);
 //! - **transactional mode**: no effect happened twice for a message;
 //! - **lease mode**: an effect happened twice only where a run was interrupted between
 //!   that effect and its commit (killed there, or a later step of the same run failed or
@@ -53,7 +55,7 @@
 //! schedule, the run is the same every time: that is what lets proptest shrink it.
 //!
 //! Time is the kit's [`ManualClock`](dedup_core::ManualClock), given to the store
-//! ([`Setup::sqlite`], [`Setup::postgres`], [`Setup::memory_store`]). The
+//! ([`Setup::sqlite`], [`Setup::postgres`], [`Setup::mysql`], [`Setup::memory_store`]). The
 //! inbox's own renewal timer is off during a run; `Expire` moves the clock past the lease
 //! and renews the leases of live workers itself, as the renewal task would have: only a
 //! dead worker's lease runs out. (A live worker stalled past its lease, a GC pause, is not

@@ -50,18 +50,18 @@ impl Drop for Rig {
 /// tables the kit's store lives in.
 ///
 /// By default those tables are the kit's own: fresh names per run (`dedup_testkit_<12 hex
-/// digits>` and that plus `_outbox`), created when the store opens and dropped after the
-/// run, also when it fails or a panic unwinds through it (with their rows in the schema
-/// versions table). The kit's clock (which the kit moves hours ahead to expire leases)
+/// digits>` and that plus `_outbox`; on MySQL / MariaDB also the outbox's `_keys` table),
+/// created when the store opens and dropped after the run, also when it fails or a panic
+/// unwinds through it (with their rows in the schema versions table). The kit's clock (which the kit moves hours ahead to expire leases)
 /// only ever stamps rows of those tables, so a run against the database of a live service
 /// leaves the service's inbox and outbox alone: its relay never sees the kit's messages.
 /// [`Kit::named_tables`](crate::Kit::named_tables) opts in to tables of your choosing (a
 /// copy of your service's schema), which the kit then keeps.
 ///
 /// Build the store with [`sqlite`](Self::sqlite) (feature `sqlite`),
-/// [`postgres`](Self::postgres) (feature `postgres`) or
-/// [`memory_store`](Self::memory_store): they put it on these tables and this clock and
-/// register the cleanup. For another store, [`clock`](Self::clock),
+/// [`postgres`](Self::postgres) (feature `postgres`), [`mysql`](Self::mysql) (feature
+/// `mysql`) or [`memory_store`](Self::memory_store): they put it on these tables and this
+/// clock and register the cleanup. For another store, [`clock`](Self::clock),
 /// [`inbox_table`](Self::inbox_table), [`outbox_table`](Self::outbox_table) and
 /// [`on_cleanup`](Self::on_cleanup) are the parts.
 pub struct Setup {

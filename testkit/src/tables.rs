@@ -1,13 +1,13 @@
 //! The kit's stores on SQLite, PostgreSQL and MySQL / MariaDB
 //! ([`Setup::sqlite`](crate::Setup::sqlite), [`Setup::postgres`](crate::Setup::postgres),
 //! [`Setup::mysql`](crate::Setup::mysql)): opened on the kit's tables and clock, with a
-//! cleanup that drops those tables (and their rows in the schema versions table and the
-//! purge runs table) after the run.
+//! cleanup that drops every table the store created (and their rows in the schema
+//! versions table and the purge runs table) after the run.
 //!
-//! The versions table itself is dropped only when the kit created it: right after the
-//! store opened it held no row but the kit's two, and it is empty once they are gone. The
-//! purge runs table (created by the same migrations) goes with it, when no other table's
-//! last purge is kept in it.
+//! On SQLite and PostgreSQL the versions table itself is dropped only when the kit
+//! created it: right after the store opened it held no row but the kit's two, and it is
+//! empty once they are gone. The purge runs table (created by the same migrations) goes
+//! with it, when no other table's last purge is kept in it. On MySQL / MariaDB both stay.
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
