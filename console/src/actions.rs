@@ -15,7 +15,7 @@ use std::fmt::Write;
 
 use crate::gather;
 use crate::guard::COOKIE;
-use crate::html::{esc, qs};
+use crate::html::{esc, home, qs};
 use crate::model::{ActionDone, Session};
 use crate::problem::{Problem, need_outbox};
 use crate::state::{Inner, html};
@@ -156,12 +156,12 @@ pub(crate) async fn confirm(
     let body = format!(
         "<p>{what}</p><form method=post action=\"{}/act/{}\">\
          <input type=hidden name=csrf value=\"{}\">{}<button id=confirm type=submit>Confirm</button> \
-         <a href=\"{}/\">Cancel</a></form>",
+         <a href=\"{}\">Cancel</a></form>",
         esc(&inner.config.base_path),
         esc(&qs(&action)),
         esc(&inner.csrf),
         p.hidden(),
-        esc(&inner.config.base_path),
+        home(&inner.config.base_path),
     );
     Ok(html(&inner, "Confirm", &body, false))
 }
@@ -175,9 +175,9 @@ pub(crate) async fn act(
     inner.check_write(&headers, &p.csrf)?;
     let (_, done) = run(&inner, &action, &p).await?;
     let body = format!(
-        "<p class=done id=result>{}</p><p><a href=\"{}/\">Overview</a></p>",
+        "<p class=done id=result>{}</p><p><a href=\"{}\">Overview</a></p>",
         esc(&done),
-        esc(&inner.config.base_path)
+        home(&inner.config.base_path)
     );
     Ok(html(&inner, "Done", &body, false))
 }

@@ -121,6 +121,10 @@ impl Console {
             .route("/act/{action}", post(actions::act))
             .route("/api/session", get(actions::api_session))
             .route("/api/act/{action}", post(actions::api_act))
+            .layer(axum::middleware::map_response_with_state(
+                self.inner.clone(),
+                crate::state::frame,
+            ))
             .with_state(self.inner.clone())
     }
 }

@@ -1,11 +1,12 @@
 //! Who may look and who may write: the token (a bearer header or the sign-in cookie), the
 //! CSRF token every form carries, and the `Origin` a write must come from.
 
+use axum::Extension;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 
-use crate::html::{esc, page};
-use crate::state::Inner;
+use crate::html::{esc, home};
+use crate::state::{Inner, Unframed};
 
 /// The cookie the sign-in form sets.
 pub const COOKIE: &str = "dedup_console_token";
@@ -33,15 +34,16 @@ impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         self.note();
         let body = format!(
-            "<p class=refused>{}</p><p><a href=\"{b}/signin\">Sign in</a> · <a href=\"{b}/\">Overview</a></p>",
+            "<p class=refused>{}</p><p><a href=\"{b}/signin\">Sign in</a> · <a href=\"{h}\">Overview</a></p>",
             esc(&self.reason),
-            b = esc(&self.base)
+            b = esc(&self.base),
+            h = home(&self.base)
         );
-        (
-            self.status,
-            Html(page(&self.base, "", "Refused", &body, false)),
-        )
-            .into_response()
+        let page = Unframed {
+            title: "Refused",
+            body,
+        };
+        (self.status, Extension(page)).into_response()
     }
 }
 

@@ -6,6 +6,9 @@ use std::time::Duration;
 use dedup_core::Timestamp;
 
 /// `text` with `& < > " '` escaped, safe in element content and in quoted attributes.
+/// Control characters other than newline and tab (an escape sequence in a stored error,
+/// say) become numeric references: the page keeps the same text, and no raw control byte
+/// reaches whoever reads the HTML in a terminal (`curl`).
 pub fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -15,6 +18,9 @@ pub fn esc(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            c if c.is_ascii_control() && c != '\n' && c != '\t' => {
+                let _ = write!(out, "&#{};", u32::from(c));
+            }
             c => out.push(c),
         }
     }
@@ -81,24 +87,51 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f0f0f0;padding:.5em}\
 form.inline{display:inline}button{padding:.3em .8em}.done{background:#e6f4e6;padding:.5em}\
 .refused{background:#fbe9e9;padding:.5em}@media(max-width:40em){th,td{padding:.2em}main{padding:.5em}}";
 
+/// The overview's address under `base` (the mount point), already escaped for an
+/// attribute: `base` itself, without a trailing slash, since axum's `Router::nest` routes
+/// `/ops/dedup` but not `/ops/dedup/`; `/` at the root.
+pub fn home(base: &str) -> String {
+    if base.is_empty() {
+        "/".to_owned()
+    } else {
+        esc(base)
+    }
+}
+
 /// The page frame: a header with the views, `title`, then `body` (already escaped HTML).
-pub fn page(base: &str, store: &str, title: &str, body: &str, refresh: bool) -> String {
+///
+/// The views are linked under `base`; the outbox's only when the console has one
+/// (`outbox`), so no link leads to a page that cannot be.
+pub fn page(
+    base: &str,
+    store: &str,
+    outbox: bool,
+    title: &str,
+    body: &str,
+    refresh: bool,
+) -> String {
     let script = if refresh {
         "<script>setTimeout(function(){if(document.getElementById('auto').checked)location.reload()},15000)</script>\
          <label class=note><input type=checkbox id=auto checked> refresh every 15 s</label>"
     } else {
         ""
     };
+    let outbox = if outbox {
+        format!("<a href=\"{}/outbox\">Outbox</a>", esc(base))
+    } else {
+        String::new()
+    };
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8>\
          <meta name=viewport content=\"width=device-width,initial-scale=1\">\
          <title>{t} · dedup console</title><style>{STYLE}</style></head><body>\
          <header><strong>dedup console</strong>\
-         <a href=\"{b}/\">Overview</a><a href=\"{b}/failures\">Failures</a>\
-         <a href=\"{b}/stuck\">Stuck</a><a href=\"{b}/outbox\">Outbox</a>\
+         <a href=\"{h}\">Overview</a><a href=\"{b}/failures\">Failures</a>\
+         <a href=\"{b}/stuck\">Stuck</a>{outbox}\
          <span class=store>{s}</span></header><main><h1>{t}</h1>{body}{script}</main></body></html>",
         t = esc(title),
         b = esc(base),
+        h = home(base),
         s = esc(store),
     )
 }
@@ -112,6 +145,10 @@ mod tests {
         assert_eq!(
             esc("<script>alert('x')</script>&\""),
             "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&quot;"
+        );
+        assert_eq!(
+            esc("a\x1b[2J\x1b]0;t\x07\r\nb\tc"),
+            "a&#27;[2J&#27;]0;t&#7;&#13;\nb\tc"
         );
         assert_eq!(qs("a b&c/é"), "a%20b%26c%2F%C3%A9");
     }

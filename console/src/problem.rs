@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Json, Response};
+use axum::response::{IntoResponse, Json, Response};
 use dedup_core::outbox::OutboxStore;
 
 use crate::guard::Refusal;
-use crate::html::{esc, page};
-use crate::state::Inner;
+use crate::html::esc;
+use crate::state::{Inner, Unframed};
 
 /// A failed request: refused, bad input, or the store failing.
 pub(crate) enum Problem {
@@ -74,17 +75,11 @@ impl IntoResponse for Problem {
             Problem::Refused(r) => return r.into_response(),
             other => other.parts(),
         };
-        (
-            status,
-            Html(page(
-                "",
-                "",
-                "Error",
-                &format!("<p class=refused>{}</p>", esc(&text)),
-                false,
-            )),
-        )
-            .into_response()
+        let page = Unframed {
+            title: "Error",
+            body: format!("<p class=refused>{}</p>", esc(&text)),
+        };
+        (status, Extension(page)).into_response()
     }
 }
 

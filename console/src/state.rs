@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::State;
 use axum::response::{Html, IntoResponse, Response};
 use dedup_core::Admin;
 use dedup_core::outbox::OutboxStore;
@@ -25,9 +26,37 @@ pub(crate) fn html(inner: &Inner, title: &str, body: &str, refresh: bool) -> Res
     Html(page(
         &inner.config.base_path,
         &inner.store,
+        inner.outbox.is_some(),
         title,
         body,
         refresh,
     ))
     .into_response()
+}
+
+/// An error page's title and body (escaped HTML), left in a response's extensions by a
+/// refusal or a problem, which know nothing of the console: [`frame`] puts them in the
+/// page frame on the way out. The store is not named on these pages (a refused visitor
+/// may not see it).
+#[derive(Clone)]
+pub(crate) struct Unframed {
+    pub(crate) title: &'static str,
+    pub(crate) body: String,
+}
+
+/// The router's last step: an [`Unframed`] error page gets the console's frame (its base
+/// path, so the links work where the router is nested).
+pub(crate) async fn frame(State(inner): State<Arc<Inner>>, mut response: Response) -> Response {
+    let Some(u) = response.extensions_mut().remove::<Unframed>() else {
+        return response;
+    };
+    let html = page(
+        &inner.config.base_path,
+        "",
+        inner.outbox.is_some(),
+        u.title,
+        &u.body,
+        false,
+    );
+    (response.status(), Html(html)).into_response()
 }

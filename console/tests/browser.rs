@@ -5,12 +5,18 @@
 //!
 //! With `DEDUP_CONSOLE_SCREENSHOTS=DIR`, the SQLite test saves a PNG of each view there
 //! (the README's pictures).
+//!
+//! `browser_nested` mounts the console in a host app as its README shows
+//! (`nest("/ops/dedup", ...)`), clicks every link and submits every form, and finds no
+//! request under the mount point answered 404 or 5xx.
 
 mod common;
 
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dedup::{Claim, ClaimOptions, Error, Key};
@@ -309,5 +315,210 @@ async fn browser_postgres() {
 async fn browser_redis() {
     if let Some(t) = common::target("redis") {
         scenario(t, None).await;
+    }
+}
+
+/// Where the console's README nests it.
+const NESTED: &str = "/ops/dedup";
+
+/// Every request the host app answered: method and URI, and the status.
+type Answered = Arc<Mutex<Vec<(String, u16)>>>;
+
+/// `console` nested at [`NESTED`] in a host app with a route of its own, exactly as the
+/// console's README shows, noting every request and its status in `answered`.
+async fn serve_nested(console: axum::Router, answered: Answered) -> SocketAddr {
+    let app = axum::Router::new()
+        .route("/orders", axum::routing::get(|| async { "the host's own" }))
+        .nest(NESTED, console)
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let answered = answered.clone();
+                async move {
+                    let what = format!("{} {}", req.method(), req.uri());
+                    let resp = next.run(req).await;
+                    answered
+                        .lock()
+                        .unwrap()
+                        .push((what, resp.status().as_u16()));
+                    resp
+                }
+            },
+        ));
+    serve(app).await
+}
+
+/// The absolute targets of the page's links, in document order.
+async fn hrefs(c: &Client) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in c.find_all(Locator::Css("a[href]")).await.unwrap() {
+        out.push(a.prop("href").await.unwrap().unwrap_or_default());
+    }
+    out
+}
+
+/// Click the `i`-th link of the page shown and wait until the browser is at `href`, its
+/// target.
+async fn click_nth(c: &Client, i: usize, href: &str) {
+    let page = c.current_url().await.unwrap();
+    let links = c.find_all(Locator::Css("a[href]")).await.unwrap();
+    let Some(link) = links.get(i) else {
+        panic!("{page} has {} links, not {}", links.len(), i + 1);
+    };
+    link.click().await.unwrap();
+    for _ in 0..100 {
+        if c.current_url().await.unwrap().as_str() == href {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "clicking {href} on {page} led to {}",
+        c.current_url().await.unwrap()
+    );
+}
+
+/// Click the `i`-th link of `page` (loaded again first), leading to `href`.
+async fn click_link(c: &Client, page: &str, i: usize, href: &str) {
+    c.goto(page).await.unwrap();
+    click_nth(c, i, href).await;
+}
+
+/// From `start`, click every link (each distinct target once) of every page under
+/// `prefix` the clicks lead to. Gives the pages visited.
+async fn click_every_link(c: &Client, start: &str, prefix: &str) -> Vec<String> {
+    let mut queue = VecDeque::from([start.to_owned()]);
+    let mut visited = Vec::new();
+    let mut clicked = HashSet::from([start.to_owned()]);
+    while let Some(page) = queue.pop_front() {
+        c.goto(&page).await.unwrap();
+        let links = hrefs(c).await;
+        eprintln!("{page}: {links:?}");
+        assert!(!links.is_empty(), "{page} has no links");
+        for (i, href) in links.iter().enumerate() {
+            assert!(
+                href.starts_with(prefix),
+                "{page} links out of the console: {href}"
+            );
+            if clicked.insert(href.clone()) {
+                click_link(c, &page, i, href).await;
+                queue.push_back(href.clone());
+            }
+        }
+        visited.push(page);
+    }
+    visited
+}
+
+/// Submit the form of the confirmation page `confirm`, see the action done, then click
+/// the result page's link back to the overview.
+async fn submit_confirmed(c: &Client, confirm: &str, overview: &str) {
+    c.goto(confirm).await.unwrap();
+    click(c, "#confirm").await;
+    assert!(!text(c, "#result").await.is_empty(), "{confirm}");
+    let links = hrefs(c).await;
+    let i = links
+        .iter()
+        .rposition(|h| h == overview)
+        .expect("a link to the overview");
+    click_nth(c, i, overview).await;
+}
+
+/// The console nested at `/ops/dedup` in a host app, as the README shows: every link and
+/// every form works there (no 404, no 5xx), before and after signing in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_nested() {
+    let Some((_driver, c)) = browser().await else {
+        return;
+    };
+    let t = common::target("sqlite").unwrap();
+    let s = common::seed(&t).await;
+    let answered = Answered::default();
+    let console = common::console_at(&t, &s, NESTED).router();
+    let addr = serve_nested(console, answered.clone()).await;
+    let overview = format!("http://{addr}{NESTED}");
+
+    // Every view, every confirmation page, and their links (views need no token here).
+    let pages = click_every_link(&c, &overview, &overview).await;
+    let confirms: Vec<&String> = pages.iter().filter(|p| p.contains("/confirm/")).collect();
+    for view in [
+        "/failures",
+        "/failures/group?",
+        "/key?",
+        "/stuck",
+        "/outbox",
+        "/confirm/",
+    ] {
+        let at = format!("{overview}{view}");
+        assert!(
+            pages.iter().any(|p| p.starts_with(&at)),
+            "no {view} page reached: {pages:?}"
+        );
+    }
+
+    // A write before signing in is refused; the refusal's links lead on: to the overview,
+    // and to the sign-in form.
+    for to in [overview.clone(), format!("{overview}/signin")] {
+        c.goto(confirms[0]).await.unwrap();
+        click(&c, "#confirm").await;
+        assert!(
+            text(&c, ".refused")
+                .await
+                .contains("needs the console's token")
+        );
+        let links = hrefs(&c).await;
+        let i = links.iter().rposition(|h| *h == to).expect("the link");
+        assert!(
+            i >= 3,
+            "{to} is linked in the refusal, not only in the header"
+        );
+        click_nth(&c, i, &to).await;
+    }
+    c.find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    click(&c, "#signin").await;
+    assert_eq!(text(&c, "#result").await, "Signed in.");
+
+    // Every action's form, signed in: one confirmation page of each action, in an order
+    // where each still has its record (a forgotten key cannot be released).
+    let mut by_action: BTreeMap<&str, &String> = BTreeMap::new();
+    for p in &confirms {
+        let action = p[overview.len() + "/confirm/".len()..]
+            .split('?')
+            .next()
+            .unwrap();
+        by_action.entry(action).or_insert(p);
+    }
+    for action in ["release", "outbox-retry", "forget", "forget-group", "purge"] {
+        let confirm = by_action
+            .get(action)
+            .unwrap_or_else(|| panic!("no {action} button reached: {confirms:?}"));
+        submit_confirmed(&c, confirm, &overview).await;
+    }
+    c.close().await.unwrap();
+
+    let answered = answered.lock().unwrap();
+    let bad: Vec<_> = answered
+        .iter()
+        .filter(|(what, status)| what.contains(NESTED) && (*status == 404 || *status >= 500))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "answered 404 or 5xx under {NESTED}: {bad:?}"
+    );
+    for want in [
+        format!("GET {NESTED}"),
+        format!("POST {NESTED}/signin"),
+        format!("POST {NESTED}/act/forget-group"),
+    ] {
+        assert!(
+            answered
+                .iter()
+                .any(|(what, status)| *what == want && *status == 200),
+            "no {want} answered 200: {answered:?}"
+        );
     }
 }

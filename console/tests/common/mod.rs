@@ -217,11 +217,17 @@ async fn enqueue(t: &Target, messages: &[OutboxMessage]) {
     }
 }
 
-/// A console over `s` with writes allowed and the test token.
+/// A console over `s` with writes allowed and the test token, served at the root.
 pub fn console(t: &Target, s: &Seeded) -> Console {
+    console_at(t, s, "")
+}
+
+/// The same console, for nesting at `base` (`""`: the root).
+pub fn console_at(t: &Target, s: &Seeded, base: &str) -> Console {
     let mut config = ConsoleConfig::default();
     config.allow_writes = true;
     config.token = Some(TOKEN.to_owned());
+    config.base_path = base.to_owned();
     let c = Console::new(s.admin.clone(), &t.url, config).expect("config");
     match &s.outbox {
         Some(o) => c.with_outbox(o.clone()),
