@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::failure::Failure;
 use crate::open::{Access, Opened, open};
 use crate::render::{bytes, print, record_json, record_text, span, summary_json, utc, when};
+use crate::screen::line;
 use crate::{Cli, Command};
 
 /// The key the operator typed.
@@ -143,8 +144,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 out.push(match &stats.oldest_live {
                     Some(o) => format!(
                         "oldest live lease: {} / {} (attempt {}, fence {}), expires {}",
-                        o.key.consumer(),
-                        o.key.message_id(),
+                        line(o.key.consumer()),
+                        line(o.key.message_id()),
                         o.attempt,
                         o.fence,
                         when(o.at, now)
@@ -160,8 +161,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                             "  attempt {:<4} {:<10} {} / {}",
                             s.attempt,
                             s.status.as_str(),
-                            s.key.consumer(),
-                            s.key.message_id()
+                            line(s.key.consumer()),
+                            line(s.key.message_id())
                         )
                     }));
                 }
@@ -224,7 +225,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                     let n = |s| c.counts.count(s);
                     out.push(format!(
                         "{:<24} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9}",
-                        c.consumer,
+                        line(&c.consumer),
                         n(Status::InFlight),
                         n(Status::Expired),
                         n(Status::Completed),
@@ -291,7 +292,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                             .unwrap_or_default();
                         format!(
                             "{:<24} {:<11} attempt {:<3} fence {:<3} {at}{cause}",
-                            r.key.message_id(),
+                            line(r.key.message_id()),
                             status.as_str(),
                             r.attempt,
                             r.fence
@@ -299,10 +300,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                     })
                     .collect();
                 if out.is_empty() {
-                    out.push(format!("no records for consumer {}", filter.consumer));
+                    out.push(format!(
+                        "no records for consumer {}",
+                        line(&filter.consumer)
+                    ));
                 }
                 if let Some(next) = &next {
-                    out.push(format!("(more: --after {next})"));
+                    out.push(format!("(more: --after {})", line(next)));
                 }
                 out.join("\n")
             });
@@ -342,8 +346,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                     }),
                     || {
                         format!(
-                            "released {key} (fence {fence}, attempt {attempt}{}): the next \
+                            "released {} (fence {fence}, attempt {attempt}{}): the next \
                              delivery takes it over with fence {}",
+                            line(&key.to_string()),
                             if was_live { ", lease was live" } else { "" },
                             fence + 1
                         )
@@ -428,8 +433,9 @@ fn forget_answer(key: &Key, forgot: Forgot, as_json: bool) -> Result<(), Failure
                         other => other.as_str().to_owned(),
                     };
                     format!(
-                        "forgot {key} ({state}, fence {fence}, attempt {attempt}): the next delivery \
+                        "forgot {} ({state}, fence {fence}, attempt {attempt}): the next delivery \
                          is processed as new, with fence 1{}",
+                        line(&key.to_string()),
                         if status == Status::InFlight {
                             "; the worker that held it gets LeaseLost"
                         } else {
@@ -574,7 +580,9 @@ fn purge_run_line(run: &Result<Option<PurgeRun>, String>, now: Timestamp) -> Str
     let run = match run {
         Ok(Some(run)) => run,
         Ok(None) => return "last purge:  none finished yet".into(),
-        Err(cause) => return format!("last purge:  unknown (cannot read it: {cause})"),
+        Err(cause) => {
+            return format!("last purge:  unknown (cannot read it: {})", line(cause));
+        }
     };
     format!(
         "last purge:  finished {}, removed {} in {}, {}",

@@ -70,7 +70,7 @@ pub(crate) async fn run(store_args: &StoreArgs, args: ConsoleArgs) -> Result<(),
     eprintln!(
         "dedup console for the {} store {}: http://{addr}/ ({})",
         opened.backend,
-        opened.location,
+        crate::screen::line(&opened.location),
         if args.allow_writes {
             "writes allowed"
         } else {

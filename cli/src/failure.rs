@@ -5,6 +5,8 @@
 use std::error::Error as StdError;
 use std::process::ExitCode;
 
+use crate::screen::line;
+
 /// Exit code: the command failed.
 pub(crate) const FAILURE: u8 = 1;
 /// Exit code: the command line was wrong (as clap's own usage errors).
@@ -100,14 +102,15 @@ impl Failure {
         Failure::new(doing).cause(error).hint(hint).code(code)
     }
 
-    /// Print to standard error and give the exit code.
+    /// Print to standard error, one line each (control characters and newlines in an
+    /// error's text escaped: it may quote a payload or a key), and give the exit code.
     pub(crate) fn report(self) -> ExitCode {
-        eprintln!("error: {}", self.message);
+        eprintln!("error: {}", line(&self.message));
         for cause in &self.causes {
-            eprintln!("caused by: {cause}");
+            eprintln!("caused by: {}", line(cause));
         }
         if let Some(hint) = &self.hint {
-            eprintln!("hint: {hint}");
+            eprintln!("hint: {}", line(hint));
         }
         ExitCode::from(self.code)
     }

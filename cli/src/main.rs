@@ -7,6 +7,7 @@ mod failure;
 mod open;
 mod outbox;
 mod render;
+mod screen;
 
 use std::process::ExitCode;
 
@@ -35,9 +36,11 @@ struct Cli {
 struct StoreArgs {
     /// The store: sqlite:PATH, postgres://..., mysql://..., redis://..., redis+cluster://h1:p1,h2:p2,
     /// memory: (with the `dedup` crate's URL parameters: table=, prefix=, connect_timeout=...)
+    // `hide_env_values`: `--help` would print the URL, password and all.
     #[arg(
         long = "store",
         env = "DEDUP_STORE_URL",
+        hide_env_values = true,
         global = true,
         value_name = "URL"
     )]
@@ -148,7 +151,12 @@ enum Command {
         allow_writes: bool,
         /// The token for writes (and views beyond loopback); one is generated and printed
         /// when needed and not given.
-        #[arg(long, env = "DEDUP_CONSOLE_TOKEN", value_name = "TOKEN")]
+        #[arg(
+            long,
+            env = "DEDUP_CONSOLE_TOKEN",
+            hide_env_values = true,
+            value_name = "TOKEN"
+        )]
         token: Option<String>,
         /// Show in-flight keys first claimed longer ago than this as stuck.
         #[arg(long, default_value = "5m", value_name = "DURATION")]

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use crate::failure::Failure;
 use crate::open::{Access, open_outbox};
 use crate::render::{print, rfc3339, span, utc, when};
+use crate::screen::line;
 use crate::{OutboxCommand, OutboxStateArg, StoreArgs};
 
 impl From<OutboxStateArg> for OutboxState {
@@ -69,7 +70,11 @@ fn destinations_text(destinations: &[DestinationStats]) -> String {
         };
         out.push_str(&format!(
             "\n  {}: pending {}, held {}, sent {}, dead {}, {lag}",
-            d.destination, s.pending, s.held, s.sent, s.dead
+            line(&d.destination),
+            s.pending,
+            s.held,
+            s.sent,
+            s.dead
         ));
     }
     out
@@ -186,12 +191,12 @@ pub(crate) async fn run(
                             e.row.id,
                             e.state.as_str(),
                             e.row.attempts,
-                            e.row.destination,
+                            line(&e.row.destination),
                             due,
-                            e.row.message_id
+                            line(&e.row.message_id)
                         ));
                         if let Some(error) = &e.last_error {
-                            out.push(format!("{:>10}  last error: {error}", ""));
+                            out.push(format!("{:>10}  last error: {}", "", line(error)));
                         }
                     }
                     out.join("\n")

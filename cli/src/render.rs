@@ -7,6 +7,8 @@ use dedup_core::admin::KeySummary;
 use dedup_core::{Failure, Record, RecordState, Status, Timestamp, Verdict, idempotency_key};
 use serde_json::{Value, json};
 
+use crate::screen;
+
 /// `2026-11-30 22:50:01.123 UTC`.
 pub(crate) fn utc(t: Timestamp) -> String {
     let ms = t.as_millis();
@@ -162,29 +164,49 @@ fn status_line(record: &Record, status: Status) -> String {
     }
 }
 
+/// `text` as the value of the line named `name`, control characters escaped: a text of
+/// several lines (an error quoting a payload, say) goes on as lines without a name, which
+/// [`record_text`] indents under the first.
+fn push_text(lines: &mut Vec<(&'static str, String)>, name: &'static str, text: &str) {
+    for (i, piece) in text.split('\n').enumerate() {
+        lines.push((
+            if i == 0 { name } else { "" },
+            screen::line(piece).into_owned(),
+        ));
+    }
+}
+
 /// The lines of a failure: what, when, where, then each link of its chain.
 fn failure_lines(name: &'static str, f: &Failure, now: Timestamp) -> Vec<(&'static str, String)> {
     let mut head = format!(
         "{} error at attempt {}, {}",
-        f.kind,
+        screen::line(&f.kind),
         f.attempt,
         when(f.at, now)
     );
     if let Some(worker) = &f.worker {
-        head.push_str(&format!(", on {worker}"));
+        head.push_str(&format!(", on {}", screen::line(worker)));
     }
     let mut lines = vec![(name, head)];
     for (i, link) in f.chain.iter().enumerate() {
-        lines.push((if i == 0 { "  error" } else { "  caused by" }, link.clone()));
+        push_text(
+            &mut lines,
+            if i == 0 { "  error" } else { "  caused by" },
+            link,
+        );
     }
     lines
 }
 
-/// Print `json` (with `--json`) or `text` on standard output. A reader that stopped
-/// reading (`dedup list ... | head`) ends the output quietly; any other write error is
-/// said on standard error and exits with status 1.
+/// Print `json` (with `--json`) or `text` on standard output, control characters escaped
+/// ([`screen`]). A reader that stopped reading (`dedup list ... | head`) ends the output
+/// quietly; any other write error is said on standard error and exits with status 1.
 pub(crate) fn print(as_json: bool, json: Value, text: impl FnOnce() -> String) {
-    let body = if as_json { json.to_string() } else { text() };
+    let body = if as_json {
+        screen::json(json.to_string())
+    } else {
+        screen::lines(&text()).into_owned()
+    };
     let mut out = std::io::stdout().lock();
     match writeln!(out, "{body}").and_then(|()| out.flush()) {
         Ok(()) => {}
@@ -200,8 +222,9 @@ pub(crate) fn print(as_json: bool, json: Value, text: impl FnOnce() -> String) {
 const SHORT_CAUSE_CHARS: usize = 100;
 
 /// The cause of a failed or dead-lettered record, or the last failure of one in flight, as
-/// one line cut to 100 characters (`dedup inspect` shows the whole chain); `None` when the
-/// record has none (processed, or a backend that keeps no causes).
+/// one line cut to 100 characters, control characters and newlines escaped (`dedup
+/// inspect` shows the whole chain); `None` when the record has none (processed, or a
+/// backend that keeps no causes).
 pub(crate) fn short_cause(record: &Record) -> Option<String> {
     let cause = match record.verdict() {
         Some(Verdict::Processed(_)) => return None,
@@ -212,17 +235,21 @@ pub(crate) fn short_cause(record: &Record) -> Option<String> {
         _ => record.failure()?.message(),
     };
     Some(match cause.char_indices().nth(SHORT_CAUSE_CHARS) {
-        Some((cut, _)) => format!("{}...", &cause[..cut]),
-        None => cause,
+        Some((cut, _)) => format!("{}...", screen::line(&cause[..cut])),
+        None => screen::line(&cause).into_owned(),
     })
 }
 
-/// The record for people, one `name: value` line each.
+/// The record for people, one `name: value` line each (a value of several lines goes on
+/// indented), control characters escaped.
 pub(crate) fn record_text(record: &Record, now: Timestamp) -> String {
     let status = Status::of(record, now);
     let mut lines = vec![
-        ("consumer", record.key.consumer().to_owned()),
-        ("message id", record.key.message_id().to_owned()),
+        ("consumer", screen::line(record.key.consumer()).into_owned()),
+        (
+            "message id",
+            screen::line(record.key.message_id()).into_owned(),
+        ),
         ("status", status_line(record, status)),
         ("fence", record.fence.to_string()),
         ("attempt", record.attempt.to_string()),
@@ -260,7 +287,7 @@ pub(crate) fn record_text(record: &Record, now: Timestamp) -> String {
                 }
                 Verdict::Failed { message, cause } => match cause {
                     Some(cause) => lines.extend(failure_lines("failed with", &cause, now)),
-                    None => lines.push(("failed with", message)),
+                    None => push_text(&mut lines, "failed with", &message),
                 },
                 Verdict::DeadLetter { cause, .. } => match cause {
                     Some(cause) => lines.extend(failure_lines("last failure", &cause, now)),
@@ -283,12 +310,18 @@ pub(crate) fn record_text(record: &Record, now: Timestamp) -> String {
         record
             .fingerprint
             .as_ref()
-            .map_or("none".into(), |f| f.as_str().to_owned()),
+            .map_or("none".into(), |f| screen::line(f.as_str()).into_owned()),
     ));
-    lines.push(("idempotency key", idempotency_key(&record.key)));
+    lines.push((
+        "idempotency key",
+        screen::line(&idempotency_key(&record.key)).into_owned(),
+    ));
     lines
         .iter()
-        .map(|(name, value)| format!("{:<16} {value}", format!("{name}:")))
+        .map(|(name, value)| match name {
+            &"" => format!("{:<16} {value}", ""),
+            name => format!("{:<16} {value}", format!("{name}:")),
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
