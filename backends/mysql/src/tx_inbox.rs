@@ -33,6 +33,8 @@ use crate::error::Backend;
 /// e-mail, an HTTP call) are not, so they must be idempotent (use
 /// [`Lease::idempotency_key`](dedup_core::Lease::idempotency_key)).
 ///
+/// # Examples
+///
 /// [`with_begin`](dedup_sql::TxInbox::with_begin) runs the handler in your own
 /// transactions (your pool, or a closure that begins them), committed only when it
 /// succeeded and retried the same way on a conflict:

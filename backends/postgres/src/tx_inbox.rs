@@ -52,6 +52,8 @@ use crate::error::Backend;
 /// [`Transient`](dedup_core::Transient) run again as new attempts under
 /// [`InboxConfig::handler_retry`](dedup_core::InboxConfig::handler_retry).
 ///
+/// # Examples
+///
 /// [`with_begin`](dedup_sql::TxInbox::with_begin) runs the handler in your own
 /// transactions (your pool, or a closure that begins them), committed only when it
 /// succeeded and retried the same way on a conflict:

@@ -252,12 +252,34 @@ impl<S: TxStore> TxInbox<S> {
         &self.store
     }
 
-    /// Process `key` at most once, inside a transaction: see the type's docs. `handler`
-    /// gets the open transaction (`&mut PgConnection`, `&mut MySqlConnection`: run its
-    /// statements on `&mut *conn`) and the lease (fence, attempt, idempotency key), and
-    /// returns the outcome stored for duplicates; it may run more than once (a retry, a
-    /// later delivery after a failure), each time in a fresh transaction. It must not
-    /// commit or roll back the transaction itself.
+    /// Processes `key` at most once, inside a transaction. See the [type's docs](Self).
+    ///
+    /// `handler` gets the open transaction: `&mut PgConnection` or `&mut MySqlConnection`.
+    /// Run its statements on `&mut *conn`. It also gets the lease (fence, attempt,
+    /// idempotency key). It returns the outcome stored for duplicates.
+    ///
+    /// The handler may run more than once: a conflict, a retry, a later delivery after a
+    /// failure. Each run gets a fresh transaction. It cannot commit or roll back the
+    /// transaction itself: the inbox does. `dedup_postgres::TxInbox` and
+    /// `dedup_mysql::TxInbox` show it in an example.
+    ///
+    /// # Errors
+    ///
+    /// In every case the transaction was rolled back and nothing of the run remains.
+    /// - [`InboxError::Handler`]: the handler failed, and the failure was not stored. The
+    ///   key was released, with the failure on its record.
+    /// - [`InboxError::Conflict`]: conflicts outlasted the retries. The key was released
+    ///   with a failure of kind `conflict`.
+    /// - [`InboxError::LeaseLost`]: another worker took the key over.
+    /// - [`InboxError::Store`]: the store failed (claim, begin, `commit_in_tx`, commit).
+    ///   The key was released.
+    /// - [`InboxError::Outcome`]: the outcome starts with the reserved bytes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future releases the lease in the background. The open transaction is
+    /// dropped, which rolls it back. A future dropped during the commit may have
+    /// committed: the next delivery then finds the key done.
     pub async fn handle<H, E>(
         &self,
         key: &Key,
@@ -284,9 +306,11 @@ impl<S: TxStore> TxInbox<S> {
         self.engine.run(key, fingerprint, &mut attempts).await
     }
 
-    /// Process `key` at most once inside the caller's own transaction (`&mut *tx` of a
-    /// `sqlx::Transaction`), for a consumer that already has one open (a unit of work
-    /// spanning several messages, a transaction its framework began).
+    /// Processes `key` at most once, inside the caller's own transaction.
+    ///
+    /// Pass `&mut *tx` of a `sqlx::Transaction`. It is for a consumer that already has
+    /// one open: a unit of work spanning several messages, or a transaction its framework
+    /// began.
     ///
     /// As [`handle`](Self::handle), with these differences:
     /// - The handler runs under a savepoint in the caller's transaction, and the key is
@@ -310,6 +334,17 @@ impl<S: TxStore> TxInbox<S> {
     ///   before the handler runs, so `max_attempts` and stored failures work as in
     ///   [`handle`](Self::handle); the caller's transaction must not hold a lock on this
     ///   key's inbox row when it calls (it holds none unless it touched the row itself).
+    ///
+    /// # Errors
+    ///
+    /// As [`handle`](Self::handle), except that a failed run rolls back to the savepoint
+    /// only: the caller's transaction stays usable. [`InboxError::Conflict`] comes at the
+    /// first conflict; roll back, and run the unit of work again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future releases the lease in the background. The run's savepoint
+    /// and its writes stay in the caller's transaction: roll the transaction back.
     pub async fn handle_in<H, E>(
         &self,
         conn: &mut Conn<S>,
