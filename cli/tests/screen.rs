@@ -270,6 +270,23 @@ async fn no_output_shows_the_password_or_a_raw_control_character() {
     seed(&store).await;
     let debug = format!("{store:?} {:?}", dedup::StoreUrl::parse(&url).unwrap());
     screen.check("Debug of the store and its URL", debug.as_bytes(), &secrets);
+    // PostgreSQL here trusts every local user: the password is given, and not needed.
+    if let Some(pg) = server_url("DEDUP_POSTGRES_URL") {
+        let mut pg = url::Url::parse(&pg).expect("DEDUP_POSTGRES_URL");
+        pg.set_password(Some(&password)).unwrap();
+        let pg = dedup_postgres::PostgresStore::connect_with(
+            pg.as_str(),
+            dedup_postgres::PostgresConfig {
+                table: table.clone(),
+                max_connections: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("connect to PostgreSQL with a password");
+        let debug = format!("{pg:?}");
+        screen.check("Debug of a PostgreSQL store", debug.as_bytes(), &secrets);
+    }
     let dead_row = store
         .outbox()
         .list(&Default::default())

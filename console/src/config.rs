@@ -4,7 +4,9 @@ use std::time::Duration;
 
 /// How the console is set up. Start from [`ConsoleConfig::default`] (read-only, no token)
 /// and change what you need; [`Console::new`](crate::Console::new) checks it.
-#[derive(Clone, Debug)]
+///
+/// Its `Debug` masks the token.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ConsoleConfig {
     /// Whether the actions (forget, release, retry, purge) are offered at all. Off by
@@ -51,6 +53,33 @@ impl Default for ConsoleConfig {
             base_path: String::new(),
             purge_retention: Duration::from_secs(7 * 24 * 3600),
         }
+    }
+}
+
+impl std::fmt::Debug for ConsoleConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ConsoleConfig {
+            allow_writes,
+            token,
+            host_auth,
+            views_need_token,
+            stuck_after,
+            page_size,
+            scan_limit,
+            base_path,
+            purge_retention,
+        } = self;
+        f.debug_struct("ConsoleConfig")
+            .field("allow_writes", allow_writes)
+            .field("token", &token.as_ref().map(|_| "***"))
+            .field("host_auth", host_auth)
+            .field("views_need_token", views_need_token)
+            .field("stuck_after", stuck_after)
+            .field("page_size", page_size)
+            .field("scan_limit", scan_limit)
+            .field("base_path", base_path)
+            .field("purge_retention", purge_retention)
+            .finish()
     }
 }
 
@@ -124,5 +153,19 @@ impl ConsoleConfig {
             return Err(ConfigError::BasePath(b.clone()));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_masks_the_token() {
+        let mut config = ConsoleConfig::default();
+        config.token = Some("s3cr3t-token-0123456789".into());
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("token: Some(\"***\")"), "{shown}");
     }
 }
