@@ -132,7 +132,7 @@ fn opposite_orders<'c>(
     key: &'c Key,
     id: usize,
 ) -> BoxFuture<'c, Result<Option<Vec<u8>>, sqlx::Error>> {
-    Box::pin(reserve(store, conn, key, id % 2 == 0))
+    Box::pin(reserve(store, conn, key, id.is_multiple_of(2)))
 }
 
 /// The handler of the deadlock test: lock the two stock rows in an order that depends on
