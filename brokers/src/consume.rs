@@ -8,20 +8,41 @@ use crate::in_flight::InFlight;
 use crate::source::{Pending, Source};
 use crate::{BrokerError, ConsumerConfig, ConsumerStats, Handle, Health, Shutdown};
 
-/// Consume `source` through `handler` until `shutdown` fires or an error no retry can fix.
+/// Consumes `source` through `handler` until `shutdown` fires or an error no retry can fix.
 ///
-/// Each round it waits for free in-flight slots, fetches at most that many deliveries and
-/// starts each: admission ([`refusal`](crate::refusal)), the handler, the answer mapped to
-/// an [`Action`](crate::Action) ([`action_for`](crate::action_for)), the action settled with
-/// the broker. Each handler runs in a `dedup.consume` span with the delivery's
-/// [`MessageTrace`](dedup_core::trace::MessageTrace) in scope (see
-/// [`Delivery::trace`](crate::Delivery::trace)). A retryable error (a lost connection, a restarting broker) makes it connect
-/// again after [`ConsumerConfig::reconnect_delay`], doubling up to
-/// [`ConsumerConfig::max_reconnect_delay`] while it keeps failing; handlers already started
-/// keep running meanwhile. At shutdown it stops the broker's deliveries, lets the started
-/// handlers finish and settle, gives back what it holds unstarted, and returns the counts.
-/// An error that is not retryable (refused credentials, a missing queue) ends it, after the
-/// started handlers settled.
+/// Each broker's consumer `run` calls this. Call it yourself for a [`Source`] of your own.
+///
+/// Each round it waits for free in-flight slots and fetches at most that many deliveries.
+/// It starts each one:
+/// 1. admission ([`refusal`](crate::refusal));
+/// 2. the handler, in a `dedup.consume` span with the delivery's
+///    [`MessageTrace`](dedup_core::trace::MessageTrace) in scope (see
+///    [`Delivery::trace`](crate::Delivery::trace));
+/// 3. the answer mapped to an [`Action`](crate::Action)
+///    ([`action_for`](crate::action_for));
+/// 4. the action settled with the broker.
+///
+/// A retryable error (a lost connection, a restarting broker) makes it connect again.
+/// It waits [`ConsumerConfig::reconnect_delay`] first, doubling up to
+/// [`ConsumerConfig::max_reconnect_delay`] while connecting keeps failing. Handlers
+/// already started keep running meanwhile.
+///
+/// At shutdown it stops the broker's deliveries and lets the started handlers finish and
+/// settle. It gives back what it holds unstarted. Then it returns the counts.
+///
+/// # Errors
+///
+/// - [`BrokerError::Config`]: an invalid `config`, or one the source refuses. Nothing
+///   was consumed.
+/// - An error that is not retryable ([`BrokerError::is_retryable`]): refused
+///   credentials, a missing queue. It ends the loop after the started handlers settled.
+///
+/// # Cancel safety
+///
+/// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
+/// already started are aborted at their next await point. An
+/// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
+/// delivers again what was not settled.
 pub async fn consume<S: Source, H: Handle>(
     source: S,
     config: ConsumerConfig,
@@ -31,9 +52,19 @@ pub async fn consume<S: Source, H: Handle>(
     consume_with_health(source, config, handler, shutdown, Health::default()).await
 }
 
-/// [`consume`], keeping `health` up to date (connected, in flight, last settle,
-/// reconnects) for probes. Each broker's consumer runs this with the [`Health`] its
-/// `health()` hands out.
+/// [`consume`], keeping `health` up to date for probes.
+///
+/// `health` tracks whether it is connected, the messages in flight, the last settle and
+/// the reconnects. Each broker's consumer runs this with the [`Health`] its `health()`
+/// hands out.
+///
+/// # Errors
+///
+/// As [`consume`].
+///
+/// # Cancel safety
+///
+/// As [`consume`].
 pub async fn consume_with_health<S: Source, H: Handle>(
     mut source: S,
     config: ConsumerConfig,

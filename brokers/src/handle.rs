@@ -54,13 +54,42 @@ impl<S: ?Sized, F> std::fmt::Debug for InboxHandler<S, F> {
     }
 }
 
-/// A handler running `work(lease, delivery)` through `inbox.handle` (no fingerprint): the
-/// outcome `work` returns is stored for duplicates, its error releases the lease (or is
-/// stored, per the inbox's [`FailurePolicy`](dedup_core::FailurePolicy)). An error marked
-/// [`Transient`](dedup_core::Transient) runs `work` again within the same delivery, as a
-/// new attempt, under the inbox's
-/// [`handler_retry`](dedup_core::InboxConfig::handler_retry), before the delivery is
-/// given back to the broker.
+/// A handler running `work(lease, delivery)` through `inbox.handle`, with no fingerprint.
+///
+/// The outcome `work` returns is stored for duplicates. Its error releases the lease, or
+/// is stored, per the inbox's [`FailurePolicy`](dedup_core::FailurePolicy). An error
+/// marked [`Transient`](dedup_core::Transient) runs `work` again within the same
+/// delivery, as a new attempt. The inbox's
+/// [`handler_retry`](dedup_core::InboxConfig::handler_retry) says how often. Then the
+/// delivery goes back to the broker.
+///
+/// # Examples
+///
+/// ```
+/// use dedup_brokers::{Delivery, Handle, with_inbox};
+/// use dedup_core::{BoxError, Handled, Inbox, Key, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let handler = with_inbox(Inbox::new(MemoryStore::new()), |_lease, delivery: Delivery| async move {
+///     Ok::<_, BoxError>(Some(delivery.payload.to_vec()))
+/// });
+///
+/// // What a consumer does with each delivery it admitted:
+/// let key = Key::new("billing", "order-42")?;
+/// let delivery = Delivery {
+///     message_id: Some("order-42".into()),
+///     payload: bytes::Bytes::from_static(b"{}"),
+///     headers: Vec::new(),
+///     published_at: None,
+///     redelivered: false,
+///     broker_ref: "1".into(),
+/// };
+/// assert!(matches!(handler.handle(&key, &delivery).await?, Handled::Processed { .. }));
+/// assert!(matches!(handler.handle(&key, &delivery).await?, Handled::Duplicate { .. }));
+/// # Ok(())
+/// # }
+/// ```
 pub fn with_inbox<S, F, Fut, E>(inbox: Inbox<S>, work: F) -> InboxHandler<S, F>
 where
     S: DedupStore + ?Sized + 'static,

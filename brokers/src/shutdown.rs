@@ -11,9 +11,28 @@ pub struct ShutdownTrigger(watch::Sender<bool>);
 #[derive(Clone, Debug)]
 pub struct Shutdown(watch::Receiver<bool>);
 
-/// A trigger and the signal it sets. On the signal, a consumer stops taking deliveries,
-/// lets the handlers it started finish and settle their deliveries with the broker, gives
-/// back what it holds unstarted, and its `run` returns.
+/// A trigger and the signal it sets.
+///
+/// On the signal, a consumer stops taking deliveries. It lets the handlers it started
+/// finish and settle their deliveries with the broker. It gives back what it holds
+/// unstarted. Then its `run` returns.
+///
+/// # Examples
+///
+/// ```
+/// use dedup_brokers::shutdown;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (trigger, signal) = shutdown();
+/// let watcher = signal.clone(); // one trigger stops many consumers
+/// assert!(!signal.is_set());
+///
+/// trigger.shut_down();
+/// watcher.wait().await;
+/// assert!(signal.is_set());
+/// # }
+/// ```
 pub fn shutdown() -> (ShutdownTrigger, Shutdown) {
     let (tx, rx) = watch::channel(false);
     (ShutdownTrigger(tx), Shutdown(rx))
@@ -39,8 +58,13 @@ impl Shutdown {
         *self.0.borrow()
     }
 
-    /// Wait until the stop is asked for. A trigger dropped without firing never fires:
-    /// this then waits forever.
+    /// Waits until the stop is asked for.
+    ///
+    /// A trigger dropped without firing never fires: this then waits forever.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: use it in `tokio::select!`.
     pub async fn wait(&self) {
         let mut rx = self.0.clone();
         if rx.wait_for(|stop| *stop).await.is_err() {

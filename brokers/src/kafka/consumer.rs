@@ -22,7 +22,8 @@ use crate::{
     consume_with_health,
 };
 
-/// Consumes a topic as a member of a consumer group, with `enable.auto.commit=false`.
+/// Consumes a Kafka topic as a member of a consumer group, with
+/// `enable.auto.commit=false`.
 ///
 /// - Key: each record's [`MESSAGE_ID_HEADER`] header. A record without it is dead-lettered
 ///   (`no message id`), unless [`fall_back_to_offset`](Self::fall_back_to_offset) makes
@@ -36,9 +37,34 @@ use crate::{
 /// - Dead letter: the record is copied with the reason in
 ///   [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON) to the dead-letter topic, then
 ///   counts as settled once its delivery report came.
-/// - Rebalance: before partitions are revoked, the settled prefix of each is committed and
-///   it is no longer tracked; records of it still in flight then settle without a commit,
-///   and the partition's new owner gets them again (the inbox answers the copies).
+/// - Rebalance: before partitions are revoked, the settled prefix of each is committed.
+///   Records of it still in flight then settle without a commit. The partition's new
+///   owner gets them again, and its inbox answers the copies.
+///
+/// # Examples
+///
+/// ```no_run
+/// use dedup_brokers::kafka::KafkaConsumer;
+/// use dedup_brokers::{ConsumerConfig, shutdown, with_inbox};
+/// use dedup_core::{BoxError, Inbox, MemoryStore};
+///
+/// # async fn example() -> Result<(), BoxError> {
+/// let inbox = Inbox::new(MemoryStore::new()); // your store
+/// let handler = with_inbox(inbox, |_lease, delivery| async move {
+///     println!("{} bytes", delivery.payload.len());
+///     Ok::<_, BoxError>(None)
+/// });
+///
+/// let consumer = KafkaConsumer::new("127.0.0.1:9092", "billing", "orders", "orders.dead", ConsumerConfig::default())
+///     .set("session.timeout.ms", "10000");
+/// let (stop, signal) = shutdown();
+/// let running = tokio::spawn(consumer.run(handler, signal));
+/// // ... later, on SIGTERM:
+/// stop.shut_down();
+/// running.await??;
+/// # Ok(())
+/// # }
+/// ```
 pub struct KafkaConsumer {
     settings: ClientConfig,
     group: String,
@@ -67,9 +93,11 @@ impl std::fmt::Debug for KafkaConsumer {
 }
 
 impl KafkaConsumer {
-    /// A consumer of `topic` in consumer group `group` on the cluster at `brokers`
-    /// (`bootstrap.servers`), dead-lettering to `dead_letter_topic` (which must exist).
-    /// It starts at the earliest offset when the group has committed none.
+    /// A consumer of `topic` in consumer group `group`, on the cluster at `brokers`.
+    ///
+    /// `brokers` is `bootstrap.servers`. Dead letters go to `dead_letter_topic`, which
+    /// must exist. It starts at the earliest offset when the group has committed none.
+    /// Nothing is contacted until [`run`](Self::run).
     pub fn new(
         brokers: impl Into<String>,
         group: impl Into<String>,
@@ -128,7 +156,27 @@ impl KafkaConsumer {
         self.health.clone()
     }
 
-    /// Consume until `shutdown` fires or an error no reconnect fixes. See [`consume`](crate::consume).
+    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
+    ///
+    /// On `shutdown` it lets started handlers finish and settle, and commits every
+    /// partition's settled prefix. Then it returns the counts of what happened. See
+    /// [`consume`](crate::consume) for the loop.
+    ///
+    /// # Errors
+    ///
+    /// A lost connection or a restarting broker does not end it: it connects again, with
+    /// backoff. It returns an error no reconnect fixes:
+    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`], or a dead-letter topic
+    ///   that is empty or one of the consumed topics. Nothing was consumed.
+    /// - [`BrokerError::Refused`]: refused credentials or access, or a retry or
+    ///   dead-letter topic that does not exist (a copy sent there would be lost).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
+    /// already started are aborted at their next await point. An
+    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
+    /// delivers again what was not settled: offsets past the settled prefix are not committed.
     pub async fn run<H: Handle>(
         self,
         handler: H,

@@ -17,24 +17,54 @@ use crate::{
     Health, Pending, Shutdown, Source, consume_with_health,
 };
 
-/// Consumes a JetStream stream through a durable pull consumer (created if missing, with
-/// explicit acks and `max_ack_pending` = [`ConsumerConfig::in_flight`]). The inbox's
-/// consumer name is the durable name by default; the message id is the `Nats-Msg-Id`
-/// header; the broker timestamp is the time the stream stored the message.
+/// Consumes a NATS JetStream stream through a durable pull consumer.
 ///
-/// A pull request asks for the free in-flight slots (expiring after 200 ms) and stays open
-/// across rounds: each round hands out the messages that arrived (waiting for the first),
-/// so a message is started as soon as it arrives and its ack lets the server send the
-/// request's next one (with `max_ack_pending` = in flight, a request whose messages were
-/// held until it filled would wait for its expiry). At shutdown the messages of the open
-/// request that arrive after the last round are given back (`Nak`, redelivered at once).
-/// Actions: ack; a retry is `Nak(delay)`; a dead letter
-/// is published (headers, payload, and the reason in [`DEAD_LETTER_REASON`]) to the
-/// dead-letter subject, which a stream must capture, and once the stream acknowledged it the
-/// original is `Term`inated (if that publish fails the original is `Nak`ed for a retry).
+/// The durable consumer is created if missing, with explicit acks and `max_ack_pending`
+/// = [`ConsumerConfig::in_flight`].
+/// - Key: the `Nats-Msg-Id` header. The consumer name is the durable name by default.
+/// - Broker timestamp: the time the stream stored the message.
+/// - Ack: `Ack`.
+/// - Retry: `Nak(delay)`.
+/// - Dead letter: a copy is published to the dead-letter subject, with the headers, the
+///   payload and the reason in [`DEAD_LETTER_REASON`]. A stream must capture that
+///   subject. Once the stream acknowledged the copy, the original is `Term`inated. If the
+///   publish fails, the original is `Nak`ed for a retry.
 ///
-/// async-nats's client reconnects by itself; after a failed fetch the receive loop looks the
-/// stream and the durable consumer up again (creating the consumer if the server lost it).
+/// A pull request asks for the free in-flight slots. It expires after 200 ms and stays
+/// open across rounds. Each round hands out the messages that arrived, waiting for the
+/// first. So a message starts as soon as it arrives, and its ack lets the server send the
+/// next one. At shutdown, messages of the open request that arrive after the last round
+/// are given back (`Nak`, redelivered at once).
+///
+/// async-nats's client reconnects by itself. After a failed fetch the receive loop looks
+/// up the stream and the durable consumer again. It creates the consumer if the server
+/// lost it.
+///
+/// # Examples
+///
+/// ```no_run
+/// use dedup_brokers::nats::NatsConsumer;
+/// use dedup_brokers::{ConsumerConfig, shutdown, with_inbox};
+/// use dedup_core::{BoxError, Inbox, MemoryStore};
+///
+/// # async fn example() -> Result<(), BoxError> {
+/// let inbox = Inbox::new(MemoryStore::new()); // your store
+/// let handler = with_inbox(inbox, |_lease, delivery| async move {
+///     println!("{} bytes", delivery.payload.len());
+///     Ok::<_, BoxError>(None)
+/// });
+///
+/// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+/// let js = async_nats::jetstream::new(client);
+/// let consumer = NatsConsumer::new(js, "ORDERS", "billing", ConsumerConfig::default());
+/// let (stop, signal) = shutdown();
+/// let running = tokio::spawn(consumer.run(handler, signal));
+/// // ... later, on SIGTERM:
+/// stop.shut_down();
+/// running.await??;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct NatsConsumer {
     js: Context,
@@ -59,9 +89,11 @@ impl std::fmt::Debug for OpenPull {
 }
 
 impl NatsConsumer {
-    /// A consumer of `stream` through durable consumer `durable`. Dead letters go to
-    /// `<stream>.dead` unless [`dead_letter_subject`](Self::dead_letter_subject) says otherwise;
-    /// `ack_wait` is 30 s.
+    /// A consumer of `stream` through the durable consumer `durable`.
+    ///
+    /// Dead letters go to `<stream>.dead`, unless
+    /// [`dead_letter_subject`](Self::dead_letter_subject) says otherwise. `ack_wait` is
+    /// 30 s. Nothing is contacted until [`run`](Self::run).
     pub fn new(
         js: Context,
         stream: impl Into<String>,
@@ -101,8 +133,26 @@ impl NatsConsumer {
         self.health.clone()
     }
 
-    /// Consume until `shutdown` fires (then: stop fetching, let started handlers finish and
-    /// settle) or an error no reconnect fixes. See [`consume`](crate::consume).
+    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
+    ///
+    /// On `shutdown` it stops fetching and lets started handlers finish and settle. Then
+    /// it returns the counts of what happened. See [`consume`](crate::consume) for the
+    /// loop.
+    ///
+    /// # Errors
+    ///
+    /// A lost connection or a restarting broker does not end it: it connects again, with
+    /// backoff. It returns an error no reconnect fixes:
+    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`]. Nothing was consumed.
+    /// - [`BrokerError::Refused`]: a stream that does not exist, refused credentials or
+    ///   permissions.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
+    /// already started are aborted at their next await point. An
+    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
+    /// delivers again what was not settled, after its `ack_wait`.
     pub async fn run<H: Handle>(
         self,
         handler: H,

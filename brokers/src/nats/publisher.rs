@@ -29,6 +29,33 @@ const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// message async-nats buffered while disconnected can still reach the stream after the call
 /// gave up; the stream's duplicate window (2 min by default) drops it when the relay's
 /// next copy, same `Nats-Msg-Id`, came within it.
+///
+/// # Errors
+///
+/// A publish answers `Err` whenever the broker did not confirm: the message may or may not
+/// be there. The relay then publishes it again later, with the same message id, and the
+/// consumer's inbox drops the copy.
+///
+/// # Cancel safety
+///
+/// A dropped publish may still reach the broker: async-nats may have buffered it. The relay counts its rows as not
+/// published, and publishes them again.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use dedup_core::outbox::{OutboxStore, Relay};
+///
+/// # async fn example(outbox: Arc<dyn OutboxStore>) -> Result<(), dedup_core::BoxError> {
+/// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+/// let publisher = dedup_brokers::nats::NatsPublisher::from_client(client);
+/// let relay = Relay::new(outbox, Arc::new(publisher)).start()?;
+/// // ... on shutdown:
+/// relay.stop().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct NatsPublisher {
     js: Context,

@@ -19,9 +19,10 @@ use crate::{
 /// How long to wait before pulling again after a pull that found nothing.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
-/// Consumes a Pub/Sub subscription with unary pulls (at most the free in-flight slots per
-/// pull, answered at once: a pull is never left waiting on the server, so nothing is
-/// taken that could not be started).
+/// Consumes a Google Cloud Pub/Sub subscription with unary pulls.
+///
+/// A pull asks for at most the free in-flight slots, and is answered at once. It is never
+/// left waiting on the server, so nothing is taken that could not be started.
 ///
 /// - Key: each message's [`MESSAGE_ID_ATTRIBUTE`] attribute; a message without it is
 ///   dead-lettered (`no message id`).
@@ -36,7 +37,34 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 ///   does not exist, or when the dead-letter topic has no subscription: Pub/Sub drops what
 ///   is published to a topic nobody subscribes to.
 /// - Redelivered: Pub/Sub counts delivery attempts only on a subscription with a
-///   dead-letter policy of its own; elsewhere [`Delivery::redelivered`] stays `false`.
+///   dead-letter policy of its own. Elsewhere [`Delivery::redelivered`] stays `false`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use dedup_brokers::pubsub::PubSubConsumer;
+/// use dedup_brokers::pubsub::gcloud_pubsub::client::{Client, ClientConfig};
+/// use dedup_brokers::{ConsumerConfig, shutdown, with_inbox};
+/// use dedup_core::{BoxError, Inbox, MemoryStore};
+///
+/// # async fn example() -> Result<(), BoxError> {
+/// let inbox = Inbox::new(MemoryStore::new()); // your store
+/// let handler = with_inbox(inbox, |_lease, delivery| async move {
+///     println!("{} bytes", delivery.payload.len());
+///     Ok::<_, BoxError>(None)
+/// });
+///
+/// // `PUBSUB_EMULATOR_HOST`, when set, names the emulator.
+/// let client = Client::new(ClientConfig::default().with_auth().await?).await?;
+/// let consumer = PubSubConsumer::new(client, "orders-billing", "orders-dead", ConsumerConfig::default());
+/// let (stop, signal) = shutdown();
+/// let running = tokio::spawn(consumer.run(handler, signal));
+/// // ... later, on SIGTERM:
+/// stop.shut_down();
+/// running.await??;
+/// # Ok(())
+/// # }
+/// ```
 pub struct PubSubConsumer {
     client: Client,
     subscription: String,
@@ -57,9 +85,10 @@ impl std::fmt::Debug for PubSubConsumer {
 }
 
 impl PubSubConsumer {
-    /// A consumer of subscription `subscription` (its id in the client's project),
-    /// dead-lettering to topic `dead_letter_topic` (an id too; it must exist and have a
-    /// subscription).
+    /// A consumer of the subscription `subscription`, an id in the client's project.
+    ///
+    /// Dead letters go to the topic `dead_letter_topic`, an id too. It must exist and have
+    /// a subscription. Nothing is contacted until [`run`](Self::run).
     pub fn new(
         client: Client,
         subscription: impl Into<String>,
@@ -82,8 +111,27 @@ impl PubSubConsumer {
         self.health.clone()
     }
 
-    /// Consume until `shutdown` fires or an error no reconnect fixes. See
-    /// [`consume`](crate::consume).
+    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
+    ///
+    /// On `shutdown` it lets started handlers finish and settle. Then it returns the
+    /// counts of what happened. See [`consume`](crate::consume) for the loop.
+    ///
+    /// # Errors
+    ///
+    /// A lost connection or a restarting broker does not end it: it connects again, with
+    /// backoff. It returns an error no reconnect fixes:
+    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`], or an empty subscription
+    ///   or dead-letter topic name. Nothing was consumed.
+    /// - [`BrokerError::Refused`]: refused credentials or permissions; a subscription or
+    ///   dead-letter topic that does not exist; a dead-letter topic without a
+    ///   subscription (Pub/Sub would drop the copies).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
+    /// already started are aborted at their next await point. An
+    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
+    /// delivers again what was not settled, once its ack deadline passes.
     pub async fn run<H: Handle>(
         self,
         handler: H,

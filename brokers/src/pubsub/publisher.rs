@@ -30,6 +30,36 @@ const MAX_BATCH: usize = 1000;
 /// A call answers within [`publish_timeout`](Self::publish_timeout), 10 s by default, the
 /// client's own retries included (the request is cancelled then): its
 /// [`delivery_timeout`](Publisher::delivery_timeout), which a relay checks against its hold.
+///
+/// # Errors
+///
+/// A publish answers `Err` whenever the broker did not confirm: the message may or may not
+/// be there. The relay then publishes it again later, with the same message id, and the
+/// consumer's inbox drops the copy.
+///
+/// # Cancel safety
+///
+/// A dropped publish may still reach the broker: the server may have stored it. The relay counts its rows as not
+/// published, and publishes them again.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use dedup_core::outbox::{OutboxStore, Relay};
+///
+/// # async fn example(outbox: Arc<dyn OutboxStore>) -> Result<(), dedup_core::BoxError> {
+/// use dedup_brokers::pubsub::gcloud_pubsub::client::{Client, ClientConfig};
+///
+/// // `PUBSUB_EMULATOR_HOST`, when set, names the emulator.
+/// let client = Client::new(ClientConfig::default().with_auth().await?).await?;
+/// let publisher = dedup_brokers::pubsub::PubSubPublisher::new(client);
+/// let relay = Relay::new(outbox, Arc::new(publisher)).start()?;
+/// // ... on shutdown:
+/// relay.stop().await;
+/// # Ok(())
+/// # }
+/// ```
 pub struct PubSubPublisher {
     client: Client,
     topics: Mutex<HashMap<String, TopicPublisher>>,

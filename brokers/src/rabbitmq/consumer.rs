@@ -55,23 +55,52 @@ enum Link {
     },
 }
 
-/// Consumes a queue with manual acks: prefetch = [`ConsumerConfig::in_flight`], each
-/// delivery's key from its AMQP `message_id`, the consumer name from the queue by default.
+/// Consumes a RabbitMQ queue with manual acks.
 ///
-/// Built with [`from_uri`](Self::from_uri) it owns its connection and, after a lost
-/// connection or a broker restart, connects and subscribes again (with the backoff of
-/// [`ConsumerConfig::reconnect_delay`]); built with [`new`](Self::new) over a channel, a lost
-/// channel ends `run` with an error (it cannot open another).
+/// - Key: each delivery's AMQP `message_id`. The consumer name is the queue's by default.
+/// - Prefetch: [`ConsumerConfig::in_flight`].
+/// - Ack: `basic.ack`.
+/// - Retry: a `basic.nack` with requeue, sent after the delay. AMQP has no delayed
+///   requeue, so the delivery keeps its in-flight slot while it waits. A shutdown ends
+///   the wait at once.
+/// - Dead letter: per [`DeadLetters`].
 ///
-/// Topology: [`declare`](Self::declare) declares the queue and its dead-letter exchange
-/// and queue at every connect; without it, a consumer built with `from_uri` that
-/// dead-letters by rejecting ([`DeadLetters::QueueDlx`]) checks at every connect that the
-/// queue has an `x-dead-letter-exchange`, and refuses to run
-/// ([`BrokerError::MissingTopology`]) when it has none.
+/// Built with [`from_uri`](Self::from_uri), it owns its connection. After a lost
+/// connection or a broker restart, it connects and subscribes again, with the backoff of
+/// [`ConsumerConfig::reconnect_delay`]. Built with [`new`](Self::new) over a channel, it
+/// cannot open another: a lost channel ends `run` with an error.
 ///
-/// Actions: ack; a retry is a `basic.nack` with requeue sent after the delay (AMQP has no
-/// delayed requeue: the delivery keeps its in-flight slot while it waits, and a shutdown
-/// ends the wait at once); dead letters per [`DeadLetters`].
+/// Topology: [`declare`](Self::declare) declares the queue, its dead-letter exchange and
+/// its dead-letter queue at every connect. Without it, a `from_uri` consumer that rejects
+/// ([`DeadLetters::QueueDlx`]) checks at every connect that the queue has an
+/// `x-dead-letter-exchange`. It refuses to run without one
+/// ([`BrokerError::MissingTopology`]).
+///
+/// # Examples
+///
+/// ```no_run
+/// use dedup_brokers::rabbitmq::{RabbitConsumer, Topology};
+/// use dedup_brokers::{ConsumerConfig, shutdown, with_inbox};
+/// use dedup_core::{BoxError, Inbox, MemoryStore};
+///
+/// # async fn example() -> Result<(), BoxError> {
+/// let inbox = Inbox::new(MemoryStore::new()); // your store
+/// let handler = with_inbox(inbox, |lease, delivery| async move {
+///     println!("charging {} bytes, key {}", delivery.payload.len(), lease.idempotency_key());
+///     Ok::<_, BoxError>(None)
+/// });
+///
+/// let consumer = RabbitConsumer::from_uri("amqp://127.0.0.1:5672", "orders", ConsumerConfig::default())
+///     .declare(Topology::for_queue("orders"));
+/// let (stop, signal) = shutdown();
+/// let running = tokio::spawn(consumer.run(handler, signal));
+/// // ... later, on SIGTERM:
+/// stop.shut_down();
+/// let stats = running.await??;
+/// println!("{stats:?}");
+/// # Ok(())
+/// # }
+/// ```
 pub struct RabbitConsumer {
     link: Link,
     queue: String,
@@ -98,14 +127,20 @@ impl std::fmt::Debug for RabbitConsumer {
 }
 
 impl RabbitConsumer {
-    /// A consumer of `queue` on `channel` (which it sets `basic.qos` on). It cannot
-    /// reconnect: prefer [`from_uri`](Self::from_uri) for a service.
+    /// A consumer of `queue` on `channel`.
+    ///
+    /// It sets `basic.qos` on the channel. It cannot reconnect: prefer
+    /// [`from_uri`](Self::from_uri) for a service. Nothing is contacted until
+    /// [`run`](Self::run).
     pub fn new(channel: Channel, queue: impl Into<String>, config: ConsumerConfig) -> Self {
         Self::with_link(Link::Channel(channel), queue.into(), config)
     }
 
-    /// A consumer of `queue` on a connection of its own to `uri` (opened by `run`, opened
-    /// again after it is lost), with lapin's default connection properties.
+    /// A consumer of `queue` on a connection of its own to `uri`.
+    ///
+    /// [`run`](Self::run) opens the connection, and opens it again after it is lost. It
+    /// uses lapin's default connection properties. See the [type's docs](Self) for an
+    /// example.
     pub fn from_uri(
         uri: impl Into<String>,
         queue: impl Into<String>,
@@ -172,9 +207,29 @@ impl RabbitConsumer {
         self.health.clone()
     }
 
-    /// Consume until `shutdown` fires (then: stop consuming, let started handlers finish
-    /// and settle, requeue what was prefetched but not started) or an error no reconnect
-    /// fixes. Returns the counts of what happened. See [`consume`](crate::consume).
+    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
+    ///
+    /// On `shutdown` it stops consuming and lets started handlers finish and settle. It
+    /// requeues what was prefetched but not started. Then it returns the counts of what
+    /// happened. See [`consume`](crate::consume) for the loop.
+    ///
+    /// # Errors
+    ///
+    /// A lost connection or a restarting broker does not end it: it connects again, with
+    /// backoff. It returns an error no reconnect fixes:
+    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`] (or `in_flight` above 65535). Nothing was consumed.
+    /// - [`BrokerError::Refused`]: refused credentials or access, a missing queue, a
+    ///   declared queue that exists with other arguments. Also a lost channel of a
+    ///   consumer made with [`new`](Self::new).
+    /// - [`BrokerError::MissingTopology`]: the queue has no `x-dead-letter-exchange` for
+    ///   [`DeadLetters::QueueDlx`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
+    /// already started are aborted at their next await point. An
+    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
+    /// delivers again what was not settled.
     pub async fn run<H: Handle>(
         self,
         handler: H,

@@ -36,6 +36,36 @@ use crate::BrokerError;
 /// [`reconnect_within`](Self::reconnect_within) (10 s by default); the publish that met
 /// the loss still returns its error. One made with [`new`](Self::new) or
 /// [`from_channel`](Self::from_channel) does not reconnect. Clones share the channel.
+///
+/// # Errors
+///
+/// A publish answers `Err` whenever the broker did not confirm: the message may or may not
+/// be there. The relay then publishes it again later, with the same message id, and the
+/// consumer's inbox drops the copy.
+///
+/// # Cancel safety
+///
+/// A dropped publish may still reach the broker. The relay counts its rows as not
+/// published, and publishes them again.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use dedup_core::outbox::{OutboxStore, Relay};
+///
+/// # async fn example(outbox: Arc<dyn OutboxStore>) -> Result<(), dedup_core::BoxError> {
+/// let publisher = dedup_brokers::rabbitmq::RabbitPublisher::connect(
+///     "amqp://127.0.0.1:5672",
+///     lapin::ConnectionProperties::default(),
+/// )
+/// .await?;
+/// let relay = Relay::new(outbox, Arc::new(publisher)).start()?;
+/// // ... on shutdown:
+/// relay.stop().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct RabbitPublisher {
     channel: Arc<Mutex<Channel>>,
@@ -64,14 +94,25 @@ impl std::fmt::Debug for Link {
 }
 
 impl RabbitPublisher {
-    /// A publisher on a new channel of `connection`, with confirms on. It does not
-    /// reconnect (see the type's docs).
+    /// A publisher on a new channel of `connection`, with confirms on.
+    ///
+    /// It does not reconnect (see the type's docs).
+    ///
+    /// # Errors
+    ///
+    /// lapin's error when the channel cannot be opened or put in confirm mode.
     pub async fn new(connection: &Connection) -> Result<Self, lapin::Error> {
         Self::from_channel(connection.create_channel().await?).await
     }
 
-    /// A publisher on `channel` (which it puts in confirm mode; do not share it with
-    /// publishers that expect no confirms). It does not reconnect.
+    /// A publisher on `channel`, which it puts in confirm mode.
+    ///
+    /// Do not share the channel with publishers that expect no confirms. It does not
+    /// reconnect.
+    ///
+    /// # Errors
+    ///
+    /// lapin's error when the channel refuses confirm mode (or is closed).
     pub async fn from_channel(channel: Channel) -> Result<Self, lapin::Error> {
         channel
             .confirm_select(ConfirmSelectOptions::default())
@@ -84,8 +125,14 @@ impl RabbitPublisher {
         })
     }
 
-    /// A publisher on a connection of its own to `uri`, opened now (refused credentials
-    /// fail here), opened again after it is lost.
+    /// A publisher on a connection of its own to `uri`.
+    ///
+    /// The connection is opened now, and again after it is lost.
+    ///
+    /// # Errors
+    ///
+    /// lapin's error when the connection or its channel cannot be opened: nothing
+    /// listening, refused credentials, a refused virtual host.
     pub async fn connect(
         uri: impl Into<String>,
         properties: ConnectionProperties,

@@ -15,20 +15,49 @@ use crate::{
     Health, Pending, Shutdown, Source, consume_with_health,
 };
 
-/// Consumes a stream as member `worker` of consumer group `group` (created at the
-/// stream's start, with the stream, if missing). The consumer name of the inbox keys is the
-/// group by default; the message id is the entry's `message_id` field; the broker timestamp
-/// is the entry id's millisecond part.
+/// Consumes a Redis stream as member `worker` of consumer group `group`.
 ///
-/// Each round it first reclaims (`XAUTOCLAIM`) entries pending longer than
-/// [`claim_idle`](Self::claim_idle) with any member of the group (a dead worker's, or its
-/// own retries), then reads new ones (`XREADGROUP ... >`), never more than its free
-/// in-flight slots. Actions: ack is `XACK`; a retry leaves the entry pending, so the
-/// redelivery comes after `claim_idle` whatever delay was asked; a dead letter is
-/// `XADD <stream>:dead` (the entry's fields plus the reason and the entry id) and `XACK`
-/// in one `MULTI`. redis-rs's multiplexed connections do not reconnect by themselves: after
-/// a lost connection the receive loop opens new ones (entries read before stay pending and
-/// are reclaimed).
+/// The group is created at the stream's start if missing, with the stream.
+/// - Key: the entry's `message_id` field. The consumer name is the group's by default.
+/// - Broker timestamp: the entry id's millisecond part.
+/// - Ack: `XACK`.
+/// - Retry: the entry stays pending. It comes back after
+///   [`claim_idle`](Self::claim_idle), whatever delay was asked.
+/// - Dead letter: `XADD <stream>:dead` (the entry's fields, the reason and the entry id)
+///   and `XACK`, in one `MULTI`.
+///
+/// Each round it first reclaims (`XAUTOCLAIM`) entries pending longer than `claim_idle`,
+/// with any member of the group: a dead worker's, or its own retries. Then it reads new
+/// ones (`XREADGROUP ... >`). It never takes more than its free in-flight slots.
+///
+/// redis-rs's multiplexed connections do not reconnect by themselves. After a lost
+/// connection the receive loop opens new ones. Entries read before stay pending and are
+/// reclaimed.
+///
+/// # Examples
+///
+/// ```no_run
+/// use dedup_brokers::redis_streams::StreamConsumer;
+/// use dedup_brokers::{ConsumerConfig, shutdown, with_inbox};
+/// use dedup_core::{BoxError, Inbox, MemoryStore};
+///
+/// # async fn example() -> Result<(), BoxError> {
+/// let inbox = Inbox::new(MemoryStore::new()); // your store
+/// let handler = with_inbox(inbox, |_lease, delivery| async move {
+///     println!("{} bytes", delivery.payload.len());
+///     Ok::<_, BoxError>(None)
+/// });
+///
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let consumer = StreamConsumer::new(client, "orders", "billing", "worker-1", ConsumerConfig::default());
+/// let (stop, signal) = shutdown();
+/// let running = tokio::spawn(consumer.run(handler, signal));
+/// // ... later, on SIGTERM:
+/// stop.shut_down();
+/// running.await??;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct StreamConsumer {
     client: redis::Client,
@@ -50,8 +79,11 @@ struct Names {
 }
 
 impl StreamConsumer {
-    /// A consumer of `stream` in `group` as `worker` (a name unique among the group's
-    /// live members, e.g. host and process id). Reclaims after 30 s idle by default.
+    /// A consumer of `stream` in `group`, as `worker`.
+    ///
+    /// `worker` must be unique among the group's live members: host and process id, for
+    /// example. It reclaims entries after 30 s idle by default. Nothing is contacted until
+    /// [`run`](Self::run).
     pub fn new(
         client: redis::Client,
         stream: impl Into<String>,
@@ -89,9 +121,25 @@ impl StreamConsumer {
         self.health.clone()
     }
 
-    /// Consume until `shutdown` fires (then: stop reading, let started handlers finish and
-    /// settle; nothing is held unstarted) or an error no reconnect fixes. Returns the counts
-    /// of what happened. See [`consume`](crate::consume).
+    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
+    ///
+    /// On `shutdown` it stops reading and lets started handlers finish and settle.
+    /// Nothing is held unstarted. Then it returns the counts of what happened. See
+    /// [`consume`](crate::consume) for the loop.
+    ///
+    /// # Errors
+    ///
+    /// A lost connection or a restarting broker does not end it: it connects again, with
+    /// backoff. It returns an error no reconnect fixes:
+    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`] (or a zero `claim_idle`). Nothing was consumed.
+    /// - [`BrokerError::Refused`]: refused credentials or commands.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
+    /// already started are aborted at their next await point. An
+    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
+    /// delivers again what was not settled: its entries stay pending and are reclaimed after `claim_idle`.
     pub async fn run<H: Handle>(
         self,
         handler: H,

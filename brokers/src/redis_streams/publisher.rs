@@ -35,6 +35,33 @@ const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// [`delivery_timeout`](Publisher::delivery_timeout), which a relay checks against its
 /// hold. A call that ran out of time counts its connection as lost, so the next one
 /// connects again instead of queueing behind it.
+///
+/// # Errors
+///
+/// A publish answers `Err` whenever the broker did not confirm: the message may or may not
+/// be there. The relay then publishes it again later, with the same message id, and the
+/// consumer's inbox drops the copy.
+///
+/// # Cancel safety
+///
+/// A dropped publish may still reach the broker: its `XADD` may have been sent. The relay counts its rows as not
+/// published, and publishes them again.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use dedup_core::outbox::{OutboxStore, Relay};
+///
+/// # async fn example(outbox: Arc<dyn OutboxStore>) -> Result<(), dedup_core::BoxError> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let publisher = dedup_brokers::redis_streams::StreamPublisher::connect(&client).await?;
+/// let relay = Relay::new(outbox, Arc::new(publisher)).start()?;
+/// // ... on shutdown:
+/// relay.stop().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct StreamPublisher {
     conn: Arc<Mutex<MultiplexedConnection>>,
@@ -86,8 +113,14 @@ impl StreamPublisher {
         answer
     }
 
-    /// A publisher on a new multiplexed connection of `client`, connecting again after a
-    /// lost connection.
+    /// A publisher on a new multiplexed connection of `client`.
+    ///
+    /// It connects again after a lost connection.
+    ///
+    /// # Errors
+    ///
+    /// redis-rs's error when the first connection fails: nothing listening, refused
+    /// credentials.
     pub async fn connect(client: &redis::Client) -> redis::RedisResult<Self> {
         let mut publisher = Self::new(client.get_multiplexed_async_connection().await?);
         publisher.client = Some(client.clone());
