@@ -162,8 +162,10 @@ mod tests {
 
     #[test]
     fn debug_masks_the_token() {
-        let mut config = ConsoleConfig::default();
-        config.token = Some("s3cr3t-token-0123456789".into());
+        let config = ConsoleConfig {
+            token: Some("s3cr3t-token-0123456789".into()),
+            ..ConsoleConfig::default()
+        };
         let shown = format!("{config:?}");
         assert!(!shown.contains("s3cr3t"), "{shown}");
         assert!(shown.contains("token: Some(\"***\")"), "{shown}");
