@@ -20,6 +20,18 @@ use support::{config, row, wait_until};
 /// failed run leaves no row, the next delivery writes it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tx_inbox_handler_writes_once_with_the_completion() {
+    writes_once_with_the_completion(false).await;
+}
+
+/// The same in the service's own transactions: the inbox built `with_begin` on a pool of
+/// the test's own, the one-line consumer over `handle_in`'s use case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_inbox_handler_in_your_own_transactions_writes_once_with_the_completion() {
+    writes_once_with_the_completion(true).await;
+}
+
+/// The scenario; with `own`, the transactions are begun on the test's own pool.
+async fn writes_once_with_the_completion(own: bool) {
     let (Some(pg_url), Some(redis_url)) = (
         dedup_conformance::server_url("DEDUP_POSTGRES_URL"),
         dedup_conformance::server_url("DEDUP_REDIS_URL"),
@@ -52,12 +64,16 @@ async fn tx_inbox_handler_writes_once_with_the_completion() {
         publisher.publish(&row(&stream, id)).await.unwrap();
     }
 
+    let mut inbox = TxInbox::new(store.clone());
+    if own {
+        inbox = inbox.with_begin(sqlx::PgPool::connect(&pg_url).await.unwrap());
+    }
     let runs: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let handler = {
         let runs = Arc::clone(&runs);
         let insert = format!("INSERT INTO {invoices} (message_id, fence) VALUES ($1, $2)");
         with_tx_inbox(
-            TxInbox::new(store.clone()),
+            inbox,
             move |conn: &mut PgConnection, lease: &Lease, delivery: Delivery| {
                 let runs = Arc::clone(&runs);
                 let insert = insert.clone();
