@@ -129,8 +129,9 @@ pub trait TxStore: Clone + fmt::Debug + Send + Sync + 'static {
 /// ([`Handled::Failed`]) and a dead letter ([`Handled::DeadLetter`]) are written by the
 /// inbox in its own short transaction on the store's pool, so no write of the handler
 /// survives them. The types hold this: the handler gets the connection (`&mut Conn`),
-/// not the transaction, so it cannot commit or roll back; the transaction [`Begin`] gives
-/// is the inbox's to end.
+/// not the `sqlx::Transaction`, so it has no `commit` or `rollback` to call (it must not
+/// run a `COMMIT` statement either); the transaction a [`Begin`] hands over is the
+/// inbox's to end.
 ///
 /// # Your own transaction, behind a broker consumer
 ///
