@@ -5,6 +5,9 @@
 # when a mutant survives (cargo-mutants exits 2 then, 3 on a timeout, 4 if the tests fail
 # unmutated), naming it.
 #
+#   scripts/check-mutants.sh [extra cargo-mutants arguments, e.g. -F forget to test only
+#                             the mutants whose name matches]
+#
 # Mutants that cannot change behaviour are excluded in .cargo/mutants.toml, each with its
 # reason; core/tests/MUTANTS.md lists them and gives the command of the full run.
 #
@@ -41,4 +44,5 @@ exec cargo mutants \
     --cargo-test-arg=--test=memory_store \
     --jobs "${DEDUP_MUTANTS_JOBS:-2}" \
     --output "${DEDUP_MUTANTS_OUT:-target/mutants-guard}" \
-    --no-shuffle
+    --no-shuffle \
+    "$@"
