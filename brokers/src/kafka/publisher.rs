@@ -1,5 +1,7 @@
 //! [`KafkaPublisher`]: outbox rows to Kafka with the idempotent producer.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -8,7 +10,8 @@ use dedup_core::outbox::{OutboxRow, Publisher};
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
 
 use super::MESSAGE_ID_HEADER;
 
@@ -66,9 +69,17 @@ fn message_timeout(config: &ClientConfig) -> Option<Duration> {
 /// publisher whose timeout does not fit its hold: with librdkafka's own default of 300 s,
 /// a publish still queued when the hold ran out would land after another relay published
 /// the row again.
+///
+/// A message that timed out makes librdkafka bump the idempotent producer's epoch by itself.
+/// A broker that refuses the bumped epoch (Tansu 0.6.0 answers `PRODUCER_FENCED`), or
+/// any fatal error of the producer, would stop it for good: the publisher then makes a new
+/// producer (a new producer id) for its next call, and says so in a warning.
 #[derive(Clone)]
 pub struct KafkaPublisher {
-    producer: FutureProducer,
+    producer: Arc<Mutex<FutureProducer>>,
+    /// A delivery report said the broker fenced the producer.
+    fenced: Arc<AtomicBool>,
+    config: ClientConfig,
     message_timeout: Duration,
 }
 
@@ -99,9 +110,25 @@ impl KafkaPublisher {
         }
         let producer = config.create()?;
         Ok(KafkaPublisher {
-            producer,
+            producer: Arc::new(Mutex::new(producer)),
+            fenced: Arc::default(),
             message_timeout: message_timeout(&config).unwrap_or(DEFAULT_MESSAGE_TIMEOUT),
+            config,
         })
+    }
+
+    /// The producer to queue on: the current one, or a new one when the current one met a
+    /// fatal error or was fenced (see the type's docs).
+    fn producer(&self) -> Result<FutureProducer, KafkaError> {
+        let mut current = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let fatal = current.client().fatal_error();
+        if fatal.is_some() || self.fenced.load(Ordering::Acquire) {
+            let (code, text) = fatal.unwrap_or((RDKafkaErrorCode::ProducerFenced, String::new()));
+            tracing::warn!(%code, error = %text, "Kafka publisher: the broker fenced the producer or it met a fatal error; making a new one");
+            *current = self.config.create()?;
+            self.fenced.store(false, Ordering::Release);
+        }
+        Ok(current.clone())
     }
 
     /// The `message.timeout.ms` the producer runs with.
@@ -142,15 +169,16 @@ impl KafkaPublisher {
         if let Some(key) = &row.ordering_key {
             record = record.key(key.as_str());
         }
+        let producer = self.producer()?;
         loop {
-            match self.producer.send_result(record) {
+            match producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),
                 Err((KafkaError::MessageProduction(code), back))
                     if code == rdkafka::types::RDKafkaErrorCode::QueueFull
                         && std::time::Instant::now() < deadline =>
                 {
                     // The local queue is full: let librdkafka send some, then queue again.
-                    self.producer.poll(Duration::from_millis(10));
+                    producer.poll(Duration::from_millis(10));
                     record = back;
                 }
                 Err((e, _)) => return Err(e),
@@ -159,15 +187,26 @@ impl KafkaPublisher {
     }
 }
 
-/// The delivery report as a result.
-async fn delivered(destination: &str, delivery: DeliveryFuture) -> Result<(), BoxError> {
-    match delivery.await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err((e, _))) => Err(Box::new(Undelivered {
-            destination: destination.to_owned(),
-            source: e,
-        })),
-        Err(_) => Err(format!("the producer was closed before {destination} confirmed").into()),
+impl KafkaPublisher {
+    /// The delivery report as a result; a fenced producer is noted (see
+    /// [`producer`](Self::producer)).
+    async fn delivered(&self, destination: &str, delivery: DeliveryFuture) -> Result<(), BoxError> {
+        match delivery.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => {
+                if matches!(
+                    e.rdkafka_error_code(),
+                    Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+                ) {
+                    self.fenced.store(true, Ordering::Release);
+                }
+                Err(Box::new(Undelivered {
+                    destination: destination.to_owned(),
+                    source: e,
+                }))
+            }
+            Err(_) => Err(format!("the producer was closed before {destination} confirmed").into()),
+        }
     }
 }
 
@@ -193,7 +232,7 @@ impl Publisher for KafkaPublisher {
 
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
         let delivery = self.send(row, std::time::Instant::now() + self.queue_timeout())?;
-        delivered(&row.destination, delivery).await
+        self.delivered(&row.destination, delivery).await
     }
 
     /// Queues every row (in order: with the idempotent producer, one partition keeps it),
@@ -204,7 +243,7 @@ impl Publisher for KafkaPublisher {
         let mut results = Vec::with_capacity(rows.len());
         for (row, delivery) in rows.iter().zip(queued) {
             results.push(match delivery {
-                Ok(delivery) => delivered(&row.destination, delivery).await,
+                Ok(delivery) => self.delivered(&row.destination, delivery).await,
                 Err(e) => Err(e.into()),
             });
         }

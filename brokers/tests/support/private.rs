@@ -19,12 +19,18 @@ pub struct Private {
 
 /// `scripts/services.sh ARGS` on the state dir `dir`: its stdout, or what went wrong.
 fn run_services(dir: &Path, args: &[&str]) -> Result<String, String> {
+    run_services_with(dir, args, &[])
+}
+
+/// [`run_services`] with `env` set for the script.
+fn run_services_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh");
     let out = Command::new("timeout")
         .args(["-k", "10", SERVICES_LIMIT_SECS])
         .arg(script)
         .args(args)
         .env("DEDUP_SERVICES_DIR", dir)
+        .envs(env.iter().copied())
         .output()
         .map_err(|e| format!("could not run services.sh {args:?}: {e}"))?;
     if !out.status.success() {
@@ -41,6 +47,17 @@ fn services(dir: &Path, args: &[&str]) -> String {
     run_services(dir, args).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The URL `services.sh env` of `dir` prints in `url_var`.
+fn url_of(dir: &Path, url_var: &str) -> String {
+    let env = services(dir, &["env"]);
+    let prefix = format!("export {url_var}=");
+    env.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {url_var} from services.sh env"))
+        .trim_matches('\'')
+        .to_owned()
+}
+
 impl Private {
     /// `service` of the state dir named by `DEDUP_RESTART_SERVICES_DIR` (started there if
     /// missing), or, without it, of a fresh state dir this value stops on drop. `url_var` is
@@ -55,18 +72,26 @@ impl Private {
             }
         };
         services(&dir, &["start", service]);
-        let env = services(&dir, &["env"]);
-        let prefix = format!("export {url_var}=");
-        let url = env
-            .lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .unwrap_or_else(|| panic!("no {url_var} from services.sh env"))
-            .trim_matches('\'')
-            .to_owned();
+        let url = url_of(&dir, url_var);
         Private {
             dir,
             service: service.to_owned(),
             owned,
+            url,
+        }
+    }
+
+    /// `service` of a fresh state dir of its own (whatever `DEDUP_RESTART_SERVICES_DIR`
+    /// says), started with `env` set for `services.sh`, stopped on drop. Blocking.
+    pub fn start_own(service: &str, url_var: &str, env: &[(&str, &str)]) -> Private {
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        let dir = std::env::temp_dir().join(format!("dedup-brokers-private-{}", &tag[..8]));
+        run_services_with(&dir, &["start", service], env).unwrap_or_else(|e| panic!("{e}"));
+        let url = url_of(&dir, url_var);
+        Private {
+            dir,
+            service: service.to_owned(),
+            owned: true,
             url,
         }
     }
