@@ -514,3 +514,54 @@ async fn console_over_redis() {
         scenario(t).await;
     }
 }
+
+/// Nested as the README shows, error pages and refusals link under the mount point too,
+/// and a console without an outbox links no outbox page.
+#[tokio::test]
+async fn nested_error_pages_link_under_the_mount_point() {
+    let Some(t) = common::target("redis") else {
+        return;
+    };
+    let s = common::seed(&t).await;
+    let base = "/ops/dedup";
+    let app = Router::new().nest(base, common::console_at(&t, &s, base).router());
+    let (status, overview) = get(&app, base).await;
+    assert_eq!(status, StatusCode::OK, "{overview}");
+    let (status, trailing) = get(&app, &format!("{base}/")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "axum's nest: {trailing}");
+    assert!(
+        !overview.contains(&format!("href=\"{base}/\"")),
+        "{overview}"
+    );
+    assert!(
+        !overview.contains("/outbox\""),
+        "no outbox here: {overview}"
+    );
+    let (status, missing) = get(&app, &format!("{base}/key?consumer=billing&id=nope")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
+    let (status, refused) = send(
+        &app,
+        Request::post(format!("{base}/act/purge"))
+            .header(header::HOST, "console.test")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("csrf=stale"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    for page in [&missing, &refused] {
+        assert!(
+            page.contains(&format!("<a href=\"{base}\">Overview</a>")),
+            "{page}"
+        );
+        assert!(
+            page.contains(&format!("href=\"{base}/failures\"")),
+            "{page}"
+        );
+        assert!(!page.contains("/outbox\""), "{page}");
+    }
+    assert!(
+        refused.contains(&format!("href=\"{base}/signin\"")),
+        "{refused}"
+    );
+}
