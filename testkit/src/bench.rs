@@ -70,19 +70,24 @@ pub(crate) struct Bench {
 }
 
 impl Bench {
-    /// Take any simpler schedule that still fails with the same `payloads`, until none
-    /// does.
-    pub(crate) fn minimize(&self, mut schedule: Schedule, payloads: &[Vec<u8>]) -> Schedule {
-        let fails = |s: &Schedule| !self.case(s, payloads).violations.is_empty();
+    /// Take any simpler schedule that still fails, until none does. With payloads, a
+    /// schedule with a message fewer is tried with each message's payload taken out
+    /// (proptest keeps one payload per message, and cannot tell which message went).
+    pub(crate) fn minimize(
+        &self,
+        mut schedule: Schedule,
+        mut payloads: Vec<Vec<u8>>,
+    ) -> (Schedule, Vec<Vec<u8>>) {
+        let fails = |s: &Schedule, p: &[Vec<u8>]| !self.case(s, p).violations.is_empty();
         let mut budget = MINIMIZE_RUNS;
         'simpler: loop {
-            for candidate in schedule.simpler() {
+            for (s, p) in self.simpler(&schedule, &payloads) {
                 if budget == 0 {
                     break 'simpler;
                 }
                 budget -= 1;
-                if fails(&candidate) {
-                    schedule = candidate;
+                if fails(&s, &p) {
+                    (schedule, payloads) = (s, p);
                     continue 'simpler;
                 }
             }
@@ -97,11 +102,44 @@ impl Bench {
             self.kit.failures,
             schedule.size(),
         );
-        small
+        let schedule = small
             .into_iter()
             .take(SMALL_RUNS)
-            .find(|candidate| fails(candidate))
-            .unwrap_or(schedule)
+            .find(|candidate| fails(candidate, &payloads))
+            .unwrap_or(schedule);
+        payloads.truncate(schedule.messages);
+        (schedule, payloads)
+    }
+
+    /// The candidates one simplification away: [`Schedule::simpler`]'s; with payloads,
+    /// also each message taken out with its own payload, and each of those with a message
+    /// fewer paired with every way to take a payload out.
+    fn simpler(&self, schedule: &Schedule, payloads: &[Vec<u8>]) -> Vec<(Schedule, Vec<Vec<u8>>)> {
+        let draws = self.kit.draws_payloads();
+        let without = |k: usize| {
+            let mut rest = payloads.to_vec();
+            rest.remove(k);
+            rest
+        };
+        let mut out = Vec::new();
+        if draws {
+            for k in 0..schedule.messages {
+                if let Some(s) = schedule.without_message(k) {
+                    out.push((s, without(k)));
+                }
+            }
+        }
+        for s in schedule.simpler() {
+            if draws && s.messages < schedule.messages {
+                // The last payload out first: what the schedule alone would keep.
+                for k in (0..schedule.messages).rev() {
+                    out.push((s.clone(), without(k)));
+                }
+            } else {
+                out.push((s, payloads.to_vec()));
+            }
+        }
+        out
     }
 
     /// Run `schedule` with message `i` carrying `payloads[i]` (empty when there is none),

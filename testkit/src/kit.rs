@@ -293,6 +293,11 @@ impl Kit {
         self
     }
 
+    /// Whether messages get payloads from a generator.
+    pub(crate) fn draws_payloads(&self) -> bool {
+        self.payloads.is_some()
+    }
+
     /// Which payloads are poison: messages no retry can process, which the consumer must
     /// reject. For a poison message the kit expects its key to end rejected (a stored
     /// failure, [`FailurePolicy::Store`](dedup_core::FailurePolicy::Store), or a dead
@@ -486,10 +491,8 @@ impl Kit {
                 // proptest shrinks a tuple's parts once each, in order; finish the job
                 // greedily (runs take milliseconds), then run the result once more for
                 // its story.
-                let schedule = bench.minimize(schedule, &payloads);
+                let (schedule, payloads) = bench.minimize(schedule, payloads);
                 let again = bench.case(&schedule, &payloads);
-                let mut payloads = payloads;
-                payloads.truncate(schedule.messages);
                 Err(Box::new(Failure {
                     payloads,
                     poison: again.poison,

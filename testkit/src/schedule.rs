@@ -120,6 +120,28 @@ impl Schedule {
             })
     }
 
+    /// The same schedule without message `k` (its duplicates gone, later messages one
+    /// index lower); `None` for its only message.
+    pub(crate) fn without_message(&self, k: usize) -> Option<Self> {
+        if self.messages < 2 || k >= self.messages {
+            return None;
+        }
+        let steps = self
+            .steps
+            .iter()
+            .filter_map(|s| match *s {
+                Step::Duplicate(m) if m == k => None,
+                Step::Duplicate(m) if m > k => Some(Step::Duplicate(m - 1)),
+                other => Some(other),
+            })
+            .collect();
+        Some(Schedule {
+            messages: self.messages - 1,
+            workers: self.workers,
+            steps,
+        })
+    }
+
     /// The same schedule with every worker and message index folded onto the counts.
     pub(crate) fn folded(mut self) -> Self {
         let (messages, workers) = (self.messages.max(1), self.workers.max(1));
