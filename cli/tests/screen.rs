@@ -376,7 +376,15 @@ async fn no_output_shows_the_password_or_a_raw_control_character() {
         format!("redis://:{password}@127.0.0.1:{down_port}/"),
     ];
     for bad in &failing {
-        for args in [&["stats"][..], &["list", "billing"], &["outbox", "stats"]] {
+        let runs: [&[&str]; 6] = [
+            &["migrate"],
+            &["stats"],
+            &["list", "billing"],
+            &["forget", "billing", "fail-1"],
+            &["outbox", "stats"],
+            &["console", "--listen", "127.0.0.1:0"],
+        ];
+        for args in runs {
             let out = dedup(bad, args);
             assert_ne!(out.status.code(), Some(0), "{args:?} on a failing URL");
             screen.check_run(&format!("dedup {args:?} on a failing URL"), &out, &secrets);
