@@ -3,6 +3,21 @@
 use std::time::Duration;
 
 /// The settings every consumer has, whatever the broker.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use dedup_brokers::ConsumerConfig;
+///
+/// let config = ConsumerConfig {
+///     consumer: Some("billing".into()),
+///     in_flight: 32,
+///     max_age: Some(Duration::from_secs(3 * 24 * 3600)), // the store's retention
+///     ..ConsumerConfig::default()
+/// };
+/// assert_eq!(config.consumer_name("orders"), "billing");
+/// ```
 #[derive(Clone, Debug)]
 pub struct ConsumerConfig {
     /// The inbox's consumer name (the first half of each [`Key`](dedup_core::Key)). `None`:

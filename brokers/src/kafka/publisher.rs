@@ -74,6 +74,33 @@ fn message_timeout(config: &ClientConfig) -> Option<Duration> {
 /// A broker that refuses the bumped epoch (Tansu 0.6.0 answers `PRODUCER_FENCED`), or
 /// any fatal error of the producer, would stop it for good: the publisher then makes a new
 /// producer (a new producer id) for its next call, and says so in a warning.
+///
+/// # Errors
+///
+/// A publish answers `Err` whenever the delivery report did not confirm the record: it
+/// may or may not be stored. The relay then publishes it again later, with the same
+/// message id, and the consumer's inbox drops the copy.
+///
+/// # Cancel safety
+///
+/// A dropped publish may still land: librdkafka keeps the queued record until its
+/// message timeout. The relay counts its rows as not published, and publishes them again.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use dedup_brokers::kafka::KafkaPublisher;
+/// use dedup_core::outbox::{OutboxStore, Relay};
+///
+/// # async fn example(outbox: Arc<dyn OutboxStore>) -> Result<(), dedup_core::BoxError> {
+/// let publisher = KafkaPublisher::new("127.0.0.1:9092")?;
+/// let relay = Relay::new(outbox, Arc::new(publisher)).start()?;
+/// // ... on shutdown:
+/// relay.stop().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct KafkaPublisher {
     producer: Arc<Mutex<FutureProducer>>,
@@ -91,6 +118,10 @@ impl std::fmt::Debug for KafkaPublisher {
 
 impl KafkaPublisher {
     /// A publisher to the cluster at `brokers` (`bootstrap.servers`).
+    ///
+    /// # Errors
+    ///
+    /// rdkafka's error when librdkafka refuses to create the producer.
     pub fn new(brokers: &str) -> Result<Self, KafkaError> {
         let mut settings = ClientConfig::new();
         settings.set("bootstrap.servers", brokers);
@@ -100,6 +131,10 @@ impl KafkaPublisher {
     /// A publisher from librdkafka settings (security, `message.timeout.ms`...);
     /// `enable.idempotence` and `acks` are set over them, and `message.timeout.ms` to
     /// [`DEFAULT_MESSAGE_TIMEOUT`] when they do not set it.
+    ///
+    /// # Errors
+    ///
+    /// rdkafka's error when librdkafka refuses the settings or the producer.
     pub fn from_config(settings: &ClientConfig) -> Result<Self, KafkaError> {
         let mut config = producer_config(settings);
         if message_timeout(&config).is_none() {
