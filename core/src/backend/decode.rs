@@ -175,6 +175,23 @@ mod tests {
     }
 
     #[test]
+    fn stored_fences_and_attempts_decode_as_stored_up_to_their_limits() {
+        let key = Key::new("c", "m").unwrap();
+        assert_eq!(fence_from(&key, 1).unwrap(), 1);
+        assert_eq!(fence_from(&key, i64::MAX).unwrap(), i64::MAX as u64);
+        assert_eq!(attempt_from(&key, 1).unwrap(), 1);
+        assert_eq!(attempt_from(&key, u32::MAX.into()).unwrap(), u32::MAX);
+        let record = RawRecord {
+            fence: 7,
+            attempt: 3,
+            ..raw(RawState::InFlight)
+        }
+        .decode(&key)
+        .unwrap();
+        assert_eq!((record.fence, record.attempt), (7, 3));
+    }
+
+    #[test]
     fn well_formed_records_decode() {
         let key = Key::new("c", "m").unwrap();
         let in_flight = raw(RawState::InFlight).decode(&key).unwrap();
