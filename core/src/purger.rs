@@ -59,7 +59,8 @@ impl Default for Retention {
 
 /// The retention purge of one [`Inbox`](crate::Inbox) and its clones: started by the
 /// first delivery handled (so only ever inside a tokio runtime, and once, not per call),
-/// stopped when the last clone is dropped.
+/// stopped when the last clone is dropped: that drops the [`PurgerHandle`], which stops the
+/// task at its next wait (a run in progress finishes first).
 #[derive(Debug, Default)]
 pub(crate) struct Background {
     tried: AtomicBool,
@@ -99,16 +100,6 @@ impl Background {
                 error = %crate::error_chain(&e),
                 "dedup inbox: the retention purge did not start; nothing is purged (fix InboxConfig::retention)"
             ),
-        }
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        let running = self.running.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(handle) = running.take() {
-            // The task ends at its next wait (a run in progress finishes first).
-            let _ = handle.stop.send(true);
         }
     }
 }
