@@ -4,16 +4,16 @@
 //! Effects: the payment provider's charges (the kit's ledger, through `Payments`) and
 //! the invoices (counted in the application's table).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use dedup_core::{BoxError, DedupStore};
 use dedup_examples::billing::{self, Payments};
-use dedup_sqlite::rusqlite::{Connection, params_from_iter};
 use dedup_sqlite::{SqliteConfig, SqliteStore, TxInbox};
 use dedup_testkit::{Effects, Kit, Setup, Subject, Violation, lease, sqlite_tx};
+mod sqlite_counts;
+
+use sqlite_counts::connect;
 
 /// The payment provider as the kit's ledger: each charge is a stopping point and an
 /// effect, applied once per idempotency key.
@@ -29,12 +29,6 @@ impl Payments for Provider<'_> {
     }
 }
 
-fn connect(db: &Path) -> Result<Connection, BoxError> {
-    let conn = Connection::open(db)?;
-    conn.busy_timeout(Duration::from_secs(10))?;
-    Ok(conn)
-}
-
 /// A fresh database file with the invoice table.
 fn database() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("a temporary folder");
@@ -48,23 +42,13 @@ fn database() -> (tempfile::TempDir, PathBuf) {
 /// Invoices per order id (the message id), for the kit's effects query.
 fn invoices(
     db: PathBuf,
-) -> impl Fn(Vec<String>) -> futures::future::Ready<Result<BTreeMap<String, usize>, BoxError>>
+) -> impl Fn(
+    Vec<String>,
+) -> futures::future::Ready<Result<std::collections::BTreeMap<String, usize>, BoxError>>
 + Send
 + Sync
 + 'static {
-    move |ids: Vec<String>| {
-        futures::future::ready((|| {
-            let conn = connect(&db)?;
-            let marks = vec!["?"; ids.len()].join(", ");
-            let mut stmt = conn.prepare(&format!(
-                "SELECT order_id, count(*) FROM invoices WHERE order_id IN ({marks}) GROUP BY order_id"
-            ))?;
-            let rows = stmt.query_map(params_from_iter(ids.iter()), |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as usize))
-            })?;
-            Ok(rows.collect::<Result<BTreeMap<_, _>, _>>()?)
-        })())
-    }
+    sqlite_counts::count(db, "invoices", "TRUE".into())
 }
 
 /// The kit's store in the application's database file (on the kit's own tables).

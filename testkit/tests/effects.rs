@@ -4,49 +4,19 @@
 //! another connection, outside the transaction, and is caught, with the broken effect
 //! registered first, second or third.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use dedup_core::{BoxError, DedupStore};
-use dedup_sqlite::rusqlite::{Connection, params, params_from_iter};
+use dedup_core::DedupStore;
+use dedup_sqlite::rusqlite::params;
 use dedup_sqlite::{SqliteConfig, TxInbox};
 use dedup_testkit::{Failure, Kit, Report, Subject, sqlite_tx};
+mod sqlite_counts;
 mod three_effects;
 
+use sqlite_counts::{connect, count};
 use three_effects::{BROKEN, ORDERS, audit_repeated, register};
 
 const EFFECTS_TABLE: &str = "CREATE TABLE fx (kind TEXT NOT NULL, order_id TEXT NOT NULL)";
-
-fn connect(db: &Path) -> Result<Connection, BoxError> {
-    let conn = Connection::open(db)?;
-    conn.busy_timeout(Duration::from_secs(10))?;
-    Ok(conn)
-}
-
-/// How many rows of `kind` each message has in `db`'s effects table.
-fn count(
-    db: PathBuf,
-    kind: &'static str,
-) -> impl Fn(Vec<String>) -> futures::future::Ready<Result<BTreeMap<String, usize>, BoxError>>
-+ Send
-+ Sync
-+ 'static {
-    move |ids: Vec<String>| {
-        futures::future::ready((|| {
-            let conn = connect(&db)?;
-            let marks = vec!["?"; ids.len()].join(", ");
-            let mut stmt = conn.prepare(&format!(
-                "SELECT order_id, count(*) FROM fx WHERE kind = '{kind}' AND order_id IN ({marks}) GROUP BY order_id"
-            ))?;
-            let rows = stmt.query_map(params_from_iter(ids.iter()), |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as usize))
-            })?;
-            Ok(rows.collect::<Result<BTreeMap<_, _>, _>>()?)
-        })())
-    }
-}
 
 /// Run the three-effect handler with the effects registered in `order`. `broken`: the
 /// audit row goes to another database file on its own connection, committed at once.
@@ -60,14 +30,8 @@ fn run(order: [&'static str; 3], broken: bool, cases: u32) -> Result<Report, Box
     }
     let audit_db = if broken { side.clone() } else { app.clone() };
     let kit = register(Kit::new().cases(cases), order, |kind| {
-        count(
-            if kind == BROKEN {
-                audit_db.clone()
-            } else {
-                app.clone()
-            },
-            kind,
-        )
+        let db = if kind == BROKEN { &audit_db } else { &app };
+        count(db.clone(), "fx", format!("kind = '{kind}'"))
     });
     let path = app.clone();
     kit.run_with(|setup| async move {
