@@ -177,3 +177,12 @@ async fn a_panic_in_the_purge_task_comes_out_of_stop() {
     let panic = stopped.expect_err("stop panics").into_panic();
     assert_eq!(panic.downcast_ref::<&str>(), Some(&"the purge broke"));
 }
+
+#[test]
+fn a_retention_as_long_as_the_redelivery_window_starts_without_a_warning() {
+    let warnings = Purger::new(MINUTE, MINUTE)
+        .redelivery_window(MINUTE)
+        .check()
+        .unwrap();
+    assert_eq!(warnings, []);
+}
