@@ -10,14 +10,56 @@ use crate::Delivery;
 
 /// What a consumer runs for a delivery it admitted: deduplicate by `key` and process.
 ///
-/// The answer decides the broker action (see [`Action`](crate::Action)). Two ways to get one:
+/// The answer decides the broker action (see [`Action`](crate::Action)). Three ways to
+/// get one:
 /// - lease mode: [`with_inbox`] wraps an [`Inbox`] and a function of the lease and the
 ///   delivery;
 /// - a transactional inbox: [`with_tx_inbox`](crate::with_tx_inbox) wraps
-///   `dedup_postgres::TxInbox` or `dedup_mysql::TxInbox` and a function of the open
+///   `dedup_postgres::TxInbox` or `dedup_mysql::TxInbox`, and a function of the open
 ///   transaction, the lease and the delivery;
-/// - any closure `|key: Key, delivery: Delivery| async move { ... }` is a `Handle` as it is
-///   (SQLite's `TxInbox`, whose handler is synchronous, is called that way).
+/// - any closure `|key: Key, delivery: Delivery| async move { ... }` is a `Handle` as it
+///   is. SQLite's `TxInbox`, whose handler is synchronous, is called that way.
+///
+/// # Examples
+///
+/// SQLite's transactional inbox behind a consumer, as a closure:
+///
+/// ```
+/// use dedup_brokers::{Delivery, Handle};
+/// use dedup_core::{BoxError, Handled, Key};
+/// use dedup_sqlite::{SqliteStore, TxInbox};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let dir = tempfile::tempdir()?;
+/// let inbox = TxInbox::new(SqliteStore::open(dir.path().join("app.db")).await?);
+/// let handler = move |key: Key, delivery: Delivery| {
+///     let inbox = inbox.clone();
+///     async move {
+///         inbox
+///             .handle(&key, None, move |_tx, _lease| {
+///                 // Write with `_tx`: the writes commit with the key's completion.
+///                 Ok::<_, BoxError>(Some(delivery.payload.to_vec()))
+///             })
+///             .await
+///     }
+/// };
+///
+/// // What a consumer does with each delivery it admitted:
+/// let key = Key::new("billing", "order-42")?;
+/// let delivery = Delivery {
+///     message_id: Some("order-42".into()),
+///     payload: bytes::Bytes::from_static(b"{}"),
+///     headers: Vec::new(),
+///     published_at: None,
+///     redelivered: false,
+///     broker_ref: "1".into(),
+/// };
+/// assert!(matches!(handler.handle(&key, &delivery).await?, Handled::Processed { .. }));
+/// assert!(matches!(handler.handle(&key, &delivery).await?, Handled::Duplicate { .. }));
+/// # Ok(())
+/// # }
+/// ```
 #[async_trait]
 pub trait Handle: Send + Sync + 'static {
     /// Process `delivery` at most once under `key` (consumer name and message id).
