@@ -186,3 +186,51 @@ fn a_retention_as_long_as_the_redelivery_window_starts_without_a_warning() {
         .unwrap();
     assert_eq!(warnings, []);
 }
+
+/// A store on a manual clock holding `n` records completed two minutes ago.
+async fn aged(n: usize) -> Arc<MemoryStore> {
+    let clock = Arc::new(ManualClock::starting_now());
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    for i in 0..n {
+        let k = Key::new("billing", format!("m{i}")).unwrap();
+        let claim = store.claim(&k, &ClaimOptions::default()).await.unwrap();
+        store
+            .commit(&claim.into_lease().unwrap(), None)
+            .await
+            .unwrap();
+    }
+    clock.advance(2 * MINUTE);
+    store
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_handle_counts_the_records_removed_while_it_runs() {
+    let purger = Purger::spawn(aged(3).await, MINUTE, Duration::from_millis(5)).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(purger.removed(), 3);
+    assert_eq!(purger.stop().await.removed, 3);
+}
+
+#[test]
+fn stopped_after_its_runtime_shut_down_it_still_reports_what_it_removed() {
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let first = paused();
+    let purger = first.block_on(async {
+        let purger = Purger::spawn(aged(3).await, MINUTE, Duration::from_millis(5)).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        purger
+    });
+    drop(first);
+    let stats = paused().block_on(purger.stop());
+    assert_eq!(stats.removed, 3, "{stats:?}");
+    assert_eq!(
+        stats.runs, 0,
+        "the task's own count went with it: {stats:?}"
+    );
+}
