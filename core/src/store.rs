@@ -65,8 +65,8 @@ pub type ItemResult<T> = Result<T>;
 ///
 /// # Cancel safety
 ///
-/// A dropped call may or may not have taken effect at the store. Each operation is
-/// atomic, so it did all or nothing:
+/// A dropped call may or may not have taken effect at the store. A single operation is
+/// atomic: it did all or nothing. A batch may have done part of its items.
 /// - A dropped `claim` may leave a live lease nobody holds. The key is claimable again
 ///   once that lease expires.
 /// - A dropped `commit` may have committed. Commit is retry-safe: call it again with the
