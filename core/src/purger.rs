@@ -370,6 +370,7 @@ impl Purger {
                     } else {
                         tracing::debug!(
                             batches = report.batches,
+                            what = target.what(),
                             "dedup purger: nothing to remove"
                         );
                     }

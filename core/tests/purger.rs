@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedup_core::layers::{ObserveOptions, Observed};
+use dedup_core::outbox::MemoryOutbox;
 use dedup_core::{
     Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Failure,
     ItemResult, Key, Lease, ManualClock, MemoryStore, PurgeOptions, PurgeReport, Purger,
@@ -232,5 +233,41 @@ fn stopped_after_its_runtime_shut_down_it_still_reports_what_it_removed() {
     assert_eq!(
         stats.runs, 0,
         "the task's own count went with it: {stats:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_that_removed_records_logs_at_info_and_an_empty_one_at_debug() {
+    let log = support::warnings::Warnings::default();
+    let _guard = tracing::subscriber::set_default(log.clone());
+    let purger = Purger::spawn(aged(2).await, MINUTE, Duration::from_millis(5)).unwrap();
+    let outbox = Purger::new(MINUTE, Duration::from_millis(5))
+        .start_outbox(Arc::new(MemoryOutbox::new()))
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    purger.stop().await;
+    outbox.stop().await;
+
+    let info = log.at(tracing::Level::INFO);
+    assert_eq!(
+        info.len(),
+        1,
+        "only the first run removed anything: {info:?}"
+    );
+    assert_eq!(
+        (info[0]["removed"].as_str(), info[0]["what"].as_str()),
+        ("2", "inbox")
+    );
+    let empty: Vec<String> = log
+        .at(tracing::Level::DEBUG)
+        .into_iter()
+        .filter(|e| e["message"] == "dedup purger: nothing to remove")
+        .map(|e| e["what"].clone())
+        .collect();
+    assert!(empty.iter().any(|w| w == "inbox"), "{empty:?}");
+    assert!(empty.iter().any(|w| w == "outbox"), "{empty:?}");
+    assert!(
+        empty.iter().all(|w| w == "inbox" || w == "outbox"),
+        "{empty:?}"
     );
 }

@@ -1,5 +1,5 @@
-//! A small capturing subscriber for this thread only: the WARN events logged, with their
-//! fields.
+//! A small capturing subscriber for this thread only: the events logged, with their levels
+//! and fields.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -8,9 +8,9 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
-/// The WARN events seen: their fields (the message under `message`).
+/// The events seen: their levels and fields (the message under `message`).
 #[derive(Clone, Default)]
-pub struct Warnings(Arc<Mutex<Vec<BTreeMap<String, String>>>>);
+pub struct Warnings(Arc<Mutex<Vec<(Level, BTreeMap<String, String>)>>>);
 
 struct Fields<'a>(&'a mut BTreeMap<String, String>);
 
@@ -33,11 +33,12 @@ impl Subscriber for Warnings {
     fn record(&self, _: &Id, _: &Record<'_>) {}
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, event: &Event<'_>) {
-        if *event.metadata().level() == Level::WARN {
-            let mut fields = BTreeMap::new();
-            event.record(&mut Fields(&mut fields));
-            self.0.lock().unwrap().push(fields);
-        }
+        let mut fields = BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.0
+            .lock()
+            .unwrap()
+            .push((*event.metadata().level(), fields));
     }
     fn enter(&self, _: &Id) {}
     fn exit(&self, _: &Id) {}
@@ -46,6 +47,16 @@ impl Subscriber for Warnings {
 impl Warnings {
     /// The warnings seen so far.
     pub fn seen(&self) -> Vec<BTreeMap<String, String>> {
-        self.0.lock().unwrap().clone()
+        self.at(Level::WARN)
+    }
+
+    /// The events of `level` seen so far.
+    pub fn at(&self, level: Level) -> Vec<BTreeMap<String, String>> {
+        let events = self.0.lock().unwrap();
+        events
+            .iter()
+            .filter(|(l, _)| *l == level)
+            .map(|(_, fields)| fields.clone())
+            .collect()
     }
 }
