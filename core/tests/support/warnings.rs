@@ -8,9 +8,12 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
-/// The events seen: their levels and fields (the message under `message`).
+/// One event seen: its level and fields (the message under `message`).
+type Logged = (Level, BTreeMap<String, String>);
+
+/// The events seen.
 #[derive(Clone, Default)]
-pub struct Warnings(Arc<Mutex<Vec<(Level, BTreeMap<String, String>)>>>);
+pub struct Warnings(Arc<Mutex<Vec<Logged>>>);
 
 struct Fields<'a>(&'a mut BTreeMap<String, String>);
 
