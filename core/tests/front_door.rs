@@ -191,3 +191,28 @@ async fn a_failed_release_stores_its_failure_and_frees_the_key() {
     assert_eq!(record.last_failure, Some(failure));
     assert_eq!(acquire(&store, &k).await.attempt, 2);
 }
+
+#[tokio::test]
+async fn bad_input_is_refused_before_the_store_and_writes_nothing() {
+    let (store, _) = setup();
+    let k = key("m");
+    let lease = acquire(&store, &k).await;
+    let refused = |r: dedup_core::Result<()>| matches!(r, Err(Error::InvalidInput { .. }));
+
+    let no_kind = Failure::new("", vec!["boom".into()], 1, START, None);
+    assert!(refused(store.release_failed(&lease, &no_kind).await));
+    let record = store.get(&k).await.unwrap().unwrap();
+    assert_eq!(record.last_failure, None);
+    assert!(matches!(
+        record.state,
+        RecordState::InFlight { expires_at, .. } if expires_at == lease.expires_at
+    ));
+
+    let no_rows = ListFilter::consumer("billing").limit(0);
+    assert!(refused(store.list(&no_rows).await.map(drop)));
+    let too_many = ListFilter::consumer("billing").limit(dedup_core::admin::MAX_LIST_LIMIT + 1);
+    assert!(refused(store.list(&too_many).await.map(drop)));
+    assert!(refused(
+        store.stats(dedup_core::admin::MAX_TOP + 1).await.map(drop)
+    ));
+}
