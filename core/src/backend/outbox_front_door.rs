@@ -245,6 +245,12 @@ mod tests {
     }
 
     #[test]
+    fn the_store_is_named_by_its_backend() {
+        let store: &dyn OutboxStore = &Down::default();
+        assert_eq!(store.backend(), "down");
+    }
+
+    #[test]
     fn bad_input_never_reaches_the_storage() {
         block_on(async {
             let down = Down::default();
