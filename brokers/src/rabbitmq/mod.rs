@@ -2,6 +2,11 @@
 //!
 //! Destinations are `exchange` or `exchange/routing-key` (the first `/` splits; an empty
 //! exchange is the default exchange, so `/orders` goes straight to queue `orders`).
+//!
+//! Some constructors take lapin's types (`ConnectionProperties`, `Channel`). To name them,
+//! depend on lapin as this crate does:
+//! `lapin = { version = "4", default-features = false, features = ["tokio"] }`. Its default
+//! features add rustls with aws-lc-rs: a C build this crate does not make.
 
 mod consumer;
 mod errors;
