@@ -275,7 +275,7 @@ impl RabbitConsumer {
                     )
                     .await;
                 }
-                let connection = Connection::connect(uri, properties.clone())
+                let connection = super::errors::connect(uri, properties.clone())
                     .await
                     .map_err(|e| classify("connecting to RabbitMQ", e))?;
                 let channel = connection

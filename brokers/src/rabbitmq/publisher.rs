@@ -138,7 +138,7 @@ impl RabbitPublisher {
         properties: ConnectionProperties,
     ) -> Result<Self, lapin::Error> {
         let uri = uri.into();
-        let connection = Connection::connect(&uri, properties.clone()).await?;
+        let connection = super::errors::connect(&uri, properties.clone()).await?;
         let mut publisher = Self::new(&connection).await?;
         publisher.link = Some(Arc::new(Link {
             uri,
@@ -317,7 +317,7 @@ impl RabbitPublisher {
 /// A new confirm channel, on the link's connection if it is still up, else on a new one.
 async fn reopen(link: &Link, connection: &mut Connection) -> Result<Channel, BrokerError> {
     if !connection.status().connected() {
-        *connection = Connection::connect(&link.uri, link.properties.clone())
+        *connection = super::errors::connect(&link.uri, link.properties.clone())
             .await
             .map_err(|e| classify("connecting the publisher to RabbitMQ again", e))?;
     }
