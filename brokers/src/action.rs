@@ -179,7 +179,10 @@ pub(crate) async fn decide<H: Handle + ?Sized>(
         Err(e) => {
             let _in = span.enter();
             // The whole source chain: `dedup store failed` alone says nothing of the cause.
-            tracing::warn!(consumer, message_id = key.message_id(), broker_ref = %delivery.broker_ref, error = %dedup_core::error_chain(e), "handler or store failed; retrying");
+            // Recorded as a string, so a formatter escapes the control characters a
+            // handler's error may quote from a payload.
+            let chain = dedup_core::error_chain(e);
+            tracing::warn!(consumer, message_id = key.message_id(), broker_ref = %delivery.broker_ref, error = chain.as_str(), "handler or store failed; retrying");
             &counters.errors
         }
     };
@@ -243,3 +246,6 @@ impl Counters {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,7 +5,10 @@
 //! Failure log lines (target `dedup_core::inbox`) name the consumer, the message id, the
 //! attempt, the cause's kind and its chain (`outer: inner: root`); failure metrics are
 //! labelled by consumer, mode and the cause's kind only (a few fixed words), never by
-//! message id, so their cardinality stays bounded.
+//! message id, so their cardinality stays bounded. The cause is recorded as a string value,
+//! not through `Display`: a formatter quotes and escapes it (`tracing-subscriber`'s `fmt`
+//! writes `\u{1b}` and `\n`), so a cause quoting a payload's control characters cannot
+//! clear the terminal that shows the log, or split its line.
 
 use std::time::Instant;
 
@@ -60,13 +63,14 @@ pub(super) fn dead_letter_counted<T>(
 /// Log the key just dead-lettered: its attempts used, the attempt that found none left,
 /// and the last cause.
 pub(super) fn log_dead_letter(key: &Key, attempt: u32, attempts: u32, cause: &Failure) {
+    let message = cause.message();
     tracing::warn!(
         consumer = key.consumer(),
         message_id = key.message_id(),
         attempt,
         attempts,
         kind = %cause.kind,
-        cause = %cause.message(),
+        cause = message.as_str(),
         "dead-lettered: the key used up its attempts"
     );
 }
@@ -76,12 +80,13 @@ pub(super) fn log_dead_letter(key: &Key, attempt: u32, attempts: u32, cause: &Fa
 pub(super) fn attempt_failed(key: &Key, mode: Mode, failure: &Failure, settled: &'static str) {
     metrics::counter!(m::HANDLER_FAILURES_TOTAL, "consumer" => key.consumer().to_owned(), "mode" => mode.label(), "kind" => failure.kind.clone())
         .increment(1);
+    let message = failure.message();
     tracing::warn!(
         consumer = key.consumer(),
         message_id = key.message_id(),
         attempt = failure.attempt,
         kind = %failure.kind,
-        cause = %failure.message(),
+        cause = message.as_str(),
         worker = failure.worker.as_deref(),
         mode = mode.label(),
         "dedup inbox: attempt failed; {settled}"
