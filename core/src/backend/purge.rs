@@ -191,6 +191,60 @@ mod tests {
         assert_eq!(next_limit(100, 100, 3 * MS / 2, 2 * MS, 5000), 100);
     }
 
+    #[test]
+    fn only_a_batch_over_the_bound_shrinks_and_only_one_under_half_of_it_grows() {
+        // Exactly the bound: kept (a proportional shrink by 1.0 would round 2001 down).
+        assert_eq!(next_limit(2001, 2001, MS, MS, 5000), 2001);
+        // Exactly half the bound: kept, not doubled.
+        assert_eq!(next_limit(100, 100, MS, 2 * MS, 5000), 100);
+    }
+
+    /// A store that records, for its one batch, how far ahead its deadline was.
+    #[derive(Default)]
+    struct Deadline(std::sync::Mutex<Option<Option<Duration>>>);
+
+    #[async_trait]
+    impl PurgeBatches for Deadline {
+        type PurgeCursor = ();
+
+        async fn purge_batch(&self, step: &PurgeStep, _: &mut ()) -> Result<PurgeBatch> {
+            let ahead = step
+                .deadline
+                .map(|d| d.saturating_duration_since(Instant::now()));
+            *self.0.lock().unwrap() = Some(ahead);
+            Ok(PurgeBatch {
+                exhausted: true,
+                ..PurgeBatch::default()
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paced_batch_must_end_within_the_bound_and_an_unpaced_one_has_no_deadline() {
+        let paced = PurgeOptions::older_than(Duration::from_secs(1)).pace(Pace::Paced {
+            max_batch_time: Duration::from_secs(10),
+            busy_percent: 25,
+        });
+        let store = Deadline::default();
+        run(&store, &paced).await.unwrap();
+        let ahead = store.0.lock().unwrap().unwrap().expect("a deadline");
+        assert!(ahead > Duration::from_secs(5) && ahead <= Duration::from_secs(10));
+
+        let store = Deadline::default();
+        run(&store, &paced.unpaced()).await.unwrap();
+        assert_eq!(*store.0.lock().unwrap(), Some(None));
+    }
+
+    #[test]
+    fn a_batch_removed_its_completed_and_expired_records() {
+        let batch = PurgeBatch {
+            completed: 2,
+            expired: 3,
+            ..PurgeBatch::default()
+        };
+        assert_eq!(batch.total(), 5);
+    }
+
     /// A store whose batches each take `wall` of the caller's time but report `work` of
     /// storage time (the rest: waiting for a turn), removing what they are asked for.
     struct Queued {
