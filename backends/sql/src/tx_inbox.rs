@@ -323,6 +323,9 @@ impl<S: TxStore> TxInbox<S> {
     /// - A failed run rolls back to the savepoint, so the caller's own earlier writes stay
     ///   and its transaction stays usable; [`Transient`](dedup_core::Transient) errors run
     ///   again under [`InboxConfig::handler_retry`] in a fresh savepoint.
+    /// - After [`Handled::Failed`] or [`Handled::DeadLetter`], committing or rolling back
+    ///   is yours to choose. The inbox wrote the failure in its own transaction, and the
+    ///   handler's writes are gone with the savepoint. Only your own writes remain.
     /// - Conflicts are not retried here: the transaction is the caller's (MySQL has rolled
     ///   it back whole, PostgreSQL has aborted it). The key is released with a failure of
     ///   kind `conflict` (this attempt used) and [`InboxError::Conflict`] comes back with
