@@ -1,11 +1,8 @@
 #![doc = include_str!("../README.md")]
 
 mod commands;
-mod console;
-mod counts;
 mod failure;
 mod open;
-mod outbox;
 mod render;
 mod screen;
 
