@@ -64,3 +64,28 @@ impl From<OpenError> for dedup_core::Error {
         }
     }
 }
+
+/// Why [`register`](crate::register) refused a store. Nothing was registered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// Another backend already answers the scheme.
+    #[error("cannot register the {scheme:?} scheme: the {by} backend answers it")]
+    SchemeTaken {
+        /// The scheme, as the refused descriptor has it.
+        scheme: &'static str,
+        /// The backend that answers it (`"postgres"`, or a registered store's name).
+        by: &'static str,
+    },
+    /// The descriptor has no scheme, or one that is not a lower-case URL scheme.
+    #[error(
+        "cannot register the {backend} backend: {scheme:?} is not a lower-case URL scheme \
+         (a letter, then letters, digits, `+`, `-` or `.`)"
+    )]
+    InvalidScheme {
+        /// The descriptor's name.
+        backend: &'static str,
+        /// The scheme refused (empty when the descriptor has none).
+        scheme: &'static str,
+    },
+}

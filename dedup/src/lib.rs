@@ -8,9 +8,9 @@ mod url;
 
 pub use dedup_core::backend::url::{BackendDescriptor, StoreTarget, UrlError, redact};
 pub use dedup_core::*;
-pub use error::OpenError;
+pub use error::{OpenError, RegisterError};
 pub use open::{open, open_admin, open_outbox, open_with_clock};
-pub use registry::backends;
+pub use registry::{backends, register};
 pub use url::StoreUrl;
 
 /// The SQLite backend (`dedup-sqlite`), with the `sqlite` feature (on by default).

@@ -1,9 +1,15 @@
-//! The registry: one line per backend, with its descriptor when its feature is enabled.
-//! The only place the facade names a backend.
+//! The registry: one line per built-in backend, with its descriptor when its feature is
+//! enabled, then the stores registered at run time ([`register`]). The only place the
+//! facade names a backend.
+
+use std::sync::{PoisonError, RwLock};
 
 use dedup_core::backend::url::{BackendDescriptor, MEMORY};
 
+use crate::error::RegisterError;
+
 /// A registry line: what names a backend, and its descriptor when this build has it.
+#[derive(Clone, Copy)]
 pub(crate) struct Entry {
     /// `"postgres backend"`, for [`UrlError::Disabled`](crate::UrlError::Disabled).
     pub(crate) what: &'static str,
@@ -79,10 +85,131 @@ pub(crate) static REGISTRY: &[Entry] = &[
     ),
 ];
 
-/// The backends this build includes, `memory` first: to list them, or to pick one by
-/// its descriptor's properties (an outbox, a schema to migrate) rather than by name.
+/// The stores registered at run time, in the order they were registered.
+static REGISTERED: RwLock<Vec<&'static BackendDescriptor>> = RwLock::new(Vec::new());
+
+/// Every line: the built-in backends, then the registered stores.
+pub(crate) fn lines() -> Vec<Entry> {
+    let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
+    let extra = registered.iter().map(|d| Entry {
+        what: d.name,
+        feature: "",
+        schemes: d.schemes,
+        forms: d.forms,
+        descriptor: Some(*d),
+    });
+    REGISTRY.iter().copied().chain(extra).collect()
+}
+
+/// The backends this build includes, `memory` first, then the stores [`register`]ed: to
+/// list them, or to pick one by its descriptor's properties (an outbox, a schema to
+/// migrate) rather than by name.
 pub fn backends() -> impl Iterator<Item = &'static BackendDescriptor> {
-    REGISTRY.iter().filter_map(|e| e.descriptor)
+    lines().into_iter().filter_map(|e| e.descriptor)
+}
+
+/// Adds a store written outside this crate: [`open`](crate::open), [`open_admin`](
+/// crate::open_admin), [`open_outbox`](crate::open_outbox), [`StoreUrl::parse`](
+/// crate::StoreUrl::parse) and [`backends`] then answer its schemes.
+///
+/// Register once, at start-up, before opening a URL of the store. A URL parsed before
+/// is refused with [`UrlError::UnknownScheme`](crate::UrlError::UnknownScheme). It is
+/// thread-safe, and a registration lasts as long as the process.
+///
+/// # Errors
+///
+/// Nothing is registered when any check fails:
+/// - [`RegisterError::SchemeTaken`]: a built-in backend or an earlier registration
+///   answers one of its schemes (a built-in one even when its feature is off). A second
+///   `register` of the same descriptor gets this error too.
+/// - [`RegisterError::InvalidScheme`]: no scheme, or one that is not lower-case ASCII
+///   letters, digits, `+`, `-` and `.`, starting with a letter.
+///
+/// # Examples
+///
+/// A store whose URLs are `tiny:`, opening a [`MemoryStore`](crate::MemoryStore):
+///
+/// ```
+/// use std::sync::Arc;
+/// use dedup::backend::url::{BackendDescriptor, OpenTarget, Params, StoreTarget, UrlError, UrlParts};
+/// use dedup::{Admin, Clock, DedupStore, MemoryStore, RegisterError};
+///
+/// #[derive(Clone, Debug)]
+/// struct TinyTarget;
+///
+/// #[async_trait::async_trait]
+/// impl OpenTarget for TinyTarget {
+///     fn descriptor(&self) -> &'static BackendDescriptor { &TINY }
+///     fn location(&self) -> String { "this process".to_owned() }
+///     fn set_clock(&mut self, _clock: Arc<dyn Clock>) {}
+///     fn clone_target(&self) -> Box<dyn OpenTarget> { Box::new(self.clone()) }
+///     async fn open_admin(self: Box<Self>) -> dedup::Result<Arc<dyn Admin>> {
+///         Ok(Arc::new(MemoryStore::new()))
+///     }
+/// }
+///
+/// fn parse(url: &UrlParts<'_>) -> Result<StoreTarget, UrlError> {
+///     Params::parse(url.query, "tiny", &[])?;
+///     Ok(StoreTarget::new(TinyTarget))
+/// }
+///
+/// static TINY: BackendDescriptor = BackendDescriptor {
+///     name: "tiny",
+///     schemes: &["tiny"],
+///     forms: &["tiny:"],
+///     parse,
+///     has_schema: false,
+///     has_outbox: false,
+/// };
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// dedup::register(&TINY)?;
+/// let store = dedup::open("tiny:").await?;
+/// let key = dedup::Key::new("billing", "order-42")?;
+/// assert!(store.claim(&key, &Default::default()).await?.is_acquired());
+///
+/// // A scheme is registered once.
+/// assert!(matches!(dedup::register(&TINY), Err(RegisterError::SchemeTaken { .. })));
+/// # Ok(())
+/// # }
+/// ```
+pub fn register(descriptor: &'static BackendDescriptor) -> Result<(), RegisterError> {
+    let backend = descriptor.name;
+    if descriptor.schemes.is_empty() {
+        return Err(RegisterError::InvalidScheme {
+            backend,
+            scheme: "",
+        });
+    }
+    if let Some(scheme) = descriptor.schemes.iter().find(|s| !is_scheme(s)) {
+        return Err(RegisterError::InvalidScheme { backend, scheme });
+    }
+    let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
+    let taken = REGISTRY
+        .iter()
+        .map(|e| (e.schemes, e.what.trim_end_matches(" backend")))
+        .chain(registered.iter().map(|d| (d.schemes, d.name)));
+    let mut seen: Vec<(&'static str, &'static str)> = Vec::new();
+    for (schemes, by) in taken {
+        seen.extend(schemes.iter().map(|s| (*s, by)));
+    }
+    for scheme in descriptor.schemes {
+        if let Some((_, by)) = seen.iter().find(|(s, _)| s.eq_ignore_ascii_case(scheme)) {
+            return Err(RegisterError::SchemeTaken { scheme, by });
+        }
+        seen.push((scheme, backend));
+    }
+    registered.push(descriptor);
+    Ok(())
+}
+
+/// A URL scheme as this registry takes it: a lower-case ASCII letter, then letters,
+/// digits, `+`, `-` or `.`.
+fn is_scheme(scheme: &str) -> bool {
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c))
 }
 
 #[cfg(test)]
@@ -108,8 +235,23 @@ mod tests {
             }
         }
         assert_eq!(
-            backends().map(|d| d.name).collect::<Vec<_>>(),
+            REGISTRY
+                .iter()
+                .filter_map(|e| e.descriptor)
+                .map(|d| d.name)
+                .collect::<Vec<_>>(),
             ["memory", "sqlite", "postgres", "mysql", "redis"]
         );
+    }
+
+    /// Scheme grammar: what `register` refuses before taking the lock.
+    #[test]
+    fn schemes_are_lower_case_url_schemes() {
+        for good in ["tiny", "redis+cluster", "a1.b-c"] {
+            assert!(is_scheme(good), "{good}");
+        }
+        for bad in ["", "Tiny", "1tiny", "ti ny", "tiny:", "+x"] {
+            assert!(!is_scheme(bad), "{bad}");
+        }
     }
 }

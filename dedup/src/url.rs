@@ -10,7 +10,7 @@ use dedup_core::backend::url::{
 };
 
 use crate::error::OpenError;
-use crate::registry::{Entry, REGISTRY};
+use crate::registry::{Entry, lines};
 
 /// A store URL, parsed and checked.
 ///
@@ -43,7 +43,7 @@ impl StoreUrl {
     /// ([`UrlError::Disabled`]).
     pub fn parse(url: &str) -> Result<Self, OpenError> {
         let shown = redact(url);
-        match target(REGISTRY, url) {
+        match target(&lines(), url) {
             Ok(target) => Ok(StoreUrl { shown, target }),
             Err(problem) => Err(OpenError::Url {
                 url: shown,

@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use dedup_core::backend::url::{
-    BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, env_url,
-};
+use dedup_core::backend::url::{BackendDescriptor, Params, StoreTarget, UrlError, UrlParts};
 use dedup_core::outbox::OutboxStore;
 use dedup_sql::config::SqlConfig;
 use dedup_sql::target::{SqlTarget, TlsModeParam, UrlStore, finish};
@@ -25,7 +23,6 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
     parse,
     has_schema: true,
     has_outbox: true,
-    test_urls: || env_url("DEDUP_MYSQL_URL").into_iter().collect(),
 };
 
 /// Parameters of `mysql://` and `mariadb://` URLs: dedup's own, then the driver's (passed

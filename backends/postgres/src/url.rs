@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use dedup_core::backend::url::{
-    BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, count, env_url, invalid, on_off,
+    BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, count, invalid, on_off,
 };
 use dedup_core::outbox::OutboxStore;
 use dedup_sql::config::SqlConfig;
@@ -22,7 +22,6 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
     parse,
     has_schema: true,
     has_outbox: true,
-    test_urls: || env_url("DEDUP_POSTGRES_URL").into_iter().collect(),
 };
 
 /// Parameters of `postgres://` URLs: dedup's own, then the driver's (passed through).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_core::backend::url::{
     BackendDescriptor, OpenTarget, Params, StoreTarget, UrlError, UrlParts, count, duration,
-    env_url, malformed, redact, server_url, tls_available, with_query,
+    malformed, redact, server_url, tls_available, with_query,
 };
 use dedup_core::{Admin, Clock, Result};
 
@@ -26,7 +26,6 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
     parse,
     has_schema: false,
     has_outbox: false,
-    test_urls,
 };
 
 /// Parameters of `redis://` and `redis+cluster://` URLs (`protocol` is the driver's).
@@ -194,19 +193,6 @@ pub fn cluster_url(node_urls: &str) -> String {
         .filter(|n| !n.is_empty())
         .collect();
     format!("redis+cluster://{}", nodes.join(","))
-}
-
-/// The test servers' URLs: Redis and Valkey, standalone and cluster.
-fn test_urls() -> Vec<String> {
-    let mut urls = Vec::new();
-    for (standalone, cluster) in [
-        ("DEDUP_REDIS_URL", "DEDUP_REDIS_CLUSTER_URLS"),
-        ("DEDUP_VALKEY_URL", "DEDUP_VALKEY_CLUSTER_URLS"),
-    ] {
-        urls.extend(env_url(standalone));
-        urls.extend(env_url(cluster).map(|nodes| cluster_url(&nodes)));
-    }
-    urls
 }
 
 #[async_trait]

@@ -23,7 +23,6 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
     parse,
     has_schema: true,
     has_outbox: true,
-    test_urls: Vec::new,
 };
 
 /// Parameters of `sqlite:` URLs.

@@ -230,13 +230,35 @@ fn stores(args: &Args) -> Vec<Option<String>> {
     if !args.stores.is_empty() {
         return args.stores.iter().cloned().map(Some).collect();
     }
-    // The default (a temporary file of the embedded store), then every compiled-in
-    // backend's test servers, as its descriptor reads them from the environment.
+    // The default (a temporary file of the embedded store), then the test servers.
     let mut stores = vec![None];
-    for backend in dedup::backends() {
-        stores.extend((backend.test_urls)().into_iter().map(Some));
-    }
+    stores.extend(test_server_urls().into_iter().map(Some));
     stores
+}
+
+/// The store URLs of the test servers `scripts/services.sh` runs, as its environment
+/// names them, for the backends this build has.
+fn test_server_urls() -> Vec<String> {
+    let mut urls = Vec::new();
+    urls.extend(env_url("DEDUP_POSTGRES_URL"));
+    urls.extend(env_url("DEDUP_MYSQL_URL"));
+    for (standalone, cluster) in [
+        ("DEDUP_REDIS_URL", "DEDUP_REDIS_CLUSTER_URLS"),
+        ("DEDUP_VALKEY_URL", "DEDUP_VALKEY_CLUSTER_URLS"),
+    ] {
+        urls.extend(env_url(standalone));
+        #[cfg(feature = "redis")]
+        urls.extend(env_url(cluster).map(|nodes| dedup::redis_cluster_url(&nodes)));
+        #[cfg(not(feature = "redis"))]
+        let _ = cluster;
+    }
+    // A URL of a backend this build lacks is left out; any other problem is reported
+    // when the URL is opened.
+    urls.retain(|url| match dedup::StoreUrl::parse(url) {
+        Err(e) => !matches!(e.url_problem(), Some(dedup::UrlError::Disabled { .. })),
+        Ok(_) => true,
+    });
+    urls
 }
 
 async fn bench_one(
@@ -446,12 +468,6 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A server URL from the environment, if set and not blank.
-#[cfg(any(
-    feature = "rabbitmq",
-    feature = "redis",
-    feature = "nats",
-    feature = "pubsub"
-))]
 fn env_url(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }

@@ -16,7 +16,6 @@ pub static MEMORY: BackendDescriptor = BackendDescriptor {
     parse,
     has_schema: false,
     has_outbox: true,
-    test_urls: Vec::new,
 };
 
 /// What a `memory:` URL opens.

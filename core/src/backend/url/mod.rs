@@ -97,10 +97,6 @@ pub struct BackendDescriptor {
     pub has_schema: bool,
     /// Whether the store has an outbox ([`OpenTarget::open_outbox`]).
     pub has_outbox: bool,
-    /// The store URLs of the test servers `scripts/services.sh` runs for this backend,
-    /// read from its environment (`DEDUP_..._URL`); empty when none is set. For the bench
-    /// and the test harnesses.
-    pub test_urls: fn() -> Vec<String>,
 }
 
 impl BackendDescriptor {
@@ -108,10 +104,4 @@ impl BackendDescriptor {
     pub fn answers(&self, scheme: &str) -> bool {
         self.schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme))
     }
-}
-
-/// The non-empty value of environment variable `name` (for
-/// [`BackendDescriptor::test_urls`]).
-pub fn env_url(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
