@@ -108,7 +108,10 @@ mod tests {
             ("mysql://u:pa#ss@h:3306/db", "mysql://u:***@h:3306/db"),
             ("redis://:pa,ss@h:1", "redis://***@h:1"),
             ("redis+cluster://a:1,:pw@b:2", "redis+cluster://***@b:2"),
-            ("sqlite:db.sqlite?password=x", "sqlite:db.sqlite?password=***"),
+            (
+                "sqlite:db.sqlite?password=x",
+                "sqlite:db.sqlite?password=***",
+            ),
         ];
         for (url, want) in cases {
             assert_eq!(redact(url), want, "{url}");
