@@ -33,6 +33,10 @@ pub struct ConsumerConfig {
     /// The longest wait asked of the broker before a redelivery: a [`Busy`] answer waits
     /// until the other worker's lease expires, at most this long.
     ///
+    /// Copies published back to back often meet their twin still running. Each then waits
+    /// for the twin's lease, up to 30 s by default. On RabbitMQ it holds an in-flight slot
+    /// meanwhile. Lower this when copies often arrive together.
+    ///
     /// [`Busy`]: dedup_core::Handled::Busy
     pub max_retry_delay: Duration,
     /// The admission floor: a delivery published longer ago than this (by the broker's

@@ -48,6 +48,9 @@ type Decode<T> = fn(Option<Vec<u8>>) -> Result<T, BoxError>;
 /// An `Inbox` wraps a [`DedupStore`]. It is where most users start. Call
 /// [`handle`](Self::handle) once per delivery, with the delivery's [`Key`].
 ///
+/// This is lease mode: the claim commits at once, and a lease guards the run. The SQL
+/// backends' `TxInbox` is the transactional mode: the claim commits with your writes.
+///
 /// For each delivery it claims the key:
 /// - Acquired: it runs the handler. The lease renews itself in the background.
 /// - The handler succeeded: it commits the handler's outcome.
