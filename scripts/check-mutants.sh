@@ -34,6 +34,11 @@ export CARGO_INCREMENTAL=1
 
 # Only the test binaries that pin these two files: the other binaries of dedup-core take
 # longer to build than to run, and every mutant builds them again.
+# cargo-mutants writes mutants.out into this folder, and creates it but not its parent
+# (a fresh clone has no target/ yet).
+out=${DEDUP_MUTANTS_OUT:-target/mutants-guard}
+mkdir -p "$(dirname "$out")"
+
 exec cargo mutants \
     --package dedup-core \
     --file core/src/backend/transition.rs \
@@ -43,6 +48,6 @@ exec cargo mutants \
     --cargo-test-arg=--test=front_door \
     --cargo-test-arg=--test=memory_store \
     --jobs "${DEDUP_MUTANTS_JOBS:-2}" \
-    --output "${DEDUP_MUTANTS_OUT:-target/mutants-guard}" \
+    --output "$out" \
     --no-shuffle \
     "$@"
