@@ -32,13 +32,13 @@ fi
 # there, also in CI (.ci/run turns it off for the one clean build of everything else).
 export CARGO_INCREMENTAL=1
 
-# Only the test binaries that pin these two files: the other binaries of dedup-core take
-# longer to build than to run, and every mutant builds them again.
 # cargo-mutants writes mutants.out into this folder, and creates it but not its parent
 # (a fresh clone has no target/ yet).
 out=${DEDUP_MUTANTS_OUT:-target/mutants-guard}
 mkdir -p "$(dirname "$out")"
 
+# Only the test binaries that pin these two files: the other binaries of dedup-core take
+# longer to build than to run, and every mutant builds them again.
 exec cargo mutants \
     --package dedup-core \
     --file core/src/backend/transition.rs \
