@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::{
-    Admin, Claim, ClaimOptions, CountSource, DedupStore, Error, Failure, Forgot, Key, Lease,
-    ListFilter, ManualClock, MemoryStore, PurgeOptions, RecordState, Released, Status, Timestamp,
+    Admin, Claim, ClaimOptions, CommitRequest, CountSource, DedupStore, Error, Failure, Forgot,
+    Key, Lease, ListFilter, ManualClock, MemoryStore, PurgeOptions, RecordState, Released, Status,
+    Timestamp,
 };
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -203,6 +204,20 @@ async fn bad_input_is_refused_before_the_store_and_writes_nothing() {
     assert!(refused(store.release_failed(&lease, &no_kind).await));
     let record = store.get(&k).await.unwrap().unwrap();
     assert_eq!(record.last_failure, None);
+    assert!(matches!(
+        record.state,
+        RecordState::InFlight { expires_at, .. } if expires_at == lease.expires_at
+    ));
+
+    let renewed = store.renew(&lease, Duration::ZERO).await.map(drop);
+    assert!(refused(renewed));
+    let too_big = vec![0; dedup_core::MAX_OUTCOME_LEN + 1];
+    let batch = [CommitRequest {
+        lease: lease.clone(),
+        outcome: Some(too_big),
+    }];
+    assert!(refused(store.commit_many(&batch).await.map(drop)));
+    let record = store.get(&k).await.unwrap().unwrap();
     assert!(matches!(
         record.state,
         RecordState::InFlight { expires_at, .. } if expires_at == lease.expires_at
