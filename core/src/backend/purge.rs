@@ -287,6 +287,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_purge_stops_early_after_its_batch_limit() {
+        let store = Queued {
+            wall: Duration::ZERO,
+            work: None,
+            left: std::sync::Mutex::new(1000),
+            limits: std::sync::Mutex::default(),
+        };
+        let options = PurgeOptions::older_than(Duration::from_secs(1))
+            .unpaced()
+            .batch_size(100)
+            .max_batches(2);
+        let report = run(&store, &options).await.unwrap();
+        assert_eq!(
+            (report.batches, report.completed, report.stopped_early),
+            (2, 200, true)
+        );
+    }
+
+    #[tokio::test]
     async fn pacing_counts_the_reported_work_not_the_wait_for_a_turn() {
         // Each call waits 10 ms for its turn but holds the storage 0.1 ms: batches grow to
         // the default batch_size.
