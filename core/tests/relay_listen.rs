@@ -69,6 +69,19 @@ struct Outage {
     inner: MemoryOutbox,
     tries: AtomicU32,
     down: u32,
+    /// When each try came (tokio's clock).
+    at: Mutex<Vec<tokio::time::Instant>>,
+}
+
+impl Outage {
+    fn new(down: u32) -> Self {
+        Outage {
+            inner: MemoryOutbox::new(),
+            tries: AtomicU32::new(0),
+            down,
+            at: Mutex::default(),
+        }
+    }
 }
 
 fn reset() -> Error {
@@ -116,6 +129,7 @@ impl OutboxStorage for Outage {
     }
     async fn wakeups(&self) -> Result<Option<BoxStream<'static, Result<()>>>> {
         let try_ = self.tries.fetch_add(1, Ordering::SeqCst);
+        self.at.lock().unwrap().push(tokio::time::Instant::now());
         if try_ == 0 {
             return Ok(Some(futures::stream::iter([Ok(()), Err(reset())]).boxed()));
         }
@@ -135,11 +149,7 @@ fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
         .start_paused(true)
         .build()
         .unwrap();
-    let store = Arc::new(Outage {
-        inner: MemoryOutbox::new(),
-        tries: AtomicU32::new(0),
-        down: 5,
-    });
+    let store = Arc::new(Outage::new(5));
     runtime.block_on(async {
         let relay = Relay::new(store.clone(), Arc::new(MemoryPublisher::new()))
             .with_config(RelayConfig::default().poll_interval(Duration::from_secs(1)))
@@ -169,5 +179,30 @@ fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
     assert!(
         message.contains("listening for notifications again"),
         "{message}"
+    );
+}
+
+#[test]
+fn tries_to_listen_again_wait_twice_as_long_each_time_up_to_the_poll_interval() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let store = Arc::new(Outage::new(5));
+    runtime.block_on(async {
+        let relay = Relay::new(store.clone(), Arc::new(MemoryPublisher::new()))
+            .with_config(RelayConfig::default().poll_interval(Duration::from_secs(1)))
+            .start()
+            .expect("the relay starts");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        relay.stop().await;
+    });
+    let at = store.at.lock().unwrap().clone();
+    let gaps: Vec<u128> = at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
+    assert_eq!(
+        gaps,
+        [100, 200, 400, 800, 1000, 1000],
+        "the first delay, doubling, then at most the poll interval"
     );
 }
