@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small S3 server for the test broker's storage, on the Python standard library alone.
 
-scripts/services.sh runs Tansu (the Kafka-protocol test broker) on its S3 storage engine
+scripts/services/kafka.sh runs Tansu (the Kafka-protocol test broker) on its S3 storage engine
 with this server behind it, so a SIGKILLed broker comes back with its topics, records and
 group offsets. Tansu's prebuilt binary has no file or SQLite engine, and moto (an S3
 emulator from PyPI) took minutes to install.

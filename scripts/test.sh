@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The project's one test command (the README's and CI's): starts the servers
-# scripts/services.sh lists on loopback (installing them first when missing), exports their
-# URLs, runs every test of the workspace against them, and stops them again, also on
-# failure or Ctrl-C.
+# scripts/services.sh lists (a file per server in scripts/services/) on loopback, installing
+# them first when missing, exports their URLs, runs every test of the workspace against
+# them, and stops them again, also on failure or Ctrl-C.
 #
 #   scripts/test.sh [extra `cargo test` arguments, e.g. -p dedup-postgres or -- claim_]
 #
