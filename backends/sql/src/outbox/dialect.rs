@@ -12,7 +12,7 @@ use futures::stream::BoxStream;
 use sqlx::{Database, Pool, SqlStr};
 use tokio::sync::OnceCell;
 
-use super::row::decode_state_counts;
+use super::row::{StateCounts, decode_state_counts};
 use crate::config::SqlConfig;
 use crate::error::SqlBackend;
 use crate::purge::retention_ms;
@@ -122,29 +122,6 @@ pub struct Taken {
     pub now_ms: i64,
     /// The rows now held, their `state` and `attempts` as the take left them, in any order.
     pub rows: Vec<RawOutboxRow>,
-}
-
-/// The row count of one state (of one destination), as the dialect's counting statement
-/// found it.
-#[derive(Debug)]
-pub struct StateCount {
-    /// The destination, when the statement counted per destination.
-    pub destination: Option<String>,
-    /// The state as stored.
-    pub state: String,
-    /// How many rows are in it.
-    pub rows: i64,
-    /// The oldest `written_at` among them.
-    pub oldest: Option<i64>,
-}
-
-/// The outbox table's counts by state and the store's "now".
-#[derive(Debug, Default)]
-pub struct StateCounts {
-    /// The store's clock (ms since the Unix epoch).
-    pub now_ms: i64,
-    /// One entry per state that has rows.
-    pub states: Vec<StateCount>,
 }
 
 /// One server's outbox statements over its own connection pool and clock. Each method is

@@ -18,10 +18,12 @@ use dedup_core::outbox::OutboxMessage;
 use crate::error::SqlBackend;
 
 pub use dialect::{
-    Conn, Db, FailedPublish, OutboxDialect, OutboxTableState, RowFilter, SharedStatements,
-    StateCount, StateCounts, Taken,
+    Conn, Db, FailedPublish, OutboxDialect, OutboxTableState, RowFilter, SharedStatements, Taken,
 };
-pub use row::{ROW_COLUMNS, decode_headers, decode_row, decode_state_counts, sql_limit};
+pub use row::{
+    ROW_COLUMNS, StateCount, StateCounts, decode_headers, decode_row, decode_state_counts,
+    sql_limit,
+};
 
 /// A transactional outbox table over dialect `D` (see the [module](self) docs). Cheap to
 /// clone when `D` is.

@@ -1,13 +1,12 @@
 //! Rows of the outbox statements: the shared column decoding (every dialect selects the
-//! same column names) and the headers' JSON text.
+//! same column names), the counts by state, and the headers' JSON text.
 
 use dedup_core::backend::outbox::RawOutboxRow;
-
-use super::dialect::{StateCount, StateCounts};
-use crate::query::SqlDb;
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{Error, Result};
 use sqlx::{ColumnIndex, Database, Decode, Row, Type};
+
+use crate::query::SqlDb;
 
 /// The columns every dialect's row-returning outbox statements select, by these names.
 pub const ROW_COLUMNS: [&str; 12] = [
@@ -59,6 +58,29 @@ where
         sent_at: row.try_get("sent_at").map_err(map)?,
         last_error: row.try_get("last_error").map_err(map)?,
     })
+}
+
+/// The row count of one state (of one destination), as the dialect's counting statement
+/// found it.
+#[derive(Debug)]
+pub struct StateCount {
+    /// The destination, when the statement counted per destination.
+    pub destination: Option<String>,
+    /// The state as stored.
+    pub state: String,
+    /// How many rows are in it.
+    pub rows: i64,
+    /// The oldest `written_at` among them.
+    pub oldest: Option<i64>,
+}
+
+/// The outbox table's counts by state and the store's "now".
+#[derive(Debug, Default)]
+pub struct StateCounts {
+    /// The store's clock (ms since the Unix epoch).
+    pub now_ms: i64,
+    /// One entry per state that has rows.
+    pub states: Vec<StateCount>,
 }
 
 /// The counts of a counting statement whose rows have `now_ms` and, per state with rows,

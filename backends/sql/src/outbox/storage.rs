@@ -16,8 +16,8 @@ use dedup_core::{
 use futures::stream::BoxStream;
 
 use super::SqlOutbox;
-use super::dialect::{FailedPublish, OutboxDialect, RowFilter, StateCounts};
-use super::row::sql_limit;
+use super::dialect::{FailedPublish, OutboxDialect, RowFilter};
+use super::row::{StateCounts, sql_limit};
 use crate::error::SqlBackend;
 
 /// `ids` that are in `marked`, in the caller's order, each once.
