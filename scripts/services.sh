@@ -73,7 +73,8 @@ STATE_DIR=${DEDUP_SERVICES_DIR:-/tmp/dedup-services-$(short_hash "$REPO_ROOT")}
 STATE_DIR=${STATE_DIR%/}
 readonly STATE_DIR
 
-# A server's functions: F is its name with `_` for `-`. Every server file defines
+# A server's functions, F being its name with `_` for `-` (${svc//-/_}). Every server file
+# defines:
 #   F_packages       prints the Debian packages it needs that are missing (one a line)
 #   F_start          starts it in $STATE_DIR/NAME and writes its `export` lines there (url.env)
 #   F_alive          whether it answers (`status`, and `start` skips a running one)
@@ -82,13 +83,12 @@ readonly STATE_DIR
 #   F_user           the system user its server runs as (made when missing, as root)
 #   F_crash_restart  `crash-restart NAME [ARGS]`
 #   F_promote        `promote NAME`
-service_fn() { echo "${1//-/_}"; }
 
 # Die at once when a server file misses a function of the interface above.
 check_interface() {
     local svc fn verb
     for svc in "${KNOWN_SERVICES[@]}"; do
-        fn=$(service_fn "$svc")
+        fn=${svc//-/_}
         for verb in packages start alive stop; do
             declare -F "${fn}_$verb" >/dev/null || die "scripts/services/$svc.sh does not define ${fn}_$verb"
         done
@@ -100,7 +100,7 @@ check_interface
 services_with() {
     local svc names=
     for svc in "${KNOWN_SERVICES[@]}"; do
-        if declare -F "$(service_fn "$svc")_$1" >/dev/null; then names+=${names:+, }$svc; fi
+        if declare -F "${svc//-/_}_$1" >/dev/null; then names+=${names:+, }$svc; fi
     done
     echo "$names"
 }
@@ -109,12 +109,12 @@ services_with() {
 install_packages() {
     local svc fn pkgs=()
     for svc in "$@"; do
-        mapfile -t -O "${#pkgs[@]}" pkgs < <("$(service_fn "$svc")_packages")
+        mapfile -t -O "${#pkgs[@]}" pkgs < <("${svc//-/_}_packages")
     done
     mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u | sed '/^$/d')
     if ((${#pkgs[@]})); then apt_install "${pkgs[@]}"; fi
     for svc in "$@"; do
-        fn=$(service_fn "$svc")
+        fn=${svc//-/_}
         if declare -F "${fn}_user" >/dev/null; then ensure_user "$("${fn}_user")"; fi
     done
 }
@@ -149,7 +149,7 @@ cmd_start() {
 # start_one SERVICE: start it unless it already runs, after clearing an earlier run's leftovers.
 start_one() {
     local svc=$1 fn t=$EPOCHREALTIME
-    fn=$(service_fn "$svc")
+    fn=${svc//-/_}
     if [[ -f $STATE_DIR/$svc/url.env ]] && "${fn}_alive"; then
         log "$svc already running"
         return 0
@@ -177,7 +177,7 @@ cmd_status() {
     for svc in "${KNOWN_SERVICES[@]}"; do
         state="not started"
         if [[ -d $STATE_DIR/$svc ]]; then
-            if "$(service_fn "$svc")_alive"; then state=running; else state="not answering"; fi
+            if "${svc//-/_}_alive"; then state=running; else state="not answering"; fi
         fi
         printf '%-14s %s\n' "$svc" "$state"
     done
@@ -193,7 +193,7 @@ cmd_stop() {
     for svc in "${KNOWN_SERVICES[@]}"; do
         if [[ -d $STATE_DIR/$svc ]]; then
             log "stopping $svc"
-            "$(service_fn "$svc")_stop" || true
+            "${svc//-/_}_stop" || true
         fi
     done
     rm -rf "${STATE_DIR:?}"
@@ -206,10 +206,10 @@ cmd_service() {
     local verb=$1 cmd=$2 svc=${3:-}
     shift 2
     if (($#)); then shift; fi
-    if [[ " ${KNOWN_SERVICES[*]} " != *" $svc "* ]] || ! declare -F "$(service_fn "$svc")_$verb" >/dev/null; then
+    if [[ " ${KNOWN_SERVICES[*]} " != *" $svc "* ]] || ! declare -F "${svc//-/_}_$verb" >/dev/null; then
         die "$cmd supports: $(services_with "$verb")"
     fi
-    "$(service_fn "$svc")_$verb" "$@"
+    "${svc//-/_}_$verb" "$@"
 }
 
 # The console's browser tests drive Debian's Chromium through its ChromeDriver.
