@@ -5,9 +5,6 @@
 
 #[cfg(feature = "sqlite")]
 pub mod billing;
-#[cfg(feature = "postgres")]
-pub mod chaos;
-pub mod exit;
 #[cfg(all(
     feature = "postgres",
     feature = "mysql",
@@ -18,11 +15,10 @@ pub mod exit;
     feature = "redis"
 ))]
 pub mod outbox_story;
-pub mod report;
-pub mod rng;
 pub mod sim;
 pub mod store_url;
 
+pub use dedup_lab::{exit, report, rng};
 pub use store_url::url_or_temp_sqlite;
 
 /// The workspace README's snippets, compiled (and run where they need no server) as doc

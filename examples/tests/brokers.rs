@@ -1,7 +1,7 @@
 //! The broker consumers against the real RabbitMQ, Redis and Kafka (Tansu) the test script
 //! starts.
 
-mod support;
+use dedup_lab::programs as support;
 
 use support::{json_lines, run_example};
 

@@ -1,6 +1,6 @@
 //! The main demo, run as a user runs it, with its printed table checked.
 
-mod support;
+use dedup_lab::programs as support;
 
 use support::{json_lines, run_example};
 

@@ -4,7 +4,7 @@
 //! store server, PostgreSQL or MariaDB, and a private broker, RabbitMQ or Kafka,
 //! crash-restarted mid-run).
 
-mod support;
+use dedup_lab::programs as support;
 
 use support::{json_lines, run_example};
 

@@ -1,6 +1,6 @@
 //! The scenario programs, run as users run them, with their printed numbers checked.
 
-mod support;
+use dedup_lab::programs as support;
 
 use support::{json_lines, run_example};
 

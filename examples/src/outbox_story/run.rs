@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::broker::{Broker, BrokerKind};
 use super::roles::{self, Ctx};
 use super::{BoxError, Db, Figures, Killer, Names, api};
-use crate::chaos::servers::{Kafka, MariaDb, Postgres, RabbitMq, Service};
+use dedup_lab::servers::{Kafka, MariaDb, Postgres, RabbitMq, Service};
 
 /// The roles and how many of each run.
 pub const ROLES: [(Role, u32); 3] = [(Role::Relay, 2), (Role::Billing, 2), (Role::Mail, 1)];

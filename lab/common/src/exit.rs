@@ -13,7 +13,7 @@ use std::process::ExitCode;
 /// ```ignore
 /// #[tokio::main]
 /// async fn main() -> std::process::ExitCode {
-///     dedup_examples::exit::report(run().await)
+///     dedup_lab::exit::report(run().await)
 /// }
 /// ```
 pub fn report(result: Result<(), Box<dyn Error>>) -> ExitCode {

@@ -1,6 +1,5 @@
-//! Running the example binaries and reading what they print.
-
-#![allow(dead_code)] // each test file uses a part
+//! The integration tests' helpers: run a program of the package under test, read the
+//! `JSON {...}` lines it printed, and find the test servers.
 
 use std::process::Command;
 
@@ -56,7 +55,7 @@ pub fn server_urls() -> Vec<String> {
         eprintln!("SKIPPED redis: DEDUP_REDIS_URL not set");
     }
     if let Some(u) = dedup_conformance::server_url("DEDUP_REDIS_CLUSTER_URLS") {
-        urls.push(dedup::redis_cluster_url(&u));
+        urls.push(dedup_redis::cluster_url(&u));
     } else {
         eprintln!("SKIPPED redis cluster: DEDUP_REDIS_CLUSTER_URLS not set");
     }

@@ -1,7 +1,7 @@
 //! MySQL / MariaDB in the chaos harness: the store lives in a private MariaDB of the run
 //! (`scripts/services.sh`), killed and restarted once; transactional mode runs the effect
 //! row's insert through the MySQL `TxInbox`. Failover runs put the store on a primary with
-//! a replica of its own (`mariadb-replica`), reached through a [`SwitchingProxy`](crate::chaos::proxy::SwitchingProxy), and
+//! a replica of its own (`mariadb-replica`), reached through a [`SwitchingProxy`](crate::proxy::SwitchingProxy), and
 //! promote the replica mid-run.
 
 use std::collections::HashMap;
@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dedup_core::{Handled, InboxError};
+use dedup_lab::servers::{ReplicaPair, Service};
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlPool};
 use dedup_mysql::{MySqlStore, MySqlTarget, TxInbox};
 use futures::FutureExt;
@@ -18,9 +19,8 @@ use super::{
     BoxError, ChaosBackend, Restart, StoreServer, Transactional, TxHandler, behind_switching_front,
     effects_ddl, target,
 };
-use crate::chaos::protocol::{announce, key};
-use crate::chaos::servers::{ReplicaPair, Service};
-use crate::chaos::{Replication, Window};
+use crate::protocol::{announce, key};
+use crate::{Replication, Window};
 
 /// The MySQL / MariaDB chaos module, chosen by the store URL's descriptor.
 pub(super) static CHAOS: ChaosBackend = ChaosBackend {

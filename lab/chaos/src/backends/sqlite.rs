@@ -11,8 +11,8 @@ use dedup_sqlite::{SqliteStore, SqliteTarget, TxInbox};
 use futures::FutureExt;
 
 use super::{BoxError, ChaosBackend, StoreServer, Transactional, TxHandler, effects_ddl, target};
-use crate::chaos::Window;
-use crate::chaos::protocol::{announce, key};
+use crate::Window;
+use crate::protocol::{announce, key};
 
 /// The SQLite chaos module, chosen by the store URL's descriptor.
 pub(super) static CHAOS: ChaosBackend = ChaosBackend {

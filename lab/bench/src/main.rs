@@ -45,11 +45,10 @@
 //! in the setup line, and resets them at the end (`ALTER SYSTEM RESET`). `server` leaves
 //! the server as it is (the rows are named by what `SHOW` reports).
 
-#[path = "../bench/mod.rs"]
 mod bench;
 
 use clap::Parser;
-use dedup_examples::report::{print_json, print_table};
+use dedup_lab::report::{print_json, print_table};
 
 use bench::{Names, Params, Row, Variant};
 
@@ -534,7 +533,7 @@ fn format_value(unit: &str, v: f64) -> String {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    dedup_examples::exit::report(run().await)
+    dedup_lab::exit::report(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dedup::StoreUrl;
+use dedup_lab::rng::Rng;
+use dedup_lab::servers::Postgres;
 use dedup_postgres::sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
@@ -16,10 +18,8 @@ use super::backends::{self, ChaosBackend};
 use super::protocol::EFFECTS_FILE;
 use super::protocol::key;
 use super::queue::Queue;
-use super::servers::Postgres;
 use super::worker::queue_call;
 use super::{Figures, Mode, Replication, Window};
-use crate::rng::Rng;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

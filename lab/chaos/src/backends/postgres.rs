@@ -1,7 +1,7 @@
 //! PostgreSQL in the chaos harness: the store lives in the run's PostgreSQL (the queue's
 //! server, which the controller crash-restarts in every run); transactional mode runs the
 //! effect row's insert through the PostgreSQL `TxInbox`. Failover runs put the store on a
-//! primary with a streaming standby of its own, reached through a [`SwitchingProxy`](crate::chaos::proxy::SwitchingProxy)
+//! primary with a streaming standby of its own, reached through a [`SwitchingProxy`](crate::proxy::SwitchingProxy)
 //! (sqlx takes one host per URL), and promote the standby mid-run.
 
 use std::collections::HashMap;
@@ -9,6 +9,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 use dedup_core::{Handled, InboxError};
+use dedup_lab::servers::ReplicaPair;
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
 use dedup_postgres::{PostgresStore, PostgresTarget, TxInbox};
 use futures::FutureExt;
@@ -17,9 +18,8 @@ use super::{
     BoxError, ChaosBackend, StoreServer, Transactional, TxHandler, behind_switching_front,
     effects_ddl, target,
 };
-use crate::chaos::protocol::{announce, key};
-use crate::chaos::servers::ReplicaPair;
-use crate::chaos::{Replication, Window};
+use crate::protocol::{announce, key};
+use crate::{Replication, Window};
 
 /// The PostgreSQL chaos module, chosen by the store URL's descriptor.
 pub(super) static CHAOS: ChaosBackend = ChaosBackend {

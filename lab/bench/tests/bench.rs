@@ -3,7 +3,7 @@
 //! concurrency, in the documented JSON shape. No timing targets: those are for the
 //! figures of a real run (BENCHMARKS.md), not for a test on a shared machine.
 
-mod support;
+use dedup_lab::programs as support;
 
 use serde_json::Value;
 use support::{json_lines, run_example, server_urls};

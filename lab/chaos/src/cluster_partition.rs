@@ -22,6 +22,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use dedup_core::{Claim, ClaimOptions, DedupStore, RecordState};
+use dedup_lab::rng::Rng;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -30,7 +31,6 @@ use super::netns::NetNs;
 use super::partition::{next_line, say};
 use super::protocol::key;
 use super::redis_cluster::{Cluster, SLOTS};
-use crate::rng::Rng;
 
 pub use super::cluster_worker::{ClusterWorkerArgs, cluster_worker};
 

@@ -1,4 +1,4 @@
-//! The chaos harness behind `src/bin/chaos.rs`: worker OS processes consume an
+//! The chaos harness behind the `chaos` program (`src/main.rs`): worker OS processes consume an
 //! at-least-once queue while a controller SIGKILLs them at chosen points, and crash-restarts
 //! the servers under them; afterwards every message's effects are counted.
 //!
@@ -58,7 +58,6 @@ pub mod redis_cluster;
 pub mod redis_sentinel;
 #[cfg(feature = "redis")]
 pub mod redis_server;
-pub mod servers;
 pub mod slow_link;
 pub mod worker;
 

@@ -14,6 +14,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use dedup_core::{Claim, ClaimOptions, DedupStore, Lease};
+use dedup_lab::servers::{Postgres, Service};
 use dedup_postgres::sqlx::{self, PgPool};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -22,7 +23,6 @@ use tokio::process::Command;
 use super::netns::NetNs;
 use super::protocol::key;
 use super::proxy::SwitchingProxy;
-use super::servers::{Postgres, Service};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

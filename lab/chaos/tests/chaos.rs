@@ -9,7 +9,7 @@
 //! are taken to be present when the shared test servers are (`DEDUP_POSTGRES_URL`), so a
 //! run without them skips, or fails under `DEDUP_TEST_STRICT=1`.
 
-mod support;
+use dedup_lab::programs as support;
 
 use support::{json_lines, run_example, run_example_expect_failure};
 

@@ -10,7 +10,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// `scripts/services.sh` of this repository.
 fn services_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/services.sh")
 }
 
 fn services(dir: &Path, args: &[&str]) -> Result<Output, BoxError> {

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use dedup::{BackendDescriptor, StoreTarget};
 use dedup_core::{Handled, InboxConfig, InboxError};
+use dedup_lab::servers::ReplicaPair;
 use futures::future::BoxFuture;
 
 use super::Replication;
 use super::proxy::SwitchingProxy;
-use super::servers::ReplicaPair;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -17,10 +17,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::{BoxError, ChaosBackend, Restart, StoreServer};
-use crate::chaos::Replication;
-use crate::chaos::proxy::SwitchingProxy;
-use crate::chaos::redis_sentinel::{self as sentinel, Sentinels};
-use crate::chaos::redis_server::RedisServer;
+use crate::Replication;
+use crate::proxy::SwitchingProxy;
+use crate::redis_sentinel::{self as sentinel, Sentinels};
+use crate::redis_server::RedisServer;
 
 /// The Redis chaos module, chosen by the store URL's descriptor.
 pub(super) static CHAOS: ChaosBackend = ChaosBackend {

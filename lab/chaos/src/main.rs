@@ -1,6 +1,6 @@
 //! The chaos harness: worker processes consume an at-least-once queue while they are
 //! SIGKILLed at chosen points and the queue's PostgreSQL and the store's own server are
-//! crash-restarted under them; then every message's effects are counted (see `dedup_examples::chaos` for the protocol and
+//! crash-restarted under them; then every message's effects are counted (see `dedup_chaos` for the protocol and
 //! the checks).
 //!
 //! ```sh
@@ -13,14 +13,14 @@
 //! ```
 //!
 //! `--failover` runs the store on a primary with a standby and promotes the standby under
-//! load (`dedup_examples::chaos::controller::RunConfig::failover`); `partition` cuts a
+//! load (`dedup_chaos::controller::RunConfig::failover`); `partition` cuts a
 //! worker in a network namespace off while its lease runs out
-//! (`dedup_examples::chaos::partition`); `cluster-partition` cuts a Redis Cluster primary
-//! off in a minority (`dedup_examples::chaos::cluster_partition`); `slow-link` delays a
-//! worker's requests so that its renewals arrive late (`dedup_examples::chaos::slow_link`).
+//! (`dedup_chaos::partition`); `cluster-partition` cuts a Redis Cluster primary
+//! off in a minority (`dedup_chaos::cluster_partition`); `slow-link` delays a
+//! worker's requests so that its renewals arrive late (`dedup_chaos::slow_link`).
 //!
 //! `--backend` takes the registry's names (`dedup::backends()`) of the backends with a
-//! chaos module (`dedup_examples::chaos::backends`). Needs PostgreSQL 15 binaries (the
+//! chaos module (`dedup_chaos::backends`). Needs PostgreSQL 15 binaries (the
 //! queue) and each chosen store's server binaries (`redis-server`, MariaDB), as
 //! `scripts/services.sh` installs them; each run starts private servers of its own in a
 //! temporary folder. Exits with status 1 when a check fails.
@@ -29,12 +29,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 #[cfg(feature = "redis")]
-use dedup_examples::chaos::cluster_partition as cluster;
-use dedup_examples::chaos::partition::{self, CutWorkerArgs, Outcome, PartitionArgs, cut_worker};
-use dedup_examples::chaos::slow_link;
-use dedup_examples::chaos::worker::{WorkerArgs, work};
-use dedup_examples::chaos::{Figures, Mode, Replication, RunConfig, Window, backends, run};
-use dedup_examples::report::{print_json, print_table};
+use dedup_chaos::cluster_partition as cluster;
+use dedup_chaos::partition::{self, CutWorkerArgs, Outcome, PartitionArgs, cut_worker};
+use dedup_chaos::slow_link;
+use dedup_chaos::worker::{WorkerArgs, work};
+use dedup_chaos::{Figures, Mode, Replication, RunConfig, Window, backends, run};
+use dedup_lab::report::{print_json, print_table};
 
 /// Kill workers at every step of processing, restart the servers, count the effects.
 #[derive(Parser, Debug)]
@@ -51,19 +51,19 @@ enum Internal {
     /// One worker process (started by the controller; not for direct use).
     Worker(WorkerArgs),
     /// The partition scenario: a worker in a network namespace of its own is cut off
-    /// while its lease runs out (needs root; see `dedup_examples::chaos::partition`).
+    /// while its lease runs out (needs root; see `dedup_chaos::partition`).
     Partition(PartitionArgs),
     /// The partition scenario's worker in the namespace (not for direct use).
     CutWorker(CutWorkerArgs),
     /// The Redis Cluster partition scenario: a primary cut off in a minority (needs root;
-    /// see `dedup_examples::chaos::cluster_partition`).
+    /// see `dedup_chaos::cluster_partition`).
     #[cfg(feature = "redis")]
     ClusterPartition(cluster::ClusterPartitionArgs),
     /// Its worker in the namespace (not for direct use).
     #[cfg(feature = "redis")]
     ClusterWorker(cluster::ClusterWorkerArgs),
     /// The slow link scenario: a worker whose packets are delayed renews its lease late
-    /// (needs root; see `dedup_examples::chaos::slow_link`).
+    /// (needs root; see `dedup_chaos::slow_link`).
     SlowLink(slow_link::SlowLinkArgs),
     /// Its worker in the namespace (not for direct use).
     SlowWorker(slow_link::SlowWorkerArgs),
