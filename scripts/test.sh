@@ -14,7 +14,7 @@
 # and sentences (scripts/check-docs.sh) and that each backend
 # feature compiles only its own driver (scripts/check-drivers.sh), and that no mutant of the
 # state machine or the front door survives dedup-core's tests (scripts/check-mutants.sh); after them it
-# runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples
+# runs clippy (warnings denied), rustdoc (warnings denied) and a build check of the examples and the bench
 # with each backend feature alone, and clippy of dedup-brokers with no broker and with each
 # broker feature alone, and of dedup-testkit with each backend feature alone. Any failure
 # fails the run; every step still runs, and the summary at the end names the steps that
@@ -137,10 +137,14 @@ if [[ $checks != 0 ]]; then
     for feature in sqlite postgres redis mysql; do
         step "examples with only $feature" \
             cargo check -p dedup-examples --bins --no-default-features --features "$feature"
+        step "bench with only $feature" \
+            cargo check -p dedup-bench --no-default-features --features "$feature"
         step "dedup with only $feature" \
             cargo check -p dedup --no-default-features --features "$feature"
     done
     step "dedup with no backend" cargo check -p dedup --no-default-features
+    # The chaos runs' queue is PostgreSQL: their smallest build has no other backend.
+    step "chaos with only postgres" cargo check -p dedup-chaos --no-default-features
     # The broker adapters: clippy of the one crate with no broker and with each alone, so
     # code only one broker uses is gated by its feature, not left dead in the others.
     step "dedup-brokers with no broker" \

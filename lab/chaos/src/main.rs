@@ -4,9 +4,9 @@
 //! the checks).
 //!
 //! ```sh
-//! cargo run --release -p dedup-examples --features full --bin chaos            # every backend and mode
-//! cargo run --release -p dedup-examples --features full --bin chaos -- --backend redis --messages 100 --json
-//! cargo run --release -p dedup-examples --features full --bin chaos -- --failover --backend postgres --seed 13
+//! cargo run --release -p dedup-chaos --features full            # every backend and mode
+//! cargo run --release -p dedup-chaos --features full -- --backend redis --messages 100 --json
+//! cargo run --release -p dedup-chaos --features full -- --failover --backend postgres --seed 13
 //! sudo target/release/chaos partition      # needs root: `ip netns`
 //! sudo target/release/chaos cluster-partition --seed 31
 //! sudo target/release/chaos slow-link

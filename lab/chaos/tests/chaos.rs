@@ -1,4 +1,4 @@
-//! A short chaos run per backend (see `src/bin/chaos.rs`): worker processes SIGKILLed in
+//! A short chaos run per backend (see `src/main.rs`): worker processes SIGKILLed in
 //! every window, PostgreSQL (and Redis) crash-restarted mid-run; the figures must show no
 //! message lost, none doubled in transactional mode, and in lease mode every doubled
 //! message paired with a kill between its effect and its commit. Then the same under a

@@ -128,7 +128,7 @@ pub fn named(name: &str) -> Result<&'static ChaosBackend, BoxError> {
     of(descriptor).ok_or_else(|| {
         let known: Vec<_> = all().iter().map(|c| c.descriptor.name).collect();
         format!(
-            "backend {name:?} has no chaos module (examples/src/chaos/backends/); these do: {}",
+            "backend {name:?} has no chaos module (lab/chaos/src/backends/); these do: {}",
             known.join(", ")
         )
         .into()
