@@ -1,11 +1,16 @@
 //! The transactional inbox engine's (`TxEngine`) small rules: its settings, the reserved
 //! outcome bytes, and how it reads an error's source chain.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::layers::RetryPolicy;
-use dedup_core::{DedupStore, Error, InboxConfig, MemoryStore, TxEngine};
+use dedup_core::{
+    DedupStore, Error, InboxConfig, InboxError, Key, Lease, MemoryStore, TxAttempt, TxAttempts,
+    TxEngine,
+};
+use futures::future::BoxFuture;
 
 fn engine() -> TxEngine {
     let store: Arc<dyn DedupStore> = Arc::new(MemoryStore::new());
@@ -19,6 +24,102 @@ struct Driver(bool);
 
 fn driver(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
     e.downcast_ref::<Driver>().map(|d| d.0)
+}
+
+/// One run of the scripted transaction.
+enum Run {
+    /// Complete the key (a plain commit of the lease stands for `commit_in_tx`).
+    Commit,
+    /// End with this answer, as a backend does after its rollback.
+    Answer(TxAttempt),
+}
+
+/// A backend's transactions, each run answering the next planned [`Run`].
+struct Script {
+    store: Arc<MemoryStore>,
+    runs: VecDeque<Run>,
+}
+
+impl TxAttempts for Script {
+    fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
+        Box::pin(async move {
+            match self.runs.pop_front().expect("a planned run") {
+                Run::Commit => match self.store.commit(lease, None).await {
+                    Ok(()) => TxAttempt::Committed(None),
+                    Err(e) => TxAttempt::Store(e),
+                },
+                Run::Answer(answer) => answer,
+            }
+        })
+    }
+}
+
+/// An engine over a fresh store, retrying what the database asks for once, at once.
+fn scripted(runs: Vec<Run>) -> (TxEngine, Script, Arc<MemoryStore>) {
+    let store = Arc::new(MemoryStore::new());
+    let shared: Arc<dyn DedupStore> = store.clone();
+    let engine = TxEngine::new(shared, InboxConfig::default()).with_retry(RetryPolicy {
+        max_retries: 1,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+    });
+    let script = Script {
+        store: Arc::clone(&store),
+        runs: runs.into(),
+    };
+    (engine, script, store)
+}
+
+fn key() -> Key {
+    Key::new("billing", "order-1").unwrap()
+}
+
+#[tokio::test]
+async fn a_lease_lost_at_the_commit_is_given_back_as_lease_lost_and_not_released() {
+    let lost = Error::lease_lost(&key());
+    let (engine, mut script, store) = scripted(vec![Run::Answer(TxAttempt::Store(lost))]);
+    let handled = engine.run(&key(), None, &mut script).await;
+    assert!(
+        matches!(&handled, Err(InboxError::LeaseLost { key: k }) if *k == key()),
+        "{handled:?}"
+    );
+    let record = store.get(&key()).await.unwrap().unwrap();
+    assert_eq!(record.last_failure, None, "the new owner's key: no release");
+}
+
+#[tokio::test]
+async fn a_store_error_at_the_commit_releases_the_key_with_its_failure() {
+    let down = Error::backend("fake", false, "disk full");
+    let (engine, mut script, store) = scripted(vec![Run::Answer(TxAttempt::Store(down))]);
+    let handled = engine.run(&key(), None, &mut script).await;
+    assert!(
+        matches!(&handled, Err(InboxError::Store(e)) if !e.is_lease_lost()),
+        "{handled:?}"
+    );
+    let record = store.get(&key()).await.unwrap().unwrap();
+    let failure = record
+        .last_failure
+        .expect("the failure kept by the release");
+    assert_eq!((failure.kind.as_str(), failure.attempt), ("store", 1));
+}
+
+#[tokio::test]
+async fn runs_the_database_asks_for_stop_at_the_policys_limit() {
+    let dropped = || {
+        Run::Answer(TxAttempt::HandlerFailed {
+            source: "connection reset".into(),
+            retryable: true,
+        })
+    };
+    let (engine, mut script, store) = scripted(vec![dropped(), dropped(), Run::Commit]);
+    let handled = engine.run(&key(), None, &mut script).await;
+    assert!(
+        matches!(&handled, Err(InboxError::Handler { .. })),
+        "one run again allowed, not two: {handled:?}"
+    );
+    assert_eq!(script.runs.len(), 1, "the commit never ran");
+    let record = store.get(&key()).await.unwrap().unwrap();
+    assert_eq!(record.attempt, 2, "the run again was a new attempt");
 }
 
 #[test]
