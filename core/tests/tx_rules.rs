@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use dedup_core::layers::RetryPolicy;
 use dedup_core::{
-    DedupStore, Error, InboxConfig, InboxError, Key, Lease, MemoryStore, TxAttempt, TxAttempts,
-    TxEngine,
+    DedupStore, Error, Handled, InboxConfig, InboxError, Key, Lease, MemoryStore, TxAttempt,
+    TxAttempts, TxEngine,
 };
 use futures::future::BoxFuture;
 
@@ -174,4 +174,28 @@ fn only_an_error_the_database_asks_to_retry_runs_again() {
         TxEngine::asks_for_retry(&*asked, driver),
         "the driver says yes"
     );
+}
+
+#[tokio::test]
+async fn a_store_error_the_database_asks_to_retry_runs_again_as_a_new_attempt() {
+    let reset = || Run::Answer(TxAttempt::Store(Error::backend("fake", true, "reset")));
+    let (engine, mut script, _store) = scripted(vec![reset(), Run::Commit]);
+    let handled = engine.run(&key(), None, &mut script).await;
+    assert!(
+        matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 2),
+        "{handled:?}"
+    );
+    // Used up: one run again allowed, not two.
+    let (engine, mut script, store) = scripted(vec![reset(), reset(), Run::Commit]);
+    let handled = engine.run(&key(), None, &mut script).await;
+    assert!(
+        matches!(&handled, Err(InboxError::Store(e)) if e.is_retryable()),
+        "{handled:?}"
+    );
+    assert_eq!(script.runs.len(), 1, "the commit never ran");
+    let record = store.get(&key()).await.unwrap().unwrap();
+    let failure = record
+        .last_failure
+        .expect("the failure kept by the release");
+    assert_eq!((failure.kind.as_str(), failure.attempt), ("store", 2));
 }

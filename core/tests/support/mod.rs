@@ -162,6 +162,14 @@ impl Recorded {
             .sum()
     }
 
+    /// The value of the gauge `name` whose labels include `labels`, if it was ever set.
+    pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.matching(name, labels).next().map(|v| match v {
+            DebugValue::Gauge(g) => g.into_inner(),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        })
+    }
+
     /// How many values the histograms `name` whose labels include `labels` recorded.
     pub fn observations(&self, name: &str, labels: &[(&str, &str)]) -> usize {
         self.matching(name, labels)
