@@ -1,11 +1,14 @@
 //! The transactional inbox engine's (`TxEngine`) small rules: its settings, the reserved
 //! outcome bytes, and how it reads an error's source chain.
 
+mod support;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::layers::RetryPolicy;
+use dedup_core::layers::metric_names as m;
+use dedup_core::layers::{ObserveOptions, RetryPolicy};
 use dedup_core::{
     DedupStore, Error, Handled, InboxConfig, InboxError, Key, Lease, MemoryStore, TxAttempt,
     TxAttempts, TxEngine,
@@ -38,11 +41,14 @@ enum Run {
 struct Script {
     store: Arc<MemoryStore>,
     runs: VecDeque<Run>,
+    /// When each run began (tokio's clock).
+    began: Vec<tokio::time::Instant>,
 }
 
 impl TxAttempts for Script {
     fn attempt<'a>(&'a mut self, lease: &'a Lease) -> BoxFuture<'a, TxAttempt> {
         Box::pin(async move {
+            self.began.push(tokio::time::Instant::now());
             match self.runs.pop_front().expect("a planned run") {
                 Run::Commit => match self.store.commit(lease, None).await {
                     Ok(()) => TxAttempt::Committed(None),
@@ -66,6 +72,7 @@ fn scripted(runs: Vec<Run>) -> (TxEngine, Script, Arc<MemoryStore>) {
     let script = Script {
         store: Arc::clone(&store),
         runs: runs.into(),
+        began: Vec::new(),
     };
     (engine, script, store)
 }
@@ -198,4 +205,70 @@ async fn a_store_error_the_database_asks_to_retry_runs_again_as_a_new_attempt() 
         .last_failure
         .expect("the failure kept by the release");
     assert_eq!((failure.kind.as_str(), failure.attempt), ("store", 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_delay_before_each_run_the_database_asks_for_doubles() {
+    let dropped = || {
+        Run::Answer(TxAttempt::HandlerFailed {
+            source: "connection reset".into(),
+            retryable: true,
+        })
+    };
+    let (engine, mut script, _store) = scripted(vec![dropped(), dropped(), dropped(), Run::Commit]);
+    let engine = engine.with_retry(RetryPolicy {
+        max_retries: 3,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(300),
+    });
+    let handled = engine.run(&key(), None, &mut script).await;
+    assert!(
+        matches!(handled, Ok(Handled::Processed { .. })),
+        "{handled:?}"
+    );
+    let gaps: Vec<u128> = (script.began.windows(2))
+        .map(|w| (w[1] - w[0]).as_millis())
+        .collect();
+    assert_eq!(
+        gaps,
+        [100, 200, 300],
+        "doubling, at most the policy's largest"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_conflict_runs_again_after_the_policys_backoff() {
+    let deadlock = || Run::Answer(TxAttempt::Conflict("deadlock detected".into()));
+    let (engine, mut script, _store) = scripted(vec![deadlock(), Run::Commit]);
+    let engine = engine.with_retry(RetryPolicy {
+        max_retries: 1,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(100),
+    });
+    let handled = engine.run(&key(), None, &mut script).await;
+    assert!(
+        matches!(&handled, Ok(Handled::Processed { lease, .. }) if lease.attempt == 1),
+        "{handled:?}"
+    );
+    let waited = script.began[1] - script.began[0];
+    assert!(
+        waited >= Duration::from_millis(50) && waited <= Duration::from_millis(100),
+        "between half the backoff and all of it: {waited:?}"
+    );
+}
+
+#[test]
+fn a_lease_lost_at_the_commit_is_counted_as_a_lost_commit_in_the_transaction() {
+    let ((), snap) = support::recorded(|| async {
+        let lost = Error::lease_lost(&key());
+        let (engine, mut script, _store) = scripted(vec![Run::Answer(TxAttempt::Store(lost))]);
+        let engine = engine.observed(ObserveOptions::new("memory"));
+        let handled = engine.run(&key(), None, &mut script).await;
+        assert!(
+            matches!(handled, Err(InboxError::LeaseLost { .. })),
+            "{handled:?}"
+        );
+    });
+    let labels = [("backend", "memory"), ("op", "commit_in_tx")];
+    assert_eq!(snap.counter(m::LEASE_LOST_TOTAL, &labels), 1);
 }
