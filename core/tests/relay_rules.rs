@@ -220,3 +220,59 @@ fn the_first_round_loop_reads_the_gauges_once_per_stats_interval() {
         })
     });
 }
+
+/// A publisher standing for a producer that commits a row just after a relay's take: it
+/// writes `next` to the outbox while it publishes `first`.
+#[derive(Debug)]
+struct Producer {
+    outbox: MemoryOutbox,
+    first: &'static str,
+    next: &'static str,
+    inner: MemoryPublisher,
+}
+
+#[async_trait]
+impl Publisher for Producer {
+    fn name(&self) -> &'static str {
+        "producer"
+    }
+    fn delivery_timeout(&self) -> Duration {
+        Duration::ZERO
+    }
+    async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
+        if row.message_id == self.first {
+            let next = OutboxMessage::new("orders", self.next, b"{}".to_vec())?;
+            self.outbox.enqueue(&[next])?;
+        }
+        self.inner.publish(row).await
+    }
+}
+
+/// Paused tokio time. The memory outbox sends no wake-ups: only the linger brings the
+/// second row out before the hour's poll.
+#[tokio::test(start_paused = true)]
+async fn after_a_round_that_took_rows_the_relay_looks_again_after_the_linger() {
+    let outbox = MemoryOutbox::new();
+    outbox
+        .enqueue(&[OutboxMessage::new("orders", "a", b"{}".to_vec()).unwrap()])
+        .unwrap();
+    let publisher = Arc::new(Producer {
+        outbox: outbox.clone(),
+        first: "a",
+        next: "b",
+        inner: MemoryPublisher::new(),
+    });
+    let handle = Relay::new(Arc::new(outbox.clone()), publisher.clone())
+        .with_config(
+            RelayConfig::default()
+                .rounds_in_flight(1)
+                .poll_interval(Duration::from_secs(3600))
+                .linger(Duration::from_millis(20))
+                .retention(None),
+        )
+        .start()
+        .expect("the relay starts");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(publisher.inner.message_ids(), ["a", "b"]);
+    handle.stop().await;
+}
