@@ -276,3 +276,37 @@ async fn after_a_round_that_took_rows_the_relay_looks_again_after_the_linger() {
     assert_eq!(publisher.inner.message_ids(), ["a", "b"]);
     handle.stop().await;
 }
+
+#[test]
+fn the_pending_gauge_counts_the_held_rows_too() {
+    let ((), snap) = support::recorded(|| async {
+        let outbox = MemoryOutbox::new();
+        let msg = |id: &str| OutboxMessage::new("orders", id, b"{}".to_vec()).unwrap();
+        outbox
+            .enqueue(&[msg("elsewhere"), msg("p1"), msg("p2")])
+            .unwrap();
+        // Another relay holds the first row.
+        let held = outbox.take(1, Duration::from_secs(3600)).await.unwrap();
+        assert_eq!(held.rows.len(), 1);
+        let publisher = MemoryPublisher::new();
+        let mut config = RelayConfig::default().rounds_in_flight(1).retention(None);
+        config.stats_interval = Duration::from_secs(3600);
+        let handle = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher.clone()))
+            .with_config(config)
+            .start()
+            .expect("the relay starts");
+        for _ in 0..100 {
+            if publisher.message_ids().len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(publisher.message_ids(), ["p1", "p2"]);
+        handle.stop().await;
+    });
+    assert_eq!(
+        snap.gauge(names::OUTBOX_PENDING, &[]),
+        Some(3.0),
+        "read before the first take: 2 pending and 1 held"
+    );
+}
