@@ -59,6 +59,14 @@
 mod action;
 mod config;
 mod consume;
+#[cfg(any(
+    feature = "kafka",
+    feature = "nats",
+    feature = "pubsub",
+    feature = "rabbitmq",
+    feature = "redis-streams"
+))]
+mod consumer;
 mod deadline;
 mod delivery;
 mod error;

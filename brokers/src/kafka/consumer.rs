@@ -1,4 +1,4 @@
-//! [`KafkaConsumer`]: a topic's records, read as a consumer group, through a [`Handle`],
+//! [`KafkaConsumer`]: a topic's records, read as a consumer group, through a [`Handle`](crate::Handle),
 //! committing only offsets whose records (and every earlier one of the partition) settled.
 
 use std::sync::Arc;
@@ -17,10 +17,8 @@ use super::offsets::{Offsets, Rebalancing};
 use super::pending::{Copies, KafkaPending};
 use super::publisher::producer_config;
 use super::{MESSAGE_ID_HEADER, RETRIES_HEADER};
-use crate::{
-    BrokerError, ConsumerConfig, ConsumerStats, Delivery, Handle, Health, Shutdown, Source,
-    consume_with_health,
-};
+use crate::consumer::consumer_plumbing;
+use crate::{BrokerError, ConsumerConfig, Delivery, Health, Shutdown, Source};
 
 /// Consumes a Kafka topic as a member of a consumer group, with
 /// `enable.auto.commit=false`.
@@ -35,7 +33,7 @@ use crate::{
 ///   [`retry_topic`](Self::retry_topic) sets one; the consumer reads both) after the delay,
 ///   and counts as settled once the broker's delivery report came.
 /// - Dead letter: the record is copied with the reason in
-///   [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON) to the dead-letter topic, then
+///   [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON)(crate::DEAD_LETTER_REASON) to the dead-letter topic, then
 ///   counts as settled once its delivery report came.
 /// - Rebalance: before partitions are revoked, the settled prefix of each is committed.
 ///   Records of it still in flight then settle without a commit. The partition's new
@@ -79,18 +77,19 @@ pub struct KafkaConsumer {
     copies: Option<Arc<Copies>>,
 }
 
-impl std::fmt::Debug for KafkaConsumer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaConsumer")
-            .field("group", &self.group)
-            .field("topic", &self.topic)
-            .field("retry_topic", &self.retry_topic)
-            .field("dead_letter_topic", &self.dead_letter_topic)
-            .field("offset_fallback", &self.offset_fallback)
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
+consumer_plumbing!(
+    KafkaConsumer,
+    debug: [group, topic, retry_topic, dead_letter_topic, offset_fallback],
+    on_shutdown: "lets started handlers finish and settle, and commits every \
+         partition's settled prefix.",
+    errors: [
+        "[`BrokerError::Config`]: an invalid [`ConsumerConfig`], or a dead-letter topic \
+         that is empty or one of the consumed topics. Nothing was consumed.",
+        "[`BrokerError::Refused`]: refused credentials or access, or a retry or \
+         dead-letter topic that does not exist (a copy sent there would be lost).",
+    ],
+    redelivery: ": offsets past the settled prefix are not committed.",
+);
 
 impl KafkaConsumer {
     /// A consumer of `topic` in consumer group `group`, on the cluster at `brokers`.
@@ -148,43 +147,6 @@ impl KafkaConsumer {
     pub fn fall_back_to_offset(mut self, on: bool) -> Self {
         self.offset_fallback = on;
         self
-    }
-
-    /// The consumer's live state for probes (connected, in flight, last settle,
-    /// reconnects): take it before [`run`](Self::run); it follows that run.
-    pub fn health(&self) -> Health {
-        self.health.clone()
-    }
-
-    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
-    ///
-    /// On `shutdown` it lets started handlers finish and settle, and commits every
-    /// partition's settled prefix. Then it returns the counts of what happened. See
-    /// [`consume`](crate::consume) for the loop.
-    ///
-    /// # Errors
-    ///
-    /// A lost connection or a restarting broker does not end it: it connects again, with
-    /// backoff. It returns an error no reconnect fixes:
-    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`], or a dead-letter topic
-    ///   that is empty or one of the consumed topics. Nothing was consumed.
-    /// - [`BrokerError::Refused`]: refused credentials or access, or a retry or
-    ///   dead-letter topic that does not exist (a copy sent there would be lost).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
-    /// already started are aborted at their next await point. An
-    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
-    /// delivers again what was not settled: offsets past the settled prefix are not committed.
-    pub async fn run<H: Handle>(
-        self,
-        handler: H,
-        shutdown: Shutdown,
-    ) -> Result<ConsumerStats, BrokerError> {
-        let config = self.config.clone();
-        let health = self.health.clone();
-        consume_with_health(self, config, handler, shutdown, health).await
     }
 
     fn topics(&self) -> Vec<&str> {

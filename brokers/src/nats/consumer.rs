@@ -1,21 +1,17 @@
-//! [`NatsConsumer`]: a durable pull consumer's messages through a [`Handle`].
+//! [`NatsConsumer`]: a durable pull consumer's messages through a [`Handle`](crate::Handle).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
-use async_nats::jetstream::context::GetStreamErrorKind;
-use async_nats::jetstream::stream::ConsumerErrorKind;
-use async_nats::jetstream::{AckKind, Context, ErrorCode, Message};
+use async_nats::jetstream::{AckKind, Context};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 
-use super::MSG_ID_HEADER;
-use super::publisher::{headers, send};
-use crate::{
-    Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Health, Pending, Shutdown, Source, consume_with_health,
-};
+use super::errors::{consumer_lookup, stream_lookup};
+use super::pending::NatsPending;
+use crate::consumer::consumer_plumbing;
+use crate::{BrokerError, ConsumerConfig, Health, Shutdown, Source};
 
 /// Consumes a NATS JetStream stream through a durable pull consumer.
 ///
@@ -26,7 +22,7 @@ use crate::{
 /// - Ack: `Ack`.
 /// - Retry: `Nak(delay)`.
 /// - Dead letter: a copy is published to the dead-letter subject, with the headers, the
-///   payload and the reason in [`DEAD_LETTER_REASON`]. A stream must capture that
+///   payload and the reason in [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON). A stream must capture that
 ///   subject. Once the stream acknowledged the copy, the original is `Term`inated. If the
 ///   publish fails, the original is `Nak`ed for a retry.
 ///
@@ -65,7 +61,6 @@ use crate::{
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct NatsConsumer {
     js: Context,
     stream: String,
@@ -78,6 +73,18 @@ pub struct NatsConsumer {
     /// The pull request whose messages are still arriving.
     open: Option<OpenPull>,
 }
+
+consumer_plumbing!(
+    NatsConsumer,
+    debug: [stream, durable, dead_letter_subject, ack_wait],
+    on_shutdown: "stops fetching and lets started handlers finish and settle.",
+    errors: [
+        "[`BrokerError::Config`]: an invalid [`ConsumerConfig`]. Nothing was consumed.",
+        "[`BrokerError::Refused`]: a stream that does not exist, refused credentials or \
+         permissions.",
+    ],
+    redelivery: ", after its `ack_wait`.",
+);
 
 /// An open pull request's messages.
 struct OpenPull(pull::Batch);
@@ -126,42 +133,6 @@ impl NatsConsumer {
         self.ack_wait = ack_wait;
         self
     }
-
-    /// The consumer's live state for probes (connected, in flight, last settle,
-    /// reconnects): take it before [`run`](Self::run); it follows that run.
-    pub fn health(&self) -> Health {
-        self.health.clone()
-    }
-
-    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
-    ///
-    /// On `shutdown` it stops fetching and lets started handlers finish and settle. Then
-    /// it returns the counts of what happened. See [`consume`](crate::consume) for the
-    /// loop.
-    ///
-    /// # Errors
-    ///
-    /// A lost connection or a restarting broker does not end it: it connects again, with
-    /// backoff. It returns an error no reconnect fixes:
-    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`]. Nothing was consumed.
-    /// - [`BrokerError::Refused`]: a stream that does not exist, refused credentials or
-    ///   permissions.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
-    /// already started are aborted at their next await point. An
-    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
-    /// delivers again what was not settled, after its `ack_wait`.
-    pub async fn run<H: Handle>(
-        self,
-        handler: H,
-        shutdown: Shutdown,
-    ) -> Result<ConsumerStats, BrokerError> {
-        let config = self.config.clone();
-        let health = self.health.clone();
-        consume_with_health(self, config, handler, shutdown, health).await
-    }
 }
 
 #[async_trait]
@@ -176,18 +147,11 @@ impl Source for NatsConsumer {
         self.consumer = None;
         self.open = None;
         let context = format!("stream {}", self.stream);
-        let stream = self.js.get_stream(&self.stream).await.map_err(|e| {
-            let fatal = match e.kind() {
-                GetStreamErrorKind::JetStream(js) => js.error_code() == ErrorCode::STREAM_NOT_FOUND,
-                GetStreamErrorKind::EmptyName | GetStreamErrorKind::InvalidStreamName => true,
-                _ => false,
-            };
-            if fatal {
-                BrokerError::refused(context.clone(), e)
-            } else {
-                BrokerError::broker(context.clone(), e)
-            }
-        })?;
+        let stream = self
+            .js
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| stream_lookup(context, e))?;
         let consumer: PullConsumer = stream
             .get_or_create_consumer(
                 &self.durable,
@@ -200,15 +164,7 @@ impl Source for NatsConsumer {
                 },
             )
             .await
-            .map_err(|e| {
-                let context = format!("durable consumer {}", self.durable);
-                match e.kind() {
-                    ConsumerErrorKind::InvalidName | ConsumerErrorKind::InvalidConsumerType => {
-                        BrokerError::refused(context, e)
-                    }
-                    _ => BrokerError::broker(context, e),
-                }
-            })?;
+            .map_err(|e| consumer_lookup(format!("durable consumer {}", self.durable), e))?;
         self.consumer = Some(consumer);
         Ok(())
     }
@@ -249,12 +205,11 @@ impl Source for NatsConsumer {
                 }
             };
             match next {
-                Some(Ok(message)) => fetched.push(NatsPending {
-                    delivery: delivery(&message),
+                Some(Ok(message)) => fetched.push(NatsPending::new(
                     message,
-                    dead_letter_subject: Arc::clone(&self.dead_letter_subject),
-                    retry_delay: self.config.retry_delay,
-                }),
+                    Arc::clone(&self.dead_letter_subject),
+                    self.config.retry_delay,
+                )),
                 Some(Err(e)) => {
                     tracing::debug!(error = %dedup_core::error_chain(&*e), "pull request ended");
                     ended = true;
@@ -283,107 +238,5 @@ impl Source for NatsConsumer {
                 tracing::debug!(error = %dedup_core::error_chain(&*e), "giving a message back");
             }
         }
-    }
-}
-
-/// One JetStream message and what settles it (its dead letter is published through the
-/// message's own JetStream context: the consumer's).
-#[derive(Debug)]
-pub struct NatsPending {
-    delivery: Delivery,
-    message: Message,
-    dead_letter_subject: Arc<str>,
-    retry_delay: Duration,
-}
-
-#[async_trait]
-impl Pending for NatsPending {
-    fn delivery(&self) -> &Delivery {
-        &self.delivery
-    }
-
-    async fn settle(self, action: Action, _shutdown: &Shutdown) -> Result<(), BrokerError> {
-        let (kind, unpublished) = match action {
-            Action::Ack => (AckKind::Ack, None),
-            Action::Retry { delay } => (AckKind::Nak(Some(delay)), None),
-            Action::DeadLetter { reason, headers } => {
-                match self.dead_letter(&reason, &headers).await {
-                    Ok(()) => (AckKind::Term, None),
-                    Err(e) => {
-                        tracing::warn!(error = %dedup_core::error_chain(&*e), "dead letter not published; retrying");
-                        (AckKind::Nak(Some(self.retry_delay)), Some(e))
-                    }
-                }
-            }
-        };
-        // Not settled: JetStream redelivers after `ack_wait`.
-        self.message
-            .ack_with(kind)
-            .await
-            .map_err(|e| BrokerError::broker("acking a message", e))?;
-        match unpublished {
-            Some(e) => Err(BrokerError::broker(
-                format!("publishing a dead letter to {}", self.dead_letter_subject),
-                e,
-            )),
-            None => Ok(()),
-        }
-    }
-}
-
-impl NatsPending {
-    async fn dead_letter(
-        &self,
-        reason: &str,
-        fault: &[(String, String)],
-    ) -> Result<(), dedup_core::BoxError> {
-        let d = &self.delivery;
-        let id = d.message_id.as_deref().map(|id| (MSG_ID_HEADER, id));
-        let map = headers(
-            d.headers
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.as_str()))
-                .filter(|(n, _)| !fault.iter().any(|(f, _)| f == n))
-                .chain(id)
-                .chain([(DEAD_LETTER_REASON, reason)])
-                .chain(fault.iter().map(|(n, v)| (n.as_str(), v.as_str()))),
-        )?;
-        send(
-            &self.message.context,
-            &self.dead_letter_subject,
-            map,
-            d.payload.clone(),
-        )
-        .await?
-        .await?;
-        Ok(())
-    }
-}
-
-fn delivery(message: &Message) -> Delivery {
-    let headers = message.message.headers.as_ref();
-    let info = message.info().ok();
-    Delivery {
-        message_id: headers
-            .and_then(|h| h.get(MSG_ID_HEADER))
-            .map(|v| v.as_str().to_owned()),
-        payload: message.message.payload.clone(),
-        headers: headers
-            .map(|h| {
-                h.iter()
-                    .filter(|(name, _)| AsRef::<str>::as_ref(*name) != MSG_ID_HEADER)
-                    .flat_map(|(name, values)| {
-                        values.iter().map(move |v| {
-                            (AsRef::<str>::as_ref(name).to_owned(), v.as_str().to_owned())
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        published_at: info.as_ref().map(|i| SystemTime::from(i.published)),
-        redelivered: info.as_ref().is_some_and(|i| i.delivered > 1),
-        broker_ref: info
-            .map(|i| i.stream_sequence.to_string())
-            .unwrap_or_default(),
     }
 }

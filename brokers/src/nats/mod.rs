@@ -4,9 +4,12 @@
 //! copies published within the stream's duplicate window; the inbox drops the rest.
 
 mod consumer;
+mod errors;
+mod pending;
 mod publisher;
 
-pub use consumer::{NatsConsumer, NatsPending};
+pub use consumer::NatsConsumer;
+pub use pending::NatsPending;
 pub use publisher::NatsPublisher;
 
 /// The header holding the message id.

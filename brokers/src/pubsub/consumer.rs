@@ -1,4 +1,4 @@
-//! [`PubSubConsumer`]: a subscription's messages, pulled, through a [`Handle`].
+//! [`PubSubConsumer`]: a subscription's messages, pulled, through a [`Handle`](crate::Handle).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -11,10 +11,8 @@ use gcloud_pubsub::client::Client;
 use super::MESSAGE_ID_ATTRIBUTE;
 use super::errors::classify;
 use super::pending::{Link, PubSubPending};
-use crate::{
-    BrokerError, ConsumerConfig, ConsumerStats, Delivery, Handle, Health, Shutdown, Source,
-    consume_with_health,
-};
+use crate::consumer::consumer_plumbing;
+use crate::{BrokerError, ConsumerConfig, Delivery, Health, Shutdown, Source};
 
 /// How long to wait before pulling again after a pull that found nothing.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
@@ -31,7 +29,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// - Retry: a delay of a second or more is the message's new ack deadline (whole seconds,
 ///   at most 600); a shorter one is waited by the consumer, then the deadline set to zero.
 /// - Dead letter: the message is published to the dead-letter topic (payload, attributes,
-///   the reason in [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON) and the failure
+///   the reason in [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON)(crate::DEAD_LETTER_REASON) and the failure
 ///   attributes) and acknowledged once that publish was answered. At start (and at each
 ///   reconnect) the consumer refuses to run when the subscription or the dead-letter topic
 ///   does not exist, or when the dead-letter topic has no subscription: Pub/Sub drops what
@@ -74,15 +72,19 @@ pub struct PubSubConsumer {
     health: Health,
 }
 
-impl std::fmt::Debug for PubSubConsumer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PubSubConsumer")
-            .field("subscription", &self.subscription)
-            .field("dead_letter_topic", &self.dead_letter_topic)
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
+consumer_plumbing!(
+    PubSubConsumer,
+    debug: [subscription, dead_letter_topic],
+    on_shutdown: "lets started handlers finish and settle.",
+    errors: [
+        "[`BrokerError::Config`]: an invalid [`ConsumerConfig`], or an empty subscription \
+         or dead-letter topic name. Nothing was consumed.",
+        "[`BrokerError::Refused`]: refused credentials or permissions; a subscription or \
+         dead-letter topic that does not exist; a dead-letter topic without a \
+         subscription (Pub/Sub would drop the copies).",
+    ],
+    redelivery: ", once its ack deadline passes.",
+);
 
 impl PubSubConsumer {
     /// A consumer of the subscription `subscription`, an id in the client's project.
@@ -103,43 +105,6 @@ impl PubSubConsumer {
             link: None,
             health: Health::default(),
         }
-    }
-
-    /// The consumer's live state for probes (connected, in flight, last settle,
-    /// reconnects): take it before [`run`](Self::run); it follows that run.
-    pub fn health(&self) -> Health {
-        self.health.clone()
-    }
-
-    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
-    ///
-    /// On `shutdown` it lets started handlers finish and settle. Then it returns the
-    /// counts of what happened. See [`consume`](crate::consume) for the loop.
-    ///
-    /// # Errors
-    ///
-    /// A lost connection or a restarting broker does not end it: it connects again, with
-    /// backoff. It returns an error no reconnect fixes:
-    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`], or an empty subscription
-    ///   or dead-letter topic name. Nothing was consumed.
-    /// - [`BrokerError::Refused`]: refused credentials or permissions; a subscription or
-    ///   dead-letter topic that does not exist; a dead-letter topic without a
-    ///   subscription (Pub/Sub would drop the copies).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
-    /// already started are aborted at their next await point. An
-    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
-    /// delivers again what was not settled, once its ack deadline passes.
-    pub async fn run<H: Handle>(
-        self,
-        handler: H,
-        shutdown: Shutdown,
-    ) -> Result<ConsumerStats, BrokerError> {
-        let config = self.config.clone();
-        let health = self.health.clone();
-        consume_with_health(self, config, handler, shutdown, health).await
     }
 
     fn pending(&self, link: &Arc<Link>, received: ReceivedMessage) -> Option<PubSubPending> {

@@ -1,48 +1,21 @@
-//! [`RabbitConsumer`]: a queue's deliveries through a [`Handle`], with manual acks.
+//! [`RabbitConsumer`]: a queue's deliveries through a [`Handle`](crate::Handle), with manual acks.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery as AmqpDelivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    BasicRejectOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, Consumer};
 
+use super::Topology;
 use super::errors::classify;
+use super::pending::{DeadLetters, RabbitPending, requeue};
 use super::topology::check_dead_letter_exchange;
-use super::{RabbitPublisher, Topology};
-use crate::{
-    Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Health, Pending, Shutdown, Source, consume_with_health,
-};
-
-/// Where a [`RabbitConsumer`] sends dead letters.
-#[derive(Clone, Debug, Default)]
-pub enum DeadLetters {
-    /// `basic.reject` without requeue: RabbitMQ moves the message to the queue's
-    /// dead-letter exchange (`x-dead-letter-exchange`); it would drop it if the queue had
-    /// none, so a consumer that owns its connection ([`RabbitConsumer::from_uri`]) refuses
-    /// to start on such a queue ([`BrokerError::MissingTopology`]; see
-    /// [`RabbitConsumer::declare`]). The reason is only logged (RabbitMQ's `x-death` header
-    /// says `rejected`).
-    #[default]
-    QueueDlx,
-    /// Publish a copy (same message id, headers and payload, plus the reason in
-    /// [`DEAD_LETTER_REASON`]) to `destination` (`exchange` or `exchange/routing-key`) with
-    /// `publisher`, wait for the broker's confirm, then ack the original. If the publish
-    /// fails the original is requeued after `retry_delay`.
-    Publish {
-        /// The publisher (its own confirm channel).
-        publisher: RabbitPublisher,
-        /// Where the copy goes.
-        destination: String,
-    },
-}
+use crate::consumer::consumer_plumbing;
+use crate::{BrokerError, ConsumerConfig, Health, Shutdown, Source};
 
 /// How the consumer gets its channel.
 enum Link {
@@ -116,15 +89,22 @@ pub struct RabbitConsumer {
     cancelled: bool,
 }
 
-impl std::fmt::Debug for RabbitConsumer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitConsumer")
-            .field("queue", &self.queue)
-            .field("config", &self.config)
-            .field("dead_letters", &self.dead_letters)
-            .finish_non_exhaustive()
-    }
-}
+consumer_plumbing!(
+    RabbitConsumer,
+    debug: [queue, dead_letters],
+    on_shutdown: "stops consuming and lets started handlers finish and settle. It requeues \
+         what was prefetched but not started.",
+    errors: [
+        "[`BrokerError::Config`]: an invalid [`ConsumerConfig`] (or `in_flight` above \
+         65535). Nothing was consumed.",
+        "[`BrokerError::Refused`]: refused credentials or access, a missing queue, a \
+         declared queue that exists with other arguments. Also a lost channel of a \
+         consumer made with [`new`](Self::new).",
+        "[`BrokerError::MissingTopology`]: the queue has no `x-dead-letter-exchange` for \
+         [`DeadLetters::QueueDlx`].",
+    ],
+    redelivery: ".",
+);
 
 impl RabbitConsumer {
     /// A consumer of `queue` on `channel`.
@@ -199,45 +179,6 @@ impl RabbitConsumer {
     pub fn dead_letter_exchange_by_policy(mut self) -> Self {
         self.dlx_by_policy = true;
         self
-    }
-
-    /// The consumer's live state for probes (connected, in flight, last settle,
-    /// reconnects): take it before [`run`](Self::run); it follows that run.
-    pub fn health(&self) -> Health {
-        self.health.clone()
-    }
-
-    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
-    ///
-    /// On `shutdown` it stops consuming and lets started handlers finish and settle. It
-    /// requeues what was prefetched but not started. Then it returns the counts of what
-    /// happened. See [`consume`](crate::consume) for the loop.
-    ///
-    /// # Errors
-    ///
-    /// A lost connection or a restarting broker does not end it: it connects again, with
-    /// backoff. It returns an error no reconnect fixes:
-    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`] (or `in_flight` above 65535). Nothing was consumed.
-    /// - [`BrokerError::Refused`]: refused credentials or access, a missing queue, a
-    ///   declared queue that exists with other arguments. Also a lost channel of a
-    ///   consumer made with [`new`](Self::new).
-    /// - [`BrokerError::MissingTopology`]: the queue has no `x-dead-letter-exchange` for
-    ///   [`DeadLetters::QueueDlx`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
-    /// already started are aborted at their next await point. An
-    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
-    /// delivers again what was not settled.
-    pub async fn run<H: Handle>(
-        self,
-        handler: H,
-        shutdown: Shutdown,
-    ) -> Result<ConsumerStats, BrokerError> {
-        let config = self.config.clone();
-        let health = self.health.clone();
-        consume_with_health(self, config, handler, shutdown, health).await
     }
 
     /// A lost channel: retryable when this consumer can open another, final when it was
@@ -409,161 +350,10 @@ impl Source for RabbitConsumer {
 
 impl RabbitConsumer {
     fn pending(&self, amqp: AmqpDelivery) -> RabbitPending {
-        RabbitPending {
-            delivery: delivery(&amqp),
-            acker: amqp.acker,
-            dead_letters: Arc::clone(&self.dead_letters),
-            retry_delay: self.config.retry_delay,
-        }
-    }
-}
-
-/// One AMQP delivery and its acker.
-#[derive(Debug)]
-pub struct RabbitPending {
-    delivery: Delivery,
-    acker: Acker,
-    dead_letters: Arc<DeadLetters>,
-    retry_delay: Duration,
-}
-
-#[async_trait]
-impl Pending for RabbitPending {
-    fn delivery(&self) -> &Delivery {
-        &self.delivery
-    }
-
-    async fn settle(self, action: Action, shutdown: &Shutdown) -> Result<(), BrokerError> {
-        let acker = &self.acker;
-        match action {
-            Action::Ack => answered("basic.ack", acker.ack(BasicAckOptions::default())).await,
-            Action::Retry { delay } => requeue_after(acker, delay, shutdown).await,
-            Action::DeadLetter { reason, headers } => match &*self.dead_letters {
-                DeadLetters::QueueDlx => {
-                    let rejected = acker.reject(BasicRejectOptions { requeue: false });
-                    answered("basic.reject", rejected).await
-                }
-                DeadLetters::Publish {
-                    publisher,
-                    destination,
-                } => match self.copy(publisher, destination, &reason, &headers).await {
-                    Ok(()) => answered("basic.ack", acker.ack(BasicAckOptions::default())).await,
-                    Err(e) => {
-                        tracing::warn!(error = %dedup_core::error_chain(&*e), "dead letter not published; requeueing");
-                        requeue_after(acker, self.retry_delay, shutdown).await?;
-                        Err(BrokerError::broker(
-                            format!("publishing a dead letter to {destination}"),
-                            e,
-                        ))
-                    }
-                },
-            },
-        }
-    }
-}
-
-impl RabbitPending {
-    async fn copy(
-        &self,
-        publisher: &RabbitPublisher,
-        destination: &str,
-        reason: &str,
-        fault: &[(String, String)],
-    ) -> Result<(), dedup_core::BoxError> {
-        let d = &self.delivery;
-        let mut headers: Vec<(&str, &str)> = d
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_str()))
-            .filter(|(n, _)| !fault.iter().any(|(f, _)| f == n))
-            .collect();
-        headers.push((DEAD_LETTER_REASON, reason));
-        headers.extend(fault.iter().map(|(n, v)| (n.as_str(), v.as_str())));
-        let id = d.message_id.as_deref().unwrap_or("");
-        let confirm = publisher.send(destination, id, headers, &d.payload).await?;
-        let deadline = publisher.confirm_deadline();
-        publisher.confirmed(destination, confirm, deadline).await
-    }
-}
-
-async fn requeue_after(
-    acker: &Acker,
-    delay: Duration,
-    shutdown: &Shutdown,
-) -> Result<(), BrokerError> {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.wait() => {}
-    }
-    answered("basic.nack", acker.nack(requeue())).await
-}
-
-/// How long an ack, nack or reject may take to be sent. lapin sends it as a frame and
-/// answers once the frame is written; an ack queued just as the connection died was seen
-/// never to be answered (lapin 4.12; its issue #409 is the same for publishes), which held
-/// the consumer's shutdown forever.
-const SETTLE_LIMIT: Duration = Duration::from_secs(10);
-
-/// An acker's answer as a settle, waited for [`SETTLE_LIMIT`] at most. lapin answers
-/// `Ok(false)` when the delivery's channel closed before the frame could go: a settle that
-/// did not happen, not a success. Either way RabbitMQ delivers the message again unless the
-/// frame reached it, and the inbox answers the copy.
-async fn answered(
-    what: &str,
-    answer: impl Future<Output = lapin::Result<bool>>,
-) -> Result<(), BrokerError> {
-    match tokio::time::timeout(SETTLE_LIMIT, answer).await {
-        Ok(Ok(true)) => Ok(()),
-        Ok(Ok(false)) => Err(BrokerError::broker(
-            what,
-            "not sent: the delivery's channel closed first; RabbitMQ delivers the message again",
-        )),
-        Ok(Err(e)) => Err(classify(what, e)),
-        Err(_) => Err(BrokerError::broker(
-            what,
-            format!(
-                "not reported sent within {SETTLE_LIMIT:?} (the connection was probably lost \
-                 as it went); RabbitMQ delivers the message again if it did not get it"
-            ),
-        )),
-    }
-}
-
-fn requeue() -> BasicNackOptions {
-    BasicNackOptions {
-        requeue: true,
-        ..BasicNackOptions::default()
-    }
-}
-
-fn delivery(d: &AmqpDelivery) -> Delivery {
-    let props: &BasicProperties = &d.properties;
-    Delivery {
-        message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
-        payload: d.data.clone().into(),
-        headers: props
-            .headers()
-            .as_ref()
-            .map(|t| {
-                t.inner()
-                    .iter()
-                    .filter_map(|(name, value)| {
-                        let text = match value {
-                            AMQPValue::LongString(s) => {
-                                String::from_utf8_lossy(s.as_bytes()).into_owned()
-                            }
-                            AMQPValue::ShortString(s) => s.as_str().to_owned(),
-                            _ => return None,
-                        };
-                        Some((name.as_str().to_owned(), text))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        published_at: props
-            .timestamp()
-            .map(|secs| SystemTime::UNIX_EPOCH + Duration::from_secs(secs)),
-        redelivered: d.redelivered,
-        broker_ref: d.delivery_tag.to_string(),
+        RabbitPending::new(
+            amqp,
+            Arc::clone(&self.dead_letters),
+            self.config.retry_delay,
+        )
     }
 }

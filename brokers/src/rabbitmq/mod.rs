@@ -10,10 +10,12 @@
 
 mod consumer;
 mod errors;
+mod pending;
 mod publisher;
 mod topology;
 
-pub use consumer::{DeadLetters, RabbitConsumer, RabbitPending};
+pub use consumer::RabbitConsumer;
+pub use pending::{DeadLetters, RabbitPending};
 pub use publisher::RabbitPublisher;
 pub use topology::{DEAD_LETTER_EXCHANGE_ARG, Topology};
 

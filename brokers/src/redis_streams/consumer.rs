@@ -1,19 +1,17 @@
-//! [`StreamConsumer`]: a consumer group's entries through a [`Handle`].
+//! [`StreamConsumer`]: a consumer group's entries through a [`Handle`](crate::Handle).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply};
-use redis::{AsyncConnectionConfig, Value};
 
 use super::errors::classify;
-use super::{DEAD_ENTRY_ID_FIELD, MESSAGE_ID_FIELD, PAYLOAD_FIELD, dead_stream};
-use crate::{
-    Action, BrokerError, ConsumerConfig, ConsumerStats, DEAD_LETTER_REASON, Delivery, Handle,
-    Health, Pending, Shutdown, Source, consume_with_health,
-};
+use super::pending::{Names, StreamPending};
+use crate::consumer::consumer_plumbing;
+use crate::{BrokerError, ConsumerConfig, Health, Shutdown, Source};
 
 /// Consumes a Redis stream as member `worker` of consumer group `group`.
 ///
@@ -58,7 +56,6 @@ use crate::{
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct StreamConsumer {
     client: redis::Client,
     names: Arc<Names>,
@@ -72,11 +69,18 @@ pub struct StreamConsumer {
     last_claim: Option<Instant>,
 }
 
-#[derive(Debug)]
-struct Names {
-    stream: String,
-    group: String,
-}
+consumer_plumbing!(
+    StreamConsumer,
+    debug: [names, worker, claim_idle],
+    on_shutdown: "stops reading and lets started handlers finish and settle. Nothing is held \
+         unstarted.",
+    errors: [
+        "[`BrokerError::Config`]: an invalid [`ConsumerConfig`] (or a zero `claim_idle`). \
+         Nothing was consumed.",
+        "[`BrokerError::Refused`]: refused credentials or commands.",
+    ],
+    redelivery: ": its entries stay pending and are reclaimed after `claim_idle`.",
+);
 
 impl StreamConsumer {
     /// A consumer of `stream` in `group`, as `worker`.
@@ -115,53 +119,13 @@ impl StreamConsumer {
         self
     }
 
-    /// The consumer's live state for probes (connected, in flight, last settle,
-    /// reconnects): take it before [`run`](Self::run); it follows that run.
-    pub fn health(&self) -> Health {
-        self.health.clone()
-    }
-
-    /// Consumes until `shutdown` fires, or until an error no reconnect fixes.
-    ///
-    /// On `shutdown` it stops reading and lets started handlers finish and settle.
-    /// Nothing is held unstarted. Then it returns the counts of what happened. See
-    /// [`consume`](crate::consume) for the loop.
-    ///
-    /// # Errors
-    ///
-    /// A lost connection or a restarting broker does not end it: it connects again, with
-    /// backoff. It returns an error no reconnect fixes:
-    /// - [`BrokerError::Config`]: an invalid [`ConsumerConfig`] (or a zero `claim_idle`). Nothing was consumed.
-    /// - [`BrokerError::Refused`]: refused credentials or commands.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future is not a graceful stop: fire `shutdown` instead. Handlers
-    /// already started are aborted at their next await point. An
-    /// [`Inbox`](dedup_core::Inbox) releases their leases in the background. The broker
-    /// delivers again what was not settled: its entries stay pending and are reclaimed after `claim_idle`.
-    pub async fn run<H: Handle>(
-        self,
-        handler: H,
-        shutdown: Shutdown,
-    ) -> Result<ConsumerStats, BrokerError> {
-        let config = self.config.clone();
-        let health = self.health.clone();
-        consume_with_health(self, config, handler, shutdown, health).await
-    }
-
     fn pending(
         &self,
         entry: StreamId,
         reclaimed: bool,
         acks: &MultiplexedConnection,
     ) -> StreamPending {
-        StreamPending {
-            delivery: delivery(&entry, reclaimed),
-            entry,
-            names: Arc::clone(&self.names),
-            acks: acks.clone(),
-        }
+        StreamPending::new(entry, reclaimed, Arc::clone(&self.names), acks.clone())
     }
 }
 
@@ -269,103 +233,5 @@ impl Source for StreamConsumer {
             fetched.push(self.pending(entry, false, &acks));
         }
         Ok(fetched)
-    }
-}
-
-/// One stream entry, read or reclaimed, and the connection that acks it.
-#[derive(Debug)]
-pub struct StreamPending {
-    delivery: Delivery,
-    entry: StreamId,
-    names: Arc<Names>,
-    acks: MultiplexedConnection,
-}
-
-#[async_trait]
-impl Pending for StreamPending {
-    fn delivery(&self) -> &Delivery {
-        &self.delivery
-    }
-
-    async fn settle(mut self, action: Action, _shutdown: &Shutdown) -> Result<(), BrokerError> {
-        let (stream, group, id) = (&self.names.stream, &self.names.group, &self.entry.id);
-        let settled: redis::RedisResult<()> = match action {
-            Action::Ack => {
-                redis::cmd("XACK")
-                    .arg(stream)
-                    .arg(group)
-                    .arg(id)
-                    .query_async(&mut self.acks)
-                    .await
-            }
-            // Stays pending: reclaimed once idle for `claim_idle`.
-            Action::Retry { .. } => Ok(()),
-            Action::DeadLetter { reason, headers } => {
-                let mut add = redis::cmd("XADD");
-                add.arg(dead_stream(stream)).arg("*");
-                for (field, value) in &self.entry.map {
-                    if headers.iter().any(|(n, _)| n == field) {
-                        continue;
-                    }
-                    if let Some(bytes) = bytes_of(value) {
-                        add.arg(field).arg(bytes);
-                    }
-                }
-                add.arg(DEAD_LETTER_REASON)
-                    .arg(&reason)
-                    .arg(DEAD_ENTRY_ID_FIELD)
-                    .arg(id);
-                for (field, value) in &headers {
-                    add.arg(field).arg(value);
-                }
-                redis::pipe()
-                    .atomic()
-                    .add_command(add)
-                    .ignore()
-                    .cmd("XACK")
-                    .arg(stream)
-                    .arg(group)
-                    .arg(id)
-                    .ignore()
-                    .query_async(&mut self.acks)
-                    .await
-            }
-        };
-        // On an error the entry is left pending: reclaimed later.
-        settled.map_err(|e| classify(format!("settling stream entry {id}"), e))
-    }
-}
-
-fn bytes_of(value: &Value) -> Option<&[u8]> {
-    match value {
-        Value::BulkString(b) => Some(b),
-        Value::SimpleString(s) => Some(s.as_bytes()),
-        _ => None,
-    }
-}
-
-fn delivery(entry: &StreamId, reclaimed: bool) -> Delivery {
-    let text = |v: &Value| bytes_of(v).map(|b| String::from_utf8_lossy(b).into_owned());
-    let millis = entry
-        .id
-        .split_once('-')
-        .and_then(|(ms, _)| ms.parse::<u64>().ok());
-    Delivery {
-        message_id: entry.map.get(MESSAGE_ID_FIELD).and_then(text),
-        payload: entry
-            .map
-            .get(PAYLOAD_FIELD)
-            .and_then(bytes_of)
-            .map(|b| b.to_vec().into())
-            .unwrap_or_default(),
-        headers: entry
-            .map
-            .iter()
-            .filter(|(f, _)| *f != MESSAGE_ID_FIELD && *f != PAYLOAD_FIELD)
-            .filter_map(|(f, v)| Some((f.clone(), text(v)?)))
-            .collect(),
-        published_at: millis.map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
-        redelivered: reclaimed,
-        broker_ref: entry.id.clone(),
     }
 }

@@ -5,9 +5,11 @@
 
 mod consumer;
 mod errors;
+mod pending;
 mod publisher;
 
-pub use consumer::{StreamConsumer, StreamPending};
+pub use consumer::StreamConsumer;
+pub use pending::StreamPending;
 pub use publisher::StreamPublisher;
 
 /// The entry field holding the message id.
