@@ -9,12 +9,9 @@ local function op(key, now, retention, token, has_outcome, outcome)
     if fast then
         return fast
     end
-    local rec, err = load(key, now, true)
-    if err then
-        return {'X', err}
-    end
-    if not rec or not same_token(rec.token, token) then
-        return {'L'}
+    local rec, reply = with_token(key, now, token, true)
+    if not rec then
+        return reply
     end
     if rec.state == 'c' then
         return {'D'}

@@ -6,12 +6,9 @@
 --      | {'N'} absent (unchanged) | {'X', detail}
 local key = KEYS[1]
 local now = now_ms(ARGV[1])
-local rec, err = load(key, now)
-if err then
-    return {'X', err}
-end
+local rec, reply = found(key, now, false, {'N'})
 if not rec then
-    return {'N'}
+    return reply
 end
 local status = 'c'
 if rec.state == 'i' then

@@ -250,6 +250,39 @@ local function load(key, now, lazy)
     return r, nil, true
 end
 
+-- `load` for a one-key script: (record), or (nil, the script's reply): {'X', detail} for a
+-- key that holds something that is not a dedup record, `absent` when there is no record.
+local function found(key, now, lazy, absent)
+    local rec, err = load(key, now, lazy)
+    if err then
+        return nil, {'X', err}
+    end
+    if not rec then
+        return nil, absent
+    end
+    return rec
+end
+
+-- The record at `key` when it holds the caller's `token` (in flight, or completed by it), or
+-- (nil, the script's reply): {'L'} lease lost, or {'X', detail} as `found`.
+local function with_token(key, now, token, lazy)
+    local rec, reply = found(key, now, lazy, {'L'})
+    if rec and not same_token(rec.token, token) then
+        return nil, {'L'}
+    end
+    return rec, reply
+end
+
+-- The caller's lease at `key`: the record when it is in flight under `token`, or (nil, the
+-- script's reply) as `with_token`.
+local function held(key, now, token, lazy)
+    local rec, reply = with_token(key, now, token, lazy)
+    if rec and rec.state ~= 'i' then
+        return nil, {'L'}
+    end
+    return rec, reply
+end
+
 -- Write a record (replacing whatever the key held: a layout-1 hash too), with the key's
 -- native expiry at retain_until: layout 2, or layout 3 when it keeps a `failure`. `a`:
 -- expires_at in flight ('i'), processed_at when completed ('c'); `outcome`: false for none

@@ -3,12 +3,9 @@
 -- Reply: {'OK', fence, attempt, expires_at} | {'L'} lease lost (unchanged) | {'X', detail}
 local key = KEYS[1]
 local now = now_ms(ARGV[1])
-local rec, err = load(key, now, true)
-if err then
-    return {'X', err}
-end
-if not rec or rec.state ~= 'i' or not same_token(rec.token, ARGV[2]) then
-    return {'L'}
+local rec, reply = held(key, now, ARGV[2], true)
+if not rec then
+    return reply
 end
 local expires_at = now + tonumber(ARGV[3])
 store(key, now, 'i', rec.fence, rec.attempt, expires_at, expires_at + tonumber(ARGV[4]),

@@ -7,12 +7,9 @@
 --        and not forced (unchanged) | {'X', detail}
 local key = KEYS[1]
 local now = now_ms(ARGV[1])
-local rec, err = load(key, now)
-if err then
-    return {'X', err}
-end
-if not rec or rec.state ~= 'i' or not same_token(rec.token, ARGV[2]) then
-    return {'L'}
+local rec, reply = held(key, now, ARGV[2])
+if not rec then
+    return reply
 end
 if rec.expires_at > now and ARGV[3] ~= '1' then
     return {'L'}
