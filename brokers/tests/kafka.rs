@@ -15,14 +15,14 @@ use dedup_brokers::kafka::{
 use dedup_brokers::{ConsumerConfig, DEAD_LETTER_REASON, Delivery, Shutdown, shutdown, with_inbox};
 use dedup_core::outbox::Publisher;
 use dedup_core::{Inbox, InboxConfig, MemoryStore};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use suite::{BrokerFactory, DeadLetter, broker_suite};
-use support::{Runs, all_once, config, counting, row, wait_until};
+use support::{Runs, all_once, config, counting, kafka, row, wait_until};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,22 +59,12 @@ impl Fixture {
             dead: format!("dedup-{tag}-dead"),
             group: format!("dedup-{tag}-group"),
         };
-        let admin: AdminClient<DefaultClientContext> = fx.client().create().unwrap();
-        let topics = [&fx.topic, &fx.dead].map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)));
-        for result in admin
-            .create_topics(&topics, &AdminOptions::new())
-            .await
-            .unwrap()
-        {
-            result.unwrap();
-        }
+        kafka::create_topics(&fx.brokers, &[&fx.topic, &fx.dead]).await;
         Some(fx)
     }
 
     fn client(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.brokers);
-        c
+        kafka::client(&self.brokers)
     }
 
     /// A consumer of the topic in the fixture's group. A short session: Tansu completes a
@@ -90,18 +80,9 @@ impl Fixture {
     /// comes for a second: Tansu's high watermark counts a batch of several records as
     /// one, so it cannot tell where the log ends).
     async fn records(&self, topic: &str) -> Vec<Record> {
-        let (topic, client) = (topic.to_owned(), self.client());
+        let (topic, brokers) = (topic.to_owned(), self.brokers.clone());
         tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = client
-                .clone()
-                .set("group.id", "dedup-test-reader")
-                .set("enable.auto.commit", "false")
-                .create()
-                .unwrap();
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(&topic, 0, Offset::Beginning)
-                .unwrap();
-            consumer.assign(&tpl).unwrap();
+            let consumer = kafka::reader(&brokers, "dedup-test-reader", &topic);
             let mut out = Vec::new();
             while let Some(m) = consumer.poll(Duration::from_secs(1)) {
                 let m = m.unwrap();

@@ -26,11 +26,10 @@ use std::time::{Duration, Instant};
 
 use dedup_brokers::kafka::{KafkaPublisher, MESSAGE_ID_HEADER};
 use dedup_core::outbox::{MemoryOutbox, OutboxMessage, Publisher, Relay};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
+use support::kafka;
 use support::private::Private;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -77,28 +76,13 @@ async fn serve(mut client: TcpStream, upstream: SocketAddr, mut cut: watch::Rece
     }
 }
 
-fn client(brokers: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers);
-    c
-}
-
 /// How many records of `topic` (partition 0) carry each message id: read until `expected`
 /// records came and then none for 2 s (Tansu's high watermark cannot tell where the log
 /// ends), at most 60 s.
 async fn copies_by_id(brokers: &str, topic: &str, expected: usize) -> HashMap<String, u32> {
-    let (client, topic) = (client(brokers), topic.to_owned());
+    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = client
-            .clone()
-            .set("group.id", "dedup-outage-reader")
-            .set("enable.auto.commit", "false")
-            .create()
-            .unwrap();
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&topic, 0, Offset::Beginning)
-            .unwrap();
-        consumer.assign(&tpl).unwrap();
+        let consumer = kafka::reader(&brokers, "dedup-outage-reader", &topic);
         let (mut copies, mut records) = (HashMap::new(), 0);
         let started = Instant::now();
         let mut quiet_since = Instant::now();
@@ -146,15 +130,7 @@ async fn with_the_defaults_a_60_s_outage_puts_every_row_on_the_topic_once() {
     let proxy = Proxy::start(listener, kafka.url.parse().unwrap());
     let brokers = format!("127.0.0.1:{port}");
     let topic = format!("outage-{}", uuid::Uuid::new_v4().simple());
-    let admin: AdminClient<DefaultClientContext> = client(&brokers).create().unwrap();
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
-    for created in admin
-        .create_topics([&new], &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        created.unwrap();
-    }
+    kafka::create_topics(&brokers, &[&topic]).await;
 
     // The README's publisher and relay, with their defaults.
     let publisher = Arc::new(KafkaPublisher::new(&brokers).unwrap());
@@ -223,22 +199,14 @@ async fn a_crash_restarted_kafka_keeps_its_topics_records_and_group_offsets() {
     .unwrap();
     let brokers = kafka.url.clone();
     let topic = format!("kept-{}", uuid::Uuid::new_v4().simple());
-    let admin: AdminClient<DefaultClientContext> = client(&brokers).create().unwrap();
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
-    for created in admin
-        .create_topics([&new], &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        created.unwrap();
-    }
+    kafka::create_topics(&brokers, &[&topic]).await;
     let publisher = KafkaPublisher::new(&brokers).unwrap();
     for id in ["kept-1", "kept-2", "kept-3"] {
         publisher.publish(&support::row(&topic, id)).await.unwrap();
     }
     let group = format!("{topic}-group");
     let committed = |brokers: String, topic: String, commit: Option<i64>| {
-        let mut config = client(&brokers);
+        let mut config = kafka::client(&brokers);
         config.set("group.id", &group);
         tokio::task::spawn_blocking(move || {
             let consumer: BaseConsumer = config.create().unwrap();

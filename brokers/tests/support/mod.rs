@@ -1,6 +1,8 @@
 //! Helpers the broker tests share.
 #![allow(dead_code)] // each test file uses a part
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod private;
 pub mod relay_time;
 
