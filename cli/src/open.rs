@@ -83,8 +83,8 @@ pub(crate) async fn open_outbox(
 }
 
 /// The URL forms of the backends this build has that `keep` accepts, for hints.
-fn forms(keep: impl Fn(&dedup::BackendDescriptor) -> bool) -> Vec<&'static str> {
-    dedup::backends()
+fn forms(keep: impl Fn(&dedup::url::BackendDescriptor) -> bool) -> Vec<&'static str> {
+    dedup::url::backends()
         .filter(|d| keep(d))
         .flat_map(|d| d.forms.iter().copied())
         .collect()

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::Request;
-use dedup::{ClaimOptions, DedupStore, Failure, Key, Verdict};
+use dedup::inbox::Failure;
+use dedup::store::{ClaimOptions, Verdict};
+use dedup::{DedupStore, Key};
 use dedup_console::{Console, ConsoleConfig};
 use tower::ServiceExt;
 

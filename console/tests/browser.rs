@@ -19,7 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dedup::{Claim, ClaimOptions, Error, Key};
+use dedup::store::ClaimOptions;
+use dedup::{Claim, Error, Key};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 

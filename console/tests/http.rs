@@ -9,7 +9,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use dedup::{Claim, ClaimOptions, Error, Key};
+use dedup::store::ClaimOptions;
+use dedup::{Claim, Error, Key};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -276,7 +277,7 @@ async fn scenario(t: Target) {
 
     // A purge by another process (another handle on the store) is shown on the overview.
     let other = dedup::open_admin(&t.url).await.expect("a second handle");
-    let options = dedup::PurgeOptions::older_than(Duration::from_secs(7 * 24 * 3600));
+    let options = dedup::purge::PurgeOptions::older_than(Duration::from_secs(7 * 24 * 3600));
     other.purge(&options.max_batches(1)).await.expect("purge");
     let last = json(&app, "/api/overview").await["last_purge"].clone();
     assert_eq!(last["removed"], 0, "{last}");

@@ -4,7 +4,7 @@ use dedup_core::backend::url::UrlError;
 
 /// Why [`open`](crate::open) or [`StoreUrl::parse`](crate::StoreUrl::parse) failed.
 ///
-/// Messages show the URL with its passwords masked ([`redact`](crate::redact)). Converts
+/// Messages show the URL with its passwords masked ([`redact`](crate::url::redact)). Converts
 /// into [`dedup_core::Error`] (a URL problem becomes [`Error::InvalidInput`](
 /// dedup_core::Error::InvalidInput)) for code that handles one error type.
 #[derive(Debug, thiserror::Error)]

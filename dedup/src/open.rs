@@ -26,7 +26,8 @@ use crate::url::StoreUrl;
 /// # Examples
 ///
 /// ```
-/// use dedup::{ClaimOptions, DedupStore, Key};
+/// use dedup::store::ClaimOptions;
+/// use dedup::{DedupStore, Key};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -62,7 +63,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn DedupStore>, OpenError> {
 /// # Examples
 ///
 /// ```
-/// use dedup::{Admin, ListFilter};
+/// use dedup::Admin;
+/// use dedup::admin::ListFilter;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -86,7 +88,7 @@ pub async fn open_admin(url: &str) -> Result<Arc<dyn Admin>, OpenError> {
 ///
 /// - As [`open`].
 /// - [`OpenError::Url`] with [`UrlError::NoOutbox`]: the backend has no outbox (see
-///   [`crate::backends`]). Nothing was contacted.
+///   [`crate::url::backends`]). Nothing was contacted.
 ///
 /// # Examples
 ///
@@ -117,7 +119,8 @@ pub async fn open_outbox(url: &str) -> Result<Arc<dyn OutboxStore>, OpenError> {
 ///
 /// ```
 /// use std::{sync::Arc, time::Duration};
-/// use dedup::{ClaimOptions, DedupStore, Key, ManualClock};
+/// use dedup::store::{ClaimOptions, ManualClock};
+/// use dedup::{DedupStore, Key};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

@@ -132,7 +132,9 @@ pub fn backends() -> impl Iterator<Item = &'static BackendDescriptor> {
 /// ```
 /// use std::sync::Arc;
 /// use dedup::backend::url::{BackendDescriptor, OpenTarget, Params, StoreTarget, UrlError, UrlParts};
-/// use dedup::{Admin, Clock, DedupStore, MemoryStore, RegisterError};
+/// use dedup::store::Clock;
+/// use dedup::url::RegisterError;
+/// use dedup::{Admin, DedupStore, MemoryStore};
 ///
 /// #[derive(Clone, Debug)]
 /// struct TinyTarget;

@@ -9,7 +9,8 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use common::{chain, chain_has, server};
-use dedup::{OpenError, TimedOut};
+use dedup::OpenError;
+use dedup::store::TimedOut;
 
 /// A loopback port where nothing listens (bound, then closed again).
 fn closed_port() -> u16 {
@@ -35,7 +36,7 @@ fn silent_port() -> u16 {
 async fn failure(url: &str) -> (OpenError, Duration) {
     let started = Instant::now();
     match dedup::open(url).await {
-        Ok(_) => panic!("{} opened", dedup::redact(url)),
+        Ok(_) => panic!("{} opened", dedup::url::redact(url)),
         Err(e) => (e, started.elapsed()),
     }
 }
@@ -260,7 +261,8 @@ async fn a_cluster_node_given_as_a_standalone_server_says_so() {
 
 #[tokio::test]
 async fn a_failing_operation_names_itself() {
-    use dedup::{ClaimOptions, Key};
+    use dedup::Key;
+    use dedup::store::ClaimOptions;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("inbox.db");
     let store = dedup::open(&format!("sqlite:{}", path.display()))

@@ -10,13 +10,15 @@ use dedup::mysql::MySqlTarget;
 use dedup::postgres::PostgresTarget;
 use dedup::redis::RedisTarget;
 use dedup::sqlite::SqliteTarget;
-use dedup::{ClaimOptions, Key, OpenError, StoreTarget, StoreUrl, UrlError};
+use dedup::store::ClaimOptions;
+use dedup::url::StoreTarget;
+use dedup::{Key, OpenError, StoreUrl, UrlError};
 
 /// Claim, commit, claim again: the store works and keeps what it committed.
 async fn round_trip(url: &str) {
     let store = dedup::open(url)
         .await
-        .unwrap_or_else(|e| panic!("open {}: {}", dedup::redact(url), chain(&e)));
+        .unwrap_or_else(|e| panic!("open {}: {}", dedup::url::redact(url), chain(&e)));
     let key = Key::new("open-test", uuid::Uuid::new_v4().to_string()).unwrap();
     let opts = ClaimOptions::lease(Duration::from_secs(30));
     let lease = store
@@ -65,7 +67,7 @@ async fn sqlite_file_opens_with_its_parameters() {
     };
     assert_eq!(p, path);
     assert_eq!(config.table, "orders_inbox");
-    assert_eq!(config.synchronous, dedup::Synchronous::Normal);
+    assert_eq!(config.synchronous, dedup::sqlite::Synchronous::Normal);
     assert_eq!(config.pool_size, 2);
     assert_eq!(config.busy_timeout, Duration::from_millis(250));
     assert!(!config.block_in_place);
@@ -134,7 +136,11 @@ async fn mysql_opens_with_its_parameters_and_passes_the_smoke_clauses() {
     let Ok(MySqlTarget { url: driver, .. }) = target(&mariadb).downcast() else {
         panic!("not a mysql target");
     };
-    assert!(driver.starts_with("mysql://"), "{}", dedup::redact(&driver));
+    assert!(
+        driver.starts_with("mysql://"),
+        "{}",
+        dedup::url::redact(&driver)
+    );
     round_trip(&mariadb).await;
     smoke(&UrlFactory {
         base,
@@ -441,7 +447,7 @@ async fn open_admin_gives_the_operators_view_of_the_same_store() {
 async fn open_outbox_gives_sql_stores_outbox_and_refuses_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite:{}", dir.path().join("o.db").display());
-    let store = dedup::SqliteStore::open(dir.path().join("o.db"))
+    let store = dedup::sqlite::SqliteStore::open(dir.path().join("o.db"))
         .await
         .unwrap();
     let conn = store.open_connection().unwrap();

@@ -6,7 +6,8 @@
 mod common;
 
 use common::{UrlFactory, chain, server, smoke};
-use dedup::{OpenError, TlsFiles};
+use dedup::OpenError;
+use dedup::url::TlsFiles;
 
 /// The TLS servers' URLs and the two CA files, or `None` (skipped; a failure under
 /// `DEDUP_TEST_STRICT=1`).
@@ -26,7 +27,7 @@ fn tls(var: &str, test: &str) -> Option<Tls> {
 
 async fn failure(url: &str) -> OpenError {
     match dedup::open(url).await {
-        Ok(_) => panic!("{} opened", dedup::redact(url)),
+        Ok(_) => panic!("{} opened", dedup::url::redact(url)),
         Err(e) => e,
     }
 }
@@ -59,12 +60,15 @@ async fn postgres_config_ca_means_verify_full() {
     let Some(t) = tls("DEDUP_POSTGRES_TLS_URL", "postgres_config_ca") else {
         return;
     };
-    use dedup::{PostgresConfig, PostgresStore};
+    use dedup::postgres::{PostgresConfig, PostgresStore, SqlSettings};
     let config = |ca: &str| PostgresConfig {
-        table: format!("t_tls_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
-        tls: TlsFiles {
-            ca: Some(ca.into()),
-            ..TlsFiles::default()
+        sql: SqlSettings {
+            table: format!("t_tls_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+            tls: TlsFiles {
+                ca: Some(ca.into()),
+                ..TlsFiles::default()
+            },
+            ..Default::default()
         },
         ..PostgresConfig::default()
     };
@@ -123,7 +127,7 @@ async fn redis_config_ca_is_used() {
     let Some(t) = tls("DEDUP_REDIS_TLS_URL", "redis_config_ca") else {
         return;
     };
-    use dedup::{RedisConfig, RedisStore};
+    use dedup::redis::{RedisConfig, RedisStore};
     let config = |ca: &str| RedisConfig {
         prefix: "tls-config:".into(),
         tls: TlsFiles {

@@ -47,7 +47,7 @@ pub(crate) async fn run(store_args: &StoreArgs, args: ConsoleArgs) -> Result<(),
     let shown = store_args
         .url
         .as_deref()
-        .map(dedup::redact)
+        .map(dedup::url::redact)
         .unwrap_or_default();
     let mut console = Console::new(opened.store, &shown, config)
         .map_err(|e| Failure::usage("cannot set up the console").cause(e))?;

@@ -2,7 +2,10 @@
 
 mod common;
 
-use dedup::{Claim, ClaimOptions, Key, ListFilter, RegisterError};
+use dedup::admin::ListFilter;
+use dedup::store::ClaimOptions;
+use dedup::url::RegisterError;
+use dedup::{Claim, Key};
 
 /// Two opens of `example:billing` are two handles on one store: a message claimed and
 /// committed through one is a duplicate through the other, and the operator's view sees
@@ -31,7 +34,7 @@ async fn a_registered_store_is_opened_by_url() {
     let url = dedup::StoreUrl::parse("example:billing").unwrap();
     assert_eq!(url.backend(), "example");
     assert_eq!(url.location(), "the in-process store billing");
-    assert!(dedup::backends().any(|d| d.name == "example"));
+    assert!(dedup::url::backends().any(|d| d.name == "example"));
 }
 
 /// The store's URL grammar is checked through `dedup` like a built-in one's.
@@ -65,7 +68,7 @@ fn a_taken_scheme_is_refused() {
         }) => {}
         other => panic!("{other:?}"),
     }
-    static SQLITE_AGAIN: dedup::BackendDescriptor = dedup::BackendDescriptor {
+    static SQLITE_AGAIN: dedup::url::BackendDescriptor = dedup::url::BackendDescriptor {
         name: "another",
         schemes: &["another", "sqlite"],
         ..dedup_example_store::DESCRIPTOR
@@ -82,7 +85,7 @@ fn a_taken_scheme_is_refused() {
     // `another` was not registered either.
     assert!(dedup::StoreUrl::parse("another:x").is_err());
 
-    static UPPER: dedup::BackendDescriptor = dedup::BackendDescriptor {
+    static UPPER: dedup::url::BackendDescriptor = dedup::url::BackendDescriptor {
         name: "upper",
         schemes: &["Upper"],
         ..dedup_example_store::DESCRIPTOR

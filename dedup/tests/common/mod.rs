@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dedup::{Clock, DedupStore};
+use dedup::DedupStore;
+use dedup::store::Clock;
 use dedup_conformance::{StoreFactory, TestContext};
 
 /// Opens `base` + `&param=<namespace>` (`prefix` gets a trailing `:`) with the clause's
@@ -37,7 +38,9 @@ impl StoreFactory for UrlFactory {
         let clock = Arc::clone(&ctx.clock) as Arc<dyn Clock>;
         dedup::open_with_clock(&self.url(ctx), clock)
             .await
-            .unwrap_or_else(|e| panic!("open {}: {}", dedup::redact(&self.url(ctx)), chain(&e)))
+            .unwrap_or_else(|e| {
+                panic!("open {}: {}", dedup::url::redact(&self.url(ctx)), chain(&e))
+            })
     }
 }
 
@@ -81,7 +84,7 @@ pub fn chain_has<T: std::error::Error + 'static>(
 /// `DEDUP_REDIS_CLUSTER_URLS` as a `redis+cluster://h:p,h:p` URL.
 pub fn cluster_url() -> Option<String> {
     dedup_conformance::server_url("DEDUP_REDIS_CLUSTER_URLS")
-        .map(|urls| dedup::redis_cluster_url(&urls))
+        .map(|urls| dedup::redis::cluster_url(&urls))
 }
 
 /// The server URL in `var`, or `None` after saying the test is skipped.
