@@ -1,13 +1,15 @@
 //! `dedup console`: the binary serves the console over a real SQLite store, read-only by
 //! default, and refuses writes.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod support;
+
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use dedup_core::{ClaimOptions, DedupStore, Key};
 use dedup_sqlite::SqliteStore;
+use support::http;
 
 /// The console process, killed when dropped.
 struct Served(Child);
@@ -36,17 +38,6 @@ fn start(args: &[&str]) -> (Served, String, Vec<String>) {
         out.push(lines.next().expect("the token line").expect("text"));
     }
     (Served(child), addr, out)
-}
-
-/// One HTTP/1.1 request; the status code and body.
-fn http(addr: &str, request: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(request.as_bytes()).unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text[9..12].parse().expect("a status");
-    (status, text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

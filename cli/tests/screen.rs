@@ -7,8 +7,9 @@
 //! No output may hold the password, nor a raw control character (a newline only where
 //! it separates lines), and `dedup list` keeps one record per line.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use dedup_conformance::server_url;
 use dedup_core::outbox::{AfterFailure, OutboxMessage, OutboxStore};
 use dedup_core::{Admin, ClaimOptions, DedupStore, Failure, Key, Verdict};
 use dedup_mysql::{MySqlConfig, MySqlStore};
+use support::get;
 
 /// What a hostile producer writes: clear the screen, set the window's title, go back to the
 /// start of the line, start a new one.
@@ -84,17 +86,6 @@ fn qs(text: &str) -> String {
             b => format!("%{b:02X}"),
         })
         .collect()
-}
-
-/// One HTTP/1.1 GET; the status and the whole answer (headers and body).
-fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(request.as_bytes()).unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    (text[9..12].parse().expect("a status"), text)
 }
 
 /// The body of an HTTP answer (the headers end with CR LF CR LF, which are no one's
