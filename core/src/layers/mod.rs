@@ -6,10 +6,16 @@
 //!   [`RetryPolicy`] (the same rule the [`Inbox`](crate::Inbox) retries its commits with).
 //! - [`Observed`]: a `tracing` span and `metrics` series per operation (names in
 //!   [`metric_names`]), and in-process [`Counts`].
+//!
+//! Both are a [`Layered`] store: a [`StoreLayer`] around the store it wraps. Write a layer
+//! of your own the same way. Override the operations it changes; the others go to the
+//! wrapped store unchanged.
 
+mod layer;
 pub mod metric_names;
 mod observe;
 mod retry;
 
-pub use observe::{Counts, ObserveOptions, Observed};
+pub use layer::{Layered, StoreLayer};
+pub use observe::{Counts, ObserveOptions, Observed, Observer};
 pub use retry::{Retry, RetryPolicy};

@@ -4,14 +4,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use tracing::Instrument;
 
 use super::metric_names as m;
+use super::{Layered, StoreLayer};
 use crate::store::ItemResult;
 use crate::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error, Key, Lease,
-    PurgeOptions, PurgeReport, Record, Result,
+    Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Error, Key, Lease, PurgeOptions,
+    PurgeReport, Record, Result,
 };
 
 /// What [`Observed`] puts in its spans and labels.
@@ -89,7 +89,7 @@ const EVENTS: usize = 11;
 /// Wraps a store: each operation runs inside a `tracing` span named `dedup` (fields `op`,
 /// `backend`, `consumer`, `message_id` unless turned off, `attempt`, `outcome`,
 /// `duration_ms`), feeds the `metrics` listed in [`metric_names`](super::metric_names),
-/// and adds to in-process [`Counts`].
+/// and adds to in-process [`Counts`]. A store wrapped in an [`Observer`].
 ///
 /// Spans are at `DEBUG` level; backend failures also log a `WARN` event. Without a
 /// `tracing` subscriber and a `metrics` recorder installed, the spans are skipped and the
@@ -97,26 +97,39 @@ const EVENTS: usize = 11;
 /// per claim + commit on `MemoryStore` here, against 6 µs for the operations themselves. Wrap the store the [`Inbox`](crate::Inbox) uses, and the Inbox's
 /// claims, renewals and commits are counted here (a takeover is a claim acquired with
 /// attempt > 1; a lost lease is a renewal or commit answered `LeaseLost`).
-#[derive(Debug)]
-pub struct Observed<S> {
-    inner: S,
-    options: ObserveOptions,
-    counts: [AtomicU64; EVENTS],
-}
+pub type Observed<S> = Layered<Observer, S>;
 
 impl<S> Observed<S> {
     /// Wrap `inner`, labelled `options.backend`.
     pub fn new(inner: S, options: ObserveOptions) -> Self {
-        Observed {
-            inner,
+        Layered::wrap(inner, Observer::new(options))
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ObserveOptions {
+        self.layer().options()
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> Counts {
+        self.layer().counts()
+    }
+}
+
+/// The layer of [`Observed`]: its options and its counts so far.
+#[derive(Debug)]
+pub struct Observer {
+    options: ObserveOptions,
+    counts: [AtomicU64; EVENTS],
+}
+
+impl Observer {
+    /// A layer labelled `options.backend`, with no counts yet.
+    pub fn new(options: ObserveOptions) -> Self {
+        Observer {
             options,
             counts: Default::default(),
         }
-    }
-
-    /// The wrapped store.
-    pub fn inner(&self) -> &S {
-        &self.inner
     }
 
     /// The options.
@@ -285,11 +298,10 @@ fn error_kind(e: &Error) -> &'static str {
     }
 }
 
-#[async_trait]
-impl<S: DedupStore> DedupStore for Observed<S> {
-    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+impl<S: DedupStore> StoreLayer<S> for Observer {
+    async fn claim(&self, inner: &S, key: &Key, options: &ClaimOptions) -> Result<Claim> {
         let span = self.span("claim", Some(key));
-        self.timed("claim", span, self.inner.claim(key, options), |span, r| {
+        self.timed("claim", span, inner.claim(key, options), |span, r| {
             if let Ok(Claim::Acquired(lease)) = r {
                 span.record("attempt", lease.attempt);
             }
@@ -298,12 +310,16 @@ impl<S: DedupStore> DedupStore for Observed<S> {
         .await
     }
 
-    async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
+    async fn claim_many(
+        &self,
+        inner: &S,
+        requests: &[ClaimRequest],
+    ) -> Result<Vec<ItemResult<Claim>>> {
         let span = self.span("claim_many", None);
         self.timed(
             "claim_many",
             span,
-            self.inner.claim_many(requests),
+            inner.claim_many(requests),
             |_, r| match r {
                 Ok(items) => {
                     for (req, item) in requests.iter().zip(items) {
@@ -321,29 +337,33 @@ impl<S: DedupStore> DedupStore for Observed<S> {
         .await
     }
 
-    async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
+    async fn renew(&self, inner: &S, lease: &Lease, extend_by: Duration) -> Result<Lease> {
         let span = self.span("renew", Some(&lease.key));
-        self.timed("renew", span, self.inner.renew(lease, extend_by), |_, r| {
+        self.timed("renew", span, inner.renew(lease, extend_by), |_, r| {
             self.unit_result("renew", &lease.key, Event::Renewal, r)
         })
         .await
     }
 
-    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+    async fn commit(&self, inner: &S, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
         let span = self.span("commit", Some(&lease.key));
         span.record("attempt", lease.attempt);
-        self.timed("commit", span, self.inner.commit(lease, outcome), |_, r| {
+        self.timed("commit", span, inner.commit(lease, outcome), |_, r| {
             self.unit_result("commit", &lease.key, Event::Commit, r)
         })
         .await
     }
 
-    async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
+    async fn commit_many(
+        &self,
+        inner: &S,
+        requests: &[CommitRequest],
+    ) -> Result<Vec<ItemResult<()>>> {
         let span = self.span("commit_many", None);
         self.timed(
             "commit_many",
             span,
-            self.inner.commit_many(requests),
+            inner.commit_many(requests),
             |_, r| match r {
                 Ok(items) => {
                     for (req, item) in requests.iter().zip(items) {
@@ -361,28 +381,33 @@ impl<S: DedupStore> DedupStore for Observed<S> {
         .await
     }
 
-    async fn release(&self, lease: &Lease) -> Result<()> {
+    async fn release(&self, inner: &S, lease: &Lease) -> Result<()> {
         let span = self.span("release", Some(&lease.key));
-        self.timed("release", span, self.inner.release(lease), |_, r| {
+        self.timed("release", span, inner.release(lease), |_, r| {
             self.unit_result("release", &lease.key, Event::Release, r)
         })
         .await
     }
 
-    async fn release_failed(&self, lease: &Lease, failure: &crate::Failure) -> Result<()> {
+    async fn release_failed(
+        &self,
+        inner: &S,
+        lease: &Lease,
+        failure: &crate::Failure,
+    ) -> Result<()> {
         let span = self.span("release", Some(&lease.key));
         self.timed(
             "release",
             span,
-            self.inner.release_failed(lease, failure),
+            inner.release_failed(lease, failure),
             |_, r| self.unit_result("release", &lease.key, Event::Release, r),
         )
         .await
     }
 
-    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+    async fn get(&self, inner: &S, key: &Key) -> Result<Option<Record>> {
         let span = self.span("get", Some(key));
-        self.timed("get", span, self.inner.get(key), |_, r| match r {
+        self.timed("get", span, inner.get(key), |_, r| match r {
             Ok(Some(_)) => "found",
             Ok(None) => "absent",
             Err(e) => self.error("get", key.consumer(), e),
@@ -390,9 +415,9 @@ impl<S: DedupStore> DedupStore for Observed<S> {
         .await
     }
 
-    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+    async fn purge(&self, inner: &S, options: &PurgeOptions) -> Result<PurgeReport> {
         let span = self.span("purge", None);
-        self.timed("purge", span, self.inner.purge(options), |_, r| match r {
+        self.timed("purge", span, inner.purge(options), |_, r| match r {
             Ok(report) => {
                 self.count(Event::Purged, "", "purge", report.total());
                 "ok"
@@ -400,10 +425,6 @@ impl<S: DedupStore> DedupStore for Observed<S> {
             Err(e) => self.error("purge", "", e),
         })
         .await
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
     }
 }
 

@@ -4,13 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
-use crate::store::ItemResult;
-use crate::{
-    Capabilities, Claim, ClaimOptions, ClaimRequest, CommitRequest, DedupStore, Key, Lease,
-    PurgeOptions, PurgeReport, Record, Result,
-};
+use super::{Layered, StoreLayer};
+use crate::{DedupStore, Result};
 
 /// How failed operations are retried: by [`Retry`], and by the [`Inbox`](crate::Inbox)'s
 /// commit.
@@ -70,7 +65,7 @@ impl RetryPolicy {
 }
 
 /// Retries every operation that fails with [`Error::is_retryable`](crate::Error::is_retryable),
-/// following a [`RetryPolicy`].
+/// following a [`RetryPolicy`]: a store wrapped in the policy as a [`StoreLayer`].
 ///
 /// Safe for every operation of the contract: commit is retry-safe, release answers `Ok`
 /// again, renew and get are idempotent, purge counts only what it removed. A claim whose
@@ -78,56 +73,23 @@ impl RetryPolicy {
 /// key is then claimable again when that lease expires): nothing is processed twice, but
 /// the message is delayed by one lease. Contract outcomes (`LeaseLost`,
 /// `FingerprintMismatch`, invalid input) are never retried.
-#[derive(Clone, Debug)]
-pub struct Retry<S> {
-    inner: S,
-    policy: RetryPolicy,
-}
+pub type Retry<S> = Layered<RetryPolicy, S>;
 
 impl<S> Retry<S> {
     /// Wrap `inner`.
     pub fn new(inner: S, policy: RetryPolicy) -> Self {
-        Retry { inner, policy }
-    }
-
-    /// The wrapped store.
-    pub fn inner(&self) -> &S {
-        &self.inner
+        Layered::wrap(inner, policy)
     }
 }
 
-#[async_trait]
-impl<S: DedupStore> DedupStore for Retry<S> {
-    async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        self.policy.run(|| self.inner.claim(key, options)).await
-    }
-    async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
-        self.policy.run(|| self.inner.claim_many(requests)).await
-    }
-    async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
-        self.policy.run(|| self.inner.renew(lease, extend_by)).await
-    }
-    async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        self.policy.run(|| self.inner.commit(lease, outcome)).await
-    }
-    async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
-        self.policy.run(|| self.inner.commit_many(requests)).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.policy.run(|| self.inner.release(lease)).await
-    }
-    async fn release_failed(&self, lease: &Lease, failure: &crate::Failure) -> Result<()> {
-        self.policy
-            .run(|| self.inner.release_failed(lease, failure))
-            .await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        self.policy.run(|| self.inner.get(key)).await
-    }
-    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        self.policy.run(|| self.inner.purge(options)).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+/// The layer of [`Retry`]: every operation runs under [`RetryPolicy::run`].
+impl<S: DedupStore> StoreLayer<S> for RetryPolicy {
+    async fn around<T, F, Fut>(&self, _op: &'static str, call: F) -> Result<T>
+    where
+        T: Send,
+        F: FnMut() -> Fut + Send,
+        Fut: Future<Output = Result<T>> + Send,
+    {
+        self.run(call).await
     }
 }
