@@ -27,6 +27,8 @@ mod redis;
 mod rounds;
 #[cfg(feature = "counted")]
 pub(crate) mod scale;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod target;
@@ -43,7 +45,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
     )),
     allow(unused_imports)
 )]
-use dedup::{BackendDescriptor, StoreTarget, StoreUrl};
+use dedup::StoreUrl;
+use dedup::url::{BackendDescriptor, StoreTarget};
 use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 
@@ -312,7 +315,7 @@ pub(crate) async fn open(
 ) -> Result<Target> {
     let parsed = StoreUrl::parse(url)?;
     let Some(bench) = bench_of(parsed.descriptor()) else {
-        return Err(format!("{}: {NOT_SHARED}", dedup::redact(url)).into());
+        return Err(format!("{}: {NOT_SHARED}", dedup::url::redact(url)).into());
     };
     let durability = match variant {
         Variant::Settings(d) => *d,

@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use dedup_core::{Clock, Key, ManualClock, TxClaim};
+use dedup_core::{Clock, ManualClock};
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection, MySqlPool};
 use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target, Transactional, TxFlavor, hand_written, outbox_message};
-use super::{Bench, BoxError, NOT_SHARED, Names, Params, Result, now_ms, token};
+use super::sql::{SqlRaw, SqlTx, Statement, Statements, expect_rows};
+use super::target::Target;
+use super::{Bench, NOT_SHARED, Names, Params, Result, now_ms, token};
 
 /// Columns and primary key of the store's table (see dedup-mysql's migration), without
 /// its check constraint and purge index.
@@ -125,27 +126,25 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
     )
     .fetch_one(&pool)
     .await?;
-    let raw = MySqlRaw {
-        inner: Arc::new(Inner {
-            table: raw_table.clone(),
-            insert: render(INSERT),
-            update: render(UPDATE),
-            insert_business: render_business(INSERT_BUSINESS),
-            lock_row: render(LOCK_ROW),
-            drops: [
-                &names.table,
-                &names.raw_table,
-                &names.purge_table,
-                &names.business_table,
-            ]
-            .iter()
-            .map(|t| DROP.replace("{table}", &quoted(t)))
-            .collect(),
-            pool,
-        }),
-    };
-    let tx = MySqlTx {
-        inner: Arc::clone(&raw.inner),
+    let raw = Arc::new(MySqlStatements {
+        table: raw_table.clone(),
+        insert: render(INSERT),
+        update: render(UPDATE),
+        insert_business: render_business(INSERT_BUSINESS),
+        lock_row: render(LOCK_ROW),
+        drops: [
+            &names.table,
+            &names.raw_table,
+            &names.purge_table,
+            &names.business_table,
+        ]
+        .iter()
+        .map(|t| DROP.replace("{table}", &quoted(t)))
+        .collect(),
+        pool,
+    });
+    let tx = SqlTx {
+        raw: Arc::clone(&raw),
         store: store.clone(),
         inbox: TxInbox::new(store.clone()),
         inbox_as_hand: TxInbox::new(store.clone()),
@@ -155,7 +154,7 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         store: Arc::new(store),
         purge_store: Arc::new(purge_store),
         clock,
-        raw: Arc::new(raw),
+        raw: Arc::new(SqlRaw(raw)),
         tx: Some(Arc::new(tx)),
         setup: format!(
             "{version}, innodb_flush_log_at_trx_commit={flush}, innodb_buffer_pool_size={} MiB; \
@@ -171,12 +170,8 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
     })
 }
 
-/// The raw baseline.
-struct MySqlRaw {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
+/// MySQL's raw statements, rendered for the bench's tables, and their pool.
+struct MySqlStatements {
     pool: MySqlPool,
     table: String,
     insert: String,
@@ -186,243 +181,105 @@ struct Inner {
     drops: Vec<String>,
 }
 
-impl Inner {
-    /// The raw claim of one key on `conn`: `true` when it inserted.
-    async fn try_insert(
-        &self,
-        conn: &mut MySqlConnection,
-        consumer: &str,
-        id: &str,
-    ) -> Result<bool> {
-        let now = now_ms();
-        let inserted = sqlx::query(AssertSqlSafe(self.insert.clone()))
-            .bind(consumer)
-            .bind(id)
-            .bind(token())
-            .bind(now)
-            .bind(now + RAW_LEASE_MS)
-            .execute(&mut *conn)
-            .await?;
-        Ok(inserted.rows_affected() == 1)
+impl Statements for MySqlStatements {
+    type Store = MySqlStore;
+
+    const INSERT_BEFORE_LOCK: bool = true;
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
     }
 
-    /// The raw commit of one key on `conn`.
-    async fn update(&self, conn: &mut MySqlConnection, consumer: &str, id: &str) -> Result<()> {
-        sqlx::query(AssertSqlSafe(self.update.clone()))
-            .bind(now_ms())
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn insert_business(
-        &self,
-        conn: &mut MySqlConnection,
-        consumer: &str,
-        id: &str,
-    ) -> Result<()> {
-        let inserted = sqlx::query(AssertSqlSafe(self.insert_business.clone()))
-            .bind(consumer)
-            .bind(id)
-            .bind(100_i64)
-            .execute(conn)
-            .await?;
-        expect_rows("business INSERT", inserted.rows_affected(), 1)
-    }
-
-    /// Lock the key's raw row: whether it is consumed (`None`: no row).
-    async fn lock_row(
-        &self,
-        conn: &mut MySqlConnection,
-        consumer: &str,
-        id: &str,
-    ) -> Result<Option<bool>> {
-        let consumed: Option<(i64,)> = sqlx::query_as(AssertSqlSafe(self.lock_row.clone()))
-            .bind(consumer)
-            .bind(id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(consumed.map(|(c,)| c != 0))
-    }
-}
-
-fn expect_rows(what: &str, changed: u64, wanted: usize) -> Result<()> {
-    if changed == wanted as u64 {
-        Ok(())
-    } else {
-        Err(format!("raw {what} changed {changed} rows, expected {wanted}").into())
-    }
-}
-
-impl Raw for MySqlRaw {
-    fn claim_commit(
-        &self,
-        _worker: usize,
-        consumer: Arc<str>,
-        message_id: String,
-    ) -> BoxFuture<'static, Result<bool>> {
-        let inner = Arc::clone(&self.inner);
+    fn execute<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        statement: Statement,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<u64>> {
         async move {
-            // Each statement on a connection of its own from the pool, as the store's are.
-            let inserted = {
-                let mut conn = inner.pool.acquire().await?;
-                inner.try_insert(&mut conn, &consumer, &message_id).await?
+            let now = now_ms();
+            let query = match statement {
+                Statement::Claim => sqlx::query(AssertSqlSafe(self.insert.clone()))
+                    .bind(consumer)
+                    .bind(id)
+                    .bind(token())
+                    .bind(now)
+                    .bind(now + RAW_LEASE_MS),
+                Statement::Commit => sqlx::query(AssertSqlSafe(self.update.clone()))
+                    .bind(now)
+                    .bind(consumer)
+                    .bind(id),
+                Statement::Business => sqlx::query(AssertSqlSafe(self.insert_business.clone()))
+                    .bind(consumer)
+                    .bind(id)
+                    .bind(100_i64),
             };
-            if inserted {
-                let mut conn = inner.pool.acquire().await?;
-                inner.update(&mut conn, &consumer, &message_id).await?;
-            }
-            Ok(inserted)
+            Ok(query.execute(conn).await?.rows_affected())
         }
         .boxed()
     }
 
-    fn batch(
-        &self,
-        _worker: usize,
-        consumer: Arc<str>,
-        message_ids: Vec<String>,
-    ) -> BoxFuture<'static, Result<()>> {
-        let inner = Arc::clone(&self.inner);
+    fn lock_row<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<bool>>> {
+        async move {
+            let consumed: Option<(i64,)> = sqlx::query_as(AssertSqlSafe(self.lock_row.clone()))
+                .bind(consumer)
+                .bind(id)
+                .fetch_optional(conn)
+                .await?;
+            Ok(consumed.map(|(c,)| c != 0))
+        }
+        .boxed()
+    }
+
+    fn batch<'a>(&'a self, consumer: &'a str, ids: &'a [String]) -> BoxFuture<'a, Result<()>> {
         async move {
             let now = now_ms();
-            let rows = vec!["(?, ?, ?, 1, 1, ?, ?)"; message_ids.len()].join(", ");
+            let rows = vec!["(?, ?, ?, 1, 1, ?, ?)"; ids.len()].join(", ");
             let insert = format!(
                 "INSERT IGNORE INTO {} (consumer, message_id, token, fence, attempt, claimed_at, expires_at) \
                  VALUES {rows}",
-                inner.table
+                self.table
             );
             let mut query = sqlx::query(AssertSqlSafe(insert));
-            for id in &message_ids {
+            for id in ids {
                 query = query
-                    .bind(&*consumer)
+                    .bind(consumer)
                     .bind(id)
                     .bind(token())
                     .bind(now)
                     .bind(now + RAW_LEASE_MS);
             }
-            let inserted = query.execute(&inner.pool).await?;
-            expect_rows("INSERT", inserted.rows_affected(), message_ids.len())?;
-            let list = vec!["?"; message_ids.len()].join(", ");
+            let inserted = query.execute(&self.pool).await?;
+            expect_rows("INSERT", inserted.rows_affected(), ids.len())?;
+            let list = vec!["?"; ids.len()].join(", ");
             let update = format!(
                 "UPDATE {} SET processed_at = ?, expires_at = NULL \
                  WHERE consumer = ? AND message_id IN ({list})",
-                inner.table
+                self.table
             );
-            let mut query = sqlx::query(AssertSqlSafe(update)).bind(now_ms()).bind(&*consumer);
-            for id in &message_ids {
+            let mut query = sqlx::query(AssertSqlSafe(update)).bind(now_ms()).bind(consumer);
+            for id in ids {
                 query = query.bind(id);
             }
-            let updated = query.execute(&inner.pool).await?;
-            expect_rows("UPDATE", updated.rows_affected(), message_ids.len())
+            let updated = query.execute(&self.pool).await?;
+            expect_rows("UPDATE", updated.rows_affected(), ids.len())
         }
         .boxed()
     }
 
-    fn cleanup(&self) -> BoxFuture<'static, Result<()>> {
-        let inner = Arc::clone(&self.inner);
+    fn cleanup(&self) -> BoxFuture<'_, Result<()>> {
         async move {
-            for drop in &inner.drops {
+            for drop in &self.drops {
                 sqlx::raw_sql(AssertSqlSafe(drop.clone()))
-                    .execute(&inner.pool)
+                    .execute(&self.pool)
                     .await?;
             }
-            Ok(())
-        }
-        .boxed()
-    }
-}
-
-/// The transactional mode: the store's `claim_in_tx` and the baselines on the raw
-/// baseline's pool, each transaction at the server's default isolation (REPEATABLE READ).
-struct MySqlTx {
-    inner: Arc<Inner>,
-    store: MySqlStore,
-    inbox: TxInbox,
-    /// The same `TxInbox`: its claim already commits as the store's own `claim` does.
-    inbox_as_hand: TxInbox,
-}
-
-impl Transactional for MySqlTx {
-    fn process(
-        &self,
-        flavor: TxFlavor,
-        _worker: usize,
-        consumer: Arc<str>,
-        message_id: String,
-    ) -> BoxFuture<'static, Result<()>> {
-        let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
-        if matches!(flavor, TxFlavor::Inbox | TxFlavor::InboxAsHandWritten) {
-            let inbox = if flavor == TxFlavor::Inbox {
-                self.inbox.clone()
-            } else {
-                self.inbox_as_hand.clone()
-            };
-            return async move {
-                let key = Key::new(&*consumer, &message_id)?;
-                inbox
-                    .handle(&key, None, |conn, _lease| {
-                        let (inner, consumer) = (Arc::clone(&inner), Arc::clone(&consumer));
-                        let id = message_id.clone();
-                        Box::pin(async move {
-                            inner.insert_business(conn, &consumer, &id).await?;
-                            Ok::<_, BoxError>(None)
-                        })
-                    })
-                    .await?;
-                Ok(())
-            }
-            .boxed();
-        }
-        async move {
-            let (consumer, id) = (&*consumer, message_id.as_str());
-            if flavor == TxFlavor::HandWritten {
-                let key = Key::new(consumer, id)?;
-                let (store, inner) = (&store, &inner);
-                return hand_written(store, &key, |lease| async move {
-                    // On the store's pool, as `TxInbox` does: both then share its connections.
-                    let mut tx = store.pool().begin().await?;
-                    inner.insert_business(&mut tx, consumer, id).await?;
-                    store.commit_in_tx(&mut tx, &lease, None).await?;
-                    tx.commit().await?;
-                    Ok(())
-                })
-                .await;
-            }
-            let mut tx = inner.pool.begin().await?;
-            match flavor {
-                TxFlavor::Library => {
-                    let key = Key::new(consumer, id)?;
-                    if let TxClaim::Claimed { .. } = store.claim_in_tx(&mut tx, &key, None).await? {
-                        inner.insert_business(&mut tx, consumer, id).await?;
-                    }
-                }
-                TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
-                TxFlavor::Enqueue => {
-                    inner.insert_business(&mut tx, consumer, id).await?;
-                    let message = outbox_message(&format!("{consumer}/{id}"))?;
-                    store.outbox().enqueue(&mut tx, &[message]).await?;
-                }
-                TxFlavor::Inbox | TxFlavor::InboxAsHandWritten | TxFlavor::HandWritten => {
-                    unreachable!("handled above")
-                }
-                TxFlavor::TwoTransactions => {
-                    // Insert the inbox row, or meet it, and commit. Insert first: a locking
-                    // read of an absent row at REPEATABLE READ takes a gap lock, and two
-                    // such transactions on neighbouring keys deadlock on their inserts.
-                    inner.try_insert(&mut tx, consumer, id).await?;
-                    tx.commit().await?;
-                    // Lock it again, work, mark it consumed (committed below).
-                    tx = inner.pool.begin().await?;
-                    if inner.lock_row(&mut tx, consumer, id).await? == Some(false) {
-                        inner.insert_business(&mut tx, consumer, id).await?;
-                        inner.update(&mut tx, consumer, id).await?;
-                    }
-                }
-            }
-            tx.commit().await?;
             Ok(())
         }
         .boxed()

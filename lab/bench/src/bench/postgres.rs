@@ -9,13 +9,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_core::{BoxError, Clock, Key, ManualClock, TxClaim};
+use dedup_core::{Clock, ManualClock};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::target::{Raw, Target, Transactional, TxFlavor, hand_written, outbox_message};
+use super::sql::{SqlRaw, SqlTx, Statement, Statements, expect_rows};
+use super::target::Target;
 use super::{Bench, Durability, NOT_SHARED, Names, Params, Result, now_ms, token};
 
 /// The settings that decide whether a commit waits for the disk, as `ALTER SYSTEM` sets
@@ -247,31 +248,27 @@ pub(crate) async fn open(
     if params.raw_indexes {
         sqlx::raw_sql(render(RAW_INDEXES)).execute(&pool).await?;
     }
-    let raw = PostgresRaw {
-        inner: Arc::new(Inner {
-            insert: render(INSERT),
-            update: render(UPDATE),
-            insert_many: render(INSERT_MANY),
-            update_many: render(UPDATE_MANY),
-            insert_business: render_business(INSERT_BUSINESS),
-            lock_row: render(LOCK_ROW),
-            drops: [
-                &names.table,
-                &names.raw_table,
-                &names.purge_table,
-                &names.business_table,
-            ]
-            .iter()
-            .map(|t| {
-                SqlSafeStr::into_sql_str(AssertSqlSafe(DROP.replace("{table}", &qualified(t))))
-            })
-            .collect(),
-            pool,
-            reset: durability != Durability::Server,
-        }),
-    };
-    let tx = PostgresTx {
-        inner: Arc::clone(&raw.inner),
+    let raw = Arc::new(PgStatements {
+        insert: render(INSERT),
+        update: render(UPDATE),
+        insert_many: render(INSERT_MANY),
+        update_many: render(UPDATE_MANY),
+        insert_business: render_business(INSERT_BUSINESS),
+        lock_row: render(LOCK_ROW),
+        drops: [
+            &names.table,
+            &names.raw_table,
+            &names.purge_table,
+            &names.business_table,
+        ]
+        .iter()
+        .map(|t| SqlSafeStr::into_sql_str(AssertSqlSafe(DROP.replace("{table}", &qualified(t)))))
+        .collect(),
+        pool,
+        reset: durability != Durability::Server,
+    });
+    let tx = SqlTx {
+        raw: Arc::clone(&raw),
         store: store.clone(),
         inbox: TxInbox::new(store.clone()),
         inbox_as_hand: TxInbox::new(store.clone()).with_durable_claims(),
@@ -285,7 +282,7 @@ pub(crate) async fn open(
         store: Arc::new(store),
         purge_store: Arc::new(purge_store),
         clock,
-        raw: Arc::new(raw),
+        raw: Arc::new(SqlRaw(raw)),
         tx: Some(Arc::new(tx)),
         setup: format!(
             "{settings}; pool {} (store and raw, the store's pool options); group commit {}{}",
@@ -303,12 +300,8 @@ pub(crate) async fn open(
     })
 }
 
-/// The raw baseline.
-struct PostgresRaw {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
+/// PostgreSQL's raw statements, rendered for the bench's tables, and their pool.
+struct PgStatements {
     pool: PgPool,
     insert: SqlStr,
     update: SqlStr,
@@ -321,227 +314,94 @@ struct Inner {
     reset: bool,
 }
 
-impl Inner {
-    /// The raw claim of one key on `conn`: `true` when it inserted.
-    async fn try_insert(&self, conn: &mut PgConnection, consumer: &str, id: &str) -> Result<bool> {
-        let inserted = sqlx::query(self.insert.clone())
-            .bind(consumer)
-            .bind(id)
-            .bind(token())
-            .bind(expires_at(now_ms()))
-            .execute(conn)
-            .await?;
-        Ok(inserted.rows_affected() == 1)
-    }
-
-    /// The raw commit of one key on `conn`.
-    async fn update(&self, conn: &mut PgConnection, consumer: &str, id: &str) -> Result<()> {
-        let updated = sqlx::query(self.update.clone())
-            .bind(consumer)
-            .bind(id)
-            .bind(now_ms())
-            .execute(conn)
-            .await?;
-        expect_rows("UPDATE", updated.rows_affected(), 1)
-    }
-
-    async fn insert_business(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        id: &str,
-    ) -> Result<()> {
-        let inserted = sqlx::query(self.insert_business.clone())
-            .bind(consumer)
-            .bind(id)
-            .bind(100_i64)
-            .execute(conn)
-            .await?;
-        expect_rows("business INSERT", inserted.rows_affected(), 1)
-    }
-
-    /// Lock the key's raw row: whether it is consumed (`None`: no row).
-    async fn lock_row(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        id: &str,
-    ) -> Result<Option<bool>> {
-        let consumed: Option<(bool,)> = sqlx::query_as(self.lock_row.clone())
-            .bind(consumer)
-            .bind(id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(consumed.map(|(c,)| c))
-    }
-}
-
-fn expect_rows(what: &str, changed: u64, wanted: usize) -> Result<()> {
-    if changed == wanted as u64 {
-        Ok(())
-    } else {
-        Err(format!("raw {what} changed {changed} rows, expected {wanted}").into())
-    }
-}
-
 fn expires_at(now: i64) -> i64 {
     now + RAW_LEASE_MS
 }
 
-impl Raw for PostgresRaw {
-    fn claim_commit(
-        &self,
-        _worker: usize,
-        consumer: Arc<str>,
-        message_id: String,
-    ) -> BoxFuture<'static, Result<bool>> {
-        let inner = Arc::clone(&self.inner);
+impl Statements for PgStatements {
+    type Store = PostgresStore;
+
+    const INSERT_BEFORE_LOCK: bool = false;
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn execute<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        statement: Statement,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<u64>> {
         async move {
-            // Each statement on a connection of its own from the pool, as the store's are.
-            let inserted = {
-                let mut conn = inner.pool.acquire().await?;
-                inner.try_insert(&mut conn, &consumer, &message_id).await?
+            let query = match statement {
+                Statement::Claim => sqlx::query(self.insert.clone())
+                    .bind(consumer)
+                    .bind(id)
+                    .bind(token())
+                    .bind(expires_at(now_ms())),
+                Statement::Commit => sqlx::query(self.update.clone())
+                    .bind(consumer)
+                    .bind(id)
+                    .bind(now_ms()),
+                Statement::Business => sqlx::query(self.insert_business.clone())
+                    .bind(consumer)
+                    .bind(id)
+                    .bind(100_i64),
             };
-            if inserted {
-                let mut conn = inner.pool.acquire().await?;
-                inner.update(&mut conn, &consumer, &message_id).await?;
-            }
-            Ok(inserted)
+            Ok(query.execute(conn).await?.rows_affected())
         }
         .boxed()
     }
 
-    fn batch(
-        &self,
-        _worker: usize,
-        consumer: Arc<str>,
-        message_ids: Vec<String>,
-    ) -> BoxFuture<'static, Result<()>> {
-        let inner = Arc::clone(&self.inner);
+    fn lock_row<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<bool>>> {
         async move {
-            let tokens: Vec<String> = message_ids.iter().map(|_| token()).collect();
-            let inserted = sqlx::query(inner.insert_many.clone())
-                .bind(&*consumer)
-                .bind(&message_ids)
+            let consumed: Option<(bool,)> = sqlx::query_as(self.lock_row.clone())
+                .bind(consumer)
+                .bind(id)
+                .fetch_optional(conn)
+                .await?;
+            Ok(consumed.map(|(c,)| c))
+        }
+        .boxed()
+    }
+
+    fn batch<'a>(&'a self, consumer: &'a str, ids: &'a [String]) -> BoxFuture<'a, Result<()>> {
+        async move {
+            let tokens: Vec<String> = ids.iter().map(|_| token()).collect();
+            let inserted = sqlx::query(self.insert_many.clone())
+                .bind(consumer)
+                .bind(ids)
                 .bind(&tokens)
                 .bind(expires_at(now_ms()))
-                .execute(&inner.pool)
+                .execute(&self.pool)
                 .await?;
-            expect_rows("INSERT", inserted.rows_affected(), message_ids.len())?;
-            let updated = sqlx::query(inner.update_many.clone())
-                .bind(&*consumer)
-                .bind(&message_ids)
+            expect_rows("INSERT", inserted.rows_affected(), ids.len())?;
+            let updated = sqlx::query(self.update_many.clone())
+                .bind(consumer)
+                .bind(ids)
                 .bind(now_ms())
-                .execute(&inner.pool)
+                .execute(&self.pool)
                 .await?;
-            expect_rows("UPDATE", updated.rows_affected(), message_ids.len())
+            expect_rows("UPDATE", updated.rows_affected(), ids.len())
         }
         .boxed()
     }
 
-    fn cleanup(&self) -> BoxFuture<'static, Result<()>> {
-        let inner = Arc::clone(&self.inner);
+    fn cleanup(&self) -> BoxFuture<'_, Result<()>> {
         async move {
-            for drop in &inner.drops {
-                sqlx::raw_sql(drop.clone()).execute(&inner.pool).await?;
+            for drop in &self.drops {
+                sqlx::raw_sql(drop.clone()).execute(&self.pool).await?;
             }
-            if inner.reset {
-                reset_durability(&inner.pool).await?;
+            if self.reset {
+                reset_durability(&self.pool).await?;
             }
-            Ok(())
-        }
-        .boxed()
-    }
-}
-
-/// The transactional mode: the store's `claim_in_tx` and the baselines on the raw
-/// baseline's pool, each transaction read committed (the default).
-struct PostgresTx {
-    inner: Arc<Inner>,
-    store: PostgresStore,
-    inbox: TxInbox,
-    /// `TxInbox` with durable claims, as the hand-written flavor's `claim`.
-    inbox_as_hand: TxInbox,
-}
-
-impl Transactional for PostgresTx {
-    fn process(
-        &self,
-        flavor: TxFlavor,
-        _worker: usize,
-        consumer: Arc<str>,
-        message_id: String,
-    ) -> BoxFuture<'static, Result<()>> {
-        let (inner, store) = (Arc::clone(&self.inner), self.store.clone());
-        if matches!(flavor, TxFlavor::Inbox | TxFlavor::InboxAsHandWritten) {
-            let inbox = if flavor == TxFlavor::Inbox {
-                self.inbox.clone()
-            } else {
-                self.inbox_as_hand.clone()
-            };
-            return async move {
-                let key = Key::new(&*consumer, &message_id)?;
-                inbox
-                    .handle(&key, None, |conn, _lease| {
-                        let (inner, consumer) = (Arc::clone(&inner), Arc::clone(&consumer));
-                        let id = message_id.clone();
-                        Box::pin(async move {
-                            inner.insert_business(conn, &consumer, &id).await?;
-                            Ok::<_, BoxError>(None)
-                        })
-                    })
-                    .await?;
-                Ok(())
-            }
-            .boxed();
-        }
-        async move {
-            let (consumer, id) = (&*consumer, message_id.as_str());
-            if flavor == TxFlavor::HandWritten {
-                let key = Key::new(consumer, id)?;
-                let (store, inner) = (&store, &inner);
-                return hand_written(store, &key, |lease| async move {
-                    // On the store's pool, as `TxInbox` does: both then share its connections.
-                    let mut tx = store.pool().begin().await?;
-                    inner.insert_business(&mut tx, consumer, id).await?;
-                    store.commit_in_tx(&mut tx, &lease, None).await?;
-                    tx.commit().await?;
-                    Ok(())
-                })
-                .await;
-            }
-            let mut tx = inner.pool.begin().await?;
-            match flavor {
-                TxFlavor::Library => {
-                    let key = Key::new(consumer, id)?;
-                    if let TxClaim::Claimed { .. } = store.claim_in_tx(&mut tx, &key, None).await? {
-                        inner.insert_business(&mut tx, consumer, id).await?;
-                    }
-                }
-                TxFlavor::BusinessOnly => inner.insert_business(&mut tx, consumer, id).await?,
-                TxFlavor::Enqueue => {
-                    inner.insert_business(&mut tx, consumer, id).await?;
-                    let message = outbox_message(&format!("{consumer}/{id}"))?;
-                    store.outbox().enqueue(&mut tx, &[message]).await?;
-                }
-                TxFlavor::Inbox | TxFlavor::InboxAsHandWritten | TxFlavor::HandWritten => {
-                    unreachable!("handled above")
-                }
-                TxFlavor::TwoTransactions => {
-                    // Lock or insert the inbox row, commit.
-                    if inner.lock_row(&mut tx, consumer, id).await?.is_none() {
-                        inner.try_insert(&mut tx, consumer, id).await?;
-                    }
-                    tx.commit().await?;
-                    // Lock it again, work, mark it consumed (committed below).
-                    tx = inner.pool.begin().await?;
-                    if inner.lock_row(&mut tx, consumer, id).await? == Some(false) {
-                        inner.insert_business(&mut tx, consumer, id).await?;
-                        inner.update(&mut tx, consumer, id).await?;
-                    }
-                }
-            }
-            tx.commit().await?;
             Ok(())
         }
         .boxed()
