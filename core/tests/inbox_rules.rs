@@ -1,15 +1,16 @@
 //! The lease-mode `Inbox`'s rules that its other tests leave loose: what a delivery answers
-//! when the release before a handler's run again fails. On MemoryStore, with tokio's paused
-//! clock where a lease must run out.
+//! when the release before a handler's run again fails, and when a renewal fails. On
+//! MemoryStore, with tokio's paused clock where time matters.
 
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dedup_core::{
-    Claim, ClaimOptions, DedupStore, HandlerRetry, Inbox, InboxConfig, InboxError, Key, Transient,
+    Claim, ClaimOptions, DedupStore, Handled, HandlerRetry, Inbox, InboxConfig, InboxError, Key,
+    Transient,
 };
 
 fn key() -> Key {
@@ -70,4 +71,77 @@ async fn a_store_error_at_the_release_before_a_run_again_is_a_store_error() {
         matches!(&handled, Err(InboxError::Store(e)) if !e.is_lease_lost()),
         "{handled:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_fails_for_a_while_keeps_the_handler_running() {
+    let inbox = Inbox::new(support::flaky(0, true)).with_config(InboxConfig {
+        renew_every: Some(Duration::from_millis(5)),
+        ..InboxConfig::default()
+    });
+    let handled = inbox
+        .handle(&key(), None, |_lease| {
+            // The next two renewals fail (a dropped connection); later ones work.
+            inbox.store().fail.store(2, Ordering::SeqCst);
+            async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, std::io::Error>(Some(b"booked".to_vec()))
+            }
+        })
+        .await;
+    assert!(
+        matches!(handled, Ok(Handled::Processed { .. })),
+        "{handled:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answering_lease_lost_drops_the_handler_at_once() {
+    let store = Arc::new(support::tokio_store());
+    let inbox = Inbox::from_arc(
+        Arc::clone(&store),
+        InboxConfig {
+            renew_every: Some(Duration::from_millis(100)),
+            ..InboxConfig::default()
+        },
+    );
+    let finished = AtomicBool::new(false);
+    let started = tokio::time::Instant::now();
+    let handled = inbox
+        .handle(&key(), None, |lease| {
+            let (store, finished) = (Arc::clone(&store), &finished);
+            async move {
+                // The key is let go and another worker takes it.
+                store.release(&lease).await.unwrap();
+                let other = store.claim(&key(), &ClaimOptions::default()).await.unwrap();
+                assert!(matches!(other, Claim::Acquired(_)), "{other:?}");
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                finished.store(true, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(None)
+            }
+        })
+        .await;
+    assert!(
+        matches!(&handled, Err(InboxError::LeaseLost { .. })),
+        "{handled:?}"
+    );
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "dropped at its next await"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(100),
+        "at the first renewal"
+    );
+}
+
+#[test]
+fn a_transient_error_displays_as_the_error_it_wraps_and_keeps_it_as_its_source() {
+    let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "courier API timed out");
+    let transient = Transient::new(io);
+    assert_eq!(transient.to_string(), "courier API timed out");
+    let source = std::error::Error::source(&transient).expect("the wrapped error");
+    assert_eq!(source.to_string(), "courier API timed out");
+    assert!(source.is::<std::io::Error>(), "{source:?}");
 }

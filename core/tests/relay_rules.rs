@@ -4,7 +4,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -75,16 +75,29 @@ fn a_relay_keeps_the_configuration_it_is_given() {
     assert_eq!(relay.config(), &config);
 }
 
-/// A publisher that, while it publishes the row `stolen`, lets that row's hold run out on
-/// the store's clock and has another relay take it: the first relay's mark is then
-/// refused. It publishes the other rows through `inner`.
+/// A publisher that, while it publishes a row named `stolen-*`, lets that row's hold run
+/// out on the store's clock and has another relay take it: the first relay's mark is then
+/// refused. It answers `stolen-ok` with success and `stolen-failing` with a failure. It
+/// publishes the other rows through `inner`.
 #[derive(Debug)]
 struct Thief {
     outbox: MemoryOutbox,
     clock: Arc<ManualClock>,
     hold: Duration,
-    stole: AtomicBool,
+    stolen: AtomicU32,
     inner: MemoryPublisher,
+}
+
+impl Thief {
+    fn new(outbox: &MemoryOutbox, clock: Arc<ManualClock>, hold: Duration) -> Self {
+        Thief {
+            outbox: outbox.clone(),
+            clock,
+            hold,
+            stolen: AtomicU32::new(0),
+            inner: MemoryPublisher::new(),
+        }
+    }
 }
 
 #[async_trait]
@@ -96,14 +109,19 @@ impl Publisher for Thief {
         Duration::ZERO
     }
     async fn publish(&self, row: &OutboxRow) -> Result<(), BoxError> {
-        if row.message_id == "stolen" && !self.stole.load(Ordering::SeqCst) {
-            self.clock.advance(self.hold + Duration::from_secs(1));
-            let held = self.outbox.take(10, self.hold).await?;
-            assert_eq!(held.rows.len(), 1, "the other relay takes the row");
-            self.stole.store(true, Ordering::SeqCst);
-            return Ok(());
+        if !row.message_id.starts_with("stolen-") {
+            return self.inner.publish(row).await;
         }
-        self.inner.publish(row).await
+        self.clock.advance(self.hold + Duration::from_secs(1));
+        // The other relay holds it long, past this test's later steals.
+        let held = self.outbox.take(1, Duration::from_secs(3600)).await?;
+        let taken: Vec<i64> = held.rows.iter().map(|r| r.id).collect();
+        assert_eq!(taken, [row.id], "the other relay takes the row");
+        self.stolen.fetch_add(1, Ordering::SeqCst);
+        match row.message_id.as_str() {
+            "stolen-ok" => Ok(()),
+            _ => Err("the broker refused it".into()),
+        }
     }
 }
 
@@ -113,19 +131,22 @@ async fn a_stopped_relay_gives_back_the_totals_of_all_its_rounds() {
     let outbox = MemoryOutbox::with_clock(clock.clone());
     let msg = |id: &str| OutboxMessage::new("orders", id, b"{}".to_vec()).unwrap();
     outbox
-        .enqueue(&[msg("ok"), msg("flaky"), msg("stolen")])
+        .enqueue(&[
+            msg("ok-1"),
+            msg("ok-2"),
+            msg("flaky-1"),
+            msg("flaky-2"),
+            msg("stolen-ok"),
+            msg("stolen-failing"),
+        ])
         .unwrap();
     let hold = Duration::from_secs(30);
-    let thief = Arc::new(Thief {
-        outbox: outbox.clone(),
-        clock,
-        hold,
-        stole: AtomicBool::new(false),
-        inner: MemoryPublisher::new(),
-    });
-    thief.inner.fail("flaky", None);
-    // One row a round, one round at a time: ok is sent; flaky fails, is due again at
-    // once, and is dead at its second attempt; stolen's mark is refused.
+    let thief = Arc::new(Thief::new(&outbox, clock, hold));
+    thief.inner.fail("flaky-1", None);
+    thief.inner.fail("flaky-2", None);
+    // One row a round, one round at a time: the ok rows are sent; each flaky row fails,
+    // is due again at once, and is dead at its second attempt; the marks of the stolen
+    // rows are refused.
     let handle = Relay::new(Arc::new(outbox.clone()), thief.clone())
         .with_config(
             RelayConfig::default()
@@ -139,23 +160,22 @@ async fn a_stopped_relay_gives_back_the_totals_of_all_its_rounds() {
         .start()
         .expect("the relay starts");
     for _ in 0..500 {
-        if thief.stole.load(Ordering::SeqCst) {
+        if thief.stolen.load(Ordering::SeqCst) == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(
-        thief.stole.load(Ordering::SeqCst),
-        "the last row was stolen"
-    );
-    // The round of the stolen row finishes within the stop grace.
+    assert_eq!(thief.stolen.load(Ordering::SeqCst), 2, "both rows stolen");
+    // The rounds before the last one are counted as they end.
+    assert_eq!((handle.sent(), handle.dead()), (2, 2));
+    // The round of the last stolen row finishes within the stop grace.
     let all = handle.stop().await;
     let expected = RelayRound {
-        taken: 4,
-        sent: 1,
-        failed: 1,
-        dead: 1,
-        lost: 1,
+        taken: 8,
+        sent: 2,
+        failed: 2,
+        dead: 2,
+        lost: 2,
         handed_back: 0,
     };
     assert_eq!(all, expected);
@@ -309,4 +329,39 @@ fn the_pending_gauge_counts_the_held_rows_too() {
         Some(3.0),
         "read before the first take: 2 pending and 1 held"
     );
+}
+
+#[test]
+fn only_a_round_that_lost_marks_counts_them_and_warns() {
+    let logged = support::warnings::Warnings::default();
+    let _guard = tracing::subscriber::set_default(logged.clone());
+    let hold_ran_out = || {
+        (logged.seen().iter())
+            .filter(|w| w["message"].contains("hold ran out"))
+            .count()
+    };
+    let ((), snap) = support::recorded(|| async {
+        let clock = Arc::new(ManualClock::starting_now());
+        let outbox = MemoryOutbox::with_clock(clock.clone());
+        let hold = Duration::from_secs(30);
+        let relay = Relay::new(
+            Arc::new(outbox.clone()),
+            Arc::new(Thief::new(&outbox, clock, hold)),
+        )
+        .with_config(RelayConfig::default().hold(hold).retention(None));
+        let msg = |id: &str| OutboxMessage::new("orders", id, b"{}".to_vec()).unwrap();
+        outbox.enqueue(&[msg("ok")]).unwrap();
+        let round = relay.run_once().await.unwrap();
+        assert_eq!((round.sent, round.lost), (1, 0), "{round:?}");
+        assert_eq!(
+            hold_ran_out(),
+            0,
+            "no warning for a round that lost nothing"
+        );
+        outbox.enqueue(&[msg("stolen-ok")]).unwrap();
+        let round = relay.run_once().await.unwrap();
+        assert_eq!((round.sent, round.lost), (0, 1), "{round:?}");
+    });
+    assert_eq!(hold_ran_out(), 1);
+    assert_eq!(snap.counter(names::OUTBOX_LOST_MARKS_TOTAL, &[]), 1);
 }

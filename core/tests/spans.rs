@@ -1,11 +1,14 @@
 //! The Observed layer's `tracing` spans: one per operation with its fields, message ids only
-//! when allowed. A small capturing subscriber, installed for this thread only.
+//! when allowed. The relay's span per published row, with its trace fields. A small
+//! capturing subscriber, installed for this thread only.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dedup_core::layers::{ObserveOptions, Observed};
+use dedup_core::outbox::{MemoryOutbox, MemoryPublisher, OutboxMessage, Relay};
+use dedup_core::trace::CORRELATION_ID_HEADER;
 use dedup_core::{ClaimOptions, DedupStore, Inbox, Key, MemoryStore};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -122,4 +125,25 @@ fn message_ids_can_be_kept_out_of_spans() {
         );
         assert_eq!(field(&span, "consumer"), Some("billing"));
     }
+}
+
+#[test]
+fn each_published_row_has_a_span_with_its_trace_fields() {
+    let spans = spans_of(async {
+        let outbox = MemoryOutbox::new();
+        let message = OutboxMessage::new("orders", "m-1", b"{}".to_vec())
+            .unwrap()
+            .header(CORRELATION_ID_HEADER, "flow-7")
+            .unwrap();
+        outbox.enqueue(&[message]).unwrap();
+        let relay = Relay::new(Arc::new(outbox), Arc::new(MemoryPublisher::new()));
+        assert_eq!(relay.run_once().await.unwrap().sent, 1);
+    });
+    let publish = spans.iter().find(|s| s.0 == "dedup.outbox.publish");
+    let publish = publish.unwrap_or_else(|| panic!("the row's span: {spans:?}"));
+    assert_eq!(field(publish, "message_id"), Some("m-1"));
+    assert_eq!(field(publish, "outcome"), Some("published"));
+    assert_eq!(field(publish, "correlation_id"), Some("flow-7"));
+    let trace_id = field(publish, "trace_id").unwrap_or_default();
+    assert_eq!(trace_id.len(), 32, "a W3C trace id: {trace_id:?}");
 }
