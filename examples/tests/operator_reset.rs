@@ -137,9 +137,9 @@ async fn forget_resets_a_dead_lettered_key_on_every_backend() {
         dead_letter_then_reset(store, &key, || async {
             let forgot = admin.forget(&key, false).await.unwrap();
             assert!(
-                matches!(forgot, dedup::Forgot::Forgot { .. }),
+                matches!(forgot, dedup::admin::Forgot::Forgot { .. }),
                 "{}: {forgot:?}",
-                dedup::redact(&url)
+                dedup::url::redact(&url)
             );
         })
         .await;

@@ -81,7 +81,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         cfg.duplicate_rate,
         cfg.crash_rate,
         cfg.workers,
-        dedup::redact(&url)
+        dedup::url::redact(&url)
     );
 
     let mut reports: Vec<SimReport> = Vec::new();

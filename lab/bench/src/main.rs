@@ -20,12 +20,12 @@
 //! it, the full run purges 1 000 000 and measures longer.
 //!
 //! Without `--store`, it benches SQLite in a temporary file plus every test server each
-//! compiled-in backend's descriptor names in the environment (`dedup::backends()`:
+//! compiled-in backend's descriptor names in the environment (`dedup::url::backends()`:
 //! `DEDUP_POSTGRES_URL`, `DEDUP_MYSQL_URL`, `DEDUP_REDIS_URL`, `DEDUP_REDIS_CLUSTER_URLS`
-//! (comma-separated node URLs), `DEDUP_VALKEY_URL`, `DEDUP_VALKEY_CLUSTER_URLS`). Each run
-//! works on tables / key prefixes of its own (`dedup_bench_<id>`, `dedup-bench:<id>:`): SQL
-//! tables are dropped at the end, Redis keys expire by themselves after ten minutes (the
-//! purge measure's are purged).
+//! (comma-separated node URLs), `DEDUP_VALKEY_URL`, `DEDUP_VALKEY_CLUSTER_URLS`). Each
+//! run works on tables / key prefixes of its own (`dedup_bench_<id>`,
+//! `dedup-bench:<id>:`): SQL tables are dropped at the end, Redis keys expire by
+//! themselves after ten minutes (the purge measure's are purged).
 //!
 //! Two groups run once, not per store (by default without `--store`; `--only outbox`,
 //! `--only brokers` pick them): `outbox` (an `enqueue` inside a business transaction
@@ -247,7 +247,7 @@ fn test_server_urls() -> Vec<String> {
     ] {
         urls.extend(env_url(standalone));
         #[cfg(feature = "redis")]
-        urls.extend(env_url(cluster).map(|nodes| dedup::redis_cluster_url(&nodes)));
+        urls.extend(env_url(cluster).map(|nodes| dedup::redis::cluster_url(&nodes)));
         #[cfg(not(feature = "redis"))]
         let _ = cluster;
     }
@@ -337,7 +337,7 @@ async fn run_counted(args: &Args, params: &Params) -> Result<(), Box<dyn std::er
                 Err(e) => {
                     let e = format!(
                         "counted bench of {}{variant}: {}",
-                        dedup::redact(name),
+                        dedup::url::redact(name),
                         error_chain(&*e)
                     );
                     eprintln!("{e}");
@@ -421,7 +421,7 @@ async fn run_scale(args: &Args, params: &Params) -> Result<(), Box<dyn std::erro
                 Err(e) => {
                     let e = format!(
                         "scale bench of {} with {records} records: {}",
-                        dedup::redact(&url),
+                        dedup::url::redact(&url),
                         error_chain(&*e)
                     );
                     eprintln!("{e}");
@@ -564,7 +564,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 Ok(found) => rows.extend(found),
                 Err(e) => {
                     let chain = error_chain(&*e);
-                    let e = format!("bench of {}{variant}: {chain}", dedup::redact(name));
+                    let e = format!("bench of {}{variant}: {chain}", dedup::url::redact(name));
                     eprintln!("{e}");
                     failed.push(e);
                 }

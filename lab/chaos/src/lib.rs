@@ -13,10 +13,10 @@
 //!   right there, so every kill lands in a known window for a known message, and starts a
 //!   replacement. The first announcement of each window is always killed, so every window
 //!   is covered; after that each announcement is killed with the configured probability.
-//! - The store is picked by backend name from the registry (`dedup::backends()`); what is
-//!   truly per backend lives in its module under [`backends`], chosen by the store URL's
-//!   descriptor: the store a run uses (a file, the queue's PostgreSQL, or a private server
-//!   of its own) and how to crash it, and the transactional handler.
+//! - The store is picked by backend name from the registry (`dedup::url::backends()`);
+//!   what is truly per backend lives in its module under [`backends`], chosen by the
+//!   store URL's descriptor: the store a run uses (a file, the queue's PostgreSQL, or a
+//!   private server of its own) and how to crash it, and the transactional handler.
 //! - Lease mode (every backend with a chaos module): the workers open the store's URL with
 //!   `dedup::open`, claim, append the effect to a file and `fsync` it (an external side
 //!   effect the store cannot roll back), commit, acknowledge. Transactional mode (a

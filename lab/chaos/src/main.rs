@@ -19,8 +19,8 @@
 //! off in a minority (`dedup_chaos::cluster_partition`); `slow-link` delays a
 //! worker's requests so that its renewals arrive late (`dedup_chaos::slow_link`).
 //!
-//! `--backend` takes the registry's names (`dedup::backends()`) of the backends with a
-//! chaos module (`dedup_chaos::backends`). Needs PostgreSQL 15 binaries (the
+//! `--backend` takes the registry's names (`dedup::url::backends()`) of the backends with
+//! a chaos module (`dedup_chaos::backends`). Needs PostgreSQL 15 binaries (the
 //! queue) and each chosen store's server binaries (`redis-server`, MariaDB), as
 //! `scripts/services.sh` installs them; each run starts private servers of its own in a
 //! temporary folder. Exits with status 1 when a check fails.

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dedup::{BackendDescriptor, StoreTarget};
+use dedup::url::{BackendDescriptor, StoreTarget};
 use dedup_core::{Handled, InboxConfig, InboxError};
 use dedup_lab::servers::ReplicaPair;
 use futures::future::BoxFuture;
@@ -105,7 +105,7 @@ pub fn all() -> Vec<&'static ChaosBackend> {
     #[cfg(feature = "redis")]
     all.push(&redis::CHAOS);
     // In the registry's order.
-    all.sort_by_key(|c| dedup::backends().position(|d| std::ptr::eq(d, c.descriptor)));
+    all.sort_by_key(|c| dedup::url::backends().position(|d| std::ptr::eq(d, c.descriptor)));
     all
 }
 
@@ -118,8 +118,8 @@ pub fn of(descriptor: &BackendDescriptor) -> Option<&'static ChaosBackend> {
 
 /// The chaos module of the registered backend named `name`.
 pub fn named(name: &str) -> Result<&'static ChaosBackend, BoxError> {
-    let descriptor = dedup::backends().find(|d| d.name == name).ok_or_else(|| {
-        let known: Vec<_> = dedup::backends().map(|d| d.name).collect();
+    let descriptor = dedup::url::backends().find(|d| d.name == name).ok_or_else(|| {
+        let known: Vec<_> = dedup::url::backends().map(|d| d.name).collect();
         format!(
             "no backend {name:?} in this build (it has {})",
             known.join(", ")

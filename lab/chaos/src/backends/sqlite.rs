@@ -67,7 +67,7 @@ pub(super) static CHAOS: ChaosBackend = ChaosBackend {
 };
 
 /// A connection to the store's file.
-fn connection(t: &dedup::StoreTarget) -> Result<Connection, BoxError> {
+fn connection(t: &dedup::url::StoreTarget) -> Result<Connection, BoxError> {
     let path = target::<SqliteTarget>(t)?
         .path
         .as_ref()
