@@ -1,0 +1,126 @@
+//! The outbox's shared types on their own: the names of a row's states, the counts a
+//! store's statistics query adds up, and the cut of a stored error.
+
+use std::time::Duration;
+
+use dedup_core::Timestamp;
+use dedup_core::outbox::{
+    DestinationStats, DestinationTally, MAX_ERROR_LEN, OutboxState, OutboxStats, cut_error,
+};
+
+const ALL: [(OutboxState, &str); 4] = [
+    (OutboxState::Pending, "pending"),
+    (OutboxState::Held, "held"),
+    (OutboxState::Sent, "sent"),
+    (OutboxState::Dead, "dead"),
+];
+
+#[test]
+fn each_state_has_its_stored_name_and_parses_back_from_it() {
+    for (state, name) in ALL {
+        assert_eq!(state.as_str(), name);
+        assert_eq!(state.to_string(), name);
+        assert_eq!(OutboxState::parse(name), Some(state));
+    }
+}
+
+#[test]
+fn an_unknown_name_is_no_state() {
+    for name in ["", "Pending", "failed", "sent "] {
+        assert_eq!(OutboxState::parse(name), None, "{name:?}");
+    }
+}
+
+#[test]
+fn counts_add_up_by_state_and_the_oldest_unsent_row_is_kept() {
+    let now = Timestamp::from_millis(100_000);
+    let mut stats = OutboxStats {
+        now,
+        ..OutboxStats::default()
+    };
+    let at = Timestamp::from_millis;
+    stats
+        .count_state("sql", "pending", 2, Some(at(90_000)))
+        .unwrap();
+    stats
+        .count_state("sql", "pending", 3, Some(at(95_000)))
+        .unwrap();
+    stats
+        .count_state("sql", "held", 1, Some(at(80_000)))
+        .unwrap();
+    stats
+        .count_state("sql", "sent", 5, Some(at(1_000)))
+        .unwrap();
+    stats
+        .count_state("sql", "dead", 4, Some(at(2_000)))
+        .unwrap();
+    let expected = OutboxStats {
+        pending: 5,
+        held: 1,
+        sent: 5,
+        dead: 4,
+        oldest_unsent: Some(at(80_000)),
+        now,
+    };
+    assert_eq!(stats, expected, "sent and dead rows are not unsent");
+    assert_eq!(stats.oldest_unsent_age(), Duration::from_secs(20));
+    assert_eq!(OutboxStats::default().oldest_unsent_age(), Duration::ZERO);
+}
+
+#[test]
+fn an_unknown_state_is_a_store_error_and_counts_nothing() {
+    let mut stats = OutboxStats::default();
+    let error = stats.count_state("sql", "lost", 7, None).unwrap_err();
+    assert!(!error.is_retryable(), "{error:?}");
+    let chain = dedup_core::error_chain(&error);
+    assert!(chain.contains("unknown state \"lost\""), "{chain}");
+    assert_eq!(stats, OutboxStats::default());
+}
+
+#[test]
+fn a_tally_counts_each_destination_apart_in_order() {
+    let now = Timestamp::from_millis(50_000);
+    let mut tally = DestinationTally::at(now);
+    tally
+        .add(
+            "sql",
+            "orders",
+            "pending",
+            2,
+            Some(Timestamp::from_millis(40_000)),
+        )
+        .unwrap();
+    tally.add("sql", "invoices", "dead", 1, None).unwrap();
+    tally.add("sql", "orders", "sent", 3, None).unwrap();
+    assert!(tally.add("sql", "orders", "lost", 1, None).is_err());
+    let of = |pending, sent, dead, oldest_unsent| OutboxStats {
+        pending,
+        sent,
+        dead,
+        oldest_unsent,
+        now,
+        ..OutboxStats::default()
+    };
+    let expected = [
+        DestinationStats {
+            destination: "invoices".to_owned(),
+            stats: of(0, 0, 1, None),
+        },
+        DestinationStats {
+            destination: "orders".to_owned(),
+            stats: of(2, 3, 0, Some(Timestamp::from_millis(40_000))),
+        },
+    ];
+    assert_eq!(tally.finish(), expected);
+}
+
+#[test]
+fn a_stored_error_is_cut_at_a_character_boundary() {
+    let short = "broker refused";
+    assert_eq!(cut_error(short), short);
+    let exact = "e".repeat(MAX_ERROR_LEN);
+    assert_eq!(cut_error(&exact), exact);
+    // A 2-byte character across the limit is left out whole.
+    let long = format!("{}é tail", "e".repeat(MAX_ERROR_LEN - 1));
+    assert_eq!(cut_error(&long), "e".repeat(MAX_ERROR_LEN - 1));
+}
