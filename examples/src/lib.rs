@@ -5,6 +5,8 @@
 
 #[cfg(feature = "sqlite")]
 pub mod billing;
+#[cfg(any(feature = "rabbitmq", feature = "redis", feature = "kafka"))]
+pub mod orders;
 #[cfg(all(
     feature = "postgres",
     feature = "mysql",

@@ -41,9 +41,9 @@ fn redis_streams_dead_consumers_pending_entries_are_reclaimed_and_processed_once
     assert_eq!(r["doubled"], 0, "{out}");
     assert_eq!(r["distinct_orders_charged"], 5, "{out}");
     assert_eq!(r["pending"], 0, "nothing left pending:\n{out}");
-    assert_eq!(r["worker_1"]["read"], 4, "{out}");
+    assert_eq!(r["worker_1"]["deliveries"], 4, "{out}");
     assert_eq!(
-        r["worker_2"]["reclaimed"], 4,
+        r["worker_2"]["redelivered"], 4,
         "all of worker 1's entries:\n{out}"
     );
     assert_eq!(r["worker_2"]["duplicates"], 4, "{out}");
