@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use tracing::Instrument;
 
 pub use config::{DuplicateLog, FailurePolicy, InboxConfig};
 pub use error::InboxError;
@@ -30,8 +29,8 @@ pub use tx_handle::TxHandle;
 
 use crate::purger::Background;
 use report::{
-    Mode, attempt_failed, dead_letter_counted, handled_name, handler_finished, log_duplicate,
-    result_name, retry_counted,
+    Mode, attempt_failed, dead_letter_counted, handled_name, handler_finished, in_delivery_span,
+    log_duplicate, retry_counted,
 };
 
 use crate::{
@@ -309,18 +308,7 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
         Fut: Future<Output = Result<T, E>>,
         E: Into<BoxError>,
     {
-        let span = tracing::debug_span!(
-            "dedup_inbox",
-            mode = Mode::Lease.label(),
-            consumer = key.consumer(),
-            attempt = tracing::field::Empty,
-            result = tracing::field::Empty,
-            trace_id = tracing::field::Empty,
-            correlation_id = tracing::field::Empty,
-            causation_id = tracing::field::Empty,
-        );
-        crate::trace::MessageTrace::record_current(key, &span);
-        let handled = async {
+        in_delivery_span(key, Mode::Lease, |span| async move {
             let mut retries = 0;
             loop {
                 let lease = match self
@@ -350,11 +338,8 @@ impl<S: DedupStore + ?Sized + 'static> Inbox<S> {
                     }
                 }
             }
-        }
-        .instrument(span.clone())
-        .await;
-        span.record("result", result_name(&handled));
-        handled
+        })
+        .await
     }
 
     /// Claim `key` in lease mode: `Ok(lease)` to run the handler; otherwise the delivery's

@@ -10,7 +10,10 @@
 //! writes `\u{1b}` and `\n`), so a cause quoting a payload's control characters cannot
 //! clear the terminal that shows the log, or split its line.
 
+use std::future::Future;
 use std::time::Instant;
+
+use tracing::Instrument;
 
 use super::{DuplicateLog, Handled, InboxError};
 use crate::layers::metric_names as m;
@@ -117,8 +120,36 @@ impl Mode {
     }
 }
 
+/// Run one delivery of `key` in its `dedup_inbox` span and record how it ended.
+///
+/// The span's fields are `mode`, `consumer`, `attempt` (recorded by `delivery` on the span
+/// it is given), `result` and the message trace in scope for `key`.
+pub(super) async fn in_delivery_span<T, Fut>(
+    key: &Key,
+    mode: Mode,
+    delivery: impl FnOnce(tracing::Span) -> Fut,
+) -> Result<Handled<T>, InboxError>
+where
+    Fut: Future<Output = Result<Handled<T>, InboxError>>,
+{
+    let span = tracing::debug_span!(
+        "dedup_inbox",
+        mode = mode.label(),
+        consumer = key.consumer(),
+        attempt = tracing::field::Empty,
+        result = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        correlation_id = tracing::field::Empty,
+        causation_id = tracing::field::Empty,
+    );
+    crate::trace::MessageTrace::record_current(key, &span);
+    let handled = delivery(span.clone()).instrument(span.clone()).await;
+    span.record("result", result_name(&handled));
+    handled
+}
+
 /// The `result` field of the `dedup_inbox` span.
-pub(super) fn result_name<T>(handled: &Result<Handled<T>, InboxError>) -> &'static str {
+fn result_name<T>(handled: &Result<Handled<T>, InboxError>) -> &'static str {
     match handled {
         Ok(handled) => handled_name(handled),
         Err(InboxError::Handler { .. }) => "handler_error",

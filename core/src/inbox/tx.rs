@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use tracing::Instrument;
 
 use super::{
     Backoff, FailurePolicy, Handled, Inbox, InboxConfig, InboxError, Mode, ReleaseOnDrop,
-    Transient, handler_finished, now, result_name, retry_counted,
+    Transient, handler_finished, in_delivery_span, now, retry_counted,
 };
 use crate::layers::metric_names as m;
 use crate::layers::{ObserveOptions, Observed, RetryPolicy};
@@ -279,23 +278,10 @@ impl TxEngine {
         fingerprint: Option<Fingerprint>,
         attempts: &mut dyn TxAttempts,
     ) -> Result<Handled, InboxError> {
-        let span = tracing::debug_span!(
-            "dedup_inbox",
-            mode = Mode::Tx.label(),
-            consumer = key.consumer(),
-            attempt = tracing::field::Empty,
-            result = tracing::field::Empty,
-            trace_id = tracing::field::Empty,
-            correlation_id = tracing::field::Empty,
-            causation_id = tracing::field::Empty,
-        );
-        crate::trace::MessageTrace::record_current(key, &span);
-        let handled = self
-            .settle(key, fingerprint, attempts, &span)
-            .instrument(span.clone())
-            .await;
-        span.record("result", result_name(&handled));
-        handled
+        in_delivery_span(key, Mode::Tx, |span| async move {
+            self.settle(key, fingerprint, attempts, &span).await
+        })
+        .await
     }
 
     /// Claim in lease mode; `Ok(lease)` to run, or the delivery's answer.
