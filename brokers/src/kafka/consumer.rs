@@ -1,5 +1,6 @@
-//! [`KafkaConsumer`]: a topic's records, read as a consumer group, through a [`Handle`](crate::Handle),
-//! committing only offsets whose records (and every earlier one of the partition) settled.
+//! [`KafkaConsumer`]: a topic's records, read as a consumer group, through a
+//! [`Handle`](crate::Handle), committing only offsets whose records (and every earlier one
+//! of the partition) settled.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -33,7 +34,7 @@ use crate::{BrokerError, ConsumerConfig, Delivery, Health, Shutdown, Source};
 ///   [`retry_topic`](Self::retry_topic) sets one; the consumer reads both) after the delay,
 ///   and counts as settled once the broker's delivery report came.
 /// - Dead letter: the record is copied with the reason in
-///   [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON)(crate::DEAD_LETTER_REASON) to the dead-letter topic, then
+///   [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON) to the dead-letter topic, then
 ///   counts as settled once its delivery report came.
 /// - Rebalance: before partitions are revoked, the settled prefix of each is committed.
 ///   Records of it still in flight then settle without a commit. The partition's new

@@ -22,9 +22,9 @@ use crate::{BrokerError, ConsumerConfig, Health, Shutdown, Source};
 /// - Ack: `Ack`.
 /// - Retry: `Nak(delay)`.
 /// - Dead letter: a copy is published to the dead-letter subject, with the headers, the
-///   payload and the reason in [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON). A stream must capture that
-///   subject. Once the stream acknowledged the copy, the original is `Term`inated. If the
-///   publish fails, the original is `Nak`ed for a retry.
+///   payload and the reason in [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON). A stream
+///   must capture that subject. Once the stream acknowledged the copy, the original is
+///   `Term`inated. If the publish fails, the original is `Nak`ed for a retry.
 ///
 /// A pull request asks for the free in-flight slots. It expires after 200 ms and stays
 /// open across rounds. Each round hands out the messages that arrived, waiting for the

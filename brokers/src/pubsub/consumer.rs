@@ -29,7 +29,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// - Retry: a delay of a second or more is the message's new ack deadline (whole seconds,
 ///   at most 600); a shorter one is waited by the consumer, then the deadline set to zero.
 /// - Dead letter: the message is published to the dead-letter topic (payload, attributes,
-///   the reason in [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON)(crate::DEAD_LETTER_REASON) and the failure
+///   the reason in [`DEAD_LETTER_REASON`](crate::DEAD_LETTER_REASON) and the failure
 ///   attributes) and acknowledged once that publish was answered. At start (and at each
 ///   reconnect) the consumer refuses to run when the subscription or the dead-letter topic
 ///   does not exist, or when the dead-letter topic has no subscription: Pub/Sub drops what

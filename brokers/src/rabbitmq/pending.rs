@@ -19,10 +19,11 @@ use crate::{Action, BrokerError, DEAD_LETTER_REASON, Delivery, Pending, Shutdown
 pub enum DeadLetters {
     /// `basic.reject` without requeue: RabbitMQ moves the message to the queue's
     /// dead-letter exchange (`x-dead-letter-exchange`); it would drop it if the queue had
-    /// none, so a consumer that owns its connection ([`RabbitConsumer::from_uri`](super::RabbitConsumer::from_uri)) refuses
-    /// to start on such a queue ([`BrokerError::MissingTopology`]; see
-    /// [`RabbitConsumer::declare`](super::RabbitConsumer::declare)). The reason is only logged (RabbitMQ's `x-death` header
-    /// says `rejected`).
+    /// none, so a consumer that owns its connection
+    /// ([`RabbitConsumer::from_uri`](super::RabbitConsumer::from_uri)) refuses to start on
+    /// such a queue ([`BrokerError::MissingTopology`]; see
+    /// [`RabbitConsumer::declare`](super::RabbitConsumer::declare)). The reason is only
+    /// logged (RabbitMQ's `x-death` header says `rejected`).
     #[default]
     QueueDlx,
     /// Publish a copy (same message id, headers and payload, plus the reason in
