@@ -1,6 +1,7 @@
 //! The lease-mode `Inbox`'s rules that its other tests leave loose: what a delivery answers
-//! when the release before a handler's run again fails, and when a renewal fails. On
-//! MemoryStore, with tokio's paused clock where time matters.
+//! when the release before a handler's run again fails, and when a renewal fails; what a
+//! failed attempt's release does when the store refuses it. On MemoryStore, with tokio's
+//! paused clock where time matters.
 
 mod support;
 
@@ -144,4 +145,90 @@ fn a_transient_error_displays_as_the_error_it_wraps_and_keeps_it_as_its_source()
     let source = std::error::Error::source(&transient).expect("the wrapped error");
     assert_eq!(source.to_string(), "courier API timed out");
     assert!(source.is::<std::io::Error>(), "{source:?}");
+}
+
+/// A handler that fails with a plain error (not transient) at once.
+async fn declined(_lease: dedup_core::Lease) -> Result<Option<Vec<u8>>, &'static str> {
+    Err("card declined")
+}
+
+#[tokio::test]
+async fn a_failure_kept_on_the_record_has_the_time_it_happened() {
+    let inbox = Inbox::new(dedup_core::MemoryStore::new());
+    let before = dedup_core::Timestamp::from_system_time(std::time::SystemTime::now());
+    assert!(inbox.handle(&key(), None, declined).await.is_err());
+    let after = dedup_core::Timestamp::from_system_time(std::time::SystemTime::now());
+    let record = inbox.store().get(&key()).await.unwrap().unwrap();
+    let failure = record.last_failure.expect("the failure kept");
+    assert!(
+        before <= failure.at && failure.at <= after,
+        "{before:?} <= {:?} <= {after:?}",
+        failure.at
+    );
+}
+
+#[tokio::test]
+async fn a_failure_the_store_cannot_keep_still_releases_the_key_and_warns() {
+    let logged = support::warnings::Warnings::default();
+    let _guard = tracing::subscriber::set_default(logged.clone());
+    let inbox = Inbox::new(support::flaky(0, false));
+    let handled = inbox
+        .handle(&key(), None, |lease| {
+            // The store's next operation, the release that keeps the failure, fails.
+            inbox.store().fail.store(1, Ordering::SeqCst);
+            declined(lease)
+        })
+        .await;
+    assert!(
+        matches!(handled, Err(InboxError::Handler { .. })),
+        "{handled:?}"
+    );
+    let warned = logged.seen();
+    assert!(
+        warned
+            .iter()
+            .any(|w| w["message"].contains("could not be kept")),
+        "{warned:?}"
+    );
+    // Released without it: the next delivery runs at once, as attempt 2.
+    let again = inbox
+        .handle(&key(), None, |lease| async move {
+            Ok::<_, std::io::Error>(Some(lease.attempt.to_string().into_bytes()))
+        })
+        .await;
+    assert!(
+        matches!(&again, Ok(Handled::Processed { outcome: Some(o), .. }) if o == b"2"),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_attempt_whose_key_was_taken_over_is_left_to_its_new_owner_quietly() {
+    let logged = support::warnings::Warnings::default();
+    let _guard = tracing::subscriber::set_default(logged.clone());
+    let store = Arc::new(dedup_core::MemoryStore::new());
+    let inbox = Inbox::from_arc(Arc::clone(&store), InboxConfig::default());
+    let handled = inbox
+        .handle(&key(), None, |lease| {
+            let store = Arc::clone(&store);
+            async move {
+                // The key is let go and another worker takes it, then this run fails.
+                store.release(&lease).await.unwrap();
+                let other = store.claim(&key(), &ClaimOptions::default()).await.unwrap();
+                assert!(matches!(other, Claim::Acquired(_)), "{other:?}");
+                Err::<Option<Vec<u8>>, _>("card declined")
+            }
+        })
+        .await;
+    assert!(
+        matches!(handled, Err(InboxError::Handler { .. })),
+        "{handled:?}"
+    );
+    let warned = logged.seen();
+    assert!(
+        !warned
+            .iter()
+            .any(|w| w["message"].contains("could not be kept")),
+        "a lost lease is no store failure: {warned:?}"
+    );
 }
