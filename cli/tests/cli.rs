@@ -103,7 +103,7 @@ impl Target {
             }
             _ => {
                 let urls = server_url("DEDUP_REDIS_CLUSTER_URLS")?;
-                (dedup::redis_cluster_url(&urls), urls)
+                (dedup::redis::cluster_url(&urls), urls)
             }
         };
         let name = format!("{}:", unique("cli"));

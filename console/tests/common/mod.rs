@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup::outbox::{AfterFailure, OutboxMessage, OutboxStore};
-use dedup::{Admin, ClaimOptions, DedupStore, Failure, Key, Lease, Timestamp, Verdict};
+use dedup::inbox::Failure;
+use dedup::store::{ClaimOptions, Verdict};
+use dedup::{Admin, DedupStore, Key, Lease, Timestamp};
 use dedup_console::{Console, ConsoleConfig};
 
 /// The console's token in tests.
