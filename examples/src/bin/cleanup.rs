@@ -39,19 +39,6 @@ struct Args {
     unpaced: bool,
 }
 
-#[derive(serde::Serialize)]
-struct Outcome {
-    retention_days: u64,
-    purged_completed: u64,
-    purged_expired: u64,
-    batches: u32,
-    paced: bool,
-    elapsed_ms: f64,
-    old_left: usize,
-    recent_kept: usize,
-    live_kept: bool,
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     dedup_examples::exit::report(run().await)
@@ -64,23 +51,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let today = SystemClock.now();
     let clock = Arc::new(ManualClock::new(today));
     let store = dedup::open_with_clock(&url, clock.clone()).await?;
-    let consumer = format!(
-        "cleanup-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
+    let consumer = format!("cleanup-{}", uuid::Uuid::new_v4().simple());
     let key = |kind: &str, i: usize| Key::new(consumer.as_str(), format!("{kind}-{i}"));
 
     clock.set(today.saturating_sub(DAY * 10));
     for i in 0..args.old {
         process(&*store, &key("old", i)?).await?;
     }
+    let minute = ClaimOptions::lease(Duration::from_secs(60));
     for i in 0..args.abandoned {
-        store
-            .claim(
-                &key("abandoned", i)?,
-                &ClaimOptions::lease(Duration::from_secs(60)),
-            )
-            .await?;
+        store.claim(&key("abandoned", i)?, &minute).await?;
     }
     clock.set(today.saturating_sub(DAY));
     for i in 0..args.recent {
@@ -88,35 +68,32 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     clock.set(today);
     let live = key("live", 0)?;
-    store
-        .claim(&live, &ClaimOptions::lease(Duration::from_secs(60)))
-        .await?;
+    store.claim(&live, &minute).await?;
 
-    let mut options = PurgeOptions::older_than(DAY * 7).batch_size(args.batch_size);
-    if args.unpaced {
-        options = options.unpaced();
-    }
+    let options = PurgeOptions::older_than(DAY * 7).batch_size(args.batch_size);
+    let options = if args.unpaced {
+        options.unpaced()
+    } else {
+        options
+    };
     let report = store.purge(&options).await?;
 
-    let mut old_left = 0;
-    for i in 0..args.old {
-        old_left += usize::from(store.get(&key("old", i)?).await?.is_some());
+    let (mut old_left, mut recent_kept) = (0, 0);
+    for (kind, n, left) in [
+        ("old", args.old, &mut old_left),
+        ("recent", args.recent, &mut recent_kept),
+    ] {
+        for i in 0..n {
+            *left += usize::from(store.get(&key(kind, i)?).await?.is_some());
+        }
     }
-    let mut recent_kept = 0;
-    for i in 0..args.recent {
-        recent_kept += usize::from(store.get(&key("recent", i)?).await?.is_some());
-    }
-    let outcome = Outcome {
-        retention_days: 7,
-        purged_completed: report.completed,
-        purged_expired: report.expired,
-        batches: report.batches,
-        paced: !args.unpaced,
-        elapsed_ms: report.elapsed.as_secs_f64() * 1000.0,
-        old_left,
-        recent_kept,
-        live_kept: store.get(&live).await?.is_some(),
-    };
+    let live_kept = store.get(&live).await?.is_some();
+    let elapsed_ms = report.elapsed.as_secs_f64() * 1000.0;
+    let outcome = serde_json::json!({
+        "retention_days": 7, "purged_completed": report.completed, "purged_expired": report.expired,
+        "batches": report.batches, "paced": !args.unpaced, "elapsed_ms": elapsed_ms,
+        "old_left": old_left, "recent_kept": recent_kept, "live_kept": live_kept,
+    });
     print_table(
         &["records", "created", "before", "after"],
         &[
@@ -128,7 +105,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 args.abandoned - report.expired as usize,
             ),
             row("processed", "1 day ago", args.recent, recent_kept),
-            row("live lease", "now", 1, usize::from(outcome.live_kept)),
+            row("live lease", "now", 1, usize::from(live_kept)),
         ],
     );
     println!(
@@ -139,7 +116,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         report.completed,
         report.expired,
         report.batches,
-        report.elapsed.as_secs_f64() * 1000.0,
+        elapsed_ms,
         report.rate()
     );
     print_json(&outcome);
@@ -147,12 +124,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn row(what: &str, when: &str, before: usize, after: usize) -> Vec<String> {
-    vec![
-        what.into(),
-        when.into(),
-        before.to_string(),
-        after.to_string(),
-    ]
+    let counts = [before, after].map(|n| n.to_string());
+    [what.into(), when.into()]
+        .into_iter()
+        .chain(counts)
+        .collect()
 }
 
 async fn process(store: &dyn DedupStore, key: &Key) -> dedup_core::Result<()> {

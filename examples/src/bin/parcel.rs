@@ -126,27 +126,23 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         side_effects: world.carrier_bookings.load(Ordering::SeqCst),
     });
 
-    print_table(
-        &[
-            "consumer",
-            "deliveries",
-            "handler runs",
-            "duplicates skipped",
-            "side effects",
-        ],
-        &rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.consumer.to_string(),
-                    r.deliveries.to_string(),
-                    r.processed.to_string(),
-                    r.duplicates.to_string(),
-                    r.side_effects.to_string(),
-                ]
-            })
-            .collect::<Vec<_>>(),
-    );
+    let headers = [
+        "consumer",
+        "deliveries",
+        "handler runs",
+        "duplicates skipped",
+        "side effects",
+    ];
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let counts = [r.deliveries, r.processed, r.duplicates, r.side_effects];
+            std::iter::once(r.consumer.to_string())
+                .chain(counts.map(|n| n.to_string()))
+                .collect()
+        })
+        .collect();
+    print_table(&headers, &table);
     rows.iter().for_each(print_json);
     Ok(())
 }
