@@ -16,6 +16,9 @@ mod store;
 mod time;
 mod tls;
 pub mod trace;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod test_util;
 mod types;
 mod verdict;
 

@@ -2,56 +2,19 @@
 //! its control characters (a payload's escape sequence quoted by a parse error) instead of
 //! writing them to the terminal raw.
 
-use std::sync::{Arc, Mutex};
-
+use dedup_core::test_util::Capture;
 use dedup_core::{BoxError, FailurePolicy, Handled, Inbox, InboxConfig, Key, MemoryStore};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
 
 /// A cause holding what a terminal obeys: clear the screen, set the title, a line break.
 const CAUSE: &str = "bad payload \u{1b}[2J\u{1b}]0;pwned\u{7}\nsecond line";
 
-/// How each event's `cause` field was recorded: `str` (a formatter quotes and escapes it)
-/// or `debug` (a `%` field: a formatter writes its `Display` as it is).
-#[derive(Clone, Default)]
-struct Causes(Arc<Mutex<Vec<(&'static str, String)>>>);
-
-struct Cause<'a>(&'a mut Vec<(&'static str, String)>);
-
-impl Visit for Cause<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "cause" {
-            self.0.push(("str", value.to_owned()));
-        }
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "cause" {
-            self.0.push(("debug", format!("{value:?}")));
-        }
-    }
-}
-
-impl Subscriber for Causes {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        event.record(&mut Cause(&mut self.0.lock().unwrap()));
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
-
 /// The `cause` fields logged while `config`'s inbox handles one failing delivery twice.
+///
+/// Each as `(how, value)`: how it was recorded, `str` (a formatter quotes and escapes it)
+/// or `debug` (a `%` field: a formatter writes its `Display` as it is).
 fn causes_logged(config: InboxConfig) -> Vec<(&'static str, String)> {
-    let causes = Causes::default();
-    let _guard = tracing::subscriber::set_default(causes.clone());
+    let capture = Capture::default();
+    let guard = capture.install();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -70,7 +33,13 @@ fn causes_logged(config: InboxConfig) -> Vec<(&'static str, String)> {
                 }
             }
         });
-    causes.0.lock().unwrap().clone()
+    drop(guard);
+    let events = capture.events().into_iter();
+    let causes = events.filter_map(|e| {
+        let how = if e.is_string("cause") { "str" } else { "debug" };
+        e.field("cause").map(|cause| (how, cause.to_owned()))
+    });
+    causes.collect()
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The relay's listener after its wake-ups are lost (a database outage): it polls, tries
 //! to listen again with backoff, and logs once when they are lost (with the cause chain)
-//! and once when it listens again, not at every try. A small capturing subscriber, for
-//! this thread only.
+//! and once when it listens again, not at every try. A capturing subscriber, for this
+//! thread only.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,54 +13,11 @@ use dedup_core::outbox::{
     AfterFailure, DestinationStats, Held, MemoryOutbox, MemoryPublisher, OutboxEntry, OutboxQuery,
     OutboxStats, Relay, RelayConfig,
 };
+use dedup_core::test_util::Capture;
 use dedup_core::{Error, LeaseToken, PurgeOptions, PurgeReport, Result};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
-
-/// The events seen at `WARN` and `INFO`: level and fields (the message under `message`).
-#[derive(Clone, Default)]
-struct Logged(Arc<Mutex<Vec<(Level, String, String)>>>);
-
-#[derive(Default)]
-struct Fields {
-    message: String,
-    cause: String,
-}
-
-impl Visit for Fields {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        match field.name() {
-            "message" => self.message = format!("{value:?}"),
-            "cause" => self.cause = format!("{value:?}"),
-            _ => {}
-        }
-    }
-}
-
-impl Subscriber for Logged {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let level = *event.metadata().level();
-        if level == Level::WARN || level == Level::INFO {
-            let mut fields = Fields::default();
-            event.record(&mut fields);
-            let entry = (level, fields.message, fields.cause);
-            self.0.lock().unwrap().push(entry);
-        }
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
+use tracing::Level;
 
 /// A memory outbox whose wake-ups are lost after one notification, cannot be opened for
 /// the next `down` tries, then work again (and stay quiet).
@@ -142,8 +99,8 @@ impl OutboxStorage for Outage {
 
 #[test]
 fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
-    let logged = Logged::default();
-    let _guard = tracing::subscriber::set_default(logged.clone());
+    let capture = Capture::default();
+    let _guard = capture.install();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -164,7 +121,14 @@ fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
         7,
         "the first listen, 5 failed tries, the one that works; then no more"
     );
-    let logged = logged.0.lock().unwrap().clone();
+    // The events seen at `WARN` and `INFO`: level, message and cause.
+    let logged: Vec<_> = (capture.events().into_iter())
+        .filter(|e| e.level == Level::WARN || e.level == Level::INFO)
+        .map(|e| {
+            let field = |name| e.field(name).unwrap_or_default().to_owned();
+            (e.level, field("message"), field("cause"))
+        })
+        .collect();
     let listener: Vec<_> = logged
         .iter()
         .filter(|(_, message, _)| message.contains("notifications"))

@@ -1,73 +1,30 @@
 //! The Observed layer's `tracing` spans: one per operation with its fields, message ids only
-//! when allowed. The relay's span per published row, with its trace fields. A small
-//! capturing subscriber, installed for this thread only.
+//! when allowed. The relay's span per published row, with its trace fields. A capturing
+//! subscriber, installed for this thread only.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use dedup_core::layers::{ObserveOptions, Observed};
 use dedup_core::outbox::{MemoryOutbox, MemoryPublisher, OutboxMessage, Relay};
+use dedup_core::test_util::Capture;
 use dedup_core::trace::CORRELATION_ID_HEADER;
 use dedup_core::{ClaimOptions, DedupStore, Inbox, Key, MemoryStore};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
 
 /// A span as captured: its name and its fields' values.
 type Captured = (String, BTreeMap<String, String>);
 
-#[derive(Clone, Default)]
-struct Capture {
-    spans: Arc<Mutex<BTreeMap<u64, Captured>>>,
-    next: Arc<AtomicU64>,
-}
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl Visit for Fields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-}
-
-impl Subscriber for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
-        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut fields = BTreeMap::new();
-        attrs.record(&mut Fields(&mut fields));
-        let name = attrs.metadata().name().to_owned();
-        self.spans.lock().unwrap().insert(id, (name, fields));
-        Id::from_u64(id)
-    }
-    fn record(&self, span: &Id, values: &Record<'_>) {
-        let mut spans = self.spans.lock().unwrap();
-        let (_, fields) = spans.get_mut(&span.into_u64()).unwrap();
-        values.record(&mut Fields(fields));
-    }
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &Event<'_>) {}
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
-
 /// The spans `scenario` created, on a current-thread runtime with the capture installed.
 fn spans_of<F: Future>(scenario: F) -> Vec<Captured> {
     let capture = Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = capture.install();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
         .block_on(scenario);
-    let spans = capture.spans.lock().unwrap();
-    spans.values().cloned().collect()
+    let spans = capture.spans().into_iter();
+    spans.map(|span| (span.name, span.fields)).collect()
 }
 
 fn field<'a>(span: &'a Captured, name: &str) -> Option<&'a str> {
