@@ -232,3 +232,23 @@ async fn a_failed_attempt_whose_key_was_taken_over_is_left_to_its_new_owner_quie
         "a lost lease is no store failure: {warned:?}"
     );
 }
+
+#[tokio::test]
+async fn a_busy_answer_is_not_settled_and_a_processed_one_is() {
+    let store = Arc::new(dedup_core::MemoryStore::new());
+    let inbox = Inbox::from_arc(Arc::clone(&store), InboxConfig::default());
+    // Another worker holds the key.
+    let held = store.claim(&key(), &ClaimOptions::default()).await.unwrap();
+    let busy = inbox
+        .handle(&key(), None, |_| async { Ok::<_, std::io::Error>(None) })
+        .await
+        .unwrap();
+    assert!(matches!(busy, Handled::Busy { .. }), "{busy:?}");
+    assert!(!busy.is_settled(), "nack it: redeliver later");
+    store.release(&held.into_lease().unwrap()).await.unwrap();
+    let processed = inbox
+        .handle(&key(), None, |_| async { Ok::<_, std::io::Error>(None) })
+        .await
+        .unwrap();
+    assert!(processed.is_settled(), "{processed:?}");
+}
