@@ -24,14 +24,12 @@
 //!
 //! Exits with status 1 when an order is lost or doubled.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use dedup_examples::outbox_story::broker::{Broker, BrokerKind};
-use dedup_examples::outbox_story::roles::Ctx;
-use dedup_examples::outbox_story::run::{ChaosStore, Role, RunConfig, run};
-use dedup_examples::outbox_story::{Killer, Names};
+use dedup_examples::outbox_story::broker::BrokerKind;
+use dedup_examples::outbox_story::run::{ChaosStore, RunConfig, run};
+use dedup_examples::outbox_story::worker::{WorkerArgs, work};
 use dedup_examples::report::{print_json, print_table};
 
 /// Orders -> outbox -> RabbitMQ or Kafka -> billing (TxInbox + outbox) -> mail (Inbox).
@@ -79,22 +77,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Internal {
     /// One worker process (started by --chaos; not for direct use).
-    Worker {
-        #[arg(long, value_enum)]
-        role: Role,
-        #[arg(long)]
-        store: String,
-        #[arg(long, value_enum)]
-        broker: BrokerKind,
-        #[arg(long)]
-        broker_url: String,
-        #[arg(long)]
-        run_id: String,
-        #[arg(long)]
-        run_dir: PathBuf,
-        #[arg(long)]
-        kill_rate: f64,
-    },
+    Worker(WorkerArgs),
 }
 
 #[tokio::main]
@@ -104,34 +87,10 @@ async fn main() -> std::process::ExitCode {
 
 async fn main_result() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
-    if let Some(Internal::Worker {
-        role,
-        store,
-        broker,
-        broker_url,
-        run_id,
-        run_dir,
-        kill_rate,
-    }) = cli.worker
-    {
-        let ctx = Ctx {
-            store,
-            broker: Broker {
-                kind: broker,
-                url: broker_url,
-            },
-            names: Names::for_run(&run_id),
-        };
-        let killer = Killer {
-            dir: run_dir,
-            rate: kill_rate,
-        };
-        // Runs until killed; an error (a lost connection) exits, and the run starts the
-        // worker again.
-        role.run(&ctx, Some(killer), dedup_brokers::Shutdown::never())
+    if let Some(Internal::Worker(args)) = cli.worker {
+        return work(args)
             .await
-            .map_err(|e| e as Box<dyn std::error::Error>)?;
-        return Ok(());
+            .map_err(|e| e as Box<dyn std::error::Error>);
     }
     let config = RunConfig {
         orders: cli.orders,

@@ -24,6 +24,7 @@ pub mod kafka;
 pub mod rabbit;
 pub mod roles;
 pub mod run;
+pub mod worker;
 
 use std::collections::BTreeMap;
 use std::fmt;
