@@ -10,13 +10,12 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitPublisher};
 use dedup_brokers::{ConsumerConfig, Delivery, shutdown, with_inbox};
 use dedup_core::outbox::{ConsumerOutbox, OutboxMessage, Relay, derived_message_id};
+use dedup_core::test_util::Capture;
 use dedup_core::trace::TraceParent;
 use dedup_core::{Inbox, InboxConfig, Key, MemoryStore};
 use dedup_sqlite::{SqliteStore, TxInbox};
@@ -24,68 +23,6 @@ use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use support::{config, wait_until};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
-
-/// A span as captured: its name and its fields' values.
-type Captured = (String, BTreeMap<String, String>);
-
-/// Spans as captured, by id.
-#[derive(Clone, Default)]
-struct Capture {
-    spans: Arc<Mutex<BTreeMap<u64, Captured>>>,
-    next: Arc<AtomicU64>,
-}
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl Visit for Fields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-}
-
-impl Subscriber for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
-        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut fields = BTreeMap::new();
-        attrs.record(&mut Fields(&mut fields));
-        self.spans
-            .lock()
-            .unwrap()
-            .insert(id, (attrs.metadata().name().to_owned(), fields));
-        Id::from_u64(id)
-    }
-    fn record(&self, span: &Id, values: &Record<'_>) {
-        if let Some((_, fields)) = self.spans.lock().unwrap().get_mut(&span.into_u64()) {
-            values.record(&mut Fields(fields));
-        }
-    }
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &Event<'_>) {}
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
-
-impl Capture {
-    /// The fields of every span named `name` whose `field` is `value`.
-    fn find(&self, name: &str, field: &str, value: &str) -> Vec<BTreeMap<String, String>> {
-        self.spans
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|(n, f)| n == name && f.get(field).map(String::as_str) == Some(value))
-            .map(|(_, f)| f.clone())
-            .collect()
-    }
-}
 
 async fn declare(conn: &Connection, queue: &str) {
     let ch = conn.create_channel().await.unwrap();
