@@ -7,9 +7,12 @@ use std::sync::Arc;
 
 use dedup_core::{Claim, ClaimRequest, CommitRequest, Error, Result};
 
+use sqlx::PgConnection;
+
 use super::PostgresStore;
+use super::claim_commit::Failure;
 use crate::error::BACKEND;
-use crate::rounds::{ClaimOp, CommitOp, CommitRef, Rounds, only};
+use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 
 impl PostgresStore {
     /// One claim on its own statement (group commit off, or alone in its group).
@@ -27,21 +30,33 @@ impl PostgresStore {
         only(self.run_commits(&mut conn, &[request]).await?)
     }
 
-    /// A group of single claims (see [`crate::group`]): one batch, in queue order. If the
-    /// batch fails as a whole, each claim it did not answer runs again alone, so one
-    /// request's failure never decides another's result; only when the failed statement's
-    /// outcome is unknown (the connection was lost) does each unanswered request get that
-    /// error, as it would have alone.
+    /// A group of single claims (see [`crate::group`]): one batch, in queue order (see
+    /// [`run_group`](Self::run_group)).
     pub(super) async fn claim_group(self, requests: Vec<ClaimRequest>) -> Vec<Result<Claim>> {
-        if let [one] = &requests[..] {
-            return vec![self.claim_alone(one).await];
+        self.run_group::<ClaimOp>(&requests).await
+    }
+
+    /// A group of single commits: as [`claim_group`](Self::claim_group).
+    pub(super) async fn commit_group(self, requests: Vec<CommitRequest>) -> Vec<Result<()>> {
+        let refs: Vec<CommitRef<'_>> = requests.iter().map(CommitRef::from).collect();
+        self.run_group::<CommitOp<'_>>(&refs).await
+    }
+
+    /// A group of single requests of kind `O`: one batch, in queue order. If the batch
+    /// fails as a whole, each request it did not answer runs again alone, so one request's
+    /// failure never decides another's result; only when the failed statement's outcome is
+    /// unknown (the connection was lost) does each unanswered request get that error, as
+    /// it would have alone.
+    async fn run_group<O: Grouped>(&self, requests: &[O::Req]) -> Vec<Result<O::Out>> {
+        if let [one] = requests {
+            return vec![O::alone(self, one).await];
         }
         let mut conn = match self.conn().await {
             Ok(conn) => conn,
             Err(e) => return shared_error(e, requests.len()),
         };
-        let mut rounds = Rounds::<ClaimOp>::new(&requests);
-        let ran = self.claim_rounds(&mut conn, &mut rounds).await;
+        let mut rounds = Rounds::<O>::new(requests);
+        let ran = O::run_rounds(self, &mut conn, &mut rounds).await;
         drop(conn);
         let failure = match ran {
             Ok(()) => return rounds.finish(),
@@ -53,50 +68,68 @@ impl PostgresStore {
         }
         let alone = decided
             .into_iter()
-            .zip(&requests)
-            .map(|(decided, request)| {
-                let store = &self;
-                async move {
-                    match decided {
-                        Some(result) => result,
-                        None => store.claim_alone(request).await,
-                    }
+            .zip(requests)
+            .map(|(decided, request)| async move {
+                match decided {
+                    Some(result) => result,
+                    None => O::alone(self, request).await,
                 }
             });
         futures::future::join_all(alone).await
     }
+}
 
-    /// A group of single commits: as [`claim_group`](Self::claim_group).
-    pub(super) async fn commit_group(self, requests: Vec<CommitRequest>) -> Vec<Result<()>> {
-        let refs: Vec<CommitRef<'_>> = requests.iter().map(CommitRef::from).collect();
-        if let [one] = refs[..] {
-            return vec![self.commit_alone(one).await];
-        }
-        let mut conn = match self.conn().await {
-            Ok(conn) => conn,
-            Err(e) => return shared_error(e, refs.len()),
-        };
-        let mut rounds = Rounds::<CommitOp<'_>>::new(&refs);
-        let ran = self.commit_rounds(&mut conn, &mut rounds).await;
-        drop(conn);
-        let failure = match ran {
-            Ok(()) => return rounds.finish(),
-            Err(failure) => failure,
-        };
-        let decided = rounds.decided();
-        if failure.unknown {
-            return fill_undecided(decided, failure.error);
-        }
-        let alone = decided.into_iter().zip(&refs).map(|(decided, &request)| {
-            let store = &self;
-            async move {
-                match decided {
-                    Some(result) => result,
-                    None => store.commit_alone(request).await,
-                }
-            }
-        });
-        futures::future::join_all(alone).await
+/// A kind of single request that group commit gathers: how one runs alone, and how a
+/// group's rounds run on one connection.
+trait Grouped: Op {
+    /// One request on its own statement.
+    fn alone<'a>(
+        store: &'a PostgresStore,
+        request: &'a Self::Req,
+    ) -> impl Future<Output = Result<Self::Out>> + Send + 'a;
+
+    /// `rounds` run to the end, or to the first error (the results decided by then stay
+    /// in `rounds`).
+    fn run_rounds<'a, 'r>(
+        store: &'a PostgresStore,
+        conn: &'a mut PgConnection,
+        rounds: &'a mut Rounds<'r, Self>,
+    ) -> impl Future<Output = Result<(), Failure>> + Send + 'a
+    where
+        Self: Sized;
+}
+
+impl Grouped for ClaimOp {
+    fn alone<'a>(
+        store: &'a PostgresStore,
+        request: &'a ClaimRequest,
+    ) -> impl Future<Output = Result<Claim>> + Send + 'a {
+        store.claim_alone(request)
+    }
+
+    fn run_rounds<'a, 'r>(
+        store: &'a PostgresStore,
+        conn: &'a mut PgConnection,
+        rounds: &'a mut Rounds<'r, Self>,
+    ) -> impl Future<Output = Result<(), Failure>> + Send + 'a {
+        store.claim_rounds(conn, rounds)
+    }
+}
+
+impl<'c> Grouped for CommitOp<'c> {
+    fn alone<'a>(
+        store: &'a PostgresStore,
+        request: &'a CommitRef<'c>,
+    ) -> impl Future<Output = Result<()>> + Send + 'a {
+        store.commit_alone(*request)
+    }
+
+    fn run_rounds<'a, 'r>(
+        store: &'a PostgresStore,
+        conn: &'a mut PgConnection,
+        rounds: &'a mut Rounds<'r, Self>,
+    ) -> impl Future<Output = Result<(), Failure>> + Send + 'a {
+        store.commit_rounds(conn, rounds)
     }
 }
 
@@ -160,11 +193,14 @@ mod tests {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let config = PostgresConfig {
             schema: "dedup_test".into(),
-            table: format!("t_group_{}", &id[..16]),
             group_commit: Some(GroupCommit {
                 rounds: 1,
                 max_requests: 256,
             }),
+            sql: dedup_sql::SqlSettings {
+                table: format!("t_group_{}", &id[..16]),
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         };
         PostgresStore::connect_with(url, config)
