@@ -12,7 +12,7 @@ use dedup_brokers::{Delivery, shutdown, with_tx_inbox};
 use dedup_core::Lease;
 use dedup_core::outbox::Publisher;
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection};
-use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings, TxInbox};
 use redis::AsyncCommands;
 use support::{config, row, wait_until};
 
@@ -42,7 +42,10 @@ async fn writes_once_with_the_completion(own: bool) {
     let store = PostgresStore::connect_with(
         &pg_url,
         PostgresConfig {
-            table: format!("brokers_tx_{suffix}"),
+            sql: SqlSettings {
+                table: format!("brokers_tx_{suffix}"),
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         },
     )

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dedup_conformance::server_url;
 use dedup_core::{Claim, ClaimOptions, Clock, DedupStore, Key, Lease, ManualClock, SystemClock};
-use dedup_mysql::{MySqlConfig, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings};
 use dedup_postgres::{PostgresConfig, PostgresStore};
 use dedup_redis::{RedisConfig, RedisStore};
 use dedup_sqlite::{SqliteConfig, SqliteStore};
@@ -134,9 +134,12 @@ impl Target {
                 PostgresStore::connect_with(
                     &self.url,
                     PostgresConfig {
-                        table: self.name.clone(),
-                        clock,
-                        max_connections: 2,
+                        sql: SqlSettings {
+                            table: self.name.clone(),
+                            clock,
+                            max_connections: 2,
+                            ..Default::default()
+                        },
                         ..PostgresConfig::default()
                     },
                 )
@@ -146,12 +149,12 @@ impl Target {
             Backend::MySql => Arc::new(
                 MySqlStore::connect_with(
                     &self.url,
-                    MySqlConfig {
+                    MySqlConfig::from(SqlSettings {
                         table: self.name.clone(),
                         clock,
                         max_connections: 2,
-                        ..MySqlConfig::default()
-                    },
+                        ..Default::default()
+                    }),
                 )
                 .await
                 .expect("connect mysql"),
@@ -756,7 +759,10 @@ async fn reading_commands_never_migrate_and_work_as_a_read_only_role() {
         &admin_url,
         PostgresConfig {
             schema: schema.clone(),
-            max_connections: 2,
+            sql: SqlSettings {
+                max_connections: 2,
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         },
     )
@@ -913,9 +919,12 @@ async fn outbox_on(
             let store = PostgresStore::connect_with(
                 &t.url,
                 PostgresConfig {
-                    table: t.name.clone(),
-                    clock,
-                    max_connections: 2,
+                    sql: SqlSettings {
+                        table: t.name.clone(),
+                        clock,
+                        max_connections: 2,
+                        ..Default::default()
+                    },
                     ..PostgresConfig::default()
                 },
             )
@@ -933,12 +942,12 @@ async fn outbox_on(
         Backend::MySql => {
             let store = MySqlStore::connect_with(
                 &t.url,
-                MySqlConfig {
+                MySqlConfig::from(SqlSettings {
                     table: t.name.clone(),
                     clock,
                     max_connections: 2,
-                    ..MySqlConfig::default()
-                },
+                    ..Default::default()
+                }),
             )
             .await
             .expect("connect mysql");

@@ -16,7 +16,7 @@ use std::time::Duration;
 use dedup_conformance::server_url;
 use dedup_core::outbox::{AfterFailure, OutboxMessage, OutboxStore};
 use dedup_core::{Admin, ClaimOptions, DedupStore, Failure, Key, Verdict};
-use dedup_mysql::{MySqlConfig, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings};
 use support::get;
 
 /// What a hostile producer writes: clear the screen, set the window's title, go back to the
@@ -217,11 +217,11 @@ async fn no_output_shows_the_password_or_a_raw_control_character() {
     );
     let admin = MySqlStore::connect_with(
         admin_url.as_str(),
-        MySqlConfig {
+        MySqlConfig::from(SqlSettings {
             table: table.clone(),
             max_connections: 2,
-            ..MySqlConfig::default()
-        },
+            ..Default::default()
+        }),
     )
     .await
     .expect("connect as the server's user");
@@ -250,11 +250,11 @@ async fn no_output_shows_the_password_or_a_raw_control_character() {
     screen.check_run("dedup migrate", &migrate, &secrets);
     let store = MySqlStore::connect_with(
         &url,
-        MySqlConfig {
+        MySqlConfig::from(SqlSettings {
             table: table.clone(),
             max_connections: 2,
-            ..MySqlConfig::default()
-        },
+            ..Default::default()
+        }),
     )
     .await
     .expect("connect as the test's user");
@@ -268,8 +268,11 @@ async fn no_output_shows_the_password_or_a_raw_control_character() {
         let pg = dedup_postgres::PostgresStore::connect_with(
             pg.as_str(),
             dedup_postgres::PostgresConfig {
-                table: table.clone(),
-                max_connections: 1,
+                sql: dedup_postgres::SqlSettings {
+                    table: table.clone(),
+                    max_connections: 1,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
         )

@@ -139,7 +139,9 @@ mod sqlite {
 mod postgres {
     use dedup_core::Error;
     use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
-    use dedup_postgres::{PURGE_RUNS_TABLE, PostgresConfig, PostgresStore, SCHEMA_VERSIONS_TABLE};
+    use dedup_postgres::{
+        PURGE_RUNS_TABLE, PostgresConfig, PostgresStore, SCHEMA_VERSIONS_TABLE, SqlSettings,
+    };
 
     use crate::Setup;
 
@@ -161,9 +163,12 @@ mod postgres {
             let store = PostgresStore::connect_with(
                 url,
                 PostgresConfig {
-                    table: inbox.clone(),
-                    outbox_table: Some(outbox.clone()),
-                    clock: Some(self.clock()),
+                    sql: SqlSettings {
+                        table: inbox.clone(),
+                        outbox_table: Some(outbox.clone()),
+                        clock: Some(self.clock()),
+                        ..config.sql
+                    },
                     ..config
                 },
             )
@@ -270,7 +275,9 @@ mod postgres {
 mod mysql {
     use dedup_core::Error;
     use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlPool};
-    use dedup_mysql::{MySqlConfig, MySqlStore, PURGE_RUNS_TABLE, SCHEMA_VERSIONS_TABLE};
+    use dedup_mysql::{
+        MySqlConfig, MySqlStore, PURGE_RUNS_TABLE, SCHEMA_VERSIONS_TABLE, SqlSettings,
+    };
 
     use crate::Setup;
 
@@ -286,12 +293,12 @@ mod mysql {
         pub async fn mysql(&self, url: &str, config: MySqlConfig) -> Result<MySqlStore, Error> {
             let store = MySqlStore::connect_with(
                 url,
-                MySqlConfig {
+                MySqlConfig::from(SqlSettings {
                     table: self.inbox_table().to_owned(),
                     outbox_table: Some(self.outbox_table().to_owned()),
                     clock: Some(self.clock()),
-                    ..config
-                },
+                    ..config.sql
+                }),
             )
             .await?;
             if self.owns_tables() {

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use dedup_core::outbox::OutboxMessage;
 use dedup_core::{BoxError, ClaimOptions, DedupStore, Key};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
-use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings};
 use dedup_sqlite::rusqlite::{Connection, types::Value};
 use dedup_sqlite::{SqliteConfig, SqliteStore};
 use dedup_testkit::{Kit, Subject, lease, postgres_tx, sqlite_tx};
@@ -72,7 +72,10 @@ async fn pg_service(url: &str, schema: &str) -> PgPool {
         url,
         PostgresConfig {
             schema: schema.into(),
-            table: "billing_inbox".into(),
+            sql: SqlSettings {
+                table: "billing_inbox".into(),
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         },
     )

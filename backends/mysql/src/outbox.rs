@@ -26,7 +26,7 @@ const MAX_BYTES_PER_INSERT: usize = 4 << 20;
 
 /// The transactional outbox of a [`MySqlStore`] ([`MySqlStore::outbox`]), in its own table
 /// in the connection's database
-/// ([`MySqlConfig::outbox_table`](crate::MySqlConfig::outbox_table)), migrated with the
+/// ([`SqlSettings::outbox_table`](crate::SqlSettings::outbox_table)), migrated with the
 /// records table. MySQL has no `NOTIFY`: relays poll (their
 /// [`poll_interval`](dedup_core::outbox::RelayConfig::poll_interval)) and look again at once
 /// after a round that took rows. See [`SqlOutbox`] for `enqueue` and the contract,

@@ -169,11 +169,11 @@ mod tests {
                 "dedup_inbox_outbox_keys"
             ]
         );
-        let config = MySqlConfig {
+        let config = MySqlConfig::from(dedup_sql::SqlSettings {
             table: "billing".into(),
             outbox_table: Some("events".into()),
-            ..MySqlConfig::default()
-        };
+            ..Default::default()
+        });
         assert_eq!(config.table_names(), ["billing", "events", "events_keys"]);
     }
 

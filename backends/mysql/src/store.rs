@@ -9,7 +9,6 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use dedup_core::{Fingerprint, Key, Result, Timestamp};
 use dedup_sql::SqlStore;
-use dedup_sql::config::SqlConfig;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
 

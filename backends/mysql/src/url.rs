@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use dedup_core::backend::url::{BackendDescriptor, Params, StoreTarget, UrlError, UrlParts};
+use dedup_core::backend::url::{BackendDescriptor, StoreTarget, UrlError, UrlParts};
 use dedup_core::outbox::OutboxStore;
 use dedup_sql::config::SqlConfig;
 use dedup_sql::target::{SqlTarget, TlsModeParam, UrlStore, finish};
+use dedup_sql::url_params::UrlParams;
 
 use crate::{MySqlConfig, MySqlStore};
 
@@ -27,9 +28,9 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
 
 /// Parameters of `mysql://` and `mariadb://` URLs: dedup's own, then the driver's (passed
 /// through).
-const PARAMS: &[&str] = dedup_sql::sql_params!(
-    [],
-    [
+static PARAMS: UrlParams = UrlParams::new(
+    &[],
+    &[
         "ssl-mode",
         "sslmode",
         "ssl-ca",
@@ -44,7 +45,7 @@ const PARAMS: &[&str] = dedup_sql::sql_params!(
         "socket",
         "timezone",
         "time-zone",
-    ]
+    ],
 );
 
 /// What a `mysql://` or `mariadb://` URL opens: the driver's URL and the store's configuration.
@@ -61,7 +62,7 @@ const SSL_MODE: TlsModeParam = TlsModeParam {
 /// `mysql://` or `mariadb://` (the driver is given `mysql://`).
 fn parse(url: &UrlParts<'_>) -> std::result::Result<StoreTarget, UrlError> {
     let base = url.server_url("mysql", "MySQL")?;
-    let mut params = Params::parse(url.query, "mysql", PARAMS)?;
+    let mut params = PARAMS.parse(url.query, "mysql")?;
     let config = MySqlConfig::from_params(&mut params)?;
     let ssl_mode = SSL_MODE.take(&mut params, cfg!(feature = "tls"))?;
     finish::<MySqlStore>(base, params, config, ssl_mode)

@@ -5,7 +5,7 @@
 mod common;
 
 use dedup_mysql::sqlx::{self, AssertSqlSafe};
-use dedup_mysql::{MySqlConfig, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone() {
@@ -21,11 +21,11 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
             .await
             .expect("the foreign table");
     }
-    let config = MySqlConfig {
+    let config = MySqlConfig::from(SqlSettings {
         table: table.clone(),
         max_connections: 2,
-        ..MySqlConfig::default()
-    };
+        ..Default::default()
+    });
     dedup_conformance::foreign::refused_or_failing(MySqlStore::connect_with(&url, config).await)
         .await;
     let rows: Vec<(i32, String)> = sqlx::query_as(AssertSqlSafe(format!(

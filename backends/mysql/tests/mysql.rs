@@ -10,7 +10,7 @@ use std::time::Duration;
 use dedup_core::backend::AdminStorage;
 use dedup_core::{Claim, ClaimOptions, DedupStore, Error, Fingerprint, Key, TlsFiles, TxClaim};
 use dedup_mysql::sqlx::{self, AssertSqlSafe};
-use dedup_mysql::{MySqlConfig, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings};
 
 fn key(consumer: &str, id: &str) -> Key {
     Key::new(consumer, id).expect("valid key")
@@ -28,10 +28,10 @@ fn fp(s: &str) -> Fingerprint {
 async fn unsafe_table_names_are_rejected_before_any_io() {
     // No server needed: the name is checked first (the URL points nowhere).
     for name in ["", "a b", "a`b", "t;DROP TABLE x", "é", &"a".repeat(64)] {
-        let config = MySqlConfig {
+        let config = MySqlConfig::from(SqlSettings {
             table: name.into(),
-            ..MySqlConfig::default()
-        };
+            ..Default::default()
+        });
         let e = MySqlStore::connect_with("mysql://nobody@127.0.0.1:1/none", config)
             .await
             .expect_err("refused");
@@ -74,11 +74,13 @@ async fn migrate_from_eight_tasks_at_once_creates_one_table() {
 async fn migrate_false_checks_and_writes_nothing_and_a_newer_version_is_refused() {
     let url = url_or_skip!();
     let table = common::unique_table("versions");
-    let read_only = |table: &str| MySqlConfig {
-        table: table.into(),
-        migrate: false,
-        max_connections: 2,
-        ..MySqlConfig::default()
+    let read_only = |table: &str| {
+        MySqlConfig::from(SqlSettings {
+            table: table.into(),
+            migrate: false,
+            max_connections: 2,
+            ..Default::default()
+        })
     };
     let e = MySqlStore::connect_with(&url, read_only(&table))
         .await
@@ -416,14 +418,16 @@ async fn tls_verify_identity_connects_and_another_ca_is_refused() {
         eprintln!("SKIPPED: DEDUP_TLS_CA is not set");
         return;
     };
-    let with_ca = |ca: &str| MySqlConfig {
-        table: common::unique_table("tls"),
-        tls: TlsFiles {
-            ca: Some(ca.into()),
-            ..TlsFiles::default()
-        },
-        max_connections: 2,
-        ..MySqlConfig::default()
+    let with_ca = |ca: &str| {
+        MySqlConfig::from(SqlSettings {
+            table: common::unique_table("tls"),
+            tls: TlsFiles {
+                ca: Some(ca.into()),
+                ..TlsFiles::default()
+            },
+            max_connections: 2,
+            ..Default::default()
+        })
     };
     let store = MySqlStore::connect_with(&url, with_ca(&ca))
         .await
@@ -453,11 +457,11 @@ async fn tls_verify_identity_connects_and_another_ca_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_is_a_retryable_error_and_the_pool_recovers() {
     let url = url_or_skip!();
-    let config = MySqlConfig {
+    let config = MySqlConfig::from(SqlSettings {
         table: common::unique_table("killed"),
         max_connections: 1,
-        ..MySqlConfig::default()
-    };
+        ..Default::default()
+    });
     let store = MySqlStore::connect_with(&url, config)
         .await
         .expect("connect");
@@ -530,12 +534,12 @@ where
 async fn common_cases_are_one_statement_each_prepared_once() {
     let url = url_or_skip!();
     let clock = common::manual_clock();
-    let config = MySqlConfig {
+    let config = MySqlConfig::from(SqlSettings {
         table: common::unique_table("one_statement"),
         clock: Some(clock.clone()),
         max_connections: 1,
-        ..MySqlConfig::default()
-    };
+        ..Default::default()
+    });
     let store = MySqlStore::connect_with(&url, config)
         .await
         .expect("connect");

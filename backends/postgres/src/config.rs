@@ -1,63 +1,36 @@
 //! [`PostgresConfig`]: where the records live and which clock leases use.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::ops::{Deref, DerefMut};
 
 use dedup_core::backend::names::sql_identifier;
-use dedup_core::{Clock, Error, MAX_BATCH_LEN, Result, TlsFiles};
-use dedup_sql::config::SqlConfig;
+use dedup_core::{Error, MAX_BATCH_LEN, Result};
+use dedup_sql::config::{SqlConfig, SqlSettings};
 use dedup_sql::target::TargetConfig;
 
-/// How a [`PostgresStore`](crate::PostgresStore) is set up.
+/// How a [`PostgresStore`](crate::PostgresStore) is set up: the [`SqlSettings`] every sqlx
+/// store shares, in [`sql`](Self::sql), and PostgreSQL's own.
 ///
-/// Build it with struct-update syntax so new fields keep your code compiling:
+/// Build it with struct-update syntax so new fields keep your code compiling. The shared
+/// settings read through `Deref`: `config.table` is `config.sql.table`.
 ///
 /// ```
-/// use dedup_postgres::PostgresConfig;
-/// let config = PostgresConfig { table: "billing_inbox".into(), ..Default::default() };
-/// assert_eq!(config.schema, "public");
+/// use dedup_postgres::{PostgresConfig, SqlSettings};
+/// let config = PostgresConfig {
+///     schema: "billing".into(),
+///     sql: SqlSettings { table: "billing_inbox".into(), ..Default::default() },
+///     ..Default::default()
+/// };
+/// assert_eq!((config.schema.as_str(), config.table.as_str()), ("billing", "billing_inbox"));
 /// ```
 #[derive(Clone, Debug)]
 pub struct PostgresConfig {
-    /// The schema holding the table (created by [`migrate`](crate::PostgresStore::migrate)
+    /// The schema holding the tables (created by [`migrate`](crate::PostgresStore::migrate)
     /// when missing). Default `public`. ASCII letters, digits and `_`, at most 63 bytes.
     pub schema: String,
-    /// The table holding the records. Default `dedup_inbox`. Same rules as `schema`.
-    pub table: String,
-    /// The clock for lease arithmetic. `None` (the default): the PostgreSQL server's clock
-    /// (`clock_timestamp()`), so nodes with skewed clocks agree. Inject one (a
-    /// [`ManualClock`](dedup_core::ManualClock)) to control expiry in tests.
-    pub clock: Option<Arc<dyn Clock>>,
-    /// Pool size used by [`PostgresStore::connect`](crate::PostgresStore::connect) and
-    /// [`connect_with`](crate::PostgresStore::connect_with) (ignored by `from_pool`).
-    /// Default 20: the broker consumers' default 16 messages in flight, each holding a
-    /// connection for its whole transaction in transactional mode, plus the 4 that group
-    /// commit's statements hold at most (2 × its default 2 rounds). See the crate docs on
-    /// sizing: lease mode needs about one connection per concurrent store call;
-    /// transactional mode one per message being handled.
-    pub max_connections: u32,
-    /// How long a store call waits for a pool connection (a free one, or a new one opened
-    /// within [`connect_timeout`](Self::connect_timeout)) before it fails with a retryable
-    /// [`Error::Backend`] naming the pool timeout. Default 5 s, the connect timeout: longer
-    /// than opening one connection takes on a healthy network, and short enough that
-    /// during a database outage each attempt fails in seconds (sqlx's own default, 30 s,
-    /// held every message that long) and the caller's retry or the broker's redelivery
-    /// takes over. Not zero.
-    pub acquire_timeout: Duration,
-    /// How long [`connect`](crate::PostgresStore::connect) may take to establish its first
-    /// connection (TCP, TLS and authentication) before it fails with the cause. Default 5 s.
-    pub connect_timeout: Duration,
-    /// TLS certificate files, applied on top of the URL's own `sslrootcert`, `sslcert`,
-    /// `sslkey`. A CA given here with no `sslmode` in the URL means `sslmode=verify-full`.
-    /// TLS needs this crate's `tls` feature.
-    pub tls: TlsFiles,
-    /// Whether [`connect`](crate::PostgresStore::connect) /
-    /// [`connect_with`](crate::PostgresStore::connect_with) create or upgrade the table
-    /// ([`migrate`](crate::PostgresStore::migrate)). Default `true`. With `false` they only
-    /// check it, writing nothing (a role without the right to create tables can open the
-    /// store): a missing or older table is [`Error::SchemaNotMigrated`], a newer one
-    /// [`Error::SchemaTooNew`]. For read-only tools such as `dedup stats`.
-    pub migrate: bool,
+    /// The settings every sqlx store shares: the records and outbox tables (in
+    /// [`schema`](Self::schema)), the clock (default: the server's `clock_timestamp()`),
+    /// the pool, the timeouts, TLS, migrating. See the crate docs on sizing the pool.
+    pub sql: SqlSettings,
     /// Group commit of single claims and single commits: concurrent
     /// [`claim`](dedup_core::DedupStore::claim) calls on this store share one statement
     /// (and one transaction, so one flush of the server's log) per round, and so do
@@ -66,13 +39,6 @@ pub struct PostgresConfig {
     /// lone caller runs at once, on its own statement. Default: on
     /// ([`GroupCommit::default`]); `None` runs every call on its own statement.
     pub group_commit: Option<GroupCommit>,
-    /// The outbox's table ([`PostgresStore::outbox`](crate::PostgresStore::outbox)), in
-    /// `schema`, created and migrated with the records table by
-    /// [`migrate`](crate::PostgresStore::migrate). `None` (the default): the records
-    /// table's name plus `_outbox` (`dedup_inbox_outbox`; see
-    /// [`names::outbox_table`](dedup_core::backend::names::outbox_table)). Same rules as
-    /// `table`, and not the same name.
-    pub outbox_table: Option<String>,
 }
 
 /// How [`PostgresConfig::group_commit`] groups concurrent single claims (and, apart,
@@ -122,29 +88,22 @@ impl Default for PostgresConfig {
     fn default() -> Self {
         PostgresConfig {
             schema: "public".into(),
-            table: "dedup_inbox".into(),
-            clock: None,
-            max_connections: 20,
-            acquire_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-            tls: TlsFiles::default(),
-            migrate: true,
+            sql: SqlSettings::default(),
             group_commit: Some(GroupCommit::default()),
-            outbox_table: None,
         }
     }
 }
 
 impl PostgresConfig {
-    /// Check the schema and table names (they are spliced into SQL, quoted), the connect
-    /// timeout, the group commit bounds and the TLS files.
+    /// Check the schema and the shared settings ([`SqlSettings::validate`]: table names,
+    /// timeouts, TLS files), and the group commit bounds.
     pub fn validate(&self) -> Result<()> {
         sql_identifier("schema", &self.schema)?;
         self.validate_settings()?;
-        if let Some(group) = &self.group_commit {
-            group.validate()?;
+        match &self.group_commit {
+            Some(group) => group.validate(),
+            None => Ok(()),
         }
-        self.tls.validate()
     }
 
     /// `"schema"."table"`, ready to splice into SQL (call [`validate`](Self::validate) first).
@@ -158,7 +117,33 @@ impl PostgresConfig {
     }
 }
 
-dedup_sql::sql_config!(PostgresConfig, crate::ddl::VERSIONS_TABLE);
+impl From<SqlSettings> for PostgresConfig {
+    /// The configuration with these shared settings, PostgreSQL's own at their defaults.
+    fn from(sql: SqlSettings) -> Self {
+        PostgresConfig {
+            sql,
+            ..PostgresConfig::default()
+        }
+    }
+}
+
+impl Deref for PostgresConfig {
+    type Target = SqlSettings;
+
+    fn deref(&self) -> &SqlSettings {
+        &self.sql
+    }
+}
+
+impl DerefMut for PostgresConfig {
+    fn deref_mut(&mut self) -> &mut SqlSettings {
+        &mut self.sql
+    }
+}
+
+impl SqlConfig for PostgresConfig {
+    const VERSIONS_TABLE: &'static str = crate::ddl::VERSIONS_TABLE;
+}
 
 impl TargetConfig for PostgresConfig {
     fn location(&self) -> String {

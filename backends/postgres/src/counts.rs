@@ -214,7 +214,10 @@ mod tests {
     fn every_placeholder_is_filled_in() {
         let config = PostgresConfig {
             schema: "s".into(),
-            table: "a".repeat(63),
+            sql: dedup_sql::SqlSettings {
+                table: "a".repeat(63),
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         };
         for template in [ENABLE, DISABLE] {

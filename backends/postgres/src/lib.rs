@@ -24,7 +24,7 @@ mod url;
 pub use config::{GroupCommit, PostgresConfig};
 pub use connect::{PING_IF_IDLE_FOR, pool_options};
 pub use ddl::VERSIONS_TABLE as SCHEMA_VERSIONS_TABLE;
-pub use dedup_sql::config::PURGE_RUNS_TABLE;
+pub use dedup_sql::config::{PURGE_RUNS_TABLE, SqlConfig, SqlSettings};
 pub use outbox::{PostgresOutbox, PostgresOutboxDialect};
 pub use outbox_table::NOTIFY_EVERY;
 pub use sqlx;

@@ -23,7 +23,7 @@ use crate::store::PostgresStore;
 
 /// The transactional outbox of a [`PostgresStore`] ([`PostgresStore::outbox`]), in its own
 /// table in the store's schema
-/// ([`PostgresConfig::outbox_table`](crate::PostgresConfig::outbox_table)), migrated with
+/// ([`SqlSettings::outbox_table`](crate::SqlSettings::outbox_table)), migrated with
 /// the records table; relays are woken by `LISTEN` on the table's
 /// [`channel`](PostgresOutboxDialect::channel). See [`SqlOutbox`] for `enqueue` and the
 /// contract, [`PostgresOutboxDialect`] for what each operation costs here.

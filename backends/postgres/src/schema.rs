@@ -235,7 +235,10 @@ mod tests {
     fn migrations_render_every_placeholder() {
         let config = PostgresConfig {
             schema: "s".into(),
-            table: "a".repeat(63),
+            sql: dedup_sql::SqlSettings {
+                table: "a".repeat(63),
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         };
         for migration in MIGRATIONS {

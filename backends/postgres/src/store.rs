@@ -9,7 +9,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use dedup_core::{Claim, ClaimRequest, CommitRequest, Result};
 use dedup_sql::SqlStore;
-use dedup_sql::config::SqlConfig;
 use sqlx::{PgPool, SqlStr};
 
 use crate::config::PostgresConfig;

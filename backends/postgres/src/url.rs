@@ -10,6 +10,7 @@ use dedup_core::backend::url::{
 use dedup_core::outbox::OutboxStore;
 use dedup_sql::config::SqlConfig;
 use dedup_sql::target::{SqlTarget, TlsModeParam, UrlStore, finish};
+use dedup_sql::url_params::UrlParams;
 
 use crate::{GroupCommit, PostgresConfig, PostgresStore};
 
@@ -25,9 +26,9 @@ pub static DESCRIPTOR: BackendDescriptor = BackendDescriptor {
 };
 
 /// Parameters of `postgres://` URLs: dedup's own, then the driver's (passed through).
-const PARAMS: &[&str] = dedup_sql::sql_params!(
-    ["schema"],
-    [
+static PARAMS: UrlParams = UrlParams::new(
+    &["schema"],
+    &[
         "group_commit",
         "group_commit_rounds",
         "group_commit_max",
@@ -44,7 +45,7 @@ const PARAMS: &[&str] = dedup_sql::sql_params!(
         "user",
         "password",
         "statement-cache-capacity",
-    ]
+    ],
 );
 
 /// What a `postgres://` URL opens: the driver's URL and the store's configuration.
@@ -60,7 +61,7 @@ const SSL_MODE: TlsModeParam = TlsModeParam {
 
 fn parse(url: &UrlParts<'_>) -> std::result::Result<StoreTarget, UrlError> {
     let base = url.server_url(url.scheme, "PostgreSQL")?;
-    let mut params = Params::parse(url.query, "postgres", PARAMS)?;
+    let mut params = PARAMS.parse(url.query, "postgres")?;
     let mut config = PostgresConfig::from_params(&mut params)?;
     if let Some(schema) = params.take("schema") {
         config.schema = schema;

@@ -4,9 +4,9 @@
 
 mod common;
 
-use dedup_postgres::PostgresConfig;
 use dedup_postgres::PostgresStore;
 use dedup_postgres::sqlx::{self, AssertSqlSafe};
+use dedup_postgres::{PostgresConfig, SqlSettings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone() {
@@ -24,8 +24,11 @@ async fn hostile_table_with_an_unexpected_schema_is_a_typed_error_and_left_alone
     }
     let config = PostgresConfig {
         schema: common::SCHEMA.into(),
-        table: table.clone(),
-        max_connections: 2,
+        sql: SqlSettings {
+            table: table.clone(),
+            max_connections: 2,
+            ..Default::default()
+        },
         ..PostgresConfig::default()
     };
     dedup_conformance::foreign::refused_or_failing(PostgresStore::connect_with(&url, config).await)

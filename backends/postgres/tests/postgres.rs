@@ -13,7 +13,7 @@ use dedup_core::{
 };
 use dedup_postgres::sqlx::postgres::PgPoolOptions;
 use dedup_postgres::sqlx::{self, AssertSqlSafe, Connection, PgConnection};
-use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings};
 
 fn key(consumer: &str, id: &str) -> Key {
     Key::new(consumer, id).expect("valid key")
@@ -43,7 +43,10 @@ async fn unsafe_schema_and_table_names_are_rejected() {
     ] {
         let config = PostgresConfig {
             schema: schema.into(),
-            table: table.into(),
+            sql: SqlSettings {
+                table: table.into(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let err = PostgresStore::from_pool(pool.clone(), config)
@@ -67,8 +70,11 @@ async fn migrate_from_eight_tasks_at_once_creates_one_schema() {
     let schema = common::unique_table("schema");
     let config = PostgresConfig {
         schema: schema.clone(),
-        table: "dedup_inbox".into(),
-        max_connections: 2,
+        sql: SqlSettings {
+            table: "dedup_inbox".into(),
+            max_connections: 2,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let tasks: Vec<_> = (0..8)

@@ -19,7 +19,7 @@ use dedup_core::outbox::{OutboxMessage, OutboxStore};
 use dedup_core::{Admin, Claim, ClaimOptions, DedupStore, Key, ManualClock, PurgeOptions};
 use dedup_postgres::sqlx::postgres::PgConnectOptions;
 use dedup_postgres::sqlx::{self, PgPool};
-use dedup_postgres::{PostgresConfig, PostgresStore, pool_options};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings, pool_options};
 
 #[allow(dead_code)] // the crash-restart part is for `server_restart`
 #[path = "../../sql/tests/clauses/private_server.rs"]
@@ -49,8 +49,11 @@ async fn a_purge_does_not_wait_for_the_log_flush() {
     };
     let clock = Arc::new(ManualClock::starting_now());
     let config = PostgresConfig {
-        table: "purge_commit".into(),
-        clock: Some(clock.clone()),
+        sql: SqlSettings {
+            table: "purge_commit".into(),
+            clock: Some(clock.clone()),
+            ..Default::default()
+        },
         ..PostgresConfig::default()
     };
 

@@ -7,16 +7,19 @@ use std::time::Duration;
 
 use dedup_core::{Admin, Claim, ClaimOptions, DedupStore, Error, Key, PurgeOptions, RecordState};
 use dedup_postgres::sqlx::{self, AssertSqlSafe};
-use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings};
 
 const MINUTE: i64 = 60_000;
 
 fn config(table: &str) -> PostgresConfig {
     PostgresConfig {
         schema: common::SCHEMA.into(),
-        table: table.into(),
-        clock: None,
-        max_connections: 2,
+        sql: SqlSettings {
+            table: table.into(),
+            clock: None,
+            max_connections: 2,
+            ..Default::default()
+        },
         ..PostgresConfig::default()
     }
 }

@@ -16,7 +16,7 @@ use private_server::Server;
 
 use dedup_conformance::restart::{acknowledged_records_survive_a_restart, until_reconnected};
 use dedup_core::outbox::{MemoryPublisher, OutboxMessage, Relay, RelayConfig};
-use dedup_postgres::{PostgresConfig, PostgresStore, pool_options, sqlx};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings, pool_options, sqlx};
 
 #[path = "../../sql/tests/clauses/private_server.rs"]
 mod private_server;
@@ -117,7 +117,10 @@ async fn the_relay_listens_again_once_the_server_is_back() {
         return;
     };
     let config = PostgresConfig {
-        table: "relay_restart".into(),
+        sql: SqlSettings {
+            table: "relay_restart".into(),
+            ..Default::default()
+        },
         ..PostgresConfig::default()
     };
     let pool = pool_options(&config)

@@ -16,7 +16,7 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use dedup_core::Error;
-use dedup_postgres::{PostgresConfig, PostgresStore, sqlx};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings, sqlx};
 
 /// The `sqlx::Error` a failed connect kept as its source.
 fn driver_error(error: &Error) -> &sqlx::Error {
@@ -28,7 +28,10 @@ fn driver_error(error: &Error) -> &sqlx::Error {
 /// Connect to `url`, which must fail within a few seconds.
 async fn connect_error(url: &str) -> Error {
     let config = PostgresConfig {
-        connect_timeout: Duration::from_secs(5),
+        sql: SqlSettings {
+            connect_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
         ..PostgresConfig::default()
     };
     PostgresStore::connect_with(url, config)

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use dedup_core::{BoxError, Claim, ClaimOptions, DedupStore, Key, TxClaim};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgPool};
-use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings, TxInbox};
 
 /// Messages per measure.
 const MESSAGES: usize = 1_600;
@@ -163,7 +163,10 @@ async fn store(url: &str) -> PostgresStore {
         url,
         PostgresConfig {
             schema: common::SCHEMA.into(),
-            table,
+            sql: SqlSettings {
+                table,
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         },
     )

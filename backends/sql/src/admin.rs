@@ -12,7 +12,6 @@ use dedup_core::backend::{DEAD_LETTER_PREFIX_HEX, FAILED_PREFIX_HEX};
 use dedup_core::{Error, Record, Result, Timestamp};
 use sqlx::{AssertSqlSafe, Pool, SqlStr};
 
-use crate::config::SqlConfig;
 pub use crate::error::RowOf;
 use crate::error::SqlBackend;
 use crate::purge::retention_ms;

@@ -14,7 +14,9 @@ pub mod query;
 pub mod store;
 pub mod target;
 pub mod tx_inbox;
+pub mod url_params;
 
+pub use config::{SqlConfig, SqlSettings};
 pub use error::SqlBackend;
 pub use query::SqlDb;
 pub use store::SqlStore;

@@ -6,7 +6,6 @@
 use dedup_core::{PurgeReport, PurgeRun, Result, Timestamp};
 use sqlx::SqlSafeStr;
 
-use crate::config::SqlConfig;
 use crate::error::SqlBackend;
 use crate::query::{Param, SqlDb};
 use crate::store::SqlStore;
@@ -26,7 +25,7 @@ pub async fn record_run<S: SqlStore>(
     let config = store.store_config();
     let params = [
         Param::Int(config.now_param()),
-        Param::Text(Some(config.settings().table)),
+        Param::Text(Some(&config.table)),
         Param::Int(Some(i64::try_from(run.removed).unwrap_or(i64::MAX))),
         Param::Int(Some(run.took_ms())),
         Param::Bool(run.stopped_early),
@@ -41,7 +40,7 @@ pub async fn record_run<S: SqlStore>(
 /// records table's name and whose columns are `finished_at`, `removed`, `took_ms` and
 /// `stopped_early` (`None`: no purge of this table finished since it was created).
 pub async fn last_run<S: SqlStore>(store: &S, select: impl SqlSafeStr) -> Result<Option<PurgeRun>> {
-    let params = [Param::Text(Some(store.store_config().settings().table))];
+    let params = [Param::Text(Some(&store.store_config().table))];
     let row = <Db<S>>::fetch_optional(store.store_pool(), select, &params)
         .await
         .map_err(S::Backend::error)?;

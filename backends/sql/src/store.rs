@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use dedup_core::{Key, Record, Result};
 use sqlx::{Pool, SqlSafeStr};
 
-use crate::config::{SqlConfig, TargetConfig};
+use crate::config::TargetConfig;
 use crate::error::{RowOf, SqlBackend};
 use crate::migrate::{self, Migrations};
 use crate::query::{Param, SqlDb};
@@ -59,7 +59,7 @@ pub async fn connect_with<S: SqlStore>(url: &str, config: S::Config) -> Result<S
     config.check()?;
     let pool = S::open_pool(url, &config).await?;
     let store = S::over_pool(pool, config).await?;
-    let run = store.store_config().settings().migrate;
+    let run = store.store_config().migrate;
     migrate::migrate_or_check(run, migrate(&store), check(&store)).await?;
     Ok(store)
 }

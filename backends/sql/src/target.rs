@@ -13,7 +13,6 @@ use dedup_core::backend::url::{
 use dedup_core::outbox::OutboxStore;
 use dedup_core::{Admin, Clock, Result};
 
-use crate::config::SqlConfig;
 pub use crate::config::TargetConfig;
 use crate::store::{SqlStore, connect_with};
 
@@ -69,7 +68,7 @@ impl<S: UrlStore> OpenTarget for SqlTarget<S> {
     }
 
     fn set_clock(&mut self, clock: Arc<dyn Clock>) {
-        *self.config.settings_mut().clock = Some(clock);
+        self.config.clock = Some(clock);
     }
 
     fn clone_target(&self) -> Box<dyn OpenTarget> {

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup::outbox::{AfterFailure, OutboxMessage, OutboxStore};
 use dedup::inbox::Failure;
+use dedup::outbox::{AfterFailure, OutboxMessage, OutboxStore};
 use dedup::store::{ClaimOptions, Verdict};
 use dedup::{Admin, DedupStore, Key, Lease, Timestamp};
 use dedup_console::{Console, ConsoleConfig};
@@ -200,8 +200,11 @@ async fn enqueue(t: &Target, messages: &[OutboxMessage]) {
             let store = dedup_postgres::PostgresStore::connect_with(
                 base,
                 dedup_postgres::PostgresConfig {
-                    table: table.to_owned(),
-                    max_connections: 2,
+                    sql: dedup_postgres::SqlSettings {
+                        table: table.to_owned(),
+                        max_connections: 2,
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
             )

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use dedup_core::outbox::{OutboxMessage, OutboxStore};
 use dedup_core::{DedupStore, Handled, InboxConfig, InboxError, Key};
 use dedup_mysql::sqlx as sqlx_my;
-use dedup_mysql::{MySqlConfig, MySqlOutbox, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlOutbox, MySqlStore, SqlSettings};
 use dedup_postgres::sqlx as sqlx_pg;
 use dedup_postgres::{PostgresConfig, PostgresOutbox, PostgresStore};
 
@@ -31,16 +31,19 @@ impl Db {
     /// The dedup store (inbox and outbox tables) of the run `names` on `url`.
     pub async fn open(url: &str, names: &Names) -> Result<Db, BoxError> {
         if is_mysql(url) {
-            let config = MySqlConfig {
+            let config = MySqlConfig::from(SqlSettings {
                 table: format!("{}_inbox", names.schema),
                 max_connections: 8,
-                ..MySqlConfig::default()
-            };
+                ..Default::default()
+            });
             return Ok(Db::MySql(MySqlStore::connect_with(url, config).await?));
         }
         let config = PostgresConfig {
             schema: names.schema.clone(),
-            max_connections: 8,
+            sql: SqlSettings {
+                max_connections: 8,
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         };
         Ok(Db::Postgres(

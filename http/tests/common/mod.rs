@@ -61,8 +61,11 @@ impl Backend {
                 let url = self.url("DEDUP_POSTGRES_URL", test)?;
                 let config = dedup_postgres::PostgresConfig {
                     schema: "dedup_http_test".into(),
-                    table: unique,
-                    max_connections: 8,
+                    sql: dedup_postgres::SqlSettings {
+                        table: unique,
+                        max_connections: 8,
+                        ..Default::default()
+                    },
                     ..Default::default()
                 };
                 let store = dedup_postgres::PostgresStore::connect_with(&url, config).await;

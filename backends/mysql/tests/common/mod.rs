@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection};
-use dedup_mysql::{MySqlConfig, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings};
 
 /// The variable naming the server's URL.
 pub const URL_VAR: &str = "DEDUP_MYSQL_URL";
@@ -12,10 +12,10 @@ pub type Store = MySqlStore;
 
 /// A configuration on `table` (the shared helpers set the clock and the pool).
 pub fn config(table: &str) -> MySqlConfig {
-    MySqlConfig {
+    MySqlConfig::from(SqlSettings {
         table: table.into(),
-        ..MySqlConfig::default()
-    }
+        ..Default::default()
+    })
 }
 
 #[path = "../../../sql/tests/clauses/common.rs"]

@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection};
-use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings};
 
 /// The schema every test table lives in (created by the first migrate).
 pub const SCHEMA: &str = "dedup_test";
@@ -17,7 +17,10 @@ pub type Store = PostgresStore;
 pub fn config(table: &str) -> PostgresConfig {
     PostgresConfig {
         schema: SCHEMA.into(),
-        table: table.into(),
+        sql: SqlSettings {
+            table: table.into(),
+            ..Default::default()
+        },
         ..PostgresConfig::default()
     }
 }

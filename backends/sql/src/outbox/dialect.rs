@@ -13,7 +13,6 @@ use sqlx::{Database, Pool, SqlStr};
 use tokio::sync::OnceCell;
 
 use super::row::{StateCounts, decode_state_counts};
-use crate::config::SqlConfig;
 use crate::error::SqlBackend;
 use crate::purge::retention_ms;
 use crate::query::{Param, SqlDb};

@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use dedup_sql::SqlConfig;
+
 use super::{DESCRIPTOR, Store, Target, URL_PARAMS, common, one_at_a_time};
 
 #[tokio::test]

@@ -13,7 +13,7 @@
 //!   receipt, with `NOTIFY` wakeups (poll interval 10 s) against polling alone (every
 //!   100 ms, no wakeups).
 
-use dedup_postgres::{PostgresConfig, PostgresStore};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings};
 
 use crate::bench::{Names, Params, Result, Row};
 
@@ -65,7 +65,10 @@ pub(crate) async fn run(params: &Params, servers: &Servers) -> Result<Vec<Row>> 
         postgres,
         PostgresConfig {
             schema: schema.clone(),
-            max_connections: params.max_concurrency() as u32 + 4,
+            sql: SqlSettings {
+                max_connections: params.max_concurrency() as u32 + 4,
+                ..Default::default()
+            },
             ..PostgresConfig::default()
         },
     )

@@ -3,7 +3,7 @@
 //! server as it is set (its `innodb_flush_log_at_trx_commit` is printed with the row).
 
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlPool};
-use dedup_mysql::{MySqlConfig, MySqlOutbox, MySqlStore};
+use dedup_mysql::{MySqlConfig, MySqlOutbox, MySqlStore, SqlSettings};
 use futures::FutureExt;
 
 use super::support::{enqueue_row, message};
@@ -43,11 +43,11 @@ pub(crate) async fn mysql_enqueue(params: &Params, url: &str, names: &Names) -> 
     let table = format!("dedup_bench_{}_ob", names.run);
     let store = MySqlStore::connect_with(
         url,
-        MySqlConfig {
+        MySqlConfig::from(SqlSettings {
             table: table.clone(),
             max_connections: params.max_concurrency() as u32 + 4,
-            ..MySqlConfig::default()
-        },
+            ..Default::default()
+        }),
     )
     .await?;
     let business = format!("{table}_biz");
