@@ -8,89 +8,23 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use dedup_conformance::TestContext;
-use dedup_conformance::TxEnd;
-use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest};
+use dedup_core::Error;
 use dedup_core::outbox::{MemoryPublisher, OutboxMessage, OutboxStore, Relay, RelayConfig};
-use dedup_core::{Error, Key, Result};
-use dedup_mysql::sqlx::{self, AssertSqlSafe, MySql, Transaction};
-use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox};
-
-/// One records table per clause (the namespace; the outbox is `<namespace>_outbox`) in the
-/// test schema, on the clause's clock.
-struct MySqlOutboxFactory;
-
-/// Writes like an application: a business row and the messages in one transaction.
-struct Producer {
-    store: MySqlStore,
-}
-
-struct Open(Transaction<'static, MySql>);
-
-#[async_trait]
-impl OpenTx for Open {
-    async fn commit(self: Box<Self>) -> Result<()> {
-        self.0
-            .commit()
-            .await
-            .map_err(|e| Error::backend("mysql", false, e))
-    }
-}
-
-impl Producer {
-    async fn write(&self, messages: &[OutboxMessage]) -> Result<Transaction<'static, MySql>> {
-        let mut tx = self.store.pool().begin().await.expect("begin");
-        let key = Key::new("producer", "order").unwrap();
-        common::insert_business_row(&self.store, &mut tx, &key, "order").await;
-        self.store.outbox().enqueue(&mut tx, messages).await?;
-        Ok(tx)
-    }
-}
-
-#[async_trait]
-impl OutboxProducer for Producer {
-    async fn enqueue(&self, messages: &[OutboxMessage], end: TxEnd) -> Result<()> {
-        let tx = self.write(messages).await?;
-        match end {
-            TxEnd::Commit => tx.commit().await.expect("commit"),
-            TxEnd::Rollback => tx.rollback().await.expect("rollback"),
-        }
-        Ok(())
-    }
-
-    async fn enqueue_open(&self, messages: &[OutboxMessage]) -> Result<Option<Box<dyn OpenTx>>> {
-        Ok(Some(Box::new(Open(self.write(messages).await?))))
-    }
-}
-
-#[async_trait]
-impl OutboxFactory for MySqlOutboxFactory {
-    async fn open(&self, ctx: &TestContext) -> OutboxUnderTest {
-        let url = common::url().expect("available() checked the URL");
-        let store = common::store_on(&url, &ctx.namespace, Some(ctx.clock.clone())).await;
-        common::create_business_table(&store).await;
-        OutboxUnderTest {
-            store: Arc::new(store.outbox()),
-            producer: Arc::new(Producer { store }),
-        }
-    }
-
-    fn available(&self) -> bool {
-        common::url().is_some()
-    }
-}
-
-dedup_conformance::outbox_suite!(MySqlOutboxFactory);
+use dedup_mysql::sqlx::{self, AssertSqlSafe};
+use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings, TxInbox};
 
 /// What the shared sqlx outbox tests (`backends/sql/tests/clauses/outbox.rs`) run on.
 type Store = MySqlStore;
+/// This backend's sqlx database, for the shared outbox factory's transactions.
+type Db = sqlx::MySql;
 /// This backend's sqlx connection, for the shared tests' handlers.
 type Conn = sqlx::MySqlConnection;
 
 #[path = "../../sql/tests/clauses/outbox.rs"]
 mod sql_clauses;
-use sql_clauses::enqueue;
+use sql_clauses::{SqlOutboxFactory, enqueue};
+
+dedup_conformance::outbox_suite!(SqlOutboxFactory);
 
 /// Opened without migrating, the outbox of a table whose outbox was never created is
 /// refused with `SchemaNotMigrated`; `migrate` creates it.
@@ -112,10 +46,10 @@ async fn an_unmigrated_outbox_is_refused_until_migrate() {
         .unwrap();
     let readonly = MySqlStore::connect_with(
         &url,
-        MySqlConfig {
+        MySqlConfig::from(SqlSettings {
             migrate: false,
-            ..config.clone()
-        },
+            ..config.sql.clone()
+        }),
     )
     .await
     .expect("the records table is current");
@@ -124,10 +58,10 @@ async fn an_unmigrated_outbox_is_refused_until_migrate() {
     store.migrate().await.unwrap();
     let again = MySqlStore::connect_with(
         &url,
-        MySqlConfig {
+        MySqlConfig::from(SqlSettings {
             migrate: false,
-            ..config
-        },
+            ..config.sql
+        }),
     )
     .await
     .unwrap();
@@ -167,11 +101,11 @@ async fn the_relay_polls() {
 async fn a_foreign_table_of_the_outbox_name_is_refused() {
     let url = url_or_skip!();
     let table = common::unique_table("outbox_foreign");
-    let config = MySqlConfig {
+    let config = MySqlConfig::from(SqlSettings {
         table: table.clone(),
         outbox_table: Some(format!("{table}_ob")),
-        ..MySqlConfig::default()
-    };
+        ..Default::default()
+    });
     let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
     sqlx::query(AssertSqlSafe(format!(
         "CREATE TABLE `{table}_ob` (id BIGINT PRIMARY KEY, note TEXT)"

@@ -15,39 +15,16 @@ type Db = MySql;
 /// The connection a handler runs on.
 type Conn = MySqlConnection;
 
-/// The stock table beside `store`'s inbox table: two rows the handlers lock.
+/// The stock table beside `store`'s inbox table, quoted.
 fn stock(store: &MySqlStore) -> String {
     format!("`{}_stock`", store.config().table)
 }
 
-/// Create the stock table with its rows 1 and 2.
-async fn create_stock(store: &MySqlStore) {
-    for sql in [
-        format!(
-            "CREATE TABLE {} (id BIGINT PRIMARY KEY, qty BIGINT NOT NULL) ENGINE = InnoDB",
-            stock(store)
-        ),
-        format!("INSERT INTO {} VALUES (1, 0), (2, 0)", stock(store)),
-    ] {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(store.pool())
-            .await
-            .expect("stock table");
-    }
-}
+/// What ends the stock table's `CREATE TABLE`.
+const STOCK_TABLE_OPTIONS: &str = " ENGINE = InnoDB";
 
-/// Lock and update stock row `?`.
-fn bump_sql(store: &MySqlStore) -> String {
-    format!("UPDATE {} SET qty = qty + 1 WHERE id = ?", stock(store))
-}
-
-/// Lock stock row `?` or fail at once (1205 on MariaDB) if another transaction holds it.
-fn lock_nowait_sql(store: &MySqlStore) -> String {
-    format!(
-        "SELECT qty FROM {} WHERE id = ? FOR UPDATE NOWAIT",
-        stock(store)
-    )
-}
+/// The first statement parameter.
+const ID_PARAM: &str = "?";
 
 /// First in a deadlocking handler's transaction: nothing (InnoDB finds deadlocks at once).
 async fn before_locking(_conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {

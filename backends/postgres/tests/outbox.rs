@@ -9,90 +9,24 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use dedup_conformance::TestContext;
-use dedup_conformance::TxEnd;
-use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest};
 use dedup_core::outbox::{MemoryPublisher, OutboxMessage, OutboxStore, Relay, RelayConfig};
 use dedup_core::trace::{CORRELATION_ID_HEADER, MessageTrace, TRACEPARENT_HEADER};
-use dedup_core::{Error, Handled, Key, Result};
-use dedup_postgres::sqlx::{self, AssertSqlSafe, Postgres, Transaction};
-use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
-
-/// One records table per clause (the namespace; the outbox is `<namespace>_outbox`) in the
-/// test schema, on the clause's clock.
-struct PostgresOutboxFactory;
-
-/// Writes like an application: a business row and the messages in one transaction.
-struct Producer {
-    store: PostgresStore,
-}
-
-struct Open(Transaction<'static, Postgres>);
-
-#[async_trait]
-impl OpenTx for Open {
-    async fn commit(self: Box<Self>) -> Result<()> {
-        self.0
-            .commit()
-            .await
-            .map_err(|e| Error::backend("postgres", false, e))
-    }
-}
-
-impl Producer {
-    async fn write(&self, messages: &[OutboxMessage]) -> Result<Transaction<'static, Postgres>> {
-        let mut tx = self.store.pool().begin().await.expect("begin");
-        let key = Key::new("producer", "order").unwrap();
-        common::insert_business_row(&self.store, &mut tx, &key, "order").await;
-        self.store.outbox().enqueue(&mut tx, messages).await?;
-        Ok(tx)
-    }
-}
-
-#[async_trait]
-impl OutboxProducer for Producer {
-    async fn enqueue(&self, messages: &[OutboxMessage], end: TxEnd) -> Result<()> {
-        let tx = self.write(messages).await?;
-        match end {
-            TxEnd::Commit => tx.commit().await.expect("commit"),
-            TxEnd::Rollback => tx.rollback().await.expect("rollback"),
-        }
-        Ok(())
-    }
-
-    async fn enqueue_open(&self, messages: &[OutboxMessage]) -> Result<Option<Box<dyn OpenTx>>> {
-        Ok(Some(Box::new(Open(self.write(messages).await?))))
-    }
-}
-
-#[async_trait]
-impl OutboxFactory for PostgresOutboxFactory {
-    async fn open(&self, ctx: &TestContext) -> OutboxUnderTest {
-        let url = common::url().expect("available() checked the URL");
-        let store = common::store_on(&url, &ctx.namespace, Some(ctx.clock.clone())).await;
-        common::create_business_table(&store).await;
-        OutboxUnderTest {
-            store: Arc::new(store.outbox()),
-            producer: Arc::new(Producer { store }),
-        }
-    }
-
-    fn available(&self) -> bool {
-        common::url().is_some()
-    }
-}
-
-dedup_conformance::outbox_suite!(PostgresOutboxFactory);
+use dedup_core::{Error, Handled, Key};
+use dedup_postgres::sqlx::{self, AssertSqlSafe};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings, TxInbox};
 
 /// What the shared sqlx outbox tests (`backends/sql/tests/clauses/outbox.rs`) run on.
 type Store = PostgresStore;
+/// This backend's sqlx database, for the shared outbox factory's transactions.
+type Db = sqlx::Postgres;
 /// This backend's sqlx connection, for the shared tests' handlers.
 type Conn = sqlx::PgConnection;
 
 #[path = "../../sql/tests/clauses/outbox.rs"]
 mod sql_clauses;
-use sql_clauses::{enqueue, handler};
+use sql_clauses::{SqlOutboxFactory, enqueue, handler};
+
+dedup_conformance::outbox_suite!(SqlOutboxFactory);
 
 /// With a poll interval of a minute, a committed row is published within a second: the
 /// relay listens on the outbox's channel and the producer's commit notifies it.
@@ -244,7 +178,10 @@ async fn an_unmigrated_outbox_is_refused_until_migrate() {
     let readonly = PostgresStore::connect_with(
         &url,
         PostgresConfig {
-            migrate: false,
+            sql: SqlSettings {
+                migrate: false,
+                ..config.sql.clone()
+            },
             ..config.clone()
         },
     )
@@ -256,7 +193,10 @@ async fn an_unmigrated_outbox_is_refused_until_migrate() {
     let again = PostgresStore::connect_with(
         &url,
         PostgresConfig {
-            migrate: false,
+            sql: SqlSettings {
+                migrate: false,
+                ..config.sql
+            },
             ..config
         },
     )

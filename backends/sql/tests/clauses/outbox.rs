@@ -1,20 +1,92 @@
-//! Outbox tests the same on every sqlx backend: each backend's `tests/outbox.rs` includes
-//! this file as a module (`#[path]`) beside its own `common` test helpers (`url`, `store`,
-//! the business table), its `TxInbox`, and the aliases `Store` (its store type) and `Conn`
-//! (its sqlx connection). Not a test target of its own (cargo builds `tests/*.rs` only).
+//! Outbox tests the same on every sqlx backend, and the outbox conformance factory
+//! ([`SqlOutboxFactory`]): each backend's `tests/outbox.rs` includes this file as a module
+//! (`#[path]`) beside its own `common` test helpers (`url`, `store`, the business table),
+//! its `TxInbox`, and the aliases `Store` (its store type), `Db` (its sqlx database) and
+//! `Conn` (its sqlx connection). Not a test target of its own (cargo builds `tests/*.rs`
+//! only).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use dedup_conformance::outbox::{OpenTx, OutboxFactory, OutboxProducer, OutboxUnderTest};
+use dedup_conformance::{TestContext, TxEnd};
 use dedup_core::outbox::{
     ConsumerOutbox, OutboxMessage, OutboxQuery, OutboxStore, derived_message_id,
 };
-use dedup_core::{BoxError, Handled, Key};
+use dedup_core::{BoxError, Error, Handled, Key, Result};
+use dedup_sql::{SqlBackend, SqlStore};
 use futures::future::BoxFuture;
 
 use super::common;
-use super::{Conn, Store, TxInbox};
+use super::sqlx::Transaction;
+use super::{Conn, Db, Store, TxInbox};
+
+/// One records table per clause (the namespace; the outbox is `<namespace>_outbox`) in the
+/// test schema, on the clause's clock.
+pub struct SqlOutboxFactory;
+
+/// Writes like an application: a business row and the messages in one transaction.
+struct Producer {
+    store: Store,
+}
+
+struct Open(Transaction<'static, Db>);
+
+#[async_trait]
+impl OpenTx for Open {
+    async fn commit(self: Box<Self>) -> Result<()> {
+        let backend = <Store as SqlStore>::Backend::NAME;
+        self.0
+            .commit()
+            .await
+            .map_err(|e| Error::backend(backend, false, e))
+    }
+}
+
+impl Producer {
+    async fn write(&self, messages: &[OutboxMessage]) -> Result<Transaction<'static, Db>> {
+        let mut tx = self.store.pool().begin().await.expect("begin");
+        let key = Key::new("producer", "order").unwrap();
+        common::insert_business_row(&self.store, &mut tx, &key, "order").await;
+        self.store.outbox().enqueue(&mut tx, messages).await?;
+        Ok(tx)
+    }
+}
+
+#[async_trait]
+impl OutboxProducer for Producer {
+    async fn enqueue(&self, messages: &[OutboxMessage], end: TxEnd) -> Result<()> {
+        let tx = self.write(messages).await?;
+        match end {
+            TxEnd::Commit => tx.commit().await.expect("commit"),
+            TxEnd::Rollback => tx.rollback().await.expect("rollback"),
+        }
+        Ok(())
+    }
+
+    async fn enqueue_open(&self, messages: &[OutboxMessage]) -> Result<Option<Box<dyn OpenTx>>> {
+        Ok(Some(Box::new(Open(self.write(messages).await?))))
+    }
+}
+
+#[async_trait]
+impl OutboxFactory for SqlOutboxFactory {
+    async fn open(&self, ctx: &TestContext) -> OutboxUnderTest {
+        let url = common::url().expect("available() checked the URL");
+        let store = common::store_on(&url, &ctx.namespace, Some(ctx.clock.clone())).await;
+        common::create_business_table(&store).await;
+        OutboxUnderTest {
+            store: Arc::new(store.outbox()),
+            producer: Arc::new(Producer { store }),
+        }
+    }
+
+    fn available(&self) -> bool {
+        common::url().is_some()
+    }
+}
 
 /// Commit `messages` in a transaction of their own.
 pub async fn enqueue(store: &Store, messages: &[OutboxMessage]) -> u64 {

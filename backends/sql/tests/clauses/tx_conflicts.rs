@@ -4,7 +4,7 @@
 //! as kind `conflict`, and `with_begin` (the user's own transactions) commits only a
 //! successful run. Each backend's `tests/tx_conflicts.rs` includes this file as a module
 //! (`#[path]`) beside its `common` helpers, its `TxInbox`, the aliases `Db` and `Conn`,
-//! and its stock table's SQL (`create_stock`, `bump_sql`, `lock_nowait_sql`,
+//! and what its stock table's SQL needs (`stock`, `STOCK_TABLE_OPTIONS`, `ID_PARAM`,
 //! `before_locking`). Not a test target of its own (cargo builds `tests/*.rs` only).
 
 use std::collections::{HashMap, VecDeque};
@@ -22,7 +22,51 @@ use futures::future::BoxFuture;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 use super::sqlx::{self, AssertSqlSafe};
-use super::{Conn, Db, TxInbox, before_locking, bump_sql, common, create_stock, lock_nowait_sql};
+use super::{Conn, Db, ID_PARAM, STOCK_TABLE_OPTIONS, TxInbox, before_locking, common, stock};
+
+/// Create the stock table beside `store`'s inbox table, with its rows 1 and 2 (the rows
+/// the handlers lock).
+async fn create_stock(store: &common::Store) {
+    let stock = stock(store);
+    for sql in [
+        format!(
+            "CREATE TABLE {stock} (id BIGINT PRIMARY KEY, qty BIGINT NOT NULL){STOCK_TABLE_OPTIONS}"
+        ),
+        format!("INSERT INTO {stock} VALUES (1, 0), (2, 0)"),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .expect("stock table");
+    }
+}
+
+/// Lock and update stock row `id` on `conn`.
+async fn bump(store: &common::Store, conn: &mut Conn, id: i64) -> Result<(), sqlx::Error> {
+    let sql = format!(
+        "UPDATE {} SET qty = qty + 1 WHERE id = {ID_PARAM}",
+        stock(store)
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(id)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+/// Lock stock row `id` on `conn`, or fail at once if another transaction holds it
+/// (`NOWAIT`).
+async fn lock_nowait(store: &common::Store, conn: &mut Conn, id: i64) -> Result<(), sqlx::Error> {
+    let sql = format!(
+        "SELECT qty FROM {} WHERE id = {ID_PARAM} FOR UPDATE NOWAIT",
+        stock(store)
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(id)
+        .fetch_all(conn)
+        .await
+        .map(drop)
+}
 
 /// Workers handling deliveries at once.
 const WORKERS: usize = 8;
@@ -146,17 +190,10 @@ async fn reserve(
 ) -> Result<Option<Vec<u8>>, sqlx::Error> {
     before_locking(conn).await?;
     let (first, second) = if first_a { (1_i64, 2_i64) } else { (2, 1) };
-    let bump = bump_sql(store);
-    sqlx::query(AssertSqlSafe(bump.clone()))
-        .bind(first)
-        .execute(&mut *conn)
-        .await?;
+    bump(store, conn, first).await?;
     // Widen the window in which the other order takes its first row.
     tokio::time::sleep(Duration::from_millis(5)).await;
-    sqlx::query(AssertSqlSafe(bump))
-        .bind(second)
-        .execute(&mut *conn)
-        .await?;
+    bump(store, conn, second).await?;
     common::insert_business_row(store, conn, key, "reserved").await;
     Ok(None)
 }
@@ -353,9 +390,7 @@ fn a_conflict_that_outlasts_the_retries_uses_one_attempt_and_is_kept_as_conflict
             .with_retry(retries(3))
             .observed();
         let mut holder = store.pool().begin().await.expect("begin");
-        sqlx::query(AssertSqlSafe(bump_sql(&store)))
-            .bind(1_i64)
-            .execute(&mut *holder)
+        bump(&store, &mut *holder, 1)
             .await
             .expect("the other transaction's lock");
         let k = key("shipments", 1);
@@ -365,10 +400,7 @@ fn a_conflict_that_outlasts_the_retries_uses_one_attempt_and_is_kept_as_conflict
             let (store, k) = (store.clone(), k.clone());
             Box::pin(async move {
                 common::insert_business_row(&store, conn, &k, "reserved").await;
-                sqlx::query(AssertSqlSafe(lock_nowait_sql(&store)))
-                    .bind(1_i64)
-                    .fetch_all(&mut *conn)
-                    .await?;
+                lock_nowait(&store, conn, 1).await?;
                 Ok(None)
             })
         });
@@ -450,10 +482,7 @@ async fn with_begin_commits_a_successful_run_only_and_retries_a_conflict_at_begi
                 begins.fetch_add(1, Ordering::SeqCst);
                 let mut tx = pool.begin().await?;
                 if let Some(other) = holder.lock().await.take() {
-                    let refused = sqlx::query(AssertSqlSafe(lock_nowait_sql(&store)))
-                        .bind(1_i64)
-                        .fetch_all(&mut *tx)
-                        .await;
+                    let refused = lock_nowait(&store, &mut *tx, 1).await;
                     other.rollback().await?;
                     refused?;
                 }
@@ -512,9 +541,7 @@ async fn with_begin_commits_a_successful_run_only_and_retries_a_conflict_at_begi
 
     // A conflict at begin: run again under the same lease.
     let mut other = store.pool().begin().await.expect("begin");
-    sqlx::query(AssertSqlSafe(bump_sql(&store)))
-        .bind(1_i64)
-        .execute(&mut *other)
+    bump(&store, &mut *other, 1)
         .await
         .expect("the other transaction's lock");
     *holder.lock().await = Some(other);
