@@ -97,25 +97,32 @@ impl OutboxStorage for Outage {
     }
 }
 
-#[test]
-fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
-    let capture = Capture::default();
-    let _guard = capture.install();
+/// `store` after a relay polling every second ran over it for a minute of tokio's paused
+/// time.
+fn a_minute_of_relay_over(store: Outage) -> Arc<Outage> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .unwrap();
-    let store = Arc::new(Outage::new(5));
+    let store = Arc::new(store);
     runtime.block_on(async {
         let relay = Relay::new(store.clone(), Arc::new(MemoryPublisher::new()))
             .with_config(RelayConfig::default().poll_interval(Duration::from_secs(1)))
             .start()
             .expect("the relay starts");
-        // Backoff 100, 200, 400, 800 ms, then the poll interval: well inside a minute.
         tokio::time::sleep(Duration::from_secs(60)).await;
         relay.stop().await;
     });
+    store
+}
+
+#[test]
+fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    // Backoff 100, 200, 400, 800 ms, then the poll interval: well inside a minute.
+    let store = a_minute_of_relay_over(Outage::new(5));
     assert_eq!(
         store.tries.load(Ordering::SeqCst),
         7,
@@ -148,20 +155,7 @@ fn lost_wakeups_are_logged_once_retried_with_backoff_and_logged_once_back() {
 
 #[test]
 fn tries_to_listen_again_wait_twice_as_long_each_time_up_to_the_poll_interval() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    let store = Arc::new(Outage::new(5));
-    runtime.block_on(async {
-        let relay = Relay::new(store.clone(), Arc::new(MemoryPublisher::new()))
-            .with_config(RelayConfig::default().poll_interval(Duration::from_secs(1)))
-            .start()
-            .expect("the relay starts");
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        relay.stop().await;
-    });
+    let store = a_minute_of_relay_over(Outage::new(5));
     let at = store.at.lock().unwrap().clone();
     let gaps: Vec<u128> = at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
     assert_eq!(
