@@ -184,16 +184,9 @@ async fn a_stopped_relay_gives_back_the_totals_of_all_its_rounds() {
 /// Paused tokio time: the rounds of a minute take no real time.
 #[test]
 fn the_first_round_loop_reads_the_gauges_once_per_stats_interval() {
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    let pending = || support::Recorded::take(&snapshotter).gauge(names::OUTBOX_PENDING, &[]);
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
+    support::recorded_live(|snapshotter| async move {
+        let pending = || support::Recorded::take(&snapshotter).gauge(names::OUTBOX_PENDING, &[]);
+        {
             let outbox = MemoryOutbox::new();
             let publisher = MemoryPublisher::new();
             publisher.fail("stuck", None);
@@ -237,7 +230,7 @@ fn the_first_round_loop_reads_the_gauges_once_per_stats_interval() {
                 "not read again before the stats interval, however many rounds"
             );
             handle.stop().await;
-        })
+        }
     });
 }
 

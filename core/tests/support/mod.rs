@@ -114,6 +114,14 @@ fn has_labels(key: &metrics::Key, labels: &[(&str, &str)]) -> bool {
 /// Run `scenario` to completion on a current-thread runtime with paused time and a
 /// debugging recorder of its own: its output, and the metrics it recorded.
 pub fn recorded<F: std::future::Future>(scenario: impl FnOnce() -> F) -> (F::Output, Recorded) {
+    recorded_live(|_| scenario())
+}
+
+/// [`recorded`], with a snapshotter of the recorder for the scenario to read the metrics
+/// while it runs.
+pub fn recorded_live<F: std::future::Future>(
+    scenario: impl FnOnce(Snapshotter) -> F,
+) -> (F::Output, Recorded) {
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -121,7 +129,8 @@ pub fn recorded<F: std::future::Future>(scenario: impl FnOnce() -> F) -> (F::Out
         .start_paused(true)
         .build()
         .unwrap();
-    let out = metrics::with_local_recorder(&recorder, || runtime.block_on(scenario()));
+    let live = snapshotter.clone();
+    let out = metrics::with_local_recorder(&recorder, || runtime.block_on(scenario(live)));
     (out, Recorded::take(&snapshotter))
 }
 
