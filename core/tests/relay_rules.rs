@@ -186,51 +186,49 @@ async fn a_stopped_relay_gives_back_the_totals_of_all_its_rounds() {
 fn the_first_round_loop_reads_the_gauges_once_per_stats_interval() {
     support::recorded_live(|snapshotter| async move {
         let pending = || support::Recorded::take(&snapshotter).gauge(names::OUTBOX_PENDING, &[]);
-        {
-            let outbox = MemoryOutbox::new();
-            let publisher = MemoryPublisher::new();
-            publisher.fail("stuck", None);
-            let mut config = RelayConfig::default()
-                .rounds_in_flight(1)
-                .backoff(Backoff::Immediate)
-                .max_attempts(100)
-                .retention(None);
-            config.stats_interval = Duration::from_secs(3600);
-            let handle = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher))
-                .with_config(config)
-                .start()
-                .expect("the relay starts");
-            // The one round loop reads the gauges before its first take.
-            for _ in 0..100 {
-                if pending().is_some() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+        let outbox = MemoryOutbox::new();
+        let publisher = MemoryPublisher::new();
+        publisher.fail("stuck", None);
+        let mut config = RelayConfig::default()
+            .rounds_in_flight(1)
+            .backoff(Backoff::Immediate)
+            .max_attempts(100)
+            .retention(None);
+        config.stats_interval = Duration::from_secs(3600);
+        let handle = Relay::new(Arc::new(outbox.clone()), Arc::new(publisher))
+            .with_config(config)
+            .start()
+            .expect("the relay starts");
+        // The one round loop reads the gauges before its first take.
+        for _ in 0..100 {
+            if pending().is_some() {
+                break;
             }
-            assert_eq!(
-                pending(),
-                Some(0.0),
-                "read at the start, on an empty outbox"
-            );
-            let stuck = OutboxMessage::new("orders", "stuck", b"{}".to_vec()).unwrap();
-            outbox.enqueue(&[stuck]).unwrap();
-            // Rounds go on: the row fails each time and is due again at once.
-            for _ in 0..1000 {
-                let rows = outbox.list(&OutboxQuery::default()).await.unwrap();
-                if rows[0].row.attempts >= 3 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            let rows = outbox.list(&OutboxQuery::default()).await.unwrap();
-            assert!(rows[0].row.attempts >= 3, "{rows:?}");
-            assert_eq!(
-                pending(),
-                Some(0.0),
-                "not read again before the stats interval, however many rounds"
-            );
-            handle.stop().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        assert_eq!(
+            pending(),
+            Some(0.0),
+            "read at the start, on an empty outbox"
+        );
+        let stuck = OutboxMessage::new("orders", "stuck", b"{}".to_vec()).unwrap();
+        outbox.enqueue(&[stuck]).unwrap();
+        // Rounds go on: the row fails each time and is due again at once.
+        for _ in 0..1000 {
+            let rows = outbox.list(&OutboxQuery::default()).await.unwrap();
+            if rows[0].row.attempts >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let rows = outbox.list(&OutboxQuery::default()).await.unwrap();
+        assert!(rows[0].row.attempts >= 3, "{rows:?}");
+        assert_eq!(
+            pending(),
+            Some(0.0),
+            "not read again before the stats interval, however many rounds"
+        );
+        handle.stop().await;
     });
 }
 
