@@ -390,7 +390,7 @@ fn a_conflict_that_outlasts_the_retries_uses_one_attempt_and_is_kept_as_conflict
             .with_retry(retries(3))
             .observed();
         let mut holder = store.pool().begin().await.expect("begin");
-        bump(&store, &mut *holder, 1)
+        bump(&store, &mut holder, 1)
             .await
             .expect("the other transaction's lock");
         let k = key("shipments", 1);
@@ -482,7 +482,7 @@ async fn with_begin_commits_a_successful_run_only_and_retries_a_conflict_at_begi
                 begins.fetch_add(1, Ordering::SeqCst);
                 let mut tx = pool.begin().await?;
                 if let Some(other) = holder.lock().await.take() {
-                    let refused = lock_nowait(&store, &mut *tx, 1).await;
+                    let refused = lock_nowait(&store, &mut tx, 1).await;
                     other.rollback().await?;
                     refused?;
                 }
@@ -541,7 +541,7 @@ async fn with_begin_commits_a_successful_run_only_and_retries_a_conflict_at_begi
 
     // A conflict at begin: run again under the same lease.
     let mut other = store.pool().begin().await.expect("begin");
-    bump(&store, &mut *other, 1)
+    bump(&store, &mut other, 1)
         .await
         .expect("the other transaction's lock");
     *holder.lock().await = Some(other);
