@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use dedup_core::{Clock, ManualClock};
 use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection, MySqlPool};
-use dedup_mysql::{MySqlConfig, MySqlStore, TxInbox};
+use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -82,19 +82,19 @@ pub(crate) static BENCH: Bench = Bench {
 
 /// Connect the store, the purge store and the baseline to `url`.
 pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Target> {
-    let config = MySqlConfig {
+    let config = MySqlConfig::from(SqlSettings {
         table: names.table.clone(),
-        ..MySqlConfig::default()
-    };
+        ..Default::default()
+    });
     let store = MySqlStore::connect_with(url, config.clone()).await?;
     let clock = Arc::new(ManualClock::starting_now());
     let purge_store = MySqlStore::connect_with(
         url,
-        MySqlConfig {
+        MySqlConfig::from(SqlSettings {
             table: names.purge_table.clone(),
             clock: Some(Arc::clone(&clock) as Arc<dyn Clock>),
-            ..config.clone()
-        },
+            ..config.sql.clone()
+        }),
     )
     .await?;
     // The store's own pool options: the baseline then differs by its statements only.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use dedup_core::{Clock, ManualClock};
 use dedup_postgres::sqlx::{self, AssertSqlSafe, PgConnection, PgPool, SqlSafeStr, SqlStr};
-use dedup_postgres::{PostgresConfig, PostgresStore, TxInbox};
+use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings, TxInbox};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -196,7 +196,10 @@ pub(crate) async fn open(
 ) -> Result<Target> {
     let (settings, durable) = apply_durability(url, durability).await?;
     let mut config = PostgresConfig {
-        table: names.table.clone(),
+        sql: SqlSettings {
+            table: names.table.clone(),
+            ..Default::default()
+        },
         ..PostgresConfig::default()
     };
     match params.postgres_group_rounds {
@@ -214,8 +217,11 @@ pub(crate) async fn open(
     let purge_store = PostgresStore::connect_with(
         url,
         PostgresConfig {
-            table: names.purge_table.clone(),
-            clock: Some(Arc::clone(&clock) as Arc<dyn Clock>),
+            sql: SqlSettings {
+                table: names.purge_table.clone(),
+                clock: Some(Arc::clone(&clock) as Arc<dyn Clock>),
+                ..config.sql.clone()
+            },
             ..config.clone()
         },
     )
