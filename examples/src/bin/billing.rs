@@ -18,146 +18,26 @@
 //! provider, which honours it: without it a worker that dies between the charge and the
 //! commit charges again on the retry, in both modes (the test kit's billing tests show it).
 
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 use std::time::Duration;
 
-use dedup_core::{BoxError, Handled, Inbox, InboxConfig, Key};
-use dedup_examples::billing::{self, Payments};
-use dedup_examples::report::{print_json, print_table};
-use dedup_sqlite::rusqlite::{self, Connection};
+use dedup_core::{Inbox, InboxConfig, Key};
+use dedup_examples::billing;
+use dedup_examples::billing::pool::deliver;
+use dedup_examples::billing::world::{self, Row, World};
 use dedup_sqlite::{SqliteStore, TxInbox};
 
-const PAYMENT: Duration = Duration::from_millis(200);
 const HANDLERS: usize = 4;
 const ORDER: &str = "order-1001";
-
-#[derive(serde::Serialize)]
-struct Row {
-    variant: &'static str,
-    deliveries: usize,
-    charges: u32,
-    invoices: i64,
-}
-
-/// One variant's world: a database file, a payment provider counter.
-struct World {
-    db: PathBuf,
-    charges: AtomicU32,
-    /// Idempotency keys the provider has charged under.
-    keys: Mutex<HashSet<String>>,
-}
-
-impl World {
-    /// A fresh database for `variant` (its name, made file-safe, names the file).
-    fn new(dir: &Path, variant: &str) -> Result<Arc<Self>, Box<dyn std::error::Error>> {
-        let name = variant.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-        let db = dir.join(format!("{name}.db"));
-        let conn = connect(&db)?;
-        conn.execute_batch(billing::SCHEMA)?;
-        conn.execute_batch("CREATE TABLE processed_messages (message_id TEXT PRIMARY KEY);")?;
-        Ok(Arc::new(World {
-            db,
-            charges: AtomicU32::new(0),
-            keys: Mutex::default(),
-        }))
-    }
-
-    fn invoices(&self) -> rusqlite::Result<i64> {
-        connect(&self.db)?.query_row("SELECT count(*) FROM invoices", [], |r| r.get(0))
-    }
-
-    fn row(&self, variant: &'static str, deliveries: usize) -> rusqlite::Result<Row> {
-        Ok(Row {
-            variant,
-            deliveries,
-            charges: self.charges.load(Ordering::SeqCst),
-            invoices: self.invoices()?,
-        })
-    }
-}
-
-impl Payments for World {
-    /// The payment provider: every call charges the card, but a repeated idempotency key.
-    fn charge(&self, _order_id: &str, idempotency_key: Option<&str>) -> Result<(), BoxError> {
-        std::thread::sleep(PAYMENT);
-        if let Some(key) = idempotency_key
-            && !self.keys.lock().expect("lock").insert(key.to_owned())
-        {
-            return Ok(());
-        }
-        self.charges.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-}
-
-fn connect(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(path)?;
-    conn.busy_timeout(Duration::from_secs(10))?;
-    Ok(conn)
-}
-
-/// Run `handler` for each delivery on a pool of [`HANDLERS`] concurrent workers.
-async fn deliver<F, Fut>(
-    deliveries: &[&'static str],
-    handler: F,
-) -> Result<(), Box<dyn std::error::Error>>
-where
-    F: Fn(&'static str) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send,
-{
-    let queue = Arc::new(std::sync::Mutex::new(deliveries.to_vec()));
-    let mut workers = Vec::new();
-    for _ in 0..HANDLERS {
-        let (queue, handler) = (Arc::clone(&queue), handler.clone());
-        workers.push(tokio::spawn(async move {
-            loop {
-                let next = queue.lock().expect("lock").pop();
-                match next {
-                    Some(message_id) => handler(message_id).await?,
-                    None => return Ok::<(), Box<dyn std::error::Error + Send + Sync>>(()),
-                }
-            }
-        }));
-    }
-    for w in workers {
-        w.await?.map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-type BoxResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+/// The same message delivered twice.
+const REDELIVERED: [&str; 2] = ["msg-1", "msg-1"];
+/// The same order published twice, under two message ids.
+const REPUBLISHED: [&str; 2] = ["msg-1", "msg-2"];
 
 async fn naive(dir: &Path) -> Result<Row, Box<dyn std::error::Error>> {
     let world = World::new(dir, "naive")?;
-    let w = Arc::clone(&world);
-    deliver(&["msg-1", "msg-1"], move |message_id| {
-        let w = Arc::clone(&w);
-        async move {
-            tokio::task::spawn_blocking(move || -> BoxResult {
-                let conn = connect(&w.db)?;
-                let seen: i64 = conn.query_row(
-                    "SELECT count(*) FROM processed_messages WHERE message_id = ?1",
-                    [message_id],
-                    |r| r.get(0),
-                )?;
-                if seen == 0 {
-                    w.charge(ORDER, None)?;
-                    conn.execute(
-                        "INSERT INTO invoices VALUES (?1, ?2)",
-                        rusqlite::params![ORDER, billing::AMOUNT_CENTS],
-                    )?;
-                    conn.execute(
-                        "INSERT OR IGNORE INTO processed_messages VALUES (?1)",
-                        [message_id],
-                    )?;
-                }
-                Ok(())
-            })
-            .await?
-        }
+    deliver(&world, &REDELIVERED, HANDLERS, |w, message_id| {
+        w.blocking(move |conn, w| billing::check_then_act(conn, w, ORDER, message_id))
     })
     .await?;
     Ok(world.row("naive check-then-act", 2)?)
@@ -169,32 +49,24 @@ async fn lease_mode(
     variant: &'static str,
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let world = World::new(dir, variant)?;
-    let store = SqliteStore::open(&world.db).await?;
-    let inbox = Inbox::new(store).with_config(InboxConfig {
+    let inbox = Inbox::new(SqliteStore::open(&world.db).await?).with_config(InboxConfig {
         lease: Duration::from_secs(30),
         ..InboxConfig::default()
     });
-    let w = Arc::clone(&world);
-    deliver(deliveries, move |message_id| {
-        let (w, inbox) = (Arc::clone(&w), inbox.clone());
+    deliver(&world, deliveries, HANDLERS, move |w, message_id| {
+        let inbox = inbox.clone();
         async move {
             let key = Key::new("billing", message_id)?;
-            let handled = inbox
-                .handle(&key, None, |lease| {
-                    let w = Arc::clone(&w);
-                    async move {
-                        tokio::task::spawn_blocking(move || {
-                            let conn = connect(&w.db)?;
-                            let key = lease.idempotency_key();
-                            billing::charge_then_invoice(&conn, &*w, ORDER, Some(&key))
-                        })
-                        .await?
-                    }
-                })
-                .await?;
             // Busy: a real consumer would nack and the broker redeliver; the redelivery
             // then finds the key completed. Either way the handler does not run again.
-            if let Handled::Busy { .. } = handled {}
+            inbox
+                .handle(&key, None, |lease| {
+                    let key = lease.idempotency_key();
+                    w.blocking(move |conn, w| {
+                        billing::charge_then_invoice(conn, w, ORDER, Some(&key))
+                    })
+                })
+                .await?;
             Ok(())
         }
     })
@@ -214,15 +86,15 @@ async fn transactional(
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let world = World::new(dir, variant)?;
     if natural_key {
-        connect(&world.db)?.execute_batch(billing::NATURAL_KEY)?;
+        world.connect()?.execute_batch(billing::NATURAL_KEY)?;
     }
     let inbox = TxInbox::new(SqliteStore::open(&world.db).await?);
-    let w = Arc::clone(&world);
-    deliver(deliveries, move |message_id| {
-        let (w, inbox) = (Arc::clone(&w), inbox.clone());
+    deliver(&world, deliveries, HANDLERS, move |w, message_id| {
+        let inbox = inbox.clone();
         async move {
             let key = Key::new("billing", message_id)?;
-            let handled = inbox
+            // Busy is left to the broker, as in lease mode.
+            inbox
                 .handle(&key, None, move |tx, lease| {
                     // The payment runs inside the transaction: if it fails, the rollback
                     // removes the invoice and leaves the key unprocessed.
@@ -230,9 +102,6 @@ async fn transactional(
                     billing::invoice_in_tx(tx, &*w, ORDER, natural_key, Some(&key))
                 })
                 .await?;
-            // Busy: as in lease mode, a real consumer nacks; the redelivery then finds the
-            // key completed.
-            if let Handled::Busy { .. } = handled {}
             Ok(())
         }
     })
@@ -249,49 +118,28 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
     println!(
-        "OrderPlaced {ORDER} delivered twice, {HANDLERS} concurrent handlers, 200 ms payment call\n"
+        "OrderPlaced {ORDER} delivered twice, {HANDLERS} concurrent handlers, {} ms payment call\n",
+        world::PAYMENT.as_millis()
     );
     let rows = [
         naive(dir).await?,
-        lease_mode(dir, &["msg-1", "msg-1"], "dedup, lease mode (Inbox)").await?,
+        lease_mode(dir, &REDELIVERED, "dedup, lease mode (Inbox)").await?,
         transactional(
             dir,
-            &["msg-1", "msg-1"],
+            &REDELIVERED,
             false,
             "dedup, claim in the invoice transaction",
         )
         .await?,
-        lease_mode(
-            dir,
-            &["msg-1", "msg-2"],
-            "two message ids, message-id dedup only",
-        )
-        .await?,
+        lease_mode(dir, &REPUBLISHED, "two message ids, message-id dedup only").await?,
         transactional(
             dir,
-            &["msg-1", "msg-2"],
+            &REPUBLISHED,
             true,
             "two message ids, + natural key (order id)",
         )
         .await?,
     ];
-    print_table(
-        &["variant", "deliveries", "charges", "invoices"],
-        &rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.variant.to_string(),
-                    r.deliveries.to_string(),
-                    r.charges.to_string(),
-                    r.invoices.to_string(),
-                ]
-            })
-            .collect::<Vec<_>>(),
-    );
-    println!(
-        "\nThe message id catches redeliveries; only a natural key catches a re-publish under a new id."
-    );
-    rows.iter().for_each(print_json);
+    world::print_rows(&rows);
     Ok(())
 }

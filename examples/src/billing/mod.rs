@@ -1,6 +1,10 @@
 //! The billing consumer's parts, shared by the `billing` program and the test kit's tests
 //! (`testkit/tests/billing.rs`): the invoice table, the payment provider as the handlers
-//! see it, and the two handlers (lease mode and transactional).
+//! see it, and the three handlers (naive, lease mode and transactional). The program's
+//! world and handler pool are in [`world`] and [`pool`].
+
+pub mod pool;
+pub mod world;
 
 use dedup_core::BoxError;
 use dedup_sqlite::rusqlite::{Connection, Transaction, params};
@@ -17,12 +21,44 @@ pub const SCHEMA: &str =
 pub const NATURAL_KEY: &str =
     "CREATE UNIQUE INDEX IF NOT EXISTS invoices_order ON invoices (order_id)";
 
+/// The naive consumer's table of processed message ids.
+pub const NAIVE_SCHEMA: &str =
+    "CREATE TABLE IF NOT EXISTS processed_messages (message_id TEXT PRIMARY KEY);";
+
 /// The payment provider, as the handlers call it (synchronously: they run on a blocking
 /// thread or inside an SQLite transaction).
 pub trait Payments {
     /// Charge for `order_id`. With an idempotency key, a provider that honours keys (as
     /// Stripe-like APIs do) charges once per key and answers repeats without charging.
     fn charge(&self, order_id: &str, idempotency_key: Option<&str>) -> Result<(), BoxError>;
+}
+
+/// The naive consumer: check the processed-messages table, charge, write the invoice,
+/// mark the message processed. Two handlers running it at once for the same message both
+/// see "not processed", and both charge.
+pub fn check_then_act(
+    conn: &Connection,
+    payments: &impl Payments,
+    order_id: &str,
+    message_id: &str,
+) -> Result<(), BoxError> {
+    let seen: i64 = conn.query_row(
+        "SELECT count(*) FROM processed_messages WHERE message_id = ?1",
+        [message_id],
+        |r| r.get(0),
+    )?;
+    if seen == 0 {
+        payments.charge(order_id, None)?;
+        conn.execute(
+            "INSERT INTO invoices VALUES (?1, ?2)",
+            params![order_id, AMOUNT_CENTS],
+        )?;
+        conn.execute(
+            "INSERT OR IGNORE INTO processed_messages VALUES (?1)",
+            [message_id],
+        )?;
+    }
+    Ok(())
 }
 
 /// Lease mode: charge, then write the invoice on `conn` (its own autocommit statement).
