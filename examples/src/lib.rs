@@ -18,6 +18,7 @@ pub mod orders;
 ))]
 pub mod outbox_story;
 pub mod sim;
+pub mod sim_output;
 pub mod store_url;
 
 pub use dedup_lab::{exit, report, rng};

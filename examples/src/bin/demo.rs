@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use dedup_examples::report::{print_json, print_table};
 use dedup_examples::sim::{self, Consumer, SimConfig, SimReport};
-use indicatif::{ProgressBar, ProgressStyle};
+use dedup_examples::sim_output;
 
 /// Naive vs dedup consumer on the same at-least-once delivery stream.
 #[derive(Parser, Debug)]
@@ -86,7 +85,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut reports: Vec<SimReport> = Vec::new();
     for consumer in [Consumer::Naive, Consumer::Dedup] {
-        let bar = progress_bar(&cfg, consumer);
+        let bar = sim_output::progress_bar(&cfg, consumer);
         let tick = {
             let bar = bar.clone();
             Arc::new(move || bar.inc(1)) as Arc<dyn Fn() + Send + Sync>
@@ -97,44 +96,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!();
-    let rows: Vec<Vec<String>> = reports
-        .iter()
-        .map(|r| {
-            vec![
-                r.consumer.clone(),
-                r.messages.to_string(),
-                r.deliveries.to_string(),
-                r.duplicates_suppressed.to_string(),
-                r.side_effects.to_string(),
-                r.doubled.to_string(),
-                r.lost.to_string(),
-                format!("{:.2}s", r.time_ms as f64 / 1000.0),
-            ]
-        })
-        .collect();
-    print_table(
-        &[
-            "consumer",
-            "messages",
-            "deliveries",
-            "duplicates suppressed",
-            "charges",
-            "doubled",
-            "lost",
-            "time",
-        ],
-        &rows,
-    );
-    println!(
-        "time: wall clock of each run. A crashed dedup worker's message is taken over only \
-         when its lease ({} ms) expires, so the dedup time includes those waits ({} crashes \
-         simulated; the naive consumer never waits, it charges again instead). \
-         --lease-ms shortens them.",
-        args.lease_ms, reports[1].crashes
-    );
-    if args.json {
-        reports.iter().for_each(print_json);
-    }
+    sim_output::print_reports(&reports, args.lease_ms, args.json);
     let (naive, dedup) = (&reports[0], &reports[1]);
     println!();
     println!(
@@ -145,21 +107,4 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Err("the dedup consumer doubled or lost a charge: this is a bug".into());
     }
     Ok(())
-}
-
-fn progress_bar(cfg: &SimConfig, consumer: Consumer) -> ProgressBar {
-    // Every published copy is acknowledged once; the bar counts those.
-    let expected = (cfg.messages as f64 * (1.0 + cfg.duplicate_rate)) as u64;
-    let bar = if cfg.messages >= 5000 {
-        ProgressBar::new(expected)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>6} [{bar:40}] {pos}/{len} acks ({eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(format!("{consumer:?}").to_lowercase());
-    bar
 }
