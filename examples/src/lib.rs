@@ -1,5 +1,6 @@
 //! Shared pieces of the example programs: the default store URL, the delivery simulation
-//! behind the main demo, table printing, and how every program reports a failure.
+//! behind the main demo, the `billing` and `metrics` programs' harness, table printing,
+//! and how every program reports a failure.
 //!
 //! The programs themselves live in `src/bin/`; see the README.
 
@@ -20,6 +21,7 @@ pub mod outbox_story;
 pub mod sim;
 pub mod sim_output;
 pub mod store_url;
+pub mod workload;
 
 pub use dedup_lab::{exit, report, rng};
 pub use store_url::url_or_temp_sqlite;

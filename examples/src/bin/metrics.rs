@@ -1,9 +1,10 @@
 //! Metrics for an operator: a consumer whose store wears the `Observed` layer, a `Purger`,
 //! and the `metrics-exporter-prometheus` exporter serving everything on a loopback port.
 //!
-//! It runs a short scripted workload (new orders, redeliveries, a crashed worker's lease
-//! taken over, a poison message dead-lettered, a declined card stored as a failure), prints
-//! what it did, then serves `/metrics` until killed (or for `--serve-for` seconds):
+//! It runs a short scripted workload (`dedup_examples::workload`: new orders, redeliveries,
+//! a crashed worker's lease taken over, a poison message dead-lettered, a declined card
+//! stored as a failure), prints what it did, then serves `/metrics` until killed (or for
+//! `--serve-for` seconds):
 //!
 //! ```text
 //! cargo run -p dedup-examples --features full --bin metrics -- --listen 127.0.0.1:9184
@@ -16,11 +17,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use dedup::StoreUrl;
+use dedup_core::Purger;
 use dedup_core::layers::{ObserveOptions, Observed};
-use dedup_core::{
-    ClaimOptions, DedupStore, FailurePolicy, Handled, Inbox, InboxConfig, Key, Purger,
-};
 use dedup_examples::report::{print_json, print_table};
+use dedup_examples::workload::{self, Tally};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 /// Serve dedup's metrics for Prometheus after a scripted workload.
@@ -45,22 +45,12 @@ struct Args {
     serve_for: u64,
 }
 
-/// What a processed order stores for its duplicates (as JSON).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-struct Receipt {
-    order: usize,
-    charged_cents: u64,
-}
-
 #[derive(serde::Serialize)]
 struct Summary {
     listen: String,
     backend: &'static str,
-    processed: usize,
-    duplicates: usize,
-    takeovers: u64,
-    dead_lettered: usize,
-    failed: usize,
+    #[serde(flatten)]
+    tally: Tally,
 }
 
 #[tokio::main]
@@ -90,92 +80,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .redelivery_window(Duration::from_secs(3 * 86_400))
         .start(store.clone())?;
 
-    // A consumer name of its own per run, so a shared server store starts empty.
-    let consumer = format!(
-        "billing-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    let key = |id: &str| Key::new(consumer.as_str(), id);
-    let config = InboxConfig {
-        lease,
-        ..InboxConfig::default()
-    };
-    let inbox = Inbox::from_arc(store.clone(), config.clone());
-    let mut summary = Summary {
+    let tally = workload::run(&store, lease, args.orders, args.redeliveries).await?;
+    let summary = Summary {
         listen: args.listen.to_string(),
         backend,
-        processed: 0,
-        duplicates: 0,
-        takeovers: 0,
-        dead_lettered: 0,
-        failed: 0,
+        tally,
     };
-
-    // New orders, then some of them redelivered: duplicates get the receipt back.
-    let deliveries = (0..args.orders).chain(0..args.redeliveries.min(args.orders));
-    for order in deliveries {
-        let charge = |_lease| async move {
-            Ok::<_, std::io::Error>(Receipt {
-                order,
-                charged_cents: 4999,
-            })
-        };
-        match inbox
-            .handle_json(&key(&format!("order-{order}"))?, None, charge)
-            .await?
-        {
-            Handled::Processed { .. } => summary.processed += 1,
-            Handled::Duplicate { .. } => summary.duplicates += 1,
-            other => return Err(format!("order {order}: unexpected {other:?}").into()),
-        }
-    }
-
-    // A worker claimed an order and crashed: its short lease runs out and the redelivery
-    // takes the key over (attempt 2).
-    let crashed = key("order-crashed")?;
-    store
-        .claim(&crashed, &ClaimOptions::lease(Duration::from_millis(200)))
-        .await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let handled = inbox
-        .handle(&crashed, None, |_| async { Ok::<_, std::io::Error>(None) })
-        .await?;
-    if matches!(&handled, Handled::Processed { lease, .. } if lease.attempt == 2) {
-        summary.processed += 1;
-    }
-
-    // A poison message: at most 2 attempts, then every delivery is told to dead-letter.
-    let poison = Inbox::from_arc(
-        store.clone(),
-        InboxConfig {
-            max_attempts: Some(2),
-            ..config.clone()
-        },
-    );
-    let malformed = key("order-malformed")?;
-    for _ in 0..4 {
-        let parse = |_| async { Err::<Option<Vec<u8>>, _>("malformed payload: no amount") };
-        if let Ok(Handled::DeadLetter { .. }) = poison.handle(&malformed, None, parse).await {
-            summary.dead_lettered += 1;
-        }
-    }
-
-    // A declined card is a final answer: stored, and replayed to the redelivery.
-    let stored = Inbox::from_arc(
-        store.clone(),
-        InboxConfig {
-            failures: FailurePolicy::Store,
-            ..config
-        },
-    );
-    let declined = key("order-declined")?;
-    for _ in 0..2 {
-        let charge = |_| async { Err::<Option<Vec<u8>>, _>("card declined") };
-        if let Handled::Failed { .. } = stored.handle(&declined, None, charge).await? {
-            summary.failed += 1;
-        }
-    }
-    summary.takeovers = store.counts().takeovers;
 
     let counts = store.counts();
     print_table(
