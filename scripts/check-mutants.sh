@@ -38,15 +38,18 @@ out=${DEDUP_MUTANTS_OUT:-target/mutants-guard}
 mkdir -p "$(dirname "$out")"
 
 # Only the test binaries that pin these two files: the other binaries of dedup-core take
-# longer to build than to run, and every mutant builds them again.
+# longer to build than to run, and every mutant builds them again. `--cargo-arg` (not
+# `--cargo-test-arg`) so the selection also holds for the build (`cargo test --no-run`):
+# with `--cargo-test-arg` every mutant built all of dedup-core's test binaries and only
+# ran these (7 mutants: 112 s against 54 s).
 exec cargo mutants \
     --package dedup-core \
     --file core/src/backend/transition.rs \
     --file core/src/backend/front_door.rs \
     --test-package dedup-core \
-    --cargo-test-arg=--test=transition \
-    --cargo-test-arg=--test=front_door \
-    --cargo-test-arg=--test=memory_store \
+    --cargo-arg=--test=transition \
+    --cargo-arg=--test=front_door \
+    --cargo-arg=--test=memory_store \
     --jobs "${DEDUP_MUTANTS_JOBS:-2}" \
     --output "$out" \
     --no-shuffle \
