@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dedup_core::{DedupStore, InboxConfig, ManualClock};
+use dedup_core::{BoxError, DedupStore, InboxConfig, ManualClock};
+use futures::future::BoxFuture;
 
 use crate::check::{self, Expectations, Violation};
 use crate::consumer::{Consumer, Message};
-use crate::kit::Kit;
 use crate::run::Driver;
 use crate::schedule::Schedule;
 use crate::setup::Rig;
@@ -21,6 +21,30 @@ const MINIMIZE_RUNS: usize = 2_000;
 
 /// The most runs spent looking for a counter-example of at most two steps.
 const SMALL_RUNS: usize = 400;
+
+/// A registered effects query: counts per message id ([`Kit::effects_query`](crate::Kit::effects_query)).
+pub(crate) type Query = Arc<
+    dyn Fn(Vec<String>) -> BoxFuture<'static, Result<BTreeMap<String, usize>, BoxError>>
+        + Send
+        + Sync,
+>;
+
+/// Whether a payload is poison ([`Kit::poison`](crate::Kit::poison)).
+pub(crate) type IsPoison = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
+/// What every case checks, taken from the kit's settings when the run starts.
+pub(crate) struct Checks {
+    /// Whether schedules may fail handlers.
+    pub(crate) failures: bool,
+    /// Whether messages get payloads from a generator.
+    pub(crate) draws_payloads: bool,
+    pub(crate) poison: Option<IsPoison>,
+    pub(crate) consumer_name: String,
+    /// Ledger effects every message must get at least once
+    /// ([`Kit::expect_effect`](crate::Kit::expect_effect)).
+    pub(crate) expected: Vec<String>,
+    pub(crate) queries: Vec<(String, Query)>,
+}
 
 /// What one run of a case produced.
 pub(crate) struct Ran {
@@ -61,7 +85,7 @@ pub(crate) struct Bench {
     pub(crate) store: Arc<dyn DedupStore>,
     pub(crate) consumer: Arc<dyn Consumer>,
     pub(crate) config: InboxConfig,
-    pub(crate) kit: Kit,
+    pub(crate) checks: Checks,
     pub(crate) nonce: String,
     pub(crate) cases: AtomicU64,
     /// Last: the store and the consumer (connection pools) drop while its runtime still
@@ -99,7 +123,7 @@ impl Bench {
         let small = Schedule::small(
             schedule.messages,
             schedule.workers,
-            self.kit.failures,
+            self.checks.failures,
             schedule.size(),
         );
         let schedule = small
@@ -115,7 +139,7 @@ impl Bench {
     /// also each message taken out with its own payload, and each of those with a message
     /// fewer paired with every way to take a payload out.
     fn simpler(&self, schedule: &Schedule, payloads: &[Vec<u8>]) -> Vec<(Schedule, Vec<Vec<u8>>)> {
-        let draws = self.kit.draws_payloads();
+        let draws = self.checks.draws_payloads;
         let without = |k: usize| {
             let mut rest = payloads.to_vec();
             rest.remove(k);
@@ -152,13 +176,13 @@ impl Bench {
             .collect();
         let poison: Vec<bool> = messages
             .iter()
-            .map(|m| self.kit.poison.as_ref().is_some_and(|p| p(m.payload())))
+            .map(|m| self.checks.poison.as_ref().is_some_and(|p| p(m.payload())))
             .collect();
         let world = Arc::new(World::new(
             Arc::clone(&self.clock),
             Arc::clone(&self.store),
             self.config.clone(),
-            self.kit.consumer_name.clone(),
+            self.checks.consumer_name.clone(),
             messages,
             schedule.workers,
         ));
@@ -186,7 +210,7 @@ impl Bench {
                         &world,
                         Expectations {
                             mode: self.consumer.mode(),
-                            expected: &self.kit.expected,
+                            expected: &self.checks.expected,
                             queried,
                             poison: &poison,
                         },
@@ -210,8 +234,8 @@ impl Bench {
     /// Every effects query's counts for the case's messages, in the order registered.
     async fn query(&self, world: &World) -> Vec<(&str, BTreeMap<String, usize>)> {
         let ids: Vec<String> = world.messages.iter().map(|m| m.id().to_owned()).collect();
-        let mut out = Vec::with_capacity(self.kit.queries.len());
-        for (name, count) in &self.kit.queries {
+        let mut out = Vec::with_capacity(self.checks.queries.len());
+        for (name, count) in &self.checks.queries {
             match count(ids.clone()).await {
                 Ok(counts) => out.push((name.as_str(), counts)),
                 Err(e) => panic!("dedup-testkit: the effects query {name:?} failed: {e}"),

@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 
 use dedup_core::backend::names::sql_identifier;
 use dedup_core::{BoxError, DedupStore, Error, InboxConfig, Key, ManualClock};
-use futures::future::BoxFuture;
 use proptest::strategy::{Just, SBoxedStrategy, Strategy};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
-use crate::bench::{Bench, Tally};
+use crate::bench::{Bench, Checks, IsPoison, Query, Tally};
 use crate::consumer::Consumer;
 use crate::report::{Failure, Report};
 use crate::schedule::Schedule;
@@ -24,15 +23,6 @@ use crate::setup::{Cleanups, Rig, Setup};
 /// The renewal interval the kit gives inboxes: never, within a run (the kit renews live
 /// workers' leases itself when it moves the clock).
 const NO_RENEWAL: Duration = Duration::from_secs(24 * 3600);
-
-type Query = Arc<
-    dyn Fn(Vec<String>) -> BoxFuture<'static, Result<BTreeMap<String, usize>, BoxError>>
-        + Send
-        + Sync,
->;
-
-/// Whether a payload is poison ([`Kit::poison`]).
-type IsPoison = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 /// The store and the consumer a run tests (what a [`Kit::run_with`] setup returns).
 pub struct Subject<C> {
@@ -85,15 +75,15 @@ pub struct Kit {
     max_messages: usize,
     max_workers: usize,
     max_steps: usize,
-    pub(crate) failures: bool,
+    failures: bool,
     seed: Option<[u8; 32]>,
     config: InboxConfig,
-    pub(crate) consumer_name: String,
+    consumer_name: String,
     named_tables: Option<(String, String)>,
-    pub(crate) expected: Vec<String>,
-    pub(crate) queries: Vec<(String, Query)>,
+    expected: Vec<String>,
+    queries: Vec<(String, Query)>,
     payloads: Option<SBoxedStrategy<Vec<u8>>>,
-    pub(crate) poison: Option<IsPoison>,
+    poison: Option<IsPoison>,
 }
 
 impl fmt::Debug for Kit {
@@ -293,11 +283,6 @@ impl Kit {
         self
     }
 
-    /// Whether messages get payloads from a generator.
-    pub(crate) fn draws_payloads(&self) -> bool {
-        self.payloads.is_some()
-    }
-
     /// Which payloads are poison: messages no retry can process, which the consumer must
     /// reject. For a poison message the kit expects its key to end rejected (a stored
     /// failure, [`FailurePolicy::Store`](dedup_core::FailurePolicy::Store), or a dead
@@ -427,7 +412,14 @@ impl Kit {
             store: subject.store,
             consumer: Arc::new(consumer),
             config,
-            kit: self.clone(),
+            checks: Checks {
+                failures: self.failures,
+                draws_payloads: self.payloads.is_some(),
+                poison: self.poison.clone(),
+                consumer_name: self.consumer_name.clone(),
+                expected: self.expected.clone(),
+                queries: self.queries.clone(),
+            },
             nonce,
             cases: AtomicU64::new(0),
             rig,

@@ -42,7 +42,7 @@ impl MySqlConfig {
     /// For a tool that drops a store it made (a test's).
     pub fn table_names(&self) -> Vec<String> {
         let outbox = self.outbox_table_name();
-        let keys = crate::outbox_schema::keys_table_name(&outbox);
+        let keys = keys_table_name(&outbox);
         vec![self.table.clone(), outbox, keys]
     }
 
@@ -84,5 +84,38 @@ impl TargetConfig for MySqlConfig {
 
     fn check(&self) -> Result<()> {
         self.validate()
+    }
+}
+
+/// The name of the table of `outbox`'s ordering keys: `<outbox>_keys`, or, when that is
+/// over MySQL's 64 characters, the outbox name cut to 42 bytes, `_`, a 16-digit hash of the
+/// whole name and `_keys`.
+pub(crate) fn keys_table_name(outbox: &str) -> String {
+    let name = format!("{outbox}_keys");
+    if name.len() <= 64 {
+        return name;
+    }
+    // FNV-1a, 64 bits: stable across Rust releases and nodes. Names are ASCII, so any
+    // byte index is a character boundary.
+    let hash = outbox.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{}_{hash:016x}_keys", &outbox[..42])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_table_names_fit_mysql() {
+        assert_eq!(
+            keys_table_name("dedup_inbox_outbox"),
+            "dedup_inbox_outbox_keys"
+        );
+        let long = "a".repeat(63);
+        let name = keys_table_name(&long);
+        assert_eq!(name.len(), 64, "{name}");
+        assert_ne!(name, keys_table_name(&format!("{}b", "a".repeat(62))));
     }
 }

@@ -9,7 +9,7 @@
 use dedup_core::{Error, Result};
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
-use crate::config::MySqlConfig;
+use crate::config::{MySqlConfig, keys_table_name};
 use crate::error::backend;
 use crate::versions;
 
@@ -53,22 +53,6 @@ pub(crate) const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
 /// ([`ROW_COLUMNS`](dedup_sql::outbox::ROW_COLUMNS)): a table of the outbox's name without
 /// them all is not the store's, and is refused rather than adopted.
 const V1_HOLD_COLUMNS: [&str; 2] = ["holder", "held_until"];
-
-/// The name of the table of `outbox`'s ordering keys: `<outbox>_keys`, or, when that is
-/// over MySQL's 64 characters, the outbox name cut to 42 bytes, `_`, a 16-digit hash of the
-/// whole name and `_keys`.
-pub(crate) fn keys_table_name(outbox: &str) -> String {
-    let name = format!("{outbox}_keys");
-    if name.len() <= 64 {
-        return name;
-    }
-    // FNV-1a, 64 bits: stable across Rust releases and nodes. Names are ASCII, so any
-    // byte index is a character boundary.
-    let hash = outbox.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{}_{hash:016x}_keys", &outbox[..42])
-}
 
 /// `migration` for `config`'s outbox.
 fn render(migration: &str, config: &MySqlConfig) -> String {
@@ -175,17 +159,5 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(config.table_names(), ["billing", "events", "events_keys"]);
-    }
-
-    #[test]
-    fn keys_table_names_fit_mysql() {
-        assert_eq!(
-            keys_table_name("dedup_inbox_outbox"),
-            "dedup_inbox_outbox_keys"
-        );
-        let long = "a".repeat(63);
-        let name = keys_table_name(&long);
-        assert_eq!(name.len(), 64, "{name}");
-        assert_ne!(name, keys_table_name(&format!("{}b", "a".repeat(62))));
     }
 }

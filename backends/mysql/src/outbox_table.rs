@@ -5,7 +5,7 @@
 use dedup_sql::outbox::OutboxTableState;
 
 use crate::config::MySqlConfig;
-use crate::outbox_schema::keys_table_name;
+use crate::config::keys_table_name;
 use crate::outbox_statements::{OutboxStatements, shared};
 
 /// The outbox's tables as the store knows them.
