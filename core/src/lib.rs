@@ -13,12 +13,12 @@ pub mod outbox;
 mod purge_run;
 mod purger;
 mod store;
-mod time;
-mod tls;
-pub mod trace;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
+mod time;
+mod tls;
+pub mod trace;
 mod types;
 mod verdict;
 

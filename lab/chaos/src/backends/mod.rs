@@ -118,13 +118,15 @@ pub fn of(descriptor: &BackendDescriptor) -> Option<&'static ChaosBackend> {
 
 /// The chaos module of the registered backend named `name`.
 pub fn named(name: &str) -> Result<&'static ChaosBackend, BoxError> {
-    let descriptor = dedup::url::backends().find(|d| d.name == name).ok_or_else(|| {
-        let known: Vec<_> = dedup::url::backends().map(|d| d.name).collect();
-        format!(
-            "no backend {name:?} in this build (it has {})",
-            known.join(", ")
-        )
-    })?;
+    let descriptor = dedup::url::backends()
+        .find(|d| d.name == name)
+        .ok_or_else(|| {
+            let known: Vec<_> = dedup::url::backends().map(|d| d.name).collect();
+            format!(
+                "no backend {name:?} in this build (it has {})",
+                known.join(", ")
+            )
+        })?;
     of(descriptor).ok_or_else(|| {
         let known: Vec<_> = all().iter().map(|c| c.descriptor.name).collect();
         format!(
