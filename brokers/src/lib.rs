@@ -74,6 +74,7 @@ mod fault;
 mod handle;
 mod health;
 mod in_flight;
+pub mod replay;
 mod shutdown;
 mod source;
 mod tx_handler;
