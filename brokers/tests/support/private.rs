@@ -47,6 +47,15 @@ fn services(dir: &Path, args: &[&str]) -> String {
     run_services(dir, args).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// `services.sh start` of `dir`, one at a time in this test binary. Each start picks
+/// free ports a moment before its server binds them; two starts at once could pick the
+/// same ones (a RabbitMQ once failed to bind its distribution port so).
+fn start_one_at_a_time(dir: &Path, service: &str, env: &[(&str, &str)]) {
+    static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+    run_services_with(dir, &["start", service], env).unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// The URL `services.sh env` of `dir` prints in `url_var`.
 fn url_of(dir: &Path, url_var: &str) -> String {
     let env = services(dir, &["env"]);
@@ -71,7 +80,7 @@ impl Private {
                 (std::env::temp_dir().join(name), true)
             }
         };
-        services(&dir, &["start", service]);
+        start_one_at_a_time(&dir, service, &[]);
         let url = url_of(&dir, url_var);
         Private {
             dir,
@@ -86,7 +95,7 @@ impl Private {
     pub fn start_own(service: &str, url_var: &str, env: &[(&str, &str)]) -> Private {
         let tag = uuid::Uuid::new_v4().simple().to_string();
         let dir = std::env::temp_dir().join(format!("dedup-brokers-private-{}", &tag[..8]));
-        run_services_with(&dir, &["start", service], env).unwrap_or_else(|e| panic!("{e}"));
+        start_one_at_a_time(&dir, service, env);
         let url = url_of(&dir, url_var);
         Private {
             dir,
