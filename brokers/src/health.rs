@@ -2,7 +2,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
+
+use dedup_core::health::{Probe, ProbeReport};
 
 /// A cloneable view of a running consumer, for probes: take it with the consumer's
 /// `health()` before `run`, and read [`snapshot`](Self::snapshot) from anywhere while it
@@ -64,5 +66,66 @@ impl Health {
             *self.0.last_settle.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
         }
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Health {
+    /// This consumer as a [`Probe`] named `consumer NAME`, for
+    /// [`HealthChecks`](dedup_core::health::HealthChecks) and the console's `/readyz`.
+    ///
+    /// Ready while connected. Not live while deliveries are in flight and none was
+    /// settled for five minutes (a stuck handler); change it with
+    /// [`ConsumerProbe::stall_after`].
+    pub fn probe(&self, name: &str) -> ConsumerProbe {
+        ConsumerProbe {
+            name: format!("consumer {name}"),
+            health: self.clone(),
+            stall_after: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A consumer's [`Health`] as a [`Probe`] (see [`Health::probe`]).
+#[derive(Clone, Debug)]
+pub struct ConsumerProbe {
+    name: String,
+    health: Health,
+    stall_after: Duration,
+}
+
+impl ConsumerProbe {
+    /// The same probe, not live once deliveries are in flight and none was settled for
+    /// `after`. Set it above the longest handler run.
+    pub fn stall_after(mut self, after: Duration) -> Self {
+        self.stall_after = after;
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl Probe for ConsumerProbe {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn probe(&self) -> ProbeReport {
+        let s = self.health.snapshot();
+        let mut report = ProbeReport::ok(self.name.clone());
+        report.connected = Some(s.connected);
+        report.in_flight = Some(s.in_flight as u64);
+        report.last_activity = s.last_settle;
+        let stalled = s.in_flight > 0
+            && s.last_settle.is_some_and(|t| {
+                SystemTime::now()
+                    .duration_since(t)
+                    .is_ok_and(|d| d > self.stall_after)
+            });
+        if stalled {
+            report.not_live("no settle while in flight")
+        } else if !s.connected {
+            report.not_ready("not connected")
+        } else {
+            report
+        }
     }
 }

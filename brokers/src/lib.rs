@@ -106,7 +106,7 @@ pub use fault::{
     FAILURE_TIME_HEADER, Fault, MAX_FAILURE_HEADER_LEN,
 };
 pub use handle::{Handle, InboxHandler, with_inbox};
-pub use health::{Health, HealthSnapshot};
+pub use health::{ConsumerProbe, Health, HealthSnapshot};
 pub use shutdown::{Shutdown, ShutdownTrigger, shutdown};
 pub use source::{Pending, Source};
 pub use tx_handler::{TxInboxHandler, with_tx_inbox};

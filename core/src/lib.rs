@@ -5,6 +5,7 @@
 pub mod admin;
 mod error;
 mod failure;
+pub mod health;
 mod inbox;
 mod key;
 pub mod layers;

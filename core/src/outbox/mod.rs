@@ -28,6 +28,7 @@ mod memory;
 mod message;
 mod publisher;
 mod relay;
+mod relay_health;
 mod store;
 
 pub use memory::{MemoryOutbox, MemoryOutboxTx};
@@ -38,6 +39,7 @@ pub use message::{
 };
 pub use publisher::{InjectedFailure, MemoryPublisher, Publisher};
 pub use relay::{Relay, RelayConfig, RelayHandle, RelayRound};
+pub use relay_health::{RelayHealth, RelayHealthSnapshot};
 pub use store::{
     AfterFailure, DestinationStats, DestinationTally, Held, MAX_ERROR_LEN, OutboxEntry,
     OutboxQuery, OutboxRow, OutboxState, OutboxStats, OutboxStore, cut_error,

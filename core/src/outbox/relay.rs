@@ -8,6 +8,7 @@ use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
 use super::listen::listen;
+use super::relay_health::RelayHealth;
 use super::{AfterFailure, Held, OutboxRow, OutboxStore, Publisher};
 use crate::layers::metric_names as names;
 use crate::trace::MessageTrace;
@@ -208,6 +209,7 @@ pub struct Relay {
     store: Arc<dyn OutboxStore>,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
+    health: RelayHealth,
 }
 
 impl Relay {
@@ -217,6 +219,7 @@ impl Relay {
             store,
             publisher,
             config: RelayConfig::default(),
+            health: RelayHealth::default(),
         }
     }
 
@@ -229,6 +232,12 @@ impl Relay {
     /// The configuration.
     pub fn config(&self) -> &RelayConfig {
         &self.config
+    }
+
+    /// The relay's live state, for probes: take it before [`start`](Self::start). Clones
+    /// of this relay share it.
+    pub fn health(&self) -> RelayHealth {
+        self.health.clone()
     }
 
     /// Whether the publisher's deliveries end within the hold: `delivery_timeout +
@@ -298,6 +307,7 @@ impl Relay {
         self.check()?;
         let (stop, stopped) = watch::channel(false);
         let totals = Arc::new(Totals::default());
+        self.health.set_running(true);
         let task = tokio::spawn(self.run(stopped, Arc::clone(&totals)));
         Ok(RelayHandle { stop, task, totals })
     }
@@ -336,6 +346,7 @@ impl Relay {
         if let Some(purger) = purger {
             purger.stop().await;
         }
+        relay.health.set_running(false);
         all
     }
 
@@ -369,8 +380,14 @@ impl Relay {
                 .take(self.config.batch_size, self.config.hold)
                 .await
             {
-                Ok(held) => self.settle(held, Some(&mut stopped), taken_at).await,
-                Err(e) => Err(e),
+                Ok(held) => {
+                    self.health.took(true);
+                    self.settle(held, Some(&mut stopped), taken_at).await
+                }
+                Err(e) => {
+                    self.health.took(false);
+                    Err(e)
+                }
             };
             let taken = match round {
                 Ok(round) => {
@@ -408,6 +425,8 @@ impl Relay {
                 metrics::gauge!(names::OUTBOX_DEAD, "backend" => backend).set(stats.dead as f64);
                 metrics::gauge!(names::OUTBOX_OLDEST_UNSENT_SECONDS, "backend" => backend)
                     .set(stats.oldest_unsent_age().as_secs_f64());
+                self.health
+                    .stats(stats.pending + stats.held, stats.oldest_unsent_age());
             }
             Err(e) => tracing::debug!(error = %error_chain(&e), "dedup outbox relay: stats failed"),
         }
@@ -466,6 +485,8 @@ impl Relay {
             };
             metrics::histogram!(names::OUTBOX_PUBLISH_DURATION_SECONDS, "publisher" => self.publisher.name())
                 .record(started.elapsed().as_secs_f64());
+            let accepted = results.iter().filter(|r| r.is_ok()).count();
+            self.health.published(results.len(), accepted);
             let mut ok = Vec::new();
             for (row, result) in held.rows.iter().zip(results) {
                 let row_span = publish_span(row);
