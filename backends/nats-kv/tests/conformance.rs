@@ -1,0 +1,43 @@
+//! The conformance suite (every lease-mode clause, the model-based test and the admin
+//! clauses) against an R3 bucket of the 3-node NATS cluster (`DEDUP_NATS_CLUSTER_URLS`,
+//! started by `scripts/services.sh` / `scripts/test.sh`). Each clause has its own key
+//! prefix in the one shared bucket.
+
+mod common;
+
+use std::sync::Arc;
+
+use dedup_conformance::{StoreFactory, TestContext};
+use dedup_core::Clock;
+use dedup_nats_kv::NatsKvStore;
+
+/// Stores on the cluster's shared R3 test bucket.
+struct Factory;
+
+#[async_trait::async_trait]
+impl StoreFactory for Factory {
+    type Store = NatsKvStore;
+
+    async fn open(&self, ctx: &TestContext) -> NatsKvStore {
+        let servers = common::cluster().expect("DEDUP_NATS_CLUSTER_URLS");
+        let clock = Some(ctx.clock.clone() as Arc<dyn Clock>);
+        common::store(&servers, &ctx.namespace, clock).await
+    }
+
+    async fn open_named(
+        &self,
+        ctx: &TestContext,
+        name: &str,
+    ) -> Option<dedup_core::Result<NatsKvStore>> {
+        let servers = common::cluster()?;
+        let clock = Some(ctx.clock.clone() as Arc<dyn Clock>);
+        Some(NatsKvStore::connect(&servers, common::config(name, clock)).await)
+    }
+
+    fn available(&self) -> bool {
+        common::cluster().is_some()
+    }
+}
+
+dedup_conformance::suite!(Factory);
+dedup_conformance::admin_suite!(Factory);
