@@ -32,6 +32,14 @@ pub fn servers(urls: &str) -> Vec<String> {
         .collect()
 }
 
+/// A key prefix no other test run uses: `name` and 12 random hex digits.
+pub fn unique_prefix(name: &str) -> String {
+    format!(
+        "{name}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
 /// The configuration of a test store under `prefix` on the R3 test bucket.
 pub fn config(prefix: &str, clock: Option<Arc<dyn Clock>>) -> NatsKvConfig {
     NatsKvConfig {
