@@ -1,11 +1,14 @@
 //! The outbox's shared types on their own: the names of a row's states, the counts a
-//! store's statistics query adds up, and the cut of a stored error.
+//! store's statistics query adds up, the cut of a stored error, and what
+//! `MemoryPublisher` keeps and fails.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::Timestamp;
 use dedup_core::outbox::{
-    DestinationStats, DestinationTally, MAX_ERROR_LEN, OutboxState, OutboxStats, cut_error,
+    DestinationStats, DestinationTally, MAX_ERROR_LEN, MemoryPublisher, OutboxRow, OutboxState,
+    OutboxStats, Publisher, cut_error,
 };
 
 const ALL: [(OutboxState, &str); 4] = [
@@ -123,4 +126,50 @@ fn a_stored_error_is_cut_at_a_character_boundary() {
     // A 2-byte character across the limit is left out whole.
     let long = format!("{}é tail", "e".repeat(MAX_ERROR_LEN - 1));
     assert_eq!(cut_error(&long), "e".repeat(MAX_ERROR_LEN - 1));
+}
+
+fn row(id: i64, destination: &str) -> OutboxRow {
+    OutboxRow {
+        id,
+        destination: destination.to_owned(),
+        message_id: format!("m-{id}"),
+        headers: Vec::new(),
+        payload: b"{}".to_vec(),
+        ordering_key: None,
+        written_at: Timestamp::from_millis(1_000),
+        attempts: 1,
+    }
+}
+
+#[tokio::test]
+async fn a_memory_publisher_fails_a_destination_the_times_it_was_told_then_keeps_each_row() {
+    let publisher = MemoryPublisher::new();
+    assert_eq!(publisher.name(), "memory");
+    publisher.fail("orders", Some(2));
+    for _ in 0..2 {
+        let err = publisher.publish(&row(1, "orders")).await.unwrap_err();
+        assert_eq!(err.to_string(), "memory publisher told to fail orders");
+    }
+    publisher.publish(&row(1, "orders")).await.unwrap();
+    publisher.publish(&row(2, "mails")).await.unwrap();
+    publisher.publish(&row(1, "orders")).await.unwrap();
+    // Every row accepted, in order, copies included.
+    assert_eq!(
+        publisher.published(),
+        [row(1, "orders"), row(2, "mails"), row(1, "orders")]
+    );
+    assert_eq!(publisher.message_ids(), ["m-1", "m-2", "m-1"]);
+}
+
+#[tokio::test]
+async fn a_shared_publisher_publishes_and_fails_as_the_one_it_shares() {
+    let publisher = MemoryPublisher::new();
+    let shared = Arc::new(publisher.clone());
+    publisher.fail("m-1", None);
+    let failed = <Arc<MemoryPublisher> as Publisher>::publish(&shared, &row(1, "orders")).await;
+    assert!(failed.is_err(), "{failed:?}");
+    <Arc<MemoryPublisher> as Publisher>::publish(&shared, &row(2, "orders"))
+        .await
+        .unwrap();
+    assert_eq!(publisher.message_ids(), ["m-2"]);
 }

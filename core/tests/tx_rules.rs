@@ -257,6 +257,22 @@ async fn a_conflict_runs_again_after_the_policys_backoff() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn is_conflict_and_is_lease_lost_each_name_their_own_error() {
+    let deadlock = || Run::Answer(TxAttempt::Conflict("deadlock detected".into()));
+    let (engine, mut script, _store) = scripted(vec![deadlock(), deadlock()]);
+    let conflict = engine.run(&key(), None, &mut script).await.unwrap_err();
+    assert!(matches!(conflict, InboxError::Conflict { .. }), "{conflict:?}");
+    assert!(conflict.is_conflict(), "{conflict:?}");
+    assert!(!conflict.is_lease_lost(), "{conflict:?}");
+
+    let lost = Run::Answer(TxAttempt::Store(Error::lease_lost(&key())));
+    let (engine, mut script, _store) = scripted(vec![lost]);
+    let lost = engine.run(&key(), None, &mut script).await.unwrap_err();
+    assert!(lost.is_lease_lost(), "{lost:?}");
+    assert!(!lost.is_conflict(), "{lost:?}");
+}
+
 #[test]
 fn a_lease_lost_at_the_commit_is_counted_as_a_lost_commit_in_the_transaction() {
     let ((), snap) = support::recorded(|| async {
