@@ -324,6 +324,54 @@ async fn settle(dead: &mut dyn DeadLetters, letter: &DeadLetter, key: &Key) -> R
     })
 }
 
+/// `url` without its query parameter `name`, and that parameter's value, percent-decoded:
+/// what a broker's opener reads (`?queue=`, `?stream=`, `?topic=`, `?subscription=`). The
+/// other parameters stay in the URL for the broker's client.
+///
+/// # Errors
+///
+/// [`BrokerError::Config`] when the parameter is missing, empty or not UTF-8 once decoded.
+pub fn url_param(url: &str, name: &str) -> Result<(String, String), BrokerError> {
+    let missing = || BrokerError::Config(format!("the dead letters' URL needs ?{name}=NAME"));
+    let (base, query) = url.split_once('?').ok_or_else(missing)?;
+    let mut value = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((n, v)) if n == name => value = Some(percent_decode(v)?),
+            _ => kept.push(pair),
+        }
+    }
+    let value = value.filter(|v| !v.is_empty()).ok_or_else(missing)?;
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((rest, value))
+}
+
+/// `text` with each `%XX` decoded.
+fn percent_decode(text: &str) -> Result<String, BrokerError> {
+    let bad = || BrokerError::Config(format!("{text:?} is not a valid percent-encoded value"));
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'%' {
+            let hex = tail.get(..2).and_then(|h| std::str::from_utf8(h).ok());
+            let byte = hex
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(bad)?;
+            bytes.push(byte);
+            rest = &tail[2..];
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).map_err(|_| bad())
+}
+
 /// Opens the dead letters `url` names, for a replay or the console's message view. The
 /// scheme picks the broker (each behind its feature):
 ///
@@ -343,6 +391,10 @@ async fn settle(dead: &mut dyn DeadLetters, letter: &DeadLetter, key: &Key) -> R
 pub async fn open(url: &str) -> Result<Box<dyn DeadLetters>, BrokerError> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
     match scheme {
+        #[cfg(feature = "redis-streams")]
+        "redis" | "rediss" => Ok(Box::new(
+            crate::redis_streams::StreamDeadLetters::open(url).await?,
+        )),
         _ => Err(BrokerError::Config(format!(
             "no dead letters for the scheme {scheme:?}: the known ones are amqp, amqps, \
              redis, rediss, nats, kafka and pubsub, each with its broker's feature"

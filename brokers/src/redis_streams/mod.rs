@@ -1,14 +1,17 @@
 //! Redis Streams (redis-rs): [`StreamPublisher`] and [`StreamConsumer`].
 //!
 //! An entry is `message_id <id> payload <bytes>` plus one field per header. Dead letters go
-//! to the stream `<stream>:dead` (see [`dead_stream`]).
+//! to the stream `<stream>:dead` (see [`dead_stream`]); [`StreamDeadLetters`] reads them back
+//! for a replay.
 
 mod consumer;
+mod dead_letters;
 mod errors;
 mod pending;
 mod publisher;
 
 pub use consumer::StreamConsumer;
+pub use dead_letters::StreamDeadLetters;
 pub use pending::StreamPending;
 pub use publisher::StreamPublisher;
 

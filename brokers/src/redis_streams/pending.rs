@@ -100,7 +100,8 @@ impl Pending for StreamPending {
     }
 }
 
-fn bytes_of(value: &Value) -> Option<&[u8]> {
+/// A bulk or simple string's bytes.
+pub(super) fn bytes_of(value: &Value) -> Option<&[u8]> {
     match value {
         Value::BulkString(b) => Some(b),
         Value::SimpleString(s) => Some(s.as_bytes()),

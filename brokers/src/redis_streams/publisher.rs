@@ -172,14 +172,30 @@ impl StreamPublisher {
 }
 
 fn xadd(row: &OutboxRow) -> Result<redis::Cmd, BoxError> {
+    xadd_entry(
+        &row.destination,
+        &row.message_id,
+        &row.payload,
+        &row.headers,
+    )
+}
+
+/// `XADD <stream> * message_id <id> payload <bytes> [<header> <value>]...`: an outbox row's
+/// entry, or a replayed dead letter's.
+pub(super) fn xadd_entry(
+    stream: &str,
+    message_id: &str,
+    payload: &[u8],
+    headers: &[(String, String)],
+) -> Result<redis::Cmd, BoxError> {
     let mut cmd = redis::cmd("XADD");
-    cmd.arg(&row.destination)
+    cmd.arg(stream)
         .arg("*")
         .arg(MESSAGE_ID_FIELD)
-        .arg(&row.message_id)
+        .arg(message_id)
         .arg(PAYLOAD_FIELD)
-        .arg(&row.payload[..]);
-    for (name, value) in &row.headers {
+        .arg(payload);
+    for (name, value) in headers {
         if name == MESSAGE_ID_FIELD || name == PAYLOAD_FIELD {
             return Err(format!("header {name:?} would hide the entry's own field").into());
         }

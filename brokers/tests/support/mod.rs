@@ -5,6 +5,7 @@
 pub mod kafka;
 pub mod private;
 pub mod relay_time;
+pub mod replay;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
