@@ -3,8 +3,10 @@
 //!
 //! "Now" is the statements' own ([`crate::statements::NOW_MS`]). Listing walks the primary
 //! key from the `after` id in byte order (the key columns are `VARBINARY`, so paging agrees
-//! with every other store); the counts and the most retried keys read the whole table; the
-//! size is InnoDB's `data_length + index_length` from `information_schema.tables` (an
+//! with every other store); the counts and the most retried keys read the whole table,
+//! unless the store keeps counts ([`crate::counts`], opt-in): then the counts are the kept
+//! ones plus the expired leases, read through the in-flight index, as is the oldest live
+//! lease. The size is InnoDB's `data_length + index_length` from `information_schema.tables` (an
 //! estimate the server refreshes with its statistics).
 //!
 //! Forgetting and revoking read the record with a lock and apply
@@ -14,7 +16,7 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 use dedup_core::admin::{
-    ConsumerCounts, Forgot, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
+    ConsumerCounts, CountSource, Forgot, ListFilter, MAX_CONSUMERS, PurgeCount, Stats, Status,
 };
 use dedup_core::backend::AdminStorage;
 use dedup_core::backend::transition::{self, Write};
@@ -23,13 +25,14 @@ use dedup_sql::query::key_as_bytes;
 use sqlx::{AssertSqlSafe, MySql, SqlSafeStr};
 
 use crate::MySqlStore;
+use crate::counts;
 use crate::decode::decode_keyed_record;
 use crate::error::{Backend, backend};
 use crate::statements::{NOW_MS, row_cols};
 use dedup_sql::admin::{self, AdminDialect};
 
-/// MySQL's SQL for the shared admin conditions.
-struct Dialect;
+/// MySQL's SQL for the shared admin conditions (and kept counts' reads, [`crate::counts`]).
+pub(crate) struct Dialect;
 
 impl AdminDialect for Dialect {
     fn outcome_starts_with(hex: &str) -> String {
@@ -64,16 +67,24 @@ impl AdminStorage for MySqlStore {
         let table = self.table();
         // Every part uses the "now" just read, so they agree with the counts.
         let now = AdminStorage::now(self).await?;
-        let counts = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {} FROM (SELECT CAST(? AS SIGNED) AS ms) n STRAIGHT_JOIN {table}",
-            admin::status_counts::<Dialect>("n.ms"),
-        )))
-        .bind(now.as_millis())
-        .fetch_one(self.pool())
-        .await
-        .map_err(backend)?;
         let mut stats = Stats::at(now);
-        admin::read_counts::<MySql>(&counts, &mut stats, backend)?;
+        if counts::kept(self).await? {
+            for consumer in counts::read(self, now, None).await? {
+                for status in Status::ALL {
+                    *stats.count_mut(status) += consumer.counts.count(status);
+                }
+            }
+        } else {
+            let counts = sqlx::query(AssertSqlSafe(format!(
+                "SELECT {} FROM (SELECT CAST(? AS SIGNED) AS ms) n STRAIGHT_JOIN {table}",
+                admin::status_counts::<Dialect>("n.ms"),
+            )))
+            .bind(now.as_millis())
+            .fetch_one(self.pool())
+            .await
+            .map_err(backend)?;
+            admin::read_counts::<MySql>(&counts, &mut stats, backend)?;
+        }
         let size: Option<i64> = sqlx::query_scalar(
             "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables \
              WHERE table_schema = DATABASE() AND table_name = ?",
@@ -98,13 +109,16 @@ impl AdminStorage for MySqlStore {
     }
 
     async fn consumers(&self) -> Result<Vec<ConsumerCounts>> {
+        let now = AdminStorage::now(self).await?;
+        if counts::kept(self).await? {
+            return counts::read(self, now, Some(MAX_CONSUMERS)).await;
+        }
         let sql = format!(
             "SELECT consumer, {} FROM (SELECT CAST(? AS SIGNED) AS ms) n \
              STRAIGHT_JOIN {table} GROUP BY consumer ORDER BY consumer LIMIT {MAX_CONSUMERS}",
             admin::status_counts::<Dialect>("n.ms"),
             table = self.table(),
         );
-        let now = AdminStorage::now(self).await?;
         admin::consumers::<Backend>(self.pool(), sql, now, |row| {
             Ok(crate::decode::text(row, "consumer")?.unwrap_or_default())
         })
@@ -118,6 +132,21 @@ impl AdminStorage for MySqlStore {
 
     async fn last_purge(&self) -> Result<Option<dedup_core::PurgeRun>> {
         self.last_purge_run().await
+    }
+
+    async fn count_source(&self) -> Result<CountSource> {
+        Ok(match counts::kept(self).await? {
+            true => CountSource::Kept,
+            false => CountSource::Scan { keepable: true },
+        })
+    }
+
+    async fn enable_counts(&self) -> Result<bool> {
+        counts::enable(self).await
+    }
+
+    async fn disable_counts(&self) -> Result<bool> {
+        counts::disable(self).await
     }
 
     async fn forget(&self, key: &Key, force: bool) -> Result<Forgot> {

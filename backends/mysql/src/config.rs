@@ -87,20 +87,27 @@ impl TargetConfig for MySqlConfig {
     }
 }
 
-/// The name of the table of `outbox`'s ordering keys: `<outbox>_keys`, or, when that is
-/// over MySQL's 64 characters, the outbox name cut to 42 bytes, `_`, a 16-digit hash of the
-/// whole name and `_keys`.
+/// The name of the table of `outbox`'s ordering keys: `<outbox>_keys` (see
+/// [`suffixed_name`]).
 pub(crate) fn keys_table_name(outbox: &str) -> String {
-    let name = format!("{outbox}_keys");
-    if name.len() <= 64 {
-        return name;
+    suffixed_name(outbox, "_keys")
+}
+
+/// `<name><suffix>`, or, when that is over MySQL's 64 characters (the limit of table,
+/// index and trigger names), `name` cut to fit, `_`, a 16-digit hash of the whole name
+/// and `suffix`.
+pub(crate) fn suffixed_name(name: &str, suffix: &str) -> String {
+    let full = format!("{name}{suffix}");
+    if full.len() <= 64 {
+        return full;
     }
     // FNV-1a, 64 bits: stable across Rust releases and nodes. Names are ASCII, so any
     // byte index is a character boundary.
-    let hash = outbox.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    format!("{}_{hash:016x}_keys", &outbox[..42])
+    let keep = 64 - 17 - suffix.len();
+    format!("{}_{hash:016x}{suffix}", &name[..keep.min(name.len())])
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 mod admin;
 mod config;
 mod connect;
+mod counts;
 mod decode;
 mod error;
 mod outbox;

@@ -202,7 +202,8 @@ impl Statements {
     }
 
     /// Read the records of `n` keys with "now": one row per key found, `now_ms` first
-    /// (a read that finds none runs [`now`](Self::now) instead). Parameters: now, then the
+    /// (a read that finds none runs [`now`](Self::now) instead), then the session's
+    /// `LAST_INSERT_ID()` as `last_id` (see `crate::store::last_insert_id`). Parameters: now, then the
     /// `2 n` key parts. `locking`: `FOR UPDATE` (the rows found stay locked until the
     /// transaction ends; at READ COMMITTED, absent keys lock nothing).
     pub(crate) fn read(&self, n: usize, locking: bool) -> String {
@@ -212,7 +213,7 @@ impl Statements {
             keys_in(n)
         };
         format!(
-            "SELECT {NOW_MS} AS now_ms, {} FROM {} WHERE {filter}{}",
+            "SELECT {NOW_MS} AS now_ms, LAST_INSERT_ID() AS last_id, {} FROM {} WHERE {filter}{}",
             row_cols(""),
             self.table,
             if locking { " FOR UPDATE" } else { "" }

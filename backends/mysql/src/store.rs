@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use dedup_core::{Fingerprint, Key, Result, Timestamp};
 use dedup_sql::SqlStore;
-use sqlx::mysql::MySqlRow;
+use sqlx::mysql::{MySqlQueryResult, MySqlRow};
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
 
 use crate::config::MySqlConfig;
@@ -151,6 +151,18 @@ impl MySqlStore {
         keys: &[&Key],
         locking: bool,
     ) -> std::result::Result<(Timestamp, Vec<(Key, Stored)>), ReadError> {
+        let (now, found, _) = self.read_noting(conn, keys, locking).await?;
+        Ok((now, found))
+    }
+
+    /// [`read`](Self::read), also giving the session's `LAST_INSERT_ID()` as the read saw
+    /// it, when it found a record (see [`last_insert_id`]).
+    pub(crate) async fn read_noting(
+        &self,
+        conn: &mut MySqlConnection,
+        keys: &[&Key],
+        locking: bool,
+    ) -> std::result::Result<(Timestamp, Vec<(Key, Stored)>, Option<u64>), ReadError> {
         let sql = self.inner.sql.read(keys.len(), locking);
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(self.now_param());
         for key in keys {
@@ -158,10 +170,12 @@ impl MySqlStore {
         }
         let rows: Vec<MySqlRow> = query.fetch_all(&mut *conn).await.map_err(ReadError::Sql)?;
         let mut now = None;
+        let mut last_id = None;
         let mut found = Vec::with_capacity(rows.len());
         for row in &rows {
             let ms: i64 = sqlx::Row::try_get(row, "now_ms").map_err(ReadError::Sql)?;
             now = Some(Timestamp::from_millis(ms));
+            last_id = Some(sqlx::Row::try_get(row, "last_id").map_err(ReadError::Sql)?);
             if let Some(key) = key_of(row).map_err(ReadError::Contract)? {
                 let stored = decode_stored(row, &key).map_err(ReadError::Contract)?;
                 found.push((key, stored));
@@ -171,7 +185,7 @@ impl MySqlStore {
             Some(now) => now,
             None => self.now(conn).await.map_err(ReadError::Sql)?,
         };
-        Ok((now, found))
+        Ok((now, found, last_id))
     }
 
     /// "Now" (the injected clock's, else the server's), read on `conn`.
@@ -184,6 +198,25 @@ impl MySqlStore {
             .fetch_one(&mut *conn)
             .await?;
         Ok(Timestamp::from_millis(ms))
+    }
+}
+
+/// The value the statement `done` gave `LAST_INSERT_ID(expr)`: the insert id the server
+/// reported, or, when it reported 0, the session's `LAST_INSERT_ID()`, read on `conn`. A
+/// trigger (kept counts, `crate::counts`) makes the server report 0 whatever the
+/// statement set; the session's value survives it. Without triggers no statement that
+/// sets it to more than 0 reports 0, so that read costs nothing then.
+pub(crate) async fn last_insert_id(
+    conn: &mut MySqlConnection,
+    done: &MySqlQueryResult,
+) -> std::result::Result<u64, sqlx::Error> {
+    match done.last_insert_id() {
+        0 => {
+            sqlx::query_scalar("SELECT LAST_INSERT_ID()")
+                .fetch_one(conn)
+                .await
+        }
+        id => Ok(id),
     }
 }
 

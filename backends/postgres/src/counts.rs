@@ -191,7 +191,9 @@ pub(crate) async fn read(
         .fetch_all(store.pool())
         .await
         .map_err(backend)?;
-    let (consumers, deltas) = read_rows::<Postgres>(&rows, now, backend)?;
+    let consumer =
+        |row: &sqlx::postgres::PgRow| sqlx::Row::try_get(row, "consumer").map_err(backend);
+    let (consumers, deltas) = read_rows::<Postgres>(&rows, now, consumer, backend)?;
     if needs_fold(deltas, consumers.len()) {
         let fold = format!(
             "SELECT \"{}\".\"{}\"()",

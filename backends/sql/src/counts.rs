@@ -112,19 +112,17 @@ pub fn read_sql<D: CountsDialect>(
 }
 
 /// The rows of [`read_sql`] as per-consumer counts at `now`, and the rows of differences
-/// they were summed from; `error` maps a driver error.
+/// they were summed from; `consumer` reads a row's consumer, `error` maps a driver error.
 pub fn read_rows<DB: SqlDb>(
     rows: &[DB::Row],
     now: Timestamp,
+    consumer: fn(&DB::Row) -> Result<String>,
     error: fn(sqlx::Error) -> Error,
 ) -> Result<(Vec<ConsumerCounts>, u64)> {
     let mut deltas = 0;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let consumer = DB::get_opt_text(row, "consumer")
-            .map_err(error)?
-            .unwrap_or_default();
-        let mut counts = ConsumerCounts::new(consumer, now);
+        let mut counts = ConsumerCounts::new(consumer(row)?, now);
         read_counts::<DB>(row, &mut counts.counts, error)?;
         deltas += count_of::<DB>(row, "deltas", error)?;
         out.push(counts);

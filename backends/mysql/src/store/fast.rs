@@ -7,7 +7,7 @@ use sqlx::AssertSqlSafe;
 
 use crate::error::{backend, lost_race, raced};
 
-use super::{MySqlStore, fingerprint_param};
+use super::{MySqlStore, fingerprint_param, last_insert_id};
 
 /// What a fast path found.
 pub(super) enum Fast<T> {
@@ -44,7 +44,8 @@ impl MySqlStore {
                 .bind(fingerprint_param(options.fingerprint.as_ref()))
                 .bind(now);
         }
-        let done = match query.execute(&self.inner.pool).await {
+        let mut conn = self.inner.pool.acquire().await.map_err(backend)?;
+        let done = match query.execute(&mut *conn).await {
             Ok(done) => done,
             // A key with a record (duplicate key), or a deadlock with a concurrent batch
             // inserting the same keys in another order: the general path decides (and
@@ -52,7 +53,8 @@ impl MySqlStore {
             Err(e) if lost_race(&e) => return Ok(Fast::General),
             Err(e) => return Err(backend(e)),
         };
-        let now = i64::try_from(done.last_insert_id())
+        let now = last_insert_id(&mut conn, &done).await.map_err(backend)?;
+        let now = i64::try_from(now)
             .ok()
             .filter(|ms| *ms > 0)
             .map(Timestamp::from_millis)

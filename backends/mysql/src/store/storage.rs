@@ -78,6 +78,9 @@ impl Storage for MySqlStore {
             .map_err(backend)?;
         if done.rows_affected() == 1
             && let Ok(expires_at) = i64::try_from(done.last_insert_id())
+            // 0: a trigger (kept counts) cleared what the server reports; the locked path
+            // renews instead.
+            && expires_at > 0
         {
             // Held by the token: the same acquisition, so the same fence and attempt.
             return Ok(Lease {

@@ -1,0 +1,264 @@
+//! Kept counts (`Admin::enable_counts`) on the real MySQL / MariaDB of `DEDUP_MYSQL_URL`:
+//! the mixed workload's counts equal a scan's, every admin clause holds with counts kept,
+//! enabling while writers run misses no write, a read folds many rows of differences, and
+//! disabling leaves the schema exactly as a store without counts has it.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_conformance::clauses::{self, KeptCounts};
+use dedup_conformance::{StoreFactory, TestContext, should_run};
+use dedup_core::admin::ConsumerCounts;
+use dedup_core::{Admin, ClaimOptions, DedupStore, Key, Status, TxClaim};
+use dedup_mysql::MySqlStore;
+use dedup_mysql::sqlx::{self, AssertSqlSafe};
+
+/// One table per clause, on the clause's clock.
+struct Factory;
+
+#[async_trait]
+impl StoreFactory for Factory {
+    type Store = MySqlStore;
+
+    async fn open(&self, ctx: &TestContext) -> MySqlStore {
+        let url = common::url().expect("available() checked the URL");
+        common::store_on(&url, &ctx.namespace, Some(ctx.clock.clone())).await
+    }
+
+    fn available(&self) -> bool {
+        common::url().is_some()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kept_counts_equal_a_scan_through_a_mixed_workload() {
+    if should_run(
+        &Factory,
+        "kept_counts_equal_a_scan_through_a_mixed_workload",
+    ) {
+        clauses::kept_counts_equal_a_scan_through_a_mixed_workload(&Factory).await;
+    }
+}
+
+/// The admin clauses again, on stores that keep counts from their first write.
+mod with_counts_kept {
+    use super::*;
+    dedup_conformance::admin_suite!(KeptCounts(Factory));
+}
+
+/// The lease-mode clauses on stores that keep counts: the triggers clear the insert id the
+/// server reports, which the fast paths read (`last_insert_id` in `src/store.rs`).
+mod lease_mode_with_counts_kept {
+    use super::*;
+    dedup_conformance::suite!(KeptCounts(Factory));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactional_claims_say_what_they_did_with_counts_kept() {
+    let url = url_or_skip!();
+    let clock = common::manual_clock();
+    let store = common::store(&url, "kept_tx", Some(clock.clone())).await;
+    assert!(store.enable_counts().await.expect("enable"));
+    let claim = |key: Key| {
+        let store = store.clone();
+        async move {
+            let mut tx = store.pool().begin().await.expect("begin");
+            let claim = store.claim_in_tx(&mut tx, &key, None).await.expect("claim");
+            tx.commit().await.expect("commit");
+            claim
+        }
+    };
+    let fresh = Key::new("tx", "fresh").unwrap();
+    assert_eq!(
+        claim(fresh.clone()).await,
+        TxClaim::Claimed { fence: 1 },
+        "a new key is claimed at fence 1"
+    );
+    assert!(
+        matches!(claim(fresh).await, TxClaim::Completed { .. }),
+        "a claimed key is a duplicate"
+    );
+    let expired = Key::new("tx", "expired").unwrap();
+    store
+        .claim(&expired, &ClaimOptions::lease(Duration::from_secs(1)))
+        .await
+        .expect("lease-mode claim");
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(
+        claim(expired).await,
+        TxClaim::Claimed { fence: 2 },
+        "an expired lease is taken over at the next fence"
+    );
+    let counts = store.consumers().await.expect("consumers");
+    assert_eq!(by_status(&counts), [("tx".to_owned(), [0, 0, 2, 0, 0])]);
+}
+
+/// The tables, triggers and indexes of `store`'s database whose names start with its
+/// table's (the triggers: those on its table).
+async fn schema_objects(store: &MySqlStore) -> Vec<String> {
+    let table = &store.config().table;
+    let like = format!("{}%", table.replace('_', "\\_"));
+    let sql = "SELECT CONCAT('table ', table_name) FROM information_schema.tables \
+               WHERE table_schema = DATABASE() AND table_name LIKE ? \
+               UNION ALL SELECT CONCAT('trigger ', trigger_name) FROM information_schema.triggers \
+               WHERE trigger_schema = DATABASE() AND event_object_table = ? \
+               UNION ALL SELECT DISTINCT CONCAT('index ', table_name, '.', index_name) \
+               FROM information_schema.statistics \
+               WHERE table_schema = DATABASE() AND table_name LIKE ? \
+               ORDER BY 1";
+    sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
+        .bind(&like)
+        .bind(table)
+        .bind(&like)
+        .fetch_all(store.pool())
+        .await
+        .expect("read the catalog")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disabling_leaves_the_schema_as_a_store_without_counts_has_it() {
+    let url = url_or_skip!();
+    let store = common::store(&url, "kept_schema", None).await;
+    let before = schema_objects(&store).await;
+    assert!(store.enable_counts().await.expect("enable"));
+    let kept = schema_objects(&store).await;
+    for added in [
+        "_counts",
+        "_counts_ins",
+        "_counts_upd",
+        "_counts_del",
+        ".in_flight_idx",
+    ] {
+        assert!(
+            kept.iter().any(|o| o.ends_with(added)) && !before.iter().any(|o| o.ends_with(added)),
+            "enabling adds *{added}: {kept:?}"
+        );
+    }
+    assert!(store.disable_counts().await.expect("disable"));
+    assert_eq!(
+        schema_objects(&store).await,
+        before,
+        "disabling removes everything enabling added"
+    );
+}
+
+/// The counts by status of each consumer, as comparable values.
+fn by_status(consumers: &[ConsumerCounts]) -> Vec<(String, [u64; 5])> {
+    consumers
+        .iter()
+        .map(|c| (c.consumer.clone(), Status::ALL.map(|s| c.counts.count(s))))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn enabling_while_writers_run_misses_no_write() {
+    let url = url_or_skip!();
+    let clock = common::manual_clock();
+    let store = common::store(&url, "kept_racing", Some(clock.clone())).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (store, stop) = (store.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = Key::new(format!("w{w}"), format!("m{i}")).unwrap();
+                    let lease = store
+                        .claim(&key, &ClaimOptions::lease(Duration::from_secs(60)))
+                        .await
+                        .expect("claim")
+                        .into_lease()
+                        .expect("a new key");
+                    // Every third stays in flight.
+                    if i % 3 != 0 {
+                        store.commit(&lease, Some(b"ok")).await.expect("commit");
+                    }
+                    i += 1;
+                }
+                i
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store.enable_counts().await.expect("enable"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut written = 0;
+    for writer in writers {
+        written += writer.await.expect("writer");
+    }
+    let kept = store.consumers().await.expect("kept counts");
+    assert_eq!(
+        kept.iter().map(|c| c.counts.total()).sum::<u64>(),
+        written,
+        "every record written is counted once"
+    );
+    assert!(store.disable_counts().await.expect("disable"));
+    let scanned = store.consumers().await.expect("scan");
+    assert_eq!(
+        by_status(&kept),
+        by_status(&scanned),
+        "the kept counts equal a scan"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_folds_many_rows_of_differences_into_one_per_consumer() {
+    let url = url_or_skip!();
+    let store = common::store(&url, "kept_fold", None).await;
+    assert!(store.enable_counts().await.expect("enable"));
+    let n = 30;
+    for i in 0..n {
+        let key = Key::new("fold", format!("m{i}")).unwrap();
+        let lease = store
+            .claim(&key, &ClaimOptions::lease(Duration::from_secs(60)))
+            .await
+            .expect("claim")
+            .into_lease()
+            .expect("a new key");
+        store.commit(&lease, Some(b"ok")).await.expect("commit");
+    }
+    // Rows of connections long gone: +1 and -1 processed, which cancel out.
+    let kept = format!("`{}_counts`", store.config().table);
+    let extra = dedup_sql::counts::FOLD_AFTER as usize + 10;
+    let rows: Vec<String> = (0..extra)
+        .map(|i| {
+            let sign = if i % 2 == 0 { 1 } else { -1 };
+            format!("('fold', {}, 0, {sign}, 0, 0)", 1_000_000 + i)
+        })
+        .collect();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {kept} VALUES {}",
+        rows.join(", ")
+    )))
+    .execute(store.pool())
+    .await
+    .expect("rows of differences");
+    let count_rows = || {
+        let (pool, sql) = (store.pool().clone(), format!("SELECT COUNT(*) FROM {kept}"));
+        async move {
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .expect("count the rows of differences")
+        }
+    };
+    assert!(count_rows().await > extra as i64);
+    let counts = store.consumers().await.expect("consumers");
+    assert_eq!(
+        by_status(&counts),
+        [("fold".to_owned(), [0, 0, n, 0, 0])],
+        "the rows sum to the records"
+    );
+    assert_eq!(count_rows().await, 1, "the read folded them into one row");
+    let again = store.consumers().await.expect("consumers after the fold");
+    assert_eq!(
+        by_status(&again),
+        by_status(&counts),
+        "folding changes no count"
+    );
+}
