@@ -83,6 +83,12 @@ pub(crate) static REGISTRY: &[Entry] = &[
             "redis+cluster://HOST:PORT,HOST:PORT"
         ]
     ),
+    backend!(
+        "nats-kv",
+        dedup_nats_kv,
+        &["nats-kv"],
+        &["nats-kv://HOST:PORT,HOST:PORT/?bucket=NAME"]
+    ),
 ];
 
 /// The stores registered at run time, in the order they were registered.
@@ -242,7 +248,7 @@ mod tests {
                 .filter_map(|e| e.descriptor)
                 .map(|d| d.name)
                 .collect::<Vec<_>>(),
-            ["memory", "sqlite", "postgres", "mysql", "redis"]
+            ["memory", "sqlite", "postgres", "mysql", "redis", "nats-kv"]
         );
     }
 
