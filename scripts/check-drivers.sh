@@ -12,6 +12,7 @@ declare -A DRIVER=(
     [postgres]=sqlx-postgres
     [mysql]=sqlx-mysql
     [redis]=redis
+    [nats-kv]=async-nats
 )
 
 status=0
@@ -35,7 +36,7 @@ check() {
     done
 }
 
-for feature in sqlite postgres mysql redis; do
+for feature in sqlite postgres mysql redis nats-kv; do
     check dedup "$feature"
 done
 for feature in sqlite postgres mysql; do

@@ -142,6 +142,7 @@ if [[ $checks != 0 ]]; then
         step "dedup with only $feature" \
             cargo check -p dedup --no-default-features --features "$feature"
     done
+    step "dedup with only nats-kv" cargo check -p dedup --no-default-features --features nats-kv
     step "dedup with no backend" cargo check -p dedup --no-default-features
     # The chaos runs' queue is PostgreSQL: their smallest build has no other backend.
     step "chaos with only postgres" cargo check -p dedup-chaos --no-default-features
