@@ -1,14 +1,14 @@
 //! The outbox's shared types on their own: the names of a row's states, the counts a
-//! store's statistics query adds up, the cut of a stored error, and what
-//! `MemoryPublisher` keeps and fails.
+//! store's statistics query adds up, the cut of a stored error, a message's limits, and
+//! what `MemoryPublisher` keeps and fails.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::Timestamp;
 use dedup_core::outbox::{
-    DestinationStats, DestinationTally, MAX_ERROR_LEN, MemoryPublisher, OutboxRow, OutboxState,
-    OutboxStats, Publisher, cut_error,
+    DestinationStats, DestinationTally, MAX_ERROR_LEN, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN,
+    MemoryPublisher, OutboxMessage, OutboxRow, OutboxState, OutboxStats, Publisher, cut_error,
 };
 
 const ALL: [(OutboxState, &str); 4] = [
@@ -172,4 +172,24 @@ async fn a_shared_publisher_publishes_and_fails_as_the_one_it_shares() {
         .await
         .unwrap();
     assert_eq!(publisher.message_ids(), ["m-2"]);
+}
+
+#[test]
+fn a_message_takes_each_field_at_its_limit_and_refuses_one_more() {
+    let m = OutboxMessage::new("orders", "m-1", b"{}".to_vec()).unwrap();
+    assert_eq!(m.destination(), "orders");
+    assert_eq!(m.message_id(), "m-1");
+    let name = "n".repeat(MAX_HEADER_NAME_LEN);
+    let value = "v".repeat(MAX_HEADER_VALUE_LEN);
+    let longest = m.clone().header(&name, &value).unwrap();
+    assert_eq!(longest.headers().last(), Some(&(name.clone(), value)));
+    assert!(m.clone().header(format!("{name}n"), "v").is_err());
+    let too_long = "v".repeat(MAX_HEADER_VALUE_LEN + 1);
+    assert!(m.clone().header("n", too_long).is_err());
+    // The longest delay is 30 days.
+    let thirty_days = Duration::from_secs(30 * 24 * 3600);
+    let due = m.clone().deliver_after(thirty_days).unwrap();
+    assert_eq!(due.delay(), thirty_days);
+    let over = thirty_days + Duration::from_millis(1);
+    assert!(m.deliver_after(over).is_err());
 }
