@@ -154,6 +154,30 @@ fn by_status(consumers: &[ConsumerCounts]) -> Vec<(String, [u64; 5])> {
         .collect()
 }
 
+/// The records of `store` and the sum of its kept counts, in one snapshot.
+async fn records_and_kept(store: &MySqlStore) -> (i64, i64) {
+    let table = &store.config().table;
+    let mut conn = store.pool().acquire().await.expect("connection");
+    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        .execute(&mut *conn)
+        .await
+        .expect("snapshot");
+    let sql = format!(
+        "SELECT CAST((SELECT COUNT(*) FROM `{table}`) AS SIGNED), \
+         CAST((SELECT COALESCE(SUM(in_flight + completed + failed + dead_lettered), 0) \
+         FROM `{table}_counts`) AS SIGNED)"
+    );
+    let counted = sqlx::query_as(AssertSqlSafe(sql))
+        .fetch_one(&mut *conn)
+        .await
+        .expect("count both");
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut *conn)
+        .await
+        .expect("end");
+    counted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn enabling_while_writers_run_misses_no_write() {
     let url = url_or_skip!();
@@ -183,9 +207,21 @@ async fn enabling_while_writers_run_misses_no_write() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(store.enable_counts().await.expect("enable"));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    for round in 0..4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(store.enable_counts().await.expect("enable"));
+        for _ in 0..3 {
+            let (records, kept) = records_and_kept(&store).await;
+            assert_eq!(
+                kept, records,
+                "round {round}: one snapshot, kept counts and records"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if round < 3 {
+            assert!(store.disable_counts().await.expect("disable"));
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     let mut written = 0;
     for writer in writers {
