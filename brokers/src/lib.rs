@@ -57,6 +57,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod action;
+pub mod backlog;
 mod config;
 mod consume;
 #[cfg(any(

@@ -4,12 +4,14 @@
 //! destination is a topic name. See the crate README for what the consumer commits when,
 //! and what its offset fallback for messages without the header cannot deduplicate.
 
+mod backlog;
 mod consumer;
 mod errors;
 mod offsets;
 mod pending;
 mod publisher;
 
+pub use backlog::KafkaLag;
 pub use consumer::KafkaConsumer;
 pub use pending::KafkaPending;
 pub use publisher::{DEFAULT_MESSAGE_TIMEOUT, KafkaPublisher};

@@ -8,12 +8,14 @@
 //! `lapin = { version = "4", default-features = false, features = ["tokio"] }`. Its default
 //! features add rustls with aws-lc-rs: a C build this crate does not make.
 
+mod backlog;
 mod consumer;
 mod errors;
 mod pending;
 mod publisher;
 mod topology;
 
+pub use backlog::RabbitDepth;
 pub use consumer::RabbitConsumer;
 pub use pending::{DeadLetters, RabbitPending};
 pub use publisher::RabbitPublisher;
