@@ -7,9 +7,9 @@
 # on node 1 and replicate (DEDUP_GALERA_URLS: the three nodes' URLs, comma-separated;
 # DEDUP_GALERA_URL: node 1's; DEDUP_GALERA_DIR: the cluster's folder, for the node-loss
 # tests). Failure detection is tightened to seconds (evs timeouts) so a test that kills or
-# isolates a node sees the cluster move on quickly; reads wait for the cluster
-# (`wsrep_sync_wait = 1`), as dedup-mysql requires. The Debian package galera-4 holds the
-# provider. Uses mariadb.sh.
+# isolates a node sees the cluster move on quickly; reads, updates and deletes wait for
+# the cluster (`wsrep_sync_wait = 3`), as dedup-mysql requires. The Debian package
+# galera-4 holds the provider. Uses mariadb.sh.
 
 # The wsrep provider galera-4 installs.
 readonly GALERA_PROVIDER=/usr/lib/galera/libgalera_smm.so
@@ -49,20 +49,20 @@ galera_cnf() {
     for i in 0 1 2; do peers+=("$HOST:${ports[$((i * 4 + 1))]}"); done
     local IFS=,
     write_mariadb_cnf "$dir" "${ports[$base]}" \
-        "binlog_format = ROW" "innodb_autoinc_lock_mode = 2" \
+        "binlog_format = ROW" "innodb_autoinc_lock_mode = 2" "innodb_log_file_size = 32M" \
         "wsrep_on = ON" "wsrep_provider = $GALERA_PROVIDER" \
         "wsrep_cluster_name = dedup-$(short_hash "$STATE_DIR")" \
         "wsrep_cluster_address = gcomm://${peers[*]}" \
         "wsrep_node_name = node-$node" \
         "wsrep_node_address = ${peers[$((node - 1))]}" \
         "wsrep_node_incoming_address = $HOST:${ports[$base]}" \
-        "wsrep_provider_options = \"gmcast.listen_addr=tcp://${peers[$((node - 1))]};ist.recv_addr=$HOST:${ports[$((base + 2))]};gcache.size=128M;evs.suspect_timeout=PT2S;evs.inactive_timeout=PT4S;evs.install_timeout=PT4S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S\"" \
+        "wsrep_provider_options = \"gmcast.listen_addr=tcp://${peers[$((node - 1))]};ist.recv_addr=$HOST:${ports[$((base + 2))]};gcache.size=32M;evs.suspect_timeout=PT2S;evs.inactive_timeout=PT4S;evs.install_timeout=PT4S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S\"" \
         "wsrep_sst_method = rsync" \
         "wsrep_sst_receive_address = $HOST:${ports[$((base + 3))]}" \
         "wsrep_slave_threads = 2" \
-        "# Reads wait until the node applied what the cluster committed before them:" \
-        "# dedup-mysql refuses a Galera node without it (its README, Galera)." \
-        "wsrep_sync_wait = 1"
+        "# Reads, updates and deletes wait until the node applied what the cluster" \
+        "# committed before them: dedup-mysql refuses a Galera node without it." \
+        "wsrep_sync_wait = 3"
 }
 
 # run_galera_node DIR [ARGS...]: start DIR's mariadbd as the mysql user and wait until it is

@@ -28,7 +28,8 @@ impl SqlBackend for Backend {
     }
 
     /// A deadlock (1213), a lock wait timeout (1205, and MariaDB's `NOWAIT`), MySQL 8's
-    /// `NOWAIT` (3572).
+    /// `NOWAIT` (3572). On a Galera cluster a write set that failed certification (a
+    /// concurrent write to the same rows through another node) is a 1213 at `COMMIT`.
     fn is_conflict(error: &sqlx::Error) -> bool {
         error_number(error).is_some_and(conflict_number)
     }
@@ -70,6 +71,7 @@ fn retryable_number(number: u16) -> bool {
         || matches!(
             number,
             1040 // ER_CON_COUNT_ERROR: too many connections
+            | 1047 // Galera: "WSREP has not yet prepared node for application use"
             | 1053 // ER_SERVER_SHUTDOWN
             | 1927 // ER_CONNECTION_KILLED (MariaDB)
             | 4031 // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8: idle connection closed)
@@ -95,7 +97,7 @@ mod tests {
 
     #[test]
     fn numbers() {
-        for n in [1205, 1213, 3572, 1040, 1053, 1927] {
+        for n in [1205, 1213, 3572, 1040, 1047, 1053, 1927] {
             assert!(retryable_number(n), "{n}");
         }
         for n in [1062, 1146, 1064, 1406] {
@@ -104,7 +106,7 @@ mod tests {
         for n in [1205, 1213, 3572] {
             assert!(conflict_number(n), "{n}");
         }
-        for n in [1040, 1053, 1927, 1062] {
+        for n in [1040, 1047, 1053, 1927, 1062] {
             assert!(!conflict_number(n), "{n}");
         }
     }

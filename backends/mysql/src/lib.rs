@@ -21,7 +21,7 @@ mod versions;
 
 pub use config::MySqlConfig;
 pub use config::VERSIONS_TABLE as SCHEMA_VERSIONS_TABLE;
-pub use connect::{PING_IF_IDLE_FOR, pool_options};
+pub use connect::{GaleraSyncWait, PING_IF_IDLE_FOR, pool_options};
 pub use dedup_sql::config::{PURGE_RUNS_TABLE, SqlConfig, SqlSettings};
 pub use outbox::{MySqlOutbox, MySqlOutboxDialect};
 pub use sqlx;

@@ -12,6 +12,8 @@ use dedup_sql::outbox::{
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
 
+use dedup_sql::SqlBackend;
+
 use crate::error::{BACKEND, Backend, backend};
 use crate::outbox_schema;
 use crate::outbox_statements::OutboxStatements;
@@ -82,6 +84,107 @@ impl MySqlOutboxDialect {
             .await
             .map_err(backend)
     }
+
+    /// One take: a transaction of its own ([`MySqlOutboxDialect`]).
+    async fn take_once(&self, token: &LeaseToken, limit: i64, hold_ms: i64) -> Result<Taken> {
+        let now = self.store.now_param();
+        let mut conn = self.store.pool().acquire().await.map_err(backend)?;
+        let mut tx = Connection::begin_with(&mut *conn, BEGIN)
+            .await
+            .map_err(backend)?;
+        let found = sqlx::query(AssertSqlSafe(self.sql().take.clone()))
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let Some(first) = found.first() else {
+            tx.commit().await.map_err(backend)?;
+            return Ok(Taken {
+                now_ms: self.now_ms(&mut conn).await?,
+                rows: Vec::new(),
+            });
+        };
+        let now_ms: i64 = first.try_get("now_ms").map_err(backend)?;
+        let mut rows = found.iter().map(decode).collect::<Result<Vec<_>>>()?;
+        let mut hold = sqlx::query(AssertSqlSafe(self.sql().hold(rows.len())))
+            .bind(token.to_string())
+            .bind(now_ms.saturating_add(hold_ms));
+        for row in &rows {
+            hold = hold.bind(row.id);
+        }
+        hold.execute(&mut *tx).await.map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        for row in &mut rows {
+            row.state = "held".to_owned();
+            row.attempts += 1;
+        }
+        Ok(Taken { now_ms, rows })
+    }
+
+    /// One marking of rows sent: a transaction of its own.
+    async fn mark_sent_once(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>> {
+        let now = self.store.now_param();
+        let mut conn = self.store.pool().acquire().await.map_err(backend)?;
+        let mut tx = Connection::begin_with(&mut *conn, BEGIN)
+            .await
+            .map_err(backend)?;
+        let mut held = sqlx::query(AssertSqlSafe(self.sql().held(ids.len()))).bind(now);
+        for id in ids {
+            held = held.bind(id);
+        }
+        let held = held
+            .bind(token.to_string())
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let Some(first) = held.first() else {
+            tx.commit().await.map_err(backend)?;
+            return Ok(Vec::new());
+        };
+        let now_ms: i64 = first.try_get("now_ms").map_err(backend)?;
+        let marked = held
+            .iter()
+            .map(|row| row.try_get::<i64, _>("id").map_err(backend))
+            .collect::<Result<Vec<_>>>()?;
+        let mut mark = sqlx::query(AssertSqlSafe(self.sql().mark_sent(marked.len()))).bind(now_ms);
+        for id in &marked {
+            mark = mark.bind(id);
+        }
+        mark.execute(&mut *tx).await.map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(marked)
+    }
+}
+
+/// How many times a take or a marking runs again after losing a race to a concurrent
+/// writer, before its retryable error comes back.
+const MAX_TRIES: u32 = 8;
+
+/// Run `once` again while it fails with a conflict: a deadlock, or on a Galera cluster a
+/// write set that failed certification at `COMMIT` because another relay took or marked
+/// the same rows through another node. The next run reads what the winner committed.
+async fn again_when_raced<T, F>(mut once: impl FnMut() -> F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let mut tries = 1;
+    loop {
+        match once().await {
+            Err(e) if tries < MAX_TRIES && conflicted(&e) => tries += 1,
+            done => return done,
+        }
+    }
+}
+
+/// Whether `error` is the driver's conflict ([`SqlBackend::is_conflict`]).
+fn conflicted(error: &dedup_core::Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(<Backend as SqlBackend>::is_conflict)
 }
 
 /// One row of the outbox statements' row columns.
@@ -170,75 +273,11 @@ impl OutboxDialect for MySqlOutboxDialect {
     }
 
     async fn take(&self, token: &LeaseToken, limit: i64, hold_ms: i64) -> Result<Taken> {
-        let now = self.store.now_param();
-        let mut conn = self.store.pool().acquire().await.map_err(backend)?;
-        let mut tx = Connection::begin_with(&mut *conn, BEGIN)
-            .await
-            .map_err(backend)?;
-        let found = sqlx::query(AssertSqlSafe(self.sql().take.clone()))
-            .bind(now)
-            .bind(now)
-            .bind(now)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(backend)?;
-        let Some(first) = found.first() else {
-            tx.commit().await.map_err(backend)?;
-            return Ok(Taken {
-                now_ms: self.now_ms(&mut conn).await?,
-                rows: Vec::new(),
-            });
-        };
-        let now_ms: i64 = first.try_get("now_ms").map_err(backend)?;
-        let mut rows = found.iter().map(decode).collect::<Result<Vec<_>>>()?;
-        let mut hold = sqlx::query(AssertSqlSafe(self.sql().hold(rows.len())))
-            .bind(token.to_string())
-            .bind(now_ms.saturating_add(hold_ms));
-        for row in &rows {
-            hold = hold.bind(row.id);
-        }
-        hold.execute(&mut *tx).await.map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
-        for row in &mut rows {
-            row.state = "held".to_owned();
-            row.attempts += 1;
-        }
-        Ok(Taken { now_ms, rows })
+        again_when_raced(|| self.take_once(token, limit, hold_ms)).await
     }
 
     async fn mark_sent(&self, token: &LeaseToken, ids: &[i64]) -> Result<Vec<i64>> {
-        let now = self.store.now_param();
-        let mut conn = self.store.pool().acquire().await.map_err(backend)?;
-        let mut tx = Connection::begin_with(&mut *conn, BEGIN)
-            .await
-            .map_err(backend)?;
-        let mut held = sqlx::query(AssertSqlSafe(self.sql().held(ids.len()))).bind(now);
-        for id in ids {
-            held = held.bind(id);
-        }
-        let held = held
-            .bind(token.to_string())
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(backend)?;
-        let Some(first) = held.first() else {
-            tx.commit().await.map_err(backend)?;
-            return Ok(Vec::new());
-        };
-        let now_ms: i64 = first.try_get("now_ms").map_err(backend)?;
-        let marked = held
-            .iter()
-            .map(|row| row.try_get::<i64, _>("id").map_err(backend))
-            .collect::<Result<Vec<_>>>()?;
-        let mut mark = sqlx::query(AssertSqlSafe(self.sql().mark_sent(marked.len()))).bind(now_ms);
-        for id in &marked {
-            mark = mark.bind(id);
-        }
-        mark.execute(&mut *tx).await.map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
-        Ok(marked)
+        again_when_raced(|| self.mark_sent_once(token, ids)).await
     }
 
     async fn mark_failed(&self, token: &LeaseToken, failed: &FailedPublish<'_>) -> Result<bool> {

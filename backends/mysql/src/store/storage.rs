@@ -14,7 +14,7 @@ use dedup_core::{
 use sqlx::AssertSqlSafe;
 
 use crate::decode::decode_record;
-use crate::error::{Backend, backend};
+use crate::error::{Backend, backend, lost_race};
 
 use super::MySqlStore;
 use super::fast::Fast;
@@ -74,9 +74,9 @@ impl Storage for MySqlStore {
             .bind(key.message_id())
             .bind(lease.token.to_string())
             .execute(&self.inner.pool)
-            .await
-            .map_err(backend)?;
-        if done.rows_affected() == 1
+            .await;
+        if let Some(done) = unless_raced(done)?
+            && done.rows_affected() == 1
             && let Ok(expires_at) = i64::try_from(done.last_insert_id())
             // 0: a trigger (kept counts) cleared what the server reports; the locked path
             // renews instead.
@@ -144,9 +144,8 @@ impl Storage for MySqlStore {
             .bind(key.message_id())
             .bind(lease.token.to_string())
             .execute(&self.inner.pool)
-            .await
-            .map_err(backend)?;
-        if done.rows_affected() == 1 {
+            .await;
+        if unless_raced(done)?.is_some_and(|done| done.rows_affected() == 1) {
             return Ok(());
         }
         self.locked("release", &[key], |w| {
@@ -166,9 +165,8 @@ impl Storage for MySqlStore {
             .bind(key.message_id())
             .bind(lease.token.to_string())
             .execute(&self.inner.pool)
-            .await
-            .map_err(backend)?;
-        if done.rows_affected() == 1 {
+            .await;
+        if unless_raced(done)?.is_some_and(|done| done.rows_affected() == 1) {
             return Ok(());
         }
         self.locked("release", &[key], |w| {
@@ -190,5 +188,18 @@ impl Storage for MySqlStore {
 
     async fn record_purge(&self, report: &dedup_core::PurgeReport) -> Result<()> {
         self.record_purge_run(report).await
+    }
+}
+
+/// A fast path's autocommit update by the lease's token, as the general path sees it: the
+/// result, or `None` after a race lost to a concurrent writer (a deadlock; on Galera a
+/// write set that failed certification at commit), which the locked transaction decides.
+fn unless_raced(
+    done: std::result::Result<sqlx::mysql::MySqlQueryResult, sqlx::Error>,
+) -> Result<Option<sqlx::mysql::MySqlQueryResult>> {
+    match done {
+        Ok(done) => Ok(Some(done)),
+        Err(e) if lost_race(&e) => Ok(None),
+        Err(e) => Err(backend(e)),
     }
 }
