@@ -197,9 +197,22 @@ async fn enabling_while_writers_run_misses_no_write() {
                         .expect("claim")
                         .into_lease()
                         .expect("a new key");
-                    // Every third stays in flight.
-                    if i % 3 != 0 {
-                        store.commit(&lease, Some(b"ok")).await.expect("commit");
+                    // One in three stays in flight; one is released, taken over (the
+                    // locked path) and committed; one is committed and claimed again (a
+                    // duplicate, read on the locked path).
+                    let options = ClaimOptions::lease(Duration::from_secs(60));
+                    match i % 3 {
+                        0 => {}
+                        1 => {
+                            store.release(&lease).await.expect("release");
+                            let again = store.claim(&key, &options).await.expect("takeover");
+                            let lease = again.into_lease().expect("a released key");
+                            store.commit(&lease, Some(b"ok")).await.expect("commit");
+                        }
+                        _ => {
+                            store.commit(&lease, Some(b"ok")).await.expect("commit");
+                            store.claim(&key, &options).await.expect("duplicate");
+                        }
                     }
                     i += 1;
                 }
