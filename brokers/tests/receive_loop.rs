@@ -241,9 +241,13 @@ async fn consume_counts_as_consume_with_health_does() {
     });
     let (trigger, signal) = shutdown();
     let task = tokio::spawn(consume(source, config(), handler, signal));
-    while log.settled().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while log.settled().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("settled within 10 s");
     trigger.shut_down();
     let stats = tokio::time::timeout(Duration::from_secs(10), task).await;
     let stats = stats.expect("ended").unwrap().unwrap();
