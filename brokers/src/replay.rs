@@ -395,6 +395,10 @@ pub async fn open(url: &str) -> Result<Box<dyn DeadLetters>, BrokerError> {
         "redis" | "rediss" => Ok(Box::new(
             crate::redis_streams::StreamDeadLetters::open(url).await?,
         )),
+        #[cfg(feature = "rabbitmq")]
+        "amqp" | "amqps" => Ok(Box::new(
+            crate::rabbitmq::RabbitDeadLetters::open(url).await?,
+        )),
         _ => Err(BrokerError::Config(format!(
             "no dead letters for the scheme {scheme:?}: the known ones are amqp, amqps, \
              redis, rediss, nats, kafka and pubsub, each with its broker's feature"

@@ -10,6 +10,7 @@
 
 mod backlog;
 mod consumer;
+mod dead_letters;
 mod errors;
 mod pending;
 mod publisher;
@@ -17,9 +18,14 @@ mod topology;
 
 pub use backlog::RabbitDepth;
 pub use consumer::RabbitConsumer;
+pub use dead_letters::RabbitDeadLetters;
 pub use pending::{DeadLetters, RabbitPending};
 pub use publisher::RabbitPublisher;
 pub use topology::{DEAD_LETTER_EXCHANGE_ARG, Topology};
+
+/// The header a copy dead-lettered by publishing ([`DeadLetters::Publish`]) carries: where
+/// the original was published, as a destination (`exchange/routing-key`).
+pub const ORIGIN_HEADER: &str = "x-dedup-origin";
 
 /// `exchange` or `exchange/routing-key` into its two parts.
 pub fn split_destination(destination: &str) -> (&str, &str) {

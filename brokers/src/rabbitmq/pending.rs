@@ -10,8 +10,8 @@ use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::AMQPValue;
 use lapin::{Acker, BasicProperties};
 
-use super::RabbitPublisher;
 use super::errors::classify;
+use super::{ORIGIN_HEADER, RabbitPublisher};
 use crate::{Action, BrokerError, DEAD_LETTER_REASON, Delivery, Pending, Shutdown};
 
 /// Where a [`RabbitConsumer`](super::RabbitConsumer) sends dead letters.
@@ -27,9 +27,10 @@ pub enum DeadLetters {
     #[default]
     QueueDlx,
     /// Publish a copy (same message id, headers and payload, plus the reason in
-    /// [`DEAD_LETTER_REASON`]) to `destination` (`exchange` or `exchange/routing-key`) with
-    /// `publisher`, wait for the broker's confirm, then ack the original. If the publish
-    /// fails the original is requeued after `retry_delay`.
+    /// [`DEAD_LETTER_REASON`] and where the original was published in [`ORIGIN_HEADER`]) to
+    /// `destination` (`exchange` or `exchange/routing-key`) with `publisher`, wait for the
+    /// broker's confirm, then ack the original. If the publish fails the original is
+    /// requeued after `retry_delay`.
     Publish {
         /// The publisher (its own confirm channel).
         publisher: RabbitPublisher,
@@ -42,6 +43,8 @@ pub enum DeadLetters {
 #[derive(Debug)]
 pub struct RabbitPending {
     delivery: Delivery,
+    /// Where it was published: `exchange/routing-key`.
+    origin: String,
     acker: Acker,
     dead_letters: Arc<DeadLetters>,
     retry_delay: Duration,
@@ -90,6 +93,7 @@ impl RabbitPending {
     ) -> Self {
         RabbitPending {
             delivery: delivery(&amqp),
+            origin: format!("{}/{}", amqp.exchange, amqp.routing_key),
             acker: amqp.acker,
             dead_letters,
             retry_delay,
@@ -108,9 +112,10 @@ impl RabbitPending {
             .headers
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
-            .filter(|(n, _)| !fault.iter().any(|(f, _)| f == n))
+            .filter(|(n, _)| *n != ORIGIN_HEADER && !fault.iter().any(|(f, _)| f == n))
             .collect();
         headers.push((DEAD_LETTER_REASON, reason));
+        headers.push((ORIGIN_HEADER, &self.origin));
         headers.extend(fault.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         let id = d.message_id.as_deref().unwrap_or("");
         let confirm = publisher.send(destination, id, headers, &d.payload).await?;
@@ -170,7 +175,8 @@ pub(super) fn requeue() -> BasicNackOptions {
     }
 }
 
-fn delivery(d: &AmqpDelivery) -> Delivery {
+/// `d` as the receive loop sees it (string headers only).
+pub(super) fn delivery(d: &AmqpDelivery) -> Delivery {
     let props: &BasicProperties = &d.properties;
     Delivery {
         message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
