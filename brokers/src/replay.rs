@@ -399,6 +399,8 @@ pub async fn open(url: &str) -> Result<Box<dyn DeadLetters>, BrokerError> {
         "amqp" | "amqps" => Ok(Box::new(
             crate::rabbitmq::RabbitDeadLetters::open(url).await?,
         )),
+        #[cfg(feature = "nats")]
+        "nats" => Ok(Box::new(crate::nats::NatsDeadLetters::open(url).await?)),
         _ => Err(BrokerError::Config(format!(
             "no dead letters for the scheme {scheme:?}: the known ones are amqp, amqps, \
              redis, rediss, nats, kafka and pubsub, each with its broker's feature"

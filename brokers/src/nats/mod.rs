@@ -4,13 +4,18 @@
 //! copies published within the stream's duplicate window; the inbox drops the rest.
 
 mod consumer;
+mod dead_letters;
 mod errors;
 mod pending;
 mod publisher;
 
 pub use consumer::NatsConsumer;
+pub use dead_letters::NatsDeadLetters;
 pub use pending::NatsPending;
 pub use publisher::NatsPublisher;
 
 /// The header holding the message id.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// The header a dead-lettered copy carries: the subject the original was read from.
+pub const ORIGIN_HEADER: &str = "x-dedup-origin";
