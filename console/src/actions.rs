@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Form, Json};
-use dedup_core::{Forgot, Key, PurgeOptions, Released};
+use dedup_core::{Forgot, Key, PurgeOptions, Record, Released};
 use serde::Deserialize;
 use std::fmt::Write;
 
@@ -43,6 +43,13 @@ impl Params {
             .map_err(|e| Problem::BadInput(format!("not a key: {}", dedup_core::error_chain(&e))))
     }
 
+    /// The failure group an action names (`id`).
+    fn group_id(&self) -> Result<String, Problem> {
+        self.id
+            .clone()
+            .ok_or_else(|| Problem::BadInput("the group's id is required".into()))
+    }
+
     fn fence(&self) -> Result<u64, Problem> {
         self.fence
             .ok_or_else(|| Problem::BadInput("the fence seen is required".into()))
@@ -71,7 +78,8 @@ impl Params {
     }
 }
 
-fn count(action: &'static str, result: &'static str, n: u64) {
+/// Counts an action in `dedup_console_actions_total{action, result}`.
+pub(crate) fn count(action: &'static str, result: &'static str, n: u64) {
     metrics::counter!("dedup_console_actions_total", "action" => action, "result" => result)
         .increment(n.max(1));
 }
@@ -121,6 +129,8 @@ async fn preview(inner: &Inner, action: &str, p: &Params) -> Result<String, Prob
                 if g.count > keys.len() { ", ..." } else { "" }
             )
         }
+        "replay" => crate::replay::preview_key(inner, &p.key()?, p.fence()?),
+        "replay-group" => crate::replay::preview_group(inner, &p.group_id()?).await?,
         "outbox-retry" => {
             need_outbox(inner)?;
             match (&p.id, &p.group, &p.all) {
@@ -224,7 +234,7 @@ pub(crate) async fn api_session(
 }
 
 /// Refuse an action whose key moved on since the operator looked.
-fn changed(action: &'static str, key: &Key, seen: u64, now: u64) -> Problem {
+pub(crate) fn changed(action: &'static str, key: &Key, seen: u64, now: u64) -> Problem {
     count(action, "changed", 1);
     Problem::Conflict(format!(
         "{key} changed since you looked (fence {seen}, now {now}): nothing done, look again"
@@ -316,22 +326,12 @@ async fn run(inner: &Inner, action: &str, p: &Params) -> Result<(u64, String), P
                 })
             }
         }
+        "replay" => crate::replay::run_key(inner, &p.key()?, p.fence()?).await,
+        "replay-group" => crate::replay::run_group(inner, &p.group_id()?).await,
         "forget-group" => {
             let id = p.id.clone().unwrap_or_default();
-            let (_, members) = gather::failures(admin, &inner.config, 0)
-                .await
-                .map_err(Problem::store("reading the failures"))?;
-            let records = members
-                .into_iter()
-                .find(|(g, _)| *g == id)
-                .map(|(_, m)| m)
-                .ok_or_else(|| Problem::NotFound(format!("no failure group {id}")))?;
             let mut forgot = 0u64;
-            for r in &records {
-                // A key that failed again differently since the scan has left the group.
-                if gather::failure_group_of(r).map(|g| g.0) != Some(id.clone()) {
-                    continue;
-                }
+            for r in &group_records(inner, &id).await? {
                 if let Forgot::Forgot { .. } = admin
                     .forget(&r.key, false)
                     .await
@@ -410,6 +410,23 @@ async fn run(inner: &Inner, action: &str, p: &Params) -> Result<(u64, String), P
         }
         other => Err(Problem::NotFound(format!("no action {other}"))),
     }
+}
+
+/// The records of failure group `id`, read now: a key that failed again differently since
+/// has left the group.
+pub(crate) async fn group_records(inner: &Inner, id: &str) -> Result<Vec<Record>, Problem> {
+    let (_, members) = gather::failures(inner.admin.as_ref(), &inner.config, 0)
+        .await
+        .map_err(Problem::store("reading the failures"))?;
+    let records = members
+        .into_iter()
+        .find(|(g, _)| g == id)
+        .map(|(_, m)| m)
+        .ok_or_else(|| Problem::NotFound(format!("no failure group {id}")))?;
+    Ok(records
+        .into_iter()
+        .filter(|r| gather::failure_group_of(r).is_some_and(|g| g.0 == id))
+        .collect())
 }
 
 /// `GET /signin`.

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use crate::config::{ConfigError, ConsoleConfig};
 use crate::problem::{Problem, need_outbox};
 use crate::state::{Inner, html};
-use crate::{actions, gather, pages};
+use crate::{actions, gather, message, pages};
 
 /// The operator's console over one store, and optionally its outbox.
 ///
@@ -75,27 +75,66 @@ impl Console {
                 config,
                 store: dedup_core::backend::url::redact(store_url),
                 csrf: uuid::Uuid::new_v4().simple().to_string(),
+                dead: Default::default(),
             }),
         })
+    }
+
+    /// The same console with `edit` applied to its state (shared by no clone yet: a
+    /// clone keeps the state it had).
+    fn edit(self, edit: impl FnOnce(&mut Inner)) -> Self {
+        let mut inner = Arc::unwrap_or_clone(self.inner);
+        edit(&mut inner);
+        Console {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The same console reading `consumer`'s dead letters at `url`: the key and failure
+    /// group pages show a dead-lettered key's message (headers and body), and offer its
+    /// replay (with `allow_writes`).
+    ///
+    /// `url` is what `dedup_brokers::replay::open` opens (`redis://HOST?stream=orders`,
+    /// `kafka://HOST?topic=orders.dead`, ...), each broker behind this crate's feature of
+    /// the same name. It is opened per page and per replay, not at once: a broker down
+    /// now makes those pages say so, not this call fail.
+    pub fn with_dead_letters(self, consumer: impl Into<String>, url: impl Into<String>) -> Self {
+        let (consumer, url) = (consumer.into(), url.into());
+        self.edit(|inner| {
+            inner.dead.urls.insert(consumer, url);
+        })
+    }
+
+    /// The same console passing every dead-lettered copy it shows through `redact`
+    /// first: it gets the headers and the whole payload, and masks what must not be seen
+    /// (a header's value, a JSON field). A replay republishes the copy as it is, not
+    /// redacted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn example(console: dedup_console::Console) -> dedup_console::Console {
+    /// console.with_redact(|headers, _body| {
+    ///     for (name, value) in headers.iter_mut() {
+    ///         if name.eq_ignore_ascii_case("authorization") {
+    ///             *value = "***".into();
+    ///         }
+    ///     }
+    /// })
+    /// # }
+    /// ```
+    pub fn with_redact(
+        self,
+        redact: impl Fn(&mut Vec<(String, String)>, &mut Vec<u8>) + Send + Sync + 'static,
+    ) -> Self {
+        self.edit(|inner| inner.dead.redact = Some(Arc::new(redact)))
     }
 
     /// The same console showing `outbox` too.
     ///
     /// It adds the outbox's overview line, its dead rows, and their retry.
     pub fn with_outbox(self, outbox: Arc<dyn OutboxStore>) -> Self {
-        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
-            admin: shared.admin.clone(),
-            outbox: None,
-            config: shared.config.clone(),
-            store: shared.store.clone(),
-            csrf: shared.csrf.clone(),
-        });
-        Console {
-            inner: Arc::new(Inner {
-                outbox: Some(outbox),
-                ..inner
-            }),
-        }
+        self.edit(|inner| inner.outbox = Some(outbox))
     }
 
     /// The router: the HTML views, their JSON under `/api/...`, the confirmation pages
@@ -197,7 +236,10 @@ async fn failure_group(
         .now()
         .await
         .map_err(Problem::store("reading the clock"))?;
-    let body = pages::failure_group(&inner, g, &keys, q.page, now);
+    let mut body = pages::failure_group(&inner, g, &keys, q.page, now);
+    let shown = keys.iter().skip(q.page * inner.config.page_size);
+    let shown: Vec<_> = shown.take(inner.config.page_size).collect();
+    body.push_str(&message::group_section(&inner, &shown, now).await);
     Ok(html(&inner, "Failure group", &body, false))
 }
 
@@ -215,12 +257,14 @@ impl KeyQuery {
     }
 }
 
-async fn key_data(inner: &Inner, q: &KeyQuery) -> Result<crate::model::KeyDetail, Problem> {
+async fn key_data(inner: &Inner, q: &KeyQuery) -> Result<crate::model::KeyView, Problem> {
     let key = q.key()?;
-    gather::key_detail(inner.admin.as_ref(), &key)
+    let d = gather::key_detail(inner.admin.as_ref(), &key)
         .await
         .map_err(Problem::store("reading the key"))?
-        .ok_or_else(|| Problem::NotFound(format!("no record for {key}")))
+        .ok_or_else(|| Problem::NotFound(format!("no record for {key}")))?;
+    let message = message::of_key(inner, &d).await;
+    Ok(crate::model::KeyView { key: d, message })
 }
 
 async fn key(
@@ -229,8 +273,9 @@ async fn key(
     Query(q): Query<KeyQuery>,
 ) -> Result<Response, Problem> {
     inner.check_view(&headers)?;
-    let d = key_data(&inner, &q).await?;
-    Ok(html(&inner, "Key", &pages::key(&inner, &d), false))
+    let v = key_data(&inner, &q).await?;
+    let body = pages::key(&inner, &v.key) + &message::key_section(&v.message);
+    Ok(html(&inner, "Key", &body, false))
 }
 
 async fn api_key(

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+pub use crate::message::{Body, Message};
+
 /// `GET /api/overview`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Overview {
@@ -154,7 +156,17 @@ pub struct KeyLine {
     pub at: i64,
 }
 
-/// `GET /api/key`: one key in full.
+/// `GET /api/key`: one key in full, and its dead-lettered message.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyView {
+    /// The key's record.
+    #[serde(flatten)]
+    pub key: KeyDetail,
+    /// The dead-lettered copy, read from the broker (or why not).
+    pub message: Message,
+}
+
+/// One key's record.
 #[derive(Clone, Debug, Serialize)]
 pub struct KeyDetail {
     /// Its consumer.
@@ -269,7 +281,8 @@ pub struct DeadRow {
 /// `POST /api/act/{action}`: what the action did.
 #[derive(Clone, Debug, Serialize)]
 pub struct ActionDone {
-    /// The action (`forget`, `forget-group`, `release`, `outbox-retry`, `purge`).
+    /// The action (`forget`, `forget-group`, `release`, `replay`, `replay-group`,
+    /// `outbox-retry`, `purge`).
     pub action: String,
     /// Records or rows it changed (0: nothing, e.g. a key holding a live lease is not
     /// forgotten).

@@ -26,7 +26,7 @@ fn key_link(inner: &Inner, consumer: &str, id: &str) -> String {
 }
 
 /// A button to the confirmation page of `action` with `params` (already query-encoded).
-fn action_button(inner: &Inner, action: &str, params: &str, label: &str) -> String {
+pub(crate) fn action_button(inner: &Inner, action: &str, params: &str, label: &str) -> String {
     if !inner.config.allow_writes {
         return String::new();
     }
@@ -190,7 +190,7 @@ pub fn failures(inner: &Inner, f: &Failures) -> String {
                 "forget-group",
                 &format!("id={}", qs(&g.id)),
                 "Forget group"
-            ),
+            ) + &crate::replay::group_button(inner, g),
         );
         for k in &g.keys {
             let _ = write!(
@@ -217,7 +217,7 @@ pub fn failure_group(
 ) -> String {
     let size = inner.config.page_size;
     let mut b = format!(
-        "<h2><span class=bad>{}</span> · {}</h2><p>{} keys {}</p>",
+        "<h2><span class=bad>{}</span> · {}</h2><p>{} keys {}{}</p>",
         esc(&g.kind),
         esc(&g.first_line),
         g.count,
@@ -226,7 +226,8 @@ pub fn failure_group(
             "forget-group",
             &format!("id={}", qs(&g.id)),
             "Forget group"
-        )
+        ),
+        crate::replay::group_button(inner, g)
     );
     b.push_str(
         "<table><tr><th>consumer</th><th>message id</th><th>status</th><th>attempt</th>\
@@ -315,6 +316,7 @@ pub fn key(inner: &Inner, d: &KeyDetail) -> String {
         None => b.push_str("<p>No failure stored.</p>"),
     }
     b.push_str(&action_button(inner, "forget", &params, "Forget this key"));
+    b.push_str(&crate::replay::key_button(inner, d));
     if d.expires_at.is_some() {
         b.push_str(&action_button(
             inner,

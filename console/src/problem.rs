@@ -19,6 +19,8 @@ pub(crate) enum Problem {
     Conflict(String),
     Unauthorized(String),
     Store(&'static str, dedup_core::Error),
+    /// A broker failed mid-action (a replay): what failed and what was done before.
+    Broker(String),
 }
 
 impl From<Refusal> for Problem {
@@ -45,6 +47,7 @@ impl Problem {
             Problem::NotFound(t) => (StatusCode::NOT_FOUND, t),
             Problem::Conflict(t) => (StatusCode::CONFLICT, t),
             Problem::Unauthorized(t) => (StatusCode::UNAUTHORIZED, t),
+            Problem::Broker(t) => (StatusCode::SERVICE_UNAVAILABLE, t),
             Problem::Store(what, e) => {
                 tracing::error!(error = %dedup_core::error_chain(&e), "dedup console: {what} failed");
                 (

@@ -11,6 +11,7 @@ use crate::config::ConsoleConfig;
 use crate::html::page;
 
 /// The state every handler shares.
+#[derive(Clone)]
 pub(crate) struct Inner {
     pub(crate) admin: Arc<dyn Admin>,
     pub(crate) outbox: Option<Arc<dyn OutboxStore>>,
@@ -19,6 +20,9 @@ pub(crate) struct Inner {
     pub(crate) store: String,
     /// The CSRF token every form carries (random per console).
     pub(crate) csrf: String,
+    /// Where each consumer's dead letters are, and the redaction hook (the message view,
+    /// replay).
+    pub(crate) dead: crate::message::DeadLetterConfig,
 }
 
 /// `body` in the console's page frame (its base path and store in the header).

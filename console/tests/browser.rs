@@ -140,6 +140,19 @@ async fn shot(c: &Client, dir: &Option<PathBuf>, name: &str) {
     }
 }
 
+/// Signs in at `base` with the test token.
+async fn sign_in(c: &Client, base: &str) {
+    c.goto(&format!("{base}/signin")).await.unwrap();
+    c.find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    click(c, "#signin").await;
+    assert_eq!(text(c, "#result").await, "Signed in.");
+}
+
 async fn acquired(s: &common::Seeded, id: &str) -> bool {
     matches!(
         s.admin
@@ -213,16 +226,7 @@ async fn scenario(t: Target, screenshots: Option<PathBuf>) {
         "nothing changed"
     );
 
-    // Sign in.
-    c.goto(&format!("{base}/signin")).await.unwrap();
-    c.find(Locator::Css("#token"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    click(&c, "#signin").await;
-    assert_eq!(text(&c, "#result").await, "Signed in.");
+    sign_in(&c, &base).await;
 
     // The overview shows the seeded counts.
     c.goto(&format!("{base}/")).await.unwrap();
@@ -317,6 +321,68 @@ async fn browser_redis() {
     if let Some(t) = common::target("redis") {
         scenario(t, None).await;
     }
+}
+
+/// Replay per key, then per failure group, in the browser, against a real consumer on
+/// Redis Streams: the message view (the pictures `message` and `group-messages`), the
+/// confirmation pages, and each dead-lettered message run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_replay_redis_streams() {
+    let Some(b) = common::broker::Broker::start("sqlite").await else {
+        return;
+    };
+    let Some((_driver, c)) = browser().await else {
+        b.cleanup().await;
+        return;
+    };
+    let shots = std::env::var_os("DEDUP_CONSOLE_SCREENSHOTS").map(PathBuf::from);
+    let addr = serve(b.console().router()).await;
+    let base = format!("http://{addr}");
+    sign_in(&c, &base).await;
+
+    // The key's message: redacted, its markup shown as text.
+    c.goto(&format!("{base}/key?consumer=billing&id=bad-json"))
+        .await
+        .unwrap();
+    let body = text(&c, "#message .message-body").await;
+    assert!(body.contains(r#""card":"***""#), "{body}");
+    assert!(body.contains("<script>alert(1)</script>"), "{body}");
+    assert_eq!(c.title().await.unwrap(), "Key · dedup console");
+    c.execute(
+        "document.getElementById('message').scrollIntoView()",
+        vec![],
+    )
+    .await
+    .unwrap();
+    shot(&c, &shots, "message").await;
+
+    // Fixed; replayed from the key page.
+    b.broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    click(&c, "a.action[href*='/confirm/replay?']").await;
+    assert!(
+        text(&c, "main p")
+            .await
+            .contains("Replay bad-json of billing")
+    );
+    click(&c, "#confirm").await;
+    let done = text(&c, "#result").await;
+    assert!(done.contains("Replayed 1 of billing (bad-json)."), "{done}");
+    b.ran_once(&["bad-json"]).await;
+
+    // The group's page shows its two other messages; replayed from there.
+    c.goto(&format!("{base}/failures")).await.unwrap();
+    click(&c, "section.group a[href*='/failures/group?']").await;
+    let messages = c.find_all(Locator::Css("details.message")).await.unwrap();
+    assert_eq!(messages.len(), 2);
+    shot(&c, &shots, "group-messages").await;
+    click(&c, "a.action[href*='/confirm/replay-group?']").await;
+    click(&c, "#confirm").await;
+    let done = text(&c, "#result").await;
+    assert!(done.contains("Replayed 2 of billing"), "{done}");
+    b.ran_once(&common::broker::BAD).await;
+    assert_eq!(b.dead_len().await, 0, "every copy settled");
+    c.close().await.unwrap();
+    b.cleanup().await;
 }
 
 /// Where the console's README nests it.

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod broker;
+pub mod web;
+
 use std::sync::Arc;
 use std::time::Duration;
 
