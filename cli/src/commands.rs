@@ -75,6 +75,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             allow_writes,
             token,
             stuck_after,
+            dead_letters,
         } => {
             let console_args = console::ConsoleArgs {
                 outbox,
@@ -82,6 +83,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
                 allow_writes,
                 token,
                 stuck_after,
+                dead_letters,
             };
             console::run(args, console_args).await
         }

@@ -158,6 +158,13 @@ enum Command {
         /// Show in-flight keys first claimed longer ago than this as stuck.
         #[arg(long, default_value = "5m", value_name = "DURATION")]
         stuck_after: String,
+        /// Where a consumer's dead letters are: its dead-lettered messages are shown, and
+        /// replayed with writes allowed. Repeat per consumer. The URL is one of
+        /// `amqp://...?queue=`, `redis://...?stream=`, `nats://...?stream=`,
+        /// `kafka://...?topic=`, `pubsub://PROJECT?subscription=`
+        /// (`billing=redis://HOST?stream=orders`).
+        #[arg(long, value_name = "CONSUMER=URL")]
+        dead_letters: Vec<String>,
     },
     /// Kept counts: make `stats`, `consumers` and the console's overview read counts the
     /// store keeps instead of every record (SQLite, PostgreSQL), at a cost on every write.

@@ -18,12 +18,30 @@ pub(crate) struct ConsoleArgs {
     pub(crate) allow_writes: bool,
     pub(crate) token: Option<String>,
     pub(crate) stuck_after: String,
+    /// `CONSUMER=URL`, each consumer's dead letters.
+    pub(crate) dead_letters: Vec<String>,
+}
+
+/// `CONSUMER=URL` split, or a usage error naming the argument.
+fn dead_letters(arg: &str) -> Result<(&str, &str), Failure> {
+    match arg.split_once('=') {
+        Some((consumer, url)) if !consumer.is_empty() && url.contains("://") => Ok((consumer, url)),
+        _ => Err(Failure::usage(format!(
+            "invalid --dead-letters {:?}: expected CONSUMER=URL (billing=redis://HOST?stream=orders)",
+            dedup::url::redact(arg)
+        ))),
+    }
 }
 
 /// Serve the console until interrupted.
 pub(crate) async fn run(store_args: &StoreArgs, args: ConsoleArgs) -> Result<(), Failure> {
     let stuck_after: Duration = dedup_core::parse_duration(&args.stuck_after)
         .map_err(|e| Failure::usage("invalid --stuck-after").cause(e))?;
+    let dead: Vec<(&str, &str)> = args
+        .dead_letters
+        .iter()
+        .map(|a| dead_letters(a))
+        .collect::<Result<_, _>>()?;
     let beyond_loopback = !args.listen.ip().is_loopback();
     let needs_token = args.allow_writes || beyond_loopback;
     let (token, generated) = match args.token {
@@ -60,6 +78,9 @@ pub(crate) async fn run(store_args: &StoreArgs, args: ConsoleArgs) -> Result<(),
         };
         let (outbox, _) = open_outbox(&outbox_args, access).await?;
         console = console.with_outbox(outbox);
+    }
+    for (consumer, url) in dead {
+        console = console.with_dead_letters(consumer, url);
     }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
