@@ -401,6 +401,8 @@ pub async fn open(url: &str) -> Result<Box<dyn DeadLetters>, BrokerError> {
         )),
         #[cfg(feature = "nats")]
         "nats" => Ok(Box::new(crate::nats::NatsDeadLetters::open(url).await?)),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Box::new(crate::kafka::KafkaDeadLetters::open(url)?)),
         _ => Err(BrokerError::Config(format!(
             "no dead letters for the scheme {scheme:?}: the known ones are amqp, amqps, \
              redis, rediss, nats, kafka and pubsub, each with its broker's feature"

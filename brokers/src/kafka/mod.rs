@@ -6,6 +6,7 @@
 
 mod backlog;
 mod consumer;
+mod dead_letters;
 mod errors;
 mod offsets;
 mod pending;
@@ -13,6 +14,7 @@ mod publisher;
 
 pub use backlog::KafkaLag;
 pub use consumer::KafkaConsumer;
+pub use dead_letters::KafkaDeadLetters;
 pub use pending::KafkaPending;
 pub use publisher::{DEFAULT_MESSAGE_TIMEOUT, KafkaPublisher};
 
@@ -25,3 +27,7 @@ pub const RETRIES_HEADER: &str = "x-dedup-retries";
 /// The header a retried or dead-lettered copy carries: `topic/partition/offset` of the
 /// record it copies.
 pub const ORIGIN_HEADER: &str = "x-dedup-origin";
+
+/// The header of a settle marker on a dead-letter topic: the `partition/offset` of the copy
+/// a replay put back (see [`KafkaDeadLetters`]).
+pub const SETTLED_HEADER: &str = "x-dedup-settled";

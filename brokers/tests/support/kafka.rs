@@ -15,10 +15,15 @@ pub fn client(brokers: &str) -> ClientConfig {
 
 /// Creates `topics`, one partition each. Panics if one exists or cannot be made.
 pub async fn create_topics(brokers: &str, topics: &[&str]) {
+    create_partitioned(brokers, topics, 1).await;
+}
+
+/// Creates `topics`, `partitions` each. Panics if one exists or cannot be made.
+pub async fn create_partitioned(brokers: &str, topics: &[&str], partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = client(brokers).create().unwrap();
     let new: Vec<_> = topics
         .iter()
-        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
         .collect();
     for created in admin
         .create_topics(&new, &AdminOptions::new())
