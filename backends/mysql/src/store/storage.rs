@@ -16,8 +16,8 @@ use sqlx::AssertSqlSafe;
 use crate::decode::decode_record;
 use crate::error::{Backend, backend, lost_race};
 
-use super::MySqlStore;
 use super::fast::Fast;
+use super::{MySqlStore, last_insert_id};
 
 #[async_trait]
 impl Storage for MySqlStore {
@@ -67,21 +67,26 @@ impl Storage for MySqlStore {
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
         let key = &lease.key;
-        let done = sqlx::query(AssertSqlSafe(self.inner.sql.renew.clone()))
-            .bind(self.now_param())
-            .bind(dedup_core::duration_millis(extend_by))
-            .bind(key.consumer())
-            .bind(key.message_id())
-            .bind(lease.token.to_string())
-            .execute(&self.inner.pool)
-            .await;
-        if let Some(done) = unless_raced(done)?
-            && done.rows_affected() == 1
-            && let Ok(expires_at) = i64::try_from(done.last_insert_id())
-            // 0: a trigger (kept counts) cleared what the server reports; the locked path
-            // renews instead.
-            && expires_at > 0
-        {
+        // The new expiry, when the lease was held by the token (read on the statement's
+        // connection, which goes back to the pool before the locked path takes one).
+        let renewed = {
+            let mut conn = self.inner.pool.acquire().await.map_err(backend)?;
+            let done = sqlx::query(AssertSqlSafe(self.inner.sql.renew.clone()))
+                .bind(self.now_param())
+                .bind(dedup_core::duration_millis(extend_by))
+                .bind(key.consumer())
+                .bind(key.message_id())
+                .bind(lease.token.to_string())
+                .execute(&mut *conn)
+                .await;
+            match unless_raced(done)? {
+                Some(done) if done.rows_affected() == 1 => {
+                    Some(last_insert_id(&mut conn, &done).await.map_err(backend)?)
+                }
+                _ => None,
+            }
+        };
+        if let Some(expires_at) = renewed.and_then(|ms| i64::try_from(ms).ok()) {
             // Held by the token: the same acquisition, so the same fence and attempt.
             return Ok(Lease {
                 expires_at: Timestamp::from_millis(expires_at),
