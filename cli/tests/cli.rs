@@ -644,7 +644,10 @@ async fn poison_scenario(t: &Target) {
         .collect();
     assert_eq!(names, ["billing", "orders", "shipping"], "{consumers}");
     // Kept counts: the same consumers and counts; a store that cannot keep them says so.
-    if matches!(t.backend, Backend::Sqlite | Backend::Postgres) {
+    if matches!(
+        t.backend,
+        Backend::Sqlite | Backend::Postgres | Backend::MySql
+    ) {
         assert_eq!(t.json(&["counts", "status"])["source"], "scan");
         let enabled = t.json(&["counts", "enable"]);
         assert_eq!(
@@ -663,7 +666,7 @@ async fn poison_scenario(t: &Target) {
     } else {
         let refused = t.expect(1, &["counts", "enable"]);
         assert!(
-            stderr(&refused).contains("kept counts exist on SQLite and PostgreSQL"),
+            stderr(&refused).contains("kept counts exist on SQLite, PostgreSQL and MySQL"),
             "{}",
             stderr(&refused)
         );

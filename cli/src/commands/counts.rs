@@ -79,6 +79,6 @@ pub(crate) async fn run(
 /// What to tell an operator whose store cannot keep counts.
 fn unsupported_hint(backend: &str) -> String {
     format!(
-        "kept counts exist on SQLite and PostgreSQL stores; a {backend} store's counts read every record"
+        "kept counts exist on SQLite, PostgreSQL and MySQL / MariaDB stores; a {backend} store's counts read every record"
     )
 }
