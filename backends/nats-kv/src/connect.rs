@@ -5,6 +5,8 @@
 //! `KV_<bucket>` over `$KV.<bucket>.>`, one value per key, per-message TTLs allowed, and
 //! deletes allowed (a removal deletes one message by its sequence).
 
+use std::time::Duration;
+
 use async_nats::jetstream::stream::{Config as StreamConfig, DiscardPolicy, Stream};
 use async_nats::jetstream::{self, Context};
 use async_nats::{ConnectOptions, ServerAddr};
@@ -13,6 +15,9 @@ use dedup_core::{Error, Result};
 use crate::NatsKvConfig;
 use crate::error::{backend, transport};
 use crate::messages::Messages;
+
+/// How often the client pings its server.
+const PING_EVERY: Duration = Duration::from_secs(2);
 
 /// Connect to `servers` (any of a cluster's nodes; the rest is discovered) and open the
 /// configured bucket.
@@ -26,6 +31,9 @@ pub(crate) async fn open(servers: &[String], config: &NatsKvConfig) -> Result<Me
         return Err(Error::invalid("server", "no server given"));
     }
     let connecting = ConnectOptions::new()
+        // A server that stops answering (lost, or cut off) is left for another after two
+        // unanswered pings: seconds, not the client's default of minutes.
+        .ping_interval(PING_EVERY)
         .connection_timeout(config.connect_timeout)
         .request_timeout(Some(config.request_timeout))
         .connect(addrs);

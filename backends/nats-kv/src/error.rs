@@ -30,14 +30,12 @@ pub(crate) fn api(e: async_nats::jetstream::Error) -> Error {
 }
 
 /// A failed publish (or its acknowledgement) as [`Error::Backend`]. Retryable: timeouts,
-/// a broken connection, no responders (no stream leader for a moment), and other
-/// transport failures; the write may or may not have happened. Refused: a missing stream,
-/// a value over the server's payload limit.
+/// a broken connection, and no responders, which async-nats reports as `StreamNotFound`
+/// but which is also what a stream between two leaders answers (the store checked the
+/// stream exists when it opened). The write may or may not have happened. Refused: a value
+/// over the server's payload limit.
 pub(crate) fn publish(e: PublishError) -> Error {
-    let retryable = !matches!(
-        e.kind(),
-        PublishErrorKind::StreamNotFound | PublishErrorKind::MaxPayloadExceeded
-    );
+    let retryable = e.kind() != PublishErrorKind::MaxPayloadExceeded;
     backend(retryable, e)
 }
 
