@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use dedup_core::Timestamp;
 use dedup_core::outbox::{
-    DestinationStats, DestinationTally, MAX_ERROR_LEN, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN,
-    MemoryPublisher, OutboxMessage, OutboxRow, OutboxState, OutboxStats, Publisher, cut_error,
+    DestinationStats, DestinationTally, MAX_DESTINATION_LEN, MAX_ERROR_LEN, MAX_HEADER_NAME_LEN,
+    MAX_HEADER_VALUE_LEN, MemoryPublisher, OutboxMessage, OutboxRow, OutboxState, OutboxStats,
+    Publisher, cut_error,
 };
 
 const ALL: [(OutboxState, &str); 4] = [
@@ -179,6 +180,14 @@ fn a_message_takes_each_field_at_its_limit_and_refuses_one_more() {
     let m = OutboxMessage::new("orders", "m-1", b"{}".to_vec()).unwrap();
     assert_eq!(m.destination(), "orders");
     assert_eq!(m.message_id(), "m-1");
+    assert_eq!(m.payload(), b"{}");
+    assert_eq!(m.ordering_key_str(), None);
+    let keyed = m.clone().ordering_key("customer-7").unwrap();
+    assert_eq!(keyed.ordering_key_str(), Some("customer-7"));
+    let destination = "d".repeat(MAX_DESTINATION_LEN);
+    assert!(OutboxMessage::new(&destination, "m-1", Vec::new()).is_ok());
+    let over = format!("{destination}d");
+    assert!(OutboxMessage::new(over, "m-1", Vec::new()).is_err());
     let name = "n".repeat(MAX_HEADER_NAME_LEN);
     let value = "v".repeat(MAX_HEADER_VALUE_LEN);
     let longest = m.clone().header(&name, &value).unwrap();

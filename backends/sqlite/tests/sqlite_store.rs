@@ -1,13 +1,16 @@
 //! What is particular to SQLite: configuration and schema, lock waits and busy errors,
-//! the executor staying free, in-memory stores, deferred caller transactions.
+//! the executor staying free, in-memory stores, deferred caller transactions, the
+//! transactional inbox's settings.
 
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use dedup_core::{Capabilities, Claim, ClaimOptions, DedupStore, Error, Key, RecordState, TxClaim};
+use dedup_core::{
+    Capabilities, Claim, ClaimOptions, DedupStore, Error, InboxConfig, Key, RecordState, TxClaim,
+};
 use dedup_sqlite::rusqlite::{self, Connection, TransactionBehavior};
-use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore, Synchronous};
+use dedup_sqlite::{SCHEMA_VERSIONS_TABLE, SqliteConfig, SqliteStore, Synchronous, TxInbox};
 
 fn key(id: &str) -> Key {
     Key::new("billing", id).expect("key")
@@ -562,4 +565,17 @@ async fn a_write_given_up_while_queued_never_runs() {
             .is_acquired()
     );
     assert_eq!(store.get(&key("gone")).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_tx_inbox_answers_the_configuration_it_was_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("app.db")).await.unwrap();
+    let config = InboxConfig {
+        lease: Duration::from_secs(7),
+        max_attempts: Some(3),
+        ..InboxConfig::default()
+    };
+    let inbox = TxInbox::new(store).with_config(config.clone());
+    assert_eq!(inbox.config(), &config);
 }
