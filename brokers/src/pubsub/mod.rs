@@ -10,11 +10,13 @@
 //! credentials). See the crate README for the consumer's choices.
 
 mod consumer;
+mod dead_letters;
 mod errors;
 mod pending;
 mod publisher;
 
 pub use consumer::PubSubConsumer;
+pub use dead_letters::PubSubDeadLetters;
 pub use pending::PubSubPending;
 pub use publisher::PubSubPublisher;
 pub use {gcloud_gax, gcloud_googleapis, gcloud_pubsub};
