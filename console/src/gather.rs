@@ -10,7 +10,6 @@ use dedup_core::outbox::{OutboxEntry, OutboxQuery, OutboxState, OutboxStore};
 use dedup_core::{
     Admin, CountSource, Key, ListFilter, Record, RecordState, Result, Status, Timestamp,
 };
-use sha2::{Digest, Sha256};
 
 use crate::ConsoleConfig;
 use crate::model::*;
@@ -22,28 +21,7 @@ const BATCH: usize = 500;
 /// overview to advise keeping counts.
 pub const LARGE_STORE: u64 = 100_000;
 
-/// The first line of `text`, at most 200 characters.
-pub fn first_line(text: &str) -> String {
-    text.lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(200)
-        .collect()
-}
-
-/// A short stable id for a group.
-pub fn group_id(parts: &[&str]) -> String {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p.as_bytes());
-        h.update([0]);
-    }
-    h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+pub use dedup_core::admin::{first_line, group_id};
 
 /// `d` in whole milliseconds.
 fn millis(d: Duration) -> u64 {
@@ -184,9 +162,8 @@ pub async fn overview(
 /// The failure group a record belongs to: its id, kind and first line (`None`: the record
 /// holds no failure).
 pub fn failure_group_of(r: &Record) -> Option<(String, String, String, Timestamp)> {
-    let f = r.failure()?;
-    let line = first_line(f.chain.first().map(String::as_str).unwrap_or(""));
-    Some((group_id(&[&f.kind, &line]), f.kind, line, f.at))
+    let g = dedup_core::admin::failure_group(r)?;
+    Some((g.id, g.kind, g.first_line, g.at))
 }
 
 /// Failed and dead-lettered records, grouped. `keys_per_group` keys kept in each.

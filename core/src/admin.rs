@@ -11,8 +11,12 @@
 //! the store keeps counts ([`Admin::enable_counts`], opt-in), and [`Admin::list`] reads one
 //! consumer's records in key order, one page at a time.
 
+mod groups;
+
 use async_trait::async_trait;
 use std::time::Duration;
+
+pub use groups::{FailureGroupOf, failure_group, first_line, group_id};
 
 use crate::{DedupStore, Error, Key, Record, RecordState, Result, Timestamp};
 
