@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use dedup_core::{ClaimOptions, DedupStore, Key};
 use dedup_sqlite::SqliteStore;
-use support::http;
+use support::{get, http};
 
 /// The console process, killed when dropped.
 struct Served(Child);
@@ -93,4 +93,56 @@ async fn console_serves_the_store_and_refuses_writes_when_read_only() {
         lines[1].starts_with("token (sign in with it at http://"),
         "{lines:?}"
     );
+}
+
+/// `--dead-letters CONSUMER=URL`: a malformed one is a usage error naming it (its password
+/// hidden), before anything is served; a well-formed one is where the console reads the
+/// consumer's dead letters (nothing listens there: the key's JSON says so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_reads_each_consumers_dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let lease = store
+        .claim(
+            &Key::new("billing", "m-1").unwrap(),
+            &ClaimOptions::lease(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let dead = dedup_core::Verdict::dead_letter(3, None);
+    store.commit(&lease, Some(&dead)).await.unwrap();
+    let url = format!("sqlite:{}", path.display());
+
+    let out = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args([
+            "--store",
+            &url,
+            "console",
+            "--dead-letters",
+            "redis://u:pw@h",
+        ])
+        .output()
+        .expect("run dedup console");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid --dead-letters"), "{stderr}");
+    assert!(!stderr.contains("pw"), "{stderr}");
+
+    let dead_letters = "billing=redis://127.0.0.1:1/?stream=orders";
+    let (_served, addr, _) = start(&[
+        "--store",
+        &url,
+        "console",
+        "--listen",
+        "127.0.0.1:0",
+        "--dead-letters",
+        dead_letters,
+    ]);
+    let (status, body) = get(&addr, "/api/key?consumer=billing&id=m-1");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"state\":\"unreachable\""), "{body}");
+    assert!(body.contains("redis://127.0.0.1:1"), "{body}");
 }
