@@ -208,7 +208,7 @@ async fn a_response_too_large_to_store_reaches_the_first_caller_and_replays_as_a
 }
 
 /// A plain tower service (no axum) that fails once, then answers `201`.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct FlakyOnce(Arc<AtomicUsize>);
 
 impl Service<Request<InnerBody<Full<Bytes>>>> for FlakyOnce {
@@ -255,4 +255,97 @@ async fn an_inner_service_error_is_returned_and_releases_the_key() {
     let replay = service.call(request()).await.unwrap();
     assert!(replay.headers().contains_key("idempotency-replayed"));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A tower service that is never ready: its `poll_ready` fails.
+#[derive(Clone)]
+struct NeverReady;
+
+impl Service<Request<InnerBody<Full<Bytes>>>> for NeverReady {
+    type Response = Response<Full<Bytes>>;
+    type Error = &'static str;
+    type Future = Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Err("the ledger is down"))
+    }
+
+    fn call(&mut self, _: Request<InnerBody<Full<Bytes>>>) -> Self::Future {
+        unreachable!("never ready, never called")
+    }
+}
+
+#[tokio::test]
+async fn the_layer_is_ready_when_its_inner_service_is() {
+    let mut service = IdempotencyLayer::new(memory()).layer(NeverReady);
+    let ready = futures::future::poll_fn(|cx| {
+        Service::<Request<Full<Bytes>>>::poll_ready(&mut service, cx)
+    })
+    .await;
+    assert_eq!(ready, Err("the ledger is down"));
+}
+
+#[test]
+fn the_layer_and_its_service_name_themselves_in_debug() {
+    let layer = IdempotencyLayer::new(memory());
+    let shown = format!("{layer:?}");
+    assert!(shown.starts_with("IdempotencyLayer { config: "), "{shown}");
+    let service = layer.layer(FlakyOnce(Arc::new(AtomicUsize::new(0))));
+    let shown = format!("{service:?}");
+    assert!(
+        shown.starts_with("Idempotency { inner: FlakyOnce"),
+        "{shown}"
+    );
+}
+
+/// A keyed `POST /o` with `body`, and its `Content-Length` when given.
+fn keyed_post(body: Body, length: Option<usize>) -> Request<Body> {
+    let mut request = Request::post("/o").header("idempotency-key", "k");
+    if let Some(length) = length {
+        request = request.header(header::CONTENT_LENGTH, length);
+    }
+    request.body(body).unwrap()
+}
+
+async fn status_of(app: &mut Router, request: Request<Body>) -> StatusCode {
+    futures::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(app, cx))
+        .await
+        .unwrap();
+    app.call(request).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn a_body_at_the_limit_runs_and_one_byte_more_is_too_large_declared_or_not() {
+    let config = IdempotencyConfig {
+        max_request_body: 2,
+        ..Default::default()
+    };
+    let (mut app, calls) = counting("/o", config, memory(), StatusCode::CREATED, "ok");
+    let declared = keyed_post(Body::from("{}"), Some(2));
+    assert_eq!(status_of(&mut app, declared).await, StatusCode::CREATED);
+    // Streamed without a length: the limit is found while it is read.
+    let chunks = [
+        Ok::<_, std::io::Error>(Bytes::from("{}")),
+        Ok(Bytes::from("!")),
+    ];
+    let streamed = keyed_post(Body::from_stream(futures::stream::iter(chunks)), None);
+    let status = status_of(&mut app, streamed).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_body_that_fails_while_read_is_unreadable_not_too_large() {
+    let (mut app, calls) = counting(
+        "/o",
+        IdempotencyConfig::default(),
+        memory(),
+        StatusCode::CREATED,
+        "ok",
+    );
+    let broken = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "client went away");
+    let chunks = [Ok(Bytes::from("{")), Err(broken)];
+    let request = keyed_post(Body::from_stream(futures::stream::iter(chunks)), None);
+    assert_eq!(status_of(&mut app, request).await, StatusCode::BAD_REQUEST);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
