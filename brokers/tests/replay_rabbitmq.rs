@@ -6,7 +6,10 @@ mod replay_suite;
 mod support;
 
 use async_trait::async_trait;
-use dedup_brokers::rabbitmq::{RabbitConsumer, RabbitDeadLetters, RabbitPublisher, Topology};
+use dedup_brokers::rabbitmq::{
+    DeadLetters as DeadLetterTo, ORIGIN_HEADER, RabbitConsumer, RabbitDeadLetters, RabbitPublisher,
+    Topology,
+};
 use dedup_brokers::replay::{self, DeadLetters, Pick};
 use dedup_brokers::{ConsumerConfig, FAILURE_CONSUMER_HEADER};
 use dedup_core::outbox::Publisher;
@@ -31,6 +34,9 @@ struct Fixture {
     /// A second queue bound like the consumer's: it keeps a copy of what is published.
     tap: String,
     publisher: RabbitPublisher,
+    /// Whether its consumers dead-letter by publishing to the dead-letter queue
+    /// (`DeadLetters::Publish`) instead of rejecting.
+    publishing: bool,
 }
 
 impl Fixture {
@@ -104,6 +110,7 @@ impl ReplayBroker for Fixture {
             exchange,
             tap,
             publisher,
+            publishing: false,
         })
     }
 
@@ -119,8 +126,15 @@ impl ReplayBroker for Fixture {
     }
 
     async fn source(&self, config: &ConsumerConfig) -> RabbitConsumer {
-        RabbitConsumer::from_uri(&self.url, &self.topology.queue, config.clone())
-            .declare(self.topology.clone())
+        let consumer = RabbitConsumer::from_uri(&self.url, &self.topology.queue, config.clone())
+            .declare(self.topology.clone());
+        if !self.publishing {
+            return consumer;
+        }
+        consumer.dead_letters(DeadLetterTo::Publish {
+            publisher: RabbitPublisher::new(&self.conn).await.unwrap(),
+            destination: format!("/{}", self.topology.dead_letter_queue),
+        })
     }
 
     async fn dead_letters(&self) -> RabbitDeadLetters {
@@ -159,9 +173,21 @@ fn header(d: &lapin::message::Delivery, name: &str) -> Option<String> {
 /// message id, payload and headers, without RabbitMQ's or the failure's bookkeeping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_copy_goes_back_to_its_exchange_and_routing_key() {
-    let Some(fx) = <Fixture as ReplayBroker>::new().await else {
+    goes_back_to_its_exchange(false).await;
+}
+
+/// A copy the consumer published (`DeadLetters::Publish`) names its origin in
+/// `x-dedup-origin`, and goes back there the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_copy_goes_back_to_its_exchange_and_routing_key() {
+    goes_back_to_its_exchange(true).await;
+}
+
+async fn goes_back_to_its_exchange(publishing: bool) {
+    let Some(mut fx) = <Fixture as ReplayBroker>::new().await else {
         return;
     };
+    fx.publishing = publishing;
     let w = World::start(fx).await;
     w.dead_letter(&strings(&["bad-1"])).await;
     let first = w.fx.tapped().await;
@@ -177,7 +203,14 @@ async fn a_rejected_copy_goes_back_to_its_exchange_and_routing_key() {
         letter.header(FAILURE_CONSUMER_HEADER),
         Some(w.fx.topology.queue.as_str())
     );
-    assert_eq!(letter.header("x-first-death-reason"), Some("rejected"));
+    if publishing {
+        assert_eq!(
+            letter.header(ORIGIN_HEADER),
+            Some(w.fx.destination().as_str())
+        );
+    } else {
+        assert_eq!(letter.header("x-first-death-reason"), Some("rejected"));
+    }
     dead.give_back().await.unwrap();
     drop(dead);
 
