@@ -13,6 +13,7 @@ use dedup_mysql::sqlx::mysql::MySqlConnectOptions;
 use dedup_mysql::sqlx::{self, Connection, MySqlConnection};
 use dedup_mysql::{MySqlStore, pool_options};
 
+#[allow(unused_imports)] // each test binary uses a different part
 pub use super::mysql_common::{
     Store, business_rows, business_table, config, create_business_table, insert_business_row,
     unique_table,
