@@ -9,13 +9,15 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use dedup_core::outbox::OutboxStore;
+use dedup_brokers::backlog::Backlog;
+use dedup_core::health::{HealthChecks, Probe};
 use dedup_core::{Admin, Key};
 use serde::Deserialize;
 
 use crate::config::{ConfigError, ConsoleConfig};
 use crate::problem::{Problem, need_outbox};
 use crate::state::{Inner, html};
-use crate::{actions, gather, message, pages};
+use crate::{actions, charts, flow, gather, health, message, pages};
 
 /// The operator's console over one store, and optionally its outbox.
 ///
@@ -68,8 +70,11 @@ impl Console {
         config: ConsoleConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        let checks = HealthChecks::new().with_store("store", admin.clone());
         Ok(Console {
             inner: Arc::new(Inner {
+                checks,
+                flow: Default::default(),
                 admin,
                 outbox: None,
                 config,
@@ -130,6 +135,38 @@ impl Console {
         self.edit(|inner| inner.dead.redact = Some(Arc::new(redact)))
     }
 
+    /// The same console answering `/healthz` and `/readyz` with `probe` too: a
+    /// consumer's (`dedup_brokers::Health::probe`), the relay's
+    /// (`Relay::health`), or one of the application's own.
+    ///
+    /// The console's store is always probed, as `store`.
+    pub fn with_probe(self, probe: impl Probe + 'static) -> Self {
+        self.edit(|inner| inner.checks = inner.checks.clone().with(probe))
+    }
+
+    /// The same console charting `backlog` on the overview: a broker's count of the
+    /// messages waiting for a consumer, read at each flow sample (at most 5 s each).
+    pub fn with_backlog(self, backlog: Arc<dyn Backlog>) -> Self {
+        self.edit(|inner| inner.flow.backlogs.push(backlog))
+    }
+
+    /// The same console sampling the flow every `every` (default 60 s; zero: only when
+    /// the overview is read). Each sample reads the counts the overview shows: cheap
+    /// where the store keeps them, a read of every record where it does not.
+    pub fn with_flow_every(self, every: Duration) -> Self {
+        self.edit(|inner| inner.flow.every = every)
+    }
+
+    /// The health routes alone (`/healthz`, `/readyz`), to mount outside an auth layer
+    /// the console's other routes sit behind: probes carry no credentials.
+    /// [`router`](Self::router) has them too.
+    pub fn health_router(&self) -> Router {
+        Router::new()
+            .route("/healthz", get(health::healthz))
+            .route("/readyz", get(health::readyz))
+            .with_state(self.inner.clone())
+    }
+
     /// The same console showing `outbox` too.
     ///
     /// It adds the outbox's overview line, its dead rows, and their retry.
@@ -143,8 +180,12 @@ impl Console {
     /// Mount it with `Router::nest` at [`ConsoleConfig::base_path`]. Put your
     /// authentication layer on it when [`ConsoleConfig::host_auth`] is set.
     pub fn router(&self) -> Router {
+        flow::start(&self.inner);
         Router::new()
             .route("/", get(overview))
+            .route("/healthz", get(health::healthz))
+            .route("/readyz", get(health::readyz))
+            .route("/api/flow", get(api_flow))
             .route("/failures", get(failures))
             .route("/failures/group", get(failure_group))
             .route("/key", get(key))
@@ -171,15 +212,23 @@ impl Console {
 type Shared = State<Arc<Inner>>;
 
 async fn overview_data(inner: &Inner) -> Result<crate::model::Overview, Problem> {
-    gather::overview(inner.admin.as_ref(), inner.outbox.as_ref(), &inner.store)
+    let o = gather::overview(inner.admin.as_ref(), inner.outbox.as_ref(), &inner.store)
         .await
-        .map_err(Problem::store("reading the overview"))
+        .map_err(Problem::store("reading the overview"))?;
+    inner.flow.record(&o);
+    Ok(o)
 }
 
 async fn overview(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {
     inner.check_view(&headers)?;
     let o = overview_data(&inner).await?;
-    Ok(html(&inner, "Overview", &pages::overview(&inner, &o), true))
+    let body = pages::overview(&inner, &o) + &charts::section(&inner.flow.figures());
+    Ok(html(&inner, "Overview", &body, true))
+}
+
+async fn api_flow(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {
+    inner.check_view(&headers)?;
+    Ok(Json(inner.flow.figures()).into_response())
 }
 
 async fn api_overview(State(inner): Shared, headers: HeaderMap) -> Result<Response, Problem> {

@@ -85,7 +85,8 @@ th{background:#eee}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 .bad{color:#a00;font-weight:600}.warn{color:#a60}.note{color:#555;font-size:.9em}\
 pre{white-space:pre-wrap;word-break:break-word;background:#f0f0f0;padding:.5em}\
 form.inline{display:inline}button{padding:.3em .8em}.done{background:#e6f4e6;padding:.5em}\
-.refused{background:#fbe9e9;padding:.5em}@media(max-width:40em){th,td{padding:.2em}main{padding:.5em}}";
+.refused{background:#fbe9e9;padding:.5em}#flow{display:grid;grid-template-columns:repeat(auto-fill,minmax(24em,1fr));gap:.5em 1.5em}\
+#flow figure{margin:0}#flow figcaption{font-weight:600}svg.chart{width:100%;height:auto}@media(max-width:40em){th,td{padding:.2em}main{padding:.5em}}";
 
 /// The overview's address under `base` (the mount point), already escaped for an
 /// attribute: `base` itself, without a trailing slash, since axum's `Router::nest` routes

@@ -1,10 +1,13 @@
 #![doc = include_str!("../README.md")]
 
 mod actions;
+mod charts;
 mod config;
+mod flow;
 mod console;
 mod gather;
 mod guard;
+mod health;
 mod html;
 mod message;
 pub mod model;
@@ -12,6 +15,7 @@ mod pages;
 mod problem;
 mod replay;
 mod state;
+mod svg;
 
 pub use config::{ConfigError, ConsoleConfig, MAX_PAGE_SIZE, MAX_SCAN_LIMIT};
 pub use console::Console;

@@ -310,3 +310,94 @@ pub struct ApiError {
     /// Why, for the operator.
     pub error: String,
 }
+
+/// `GET /api/flow`: per minute over the last hour, from counts the console sampled
+/// itself (see the README's "Where the flow comes from").
+#[derive(Clone, Debug, Serialize)]
+pub struct Flow {
+    /// Where the figures come from: `sampled` (the console read the counts).
+    pub source: &'static str,
+    /// How often the console samples by itself, in milliseconds (0: only when the
+    /// overview is read).
+    pub sample_every_ms: u64,
+    /// The start of the first minute (each series has 60 values, one per minute, the
+    /// last one the minute now running).
+    pub since: i64,
+    /// A minute, in milliseconds.
+    pub minute_ms: i64,
+    /// Samples kept.
+    pub samples: usize,
+    /// When the oldest sample kept was taken (`None`: none yet; the console started
+    /// empty).
+    pub first_sample_at: Option<i64>,
+    /// One line per consumer, in name order.
+    pub consumers: Vec<ConsumerFlow>,
+    /// The outbox, when the console has one and sampled it.
+    pub outbox: Option<OutboxFlow>,
+    /// Each broker backlog the console reads, in name order.
+    pub brokers: Vec<BacklogFlow>,
+}
+
+/// One consumer's flow. A value is `null` for a minute no two samples span.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConsumerFlow {
+    /// The consumer.
+    pub consumer: String,
+    /// Records newly processed, per minute.
+    pub processed: Vec<Option<u64>>,
+    /// Records newly failed or dead-lettered, per minute.
+    pub failed: Vec<Option<u64>>,
+}
+
+/// The outbox over time. A value is `null` for a minute with no sample.
+#[derive(Clone, Debug, Serialize)]
+pub struct OutboxFlow {
+    /// The largest lag (the oldest unsent row's age) sampled in each minute, in ms.
+    pub lag_ms: Vec<Option<u64>>,
+    /// Rows pending or held at the minute's last sample.
+    pub waiting: Vec<Option<u64>>,
+}
+
+/// A broker's backlog over time, as the broker reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct BacklogFlow {
+    /// Its name (the queue or topic, and its consumer).
+    pub name: String,
+    /// What it counts (`consumer-group lag`, `queue depth`).
+    pub what: &'static str,
+    /// The count at the minute's last sample (`null`: none read).
+    pub waiting: Vec<Option<u64>>,
+}
+
+/// `GET /healthz` and `GET /readyz`: the probes, without the token. It names each
+/// probe and says how it is; it never holds a URL, a key or an error's text.
+#[derive(Clone, Debug, Serialize)]
+pub struct Health {
+    /// `ok`, or `fail` (answered with 503).
+    pub status: &'static str,
+    /// Every probe is live.
+    pub live: bool,
+    /// Every probe is ready.
+    pub ready: bool,
+    /// Each probe: the console's store first, then those the application added.
+    pub probes: Vec<ProbeLine>,
+}
+
+/// One probe's answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeLine {
+    /// Its name (`store`, `consumer orders`, `relay`).
+    pub name: String,
+    /// Ready.
+    pub ready: bool,
+    /// Live.
+    pub live: bool,
+    /// `ok`, or why not in a few words.
+    pub detail: &'static str,
+    /// Whether it holds its broker connection (consumers, the relay).
+    pub connected: Option<bool>,
+    /// Messages in flight (consumers), or outbox rows waiting (the relay).
+    pub in_flight: Option<u64>,
+    /// When it last settled a message or published a row.
+    pub last_activity: Option<i64>,
+}

@@ -23,6 +23,10 @@ pub(crate) struct Inner {
     /// Where each consumer's dead letters are, and the redaction hook (the message view,
     /// replay).
     pub(crate) dead: crate::message::DeadLetterConfig,
+    /// The flow's samples, how often it samples, and the brokers' backlogs it reads.
+    pub(crate) flow: crate::flow::Flow,
+    /// What `/healthz` and `/readyz` ask: the store, and the probes the application added.
+    pub(crate) checks: dedup_core::health::HealthChecks,
 }
 
 /// `body` in the console's page frame (its base path and store in the header).

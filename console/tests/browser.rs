@@ -589,3 +589,76 @@ async fn browser_nested() {
         );
     }
 }
+
+/// The overview's flow charts in the browser (the picture `flow`): two consumers
+/// processing at changing rates, some messages failing, outbox rows waiting and then
+/// published. With `DEDUP_CONSOLE_SCREENSHOTS` it runs three minutes, so the charts have
+/// minutes to show; otherwise two seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_flow_charts() {
+    let Some((_driver, c)) = browser().await else {
+        return;
+    };
+    let shots = std::env::var_os("DEDUP_CONSOLE_SCREENSHOTS").map(PathBuf::from);
+    let t = common::target("sqlite").unwrap();
+    let s = common::seed(&t).await;
+    let outbox = s.outbox.clone().expect("SQLite has an outbox");
+    let console = common::console(&t, &s).with_flow_every(Duration::from_millis(500));
+    let addr = serve(console.router()).await;
+    let base = format!("http://{addr}");
+    let (rounds, pause) = match shots {
+        Some(_) => (36, Duration::from_secs(5)),
+        None => (5, Duration::from_millis(400)),
+    };
+    let cause = dedup::inbox::Failure::new(
+        "handler",
+        vec!["card declined".into()],
+        1,
+        s.admin.now().await.unwrap(),
+        None,
+    );
+    for r in 0..rounds {
+        for (consumer, n) in [("orders", 3 + r % 5), ("billing", 1 + r % 3)] {
+            for i in 0..n {
+                let key = Key::new(consumer, format!("flow-{r}-{i}")).unwrap();
+                let lease = s
+                    .admin
+                    .claim(&key, &ClaimOptions::default())
+                    .await
+                    .unwrap()
+                    .into_lease()
+                    .unwrap();
+                let outcome = match i == 0 && r % 4 == 1 {
+                    true => dedup::store::Verdict::failed(&cause),
+                    false => b"done".to_vec(),
+                };
+                s.admin.commit(&lease, Some(&outcome)).await.unwrap();
+            }
+        }
+        let row = dedup::outbox::OutboxMessage::new("invoices", format!("flow-{r}"), vec![1]);
+        common::enqueue(&t, &[row.unwrap()]).await;
+        if r % 6 == 5 {
+            let held = outbox.take(100, Duration::from_secs(30)).await.unwrap();
+            let ids: Vec<i64> = held.rows.iter().map(|r| r.id).collect();
+            outbox.mark_sent(&held.token, &ids).await.unwrap();
+        }
+        tokio::time::sleep(pause).await;
+    }
+
+    c.goto(&format!("{base}/")).await.unwrap();
+    let charts = c.find_all(Locator::Css("#flow figure svg")).await.unwrap();
+    assert_eq!(charts.len(), 4, "billing, orders, shipping and the outbox");
+    let bars = c
+        .find_all(Locator::Css("#flow figure[data-consumer=orders] svg rect"))
+        .await
+        .unwrap();
+    assert!(bars.len() > 2, "the legend and bars: {}", bars.len());
+    c.execute(
+        "document.getElementById('flow-note').scrollIntoView()",
+        vec![],
+    )
+    .await
+    .unwrap();
+    shot(&c, &shots, "flow").await;
+    c.close().await.unwrap();
+}

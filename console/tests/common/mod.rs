@@ -189,7 +189,7 @@ pub async fn seed(t: &Target) -> Seeded {
 }
 
 /// Enqueue `messages` through the backend, in a committed transaction.
-async fn enqueue(t: &Target, messages: &[OutboxMessage]) {
+pub async fn enqueue(t: &Target, messages: &[OutboxMessage]) {
     match t.backend {
         "sqlite" => {
             let path = t.url.strip_prefix("sqlite:").expect("sqlite URL");
