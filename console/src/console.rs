@@ -8,9 +8,9 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
-use dedup_core::outbox::OutboxStore;
 use dedup_brokers::backlog::Backlog;
 use dedup_core::health::{HealthChecks, Probe};
+use dedup_core::outbox::OutboxStore;
 use dedup_core::{Admin, Key};
 use serde::Deserialize;
 

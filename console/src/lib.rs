@@ -3,8 +3,8 @@
 mod actions;
 mod charts;
 mod config;
-mod flow;
 mod console;
+mod flow;
 mod gather;
 mod guard;
 mod health;
