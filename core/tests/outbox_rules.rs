@@ -1,16 +1,16 @@
 //! The outbox's shared types on their own: the names of a row's states, the counts a
-//! store's statistics query adds up, the cut of a stored error, a message's limits, and
-//! what `MemoryPublisher` keeps and fails.
+//! store's statistics query adds up, the cut of a stored error, a message's limits, what
+//! `MemoryPublisher` keeps and fails, and the end of a `MemoryOutbox` hold.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::Timestamp;
 use dedup_core::outbox::{
     DestinationStats, DestinationTally, MAX_DESTINATION_LEN, MAX_ERROR_LEN, MAX_HEADER_NAME_LEN,
-    MAX_HEADER_VALUE_LEN, MemoryPublisher, OutboxMessage, OutboxRow, OutboxState, OutboxStats,
-    Publisher, cut_error,
+    MAX_HEADER_VALUE_LEN, MemoryOutbox, MemoryPublisher, OutboxMessage, OutboxRow, OutboxState,
+    OutboxStats, OutboxStore, Publisher, cut_error,
 };
+use dedup_core::{ManualClock, Timestamp};
 
 const ALL: [(OutboxState, &str); 4] = [
     (OutboxState::Pending, "pending"),
@@ -201,4 +201,25 @@ fn a_message_takes_each_field_at_its_limit_and_refuses_one_more() {
     assert_eq!(due.delay(), thirty_days);
     let over = thirty_days + Duration::from_millis(1);
     assert!(m.deliver_after(over).is_err());
+}
+
+#[tokio::test]
+async fn a_memory_outbox_hold_is_over_at_its_last_instant() {
+    let clock = Arc::new(ManualClock::starting_now());
+    let outbox = MemoryOutbox::with_clock(clock.clone());
+    assert_eq!(outbox.backend(), "memory");
+    let message = OutboxMessage::new("orders", "m-1", b"{}".to_vec()).unwrap();
+    outbox.enqueue(&[message]).unwrap();
+    let hold = Duration::from_secs(10);
+    let first = outbox.take(10, hold).await.unwrap();
+    assert_eq!(first.rows.len(), 1);
+    clock.advance(hold - Duration::from_millis(1));
+    let held = outbox.take(10, hold).await.unwrap();
+    assert!(held.rows.is_empty(), "still held: {held:?}");
+    // At `until` the hold is over: another take gets the row, the first token marks nothing.
+    clock.advance(Duration::from_millis(1));
+    let again = outbox.take(10, hold).await.unwrap();
+    assert_eq!(again.rows.len(), 1);
+    let marked = outbox.mark_sent(&first.token, &[again.rows[0].id]).await;
+    assert_eq!(marked.unwrap(), Vec::<i64>::new());
 }
