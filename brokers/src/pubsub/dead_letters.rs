@@ -10,6 +10,7 @@ use gcloud_googleapis::pubsub::v1::{
 };
 use gcloud_pubsub::apiv1::subscriber_client::SubscriberClient;
 use gcloud_pubsub::client::{Client, ClientConfig};
+use gcloud_pubsub::publisher::Publisher;
 
 use super::errors::classify;
 use super::{MESSAGE_ID_ATTRIBUTE, ORIGIN_ATTRIBUTE};
@@ -41,6 +42,8 @@ pub struct PubSubDeadLetters {
     settled: HashSet<String>,
     /// The topic of each origin subscription looked up (`None`: it no longer exists).
     topics: HashMap<String, Option<String>>,
+    /// A publisher per origin topic republished to.
+    publishers: HashMap<String, Publisher>,
 }
 
 impl std::fmt::Debug for PubSubDeadLetters {
@@ -74,6 +77,7 @@ impl PubSubDeadLetters {
             held: BTreeMap::new(),
             settled: HashSet::new(),
             topics: HashMap::new(),
+            publishers: HashMap::new(),
         })
     }
 
@@ -245,9 +249,10 @@ impl DeadLetters for PubSubDeadLetters {
             ordering_key,
             ..PubsubMessage::default()
         };
-        self.client
-            .topic(&letter.origin)
-            .new_publisher(None)
+        let client = &self.client;
+        self.publishers
+            .entry(letter.origin.clone())
+            .or_insert_with(|| client.topic(&letter.origin).new_publisher(None))
             .publish_immediately(vec![message], None)
             .await
             .map(drop)
