@@ -11,6 +11,7 @@ mod migrate;
 mod outbox;
 mod purge;
 mod release;
+mod replay;
 mod stats;
 
 use dedup_core::Key;
@@ -69,6 +70,26 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             message_id,
             force,
         } => forget::run(args, as_json, &consumer, &message_id, force).await,
+        Command::Replay {
+            dead_letters,
+            consumer,
+            id,
+            group,
+            all,
+            dry_run,
+            max_read,
+        } => {
+            let replay_args = replay::ReplayArgs {
+                dead_letters,
+                consumer,
+                ids: id,
+                group,
+                all,
+                dry_run,
+                max_read,
+            };
+            replay::run(args, as_json, replay_args).await
+        }
         Command::Console {
             outbox,
             listen,

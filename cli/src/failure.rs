@@ -1,6 +1,6 @@
 //! How the command line fails: one `error:` line saying what could not be done, one
 //! `caused by:` line per error in the source chain, a `hint:` saying what to do, and the
-//! exit code (1 failure, 2 usage, 3 not found). Never a Debug dump.
+//! exit code (1 failure, 2 usage, 3 not found, 4 replay left some). Never a Debug dump.
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
@@ -13,6 +13,8 @@ pub(crate) const FAILURE: u8 = 1;
 pub(crate) const USAGE: u8 = 2;
 /// Exit code: the key (or the store's file) does not exist.
 pub(crate) const NOT_FOUND: u8 = 3;
+/// Exit code: `dedup replay` left some picked messages among the dead letters.
+pub(crate) const LEFT: u8 = 4;
 
 /// A failed command, ready to print.
 #[derive(Debug)]
@@ -42,6 +44,11 @@ impl Failure {
     /// Nothing there (exit code 3).
     pub(crate) fn not_found(message: impl Into<String>) -> Self {
         Failure::new(message).code(NOT_FOUND)
+    }
+
+    /// Some picked messages were left (exit code 4).
+    pub(crate) fn left(message: impl Into<String>) -> Self {
+        Failure::new(message).code(LEFT)
     }
 
     fn code(mut self, code: u8) -> Self {

@@ -8,14 +8,15 @@ mod screen;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use dedup_core::Status;
 
 use crate::failure::Failure;
 
 /// dedup: look into and maintain a dedup store (the records of an idempotent consumer).
 ///
-/// Exit codes: 0 done, 1 failure, 2 usage, 3 not found.
+/// Exit codes: 0 done, 1 failure, 2 usage, 3 not found, 4 `replay` left some picked
+/// messages among the dead letters.
 #[derive(Debug, Parser)]
 #[command(name = "dedup", version)]
 struct Cli {
@@ -133,6 +134,43 @@ enum Command {
         /// Remove a record held by a live lease too (its worker gets LeaseLost at once).
         #[arg(long)]
         force: bool,
+    },
+    /// Put a consumer's dead-lettered messages back where they came from, after the fix:
+    /// each is forgotten, republished with its message id and settled once the broker
+    /// confirms; a key processed since is settled and not run again. Exit code 0: every
+    /// picked message replayed or already processed; 4: some were left (a key in flight, an
+    /// id not among the dead letters).
+    #[command(group(ArgGroup::new("pick").required(true).args(["id", "group", "all"])))]
+    Replay {
+        /// Where the consumer's dead letters are: amqp://...?queue=Q, redis://...?stream=S
+        /// (its S:dead), nats://...?stream=S, kafka://HOST:PORT?topic=T,
+        /// pubsub://PROJECT?subscription=S.
+        #[arg(
+            long,
+            value_name = "URL",
+            env = "DEDUP_DEAD_LETTERS_URL",
+            hide_env_values = true
+        )]
+        dead_letters: String,
+        /// The consumer whose messages to replay.
+        #[arg(long, value_name = "NAME")]
+        consumer: String,
+        /// Replay this message id (repeat for several).
+        #[arg(long, value_name = "ID")]
+        id: Vec<String>,
+        /// Replay the failed and dead-lettered keys of this failure group (the id the console
+        /// shows).
+        #[arg(long, value_name = "GROUP_ID")]
+        group: Option<String>,
+        /// Replay every dead-lettered copy of the consumer.
+        #[arg(long)]
+        all: bool,
+        /// Say what would be replayed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Read at most this many dead letters (the picked and the others).
+        #[arg(long, default_value_t = 100_000, value_name = "N")]
+        max_read: usize,
     },
     /// Serve the operator's console (a web page: failures grouped, stuck leases, the
     /// outbox backlog, and forget / release / retry / purge when writes are allowed).
