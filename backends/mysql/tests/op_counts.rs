@@ -60,3 +60,30 @@ async fn each_operation_costs_what_it_did() {
     check_outbox(&mut g, &store, &OUTBOX).await;
     g.finish();
 }
+
+/// With kept counts (`Admin::enable_counts`) the triggers clear the insert id the server
+/// reports: a claim of a new key and a renewal read the session's `LAST_INSERT_ID()` in one
+/// more round trip, and a transactional claim of a new key (so `TxInbox::handle`) reads
+/// its record. Nothing else changes.
+const LEASE_MODE_KEPT: LeaseCosts = LeaseCosts {
+    claim_fresh: Cost::new(2, 2, 1),
+    renew: Cost::new(2, 2, 1),
+    claim_many_100: Cost::new(2, 2, 1),
+    ..LEASE_MODE
+};
+const TRANSACTIONAL_KEPT: TxCosts = TxCosts {
+    claim_in_tx: Cost::new(2, 2, 0),
+    tx_inbox_handle: Cost::new(5, 5, 2),
+    ..TRANSACTIONAL
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_operation_costs_what_it_did_with_counts_kept() {
+    use dedup_core::Admin;
+    let url = url_or_skip!();
+    let (store, mut g) = guarded_store(&url, Protocol::MySql, BACKEND).await;
+    assert!(store.enable_counts().await.expect("enable counts"));
+    check_lease_mode(&mut g, &store, &LEASE_MODE_KEPT).await;
+    check_transactional(&mut g, &store, &TRANSACTIONAL_KEPT).await;
+    g.finish();
+}
