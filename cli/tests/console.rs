@@ -40,9 +40,8 @@ fn start(args: &[&str]) -> (Served, String, Vec<String>) {
     (Served(child), addr, out)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn console_serves_the_store_and_refuses_writes_when_read_only() {
-    let dir = tempfile::tempdir().unwrap();
+/// A SQLite store in `dir` holding `billing/m-1` committed with `outcome`; its URL.
+async fn store_with(dir: &tempfile::TempDir, outcome: &[u8]) -> String {
     let path = dir.path().join("c.db");
     let store = SqliteStore::open(&path).await.unwrap();
     let lease = store
@@ -54,8 +53,14 @@ async fn console_serves_the_store_and_refuses_writes_when_read_only() {
         .unwrap()
         .into_lease()
         .unwrap();
-    store.commit(&lease, Some(b"ok")).await.unwrap();
-    let url = format!("sqlite:{}", path.display());
+    store.commit(&lease, Some(outcome)).await.unwrap();
+    format!("sqlite:{}", path.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_serves_the_store_and_refuses_writes_when_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = store_with(&dir, b"ok").await;
 
     let (_served, addr, lines) = start(&["--store", &url, "console", "--listen", "127.0.0.1:0"]);
     assert!(lines[0].contains("read-only"), "{lines:?}");
@@ -101,20 +106,7 @@ async fn console_serves_the_store_and_refuses_writes_when_read_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_reads_each_consumers_dead_letters() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("d.db");
-    let store = SqliteStore::open(&path).await.unwrap();
-    let lease = store
-        .claim(
-            &Key::new("billing", "m-1").unwrap(),
-            &ClaimOptions::lease(Duration::from_secs(30)),
-        )
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    let dead = dedup_core::Verdict::dead_letter(3, None);
-    store.commit(&lease, Some(&dead)).await.unwrap();
-    let url = format!("sqlite:{}", path.display());
+    let url = store_with(&dir, &dedup_core::Verdict::dead_letter(3, None)).await;
 
     let out = Command::new(env!("CARGO_BIN_EXE_dedup"))
         .args([

@@ -133,6 +133,13 @@ async fn click(c: &Client, css: &str) {
     element(c, css).await.click().await.unwrap();
 }
 
+/// [`shot`] with the element `id` scrolled into view first.
+async fn shot_at(c: &Client, dir: &Option<PathBuf>, id: &str, name: &str) {
+    let js = format!("document.getElementById('{id}').scrollIntoView()");
+    c.execute(&js, vec![]).await.unwrap();
+    shot(c, dir, name).await;
+}
+
 async fn shot(c: &Client, dir: &Option<PathBuf>, name: &str) {
     if let Some(d) = dir {
         std::fs::create_dir_all(d).unwrap();
@@ -348,13 +355,7 @@ async fn browser_replay_redis_streams() {
     assert!(body.contains(r#""card":"***""#), "{body}");
     assert!(body.contains("<script>alert(1)</script>"), "{body}");
     assert_eq!(c.title().await.unwrap(), "Key · dedup console");
-    c.execute(
-        "document.getElementById('message').scrollIntoView()",
-        vec![],
-    )
-    .await
-    .unwrap();
-    shot(&c, &shots, "message").await;
+    shot_at(&c, &shots, "message", "message").await;
 
     // Fixed; replayed from the key page.
     b.broken.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -653,12 +654,6 @@ async fn browser_flow_charts() {
         .await
         .unwrap();
     assert!(bars.len() > 2, "the legend and bars: {}", bars.len());
-    c.execute(
-        "document.getElementById('flow-note').scrollIntoView()",
-        vec![],
-    )
-    .await
-    .unwrap();
-    shot(&c, &shots, "flow").await;
+    shot_at(&c, &shots, "flow-note", "flow").await;
     c.close().await.unwrap();
 }
