@@ -1,7 +1,7 @@
-//! `dedup replay` end to end: the built binary against a real Redis Streams consumer's dead
-//! letters (`DEDUP_REDIS_URL`) and a SQLite store. A bad deploy dead-letters messages of two
-//! failure groups; after the fix, the binary replays one key, then a group, then all, and
-//! each message runs once.
+//! `dedup replay` end to end: the built binary against a real consumer's dead letters
+//! (Redis Streams, `DEDUP_REDIS_URL`; Kafka, `DEDUP_KAFKA_BROKERS`) and a SQLite store. A
+//! bad deploy dead-letters messages of two failure groups; after the fix, the binary replays
+//! one key, then a group, then all, and each message runs once.
 
 use std::collections::HashMap;
 use std::process::{Command, Output};
@@ -9,11 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dedup_brokers::kafka::{KafkaConsumer, KafkaPublisher};
 use dedup_brokers::redis_streams::{StreamConsumer, StreamPublisher, dead_stream};
-use dedup_brokers::{ConsumerConfig, Delivery, shutdown, with_inbox};
+use dedup_brokers::{ConsumerConfig, Delivery, Handle, Source, consume, shutdown, with_inbox};
 use dedup_core::outbox::{OutboxRow, Publisher};
 use dedup_core::{DedupStore, Inbox, InboxConfig, Key, Timestamp};
 use dedup_sqlite::SqliteStore;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use redis::AsyncCommands;
 use serde_json::Value;
 
@@ -56,87 +60,219 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_by_key_then_group_then_all_runs_each_once() {
-    let Some(url) = dedup_conformance::server_url("DEDUP_REDIS_URL") else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("dedup.db");
-    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let store_url = format!("sqlite:{}", path.display());
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let stream = format!("dedup-cli-replay-{}", uuid::Uuid::new_v4().simple());
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let dead_url = format!("{url}{sep}stream={stream}");
+/// A broker endpoint the scenario runs on.
+trait Broker {
+    type Source: Source;
+    /// `--dead-letters`.
+    fn dead_url(&self) -> String;
+    /// A consumer of the endpoint.
+    fn source(&self, config: ConsumerConfig) -> Self::Source;
+    /// Publishes one message as the application does.
+    async fn publish(&self, id: &str);
+    /// Removes the endpoint.
+    async fn cleanup(self);
+}
 
-    // The consumer: a bad deploy fails the `bad-` ids, with two errors (two groups).
-    let (runs, broken) = (Runs::default(), Arc::new(AtomicBool::new(true)));
+struct Redis {
+    client: redis::Client,
+    url: String,
+    stream: String,
+}
+
+impl Broker for Redis {
+    type Source = StreamConsumer;
+
+    fn dead_url(&self) -> String {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}stream={}", self.url, self.stream)
+    }
+
+    fn source(&self, config: ConsumerConfig) -> StreamConsumer {
+        StreamConsumer::new(self.client.clone(), &self.stream, "g", "w1", config)
+            .claim_idle(Duration::from_millis(150))
+    }
+
+    async fn publish(&self, id: &str) {
+        let conn = self.client.get_multiplexed_async_connection().await;
+        let publisher = StreamPublisher::new(conn.unwrap());
+        publisher.publish(&row(&self.stream, id)).await.unwrap();
+    }
+
+    async fn cleanup(self) {
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let keys = [self.stream.clone(), dead_stream(&self.stream)];
+        let _: () = conn.del(&keys).await.unwrap();
+    }
+}
+
+struct Kafka {
+    brokers: String,
+    topic: String,
+    dead: String,
+}
+
+impl Kafka {
+    fn admin(&self) -> AdminClient<DefaultClientContext> {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        c.create().unwrap()
+    }
+}
+
+impl Broker for Kafka {
+    type Source = KafkaConsumer;
+
+    fn dead_url(&self) -> String {
+        format!("kafka://{}?topic={}", self.brokers, self.dead)
+    }
+
+    /// A short session: Tansu completes a join after about half the session timeout.
+    fn source(&self, config: ConsumerConfig) -> KafkaConsumer {
+        let group = format!("{}-group", self.topic);
+        KafkaConsumer::new(&self.brokers, group, &self.topic, &self.dead, config)
+            .set("session.timeout.ms", "2000")
+            .set("heartbeat.interval.ms", "300")
+    }
+
+    async fn publish(&self, id: &str) {
+        let publisher = KafkaPublisher::new(&self.brokers).unwrap();
+        publisher.publish(&row(&self.topic, id)).await.unwrap();
+    }
+
+    async fn cleanup(self) {
+        let topics = [self.topic.as_str(), self.dead.as_str()];
+        let _ = self
+            .admin()
+            .delete_topics(&topics, &AdminOptions::new())
+            .await;
+    }
+}
+
+/// How many copies the dead letters hold, read through `replay::open`.
+async fn dead_len(url: &str) -> usize {
+    let mut dead = dedup_brokers::replay::open(url).await.unwrap();
+    let mut n = 0;
+    loop {
+        let batch = dead.take(100).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        n += batch.len();
+    }
+    dead.give_back().await.unwrap();
+    n
+}
+
+/// The handler: while `broken`, the `bad-` ids fail with one error, `bad-3` with another.
+fn handler(store: &Arc<SqliteStore>, runs: &Runs, broken: &Arc<AtomicBool>) -> impl Handle {
     let inbox = Inbox::from_arc(
-        Arc::clone(&store),
+        Arc::clone(store),
         InboxConfig {
             max_attempts: Some(1),
             ..InboxConfig::default()
         },
     );
-    let handler = {
-        let (runs, broken) = (Arc::clone(&runs), Arc::clone(&broken));
-        with_inbox(inbox, move |_lease, d: Delivery| {
-            let id = d.message_id.unwrap_or_default();
-            let error = match (broken.load(Ordering::SeqCst), id.as_str()) {
-                (true, "bad-3") => Some("the bank timed out"),
-                (true, id) if id.starts_with("bad-") => Some("cannot parse the order"),
-                _ => None,
-            };
-            if error.is_none() {
-                *runs.lock().unwrap().entry(id).or_default() += 1;
+    let (runs, broken) = (Arc::clone(runs), Arc::clone(broken));
+    with_inbox(inbox, move |_lease, d: Delivery| {
+        let id = d.message_id.unwrap_or_default();
+        let error = match (broken.load(Ordering::SeqCst), id.as_str()) {
+            (true, "bad-3") => Some("the bank timed out"),
+            (true, id) if id.starts_with("bad-") => Some("cannot parse the order"),
+            _ => None,
+        };
+        if error.is_none() {
+            *runs.lock().unwrap().entry(id).or_default() += 1;
+        }
+        async move {
+            match error {
+                Some(e) => Err(e),
+                None => Ok(Some(b"done".to_vec())),
             }
-            async move {
-                match error {
-                    Some(e) => Err(e),
-                    None => Ok(Some(b"done".to_vec())),
-                }
-            }
-        })
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_by_key_then_group_then_all_each_run_once() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_REDIS_URL") else {
+        return;
     };
+    let broker = Redis {
+        client: redis::Client::open(url.as_str()).unwrap(),
+        url,
+        stream: format!("dedup-cli-replay-{}", uuid::Uuid::new_v4().simple()),
+    };
+    scenario(broker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_by_key_then_group_then_all_each_run_once() {
+    let Some(brokers) = dedup_conformance::server_url("DEDUP_KAFKA_BROKERS") else {
+        return;
+    };
+    let tag = uuid::Uuid::new_v4().simple();
+    let broker = Kafka {
+        brokers,
+        topic: format!("dedup-cli-replay-{tag}"),
+        dead: format!("dedup-cli-replay-{tag}-dead"),
+    };
+    let new: Vec<_> = [&broker.topic, &broker.dead]
+        .iter()
+        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+        .collect();
+    for made in broker
+        .admin()
+        .create_topics(&new, &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        made.unwrap();
+    }
+    scenario(broker).await;
+}
+
+async fn scenario<B: Broker>(broker: B) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dedup.db");
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let store_url = format!("sqlite:{}", path.display());
+    let dead_url = broker.dead_url();
+    let (runs, broken) = (Runs::default(), Arc::new(AtomicBool::new(true)));
     let config = ConsumerConfig {
         consumer: Some(CONSUMER.into()),
         ..ConsumerConfig::default()
     };
-    let consumer = StreamConsumer::new(client.clone(), &stream, "g", "w1", config)
-        .claim_idle(Duration::from_millis(150));
     let (stop, signal) = shutdown();
-    let running = tokio::spawn(consumer.run(handler, signal));
-    let publisher = StreamPublisher::new(conn.clone());
+    let source = broker.source(config.clone());
+    let running = tokio::spawn(consume(
+        source,
+        config,
+        handler(&store, &runs, &broken),
+        signal,
+    ));
     for id in ["good-1", "bad-1", "bad-2", "bad-3"] {
-        publisher.publish(&row(&stream, id)).await.unwrap();
+        broker.publish(id).await;
     }
-    let dead = dead_stream(&stream);
-    for _ in 0..200 {
-        let n: usize = conn.xlen(&dead).await.unwrap();
-        if n == 3 {
+    for _ in 0..100 {
+        if dead_len(&dead_url).await == 3 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let n: usize = conn.xlen(&dead).await.unwrap();
-    assert_eq!(n, 3, "three dead letters");
+    assert_eq!(dead_len(&dead_url).await, 3, "three dead letters");
     let record = store.get(&Key::new(CONSUMER, "bad-2").unwrap()).await;
     let group = dedup_core::admin::failure_group(&record.unwrap().unwrap()).unwrap();
     broken.store(false, Ordering::SeqCst);
 
-    let base = ["--store", &store_url, "--json", "replay"];
-    let with = |more: &[&str]| -> Vec<String> {
-        let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
-        args.extend(["--dead-letters", &dead_url, "--consumer", CONSUMER].map(String::from));
-        args.extend(more.iter().map(|s| s.to_string()));
-        args
-    };
     let run = |more: &[&str]| {
-        let args = with(more);
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        dedup(&refs)
+        let mut args = vec!["--store", &store_url, "--json", "replay"];
+        args.extend(["--dead-letters", &dead_url, "--consumer", CONSUMER]);
+        args.extend(more);
+        dedup(&args)
     };
 
     // A dry run changes nothing.
@@ -144,8 +280,7 @@ async fn replay_by_key_then_group_then_all_runs_each_once() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(ids(&json, "replayed"), ["bad-1", "bad-2"], "{json}");
     assert_eq!(json["dry_run"], true);
-    let n: usize = conn.xlen(&dead).await.unwrap();
-    assert_eq!(n, 3, "a dry run settles nothing");
+    assert_eq!(dead_len(&dead_url).await, 3, "a dry run settles nothing");
 
     // One key.
     let (code, json, err) = run(&["--id", "bad-1"]);
@@ -173,9 +308,8 @@ async fn replay_by_key_then_group_then_all_runs_each_once() {
     let (code, json, err) = run(&["--all"]);
     assert_eq!(code, 0, "{err}");
     assert!(ids(&json, "replayed").is_empty(), "{json}");
-    let n: usize = conn.xlen(&dead).await.unwrap();
-    assert_eq!(n, 0, "every copy settled");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(dead_len(&dead_url).await, 0, "every copy settled");
+    tokio::time::sleep(Duration::from_millis(500)).await;
     for id in ["good-1", "bad-1", "bad-2", "bad-3"] {
         assert_eq!(runs_of(&runs, id), 1, "{id} ran once");
     }
@@ -196,7 +330,7 @@ async fn replay_by_key_then_group_then_all_runs_each_once() {
 
     stop.shut_down();
     running.await.unwrap().unwrap();
-    let _: () = conn.del(&[&stream, &dead]).await.unwrap();
+    broker.cleanup().await;
 }
 
 fn row(stream: &str, id: &str) -> OutboxRow {
