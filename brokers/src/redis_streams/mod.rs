@@ -4,12 +4,14 @@
 //! to the stream `<stream>:dead` (see [`dead_stream`]); [`StreamDeadLetters`] reads them back
 //! for a replay.
 
+mod backlog;
 mod consumer;
 mod dead_letters;
 mod errors;
 mod pending;
 mod publisher;
 
+pub use backlog::StreamBacklog;
 pub use consumer::StreamConsumer;
 pub use dead_letters::StreamDeadLetters;
 pub use pending::StreamPending;
