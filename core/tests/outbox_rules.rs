@@ -1,16 +1,16 @@
 //! The outbox's shared types on their own: the names of a row's states, the counts a
 //! store's statistics query adds up, the cut of a stored error, a message's limits, what
-//! `MemoryPublisher` keeps and fails, and the end of a `MemoryOutbox` hold.
+//! `MemoryPublisher` keeps and fails, and `MemoryOutbox`'s holds, reads and purge.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::outbox::{
     DestinationStats, DestinationTally, MAX_DESTINATION_LEN, MAX_ERROR_LEN, MAX_HEADER_NAME_LEN,
-    MAX_HEADER_VALUE_LEN, MemoryOutbox, MemoryPublisher, OutboxMessage, OutboxRow, OutboxState,
-    OutboxStats, OutboxStore, Publisher, cut_error,
+    MAX_HEADER_VALUE_LEN, MemoryOutbox, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxRow,
+    OutboxState, OutboxStats, OutboxStore, Publisher, cut_error,
 };
-use dedup_core::{ManualClock, Timestamp};
+use dedup_core::{Clock, ManualClock, PurgeOptions, Timestamp};
 
 const ALL: [(OutboxState, &str); 4] = [
     (OutboxState::Pending, "pending"),
@@ -222,4 +222,49 @@ async fn a_memory_outbox_hold_is_over_at_its_last_instant() {
     assert_eq!(again.rows.len(), 1);
     let marked = outbox.mark_sent(&first.token, &[again.rows[0].id]).await;
     assert_eq!(marked.unwrap(), Vec::<i64>::new());
+}
+
+#[tokio::test]
+async fn a_memory_outbox_reads_back_its_rows_and_purges_only_old_sent_ones() {
+    let clock = Arc::new(ManualClock::starting_now());
+    let outbox = MemoryOutbox::with_clock(clock.clone());
+    let message = |id: &str, to: &str| OutboxMessage::new(to, id, b"{}".to_vec()).unwrap();
+    let messages = [
+        message("m-1", "orders"),
+        message("m-2", "orders"),
+        message("m-3", "mails"),
+    ];
+    outbox.enqueue(&messages).unwrap();
+    let held = outbox.take(1, Duration::from_secs(10)).await.unwrap();
+    let first = held.rows[0].id;
+    outbox.mark_sent(&held.token, &[first]).await.unwrap();
+
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(stats.now, clock.now());
+    assert_eq!((stats.pending, stats.sent), (2, 1));
+    let by_destination = outbox.stats_by_destination().await.unwrap();
+    let pending: Vec<_> = (by_destination.iter())
+        .map(|d| (d.destination.as_str(), d.stats.pending))
+        .collect();
+    assert_eq!(pending, [("mails", 1), ("orders", 1)]);
+    let after_first = OutboxQuery {
+        after_id: Some(first),
+        limit: 10,
+        ..OutboxQuery::default()
+    };
+    let listed = outbox.list(&after_first).await.unwrap();
+    let ids: Vec<_> = listed.iter().map(|e| e.row.message_id.as_str()).collect();
+    assert_eq!(ids, ["m-2", "m-3"]);
+
+    // A sent row younger than the retention stays; past it, it goes, in one batch.
+    let retention = PurgeOptions::older_than(Duration::from_secs(60));
+    assert_eq!(outbox.purge(&retention).await.unwrap().completed, 0);
+    clock.advance(Duration::from_secs(61));
+    let report = outbox.purge(&retention).await.unwrap();
+    assert_eq!((report.completed, report.batches), (1, 1));
+    assert_eq!(
+        outbox.stats().await.unwrap().pending,
+        2,
+        "unsent rows are kept"
+    );
 }
