@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::outbox::{
-    DestinationStats, DestinationTally, MAX_DESTINATION_LEN, MAX_ERROR_LEN, MAX_HEADER_NAME_LEN,
-    MAX_HEADER_VALUE_LEN, MemoryOutbox, MemoryPublisher, OutboxMessage, OutboxQuery, OutboxRow,
-    OutboxState, OutboxStats, OutboxStore, Publisher, cut_error,
+    AfterFailure, DestinationStats, DestinationTally, MAX_DESTINATION_LEN, MAX_ERROR_LEN,
+    MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MemoryOutbox, MemoryPublisher, OutboxMessage,
+    OutboxQuery, OutboxRow, OutboxState, OutboxStats, OutboxStore, Publisher, cut_error,
 };
 use dedup_core::{Clock, ManualClock, PurgeOptions, Timestamp};
 
@@ -255,6 +255,17 @@ async fn a_memory_outbox_reads_back_its_rows_and_purges_only_old_sent_ones() {
     let listed = outbox.list(&after_first).await.unwrap();
     let ids: Vec<_> = listed.iter().map(|e| e.row.message_id.as_str()).collect();
     assert_eq!(ids, ["m-2", "m-3"]);
+    let only = |state, destination: Option<&str>| OutboxQuery {
+        state,
+        destination: destination.map(str::to_owned),
+        limit: 10,
+        ..OutboxQuery::default()
+    };
+    let sent = outbox.list(&only(Some(OutboxState::Sent), None)).await;
+    assert_eq!(sent.unwrap()[0].row.message_id, "m-1");
+    let mails = outbox.list(&only(None, Some("mails"))).await.unwrap();
+    assert_eq!(mails.len(), 1);
+    assert_eq!(mails[0].row.message_id, "m-3");
 
     // A sent row younger than the retention stays; past it, it goes, in one batch.
     let retention = PurgeOptions::older_than(Duration::from_secs(60));
@@ -266,5 +277,26 @@ async fn a_memory_outbox_reads_back_its_rows_and_purges_only_old_sent_ones() {
         outbox.stats().await.unwrap().pending,
         2,
         "unsent rows are kept"
+    );
+}
+
+#[tokio::test]
+async fn a_memory_outbox_retries_a_dead_row_and_not_a_sent_one() {
+    let outbox = MemoryOutbox::new();
+    let message = |id: &str| OutboxMessage::new("orders", id, b"{}".to_vec()).unwrap();
+    outbox.enqueue(&[message("m-1"), message("m-2")]).unwrap();
+    let held = outbox.take(2, Duration::from_secs(10)).await.unwrap();
+    let (dead, sent) = (held.rows[0].id, held.rows[1].id);
+    let failed = outbox.mark_failed(&held.token, dead, "refused", AfterFailure::Dead);
+    assert!(failed.await.unwrap());
+    outbox.mark_sent(&held.token, &[sent]).await.unwrap();
+    assert!(!outbox.retry(sent).await.unwrap(), "a sent row stays sent");
+    assert!(outbox.retry(dead).await.unwrap());
+    let again = outbox.take(2, Duration::from_secs(10)).await.unwrap();
+    let taken: Vec<_> = again.rows.iter().map(|r| (r.id, r.attempts)).collect();
+    assert_eq!(
+        taken,
+        [(dead, 1)],
+        "pending again, its attempts counted afresh"
     );
 }
