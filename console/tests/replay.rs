@@ -6,7 +6,10 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use axum::http::StatusCode;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde_json::Value;
 
 use common::broker::{BAD, Broker, CONSUMER, SECRET_HEADER};
@@ -21,9 +24,10 @@ fn header<'a>(m: &'a Value, name: &str) -> Option<&'a str> {
         .and_then(|h| h[1].as_str())
 }
 
-async fn view_then_replay(backend: &'static str) {
+/// The scenario over `backend`; false when it skipped (no Redis).
+async fn view_then_replay(backend: &'static str) -> bool {
     let Some(b) = Broker::start(backend).await else {
-        return;
+        return false;
     };
     let app = b.console().router();
 
@@ -146,11 +150,51 @@ async fn view_then_replay(backend: &'static str) {
     b.ran_once(&BAD).await;
     assert_eq!(b.dead_len().await, 0, "every copy settled");
     b.cleanup().await;
+    true
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn view_then_replay_over_sqlite() {
-    view_then_replay("sqlite").await;
+/// `dedup_console_actions_total{action, result}` as one snapshot of `recorder` holds them.
+fn actions_counted(recorder: &DebuggingRecorder) -> BTreeMap<(String, String), u64> {
+    let mut out = BTreeMap::new();
+    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+        let (key, DebugValue::Counter(n)) = (key.key(), value) else {
+            continue;
+        };
+        if key.name() != "dedup_console_actions_total" {
+            continue;
+        }
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+        };
+        out.insert((label("action").unwrap(), label("result").unwrap()), n);
+    }
+    out
+}
+
+/// Over SQLite, on a runtime of the test's thread with a recorder of its own: the replays
+/// are counted as every action is.
+#[test]
+fn view_then_replay_over_sqlite() {
+    let recorder = DebuggingRecorder::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ran =
+        metrics::with_local_recorder(&recorder, || runtime.block_on(view_then_replay("sqlite")));
+    if !ran {
+        return;
+    }
+    let counted = actions_counted(&recorder);
+    let n = |action: &str, result: &str| counted.get(&(action.into(), result.into())).copied();
+    // One replay done, one refused as changed, one that found no copy (done, and its key
+    // left); the group's two.
+    assert_eq!(n("replay", "done"), Some(2), "{counted:?}");
+    assert_eq!(n("replay", "changed"), Some(1), "{counted:?}");
+    assert_eq!(n("replay", "left"), Some(1), "{counted:?}");
+    assert_eq!(n("replay-group", "done"), Some(2), "{counted:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
