@@ -64,13 +64,33 @@ pub async fn connect_with<S: SqlStore>(url: &str, config: S::Config) -> Result<S
     Ok(store)
 }
 
+/// How many times a migration runs again after a conflict, before its error comes back.
+const MIGRATE_TRIES: u32 = 5;
+
 /// Create or upgrade the store's tables (the records table, then the outbox's, under the
 /// backend's lock), then mark them current for the store and its clones.
+///
+/// A migration the database refused over a conflict runs again: a migration is
+/// idempotent. On a Galera cluster the lock is one node's own, and migrations through two
+/// nodes at once can fail certification.
 pub async fn migrate<S: SqlStore>(store: &S) -> Result<()> {
     store.store_config().check()?;
-    migrate::migrate(&store.migrations()).await?;
+    let mut tries = 1;
+    while let Err(e) = migrate::migrate(&store.migrations()).await {
+        if tries == MIGRATE_TRIES || !conflict::<S::Backend>(&e) {
+            return Err(e);
+        }
+        tries += 1;
+    }
     store.tables_migrated();
     Ok(())
+}
+
+/// Whether `error`'s source is a driver error backend `B` calls a conflict.
+fn conflict<B: SqlBackend>(error: &dedup_core::Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(B::is_conflict)
 }
 
 /// Check, writing nothing, that the records table is at this build's version: for stores
