@@ -18,7 +18,7 @@ use dedup_core::{Inbox, InboxConfig, MemoryStore};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use suite::{BrokerFactory, DeadLetter, broker_suite};
@@ -87,17 +87,7 @@ impl Fixture {
             while let Some(m) = consumer.poll(Duration::from_secs(1)) {
                 let m = m.unwrap();
                 assert_eq!(m.offset(), out.len() as i64, "offsets of {topic} are dense");
-                let headers = m
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| {
-                                let v = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
-                                (h.key.to_owned(), v.unwrap_or_default())
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let headers = kafka::headers(&m);
                 out.push(Record {
                     headers,
                     payload: m.payload().unwrap_or_default().to_vec(),

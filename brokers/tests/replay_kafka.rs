@@ -18,7 +18,7 @@ use dedup_core::outbox::Publisher;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use replay_suite::{ReplayBroker, World, replay_scenarios, strings};
 use support::{kafka, row};
@@ -63,17 +63,7 @@ impl Fixture {
             let mut out = Vec::new();
             while let Some(m) = consumer.poll(Duration::from_secs(1)) {
                 let m = m.unwrap();
-                let headers: Vec<(String, String)> = m
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| {
-                                let v = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
-                                (h.key.to_owned(), v.unwrap_or_default())
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let headers = kafka::headers(&m);
                 out.push(Record {
                     partition: m.partition(),
                     offset: m.offset(),

@@ -117,6 +117,19 @@ impl KafkaDeadLetters {
         .await
     }
 
+    /// Sends `record`; `Ok` on its delivery report.
+    async fn send(
+        &self,
+        record: FutureRecord<'_, [u8], [u8]>,
+        context: String,
+    ) -> Result<(), BrokerError> {
+        self.producer
+            .send(record, SEND_TIMEOUT)
+            .await
+            .map(drop)
+            .map_err(|(e, _)| classify(context, e))
+    }
+
     /// The partition and offset of a copy's `place`.
     fn place(&self, letter: &DeadLetter) -> Result<(i32, i64), BrokerError> {
         parse_place(&letter.place).ok_or_else(|| {
@@ -177,11 +190,7 @@ impl DeadLetters for KafkaDeadLetters {
             record = record.key(&key[..]);
         }
         let context = format!("republishing {} to {topic}/{partition}", letter.place);
-        self.producer
-            .send(record, SEND_TIMEOUT)
-            .await
-            .map(drop)
-            .map_err(|(e, _)| classify(context, e))
+        self.send(record, context).await
     }
 
     async fn settle(&mut self, letter: &DeadLetter) -> Result<(), BrokerError> {
@@ -196,11 +205,7 @@ impl DeadLetters for KafkaDeadLetters {
             .payload(&[][..])
             .headers(headers);
         let context = format!("marking {place} settled in {}", self.topic);
-        self.producer
-            .send(marker, SEND_TIMEOUT)
-            .await
-            .map(drop)
-            .map_err(|(e, _)| classify(context, e))
+        self.send(marker, context).await
     }
 
     async fn give_back(&mut self) -> Result<(), BrokerError> {

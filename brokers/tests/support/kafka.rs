@@ -4,6 +4,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 /// A client configuration for the cluster at `brokers`.
@@ -47,4 +48,18 @@ pub fn reader(brokers: &str, group: &str, topic: &str) -> BaseConsumer {
         .unwrap();
     consumer.assign(&tpl).unwrap();
     consumer
+}
+
+/// `record`'s headers, values as text (lossy), in order.
+pub fn headers(record: &BorrowedMessage<'_>) -> Vec<(String, String)> {
+    let Some(headers) = record.headers() else {
+        return Vec::new();
+    };
+    headers
+        .iter()
+        .map(|h| {
+            let v = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
+            (h.key.to_owned(), v.unwrap_or_default())
+        })
+        .collect()
 }
