@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | Kafka | `kafka::KafkaLag` | consumer-group lag: the partitions' end offsets less the group's committed offsets |
 //! | RabbitMQ | `rabbitmq::RabbitDepth` | queue depth: the messages ready in the queue |
+//! | NATS JetStream | `nats::NatsBacklog` | the durable consumer's messages not yet delivered, and those delivered and not acknowledged |
 //! | Redis Streams | `redis_streams::StreamBacklog` | the group's entries not yet delivered, and those delivered and not acknowledged |
 
 use async_trait::async_trait;

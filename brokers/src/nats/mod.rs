@@ -3,12 +3,14 @@
 //! The message id travels in the `Nats-Msg-Id` header, which JetStream also uses to drop
 //! copies published within the stream's duplicate window; the inbox drops the rest.
 
+mod backlog;
 mod consumer;
 mod dead_letters;
 mod errors;
 mod pending;
 mod publisher;
 
+pub use backlog::NatsBacklog;
 pub use consumer::NatsConsumer;
 pub use dead_letters::NatsDeadLetters;
 pub use pending::NatsPending;
