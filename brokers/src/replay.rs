@@ -1,8 +1,8 @@
 //! Replay: put dead-lettered copies back where they came from, once each.
 //!
-//! A consumer dead-letters a message with the `dedup-failure-*` headers ([`Fault`]) and
-//! the broker's origin (the exchange and routing key, stream, subject or topic it was
-//! read from). After the fix, an operator replays it: [`replay`] reads the dead letters
+//! A consumer dead-letters a message with the `dedup-failure-*` headers
+//! ([`Fault`](crate::Fault)) and the broker's origin (the exchange and routing key,
+//! stream, subject or topic it was read from). After the fix, an operator replays it: [`replay`] reads the dead letters
 //! through a broker's [`DeadLetters`], and for each picked copy:
 //!
 //! 1. reads the key's record: a key processed since (a live redelivery, an earlier replay)
