@@ -2,8 +2,9 @@
 //!
 //! A consumer dead-letters a message with the `dedup-failure-*` headers
 //! ([`Fault`](crate::Fault)) and the broker's origin (the exchange and routing key,
-//! stream, subject or topic it was read from). After the fix, an operator replays it: [`replay`] reads the dead letters
-//! through a broker's [`DeadLetters`], and for each picked copy:
+//! stream, subject or topic it was read from). After the fix, an operator replays it:
+//! [`replay`] reads the dead letters through a broker's [`DeadLetters`], and for each
+//! picked copy:
 //!
 //! 1. reads the key's record: a key processed since (a live redelivery, an earlier replay)
 //!    has its copy settled and is not published again;
