@@ -12,7 +12,7 @@ mod common;
 mod mysql_common;
 
 use dedup_core::Key;
-use dedup_mysql::sqlx::{self, AssertSqlSafe, MySql, MySqlConnection};
+use dedup_mysql::sqlx::{self, MySql, MySqlConnection};
 use dedup_mysql::{MySqlStore, TxInbox};
 
 type Store = MySqlStore;
@@ -35,35 +35,16 @@ use outbox::SqlOutboxFactory;
 async fn before_conflict(_conn: &mut MySqlConnection) {}
 
 /// A transaction on the handler's own node locks the seed row (Galera's row locks are the
-/// node's own); then the handler's `FOR UPDATE NOWAIT` of it is refused (1205), which the
-/// inbox runs again. A conflict through two nodes, found at `COMMIT`, is `galera_tx.rs`'s.
+/// node's own); then the handler's `FOR UPDATE NOWAIT` of it is refused
+/// (`common::refused_lock`), which the inbox runs again. A conflict through two nodes,
+/// found at `COMMIT`, is `galera_tx.rs`'s.
 async fn conflict(
     store: &MySqlStore,
     conn: &mut MySqlConnection,
     key: &Key,
 ) -> std::result::Result<(), sqlx::Error> {
-    let lock = |nowait: &str| {
-        format!(
-            "SELECT label FROM {} WHERE consumer = ? AND message_id = ? FOR UPDATE{nowait}",
-            common::business_table(store)
-        )
-    };
-    let mut other = common::connect_to(common::port_of(conn).await).await;
-    let mut tx = sqlx::Connection::begin(&mut other).await.expect("begin");
-    sqlx::query(AssertSqlSafe(lock("")))
-        .bind(key.consumer())
-        .bind(seed_id(key))
-        .fetch_all(&mut *tx)
-        .await
-        .expect("the concurrent lock");
-    let refused = sqlx::query(AssertSqlSafe(lock(" NOWAIT")))
-        .bind(key.consumer())
-        .bind(seed_id(key))
-        .fetch_all(conn)
-        .await
-        .map(drop);
-    tx.rollback().await.expect("rollback");
-    refused
+    let mut holder = common::connect_to(common::port_of(conn).await).await;
+    mysql_common::refused_lock(store, &mut holder, conn, key, &seed_id(key)).await
 }
 
 dedup_conformance::suite!(SqlFactory);

@@ -1,7 +1,7 @@
 //! Shared by the server-backed tests: the server URL, fresh stores and business tables.
 #![allow(dead_code)] // each test binary uses a different part
 
-use dedup_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection};
+use dedup_mysql::sqlx::{self, AssertSqlSafe, Connection, MySqlConnection};
 use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings};
 
 /// The variable naming the server's URL.
@@ -73,4 +73,41 @@ pub async fn business_rows(store: &MySqlStore, key: &dedup_core::Key) -> Vec<Str
         .fetch_all(store.pool())
         .await
         .expect("read business rows")
+}
+
+/// A transaction on `holder` locks the business row `(key's consumer, message_id)` (READ
+/// COMMITTED: that row alone, not the gaps around it); then `conn`'s `FOR UPDATE NOWAIT`
+/// of it is refused (MariaDB `1205`, MySQL 8 `3572`, both retryable). The holder then
+/// rolls back. This is the conflict the `TxInbox` clauses provoke.
+pub async fn refused_lock(
+    store: &MySqlStore,
+    holder: &mut MySqlConnection,
+    conn: &mut MySqlConnection,
+    key: &dedup_core::Key,
+    message_id: &str,
+) -> Result<(), sqlx::Error> {
+    let mut other = holder
+        .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+        .await
+        .expect("begin");
+    let lock = |nowait: &str| {
+        format!(
+            "SELECT label FROM {} WHERE consumer = ? AND message_id = ? FOR UPDATE{nowait}",
+            business_table(store)
+        )
+    };
+    sqlx::query(AssertSqlSafe(lock("")))
+        .bind(key.consumer())
+        .bind(message_id)
+        .fetch_all(&mut *other)
+        .await
+        .expect("the concurrent lock");
+    let refused = sqlx::query(AssertSqlSafe(lock(" NOWAIT")))
+        .bind(key.consumer())
+        .bind(message_id)
+        .fetch_all(conn)
+        .await
+        .map(drop);
+    other.rollback().await.expect("rollback");
+    refused
 }
