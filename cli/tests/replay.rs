@@ -41,13 +41,16 @@ fn dedup(args: &[&str]) -> (i32, Value, String) {
     (out.status.code().unwrap_or(-1), json, stderr)
 }
 
+/// The ids of `json[field]`, sorted (dead letters come in the order they were written).
 fn ids(json: &Value, field: &str) -> Vec<String> {
-    json[field]
+    let mut ids: Vec<String> = json[field]
         .as_array()
         .unwrap_or_else(|| panic!("{field} in {json}"))
         .iter()
         .map(|v| v.as_str().unwrap().to_owned())
-        .collect()
+        .collect();
+    ids.sort();
+    ids
 }
 
 async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
