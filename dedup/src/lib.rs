@@ -20,7 +20,7 @@ pub use store_url::StoreUrl;
 pub use url::UrlError;
 
 // The modules: each holds every item of its kind, the root's included.
-pub use dedup_core::{admin, backend, layers, outbox, trace};
+pub use dedup_core::{admin, backend, health, layers, outbox, trace};
 pub mod inbox;
 pub mod purge;
 pub mod store;

@@ -39,6 +39,7 @@ const ROOT: &[&str] = &[
     // The modules, the backends' included.
     "admin",
     "backend",
+    "health",
     "inbox",
     "layers",
     "mysql",
