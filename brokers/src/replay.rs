@@ -43,7 +43,8 @@ pub struct DeadLetter {
     /// Where a replay publishes it: the broker's name for the origin, for messages
     /// (`exchange "orders", routing key "order.created"`, a topic, a stream, a subject).
     pub origin: String,
-    /// The record key (Kafka), kept so a replayed record lands on its key's partition.
+    /// The record key (Kafka), kept so a replayed record lands on its key's partition; or
+    /// the ordering key (Pub/Sub), kept so a replayed message keeps it.
     pub key: Option<Bytes>,
     /// The copy's place among the dead letters (a delivery tag, an entry id, a stream
     /// sequence, `partition/offset`): what [`DeadLetters::settle`] removes.
