@@ -6,6 +6,7 @@ mod config;
 mod connect;
 mod decode;
 mod error;
+mod held;
 mod messages;
 mod purge;
 mod schema;

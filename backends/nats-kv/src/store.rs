@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::backend::transition::Write;
-use dedup_core::{Error, Key, Record, RecordState, Result, Timestamp};
+use dedup_core::{Error, Key, LeaseToken, Record, RecordState, Result, Timestamp};
 
 use crate::NatsKvConfig;
 use crate::clock::ServerClock;
 use crate::decode;
 use crate::error::backend;
+use crate::held::Held;
 use crate::messages::{Messages, Stored, Written};
 use crate::schema::{self, Subjects};
 
@@ -58,6 +59,8 @@ pub struct NatsKvStore {
     subjects: Subjects,
     config: Arc<NatsKvConfig>,
     server_clock: Arc<ServerClock>,
+    /// The live leases this store handed out, for commits and renewals without a read.
+    held: Arc<Held>,
 }
 
 impl fmt::Debug for NatsKvStore {
@@ -85,6 +88,7 @@ impl NatsKvStore {
             subjects: Subjects::new(&config.bucket, &config.prefix),
             config: Arc::new(config),
             server_clock: Arc::default(),
+            held: Arc::default(),
         })
     }
 
@@ -154,9 +158,37 @@ impl NatsKvStore {
     ) -> Result<Written> {
         let value = schema::encode(record);
         let ttl = self.ttl(record, now);
-        self.messages
-            .write(&self.subjects.record(key), value, revision, Some(ttl))
-            .await
+        let subject = self.subjects.record(key);
+        let written = self
+            .messages
+            .write(&subject, value, revision, Some(ttl))
+            .await?;
+        match written {
+            Written::Done(at) => self.held.wrote(&subject, at, record, now),
+            Written::Conflict => self.held.forget(&subject),
+        }
+        Ok(written)
+    }
+
+    /// [`apply`](Self::apply) for the holder of the lease with `token`: when this store
+    /// wrote that lease's record, `decide` first runs on the record as written, and its
+    /// write is conditional on that revision (one round trip). Anything else (the key was
+    /// written since, or `decide` writes nothing) goes through `apply`.
+    pub(crate) async fn apply_held<T>(
+        &self,
+        key: &Key,
+        token: LeaseToken,
+        mut decide: impl FnMut(Option<&Record>, Timestamp) -> Result<(T, Write)> + Send,
+    ) -> Result<T> {
+        if let Some((revision, record)) = self.held.get(&self.subjects.record(key), token) {
+            let now = self.now().await?;
+            if let Ok((answer, Write::Put(new))) = decide(Some(&record), now)
+                && let Written::Done(_) = self.put(key, &new, revision, now).await?
+            {
+                return Ok(answer);
+            }
+        }
+        self.apply(key, decide).await
     }
 
     /// One operation on `key`: read its record, let `decide` say the answer and what to

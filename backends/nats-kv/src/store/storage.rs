@@ -39,7 +39,7 @@ impl NatsKvStore {
     }
 
     async fn commit_lease(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        self.apply(&lease.key, |record, now| {
+        self.apply_held(&lease.key, lease.token, |record, now| {
             transition::commit(record, lease, outcome, now).map(|w| ((), w))
         })
         .await
@@ -86,7 +86,7 @@ impl Storage for NatsKvStore {
     }
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
-        self.apply(&lease.key, |record, now| {
+        self.apply_held(&lease.key, lease.token, |record, now| {
             transition::renew(record, lease, extend_by, now)
         })
         .await
@@ -106,14 +106,14 @@ impl Storage for NatsKvStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.apply(&lease.key, |record, now| {
+        self.apply_held(&lease.key, lease.token, |record, now| {
             transition::release(record, lease, now).map(|w| ((), w))
         })
         .await
     }
 
     async fn release_failed(&self, lease: &Lease, failure: &Failure) -> Result<()> {
-        self.apply(&lease.key, |record, now| {
+        self.apply_held(&lease.key, lease.token, |record, now| {
             transition::release_failed(record, lease, failure, now).map(|w| ((), w))
         })
         .await
