@@ -6,9 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use dedup_brokers::replay::{Pick, ReplayReport};
-use dedup_core::Key;
+use dedup_core::{Key, Record};
 
 use crate::actions::{changed, count, group_records};
+use crate::gather::failure_group_of;
 use crate::html::{esc, qs};
 use crate::message;
 use crate::model::{FailureGroup, KeyDetail};
@@ -65,7 +66,12 @@ pub(crate) fn preview_key(inner: &Inner, key: &Key, fence: u64) -> String {
 
 /// What `replay-group` will do, before it runs.
 pub(crate) async fn preview_group(inner: &Inner, id: &str) -> Result<String, Problem> {
-    let by_consumer = group_ids(inner, id).await?;
+    let records = group_records(inner, id).await?;
+    let (kind, line) = match records.first().and_then(failure_group_of) {
+        Some((_, kind, line, _)) => (kind, line),
+        None => (String::new(), id.to_owned()),
+    };
+    let by_consumer = by_consumer(records);
     let mut b = String::new();
     for (consumer, ids) in &by_consumer {
         let shown: Vec<String> = ids.iter().take(10).map(|i| esc(i)).collect();
@@ -82,20 +88,20 @@ pub(crate) async fn preview_group(inner: &Inner, id: &str) -> Result<String, Pro
         "Replay the dead-lettered copies of the group <em>{}</em>: each is republished to \
          where it came from, with its message id, and settled once the broker confirms. \
          Each key is forgotten first; a key processed since is not run again.</p><ul>{b}</ul><p>",
-        esc(id)
+        esc(&format!("{kind}: {line}"))
     ))
 }
 
-/// The group's keys, by consumer, read at the time of the click.
-async fn group_ids(inner: &Inner, id: &str) -> Result<BTreeMap<String, BTreeSet<String>>, Problem> {
+/// The message ids of `records`, by consumer.
+fn by_consumer(records: Vec<Record>) -> BTreeMap<String, BTreeSet<String>> {
     let mut by_consumer: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for r in group_records(inner, id).await? {
+    for r in records {
         by_consumer
             .entry(r.key.consumer().to_owned())
             .or_default()
             .insert(r.key.message_id().to_owned());
     }
-    Ok(by_consumer)
+    by_consumer
 }
 
 /// What one consumer's replay did, or why it could not run.
@@ -231,7 +237,7 @@ pub(crate) async fn run_key(inner: &Inner, key: &Key, seen: u64) -> Result<(u64,
 /// `replay-group`: the keys of failure group `id`, read again at the time of the click.
 pub(crate) async fn run_group(inner: &Inner, id: &str) -> Result<(u64, String), Problem> {
     let mut outcomes = Vec::new();
-    for (consumer, ids) in group_ids(inner, id).await? {
+    for (consumer, ids) in by_consumer(group_records(inner, id).await?) {
         match replay_ids(inner, &consumer, ids).await {
             Ok(o) => outcomes.push(o),
             // What the consumers before did is said too.

@@ -139,6 +139,8 @@ async fn view_then_replay(backend: &'static str) -> bool {
         confirm.contains("2 keys (bad-big, bad-binary)"),
         "{confirm}"
     );
+    let named = "the group <em>handler: cannot parse the order</em>";
+    assert!(confirm.contains(named), "{confirm}");
     let form = format!("csrf={}&id={group}", csrf(&confirm));
     let (status, done) = post(&app, "/act/replay-group", &form, true, None).await;
     assert_eq!(status, StatusCode::OK, "{done}");
