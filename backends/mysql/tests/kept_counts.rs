@@ -9,46 +9,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use dedup_conformance::clauses::{self, KeptCounts};
-use dedup_conformance::{StoreFactory, TestContext, should_run};
+use dedup_conformance::clauses::KeptCounts;
 use dedup_core::admin::ConsumerCounts;
-use dedup_core::{Admin, ClaimOptions, DedupStore, Key, Status, TxClaim};
+use dedup_core::{Admin, ClaimOptions, DedupStore, Key, Lease, Status, TxClaim};
 use dedup_mysql::MySqlStore;
 use dedup_mysql::sqlx::{self, AssertSqlSafe};
 
-/// One table per clause, on the clause's clock.
-struct Factory;
+type Store = MySqlStore;
 
-#[async_trait]
-impl StoreFactory for Factory {
-    type Store = MySqlStore;
-
-    async fn open(&self, ctx: &TestContext) -> MySqlStore {
-        let url = common::url().expect("available() checked the URL");
-        common::store_on(&url, &ctx.namespace, Some(ctx.clock.clone())).await
-    }
-
-    fn available(&self) -> bool {
-        common::url().is_some()
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kept_counts_equal_a_scan_through_a_mixed_workload() {
-    if should_run(
-        &Factory,
-        "kept_counts_equal_a_scan_through_a_mixed_workload",
-    ) {
-        clauses::kept_counts_equal_a_scan_through_a_mixed_workload(&Factory).await;
-    }
-}
-
-/// The admin clauses again, on stores that keep counts from their first write.
-mod with_counts_kept {
-    use super::*;
-    dedup_conformance::admin_suite!(KeptCounts(Factory));
-}
+#[path = "../../sql/tests/clauses/kept_counts.rs"]
+mod shared;
+use shared::Factory;
 
 /// The lease-mode clauses on stores that keep counts: the triggers clear the insert id the
 /// server reports, which the fast paths read (`last_insert_id` in `src/store.rs`).
@@ -146,6 +117,16 @@ async fn disabling_leaves_the_schema_as_a_store_without_counts_has_it() {
     );
 }
 
+/// The lease of a claim of `key`, which has no record.
+async fn claim_new(store: &MySqlStore, key: &Key) -> Lease {
+    store
+        .claim(key, &ClaimOptions::lease(Duration::from_secs(60)))
+        .await
+        .expect("claim")
+        .into_lease()
+        .expect("a new key")
+}
+
 /// The counts by status of each consumer, as comparable values.
 fn by_status(consumers: &[ConsumerCounts]) -> Vec<(String, [u64; 5])> {
     consumers
@@ -191,12 +172,7 @@ async fn enabling_while_writers_run_misses_no_write() {
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
                     let key = Key::new(format!("w{w}"), format!("m{i}")).unwrap();
-                    let lease = store
-                        .claim(&key, &ClaimOptions::lease(Duration::from_secs(60)))
-                        .await
-                        .expect("claim")
-                        .into_lease()
-                        .expect("a new key");
+                    let lease = claim_new(&store, &key).await;
                     // One in three stays in flight; one is released, taken over (the
                     // locked path) and committed; one is committed and claimed again (a
                     // duplicate, read on the locked path).
@@ -262,13 +238,7 @@ async fn a_read_folds_many_rows_of_differences_into_one_per_consumer() {
     assert!(store.enable_counts().await.expect("enable"));
     let n = 30;
     for i in 0..n {
-        let key = Key::new("fold", format!("m{i}")).unwrap();
-        let lease = store
-            .claim(&key, &ClaimOptions::lease(Duration::from_secs(60)))
-            .await
-            .expect("claim")
-            .into_lease()
-            .expect("a new key");
+        let lease = claim_new(&store, &Key::new("fold", format!("m{i}")).unwrap()).await;
         store.commit(&lease, Some(b"ok")).await.expect("commit");
     }
     // Rows of connections long gone: +1 and -1 processed, which cancel out.

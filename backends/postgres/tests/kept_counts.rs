@@ -4,45 +4,14 @@
 
 mod common;
 
-use async_trait::async_trait;
-use dedup_conformance::clauses::{self, KeptCounts};
-use dedup_conformance::{StoreFactory, TestContext, should_run};
 use dedup_core::Admin;
 use dedup_postgres::PostgresStore;
 use dedup_postgres::sqlx::{self, AssertSqlSafe};
 
-/// One table per clause, on the clause's clock.
-struct Factory;
+type Store = PostgresStore;
 
-#[async_trait]
-impl StoreFactory for Factory {
-    type Store = PostgresStore;
-
-    async fn open(&self, ctx: &TestContext) -> PostgresStore {
-        let url = common::url().expect("available() checked the URL");
-        common::store_on(&url, &ctx.namespace, Some(ctx.clock.clone())).await
-    }
-
-    fn available(&self) -> bool {
-        common::url().is_some()
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kept_counts_equal_a_scan_through_a_mixed_workload() {
-    if should_run(
-        &Factory,
-        "kept_counts_equal_a_scan_through_a_mixed_workload",
-    ) {
-        clauses::kept_counts_equal_a_scan_through_a_mixed_workload(&Factory).await;
-    }
-}
-
-/// The admin clauses again, on stores that keep counts from their first write.
-mod with_counts_kept {
-    use super::*;
-    dedup_conformance::admin_suite!(KeptCounts(Factory));
-}
+#[path = "../../sql/tests/clauses/kept_counts.rs"]
+mod shared;
 
 /// Every relation, index, trigger and function of `store`'s schema whose name starts with
 /// its table's, and the table's triggers.
