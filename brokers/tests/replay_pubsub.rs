@@ -15,7 +15,7 @@ use dedup_brokers::pubsub::gcloud_pubsub::subscription::SubscriptionConfig;
 use dedup_brokers::pubsub::{ORIGIN_ATTRIBUTE, PubSubConsumer, PubSubDeadLetters, PubSubPublisher};
 use dedup_brokers::replay::{self, DeadLetters, Pick};
 use dedup_brokers::{ConsumerConfig, FAILURE_CONSUMER_HEADER};
-use dedup_core::outbox::Publisher;
+use dedup_core::outbox::{OutboxRow, Publisher};
 use replay_suite::{ReplayBroker, World, replay_scenarios, strings};
 use support::row;
 
@@ -106,7 +106,11 @@ impl ReplayBroker for Fixture {
     async fn publish(&self, ids: &[String]) {
         let publisher = PubSubPublisher::new(self.client.clone());
         for id in ids {
-            publisher.publish(&row(&self.topic, id)).await.unwrap();
+            let keyed = OutboxRow {
+                ordering_key: Some(format!("key-of-{id}")),
+                ..row(&self.topic, id)
+            };
+            publisher.publish(&keyed).await.unwrap();
         }
     }
 
@@ -138,7 +142,8 @@ impl ReplayBroker for Fixture {
 replay_scenarios!(Fixture);
 
 /// A copy's origin is the topic its subscription reads; the replayed message carries its
-/// message id, payload and own attributes, not the failure's nor the origin's.
+/// message id, payload, ordering key and own attributes, not the failure's nor the
+/// origin's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_goes_back_to_the_topic_of_its_subscription() {
     let Some(fx) = <Fixture as ReplayBroker>::new().await else {
@@ -152,6 +157,7 @@ async fn a_copy_goes_back_to_the_topic_of_its_subscription() {
     assert_eq!(letters.len(), 1, "{letters:?}");
     let topic = format!("projects/{PROJECT}/topics/{}", w.fx.topic);
     assert_eq!(letters[0].origin, topic);
+    assert_eq!(letters[0].key.as_deref(), Some(&b"key-of-bad-1"[..]));
     let consumer = letters[0].header(FAILURE_CONSUMER_HEADER);
     assert_eq!(consumer, Some(w.fx.subscription.as_str()));
     dead.give_back().await.unwrap();
@@ -163,6 +169,10 @@ async fn a_copy_goes_back_to_the_topic_of_its_subscription() {
     assert_eq!(again.len(), 1, "the tap got the replayed message");
     let message = again[0].message.as_ref().unwrap();
     assert_eq!(message.data, "payload of bad-1");
+    assert_eq!(
+        message.ordering_key, "key-of-bad-1",
+        "the ordering key is kept"
+    );
     let attributes = &message.attributes;
     assert_eq!(
         attributes.get("message-id").map(String::as_str),
