@@ -13,7 +13,7 @@ use axum::http::{Request, Response, StatusCode, header};
 use axum::routing::post;
 use bytes::Bytes;
 use dedup_core::{DedupStore, Key, MemoryStore};
-use dedup_http::{IdempotencyConfig, IdempotencyLayer, InnerBody, ReleasePolicy};
+use dedup_http::{IdempotencyConfig, IdempotencyLayer, InnerBody, ReleasePolicy, StoredResponse};
 use http_body_util::{BodyExt, Full};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -348,4 +348,32 @@ async fn a_body_that_fails_while_read_is_unreadable_not_too_large() {
     let request = keyed_post(Body::from_stream(futures::stream::iter(chunks)), None);
     assert_eq!(status_of(&mut app, request).await, StatusCode::BAD_REQUEST);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_response_whose_encoding_is_exactly_the_largest_outcome_keeps_its_body() {
+    let config = || IdempotencyConfig {
+        max_stored_body: dedup_core::MAX_OUTCOME_LEN,
+        ..Default::default()
+    };
+    // The headers a replay carries are the ones stored: they give the encoding's size
+    // without a body.
+    let (mut probe, _) = counting("/o", config(), memory(), StatusCode::CREATED, "x");
+    call(&mut probe, "POST", "/o", Some("probe"), "{}").await;
+    let replay = call(&mut probe, "POST", "/o", Some("probe"), "{}").await;
+    let mut headers = replay.headers.clone();
+    headers.remove("idempotency-replayed");
+    let empty = StoredResponse {
+        status: StatusCode::CREATED,
+        headers,
+        body: Some(Bytes::new()),
+    };
+    let fits = dedup_core::MAX_OUTCOME_LEN - empty.encode().len();
+    let body: &'static str = Box::leak("b".repeat(fits).into_boxed_str());
+    let (mut app, calls) = counting("/o", config(), memory(), StatusCode::CREATED, body);
+    call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    let replay = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body.len(), fits, "the body is kept");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
