@@ -406,9 +406,7 @@ pub async fn open(url: &str) -> Result<Box<dyn DeadLetters>, BrokerError> {
         #[cfg(feature = "kafka")]
         "kafka" => Ok(Box::new(crate::kafka::KafkaDeadLetters::open(url)?)),
         #[cfg(feature = "pubsub")]
-        "pubsub" => Ok(Box::new(
-            crate::pubsub::PubSubDeadLetters::open(url).await?,
-        )),
+        "pubsub" => Ok(Box::new(crate::pubsub::PubSubDeadLetters::open(url).await?)),
         _ => Err(BrokerError::Config(format!(
             "no dead letters for the scheme {scheme:?}: the known ones are amqp, amqps, \
              redis, rediss, nats, kafka and pubsub, each with its broker's feature"

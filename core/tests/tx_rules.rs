@@ -262,7 +262,10 @@ async fn is_conflict_and_is_lease_lost_each_name_their_own_error() {
     let deadlock = || Run::Answer(TxAttempt::Conflict("deadlock detected".into()));
     let (engine, mut script, _store) = scripted(vec![deadlock(), deadlock()]);
     let conflict = engine.run(&key(), None, &mut script).await.unwrap_err();
-    assert!(matches!(conflict, InboxError::Conflict { .. }), "{conflict:?}");
+    assert!(
+        matches!(conflict, InboxError::Conflict { .. }),
+        "{conflict:?}"
+    );
     assert!(conflict.is_conflict(), "{conflict:?}");
     assert!(!conflict.is_lease_lost(), "{conflict:?}");
 
