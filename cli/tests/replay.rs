@@ -1,7 +1,10 @@
 //! `dedup replay` end to end: the built binary against a real consumer's dead letters
-//! (Redis Streams, `DEDUP_REDIS_URL`; Kafka, `DEDUP_KAFKA_BROKERS`) and a SQLite store. A
-//! bad deploy dead-letters messages of two failure groups; after the fix, the binary replays
-//! one key, then a group, then all, and each message runs once.
+//! (Redis Streams, `DEDUP_REDIS_URL`; Kafka, `DEDUP_KAFKA_BROKERS`; RabbitMQ,
+//! `DEDUP_AMQP_URL`; NATS, `DEDUP_NATS_URL`; Pub/Sub, `DEDUP_PUBSUB_EMULATOR_HOST`) and a
+//! SQLite store. A bad deploy dead-letters messages of two failure groups; after the fix,
+//! the binary replays one key, then a group, then all, and each message runs once.
+
+mod replay_brokers;
 
 use std::collections::HashMap;
 use std::process::{Command, Output};
@@ -11,6 +14,7 @@ use std::time::Duration;
 
 use dedup_brokers::kafka::{KafkaConsumer, KafkaPublisher};
 use dedup_brokers::redis_streams::{StreamConsumer, StreamPublisher, dead_stream};
+use dedup_brokers::replay::DeadLetters;
 use dedup_brokers::{ConsumerConfig, Delivery, Handle, Source, consume, shutdown, with_inbox};
 use dedup_core::outbox::{OutboxRow, Publisher};
 use dedup_core::{DedupStore, Inbox, InboxConfig, Key, Timestamp};
@@ -29,10 +33,11 @@ fn runs_of(runs: &Runs, id: &str) -> u32 {
     runs.lock().unwrap().get(id).copied().unwrap_or(0)
 }
 
-/// The binary's answer: exit code and JSON output.
-fn dedup(args: &[&str]) -> (i32, Value, String) {
+/// The binary's answer, run with `env` added: exit code and JSON output.
+fn dedup(args: &[&str], env: &[(&str, String)]) -> (i32, Value, String) {
     let out: Output = Command::new(env!("CARGO_BIN_EXE_dedup"))
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("run dedup");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -68,6 +73,18 @@ trait Broker {
     type Source: Source;
     /// `--dead-letters`.
     fn dead_url(&self) -> String;
+    /// The consumer name its consumer runs under and the copies name.
+    fn consumer(&self) -> String {
+        CONSUMER.to_owned()
+    }
+    /// What the binary's environment needs to open [`dead_url`](Self::dead_url).
+    fn env(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+    /// The dead letters, opened in this process.
+    async fn dead_letters(&self) -> Box<dyn DeadLetters> {
+        dedup_brokers::replay::open(&self.dead_url()).await.unwrap()
+    }
     /// A consumer of the endpoint.
     fn source(&self, config: ConsumerConfig) -> Self::Source;
     /// Publishes one message as the application does.
@@ -155,9 +172,9 @@ impl Broker for Kafka {
     }
 }
 
-/// How many copies the dead letters hold, read through `replay::open`.
-async fn dead_len(url: &str) -> usize {
-    let mut dead = dedup_brokers::replay::open(url).await.unwrap();
+/// How many copies the dead letters hold.
+async fn dead_len(broker: &impl Broker) -> usize {
+    let mut dead = broker.dead_letters().await;
     let mut n = 0;
     loop {
         let batch = dead.take(100).await.unwrap();
@@ -238,15 +255,39 @@ async fn kafka_by_key_then_group_then_all_each_run_once() {
     scenario(broker).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_by_key_then_group_then_all_each_run_once() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_AMQP_URL") else {
+        return;
+    };
+    scenario(replay_brokers::rabbitmq::Rabbit::new(url).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_by_key_then_group_then_all_each_run_once() {
+    let Some(url) = dedup_conformance::server_url("DEDUP_NATS_URL") else {
+        return;
+    };
+    scenario(replay_brokers::nats::Nats::new(url).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_by_key_then_group_then_all_each_run_once() {
+    let Some(host) = dedup_conformance::server_url("DEDUP_PUBSUB_EMULATOR_HOST") else {
+        return;
+    };
+    scenario(replay_brokers::pubsub::PubSub::new(host).await).await;
+}
+
 async fn scenario<B: Broker>(broker: B) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dedup.db");
     let store = Arc::new(SqliteStore::open(&path).await.unwrap());
     let store_url = format!("sqlite:{}", path.display());
-    let dead_url = broker.dead_url();
+    let (dead_url, consumer, env) = (broker.dead_url(), broker.consumer(), broker.env());
     let (runs, broken) = (Runs::default(), Arc::new(AtomicBool::new(true)));
     let config = ConsumerConfig {
-        consumer: Some(CONSUMER.into()),
+        consumer: Some(consumer.clone()),
         ..ConsumerConfig::default()
     };
     let (stop, signal) = shutdown();
@@ -261,21 +302,21 @@ async fn scenario<B: Broker>(broker: B) {
         broker.publish(id).await;
     }
     for _ in 0..100 {
-        if dead_len(&dead_url).await == 3 {
+        if dead_len(&broker).await == 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(dead_len(&dead_url).await, 3, "three dead letters");
-    let record = store.get(&Key::new(CONSUMER, "bad-2").unwrap()).await;
+    assert_eq!(dead_len(&broker).await, 3, "three dead letters");
+    let record = store.get(&Key::new(&consumer, "bad-2").unwrap()).await;
     let group = dedup_core::admin::failure_group(&record.unwrap().unwrap()).unwrap();
     broken.store(false, Ordering::SeqCst);
 
     let run = |more: &[&str]| {
         let mut args = vec!["--store", &store_url, "--json", "replay"];
-        args.extend(["--dead-letters", &dead_url, "--consumer", CONSUMER]);
+        args.extend(["--dead-letters", &dead_url, "--consumer", &consumer]);
         args.extend(more);
-        dedup(&args)
+        dedup(&args, &env)
     };
 
     // A dry run changes nothing.
@@ -283,7 +324,7 @@ async fn scenario<B: Broker>(broker: B) {
     assert_eq!(code, 0, "{err}");
     assert_eq!(ids(&json, "replayed"), ["bad-1", "bad-2"], "{json}");
     assert_eq!(json["dry_run"], true);
-    assert_eq!(dead_len(&dead_url).await, 3, "a dry run settles nothing");
+    assert_eq!(dead_len(&broker).await, 3, "a dry run settles nothing");
 
     // One key.
     let (code, json, err) = run(&["--id", "bad-1"]);
@@ -311,23 +352,26 @@ async fn scenario<B: Broker>(broker: B) {
     let (code, json, err) = run(&["--all"]);
     assert_eq!(code, 0, "{err}");
     assert!(ids(&json, "replayed").is_empty(), "{json}");
-    assert_eq!(dead_len(&dead_url).await, 0, "every copy settled");
+    assert_eq!(dead_len(&broker).await, 0, "every copy settled");
     tokio::time::sleep(Duration::from_millis(500)).await;
     for id in ["good-1", "bad-1", "bad-2", "bad-3"] {
         assert_eq!(runs_of(&runs, id), 1, "{id} ran once");
     }
 
     // A URL no broker opens: a usage error.
-    let (code, _, err) = dedup(&[
-        "--store",
-        &store_url,
-        "replay",
-        "--dead-letters",
-        "ftp://x",
-        "--consumer",
-        CONSUMER,
-        "--all",
-    ]);
+    let (code, _, err) = dedup(
+        &[
+            "--store",
+            &store_url,
+            "replay",
+            "--dead-letters",
+            "ftp://x",
+            "--consumer",
+            &consumer,
+            "--all",
+        ],
+        &[],
+    );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("no dead letters for the scheme"), "{err}");
 
