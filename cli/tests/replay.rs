@@ -279,6 +279,28 @@ async fn pubsub_by_key_then_group_then_all_each_run_once() {
     scenario(replay_brokers::pubsub::PubSub::new(host).await).await;
 }
 
+/// Pub/Sub on Google Cloud without credentials: a usage error that names them, not a
+/// panic in Google's token source.
+#[test]
+fn pubsub_without_credentials_is_a_usage_error() {
+    let home = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", home.path().join("dedup.db").display());
+    let (code, _, err) = dedup(&["--store", &store, "migrate"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(["--store", &store, "replay", "--consumer", CONSUMER, "--all"])
+        .args(["--dead-letters", "pubsub://p?subscription=s"])
+        .env_remove("PUBSUB_EMULATOR_HOST")
+        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+        .env_remove("CLOUDSDK_CONFIG")
+        .env("HOME", home.path())
+        .output()
+        .expect("run dedup");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("Google Cloud credentials"), "{err}");
+}
+
 async fn scenario<B: Broker>(broker: B) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dedup.db");

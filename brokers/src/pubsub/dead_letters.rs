@@ -102,6 +102,9 @@ impl PubSubDeadLetters {
             project_id: Some(project.to_owned()),
             ..ClientConfig::default()
         };
+        // Google's token source builds a reqwest client, which panics without a process
+        // default rustls provider: ring, the one compiled in, unless one is set already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let config = config
             .with_auth()
             .await
