@@ -5,6 +5,8 @@
 //! the binary replays one key, then a group, then all, and each message runs once.
 
 mod replay_brokers;
+mod replay_story;
+mod support;
 
 use std::collections::HashMap;
 use std::process::{Command, Output};
@@ -136,6 +138,30 @@ struct Kafka {
 }
 
 impl Kafka {
+    /// Fresh topics on `brokers` (the consumed one and its dead letters), named after
+    /// `prefix`, each with `partitions` partitions.
+    async fn new(brokers: String, prefix: &str, partitions: i32) -> Kafka {
+        let tag = uuid::Uuid::new_v4().simple();
+        let kafka = Kafka {
+            brokers,
+            topic: format!("{prefix}-{tag}"),
+            dead: format!("{prefix}-{tag}-dead"),
+        };
+        let new: Vec<_> = [&kafka.topic, &kafka.dead]
+            .iter()
+            .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+            .collect();
+        for made in kafka
+            .admin()
+            .create_topics(&new, &AdminOptions::new())
+            .await
+            .unwrap()
+        {
+            made.unwrap();
+        }
+        kafka
+    }
+
     fn admin(&self) -> AdminClient<DefaultClientContext> {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);
@@ -234,25 +260,7 @@ async fn kafka_by_key_then_group_then_all_each_run_once() {
     let Some(brokers) = dedup_conformance::server_url("DEDUP_KAFKA_BROKERS") else {
         return;
     };
-    let tag = uuid::Uuid::new_v4().simple();
-    let broker = Kafka {
-        brokers,
-        topic: format!("dedup-cli-replay-{tag}"),
-        dead: format!("dedup-cli-replay-{tag}-dead"),
-    };
-    let new: Vec<_> = [&broker.topic, &broker.dead]
-        .iter()
-        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
-        .collect();
-    for made in broker
-        .admin()
-        .create_topics(&new, &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        made.unwrap();
-    }
-    scenario(broker).await;
+    scenario(Kafka::new(brokers, "dedup-cli-replay", 1).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
