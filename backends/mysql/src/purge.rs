@@ -51,10 +51,11 @@ impl PurgeBatches for MySqlStore {
     type PurgeCursor = Cursor;
 
     /// On MariaDB, one statement: `DELETE ... ORDER BY claimed_at LIMIT n RETURNING`, in
-    /// its own (autocommit) transaction. On MySQL, which has no `DELETE ... RETURNING`,
-    /// one transaction: the batch's victims read and locked (`FOR UPDATE SKIP LOCKED`, at
-    /// most `step.limit`), deleted by primary key, committed. Its work time is the
-    /// statement's or the transaction's, without the wait for a pooled connection.
+    /// its own (autocommit) transaction. On MySQL, which has no `DELETE ... RETURNING`, and
+    /// on a Galera node (see `purges_with_returning`), one transaction: the batch's victims
+    /// read and locked (`FOR UPDATE SKIP LOCKED`, at most `step.limit`), deleted by primary
+    /// key, committed. Its work time is the statement's or the transaction's, without the
+    /// wait for a pooled connection.
     ///
     /// Concurrent purgers and claimers can deadlock on InnoDB's index locks; the loser's
     /// statement or transaction was rolled back whole (nothing deleted, the cursor
@@ -63,7 +64,7 @@ impl PurgeBatches for MySqlStore {
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
         let mut tries = 1;
         loop {
-            let once = match self.is_mariadb().await {
+            let once = match self.purges_with_returning().await {
                 Ok(true) => self.purge_batch_returning(step, cursor).await,
                 Ok(false) => self.purge_batch_locked(step, cursor).await,
                 Err(e) => Err(e),

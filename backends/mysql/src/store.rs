@@ -44,8 +44,8 @@ struct Inner {
     config: MySqlConfig,
     table: String,
     sql: Statements,
-    /// Whether the server is MariaDB (not MySQL), once asked.
-    mariadb: OnceLock<bool>,
+    /// Whether a purge batch is one `DELETE ... RETURNING`, once asked.
+    purge_returning: OnceLock<bool>,
     /// The outbox's tables ([`MySqlStore::outbox`]).
     outbox: OutboxTable,
 }
@@ -89,7 +89,7 @@ impl MySqlStore {
                 outbox: OutboxTable::new(&config),
                 table,
                 config,
-                mariadb: OnceLock::new(),
+                purge_returning: OnceLock::new(),
             }),
         })
     }
@@ -124,17 +124,24 @@ impl MySqlStore {
         &self.inner.sql
     }
 
-    /// Whether the server is MariaDB, which has statements MySQL lacks (`DELETE ...
-    /// RETURNING`). Asked once (`SELECT VERSION()`), then remembered.
-    pub(crate) async fn is_mariadb(&self) -> std::result::Result<bool, sqlx::Error> {
-        if let Some(&mariadb) = self.inner.mariadb.get() {
-            return Ok(mariadb);
+    /// Whether a purge batch is one `DELETE ... RETURNING`: on MariaDB (MySQL lacks it),
+    /// but not on a Galera node. There a certification conflict can come after the
+    /// returned rows, and sqlx-mysql was seen to panic decoding such an answer; a batch
+    /// is then the locked transaction MySQL runs, whose conflict comes at `COMMIT`.
+    /// Asked once (`SELECT VERSION()`, `SHOW VARIABLES LIKE 'wsrep_on'`), then remembered.
+    pub(crate) async fn purges_with_returning(&self) -> std::result::Result<bool, sqlx::Error> {
+        if let Some(&returning) = self.inner.purge_returning.get() {
+            return Ok(returning);
         }
         let version: String = sqlx::query_scalar("SELECT VERSION()")
             .fetch_one(&self.inner.pool)
             .await?;
-        let mariadb = version.to_ascii_lowercase().contains("mariadb");
-        Ok(*self.inner.mariadb.get_or_init(|| mariadb))
+        let wsrep: Option<(String, String)> = sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        let galera = wsrep.is_some_and(|(_, on)| on.eq_ignore_ascii_case("on"));
+        let returning = version.to_ascii_lowercase().contains("mariadb") && !galera;
+        Ok(*self.inner.purge_returning.get_or_init(|| returning))
     }
 
     /// The injected clock's time, bound for "now" (NULL: the server's clock).
