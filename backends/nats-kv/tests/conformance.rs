@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dedup_conformance::{StoreFactory, TestContext};
 use dedup_core::Clock;
@@ -34,9 +34,11 @@ impl StoreFactory for Factory {
     async fn open(&self, ctx: &TestContext) -> NatsKvStore {
         let servers = common::cluster().expect("DEDUP_NATS_CLUSTER_URLS");
         let clock = Some(ctx.clock.clone() as Arc<dyn Clock>);
-        NatsKvStore::connect(&servers, config(&ctx.namespace, clock))
+        let store = NatsKvStore::connect(&servers, config(&ctx.namespace, clock))
             .await
-            .expect("open a store on the NATS cluster")
+            .expect("open a store on the NATS cluster");
+        answering(&store).await;
+        store
     }
 
     async fn open_named(
@@ -51,6 +53,22 @@ impl StoreFactory for Factory {
 
     fn available(&self) -> bool {
         common::cluster().is_some()
+    }
+}
+
+/// Waits until `store` answers a read. On a fresh cluster the first clauses start while the
+/// test bucket is being created, before its stream has a leader, and a read then times out
+/// (seen in the test command's first runs; the crate README states the limit).
+async fn answering(store: &NatsKvStore) {
+    use dedup_core::DedupStore;
+    let key = dedup_core::Key::new("warm-up", "first-read").expect("a valid key");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while let Err(e) = store.get(&key).await {
+        assert!(
+            Instant::now() < deadline,
+            "the test bucket never answered a read: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
