@@ -253,12 +253,12 @@ async fn replay_one(
     letter: &DeadLetter,
     report: &mut ReplayReport,
 ) -> Result<(), Step> {
-    let Some(id) = letter
-        .message_id
-        .as_deref()
-        .filter(|_| letter.consumer() == Some(consumer))
-    else {
-        if letter.consumer() == Some(consumer) && matches!(pick, Pick::All) {
+    if letter.consumer() != Some(consumer) {
+        report.not_picked += 1;
+        return Ok(());
+    }
+    let Some(id) = letter.message_id.as_deref() else {
+        if matches!(pick, Pick::All) {
             let why = "it has no message id: it was refused, not handled".to_owned();
             report.left.push((letter.place.clone(), why));
         } else {
