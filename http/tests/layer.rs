@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::{Request, Response, StatusCode, header};
 use axum::routing::post;
 use bytes::Bytes;
-use dedup_core::{DedupStore, Key, MemoryStore};
+use dedup_core::{Admin, DedupStore, Key, MemoryStore, Released};
 use dedup_http::{IdempotencyConfig, IdempotencyLayer, InnerBody, ReleasePolicy, StoredResponse};
 use http_body_util::{BodyExt, Full};
 use tower_layer::Layer;
@@ -389,4 +389,88 @@ async fn a_response_whose_encoding_is_exactly_the_largest_outcome_keeps_its_body
     };
     assert_eq!(kept.encode().len(), dedup_core::MAX_OUTCOME_LEN);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A router whose handler has its own lease revoked (as `dedup release --force` does) on
+/// its first run, then answers `201` at once, or after `pause` when given. Later runs
+/// answer `201` at once.
+fn revoked_on_first_run(
+    store: Arc<MemoryStore>,
+    config: IdempotencyConfig,
+    pause: Option<std::time::Duration>,
+) -> (Router, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let admin = Arc::clone(&store);
+    let handler = move || {
+        let (counter, admin) = (Arc::clone(&counter), Arc::clone(&admin));
+        async move {
+            if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                let key = Key::new("http:POST /o", "k").unwrap();
+                let released = admin.release_key(&key, true).await.unwrap();
+                assert!(
+                    matches!(released, Released::Released { .. }),
+                    "{released:?}"
+                );
+                if let Some(pause) = pause {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            (StatusCode::CREATED, "made")
+        }
+    };
+    let router = Router::new()
+        .route("/o", post(handler))
+        .layer(IdempotencyLayer::with_config(store, config));
+    (router, calls)
+}
+
+#[tokio::test]
+async fn a_commit_refused_after_the_handler_answered_gives_the_caller_that_answer() {
+    let store = Arc::new(MemoryStore::new());
+    let (mut app, calls) = revoked_on_first_run(store, IdempotencyConfig::default(), None);
+    let first = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    assert_eq!(
+        (first.status, &first.body[..], first.replayed()),
+        (StatusCode::CREATED, &b"made"[..], false),
+        "the commit found the lease revoked; the response was produced all the same"
+    );
+    let retry = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "nothing was stored: it ran again"
+    );
+    let replay = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_lease_lost_before_the_handler_answered_is_503_with_retry_after() {
+    let mut config = IdempotencyConfig::default();
+    config.lease.renew_every = Some(std::time::Duration::from_millis(10));
+    let store = Arc::new(MemoryStore::new());
+    let pause = Some(std::time::Duration::from_secs(30));
+    let (mut app, calls) = revoked_on_first_run(store, config, pause);
+    let started = std::time::Instant::now();
+    let first = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "the renewal saw the lease lost and dropped the handler"
+    );
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(first.headers.contains_key(header::RETRY_AFTER));
+    let doc: serde_json::Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(doc["type"], "urn:dedup-http:idempotency-store-unavailable");
+    let retry = call(&mut app, "POST", "/o", Some("k"), "{}").await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
