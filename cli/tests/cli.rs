@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use dedup_conformance::server_url;
 use dedup_core::{Claim, ClaimOptions, Clock, DedupStore, Key, Lease, ManualClock, SystemClock};
 use dedup_mysql::{MySqlConfig, MySqlStore, SqlSettings};
+use dedup_nats_kv::{NatsKvConfig, NatsKvStore};
 use dedup_postgres::{PostgresConfig, PostgresStore};
 use dedup_redis::{RedisConfig, RedisStore};
 use dedup_sqlite::{SqliteConfig, SqliteStore};
@@ -25,6 +26,7 @@ enum Backend {
     MySql,
     Redis,
     RedisCluster,
+    NatsKv,
 }
 
 /// A store the scenario drives: its URL and name for the binary, and library handles.
@@ -38,6 +40,9 @@ struct Target {
     name: String,
     _dir: Option<tempfile::TempDir>,
 }
+
+/// The NATS KV bucket the tests share (R3 on the cluster); each test has its own prefix.
+const NATS_KV_BUCKET: &str = "dedup_tests";
 
 /// A table / prefix name no other test run uses.
 fn unique(prefix: &str) -> String {
@@ -116,6 +121,24 @@ impl Target {
         })
     }
 
+    /// A prefix of the R3 bucket `dedup_tests` on the NATS cluster, the bucket the NATS KV
+    /// tests share.
+    fn nats_kv() -> Option<Self> {
+        let urls = server_url("DEDUP_NATS_CLUSTER_URLS")?;
+        let name = unique("cli");
+        let store = format!(
+            "{}&replicas=3",
+            dedup_nats_kv::store_url(&urls, NATS_KV_BUCKET)
+        );
+        Some(Target {
+            backend: Backend::NatsKv,
+            args: vec!["--store".into(), store, "--prefix".into(), name.clone()],
+            url: urls,
+            name,
+            _dir: None,
+        })
+    }
+
     /// A library store on the same records, on `clock` (`None`: the store's own).
     async fn library(&self, clock: Option<Arc<dyn Clock>>) -> Arc<dyn DedupStore> {
         match self.backend {
@@ -174,6 +197,28 @@ impl Target {
                         RedisStore::connect_cluster(&urls, config).await
                     }
                     .expect("connect redis"),
+                )
+            }
+            Backend::NatsKv => {
+                let servers: Vec<String> = self
+                    .url
+                    .split(',')
+                    .map(|u| u.trim().to_owned())
+                    .filter(|u| !u.is_empty())
+                    .collect();
+                let config = NatsKvConfig {
+                    bucket: NATS_KV_BUCKET.into(),
+                    prefix: self.name.clone(),
+                    replicas: Some(3),
+                    // Far longer than the scenario's clock moves: its records stay.
+                    retention: Duration::from_secs(30 * 24 * 3600),
+                    clock,
+                    ..NatsKvConfig::default()
+                };
+                Arc::new(
+                    NatsKvStore::connect(&servers, config)
+                        .await
+                        .expect("connect nats-kv"),
                 )
             }
         }
@@ -309,7 +354,10 @@ async fn scenario(t: Target) {
     assert_eq!(stats["most_retried"][0]["attempt"], 2, "{stats}");
     assert_eq!(
         stats["size_bytes"].is_u64(),
-        matches!(t.backend, Backend::Sqlite | Backend::Postgres),
+        matches!(
+            t.backend,
+            Backend::Sqlite | Backend::Postgres | Backend::MySql
+        ),
         "size known for SQL stores only: {stats}"
     );
     let human = String::from_utf8_lossy(&t.expect(0, &["stats"]).stdout).into_owned();
@@ -337,7 +385,7 @@ async fn scenario(t: Target) {
     // The first claim's time, two days back, where the backend keeps it.
     let old2 = t.json(&["inspect", "billing", "old-2"]);
     let first_ms = old2["first_claimed_at"]["ms"].as_i64();
-    if matches!(t.backend, Backend::Sqlite | Backend::Postgres) {
+    if !matches!(t.backend, Backend::Redis | Backend::RedisCluster) {
         let day_ago = SystemClock.now().as_millis() - 86_400_000;
         assert!(first_ms.is_some_and(|ms| ms < day_ago), "{old2}");
         assert!(human.contains("first claimed:"), "{human}");
@@ -693,10 +741,26 @@ async fn cli_on_postgres() {
 }
 
 #[tokio::test]
+async fn cli_on_mysql() {
+    match Target::mysql() {
+        Some(t) => scenario(t).await,
+        None => eprintln!("SKIPPED cli_on_mysql: DEDUP_MYSQL_URL is not set"),
+    }
+}
+
+#[tokio::test]
 async fn cli_on_redis() {
     match Target::redis(Backend::Redis) {
         Some(t) => scenario(t).await,
         None => eprintln!("SKIPPED cli_on_redis: DEDUP_REDIS_URL is not set"),
+    }
+}
+
+#[tokio::test]
+async fn cli_on_nats_kv() {
+    match Target::nats_kv() {
+        Some(t) => scenario(t).await,
+        None => eprintln!("SKIPPED cli_on_nats_kv: DEDUP_NATS_CLUSTER_URLS is not set"),
     }
 }
 
@@ -1095,13 +1159,21 @@ async fn cli_outbox_on_mysql() {
 /// A store without an outbox is a usage error naming the SQL stores, before any
 /// connection (nothing listens on port 1).
 #[test]
-fn the_outbox_of_a_redis_store_is_refused() {
-    let output = Command::new(env!("CARGO_BIN_EXE_dedup"))
-        .args(["outbox", "stats", "--store", "redis://127.0.0.1:1/0"])
-        .env_remove("DEDUP_STORE_URL")
-        .output()
-        .expect("run dedup");
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("the outbox needs a SQL store"), "{stderr}");
+fn the_outbox_of_a_redis_or_nats_kv_store_is_refused() {
+    for store in [
+        "redis://127.0.0.1:1/0",
+        "nats-kv://127.0.0.1:1/?bucket=dedup_tests",
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_dedup"))
+            .args(["outbox", "stats", "--store", store])
+            .env_remove("DEDUP_STORE_URL")
+            .output()
+            .expect("run dedup");
+        assert_eq!(output.status.code(), Some(2), "{store}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("the outbox needs a SQL store"),
+            "{store}: {stderr}"
+        );
+    }
 }

@@ -41,6 +41,11 @@ pub use dedup_postgres as postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use dedup_mysql as mysql;
 
+/// The NATS JetStream key-value backend (`dedup-nats-kv`), with the `nats-kv` feature.
+#[cfg(feature = "nats-kv")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats-kv")))]
+pub use dedup_nats_kv as nats_kv;
+
 /// The Redis backend (`dedup-redis`), with the `redis` feature.
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

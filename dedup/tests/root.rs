@@ -43,6 +43,7 @@ const ROOT: &[&str] = &[
     "inbox",
     "layers",
     "mysql",
+    "nats_kv",
     "outbox",
     "postgres",
     "purge",
