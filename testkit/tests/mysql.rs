@@ -39,8 +39,9 @@ async fn invoices_table(pool: &MySqlPool, table: &str) -> Result<(), BoxError> {
 fn run(
     with_key: bool,
     cases: u32,
+    url_var: &str,
 ) -> Option<Result<dedup_testkit::Report, Box<dedup_testkit::Failure>>> {
-    let url = dedup_conformance::server_url("DEDUP_MYSQL_URL")?;
+    let url = dedup_conformance::server_url(url_var)?;
     let table = invoices(with_key);
     let pool: Arc<std::sync::OnceLock<MySqlPool>> = Arc::default();
     let query_pool = Arc::clone(&pool);
@@ -98,12 +99,32 @@ fn run(
 
 #[test]
 fn billing_in_transactional_mode_passes_on_mysql() {
-    sql_billing::passes(run(true, 256), "DEDUP_MYSQL_URL", "MySQL / MariaDB");
+    sql_billing::passes(
+        run(true, 256, "DEDUP_MYSQL_URL"),
+        "DEDUP_MYSQL_URL",
+        "MySQL / MariaDB",
+    );
+}
+
+/// The same kit run on a node of the Galera cluster: the kit's tables and the store's
+/// are created there and replicated to the others.
+#[test]
+fn billing_in_transactional_mode_passes_on_galera() {
+    sql_billing::passes(
+        run(true, 64, "DEDUP_GALERA_URL"),
+        "DEDUP_GALERA_URL",
+        "MariaDB Galera",
+    );
+}
+
+#[test]
+fn a_charge_outside_the_transaction_is_caught_on_galera() {
+    sql_billing::repeated_charge_is_caught(run(false, 64, "DEDUP_GALERA_URL"), "DEDUP_GALERA_URL");
 }
 
 #[test]
 fn a_charge_outside_the_transaction_is_caught_on_mysql() {
-    sql_billing::repeated_charge_is_caught(run(false, 256), "DEDUP_MYSQL_URL");
+    sql_billing::repeated_charge_is_caught(run(false, 256, "DEDUP_MYSQL_URL"), "DEDUP_MYSQL_URL");
 }
 
 /// How many rows of `kind` each message has in `table`, once the setup has set `pool`.
