@@ -168,3 +168,15 @@ impl ReleasePolicy {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scope_names_its_kind_in_debug() {
+        let custom = Scope::Custom(Arc::new(|_| "x".to_string()));
+        let shown = [Scope::MethodAndRoute, Scope::Service, custom].map(|s| format!("{s:?}"));
+        assert_eq!(shown, ["MethodAndRoute", "Service", "Custom(..)"]);
+    }
+}

@@ -198,4 +198,33 @@ mod tests {
         let k = request_key(&config, &long, "k1".into()).unwrap();
         assert!(k.consumer().starts_with("http:sha256:"), "{k:?}");
     }
+
+    #[test]
+    fn a_consumer_of_the_longest_allowed_length_is_kept_as_it_is() {
+        let config = IdempotencyConfig::default();
+        // `http:POST /` is 11 bytes; the path fills the rest.
+        let path = format!("/{}", "x".repeat(Key::MAX_CONSUMER_LEN - 11));
+        let k = request_key(&config, &parts(Method::POST, &path, None), "k1".into()).unwrap();
+        assert_eq!(k.consumer(), format!("http:POST {path}"));
+        assert_eq!(k.consumer().len(), Key::MAX_CONSUMER_LEN);
+        let longer = format!("{path}x");
+        let k = request_key(&config, &parts(Method::POST, &longer, None), "k1".into()).unwrap();
+        assert!(k.consumer().starts_with("http:sha256:"), "{k:?}");
+    }
+
+    #[test]
+    fn an_ignored_pointer_removes_an_array_item_in_range_only() {
+        let c = FingerprintConfig {
+            ignore_json: vec!["/items/1".into()],
+            ..FingerprintConfig::default()
+        };
+        let p = parts(Method::POST, "/orders", None);
+        let both = fp(&c, &p, r#"{"items":["tea","cake"]}"#);
+        assert_eq!(both, fp(&c, &p, r#"{"items":["tea","scone"]}"#));
+        assert_ne!(both, fp(&c, &p, r#"{"items":["coffee","cake"]}"#));
+        // Index 1 is past the end of a one-item array: nothing is removed.
+        let one = fp(&c, &p, r#"{"items":["tea"]}"#);
+        assert_ne!(one, fp(&c, &p, r#"{"items":["coffee"]}"#));
+        assert_eq!(one, fp(&c, &p, r#"{ "items": ["tea"] }"#));
+    }
 }

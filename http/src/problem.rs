@@ -107,3 +107,29 @@ impl Problem {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_document_has_its_type_title_status_and_detail() {
+        let response =
+            Problem::KeyReused.response("urn:x:", StatusCode::UNPROCESSABLE_ENTITY, "why");
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(
+            doc,
+            serde_json::json!({
+                "type": "urn:x:idempotency-key-reused",
+                "title": "Idempotency-Key reused with another payload",
+                "status": 422,
+                "detail": "why",
+            })
+        );
+    }
+}

@@ -198,4 +198,24 @@ mod tests {
         long.push(0);
         assert!(StoredResponse::decode(&long).is_err());
     }
+
+    #[test]
+    fn a_body_flagged_absent_must_be_empty() {
+        let mut flagged = sample(Some(b"body")).encode();
+        flagged[4] = BODY_OMITTED;
+        assert_eq!(
+            StoredResponse::decode(&flagged),
+            Err(DecodeError::Malformed("flags"))
+        );
+    }
+
+    #[test]
+    fn a_header_value_too_long_for_its_length_field_is_left_out() {
+        let mut r = sample(Some(b"body"));
+        let long = HeaderValue::from_bytes(&vec![b'v'; 0x10000]).unwrap();
+        r.headers.insert("x-long", long);
+        let decoded = StoredResponse::decode(&r.encode()).unwrap();
+        r.headers.remove("x-long");
+        assert_eq!(decoded, r);
+    }
 }
