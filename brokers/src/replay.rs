@@ -17,6 +17,9 @@
 //! admits one of them. A replay run twice, or raced with a redelivery, thus runs the
 //! handler once. A crash between the steps leaves the copy among the dead letters, and the
 //! next replay finishes the job.
+//!
+//! [`plan`] is the dry run: it reads the same copies and decides each the same way, but
+//! forgets, republishes and settles nothing.
 
 use std::collections::BTreeSet;
 
@@ -156,7 +159,8 @@ impl Pick {
 /// What a replay did with each copy it read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplayReport {
-    /// Copies republished, confirmed and settled: their keys run again.
+    /// Copies republished, confirmed and settled: their keys run again. From [`plan`]: the
+    /// copies a replay would republish.
     pub replayed: Vec<String>,
     /// Copies of keys processed since they were dead-lettered: settled, not republished.
     pub already_processed: Vec<String>,
@@ -200,8 +204,48 @@ pub async fn replay(
     pick: &Pick,
     max_read: usize,
 ) -> Result<ReplayReport, ReplayError> {
+    run(dead, admin, consumer, pick, max_read, Mode::Replay).await
+}
+
+/// What [`replay`] would do with the same copies, done to none of them: the report's
+/// `replayed` are the copies it would republish. Every copy read is given back.
+///
+/// The decision per copy is [`replay`]'s own: a copy is left or skipped for the same
+/// reasons. A delivery or another replay may still change a key between the plan and the
+/// replay.
+///
+/// # Errors
+///
+/// [`ReplayError`] when reading the dead letters or the store fails.
+pub async fn plan(
+    dead: &mut dyn DeadLetters,
+    admin: &dyn Admin,
+    consumer: &str,
+    pick: &Pick,
+    max_read: usize,
+) -> Result<ReplayReport, ReplayError> {
+    run(dead, admin, consumer, pick, max_read, Mode::Plan).await
+}
+
+/// Whether a run acts on what it decides.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Forget, republish and settle.
+    Replay,
+    /// Decide only.
+    Plan,
+}
+
+async fn run(
+    dead: &mut dyn DeadLetters,
+    admin: &dyn Admin,
+    consumer: &str,
+    pick: &Pick,
+    max_read: usize,
+    mode: Mode,
+) -> Result<ReplayReport, ReplayError> {
     let mut report = ReplayReport::default();
-    let result = replay_each(dead, admin, consumer, pick, max_read, &mut report).await;
+    let result = replay_each(dead, admin, consumer, pick, max_read, mode, &mut report).await;
     let given_back = dead.give_back().await;
     match (result, given_back) {
         (Err((step, source)), _) => Err(ReplayError {
@@ -226,6 +270,7 @@ async fn replay_each(
     consumer: &str,
     pick: &Pick,
     max_read: usize,
+    mode: Mode,
     report: &mut ReplayReport,
 ) -> Result<(), Step> {
     let mut read = 0;
@@ -239,7 +284,7 @@ async fn replay_each(
         }
         read += batch.len();
         for letter in batch {
-            replay_one(dead, admin, consumer, pick, &letter, report).await?;
+            replay_one(dead, admin, consumer, pick, &letter, mode, report).await?;
         }
     }
     Ok(())
@@ -251,6 +296,7 @@ async fn replay_one(
     consumer: &str,
     pick: &Pick,
     letter: &DeadLetter,
+    mode: Mode,
     report: &mut ReplayReport,
 ) -> Result<(), Step> {
     if letter.consumer() != Some(consumer) {
@@ -281,7 +327,9 @@ async fn replay_one(
         .map_err(|e| (format!("reading {key}"), e.into()))?;
     match record.map(|r| Status::of(&r, now)) {
         Some(Status::Completed) => {
-            settle(dead, letter, &key).await?;
+            if mode == Mode::Replay {
+                settle(dead, letter, &key).await?;
+            }
             report.already_processed.push(id.to_owned());
             return Ok(());
         }
@@ -290,7 +338,7 @@ async fn replay_one(
             report.left.push((id.to_owned(), why));
             return Ok(());
         }
-        Some(Status::Failed | Status::DeadLettered) => {
+        Some(Status::Failed | Status::DeadLettered) if mode == Mode::Replay => {
             match admin
                 .forget(&key, false)
                 .await
@@ -304,7 +352,11 @@ async fn replay_one(
                 }
             }
         }
-        None => {}
+        Some(Status::Failed | Status::DeadLettered) | None => {}
+    }
+    if mode == Mode::Plan {
+        report.replayed.push(id.to_owned());
+        return Ok(());
     }
     dead.republish(letter)
         .await

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedup_brokers::replay::{DeadLetters, Pick, ReplayReport, replay};
+use dedup_brokers::replay::{DeadLetters, Pick, ReplayReport, plan, replay};
 use dedup_brokers::{ConsumerConfig, ConsumerStats, ShutdownTrigger, Source, consume, shutdown};
 use dedup_core::{Admin, DedupStore, Key, MemoryStore, Status};
 use futures::FutureExt;
@@ -133,6 +133,15 @@ impl<B: ReplayBroker> World<B> {
             .unwrap_or_else(|e| panic!("replay of {pick:?}: {e:?}"))
     }
 
+    /// The dry run of `pick` in a new session.
+    pub async fn plan(&self, pick: &Pick) -> ReplayReport {
+        let mut dead = self.fx.dead_letters().await;
+        let consumer = self.fx.consumer();
+        plan(&mut dead, &*self.store, &consumer, pick, 1000)
+            .await
+            .unwrap_or_else(|e| panic!("plan of {pick:?}: {e:?}"))
+    }
+
     /// Waits until each of `ids` ran, then a while for extra runs; returns the good runs.
     pub async fn runs_after(&self, ids: &[String]) -> BTreeMap<String, u32> {
         wait_until("the replayed messages ran", || {
@@ -175,7 +184,13 @@ pub async fn replay_by_key_then_set_then_all_runs_each_once<B: ReplayBroker>(fx:
     let w = World::start(fx).await;
     w.dead_letter(&strings(&all)).await;
 
+    // The dry run decides as the replay does, and changes nothing.
+    let planned = w.plan(&pick(&["bad-0"])).await;
+    let every: BTreeSet<String> = strings(&all).into_iter().collect();
+    assert_eq!(w.dead_ids().await, every, "a dry run settles nothing");
+    assert_eq!(w.status("bad-0").await, Some(Status::DeadLettered));
     let report = w.replay(&pick(&["bad-0"])).await;
+    assert_eq!(planned, report, "the dry run foretold the replay");
     assert_eq!(report.replayed, ["bad-0"], "{report:?}");
     assert_eq!(report.not_picked, 4, "{report:?}");
     assert_eq!(

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use dedup_brokers::BrokerError;
-use dedup_brokers::replay::{self, DeadLetters, Pick, ReplayReport};
+use dedup_brokers::replay::{self, Pick, ReplayReport};
 use dedup_core::backend::url::redact;
 use dedup_core::{Admin, ListFilter, Status};
 use serde_json::json;
@@ -53,16 +53,21 @@ pub(super) async fn run(args: &StoreArgs, as_json: bool, a: ReplayArgs) -> Resul
         .await
         .map_err(|e| broker_failure(&a.dead_letters, e))?;
     let place = dead.describe();
-    let (report, dry) = if a.dry_run {
-        (plan(&mut *dead, &*store, &a, &pick).await?, true)
+    let dry = a.dry_run;
+    let report = if dry {
+        let done = replay::plan(&mut *dead, &*store, &a.consumer, &pick, a.max_read).await;
+        done.map_err(|e| {
+            Failure::new(format!("the dry run of {}'s replay stopped", a.consumer))
+                .cause(e)
+                .hint("nothing was replayed; run it again")
+        })?
     } else {
         let done = replay::replay(&mut *dead, &*store, &a.consumer, &pick, a.max_read).await;
-        let report = done.map_err(|e| {
+        done.map_err(|e| {
             Failure::new(format!("the replay of {} stopped", a.consumer))
                 .cause(e)
                 .hint("run it again: what was replayed is settled, the rest is still there")
-        })?;
-        (report, false)
+        })?
     };
     let missing = missing(&pick, &report);
     let json = json!({
@@ -142,54 +147,6 @@ async fn group_ids(
         }
     }
     Ok(ids)
-}
-
-/// What a replay would do, changing nothing: each picked copy read, its key looked up,
-/// the copies given back.
-async fn plan(
-    dead: &mut dyn DeadLetters,
-    store: &dyn Admin,
-    a: &ReplayArgs,
-    pick: &Pick,
-) -> Result<ReplayReport, Failure> {
-    let mut report = ReplayReport::default();
-    let now = super::now(store).await?;
-    let mut read = 0;
-    while read < a.max_read {
-        let batch = dead
-            .take(replay::REPLAY_BATCH.min(a.max_read - read))
-            .await
-            .map_err(|e| broker_failure(&a.dead_letters, e))?;
-        if batch.is_empty() {
-            break;
-        }
-        read += batch.len();
-        for letter in batch {
-            let id = match letter.message_id.as_deref() {
-                Some(id) if letter.consumer() == Some(a.consumer.as_str()) && pick.picks(id) => id,
-                _ => {
-                    report.not_picked += 1;
-                    continue;
-                }
-            };
-            let record = store
-                .get(&key(&a.consumer, id)?)
-                .await
-                .map_err(|e| Failure::store(format!("cannot read the key {id}"), e))?;
-            match record.map(|r| Status::of(&r, now)) {
-                Some(Status::Completed) => report.already_processed.push(id.to_owned()),
-                Some(Status::InFlight | Status::Expired) => {
-                    let why = "its key is in flight: a delivery is running it".to_owned();
-                    report.left.push((id.to_owned(), why));
-                }
-                _ => report.replayed.push(id.to_owned()),
-            }
-        }
-    }
-    dead.give_back()
-        .await
-        .map_err(|e| broker_failure(&a.dead_letters, e))?;
-    Ok(report)
 }
 
 /// The picked ids the replay did not come across among the dead letters.
