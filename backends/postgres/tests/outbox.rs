@@ -205,6 +205,67 @@ async fn an_unmigrated_outbox_is_refused_until_migrate() {
     assert_eq!(again.outbox().stats().await.unwrap().pending, 0);
 }
 
+/// Drop `store`'s outbox table and forget its version, as if it had never been migrated.
+async fn drop_outbox(store: &PostgresStore) {
+    let outbox = store.config().outbox_table_name();
+    let mut conn = store.pool().acquire().await.unwrap();
+    let drop = format!("DROP TABLE \"{}\".\"{outbox}\"", common::SCHEMA);
+    sqlx::query(AssertSqlSafe(drop))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let forget = format!(
+        "DELETE FROM \"{}\".dedup_schema_versions WHERE table_name = $1",
+        common::SCHEMA
+    );
+    sqlx::query(AssertSqlSafe(forget))
+        .bind(&outbox)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
+/// The outbox names its table and its backend. A store checks its outbox table once, at
+/// its first use, and not at all after it migrated: a table dropped later is then the
+/// server's error (`42P01`, undefined table), not `SchemaNotMigrated`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_table_is_checked_once_and_never_after_a_migrate() {
+    let url = url_or_skip!();
+    let store = common::store(&url, "outbox_checked_once", None).await;
+    let config = store.config().clone();
+    let quoted = format!("\"{}\".\"{}\"", common::SCHEMA, config.outbox_table_name());
+    assert_eq!(store.outbox().table(), quoted);
+    assert_eq!(store.outbox().backend(), "postgres");
+    let shown = format!("{:?}", store.outbox());
+    assert!(
+        shown.starts_with(&format!("SqlOutbox {{ table: {quoted:?}, dialect: ")),
+        "{shown}"
+    );
+
+    let unmigrated = PostgresStore::connect_with(
+        &url,
+        PostgresConfig {
+            sql: SqlSettings {
+                migrate: false,
+                ..config.sql.clone()
+            },
+            ..config
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(unmigrated.outbox().stats().await.unwrap().pending, 0);
+    drop_outbox(&store).await;
+    for (who, store) in [("checked", &unmigrated), ("migrated", &store)] {
+        let err = store.outbox().stats().await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Backend { .. }) && format!("{err:?}").contains("42P01"),
+            "{who}: {err:?}"
+        );
+    }
+    store.migrate().await.unwrap();
+}
+
 /// A `TxInbox` handler running with a delivery's trace in scope (as the broker consumers
 /// run it) writes messages that follow it: stored and published with the incoming message
 /// id as causation id, its correlation id and its trace id in a `traceparent` of their own.

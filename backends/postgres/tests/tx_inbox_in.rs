@@ -30,7 +30,10 @@ async fn the_inbox_answers_its_configuration_claims_and_transactions() {
     assert_eq!(inbox.clone().with_config(config.clone()).config(), &config);
 
     let shown = format!("{inbox:?}");
-    assert!(shown.starts_with("TxInbox { store: PostgresStore"), "{shown}");
+    assert!(
+        shown.starts_with("TxInbox { store: PostgresStore"),
+        "{shown}"
+    );
     let end = r#"durable_claims: false, begin: "the store's pool" }"#;
     assert!(shown.ends_with(end), "{shown}");
     let yours = format!("{:?}", inbox.with_begin(store.pool().clone()));
