@@ -732,44 +732,42 @@ async fn cli_on_sqlite() {
     scenario(Target::sqlite()).await;
 }
 
+/// The scenario on a server's target; `None` (the server's variable unset) is a skip, as
+/// `server_url` allows it.
+async fn scenario_on(target: Option<Target>, variable: &str) {
+    match target {
+        Some(t) => scenario(t).await,
+        None => eprintln!("SKIPPED: {variable} is not set"),
+    }
+}
+
 #[tokio::test]
 async fn cli_on_postgres() {
-    match Target::postgres() {
-        Some(t) => scenario(t).await,
-        None => eprintln!("SKIPPED cli_on_postgres: DEDUP_POSTGRES_URL is not set"),
-    }
+    scenario_on(Target::postgres(), "DEDUP_POSTGRES_URL").await;
 }
 
 #[tokio::test]
 async fn cli_on_mysql() {
-    match Target::mysql() {
-        Some(t) => scenario(t).await,
-        None => eprintln!("SKIPPED cli_on_mysql: DEDUP_MYSQL_URL is not set"),
-    }
+    scenario_on(Target::mysql(), "DEDUP_MYSQL_URL").await;
 }
 
 #[tokio::test]
 async fn cli_on_redis() {
-    match Target::redis(Backend::Redis) {
-        Some(t) => scenario(t).await,
-        None => eprintln!("SKIPPED cli_on_redis: DEDUP_REDIS_URL is not set"),
-    }
-}
-
-#[tokio::test]
-async fn cli_on_nats_kv() {
-    match Target::nats_kv() {
-        Some(t) => scenario(t).await,
-        None => eprintln!("SKIPPED cli_on_nats_kv: DEDUP_NATS_CLUSTER_URLS is not set"),
-    }
+    scenario_on(Target::redis(Backend::Redis), "DEDUP_REDIS_URL").await;
 }
 
 #[tokio::test]
 async fn cli_on_redis_cluster() {
-    match Target::redis(Backend::RedisCluster) {
-        Some(t) => scenario(t).await,
-        None => eprintln!("SKIPPED cli_on_redis_cluster: DEDUP_REDIS_CLUSTER_URLS is not set"),
-    }
+    scenario_on(
+        Target::redis(Backend::RedisCluster),
+        "DEDUP_REDIS_CLUSTER_URLS",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cli_on_nats_kv() {
+    scenario_on(Target::nats_kv(), "DEDUP_NATS_CLUSTER_URLS").await;
 }
 
 /// The binary is built with TLS: `dedup stats` reaches the TLS-only PostgreSQL, verifying
