@@ -11,7 +11,8 @@
 //! committed. A caller whose request another round took simply waits for its answer.
 //!
 //! - A lone caller finds a free permit and runs its request at once, alone, on the single
-//!   statement: no wait, no extra work.
+//!   statement: no wait, no extra work. It does not even queue it
+//!   ([`Grouper::alone`]): nothing queued and a permit free, it holds the permit and runs.
 //! - A group runs in a task of its own, so a caller that stops waiting (its future
 //!   dropped) never stops the others' statement; a request whose caller stopped waiting
 //!   before its round started is left out.
@@ -114,6 +115,18 @@ where
         }
     }
 
+    /// A round for one request alone, taken at once: when nothing is queued and a round is
+    /// free, the caller runs its request itself while it holds the returned permit, as a
+    /// lone [`submit`](Self::submit) would, without queueing it (no channel, no group to
+    /// build). `None`: others wait or every round runs; [`submit`](Self::submit) then.
+    pub(crate) fn alone(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let queue = self.queue();
+        if !queue.waiting.is_empty() {
+            return None;
+        }
+        self.rounds.try_acquire().ok()
+    }
+
     fn push(&self, req: Req, reply: oneshot::Sender<Result<Out>>) -> u64 {
         let mut queue = self.queue();
         let id = queue.next_id;
@@ -170,6 +183,22 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A caller runs alone, unqueued, only when nothing is queued and a round is free; it
+    /// holds that round while it runs.
+    #[tokio::test]
+    async fn a_caller_runs_alone_only_when_nobody_waits_and_a_round_is_free() {
+        let grouper = Grouper::<u32, u32>::new(2, 100);
+        let first = grouper.alone().expect("nothing queued, two rounds free");
+        let second = grouper.alone().expect("one round still free");
+        assert!(grouper.alone().is_none(), "every round runs");
+        drop((first, second));
+        let (reply, _answer) = oneshot::channel();
+        grouper.push(7, reply);
+        assert!(grouper.alone().is_none(), "a request waits: it goes first");
+        assert_eq!(grouper.take(0).map(|g| g.len()), Some(1));
+        assert!(grouper.alone().is_some(), "the queue is empty again");
+    }
 
     /// Requests queued while a round runs go together in the next round, each with its own
     /// answer; a caller that stops waiting is left out of the next round and does not stop

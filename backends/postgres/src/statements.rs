@@ -147,6 +147,12 @@ pub(crate) const LAZY_COMMIT: &str = "set_config('synchronous_commit', 'off', tr
 pub(crate) struct Statements {
     /// Lease-mode claim of one key.
     pub(crate) claim: SqlStr,
+    /// Lease-mode claim of one key that has no record: a plain insert, returning only the
+    /// new lease's expiry; nothing when the key has a record (see
+    /// [`Statements::new`]).
+    pub(crate) claim_fresh: SqlStr,
+    /// [`claim_fresh`](Self::claim_fresh) committed asynchronously (see [`LAZY_COMMIT`]).
+    pub(crate) claim_fresh_lazy: SqlStr,
     /// Lease-mode claim of many distinct keys (parallel arrays).
     pub(crate) claim_many: SqlStr,
     /// [`claim`](Self::claim) committed asynchronously (see [`LAZY_COMMIT`]).
@@ -157,6 +163,9 @@ pub(crate) struct Statements {
     pub(crate) claim_in_tx: SqlStr,
     /// Commit of one lease.
     pub(crate) commit: SqlStr,
+    /// Commit of one lease still held by its token, returning nothing: the count of rows
+    /// it changed says whether it was.
+    pub(crate) commit_held: SqlStr,
     /// Commit of many leases on distinct keys (parallel arrays).
     pub(crate) commit_many: SqlStr,
     /// Renew a lease.
@@ -222,6 +231,17 @@ impl Statements {
             wrote("r.claimed_at", &r_cols)
         );
 
+        // The common case, a key without a record, as cheap as a claim can be: the insert
+        // of a fresh lease that does nothing on a conflict, returning one number. No
+        // takeover to plan and evaluate, no record to send back and decode. A key with a
+        // record returns no row; the store then reads it and runs `claim` only when the
+        // contract says the claim writes (a takeover).
+        let claim_fresh = format!(
+            "INSERT INTO {table} (consumer, message_id, token, fence, attempt, claimed_at, expires_at, fingerprint, first_claimed_at) \
+               SELECT $2, $3, $4::uuid, 1, 1, now.ms, now.ms + $5::bigint, $6::text, now.ms FROM {now_row} {{lazy}}\
+               ON CONFLICT (consumer, message_id) DO NOTHING RETURNING expires_at"
+        );
+
         // Rows are inserted in array order, which the caller sorts by key (byte order, the
         // same as COLLATE "C"): concurrent batches lock shared keys in one order and cannot
         // deadlock each other.
@@ -266,6 +286,15 @@ impl Statements {
              WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
                AND r.processed_at IS NULL {}",
             wrote("r.processed_at", &no_outcome)
+        );
+
+        // The commit by a holder, as the store runs it first: no row comes back, the row
+        // count says whether the token still held the lease. Otherwise the store reads the
+        // record and decides (a retried commit of the same token is Ok).
+        let commit_held = format!(
+            "UPDATE {table} AS r SET processed_at = {NOW_MS}, expires_at = NULL, outcome = $5::bytea \
+             WHERE r.consumer = $2 AND r.message_id = $3 AND r.token = $4::uuid \
+               AND r.processed_at IS NULL"
         );
 
         // `held` locks, in key order (see claim_many), the rows still held by the request's
@@ -379,6 +408,8 @@ impl Statements {
         // The lazy forms: the same text with `LAZY_COMMIT` as the source's condition.
         let lazy = |text: &str| text.replace("{lazy}", &format!("WHERE {LAZY_COMMIT} "));
         let claim_lazy = lazy(&claim);
+        let claim_fresh_lazy = lazy(&claim_fresh);
+        let claim_fresh = claim_fresh.replace("{lazy}", "");
         let claim_many_lazy = lazy(&claim_many);
         let claim = claim.replace("{lazy}", "");
         let claim_many = claim_many.replace("{lazy}", "");
@@ -389,6 +420,9 @@ impl Statements {
             claim_many_lazy: sql(claim_many_lazy),
             revoke: sql(revoke),
             claim: sql(claim),
+            claim_fresh: sql(claim_fresh),
+            claim_fresh_lazy: sql(claim_fresh_lazy),
+            commit_held: sql(commit_held),
             claim_many: sql(claim_many),
             claim_in_tx: sql(claim_in_tx),
             commit: sql(commit),

@@ -134,6 +134,17 @@ impl PostgresStore {
         }
     }
 
+    /// This handle's fresh-key claim statement: the lazy form for a
+    /// [`lazy_claims`](Self::lazy_claims) handle.
+    fn claim_fresh_statement(&self) -> &SqlStr {
+        let sql = &self.inner.sql;
+        if self.lazy_claims {
+            &sql.claim_fresh_lazy
+        } else {
+            &sql.claim_fresh
+        }
+    }
+
     pub(crate) fn outbox_table(&self) -> &OutboxTable {
         &self.inner.outbox
     }

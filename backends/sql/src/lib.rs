@@ -6,6 +6,7 @@ pub mod config;
 pub mod connect;
 pub mod counts;
 pub mod error;
+pub mod fresh;
 pub mod migrate;
 pub mod outbox;
 pub mod purge;

@@ -1,18 +1,22 @@
-//! The claim and commit path on one connection: requests run as rounds of statements
+//! The claim and commit path on one connection: a single claim or commit tries the common
+//! case first (a fresh key, a held lease: one statement returning next to nothing); else
+//! requests run as rounds of statements
 //! ([`crate::rounds`]: a key touched once per statement, each answer re-checked), the
 //! records of the keys a statement did not write are read back on the same connection, and
 //! a run stops at its first error, saying whether the last statement's outcome is known.
 
 use dedup_core::{
-    Claim, ClaimRequest, Error, Fingerprint, Key, LeaseToken, Result, duration_millis,
+    Claim, ClaimOptions, ClaimRequest, Error, Fingerprint, Key, Lease, LeaseToken, Result,
+    Timestamp, duration_millis,
 };
-use sqlx::PgConnection;
+use dedup_sql::fresh;
 use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
 
 use super::PostgresStore;
 use crate::decode::StatementRows;
 use crate::error::backend;
-use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds};
+use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 
 impl PostgresStore {
     /// The rows of a claim / commit statement (which returns the rows it wrote), plus the
@@ -52,6 +56,74 @@ impl PostgresStore {
         .map_err(backend)?;
         out.merge(StatementRows::decode(&read, missing)?);
         Ok(out)
+    }
+
+    /// One lease-mode claim on a connection of its own. A key without a record, the common
+    /// case, is one insert that returns the lease's expiry alone ([`Statements::claim_fresh`]:
+    /// no takeover, no record to decode). A key with a record then has it read on the same
+    /// connection and the contract applied: a duplicate is answered from that read (two
+    /// statements, as the claim statement plus its read would be), and a takeover, or a
+    /// record gone meanwhile, runs the claim statement in the next round (three).
+    ///
+    /// [`Statements::claim_fresh`]: crate::statements::Statements::claim_fresh
+    pub(super) async fn claim_one(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
+        let mut conn = self.conn().await?;
+        let token = LeaseToken::random();
+        let fresh = sqlx::query(self.claim_fresh_statement().clone())
+            .bind(self.now_param())
+            .bind(key.consumer())
+            .bind(key.message_id())
+            .bind(token.to_string())
+            .bind(duration_millis(options.lease))
+            .bind(options.fingerprint.as_ref().map(Fingerprint::as_str))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(backend)?;
+        if let Some(row) = fresh {
+            let expires_at = row.try_get(0).map_err(backend)?;
+            return Ok(fresh::acquired(
+                key,
+                token,
+                Timestamp::from_millis(expires_at),
+            ));
+        }
+        let request = ClaimRequest::new(key.clone(), options.clone());
+        let mut rounds = Rounds::<ClaimOp>::new(std::slice::from_ref(&request));
+        rounds.apply(self.with_unwritten(&mut conn, &[], &[key]).await?)?;
+        self.claim_rounds(&mut conn, &mut rounds)
+            .await
+            .map_err(|f| f.error)?;
+        only(rounds.finish())
+    }
+
+    /// One commit on a connection of its own. A lease still held by its token, the common
+    /// case, is one update that returns no row ([`Statements::commit_held`]); otherwise the
+    /// record is read on the same connection and the contract decides (a retried commit of
+    /// the same token is Ok, anything else `LeaseLost`): two statements, as the commit
+    /// statement plus its read would be.
+    ///
+    /// [`Statements::commit_held`]: crate::statements::Statements::commit_held
+    pub(super) async fn commit_one(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
+        let mut conn = self.conn().await?;
+        let done = sqlx::query(self.inner.sql.commit_held.clone())
+            .bind(self.now_param())
+            .bind(lease.key.consumer())
+            .bind(lease.key.message_id())
+            .bind(lease.token.to_string())
+            .bind(outcome)
+            .execute(&mut *conn)
+            .await
+            .map_err(backend)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        let request = [CommitRef { lease, outcome }];
+        let mut rounds = Rounds::<CommitOp<'_>>::new(&request);
+        rounds.apply(self.with_unwritten(&mut conn, &[], &[&lease.key]).await?)?;
+        self.commit_rounds(&mut conn, &mut rounds)
+            .await
+            .map_err(|f| f.error)?;
+        only(rounds.finish())
     }
 
     /// Run lease-mode claims (see [`crate::rounds`]).

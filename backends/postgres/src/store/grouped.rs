@@ -12,22 +12,17 @@ use sqlx::PgConnection;
 use super::PostgresStore;
 use super::claim_commit::Failure;
 use crate::error::BACKEND;
-use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
+use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds};
 
 impl PostgresStore {
-    /// One claim on its own statement (group commit off, or alone in its group).
+    /// One claim on its own statement (alone in its group).
     pub(super) async fn claim_alone(&self, request: &ClaimRequest) -> Result<Claim> {
-        let mut conn = self.conn().await?;
-        only(
-            self.run_claims(&mut conn, std::slice::from_ref(request))
-                .await?,
-        )
+        self.claim_one(&request.key, &request.options).await
     }
 
-    /// One commit on its own statement (group commit off, or alone in its group).
+    /// One commit on its own statement (alone in its group).
     pub(super) async fn commit_alone(&self, request: CommitRef<'_>) -> Result<()> {
-        let mut conn = self.conn().await?;
-        only(self.run_commits(&mut conn, &[request]).await?)
+        self.commit_one(request.lease, request.outcome).await
     }
 
     /// A group of single claims (see [`crate::group`]): one batch, in queue order (see
@@ -421,7 +416,7 @@ mod tests {
 
     /// A lazy handle's claim sets `synchronous_commit = off` for its own transaction only:
     /// inside a transaction the setting reads `off` after the claim and `on` again once
-    /// that transaction ended, for the single and the batch statements alike; a plain
+    /// that transaction ended, for the single, fresh-key and batch statements alike; a plain
     /// handle's claim leaves it `on`. No pool connection keeps the change afterwards.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lazy_claim_commits_asynchronously_and_only_its_own_transaction() {
@@ -466,6 +461,27 @@ mod tests {
             assert_eq!(setting(&mut conn).await, inside, "{requests:?}");
             sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
             assert_eq!(setting(&mut conn).await, "on", "after {requests:?}");
+        }
+        // The fresh-key statement a single claim runs first, plain and lazy.
+        for (handle, id, inside) in [
+            (&store, "fresh", "on"),
+            (&store.lazy_claims(), "lazy-fresh", "off"),
+        ] {
+            sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+            let row = sqlx::query(handle.claim_fresh_statement().clone())
+                .bind(handle.now_param())
+                .bind("lazy")
+                .bind(id)
+                .bind(dedup_core::LeaseToken::random().to_string())
+                .bind(30_000_i64)
+                .bind(None::<&str>)
+                .fetch_optional(&mut conn)
+                .await
+                .unwrap();
+            assert!(row.is_some(), "{id}: a fresh key is inserted");
+            assert_eq!(setting(&mut conn).await, inside, "{id}");
+            sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
+            assert_eq!(setting(&mut conn).await, "on", "after {id}");
         }
         // And through the trait, outside any transaction (grouped or alone).
         let lazy = store.lazy_claims();

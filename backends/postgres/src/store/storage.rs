@@ -1,5 +1,6 @@
-//! [`PostgresStore`]'s [`Storage`] implementation: single claims and commits through the
-//! group commit queues when they are on ([`super::grouped`]), batches as statement rounds on
+//! [`PostgresStore`]'s [`Storage`] implementation: single claims and commits alone when no
+//! other waits ([`super::claim_commit`]'s fresh-key and held-lease statements first), else
+//! through the group commit queues when they are on ([`super::grouped`]), batches as statement rounds on
 //! one connection ([`super::claim_commit`]), and renew, release and get as one statement
 //! each.
 
@@ -21,20 +22,21 @@ use crate::rounds::CommitRef;
 #[async_trait]
 impl Storage for PostgresStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        let request = ClaimRequest::new(key.clone(), options.clone());
         let claims = if self.lazy_claims {
             &self.inner.lazy_claims
         } else {
             &self.inner.claims
         };
-        match claims {
-            Some(group) => {
-                group
-                    .submit(request, |requests| self.clone().claim_group(requests))
-                    .await
-            }
-            None => self.claim_alone(&request).await,
+        let Some(group) = claims else {
+            return self.claim_one(key, options).await;
+        };
+        if let Some(_round) = group.alone() {
+            return self.claim_one(key, options).await;
         }
+        let request = ClaimRequest::new(key.clone(), options.clone());
+        group
+            .submit(request, |requests| self.clone().claim_group(requests))
+            .await
     }
 
     async fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<ItemResult<Claim>>> {
@@ -71,18 +73,19 @@ impl Storage for PostgresStore {
     }
 
     async fn commit(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
-        match &self.inner.commits {
-            Some(group) => {
-                let request = CommitRequest {
-                    lease: lease.clone(),
-                    outcome: outcome.map(<[u8]>::to_vec),
-                };
-                group
-                    .submit(request, |requests| self.clone().commit_group(requests))
-                    .await
-            }
-            None => self.commit_alone(CommitRef { lease, outcome }).await,
+        let Some(group) = &self.inner.commits else {
+            return self.commit_one(lease, outcome).await;
+        };
+        if let Some(_round) = group.alone() {
+            return self.commit_one(lease, outcome).await;
         }
+        let request = CommitRequest {
+            lease: lease.clone(),
+            outcome: outcome.map(<[u8]>::to_vec),
+        };
+        group
+            .submit(request, |requests| self.clone().commit_group(requests))
+            .await
     }
 
     async fn commit_many(&self, requests: &[CommitRequest]) -> Result<Vec<ItemResult<()>>> {
