@@ -4,7 +4,8 @@
 # openssl), Valkey 9 standalone and as a 3-node cluster, MariaDB (plain and TLS on one
 # port), NATS with JetStream (one node, and a 3-node cluster), a Kafka-protocol broker
 # (Tansu), Google's Pub/Sub emulator and a 3-node MariaDB Galera cluster, as plain
-# processes on 127.0.0.1, with ports and data folders of their own.
+# processes on 127.0.0.1, with ports and data folders of their own. As root, Galera's node 3
+# runs in a network namespace of its own, so a test can cut it off (galera.sh).
 # No Docker, no systemd: the Debian packages are installed when missing and the servers are
 # started directly; Valkey, NATS and Tansu come from pinned PyPI wheels. Each server has its
 # file, scripts/services/NAME.sh, which says where it comes from and what it prints.
@@ -37,6 +38,8 @@
 #   DEDUP_MARIADB_BUFFER_POOL  MariaDB's InnoDB buffer pool (256M; the scale bench wants more)
 #   DEDUP_KAFKA_STORAGE        memory (default) or s3: where `kafka` keeps its data
 #   DEDUP_KAFKA_ADVERTISED_PORT  the port Tansu tells clients (a test's proxy)
+#   DEDUP_GALERA_NETNS         1 (the default as root) puts Galera's node 3 in a network
+#                              namespace (DEDUP_GALERA_CUT_LINK cuts it off); 0: loopback
 #   DEDUP_VALKEY_SERVER, DEDUP_NATS_SERVER, DEDUP_TANSU, DEDUP_PUBSUB_EMULATOR
 #                              a server binary to use instead of the fetched one
 #

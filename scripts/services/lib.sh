@@ -321,3 +321,51 @@ kill_pidfile() {
     [[ -f $1 ]] || return 0
     kill_pid "$(pid_in "$1")"
 }
+
+# ---------------------------------------------------------------------------------------
+# Network namespaces (as root: the partition tests)
+
+# A node on a host of its own: a network namespace NS joined to this host by veth pairs,
+# each a /30 of 10.214.0.0/16 with its host end on the host. `ip link set HOST_IF down`
+# cuts a pair (packets are dropped, open connections stall), `up` heals it. The host end's
+# address stays reachable from the host while its link is down, so servers on the host
+# may listen there for the namespace's processes. Names and addresses come from NS.
+
+# netns_link NS N: veth pair N (0 or 1) of NS: prints "host_if ns_if host_addr ns_addr".
+netns_link() {
+    local h block
+    h=$(short_hash "$1")
+    block=$(((16#${h:0:4} % 8192) * 8 + $2 * 4))
+    echo "dnh${h:0:6}$2 dnn${h:0:6}$2 10.214.$((block / 256)).$((block % 256 + 1)) 10.214.$((block / 256)).$((block % 256 + 2))"
+}
+
+# netns_add NS PAIRS: NS with PAIRS veth pairs (netns_link NS 0 .. PAIRS-1), up, after
+# removing what an earlier run of NS left.
+netns_add() {
+    local ns=$1 pairs=$2 i host_if ns_if host_addr ns_addr
+    have ip || die "ip (iproute2) is needed for a network namespace"
+    netns_del "$ns" "$pairs"
+    ip netns add "$ns" || die "ip netns add $ns failed (network namespaces need root)"
+    ip netns exec "$ns" ip link set lo up
+    for ((i = 0; i < pairs; i++)); do
+        read -r host_if ns_if host_addr ns_addr < <(netns_link "$ns" "$i")
+        [[ -z $(ip -4 -o addr show to "$host_addr/30") ]] ||
+            die "$host_addr/30 is taken on this host (another namespace's?); stop its services"
+        ip link add "$host_if" type veth peer name "$ns_if"
+        ip link set "$ns_if" netns "$ns"
+        ip addr add "$host_addr/30" dev "$host_if"
+        ip link set "$host_if" up
+        ip netns exec "$ns" ip addr add "$ns_addr/30" dev "$ns_if"
+        ip netns exec "$ns" ip link set "$ns_if" up
+    done
+}
+
+# netns_del NS PAIRS: remove NS and its veth pairs; safe when they are gone.
+netns_del() {
+    local ns=$1 pairs=$2 i
+    have ip || return 0
+    ip netns del "$ns" 2>/dev/null || true
+    for ((i = 0; i < pairs; i++)); do
+        ip link del "$(netns_link "$ns" "$i" | cut -d' ' -f1)" 2>/dev/null || true
+    done
+}

@@ -5,10 +5,10 @@
 # pinned 2.15.1. Uses nats.sh.
 #
 # DEDUP_NATS_CLUSTER_NETNS=1 (as root, for the partition tests, with a state dir of their
-# own) puts n3 on a host of its own: a network namespace joined by a veth pair. Then n1 and
-# n2 listen on every address, n3 at the namespace's end, and `env` also prints
-# DEDUP_NATS_CLUSTER_CUT_LINK, the host end's link: `ip link set LINK down` cuts n3 off,
-# `up` heals it. `stop` removes the namespace.
+# own) puts n3 on a host of its own: a network namespace joined by a veth pair (lib.sh's
+# netns_add). Then n1 and n2 listen on every address, n3 at the namespace's end, and `env`
+# also prints DEDUP_NATS_CLUSTER_CUT_LINK, the host end's link: `ip link set LINK down`
+# cuts n3 off, `up` heals it. `stop` removes the namespace.
 
 nats_cluster_packages() { nats_packages; }
 
@@ -34,19 +34,9 @@ nats_cluster_alive() {
     ((any))
 }
 
-# nats_cluster_link NS: the veth pair's host end "dnh<hash>" and namespace end "dnn<hash>"
-# for namespace NS, with a 10.214.x.y/30 of its own: prints "host_if ns_if host_addr
-# ns_addr".
-nats_cluster_link() {
-    local h block
-    h=$(short_hash "$1")
-    block=$(((16#${h:0:4} % 16384) * 4))
-    echo "dnh${h:0:6} dnn${h:0:6} 10.214.$((block / 256)).$((block % 256 + 1)) 10.214.$((block / 256)).$((block % 256 + 2))"
-}
-
 nats_cluster_start() {
     local dir=$STATE_DIR/nats-cluster bin ports=() cports=() mports=() i
-    local addr=() listen=() advertise=() urls=() netns= host_if ns_if host_addr ns_addr
+    local addr=() listen=() advertise=() urls=() netns= host_if host_addr ns_addr
     bin=$(ensure_nats)
     mapfile -t ports < <(free_ports 9)
     ((${#ports[@]} == 9)) || die "could not find free ports for nats-cluster"
@@ -56,15 +46,8 @@ nats_cluster_start() {
     listen=("$HOST" "$HOST" "$HOST")
     if [[ ${DEDUP_NATS_CLUSTER_NETNS:-0} == 1 ]]; then
         netns=$(nats_cluster_netns)
-        read -r host_if ns_if host_addr ns_addr < <(nats_cluster_link "$netns")
-        ip netns add "$netns"
-        ip link add "$host_if" type veth peer name "$ns_if"
-        ip link set "$ns_if" netns "$netns"
-        ip addr add "$host_addr/30" dev "$host_if"
-        ip link set "$host_if" up
-        ip netns exec "$netns" ip addr add "$ns_addr/30" dev "$ns_if"
-        ip netns exec "$netns" ip link set "$ns_if" up
-        ip netns exec "$netns" ip link set lo up
+        netns_add "$netns" 1
+        read -r host_if _ host_addr ns_addr < <(netns_link "$netns" 0)
         # n1 and n2 are reached on loopback from the host and on the veth from n3.
         addr=("$host_addr" "$host_addr" "$ns_addr")
         listen=(0.0.0.0 0.0.0.0 "$ns_addr")
@@ -101,11 +84,7 @@ nats_cluster_start() {
 }
 
 nats_cluster_stop() {
-    local dir=$STATE_DIR/nats-cluster i netns
+    local dir=$STATE_DIR/nats-cluster i
     for i in 1 2 3; do kill_pidfile "$dir/node-$i/nats.pid"; done
-    if [[ -f $dir/netns ]]; then
-        netns=$(<"$dir/netns")
-        ip netns del "$netns" 2>/dev/null || true
-        ip link del "$(nats_cluster_link "$netns" | cut -d' ' -f1)" 2>/dev/null || true
-    fi
+    if [[ -f $dir/netns ]]; then netns_del "$(<"$dir/netns")" 1; fi
 }
