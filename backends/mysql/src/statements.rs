@@ -15,6 +15,8 @@
 //! table per statement on the bench machine, six times the cost of the one-row insert
 //! itself.
 
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
 /// "Now" in milliseconds since the Unix epoch: the bound clock `?`, else the server's
 /// clock. `UTC_TIMESTAMP(6)` is the time the statement started, in UTC whatever the
 /// session's `time_zone`; `TIMESTAMPDIFF` on it is calendar arithmetic, exact to the
@@ -83,6 +85,25 @@ fn purgeable_inline() -> String {
     )
 }
 
+/// The text of [`Statements::claim_fresh`] for `table`.
+fn fresh_insert(table: &str, n: usize) -> String {
+    let row = format!(
+        "(?, ?, ?, 1, 1, LAST_INSERT_ID({NOW_MS}), {NOW_MS} + ?, NULL, NULL, ?, {NOW_MS}, NULL)"
+    );
+    format!(
+        "INSERT INTO {table} ({}) VALUES {}",
+        row_cols(""),
+        vec![row; n].join(", ")
+    )
+}
+
+/// A statement built once, shared by every call (cloning it copies a pointer).
+fn sql(text: String) -> SqlStr {
+    // Safe: the only spliced text is the table name, validated by
+    // `dedup_core::backend::names::sql_identifier` and quoted.
+    SqlSafeStr::into_sql_str(AssertSqlSafe(std::sync::Arc::<str>::from(text)))
+}
+
 /// How many times a statement built on [`purgeable_inline`] takes now and the retention.
 pub(crate) const CUTOFF_USES: usize = 3;
 
@@ -100,7 +121,10 @@ pub(crate) struct Statements {
     pub(crate) claim_in_tx: String,
     /// Commit a lease by its token (in the caller's transaction, or alone: the lease-mode
     /// fast path). Parameters: now, outcome, consumer, message id, token.
-    pub(crate) commit_in_tx: String,
+    pub(crate) commit_in_tx: SqlStr,
+    /// [`claim_fresh`](Self::claim_fresh) of one key, built once: the single claim's fast
+    /// path.
+    pub(crate) claim_fresh_one: SqlStr,
     /// Renew a lease held by its token, the new expiry reported as `LAST_INSERT_ID`.
     /// Parameters: now, extension (ms), consumer, message id, token.
     pub(crate) renew: String,
@@ -186,12 +210,14 @@ impl Statements {
                     CAST(COALESCE(SUM(t.processed_at IS NULL), 0) AS SIGNED) AS expired \
              FROM (SELECT {NOW_MS} - ? AS cutoff) c STRAIGHT_JOIN {table} t WHERE {PURGEABLE}"
         );
+        let claim_fresh_one = fresh_insert(table, 1);
         Statements {
             table: table.to_owned(),
+            claim_fresh_one: sql(claim_fresh_one),
             get,
             now: format!("SELECT {NOW_MS} AS now_ms"),
             claim_in_tx,
-            commit_in_tx,
+            commit_in_tx: sql(commit_in_tx),
             renew,
             release,
             release_failed,
@@ -248,15 +274,7 @@ impl Statements {
     /// id), so no read follows. Parameters per key: consumer, message id, token, now, now,
     /// lease (ms), fingerprint, now.
     pub(crate) fn claim_fresh(&self, n: usize) -> String {
-        let row = format!(
-            "(?, ?, ?, 1, 1, LAST_INSERT_ID({NOW_MS}), {NOW_MS} + ?, NULL, NULL, ?, {NOW_MS}, NULL)"
-        );
-        format!(
-            "INSERT INTO {} ({}) VALUES {}",
-            self.table,
-            row_cols(""),
-            vec![row; n].join(", ")
-        )
+        fresh_insert(&self.table, n)
     }
 
     /// The fast path of commits of `n` leases on distinct keys, none with an outcome: each

@@ -100,7 +100,7 @@ impl MySqlStore {
     ) -> Result<()> {
         dedup_core::backend::check::commit(outcome)?;
         let key = &lease.key;
-        let done = sqlx::query(AssertSqlSafe(self.statements().commit_in_tx.clone()))
+        let done = sqlx::query(self.statements().commit_in_tx.clone())
             .bind(self.now_param())
             .bind(outcome)
             .bind(key.consumer())

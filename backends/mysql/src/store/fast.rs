@@ -3,21 +3,66 @@
 //! general path ([`MySqlStore::locked`]).
 
 use dedup_core::{Claim, ClaimOptions, Key, Lease, LeaseToken, Result, Timestamp};
+pub(super) use dedup_sql::fresh::Fast;
+use dedup_sql::fresh::acquired;
 use sqlx::AssertSqlSafe;
+use sqlx::mysql::{MySql, MySqlArguments};
+use sqlx::query::Query;
 
 use crate::error::{backend, lost_race, raced};
 
 use super::{MySqlStore, fingerprint_param, last_insert_id};
 
-/// What a fast path found.
-pub(super) enum Fast<T> {
-    /// Done, with this answer.
-    Done(T),
-    /// Not the common case: take the general path.
-    General,
-}
-
 impl MySqlStore {
+    /// The claim of one new key as one autocommit insert, the statement built once (see
+    /// [`Statements::claim_fresh`](crate::statements::Statements::claim_fresh)); `General`
+    /// when the key has a record.
+    pub(super) async fn claim_fresh_one(
+        &self,
+        key: &Key,
+        options: &ClaimOptions,
+    ) -> Result<Fast<Claim>> {
+        let token = LeaseToken::random();
+        let now = self.now_param();
+        let query = sqlx::query(self.inner.sql.claim_fresh_one.clone())
+            .bind(key.consumer())
+            .bind(key.message_id())
+            .bind(token.to_string())
+            .bind(now)
+            .bind(now)
+            .bind(dedup_core::duration_millis(options.lease))
+            .bind(fingerprint_param(options.fingerprint.as_ref()))
+            .bind(now);
+        Ok(match self.insert_fresh(query).await? {
+            Fast::Done(now) => Fast::Done(acquired(key, token, now.saturating_add(options.lease))),
+            Fast::General => Fast::General,
+        })
+    }
+
+    /// Run a fresh-key insert: the "now" it reported, or `General` when a key has a record.
+    async fn insert_fresh(
+        &self,
+        query: Query<'_, MySql, MySqlArguments>,
+    ) -> Result<Fast<Timestamp>> {
+        // Boxed: sqlx's acquire future is large, and a future that awaits it inline carries
+        // and copies it (as the PostgreSQL store found with callgrind).
+        let mut conn = Box::pin(self.inner.pool.acquire()).await.map_err(backend)?;
+        let done = match query.execute(&mut *conn).await {
+            Ok(done) => done,
+            // A key with a record (duplicate key), or a deadlock with a concurrent batch
+            // inserting the same keys in another order: the general path decides (and
+            // runs again after a lost race).
+            Err(e) if lost_race(&e) => return Ok(Fast::General),
+            Err(e) => return Err(backend(e)),
+        };
+        let now = last_insert_id(&mut conn, &done).await.map_err(backend)?;
+        i64::try_from(now)
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map(|ms| Fast::Done(Timestamp::from_millis(ms)))
+            .ok_or_else(|| raced("claim: the server reported no time for the insert"))
+    }
+
     /// Claims of new, distinct keys as one autocommit insert (see
     /// [`Statements::claim_fresh`]); `General` when any key has a record or repeats.
     pub(super) async fn claim_fresh(
@@ -44,33 +89,15 @@ impl MySqlStore {
                 .bind(fingerprint_param(options.fingerprint.as_ref()))
                 .bind(now);
         }
-        let mut conn = self.inner.pool.acquire().await.map_err(backend)?;
-        let done = match query.execute(&mut *conn).await {
-            Ok(done) => done,
-            // A key with a record (duplicate key), or a deadlock with a concurrent batch
-            // inserting the same keys in another order: the general path decides (and
-            // runs again after a lost race).
-            Err(e) if lost_race(&e) => return Ok(Fast::General),
-            Err(e) => return Err(backend(e)),
+        let Fast::Done(now) = self.insert_fresh(query).await? else {
+            return Ok(Fast::General);
         };
-        let now = last_insert_id(&mut conn, &done).await.map_err(backend)?;
-        let now = i64::try_from(now)
-            .ok()
-            .filter(|ms| *ms > 0)
-            .map(Timestamp::from_millis)
-            .ok_or_else(|| raced("claim: the server reported no time for the insert"))?;
         Ok(Fast::Done(
             requests
                 .iter()
                 .zip(tokens)
                 .map(|((key, options), token)| {
-                    Claim::Acquired(Lease {
-                        key: (*key).clone(),
-                        token,
-                        fence: 1,
-                        attempt: 1,
-                        expires_at: now.saturating_add(options.lease),
-                    })
+                    acquired(key, token, now.saturating_add(options.lease))
                 })
                 .collect(),
         ))
@@ -89,7 +116,7 @@ impl MySqlStore {
             return Ok(Fast::General);
         }
         let done = if let [(lease, outcome)] = requests {
-            sqlx::query(AssertSqlSafe(self.inner.sql.commit_in_tx.clone()))
+            sqlx::query(self.inner.sql.commit_in_tx.clone())
                 .bind(self.now_param())
                 .bind(*outcome)
                 .bind(lease.key.consumer())

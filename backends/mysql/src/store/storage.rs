@@ -22,9 +22,7 @@ use super::{MySqlStore, last_insert_id};
 #[async_trait]
 impl Storage for MySqlStore {
     async fn claim(&self, key: &Key, options: &ClaimOptions) -> Result<Claim> {
-        if let Fast::Done(mut claims) = self.claim_fresh(&[(key, options)]).await?
-            && let Some(claim) = claims.pop()
-        {
+        if let Fast::Done(claim) = self.claim_fresh_one(key, options).await? {
             return Ok(claim);
         }
         self.locked("claim", &[key], |w| {
