@@ -73,6 +73,7 @@ fn retryable_number(number: u16) -> bool {
             1040 // ER_CON_COUNT_ERROR: too many connections
             | 1047 // Galera: "WSREP has not yet prepared node for application use"
             | 1053 // ER_SERVER_SHUTDOWN
+            | 1180 // ER_ERROR_DURING_COMMIT (rolled back): Galera out of the primary component
             | 1927 // ER_CONNECTION_KILLED (MariaDB)
             | 4031 // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8: idle connection closed)
         )
@@ -97,7 +98,7 @@ mod tests {
 
     #[test]
     fn numbers() {
-        for n in [1205, 1213, 3572, 1040, 1047, 1053, 1927] {
+        for n in [1205, 1213, 3572, 1040, 1047, 1053, 1180, 1927] {
             assert!(retryable_number(n), "{n}");
         }
         for n in [1062, 1146, 1064, 1406] {
@@ -106,7 +107,7 @@ mod tests {
         for n in [1205, 1213, 3572] {
             assert!(conflict_number(n), "{n}");
         }
-        for n in [1040, 1047, 1053, 1927, 1062] {
+        for n in [1040, 1047, 1053, 1180, 1927, 1062] {
             assert!(!conflict_number(n), "{n}");
         }
     }
