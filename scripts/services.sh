@@ -30,6 +30,7 @@
 #   scripts/services.sh start kafka-durable      # opt-in: a second Kafka like `kafka` (topics and
 #                             group offsets survive a crash-restart), DEDUP_KAFKA_DURABLE_BROKERS
 #   scripts/services.sh stop     # stops everything this state dir started; safe to repeat
+#   scripts/services.sh stop redis galera   # stops only those; the rest keep running
 #
 # Environment (details in the server's file):
 #   DEDUP_SERVICES_DIR         the state dir (below)
@@ -196,6 +197,18 @@ cmd_stop() {
     fi
     [[ -e $STATE_DIR/$MARKER ]] || die "$STATE_DIR was not created by this script; not touching it"
     local svc
+    if (($#)); then
+        # Only the named services; the others and the state dir stay.
+        for svc in "$@"; do
+            [[ " ${KNOWN_SERVICES[*]} " == *" $svc "* ]] || die "unknown service '$svc' (known: ${KNOWN_SERVICES[*]})"
+            [[ -d $STATE_DIR/$svc ]] || { log "$svc is not running"; continue; }
+            log "stopping $svc"
+            "${svc//-/_}_stop" || true
+            rm -rf "${STATE_DIR:?}/$svc"
+        done
+        rebuild_env_file "${KNOWN_SERVICES[@]}"
+        return 0
+    fi
     for svc in "${KNOWN_SERVICES[@]}"; do
         if [[ -d $STATE_DIR/$svc ]]; then
             log "stopping $svc"
@@ -237,7 +250,7 @@ main() {
     [[ $# -gt 0 ]] && shift
     case $cmd in
         start) cmd_start "$@" ;;
-        stop) cmd_stop ;;
+        stop) cmd_stop "$@" ;;
         env) cmd_env ;;
         status) cmd_status ;;
         install-browser) cmd_install_browser ;;
