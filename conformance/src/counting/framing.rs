@@ -14,6 +14,11 @@ pub enum Protocol {
     /// Redis's RESP: a command is an array of bulk strings (`*N` then `$len` each),
     /// counted as a statement (`EVALSHA`, `MULTI` and `EXEC` included).
     Resp,
+    /// NATS's text protocol: a `PUB` or `HPUB` with a reply subject (a request, such as a
+    /// JetStream publish or API call) is a statement, answered by one `MSG` or `HMSG`;
+    /// `PING` and `PONG` are pings; a publish without a reply subject, `SUB`, `UNSUB` and
+    /// `CONNECT` are neither.
+    Nats,
     /// No parsing: round trips only (every client burst is a request).
     Opaque,
 }
@@ -26,6 +31,7 @@ impl Protocol {
             "postgres" | "postgresql" => Some(Protocol::Postgres),
             "mysql" | "mariadb" => Some(Protocol::MySql),
             "redis" => Some(Protocol::Resp),
+            "nats" => Some(Protocol::Nats),
             _ => None,
         }
     }
@@ -39,7 +45,8 @@ pub(super) enum Kind {
     Statement,
     /// A statement prepared: PostgreSQL `P` (parse); MySQL `COM_STMT_PREPARE` (0x16).
     Prepare,
-    /// A liveness check the pool makes, not the operation: MySQL `COM_PING` (0x0e).
+    /// A liveness check the pool makes, not the operation: MySQL `COM_PING` (0x0e); NATS
+    /// `PING` and `PONG`.
     Ping,
     /// A PostgreSQL `S` (sync): the end of an extended-protocol request. Alone in a
     /// burst it is sqlx's ping.
@@ -57,28 +64,86 @@ pub(super) struct Framer {
     startup: bool,
 }
 
-/// Counts the whole RESP replies in the server's byte stream (Redis answers each command
-/// with one value; bytes of a value not yet whole wait for the next chunk).
+/// Counts the whole replies in the server's byte stream: RESP values (Redis answers each
+/// command with one value), NATS `MSG` and `HMSG` (the answer to a request; the server's
+/// `INFO`, `PING`, `PONG`, `+OK` and `-ERR` lines are not counted). Bytes of a reply not yet
+/// whole wait for the next chunk.
 pub(super) struct Replies {
+    protocol: Protocol,
     buffer: Vec<u8>,
 }
 
 impl Replies {
-    pub(super) fn new() -> Self {
-        Replies { buffer: Vec::new() }
+    /// The replies of `protocol`'s server: [`Protocol::Resp`] or [`Protocol::Nats`].
+    pub(super) fn new(protocol: Protocol) -> Self {
+        Replies {
+            protocol,
+            buffer: Vec::new(),
+        }
     }
 
     /// Take `bytes` and return how many replies they completed.
     pub(super) fn feed(&mut self, bytes: &[u8]) -> u64 {
         self.buffer.extend_from_slice(bytes);
         let (mut at, mut count) = (0, 0);
-        while let Some(end) = resp_value(&self.buffer, at) {
+        loop {
+            let found = match self.protocol {
+                Protocol::Nats => nats_server_message(&self.buffer, at),
+                _ => resp_value(&self.buffer, at).map(|end| (end, true)),
+            };
+            let Some((end, reply)) = found else { break };
             at = end;
-            count += 1;
+            count += u64::from(reply);
         }
         self.buffer.drain(..at);
         count
     }
+}
+
+/// Where the NATS server message starting at `at` ends, if it is whole, and whether it
+/// answers a request (`MSG`, `HMSG`).
+fn nats_server_message(b: &[u8], at: usize) -> Option<(usize, bool)> {
+    let (line, end) = resp_line(b, at)?;
+    let mut words = line
+        .split(|c| *c == b' ' || *c == b'\t')
+        .filter(|w| !w.is_empty());
+    let op = words.next().unwrap_or_default().to_ascii_uppercase();
+    if op != b"MSG" && op != b"HMSG" {
+        return Some((end, false));
+    }
+    // The last argument is the payload's size (headers and body for HMSG).
+    let size = usize::try_from(resp_number(words.next_back()?)?).ok()?;
+    let whole = end + size + 2;
+    (b.len() >= whole).then_some((whole, true))
+}
+
+/// The length and kind of the NATS client message at the start of `b`, if whole.
+fn nats_client_message(b: &[u8]) -> Option<(usize, Kind)> {
+    let (line, end) = resp_line(b, 0)?;
+    let words: Vec<&[u8]> = line
+        .split(|c| *c == b' ' || *c == b'\t')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let op = words
+        .first()
+        .copied()
+        .unwrap_or_default()
+        .to_ascii_uppercase();
+    // PUB subject [reply] size; HPUB subject [reply] header-size total-size.
+    let with_reply = match op.as_slice() {
+        b"PUB" => words.len() == 4,
+        b"HPUB" => words.len() == 5,
+        b"PING" | b"PONG" => return Some((end, Kind::Ping)),
+        _ => return Some((end, Kind::Other)),
+    };
+    let size = usize::try_from(resp_number(words.last()?)?).ok()?;
+    let whole = end + size + 2;
+    let kind = if with_reply {
+        Kind::Statement
+    } else {
+        Kind::Other
+    };
+    (b.len() >= whole).then_some((whole, kind))
 }
 
 /// Where the RESP2 / RESP3 value starting at `at` ends, if it is whole.
@@ -179,6 +244,7 @@ fn next(protocol: Protocol, startup: &mut bool, b: &[u8]) -> Option<(usize, Kind
             Some((4 + len, kind))
         }
         Protocol::Resp => resp_command(b).map(|len| (len, Kind::Statement)),
+        Protocol::Nats => nats_client_message(b),
         Protocol::Opaque => None,
     }
 }
@@ -224,6 +290,7 @@ mod tests {
         );
         assert_eq!(Protocol::of_url("mariadb://h/db"), Some(Protocol::MySql));
         assert_eq!(Protocol::of_url("redis://h"), Some(Protocol::Resp));
+        assert_eq!(Protocol::of_url("nats://h:4222"), Some(Protocol::Nats));
         assert_eq!(Protocol::of_url("rediss://h"), None, "TLS is not counted");
         assert_eq!(Protocol::of_url("sqlite:/tmp/x.db"), None);
     }
@@ -275,13 +342,41 @@ mod tests {
 
     #[test]
     fn resp_replies_are_counted_when_whole() {
-        let mut r = super::Replies::new();
+        let mut r = super::Replies::new(Protocol::Resp);
         assert_eq!(
             r.feed(b"+OK\r\n:1\r\n$-1\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n*1\r\n:"),
             4
         );
         assert_eq!(r.feed(b"7\r\n"), 1);
         assert_eq!(r.feed(b"%1\r\n+k\r\n*0\r\n-ERR x\r\n"), 2);
+    }
+
+    #[test]
+    fn nats_requests_and_their_answers_are_cut_across_chunks() {
+        let mut f = Framer::new(Protocol::Nats);
+        let burst = b"CONNECT {\"verbose\":false}\r\nPING\r\nSUB _INBOX.a.* 1\r\n\
+            HPUB $KV.b.k _INBOX.a.1 18 21\r\nNATS/1.0\r\nA: 0\r\n\r\nabc\r\n\
+            PUB x 2\r\nhi\r\nPUB $JS.API.INFO _INBOX.a.2 0\r\n\r\n";
+        let (a, b) = burst.split_at(70);
+        let mut kinds = f.feed(a);
+        kinds.extend(f.feed(b));
+        assert_eq!(
+            kinds,
+            [
+                Kind::Other,
+                Kind::Ping,
+                Kind::Other,
+                Kind::Statement,
+                Kind::Other,
+                Kind::Statement
+            ]
+        );
+        let mut r = super::Replies::new(Protocol::Nats);
+        assert_eq!(r.feed(b"INFO {}\r\nPONG\r\nMSG _INBOX.a.1 1 5\r\nhe"), 0);
+        assert_eq!(
+            r.feed(b"llo\r\nPING\r\nHMSG _INBOX.a.2 1 12 12\r\nNATS/1.0\r\n\r\n\r\n"),
+            2
+        );
     }
 
     #[test]

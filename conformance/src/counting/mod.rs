@@ -7,14 +7,16 @@
 //!   writes again (however many messages the burst holds: a pipeline is one round trip);
 //!   for Redis, whose server answers the first commands of a long pipeline while the
 //!   client still writes the rest, the replies are counted too, and a command sent while
-//!   every earlier one was answered starts a round trip;
+//!   every earlier one was answered starts a round trip; NATS likewise, with its requests
+//!   (a publish with a reply subject) and their `MSG` answers;
 //!   a burst of nothing but pool pings (MySQL `COM_PING`, PostgreSQL's lone `Sync`) is
 //!   counted apart, in [`WireCounts::pings`], since the pool sends it after a connection
-//!   sat idle, not the operation;
+//!   sat idle, not the operation (NATS: each `PING` and `PONG`, the keepalive);
 //! - **statements** and **prepares**, by cutting the client's bytes into the protocol's
 //!   messages ([`Protocol`]): PostgreSQL `Q` (simple query) and `E` (execute) are
 //!   statements, `P` (parse) a prepare; MySQL `COM_QUERY` and `COM_STMT_EXECUTE` are
-//!   statements, `COM_STMT_PREPARE` a prepare; a Redis command (RESP) is a statement;
+//!   statements, `COM_STMT_PREPARE` a prepare; a Redis command (RESP) is a statement, and
+//!   so is a NATS request;
 //! - bytes each way and connections opened.
 //!
 //! The counts are exact only when nothing but the store under test talks through the
@@ -233,7 +235,7 @@ impl CountingProxy {
         let plain = match protocol {
             Protocol::Postgres => Some("sslmode=disable"),
             Protocol::MySql => Some("ssl-mode=disabled"),
-            Protocol::Resp | Protocol::Opaque => None,
+            Protocol::Resp | Protocol::Nats | Protocol::Opaque => None,
         };
         if let Some(plain) = plain {
             rewritten.push(if rewritten.contains('?') { '&' } else { '?' });
@@ -302,9 +304,11 @@ struct Burst {
 async fn pump(mut client: TcpStream, mut server: TcpStream, protocol: Protocol, shared: &Shared) {
     let mut framer = Framer::new(protocol);
     let trace = std::env::var_os(TRACE).is_some();
-    // RESP: replies are counted, and a command sent while none is unanswered starts a
-    // round trip (a long pipeline's replies may start before its last bytes are sent).
-    let mut replies = (protocol == Protocol::Resp).then(Replies::new);
+    // RESP and NATS: replies are counted, and a command (NATS: a request) sent while none
+    // is unanswered starts a round trip (a long pipeline's replies may start before its
+    // last bytes are sent; a NATS connection carries the requests of every task at once).
+    let mut replies =
+        matches!(protocol, Protocol::Resp | Protocol::Nats).then(|| Replies::new(protocol));
     let mut outstanding = 0u64;
     let mut burst = Burst::default();
     // Large reads, and the client's bytes first when both sides have some: a request is
@@ -334,7 +338,14 @@ async fn pump(mut client: TcpStream, mut server: TcpStream, protocol: Protocol, 
                 }
                 if replies.is_some() {
                     let mut c = shared.counts();
-                    for _ in &kinds {
+                    for kind in &kinds {
+                        // NATS: only requests are answered; a ping is counted apart.
+                        if protocol == Protocol::Nats && *kind != Kind::Statement {
+                            if *kind == Kind::Ping {
+                                c.pings += 1;
+                            }
+                            continue;
+                        }
                         if outstanding == 0 {
                             c.round_trips += 1;
                         }
