@@ -22,10 +22,14 @@
 //! Without `--store`, it benches SQLite in a temporary file plus every test server each
 //! compiled-in backend's descriptor names in the environment (`dedup::url::backends()`:
 //! `DEDUP_POSTGRES_URL`, `DEDUP_MYSQL_URL`, `DEDUP_REDIS_URL`, `DEDUP_REDIS_CLUSTER_URLS`
-//! (comma-separated node URLs), `DEDUP_VALKEY_URL`, `DEDUP_VALKEY_CLUSTER_URLS`). Each
+//! (comma-separated node URLs), `DEDUP_VALKEY_URL`, `DEDUP_VALKEY_CLUSTER_URLS`), the
+//! first node of `DEDUP_GALERA_URLS` (a MariaDB Galera cluster: rows `galera`), and NATS
+//! JetStream KV: an R1 bucket `dedup_bench_r1` on `DEDUP_NATS_URL` (rows `nats-kv`) and
+//! an R3 bucket `dedup_bench_r3` on `DEDUP_NATS_CLUSTER_URLS` (rows `nats-kv-r3`). Each
 //! run works on tables / key prefixes of its own (`dedup_bench_<id>`,
-//! `dedup-bench:<id>:`): SQL tables are dropped at the end, Redis keys expire by
-//! themselves after ten minutes (the purge measure's are purged).
+//! `dedup-bench:<id>:`, `bench-<id>-`): SQL tables are dropped at the end, Redis keys
+//! expire by themselves after ten minutes (the purge measure's are purged), NATS KV keys
+//! are purged at the end.
 //!
 //! Two groups run once, not per store (by default without `--store`; `--only outbox`,
 //! `--only brokers` pick them): `outbox` (an `enqueue` inside a business transaction
@@ -57,10 +61,12 @@ use bench::{Names, Params, Row, Variant};
 #[derive(Parser, Debug)]
 #[command(about)]
 struct Args {
-    /// A store to bench (repeatable): `sqlite:PATH`, `postgres://...`, `mysql://...`,
-    /// `redis://...`, `redis+cluster://h1:p1,h2:p2`. Default: SQLite in a temporary file
+    /// A store to bench (repeatable): `sqlite:PATH`, `postgres://...`, `mysql://...` (a
+    /// Galera node's too), `redis://...`, `redis+cluster://h1:p1,h2:p2`,
+    /// `nats-kv://h1:p1,h2:p2/?bucket=B&replicas=3`. Default: SQLite in a temporary file
     /// plus the servers in DEDUP_POSTGRES_URL / DEDUP_MYSQL_URL / DEDUP_REDIS_URL /
-    /// DEDUP_REDIS_CLUSTER_URLS, and the outbox and brokers groups (with `--store`, those
+    /// DEDUP_REDIS_CLUSTER_URLS / DEDUP_GALERA_URLS / DEDUP_NATS_URL /
+    /// DEDUP_NATS_CLUSTER_URLS, and the outbox and brokers groups (with `--store`, those
     /// run only when `--only` names them).
     #[arg(long = "store")]
     stores: Vec<String>,
@@ -241,6 +247,11 @@ fn test_server_urls() -> Vec<String> {
     let mut urls = Vec::new();
     urls.extend(env_url("DEDUP_POSTGRES_URL"));
     urls.extend(env_url("DEDUP_MYSQL_URL"));
+    // A Galera cluster is benched through its first node, as an application uses it.
+    urls.extend(env_url("DEDUP_GALERA_URLS").and_then(|nodes| {
+        let first = nodes.split(',').next()?.trim().to_owned();
+        (!first.is_empty()).then_some(first)
+    }));
     for (standalone, cluster) in [
         ("DEDUP_REDIS_URL", "DEDUP_REDIS_CLUSTER_URLS"),
         ("DEDUP_VALKEY_URL", "DEDUP_VALKEY_CLUSTER_URLS"),
@@ -250,6 +261,19 @@ fn test_server_urls() -> Vec<String> {
         urls.extend(env_url(cluster).map(|nodes| dedup::redis::cluster_url(&nodes)));
         #[cfg(not(feature = "redis"))]
         let _ = cluster;
+    }
+    // NATS JetStream KV: an R1 bucket on the single server, an R3 bucket on the cluster.
+    for (servers, replicas) in [("DEDUP_NATS_URL", 1), ("DEDUP_NATS_CLUSTER_URLS", 3)] {
+        #[cfg(feature = "nats-kv")]
+        urls.extend(env_url(servers).map(|servers| {
+            let bucket = format!("dedup_bench_r{replicas}");
+            format!(
+                "{}&replicas={replicas}",
+                dedup_nats_kv::store_url(&servers, &bucket)
+            )
+        }));
+        #[cfg(not(feature = "nats-kv"))]
+        let _ = (servers, replicas);
     }
     // A URL of a backend this build lacks is left out; any other problem is reported
     // when the URL is opened.

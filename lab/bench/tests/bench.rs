@@ -54,7 +54,73 @@ fn bench_reports_every_measure_for_every_backend_and_concurrency() {
     let tmp = tempfile::tempdir().unwrap();
     let mut stores = vec![format!("sqlite:{}", tmp.path().join("bench.db").display())];
     stores.extend(server_urls());
-    let purge_rows = PURGE_ROWS.to_string();
+    let stores: Vec<(String, &[&str], bool)> = stores
+        .into_iter()
+        .map(|url| {
+            let (names, sql) = backends_of(&url);
+            (url, names, sql)
+        })
+        .collect();
+    bench_reports_every_measure(&stores, PURGE_ROWS, None);
+}
+
+/// The stores on a cluster, and the single node each is compared with: a Galera node
+/// (`DEDUP_GALERA_URLS`) beside the single MariaDB (`DEDUP_MYSQL_URL`); NATS KV on an R3
+/// bucket of the cluster (`DEDUP_NATS_CLUSTER_URLS`) beside an R1 bucket on the single
+/// server (`DEDUP_NATS_URL`). A test of their own, so they run beside the others.
+#[cfg(all(feature = "mysql", feature = "nats-kv"))]
+#[test]
+fn bench_reports_every_measure_on_the_clusters_and_their_single_nodes() {
+    let stores = cluster_stores();
+    if stores.is_empty() {
+        return;
+    }
+    // NATS KV's paced purge reads one record per round trip and walks the records the
+    // claim stream adds meanwhile: few records, and a claim stream that stops soon, keep
+    // the test short.
+    bench_reports_every_measure(&stores, CLUSTER_PURGE_ROWS, Some("1"));
+}
+
+/// Records the purge measure of the cluster test removes.
+#[cfg(all(feature = "mysql", feature = "nats-kv"))]
+const CLUSTER_PURGE_ROWS: u64 = 100;
+
+/// The stores of the cluster test, as `(url, row names, sql)`; a missing server is
+/// skipped with a message (a failure under DEDUP_TEST_STRICT=1).
+#[cfg(all(feature = "mysql", feature = "nats-kv"))]
+fn cluster_stores() -> Vec<(String, &'static [&'static str], bool)> {
+    use dedup_conformance::server_url;
+    let mut stores: Vec<(String, &'static [&'static str], bool)> = Vec::new();
+    if let Some(url) = server_url("DEDUP_MYSQL_URL") {
+        stores.push((url, &["mysql"], true));
+    }
+    if let Some(urls) = server_url("DEDUP_GALERA_URLS") {
+        let first = urls.split(',').next().unwrap().to_owned();
+        stores.push((first, &["galera"], true));
+    }
+    for (var, replicas, names) in [
+        ("DEDUP_NATS_URL", 1, &["nats-kv"]),
+        ("DEDUP_NATS_CLUSTER_URLS", 3, &["nats-kv-r3"]),
+    ] {
+        if let Some(servers) = server_url(var) {
+            let bucket = format!("dedup_bench_test_r{replicas}");
+            let url = dedup_nats_kv::store_url(&servers, &bucket);
+            stores.push((format!("{url}&replicas={replicas}"), names, false));
+        }
+    }
+    stores
+}
+
+/// Run the bench, tiny, on `stores` (`(url, row names, sql)`) and check that every
+/// backend reports every measure at every concurrency, in the documented JSON shape; the
+/// purge measure removes `purge_rows` records beside a claim stream that runs
+/// `purge_stream_secs` at most (`None`: the default).
+fn bench_reports_every_measure(
+    stores: &[(String, &[&str], bool)],
+    purge_rows: u64,
+    purge_stream_secs: Option<&str>,
+) {
+    let purge_rows_arg = purge_rows.to_string();
     let concurrency = CONCURRENCY.map(|c| c.to_string()).join(",");
     let mut args: Vec<String> = [
         "--messages",
@@ -66,7 +132,7 @@ fn bench_reports_every_measure_for_every_backend_and_concurrency() {
         "--concurrency",
         &concurrency,
         "--purge-rows",
-        &purge_rows,
+        &purge_rows_arg,
         "--rounds",
         "1",
         "--min-secs",
@@ -81,7 +147,10 @@ fn bench_reports_every_measure_for_every_backend_and_concurrency() {
     ]
     .map(String::from)
     .to_vec();
-    for store in &stores {
+    if let Some(secs) = purge_stream_secs {
+        args.extend(["--purge-stream-secs".to_owned(), secs.to_owned()]);
+    }
+    for (store, _, _) in stores {
         args.extend(["--store".to_owned(), store.clone()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -89,10 +158,10 @@ fn bench_reports_every_measure_for_every_backend_and_concurrency() {
     let rows = json_lines(&out);
 
     let mut expected = 0;
-    for (backend, sql) in stores.iter().flat_map(|store| {
-        let (names, sql) = backends_of(store);
-        names.iter().map(move |name| (*name, sql))
-    }) {
+    for (backend, sql) in stores
+        .iter()
+        .flat_map(|(_, names, sql)| names.iter().map(move |name| (*name, *sql)))
+    {
         for c in CONCURRENCY {
             for (measure, baseline_name, sql_only) in MEASURES {
                 if sql_only && !sql {
@@ -106,18 +175,102 @@ fn bench_reports_every_measure_for_every_backend_and_concurrency() {
                     })
                     .collect();
                 assert_eq!(found.len(), 1, "{backend} {measure} c={c}:\n{out}");
-                check_row(found[0], baseline_name, &out);
+                check_row(found[0], baseline_name, purge_rows, &out);
             }
         }
     }
     assert_eq!(rows.len(), expected, "unexpected rows:\n{out}");
     // The table is printed too, with a concurrency column.
     assert!(out.contains("raw / baseline"), "{out}");
-    assert!(out.contains("tx_claim_vs_two_transactions"), "{out}");
+    if stores.iter().any(|(_, _, sql)| *sql) {
+        assert!(out.contains("tx_claim_vs_two_transactions"), "{out}");
+    }
+}
+
+/// The counted mode on the clusters and their single nodes: claim+commit of fresh keys
+/// one at a time, library and raw, with requests counted through the proxy and the
+/// servers' CPU (every node's) read here. A claim and a commit are one statement (NATS:
+/// one request) each, as the raw insert and update (MySQL) or create and update (NATS KV)
+/// are. Round trips may exceed two per message by a little: a connection's first calls
+/// prepare statements, and the NATS KV store samples the server's clock every 5 seconds.
+#[cfg(all(feature = "mysql", feature = "nats-kv", feature = "counted"))]
+#[test]
+fn bench_counts_claim_commit_on_the_clusters_and_their_single_nodes() {
+    let stores = cluster_stores();
+    if stores.is_empty() {
+        return;
+    }
+    let mut args: Vec<String> = [
+        "--counted",
+        "--only",
+        "claim_commit",
+        "--concurrency",
+        "1",
+        "--messages",
+        "100",
+        "--warmup",
+        "10",
+        "--json",
+    ]
+    .map(String::from)
+    .to_vec();
+    for (store, _, _) in &stores {
+        args.extend(["--store".to_owned(), store.clone()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_example("bench", &args);
+    let rows = json_lines(&out);
+    let backends: Vec<&str> = stores
+        .iter()
+        .flat_map(|(_, names, _)| *names)
+        .copied()
+        .collect();
+    for backend in &backends {
+        for side in ["library", "raw"] {
+            let found: Vec<&Value> = rows
+                .iter()
+                .filter(|r| r["backend"] == *backend && r["side"] == side)
+                .collect();
+            assert_eq!(found.len(), 1, "{backend} {side}:\n{out}");
+            let row = found[0];
+            assert_eq!(row["measure"], "claim_commit", "{row}");
+            assert_eq!(row["concurrency"], 1, "{row}");
+            assert_eq!(row["messages"], 100, "{row}");
+            let rt = number(row, "round_trips", &out);
+            assert!(
+                (2.0..2.1).contains(&rt),
+                "{backend} {side} round trips: {row}"
+            );
+            let statements = number(row, "client_statements", &out);
+            // A pool may open a connection mid-run (its setup statements count): SQL in a
+            // range; a NATS client has nothing but the requests.
+            match side {
+                "raw" if backend.starts_with("nats-kv") => {
+                    assert_eq!(statements, 2.0, "{backend} raw requests: {row}")
+                }
+                _ => assert!(
+                    (2.0..2.1).contains(&statements),
+                    "{backend} {side} statements: {row}"
+                ),
+            }
+            // Every node's CPU is read (in clock ticks: a short run may spend none).
+            assert!(number(row, "server_cpu_us", &out) >= 0.0, "{row}");
+            assert!(number(row, "client_cpu_us", &out) > 0.0, "{row}");
+            if side == "library" {
+                let ratio = number(row, "cpu_ratio", &out);
+                assert!(ratio.is_finite() && ratio > 0.0, "{row}");
+            }
+        }
+    }
+    assert_eq!(rows.len(), 2 * backends.len(), "unexpected rows:\n{out}");
+    // Galera's CPU is the three nodes'.
+    if backends.contains(&"galera") {
+        assert!(out.contains("the 3 Galera nodes' mariadbd"), "{out}");
+    }
 }
 
 /// The fields every row has, and those its kind of measure promises.
-fn check_row(row: &Value, baseline_name: Option<&str>, out: &str) {
+fn check_row(row: &Value, baseline_name: Option<&str>, purge_rows: u64, out: &str) {
     let measure = row["measure"].as_str().unwrap();
     for field in ["library", "baseline", "ratio"] {
         let v = number(row, field, out);
@@ -150,7 +303,7 @@ fn check_row(row: &Value, baseline_name: Option<&str>, out: &str) {
         None => {
             // The purge removed exactly the prefilled records, with the default options,
             // and claims overlapped it.
-            assert_eq!(row["purged"], PURGE_ROWS, "{row}");
+            assert_eq!(row["purged"], purge_rows, "{row}");
             assert!(
                 row["purge_options"]
                     .as_str()

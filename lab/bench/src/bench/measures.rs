@@ -28,8 +28,9 @@ const PREFILL_CONCURRENCY: usize = 4;
 /// One line of the result.
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct Row {
-    /// `sqlite`, `postgres` (durable settings), `postgres-nosync`, `redis`,
-    /// `redis-cluster`, `valkey`, `valkey-cluster`.
+    /// `sqlite`, `postgres` (durable settings), `postgres-nosync`, `mysql`, `galera`,
+    /// `redis`, `redis-cluster`, `valkey`, `valkey-cluster`, `nats-kv` (R1),
+    /// `nats-kv-r3`.
     pub(crate) backend: &'static str,
     /// What was measured: `claim_commit`, `claim_commit_duplicates`, `batch`,
     /// `tx_claim_vs_insert_alone` and `tx_claim_vs_two_transactions` (SQL backends),

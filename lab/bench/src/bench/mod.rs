@@ -18,6 +18,8 @@ mod driver;
 mod measures;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(feature = "nats-kv")]
+pub(crate) mod nats_kv;
 #[cfg(all(feature = "postgres", feature = "sqlite", feature = "rabbitmq"))]
 pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
@@ -41,7 +43,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
         feature = "sqlite",
         feature = "postgres",
         feature = "mysql",
-        feature = "redis"
+        feature = "redis",
+        feature = "nats-kv"
     )),
     allow(unused_imports)
 )]
@@ -215,6 +218,8 @@ fn benches() -> Vec<&'static Bench> {
     benches.push(&mysql::BENCH);
     #[cfg(feature = "redis")]
     benches.push(&redis::BENCH);
+    #[cfg(feature = "nats-kv")]
+    benches.push(&nats_kv::BENCH);
     benches
 }
 
@@ -338,7 +343,8 @@ pub(crate) async fn open_temporary(names: &Names, params: &Params) -> Result<Tar
         feature = "sqlite",
         feature = "postgres",
         feature = "redis",
-        feature = "mysql"
+        feature = "mysql",
+        feature = "nats-kv"
     )),
     allow(dead_code)
 )]

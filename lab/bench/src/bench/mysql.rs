@@ -1,6 +1,10 @@
 //! MySQL / MariaDB: the store on a table of its own, and the raw baseline on a plain table
 //! of the same shape through an sqlx pool built with the store's pool options. The
 //! transactional mode runs on that pool too, with a business table beside.
+//!
+//! A node of a MariaDB Galera cluster is benched the same way, as an application uses one:
+//! every connection to the node of the URL, each write replicated to the other nodes and
+//! certified before its commit returns. The rows are named `galera`.
 
 use std::sync::Arc;
 
@@ -126,6 +130,7 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
     )
     .fetch_one(&pool)
     .await?;
+    let galera = galera_nodes(&pool).await?;
     let raw = Arc::new(MySqlStatements {
         table: raw_table.clone(),
         insert: render(INSERT),
@@ -150,15 +155,21 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
         inbox_as_hand: TxInbox::new(store.clone()),
     };
     Ok(Target {
-        backend: "mysql",
+        backend: if galera.is_some() { "galera" } else { "mysql" },
         store: Arc::new(store),
         purge_store: Arc::new(purge_store),
         clock,
         raw: Arc::new(SqlRaw(raw)),
         tx: Some(Arc::new(tx)),
         setup: format!(
-            "{version}, innodb_flush_log_at_trx_commit={flush}, innodb_buffer_pool_size={} MiB; \
+            "{version}{}, innodb_flush_log_at_trx_commit={flush}, innodb_buffer_pool_size={} MiB; \
              pool {} (store and raw, the store's pool options){}",
+            galera
+                .map(|nodes| format!(
+                    ", Galera cluster of {} nodes ({nodes}), every connection to the URL's node",
+                    nodes.split(',').count()
+                ))
+                .unwrap_or_default(),
             buffer_pool >> 20,
             config.max_connections,
             if params.raw_indexes {
@@ -168,6 +179,21 @@ pub(crate) async fn open(url: &str, names: &Names, params: &Params) -> Result<Ta
             }
         ),
     })
+}
+
+/// The SQL addresses of the Galera cluster's nodes (`wsrep_incoming_addresses`,
+/// comma-separated) when the server is a node of one; `None` for a plain server.
+pub(crate) async fn galera_nodes<'c, E>(conn: E) -> Result<Option<String>>
+where
+    E: sqlx::Executor<'c, Database = sqlx::MySql>,
+{
+    let found: Option<(String, String)> =
+        sqlx::query_as("SHOW GLOBAL STATUS LIKE 'wsrep_incoming_addresses'")
+            .fetch_optional(conn)
+            .await?;
+    Ok(found
+        .map(|(_, nodes)| nodes)
+        .filter(|nodes| nodes.contains(':')))
 }
 
 /// MySQL's raw statements, rendered for the bench's tables, and their pool.

@@ -125,8 +125,9 @@ pub(crate) trait Transactional: Send + Sync {
 
 /// One backend under test.
 pub(crate) struct Target {
-    /// `sqlite`, `postgres` (durable settings), `postgres-nosync`, `redis`,
-    /// `redis-cluster`, `valkey`, `valkey-cluster`.
+    /// `sqlite`, `postgres` (durable settings), `postgres-nosync`, `mysql`, `galera`,
+    /// `redis`, `redis-cluster`, `valkey`, `valkey-cluster`, `nats-kv` (R1),
+    /// `nats-kv-r3`.
     pub(crate) backend: &'static str,
     /// The store as an application opens it (default clock), on names of its own.
     pub(crate) store: Arc<dyn DedupStore>,

@@ -115,6 +115,13 @@ pub(crate) async fn probe(url: Option<&str>) -> Result<Box<dyn Probe>> {
 
 /// The URL of `url`'s server through a new counting proxy.
 pub(crate) async fn proxy(url: &str) -> Result<Option<(CountingProxy, String)>> {
+    // NATS KV: through the first server alone (the others are the cluster's).
+    #[cfg(feature = "nats-kv")]
+    if let Some(server) = super::nats_kv::first_server(url) {
+        let proxy = CountingProxy::start(server, Protocol::Nats).await?;
+        let through = super::nats_kv::through(url, &proxy.addr().to_string());
+        return Ok(through.map(|through| (proxy, through)));
+    }
     let Some(protocol) = Protocol::of_url(url) else {
         return Ok(None);
     };

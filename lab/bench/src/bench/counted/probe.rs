@@ -6,7 +6,9 @@
 //! | --- | --- | --- | --- | --- |
 //! | PostgreSQL | n/a (no `pg_stat_statements` needed) | `pg_stat_database` `xact_commit` | `pg_stat_wal.wal_sync` | the postmaster of `pg_backend_pid()` and its children |
 //! | MySQL / MariaDB | `Questions` | `Handler_commit` | `Innodb_os_log_fsyncs` (MariaDB 10.8+: `Innodb_data_fsyncs`, every InnoDB fsync) | the pid in `@@pid_file` |
+//! | MariaDB Galera | the same, of the URL's node | the same, of the URL's node | the same, of the URL's node | every node's `@@pid_file` (`wsrep_incoming_addresses`) |
 //! | Redis / Valkey | `INFO stats` `total_commands_processed` | n/a | n/a (`appendfsync` as configured) | `INFO server` `process_id` |
+//! | NATS KV | n/a | n/a | n/a (`sync_interval` as configured) | every node's `nats-server`: the listeners of the URL's servers and of the `connect_urls` they announce |
 //!
 //! Every figure is the whole server's: run the counted bench on a server of its own.
 
@@ -91,6 +93,10 @@ pub(crate) async fn open(url: &str) -> Result<Box<dyn Probe>> {
     if url.starts_with("redis://") {
         return Ok(Box::new(redis::RedisProbe::open(url).await?));
     }
+    #[cfg(feature = "nats-kv")]
+    if url.starts_with("nats-kv://") {
+        return Ok(Box::new(nats::NatsProbe::open(url).await?));
+    }
     let _ = url;
     Ok(Box::new(NoServer))
 }
@@ -170,27 +176,70 @@ mod mysql {
 
     pub(crate) struct MySqlProbe {
         conn: Mutex<MySqlConnection>,
-        server: Option<Server>,
+        /// The server's process; a Galera cluster's: every node's (`None` where one is
+        /// not on this machine).
+        servers: Vec<Option<Server>>,
         flush_at_commit: String,
+        galera: bool,
     }
 
     impl MySqlProbe {
         pub(crate) async fn open(url: &str) -> Result<Self> {
             let mut conn = MySqlConnection::connect(url).await?;
-            let (pid_file, flush): (String, String) =
-                sqlx::query_as("SELECT @@pid_file, CAST(@@innodb_flush_log_at_trx_commit AS CHAR)")
-                    .fetch_one(&mut conn)
-                    .await?;
-            let server = std::fs::read_to_string(&pid_file)
-                .ok()
-                .and_then(|p| p.trim().parse().ok())
-                .map(Server::Process);
+            let flush = flush_at_commit(&mut conn).await?;
+            let mut servers = vec![server_of(&mut conn).await?];
+            // A Galera node: every node's CPU, since each applies every write.
+            let nodes = crate::bench::mysql::galera_nodes(&mut conn).await?;
+            for node in nodes.iter().flat_map(|n| n.split(',')) {
+                let Some(node_url) = with_address(url, node) else {
+                    continue;
+                };
+                let mut other = MySqlConnection::connect(&node_url).await?;
+                let server = server_of(&mut other).await?;
+                // The URL's own node is listed too.
+                if !servers
+                    .iter()
+                    .any(|s| s.map(|s| s.pid()) == server.map(|s| s.pid()))
+                {
+                    servers.push(server);
+                }
+            }
             Ok(MySqlProbe {
                 conn: Mutex::new(conn),
-                server,
+                servers,
                 flush_at_commit: flush,
+                galera: nodes.is_some(),
             })
         }
+    }
+
+    async fn flush_at_commit(conn: &mut MySqlConnection) -> Result<String> {
+        Ok(
+            sqlx::query_scalar("SELECT CAST(@@innodb_flush_log_at_trx_commit AS CHAR)")
+                .fetch_one(conn)
+                .await?,
+        )
+    }
+
+    /// The server process of the connection (`@@pid_file`), when it runs on this machine.
+    async fn server_of(conn: &mut MySqlConnection) -> Result<Option<Server>> {
+        let pid_file: String = sqlx::query_scalar("SELECT @@pid_file")
+            .fetch_one(conn)
+            .await?;
+        Ok(std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .map(Server::Process))
+    }
+
+    /// `url` with its `host:port` replaced by `address`.
+    fn with_address(url: &str, address: &str) -> Option<String> {
+        let start = url.find("://")? + 3;
+        let end = url[start..]
+            .find(['/', '?'])
+            .map_or(url.len(), |i| start + i);
+        let host = url[start..end].rfind('@').map_or(start, |i| start + i + 1);
+        Some(format!("{}{}{}", &url[..host], address.trim(), &url[end..]))
     }
 
     impl Probe for MySqlProbe {
@@ -213,15 +262,25 @@ mod mysql {
                     commits: get("Handler_commit"),
                     // MariaDB 10.8+ has no log-only counter: all of InnoDB's fsyncs.
                     log_flushes: get("Innodb_os_log_fsyncs").or_else(|| get("Innodb_data_fsyncs")),
-                    cpu: self.server.and_then(|s| s.cpu()),
+                    cpu: self.servers.iter().map(|s| s.and_then(|s| s.cpu())).sum(),
                 })
             })
         }
 
         fn describe(&self) -> String {
-            let cpu = match self.server {
-                Some(s) => format!("server CPU of mariadbd {}", s.pid()),
-                None => "server CPU: n/a (the server is not on this machine)".into(),
+            let pids: Option<Vec<String>> = self
+                .servers
+                .iter()
+                .map(|s| s.map(|s| s.pid().to_string()))
+                .collect();
+            let cpu = match (pids, self.galera) {
+                (Some(pids), false) => format!("server CPU of mariadbd {}", pids.join(", ")),
+                (Some(pids), true) => format!(
+                    "counters of the URL's node, server CPU of the {} Galera nodes' mariadbd {}",
+                    pids.len(),
+                    pids.join(", ")
+                ),
+                (None, _) => "server CPU: n/a (a server is not on this machine)".into(),
             };
             format!(
                 "innodb_flush_log_at_trx_commit={}, {cpu}",
@@ -304,6 +363,87 @@ mod redis {
                 None => "server CPU: n/a (the server is not on this machine)".into(),
             };
             format!("{}, {cpu}", self.persistence)
+        }
+    }
+}
+
+#[cfg(feature = "nats-kv")]
+mod nats {
+    use async_nats::ServerAddr;
+    use dedup_nats_kv::NatsKvTarget;
+    use futures::future::BoxFuture;
+
+    use super::{Probe, Reading, Server};
+    use crate::bench::Result;
+    use crate::bench::counted::cpu::listener_of;
+
+    /// The CPU of a NATS server or cluster: every node's `nats-server`.
+    pub(crate) struct NatsProbe {
+        /// `None` where a node is not on this machine.
+        servers: Vec<Option<Server>>,
+    }
+
+    impl NatsProbe {
+        pub(crate) async fn open(url: &str) -> Result<Self> {
+            let target = dedup::StoreUrl::parse(url)?
+                .into_target()
+                .downcast::<NatsKvTarget>()
+                .map_err(|_| "not a NATS KV URL")?;
+            let addrs = target
+                .servers
+                .iter()
+                .map(|s| s.parse::<ServerAddr>())
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let client = async_nats::connect(addrs).await?;
+            // The URL's servers, and the cluster's other nodes as they announce themselves.
+            let mut nodes: Vec<String> = target
+                .servers
+                .iter()
+                .map(|s| s.rsplit_once('@').map_or(s.as_str(), |(_, a)| a).to_owned())
+                .collect();
+            nodes.extend(
+                client
+                    .server_info()
+                    .connect_urls
+                    .iter()
+                    .map(|u| format!("nats://{u}")),
+            );
+            let mut servers: Vec<Option<Server>> = Vec::new();
+            for node in nodes {
+                let server = listener_of(&node).map(Server::Process);
+                if !servers
+                    .iter()
+                    .any(|s| s.map(|s| s.pid()) == server.map(|s| s.pid()))
+                {
+                    servers.push(server);
+                }
+            }
+            Ok(NatsProbe { servers })
+        }
+    }
+
+    impl Probe for NatsProbe {
+        fn read(&self) -> BoxFuture<'_, Result<Reading>> {
+            Box::pin(async move {
+                Ok(Reading {
+                    statements: None,
+                    commits: None,
+                    log_flushes: None,
+                    cpu: self.servers.iter().map(|s| s.and_then(|s| s.cpu())).sum(),
+                })
+            })
+        }
+
+        fn describe(&self) -> String {
+            let pids: Option<Vec<String>> = self
+                .servers
+                .iter()
+                .map(|s| s.map(|s| s.pid().to_string()))
+                .collect();
+            match pids {
+                Some(pids) => format!("server CPU of nats-server {}", pids.join(", ")),
+                None => "server CPU: n/a (a server is not on this machine)".into(),
+            }
         }
     }
 }
