@@ -1,13 +1,14 @@
 //! NATS JetStream KV (one server or a cluster): the store under key prefixes of its own in
-//! the URL's bucket, and the raw baseline as the same key-value operations issued through
-//! async-nats's own key-value API, on a client of its own with the store's connection
-//! settings: `create` with a TTL (a publish expecting no message on the key), then `update`
-//! expecting the revision the create made. A duplicate is a create that fails.
+//! the URL's bucket, and the raw baseline as the same key-value operations, on a client of
+//! its own with the store's connection settings: async-nats's key-value `create` with a
+//! TTL (a publish expecting no message on the key), then the update `update` publishes
+//! (expecting the revision the create made), with the TTL too, as the store's commit has.
+//! A duplicate is a create that fails.
 //!
 //! The rows are named by the bucket's replicas: `nats-kv` (R1) and `nats-kv-r3` (R3, on a
 //! 3-node cluster). At the end, the run's keys are purged from the bucket, one purge per
-//! prefix. A run that dies leaves them: the store's expire by their TTL ([`RETENTION`]; the
-//! purge store's after a day), the raw ones stay (async-nats's `update` sets no TTL).
+//! prefix. A run that dies leaves them to expire by their TTL ([`RETENTION`]; the purge
+//! store's after a day).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,11 +103,10 @@ pub(crate) async fn open(target: &NatsKvTarget, names: &Names) -> Result<Target>
     let replicas = info.config.num_replicas;
     let server = client.server_info();
     let setup = format!(
-        "nats-server {}, {} server URL(s), {} known to the client; bucket {} R{replicas}{}; \
-         one client each (store, raw: async-nats key-value create + update)",
+        "nats-server {}, {} server URL(s); bucket {} R{replicas}{}; one client each (store, \
+         raw: async-nats key-value create, then the update with the TTL)",
         server.version,
         target.servers.len(),
-        server.connect_urls.len().max(1),
         config.bucket,
         info.cluster
             .as_ref()
@@ -121,6 +121,8 @@ pub(crate) async fn open(target: &NatsKvTarget, names: &Names) -> Result<Target>
     let raw = NatsKvRaw {
         inner: Arc::new(Inner {
             kv,
+            js,
+            subject: format!("$KV.{}.", config.bucket),
             stream,
             prefix: prefix(names, "raw"),
             subjects,
@@ -191,6 +193,9 @@ struct NatsKvRaw {
 
 struct Inner {
     kv: Kv,
+    js: jetstream::Context,
+    /// `$KV.<bucket>.`: a key's subject is this and the key.
+    subject: String,
     stream: Stream,
     prefix: String,
     /// The subjects of every key this run wrote (purged at cleanup).
@@ -213,10 +218,26 @@ impl Inner {
         }
     }
 
-    /// The commit: an update expecting the create's revision.
+    /// The commit: an update expecting the create's revision, with the TTL (what
+    /// `Store::update` publishes, which takes no TTL, and the header `create_with_ttl`
+    /// adds).
     async fn update(&self, key: &str, token: &str, revision: u64) -> Result<()> {
-        self.kv
-            .update(key, format!("c:{token}").into(), revision)
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            revision.to_string().as_str(),
+        );
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_TTL,
+            RETENTION.as_secs().to_string().as_str(),
+        );
+        self.js
+            .publish_with_headers(
+                format!("{}{key}", self.subject),
+                headers,
+                format!("c:{token}").into(),
+            )
+            .await?
             .await?;
         Ok(())
     }
