@@ -156,16 +156,7 @@ impl Messages {
         struct Info {
             ts: String,
         }
-        let subject = format!("STREAM.INFO.{}", self.stream_name);
-        let answer: Response<Info> = self
-            .js
-            .request(subject, &serde_json::json!({}))
-            .await
-            .map_err(transport)?;
-        let info = match answer {
-            Response::Ok(info) => info,
-            Response::Err { error } => return Err(api(error)),
-        };
+        let info: Info = self.stream_info().await?;
         let at =
             time::OffsetDateTime::parse(&info.ts, &time::format_description::well_known::Rfc3339)
                 .map_err(|e| backend(false, e))?;
@@ -173,6 +164,35 @@ impl Messages {
         i64::try_from(ms)
             .map(Timestamp::from_millis)
             .map_err(|_| unreadable("server time"))
+    }
+
+    /// The sequence of the stream's last message now (its state's `last_seq`; 0 when it
+    /// never had one).
+    pub(crate) async fn last_sequence(&self) -> Result<u64> {
+        #[derive(serde::Deserialize)]
+        struct State {
+            last_seq: u64,
+        }
+        #[derive(serde::Deserialize)]
+        struct Info {
+            state: State,
+        }
+        let info: Info = self.stream_info().await?;
+        Ok(info.state.last_seq)
+    }
+
+    /// The fields of a stream info answer that `T` names.
+    async fn stream_info<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        let subject = format!("STREAM.INFO.{}", self.stream_name);
+        let answer: Response<T> = self
+            .js
+            .request(subject, &serde_json::json!({}))
+            .await
+            .map_err(transport)?;
+        match answer {
+            Response::Ok(info) => Ok(info),
+            Response::Err { error } => Err(api(error)),
+        }
     }
 }
 

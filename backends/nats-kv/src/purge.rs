@@ -6,6 +6,10 @@
 //! one by deleting that exact message: a record written since is a newer message, and its
 //! old one is already gone, so the delete removes nothing (the check and the removal are
 //! one step on the server).
+//!
+//! A run walks to the stream's last sequence as it was at the run's first batch. Records
+//! written after that are not the run's: without the bound, a steady stream of claims
+//! would keep a run walking behind them and never let it finish.
 
 use async_trait::async_trait;
 use dedup_core::backend::transition::{Purgeable, purgeable};
@@ -25,13 +29,25 @@ struct StoredRun {
     stopped_early: bool,
 }
 
+/// Where a purge run is in its walk of the stream, between batches.
+#[derive(Debug, Default)]
+pub struct Cursor {
+    /// The next stream sequence to look at.
+    next: u64,
+    /// The stream's last sequence at the run's first batch: where the run ends.
+    end: Option<u64>,
+}
+
 #[async_trait]
 impl PurgeBatches for NatsKvStore {
-    /// The next stream sequence to look at.
-    type PurgeCursor = u64;
+    type PurgeCursor = Cursor;
 
-    async fn purge_batch(&self, step: &PurgeStep, cursor: &mut u64) -> Result<PurgeBatch> {
+    async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
         let now = self.now().await?;
+        let end = match cursor.end {
+            Some(end) => end,
+            None => *cursor.end.insert(self.messages().last_sequence().await?),
+        };
         let filter = self.subjects().all_records();
         let mut batch = PurgeBatch::default();
         while batch.total() < step.limit as u64 {
@@ -41,11 +57,16 @@ impl PurgeBatches for NatsKvStore {
             {
                 return Ok(batch);
             }
-            let Some(stored) = self.messages().next(&filter, *cursor).await? else {
+            let found = if cursor.next > end {
+                None
+            } else {
+                self.messages().next(&filter, cursor.next).await?
+            };
+            let Some(stored) = found.filter(|s| s.revision <= end) else {
                 batch.exhausted = true;
                 return Ok(batch);
             };
-            *cursor = stored.revision + 1;
+            cursor.next = stored.revision + 1;
             let Some(key) = self.subjects().key_of(&stored.subject) else {
                 continue;
             };
