@@ -195,8 +195,11 @@ async fn a_killed_connection_is_a_retryable_error_and_the_pool_recovers() {
     let url = url_or_skip!();
     let store = common::store(&url, "killed", None).await;
     let k = key("billing", "killed");
-    let first = store.claim(&k, &lease(60)).await.expect("claim");
+    let first = store.claim(&k, &lease(1)).await.expect("claim");
     assert!(first.is_acquired());
+    // An expired lease: the next claim's takeover writes the row (a claim of a live lease
+    // only reads it, and would not wait).
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
 
     // Hold the row so the next claim waits inside the server, where we can find and kill
     // its backend.
@@ -257,13 +260,14 @@ async fn a_killed_connection_is_a_retryable_error_and_the_pool_recovers() {
     assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source:?}");
 
     block.rollback().await.expect("release the row");
-    // The pool replaces the dead connection: the retry answers from the stored record.
+    // The pool replaces the dead connection: the retry takes the expired lease over, as
+    // the killed claim would have.
     let retried = store
         .claim(&k, &lease(60))
         .await
         .expect("retry after reconnect");
     assert!(
-        matches!(retried, Claim::InFlight { attempt: 1, .. }),
+        matches!(&retried, Claim::Acquired(l) if l.attempt == 2),
         "{retried:?}"
     );
 }
