@@ -24,15 +24,8 @@ impl MySqlStore {
     ) -> Result<Fast<Claim>> {
         let token = LeaseToken::random();
         let now = self.now_param();
-        let query = sqlx::query(self.inner.sql.claim_fresh_one.clone())
-            .bind(key.consumer())
-            .bind(key.message_id())
-            .bind(token.to_string())
-            .bind(now)
-            .bind(now)
-            .bind(dedup_core::duration_millis(options.lease))
-            .bind(fingerprint_param(options.fingerprint.as_ref()))
-            .bind(now);
+        let query = sqlx::query(self.inner.sql.claim_fresh_one.clone());
+        let query = bind_fresh_row(query, key, options, &token, now);
         Ok(match self.insert_fresh(query).await? {
             Fast::Done(now) => Fast::Done(acquired(key, token, now.saturating_add(options.lease))),
             Fast::General => Fast::General,
@@ -79,15 +72,7 @@ impl MySqlStore {
         let now = self.now_param();
         let mut query = sqlx::query(AssertSqlSafe(self.inner.sql.claim_fresh(requests.len())));
         for ((key, options), token) in requests.iter().zip(&tokens) {
-            query = query
-                .bind(key.consumer())
-                .bind(key.message_id())
-                .bind(token.to_string())
-                .bind(now)
-                .bind(now)
-                .bind(dedup_core::duration_millis(options.lease))
-                .bind(fingerprint_param(options.fingerprint.as_ref()))
-                .bind(now);
+            query = bind_fresh_row(query, key, options, token, now);
         }
         let Fast::Done(now) = self.insert_fresh(query).await? else {
             return Ok(Fast::General);
@@ -160,4 +145,23 @@ impl MySqlStore {
             Fast::General
         })
     }
+}
+
+/// The parameters of one row of a fresh-key insert, in the statements' order.
+fn bind_fresh_row<'q>(
+    query: Query<'q, MySql, MySqlArguments>,
+    key: &'q Key,
+    options: &ClaimOptions,
+    token: &LeaseToken,
+    now: Option<i64>,
+) -> Query<'q, MySql, MySqlArguments> {
+    query
+        .bind(key.consumer())
+        .bind(key.message_id())
+        .bind(token.to_string())
+        .bind(now)
+        .bind(now)
+        .bind(dedup_core::duration_millis(options.lease))
+        .bind(fingerprint_param(options.fingerprint.as_ref()))
+        .bind(now)
 }
