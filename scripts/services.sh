@@ -16,6 +16,7 @@
 #                             [kafka] [pubsub] [galera] (none = all fourteen)
 #   scripts/services.sh env      # prints `export DEDUP_...=...` lines; eval "$(scripts/services.sh env)"
 #   scripts/services.sh status   # which services of this state dir answer
+#   scripts/services.sh report   # the same, and the last log lines of each that does not
 #   scripts/services.sh install-browser   # Debian's chromium and chromium-driver, when missing (the console's browser tests)
 #   scripts/services.sh rabbitmqctl ARGS...   # rabbitmqctl against this state dir's node
 #   scripts/services.sh crash-restart postgres|mariadb|rabbitmq|kafka|kafka-durable [DOWN]   # kill -9 style restart, data kept (tests;
@@ -190,6 +191,18 @@ cmd_status() {
     done
 }
 
+# Status, then the last lines of every log of each started service that does not answer
+# (a server that died mid-run says why there: test.sh runs this when tests failed).
+cmd_report() {
+    cmd_status
+    local svc file
+    for svc in "${KNOWN_SERVICES[@]}"; do
+        [[ -d $STATE_DIR/$svc ]] || continue
+        "${svc//-/_}_alive" && continue
+        while IFS= read -r file; do show_log "$file"; done < <(find "$STATE_DIR/$svc" -name '*.log' -type f | sort)
+    done
+}
+
 cmd_stop() {
     if [[ ! -d $STATE_DIR ]]; then
         log "nothing to stop ($STATE_DIR does not exist)"
@@ -253,6 +266,7 @@ main() {
         stop) cmd_stop "$@" ;;
         env) cmd_env ;;
         status) cmd_status ;;
+        report) cmd_report ;;
         install-browser) cmd_install_browser ;;
         rabbitmqctl) rabbitmq_ctl "$@" ;;
         crash-restart) cmd_service crash_restart crash-restart "$@" ;;

@@ -129,6 +129,8 @@ export "$runner_var=$REPO_ROOT/scripts/test-binary.sh"
 # --all-features: the examples crate's default builds only the main demo (a lean first
 # `cargo run`); the tests build and run every program, backend and TLS.
 step "cargo test" cargo test --workspace --all-targets --all-features --no-fail-fast "$@"
+# A server that died mid-run explains the failures it caused: show which, and its log.
+if [[ " ${failed[*]} " == *" cargo test "* ]]; then scripts/services.sh report || true; fi
 step "doc tests" cargo test --workspace --all-features --doc
 
 if [[ $checks != 0 ]]; then

@@ -454,7 +454,12 @@ async fn partition_and_heal(link: &str, url: &str) -> Duration {
     set_link(link, "up").await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while status(&mut conn, "wsrep_local_state_comment").await != "Synced" {
-        assert!(Instant::now() < deadline, "node 3 did not rejoin");
+        if Instant::now() >= deadline {
+            panic!(
+                "node 3 did not rejoin within 60 s of the heal: {}",
+                common::cluster_state().await
+            );
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     left

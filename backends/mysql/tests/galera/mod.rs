@@ -126,3 +126,42 @@ pub async fn connect_to(port: u16) -> MySqlConnection {
         .await
         .expect("a connection to the node")
 }
+
+/// What each node says of itself, for a failure's message: `node 2: Primary, Synced, 3
+/// members`, or why it did not answer (a node that died is `connection refused`; its
+/// error log says why, and `scripts/services.sh report` shows it).
+pub async fn cluster_state() -> String {
+    let mut nodes = Vec::new();
+    for (i, url) in urls().iter().enumerate() {
+        let state = match MySqlConnection::connect(url).await {
+            Ok(mut conn) => {
+                let rows: Result<Vec<(String, String)>, _> = sqlx::query_as(
+                    "SHOW STATUS WHERE Variable_name IN ('wsrep_cluster_status', \
+                     'wsrep_local_state_comment', 'wsrep_cluster_size')",
+                )
+                .fetch_all(&mut conn)
+                .await;
+                match rows {
+                    Ok(rows) => {
+                        let value = |name: &str| {
+                            rows.iter()
+                                .find(|(n, _)| n == name)
+                                .map_or("?", |(_, v)| v.as_str())
+                                .to_owned()
+                        };
+                        format!(
+                            "{}, {}, {} members",
+                            value("wsrep_cluster_status"),
+                            value("wsrep_local_state_comment"),
+                            value("wsrep_cluster_size")
+                        )
+                    }
+                    Err(e) => format!("status unreadable: {e}"),
+                }
+            }
+            Err(e) => format!("unreachable: {e}"),
+        };
+        nodes.push(format!("node {}: {state}", i + 1));
+    }
+    nodes.join("; ")
+}
