@@ -31,6 +31,7 @@ const LEASE_MODE: LeaseCosts = LeaseCosts {
     claim_fresh: Cost::new(1, 1, 1),
     claim_in_flight: Cost::new(4, 4, 2),
     claim_completed: Cost::new(4, 4, 2),
+    claim_expired: Cost::new(5, 5, 2),
     renew: Cost::new(1, 1, 1),
     commit: Cost::new(1, 1, 1),
     release: Cost::new(1, 1, 1),

@@ -18,6 +18,9 @@ const CONSUMER: &str = "op-counts";
 /// The lease every measured claim asks for (never runs out during a guard).
 const LEASE: Duration = Duration::from_secs(30);
 
+/// The lease of a claim the guard lets run out, to measure a takeover.
+const RUNS_OUT: Duration = Duration::from_millis(20);
+
 /// The expected cost of each operation [`check_lease_mode`] measures.
 #[derive(Clone, Copy, Debug)]
 pub struct LeaseCosts {
@@ -27,6 +30,8 @@ pub struct LeaseCosts {
     pub claim_in_flight: Cost,
     /// `claim` of a committed key.
     pub claim_completed: Cost,
+    /// `claim` of a key whose lease ran out: a takeover.
+    pub claim_expired: Cost,
     /// `renew` of a held lease.
     pub renew: Cost,
     /// `commit` with an outcome.
@@ -70,8 +75,8 @@ fn commits(claims: Vec<ItemResult<Claim>>) -> Vec<CommitRequest> {
 
 /// Measure the lease-mode operations on `store` against `expected`: each runs once on keys
 /// of its own (`w*`: the first use of a statement or script prepares or loads it) before
-/// it is measured on `a` / `b` / `m*`, one call at a time. The keys `w1`, `w2`, `wm*`,
-/// `a`, `b` and `m*` of consumer `op-counts` must be unused.
+/// it is measured on `a` / `b` / `e` / `m*`, one call at a time. The keys `w1`, `w2`,
+/// `we`, `wm*`, `a`, `b`, `e` and `m*` of consumer `op-counts` must be unused.
 pub async fn check_lease_mode(g: &mut CostGuard, store: &dyn DedupStore, expected: &LeaseCosts) {
     let options = ClaimOptions::lease(LEASE);
 
@@ -128,6 +133,21 @@ pub async fn check_lease_mode(g: &mut CostGuard, store: &dyn DedupStore, expecte
     g.check("release", expected.release, store.release(&lease))
         .await
         .unwrap();
+
+    let short = ClaimOptions::lease(RUNS_OUT);
+    acquired(store.claim(&key("we"), &short).await.unwrap());
+    acquired(store.claim(&key("e"), &short).await.unwrap());
+    tokio::time::sleep(RUNS_OUT * 5).await;
+    acquired(store.claim(&key("we"), &options).await.unwrap());
+    acquired(
+        g.check(
+            "claim of a key whose lease ran out",
+            expected.claim_expired,
+            store.claim(&key("e"), &options),
+        )
+        .await
+        .unwrap(),
+    );
 
     let warm = store.claim_many(&hundred("wm", &options)).await.unwrap();
     let requests = hundred("m", &options);
