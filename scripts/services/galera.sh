@@ -6,10 +6,13 @@
 # transfer fails on permissions). The database `dedup` and user `dedup` are made on node 1
 # and replicate (DEDUP_GALERA_URLS: the three nodes' URLs, comma-separated;
 # DEDUP_GALERA_URL: node 1's; DEDUP_GALERA_DIR: the cluster's folder, for the node-loss
-# tests). Failure detection is tightened to seconds (evs timeouts) so a test that kills or
-# cuts off a node sees the cluster move on quickly; reads, updates and deletes wait for
-# the cluster (`wsrep_sync_wait = 3`), as dedup-mysql requires. The Debian package
-# galera-4 holds the provider. Uses mariadb.sh.
+# tests). Failure detection is tightened to seconds (evs suspect and inactive timeouts) so
+# a test that kills or cuts off a node sees the cluster move on quickly. The membership
+# round that follows keeps Galera's install timeout (7.5 s, 3 tries): a round that runs out
+# of tries is a fatal error of the node's group communication, and 4 s can be too short on
+# a busy 2-core machine. Reads, updates and deletes wait for the cluster
+# (`wsrep_sync_wait = 3`), as dedup-mysql requires. The Debian package galera-4 holds the
+# provider. Uses mariadb.sh.
 #
 # As root, node 3 runs on a host of its own (DEDUP_GALERA_NETNS: 1 by default as root where
 # namespaces can be made, 0 otherwise): a network namespace (lib.sh's netns_add) joined to
@@ -98,7 +101,7 @@ galera_cnf() {
         "wsrep_node_name = node-$node" \
         "wsrep_node_address = ${peers[$((node - 1))]}" \
         "wsrep_node_incoming_address = $sql_host:${ports[$base]}" \
-        "wsrep_provider_options = \"gmcast.listen_addr=tcp://${peers[$((node - 1))]};ist.recv_addr=$me:${ports[$((base + 2))]};gcache.size=32M;evs.suspect_timeout=PT2S;evs.inactive_timeout=PT4S;evs.install_timeout=PT4S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S\"" \
+        "wsrep_provider_options = \"gmcast.listen_addr=tcp://${peers[$((node - 1))]};ist.recv_addr=$me:${ports[$((base + 2))]};gcache.size=32M;evs.suspect_timeout=PT2S;evs.inactive_timeout=PT4S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S\"" \
         "wsrep_sst_method = rsync" \
         "wsrep_sst_receive_address = $me:${ports[$((base + 3))]}" \
         "wsrep_slave_threads = 2" \

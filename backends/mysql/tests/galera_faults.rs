@@ -438,7 +438,7 @@ async fn run_command(mut command: std::process::Command) {
 /// how long after the cut the node left the primary component.
 async fn partition_and_heal(link: &str, url: &str) -> Duration {
     let mut conn = MySqlConnection::connect(url).await.expect("node 3");
-    set_link(link, "down").await;
+    let healed = Cut::new(link).await;
     let cut = Instant::now();
     let left = loop {
         if status(&mut conn, "wsrep_cluster_status").await != "Primary" {
@@ -451,7 +451,7 @@ async fn partition_and_heal(link: &str, url: &str) -> Duration {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     tokio::time::sleep(Duration::from_secs(FAULT_SECONDS)).await;
-    set_link(link, "up").await;
+    healed.heal().await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while status(&mut conn, "wsrep_local_state_comment").await != "Synced" {
         if Instant::now() >= deadline {
@@ -465,11 +465,42 @@ async fn partition_and_heal(link: &str, url: &str) -> Duration {
     left
 }
 
+/// Node 3's cluster link while it is down. Dropped without [`Cut::heal`] (the test failed
+/// mid-partition), it brings the link up anyway: the tests after it need the whole cluster.
+struct Cut {
+    link: Option<String>,
+}
+
+impl Cut {
+    /// `ip link set LINK down`.
+    async fn new(link: &str) -> Self {
+        run_command(ip_link(link, "down")).await;
+        Self {
+            link: Some(link.to_owned()),
+        }
+    }
+
+    /// `ip link set LINK up`.
+    async fn heal(mut self) {
+        if let Some(link) = self.link.take() {
+            run_command(ip_link(&link, "up")).await;
+        }
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        if let Some(link) = self.link.take() {
+            let _ = ip_link(&link, "up").status();
+        }
+    }
+}
+
 /// `ip link set LINK STATE`.
-async fn set_link(link: &str, state: &str) {
+fn ip_link(link: &str, state: &str) -> std::process::Command {
     let mut ip = std::process::Command::new("ip");
     ip.args(["link", "set", link, state]);
-    run_command(ip).await;
+    ip
 }
 
 /// The node's status variable `name` (`SHOW STATUS` answers out of the primary component
