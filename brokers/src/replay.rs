@@ -25,7 +25,7 @@ use std::collections::BTreeSet;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use dedup_core::{Admin, Forgot, Key, Status};
+use dedup_core::{Admin, Forgot, Key, RecordState, Status};
 
 use crate::BrokerError;
 use crate::fault::{
@@ -317,15 +317,17 @@ async fn replay_one(
         return Ok(());
     }
     let key = Key::new(consumer, id).map_err(|e| (format!("the key of {id}"), e.into()))?;
-    let now = admin
-        .now()
-        .await
-        .map_err(|e| (format!("reading the store's clock for {key}"), e.into()))?;
     let record = admin
         .get(&key)
         .await
         .map_err(|e| (format!("reading {key}"), e.into()))?;
-    match record.map(|r| Status::of(&r, now)) {
+    // A lease live or run out is left alike (a redelivery takes an expired one over), so
+    // the store's clock is not read.
+    let status = record.map(|r| match r.state {
+        RecordState::InFlight { .. } => Status::InFlight,
+        RecordState::Completed { outcome, .. } => Status::of_outcome(outcome.as_deref()),
+    });
+    match status {
         Some(Status::Completed) => {
             if mode == Mode::Replay {
                 settle(dead, letter, &key).await?;

@@ -1,5 +1,5 @@
-//! The replay scenarios, written once over a [`ReplayBroker`] and run by the RabbitMQ,
-//! NATS and Pub/Sub replay tests through [`replay_scenarios!`].
+//! The replay scenarios, written once over a [`ReplayBroker`] and run by each broker's
+//! replay test through [`replay_scenarios!`].
 //!
 //! Each dead-letters messages with the [`fixable`] handler, fixes it, replays, and counts
 //! the handler's good runs per message id: exactly one each.
@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_brokers::replay::{DeadLetters, Pick, ReplayReport, plan, replay};
 use dedup_brokers::{ConsumerConfig, ConsumerStats, ShutdownTrigger, Source, consume, shutdown};
-use dedup_core::{Admin, DedupStore, Key, MemoryStore, Status};
+use dedup_core::{Admin, Claim, ClaimOptions, DedupStore, Key, MemoryStore, Status};
 use futures::FutureExt;
 use tokio::task::JoinHandle;
 
@@ -264,6 +264,34 @@ pub async fn a_replay_run_twice_runs_the_handler_once<B: ReplayBroker>(fx: B) {
     w.finish().await;
 }
 
+/// A copy whose key a delivery holds is left, its lease live or run out (a redelivery
+/// takes a lease that ran out over); the copy stays for a later replay, and no handler
+/// runs.
+pub async fn a_copy_whose_key_is_in_flight_is_left<B: ReplayBroker>(fx: B) {
+    let w = World::start(fx).await;
+    let ids = strings(&["bad-f"]);
+    w.dead_letter(&ids).await;
+    let key = Key::new(w.fx.consumer(), "bad-f").unwrap();
+    w.store.forget(&key, false).await.unwrap();
+    let lease = Duration::from_millis(300);
+    let claim = w.store.claim(&key, &ClaimOptions::lease(lease)).await;
+    assert!(matches!(claim, Ok(Claim::Acquired(_))), "{claim:?}");
+    for (when, status) in [("live", Status::InFlight), ("run out", Status::Expired)] {
+        if status == Status::Expired {
+            tokio::time::sleep(lease * 2).await;
+        }
+        assert_eq!(w.status("bad-f").await, Some(status), "{when}");
+        let report = w.replay(&Pick::All).await;
+        let left: Vec<&str> = report.left.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(left, ["bad-f"], "lease {when}: {report:?}");
+        assert!(report.replayed.is_empty(), "lease {when}: {report:?}");
+        let dead: BTreeSet<String> = ids.iter().cloned().collect();
+        assert_eq!(w.dead_ids().await, dead, "lease {when}: the copy stays");
+    }
+    assert_eq!(runs_of(&w.runs, "bad-f"), 0, "no handler ran");
+    w.finish().await;
+}
+
 /// A replay raced by a live redelivery: the publisher sends the message again after the
 /// replay forgot the key, and it runs before the replay republishes. The republished copy
 /// is then a duplicate: the handler runs once, and the copy is settled.
@@ -305,6 +333,7 @@ macro_rules! replay_scenarios {
             replay_by_key_then_set_then_all_runs_each_once,
             a_replay_run_twice_runs_the_handler_once,
             a_replay_raced_with_a_redelivery_runs_the_handler_once,
+            a_copy_whose_key_is_in_flight_is_left,
         );
     };
 }
