@@ -55,15 +55,12 @@ fn poll_lock(tries: i32) -> bool {
 /// as often and each holds the writes back about a tenth as long, for a little more CPU
 /// per commit at one stream (BENCHMARKS.md, Scale).
 ///
-/// A checkpoint on a thread of its own was tried twice and dropped. Under a steady stream
-/// of commits, a passive checkpoint never finds the log wholly copied. So the log starts
-/// over only if the thread also holds the writes back while it copies the rest. The second
-/// try copied passes of 250 pages beside the commits and finished at the store's write
-/// gate every 1 000 pages. That hold was 12 to 22 ms with a restart checkpoint, 0.5 to 7 ms
-/// with a passive one. A claim's p99 at a million records rose from a median of 5.0 ms to
-/// 8.4 ms (20 000 claims at c=16, 6 and 7 runs). Its p50 fell a little, and the purge ran
-/// 1.6x as fast. Connections handed to the caller and other processes keep SQLite's
-/// default.
+/// A checkpoint on a thread of its own was tried twice and dropped (the figures are in the
+/// commits that say so). Under a steady stream of commits, a passive checkpoint never
+/// finds the log wholly copied. So the log starts over only if the thread also holds the
+/// writes back while it copies the rest, and that hold made a claim's p99 at a million
+/// records worse than these checkpoints do. Connections handed to the caller and other
+/// processes keep SQLite's default.
 pub(crate) const CHECKPOINT_PAGES: u32 = 100;
 
 /// Pause between two tries of [`retry_busy`].
