@@ -503,13 +503,7 @@ fn ip_link(link: &str, state: &str) -> std::process::Command {
     ip
 }
 
-/// The node's status variable `name` (`SHOW STATUS` answers out of the primary component
-/// too).
+/// The node's status variable `name`.
 async fn status(conn: &mut MySqlConnection, name: &str) -> String {
-    let row: Option<(String, String)> =
-        sqlx::query_as(AssertSqlSafe(format!("SHOW STATUS LIKE '{name}'")))
-            .fetch_optional(conn)
-            .await
-            .expect("the node's status");
-    row.map(|(_, value)| value).unwrap_or_default()
+    common::status(conn, name).await.expect("the node's status")
 }

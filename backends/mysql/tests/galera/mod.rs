@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dedup_core::Clock;
 use dedup_mysql::sqlx::mysql::MySqlConnectOptions;
-use dedup_mysql::sqlx::{self, Connection, MySqlConnection};
+use dedup_mysql::sqlx::{self, AssertSqlSafe, Connection, MySqlConnection};
 use dedup_mysql::{MySqlStore, pool_options};
 
 #[allow(unused_imports)] // each test binary uses a different part
@@ -127,6 +127,16 @@ pub async fn connect_to(port: u16) -> MySqlConnection {
         .expect("a connection to the node")
 }
 
+/// The node's status variable `name` (`SHOW STATUS` answers out of the primary component
+/// too), or "" when it has none.
+pub async fn status(conn: &mut MySqlConnection, name: &str) -> Result<String, sqlx::Error> {
+    let row: Option<(String, String)> =
+        sqlx::query_as(AssertSqlSafe(format!("SHOW STATUS LIKE '{name}'")))
+            .fetch_optional(conn)
+            .await?;
+    Ok(row.map(|(_, value)| value).unwrap_or_default())
+}
+
 /// What each node says of itself, for a failure's message: `node 2: Primary, Synced, 3
 /// members`, or why it did not answer (a node that died is `connection refused`; its
 /// error log says why, and `scripts/services.sh report` shows it).
@@ -134,34 +144,21 @@ pub async fn cluster_state() -> String {
     let mut nodes = Vec::new();
     for (i, url) in urls().iter().enumerate() {
         let state = match MySqlConnection::connect(url).await {
-            Ok(mut conn) => {
-                let rows: Result<Vec<(String, String)>, _> = sqlx::query_as(
-                    "SHOW STATUS WHERE Variable_name IN ('wsrep_cluster_status', \
-                     'wsrep_local_state_comment', 'wsrep_cluster_size')",
-                )
-                .fetch_all(&mut conn)
-                .await;
-                match rows {
-                    Ok(rows) => {
-                        let value = |name: &str| {
-                            rows.iter()
-                                .find(|(n, _)| n == name)
-                                .map_or("?", |(_, v)| v.as_str())
-                                .to_owned()
-                        };
-                        format!(
-                            "{}, {}, {} members",
-                            value("wsrep_cluster_status"),
-                            value("wsrep_local_state_comment"),
-                            value("wsrep_cluster_size")
-                        )
-                    }
-                    Err(e) => format!("status unreadable: {e}"),
-                }
-            }
+            Ok(mut conn) => node_state(&mut conn)
+                .await
+                .unwrap_or_else(|e| format!("status unreadable: {e}")),
             Err(e) => format!("unreachable: {e}"),
         };
         nodes.push(format!("node {}: {state}", i + 1));
     }
     nodes.join("; ")
+}
+
+async fn node_state(conn: &mut MySqlConnection) -> Result<String, sqlx::Error> {
+    Ok(format!(
+        "{}, {}, {} members",
+        status(conn, "wsrep_cluster_status").await?,
+        status(conn, "wsrep_local_state_comment").await?,
+        status(conn, "wsrep_cluster_size").await?
+    ))
 }
