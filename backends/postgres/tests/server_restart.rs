@@ -16,7 +16,9 @@ use private_server::Server;
 
 use dedup_conformance::restart::{acknowledged_records_survive_a_restart, until_reconnected};
 use dedup_core::outbox::{MemoryPublisher, OutboxMessage, Relay, RelayConfig};
-use dedup_postgres::{PostgresConfig, PostgresStore, SqlSettings, pool_options, sqlx};
+use dedup_postgres::{
+    NOTIFY_EVERY, PostgresConfig, PostgresStore, SqlSettings, pool_options, sqlx,
+};
 
 #[path = "../../sql/tests/clauses/private_server.rs"]
 mod private_server;
@@ -96,8 +98,12 @@ async fn publish_latency(store: &PostgresStore, publisher: &MemoryPublisher, id:
 }
 
 /// Three rows one after another, each published within [`WOKEN_WITHIN`] of its commit.
+/// Each is enqueued [`NOTIFY_EVERY`] after the one before it was published, so each sends
+/// its own `NOTIFY`: a row enqueued sooner skips it, and then goes out on the relay's
+/// linger look only if it committed before that look, else at the next poll.
 async fn assert_woken_by_notify(store: &PostgresStore, publisher: &MemoryPublisher, when: &str) {
     for i in 0..3 {
+        tokio::time::sleep(NOTIFY_EVERY * 2).await;
         let id = format!("{when}-{i}");
         let latency = publish_latency(store, publisher, &id).await;
         assert!(
