@@ -7,6 +7,8 @@ use dedup_core::{Error, MAX_BATCH_LEN, Result};
 use dedup_sql::config::{SqlConfig, SqlSettings};
 use dedup_sql::target::TargetConfig;
 
+use crate::ring::Partitions;
+
 /// How a [`PostgresStore`](crate::PostgresStore) is set up: the [`SqlSettings`] every sqlx
 /// store shares, in [`sql`](Self::sql), and PostgreSQL's own.
 ///
@@ -39,6 +41,11 @@ pub struct PostgresConfig {
     /// lone caller runs at once, on its own statement. Default: on
     /// ([`GroupCommit::default`]); `None` runs every call on its own statement.
     pub group_commit: Option<GroupCommit>,
+    /// The partitioned layout (opt-in): the records table as a ring of time partitions,
+    /// which a purge truncates whole instead of deleting rows one by one. See
+    /// [`Partitions`] for what it guarantees and costs. Chosen when the table is created.
+    /// Default `None`: one plain table.
+    pub partitions: Option<Partitions>,
 }
 
 /// How [`PostgresConfig::group_commit`] groups concurrent single claims (and, apart,
@@ -90,18 +97,22 @@ impl Default for PostgresConfig {
             schema: "public".into(),
             sql: SqlSettings::default(),
             group_commit: Some(GroupCommit::default()),
+            partitions: None,
         }
     }
 }
 
 impl PostgresConfig {
     /// Check the schema and the shared settings ([`SqlSettings::validate`]: table names,
-    /// timeouts, TLS files), and the group commit bounds.
+    /// timeouts, TLS files), the group commit bounds and the partitions.
     pub fn validate(&self) -> Result<()> {
         sql_identifier("schema", &self.schema)?;
         self.validate_settings()?;
-        match &self.group_commit {
-            Some(group) => group.validate(),
+        if let Some(group) = &self.group_commit {
+            group.validate()?;
+        }
+        match &self.partitions {
+            Some(partitions) => partitions.validate(),
             None => Ok(()),
         }
     }

@@ -23,6 +23,9 @@ impl PurgeBatches for PostgresStore {
     /// One statement deleting at most `step.limit` purgeable rows. Its work time is the
     /// statement's round trip, without the wait for a pooled connection.
     async fn purge_batch(&self, step: &PurgeStep, cursor: &mut Cursor) -> Result<PurgeBatch> {
+        if let Some(partitions) = &self.config().partitions {
+            return self.retire_batch(partitions, step).await;
+        }
         let limit = i64::try_from(step.limit).unwrap_or(i64::MAX);
         let mut conn = self.pool().acquire().await.map_err(backend)?;
         let started = Instant::now();

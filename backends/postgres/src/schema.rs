@@ -116,11 +116,17 @@ impl Migrations for Inbox<'_> {
     }
 
     fn migrations(&self) -> &'static [&'static str] {
-        MIGRATIONS
+        match self.config.partitions {
+            Some(_) => crate::ring::schema::MIGRATIONS,
+            None => MIGRATIONS,
+        }
     }
 
     fn render(&self, migration: &str) -> String {
-        render(migration, self.config)
+        match &self.config.partitions {
+            Some(partitions) => crate::ring::schema::render(migration, self.config, partitions),
+            None => render(migration, self.config),
+        }
     }
 
     /// Version 2 added `claimed_at`.
@@ -162,6 +168,7 @@ impl Migrations for Inbox<'_> {
     }
 
     async fn recorded_version(&self, tx: &mut PgConnection) -> Result<Option<i64>> {
+        crate::ring::schema::check_layout(tx, self.config).await?;
         recorded_version_of(tx, &self.config.schema, &self.config.table).await
     }
 
@@ -176,6 +183,7 @@ impl Migrations for Inbox<'_> {
         .fetch_optional(&mut *conn)
         .await
         .map_err(backend)?;
+        crate::ring::schema::check_layout(conn, self.config).await?;
         match versions_readable {
             Some(true) => self.recorded_version(conn).await,
             _ => Ok(None),

@@ -89,7 +89,7 @@ impl PostgresStore {
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,
-                sql: Statements::new(&table),
+                sql: crate::ring::statements::for_config(&config),
                 outbox: OutboxTable::new(&config),
                 table,
                 config,

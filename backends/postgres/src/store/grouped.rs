@@ -196,6 +196,7 @@ mod tests {
                 table: format!("t_group_{}", &id[..16]),
                 ..Default::default()
             },
+            ..PostgresConfig::default()
         };
         PostgresStore::connect_with(url, config)
             .await

@@ -1,0 +1,317 @@
+//! Retiring partitions: what a purge of a ring removes and keeps, the layout checks, and
+//! claims racing the truncate.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedup_core::{
+    Claim, ClaimOptions, Clock, DedupStore, Error, Key, Lease, ManualClock, PurgeOptions, Timestamp,
+};
+use dedup_postgres::{PostgresStore, sqlx};
+
+use super::common;
+
+/// One second windows, 5 partitions: retention up to 3 s.
+const WINDOW_MS: i64 = 1000;
+
+fn key(id: &str) -> Key {
+    Key::new("retire", id).expect("key")
+}
+
+/// A manual clock at the start of a window.
+fn aligned_clock() -> Arc<ManualClock> {
+    let now = Timestamp::from_system_time(std::time::SystemTime::now()).as_millis();
+    Arc::new(ManualClock::new(Timestamp::from_millis(
+        now - now.rem_euclid(WINDOW_MS),
+    )))
+}
+
+async fn ring_store(url: &str, test: &str, clock: &Arc<ManualClock>) -> PostgresStore {
+    let mut config = common::config_with(
+        &common::unique_table(test),
+        common::ring(WINDOW_MS as u64, 5),
+    );
+    config.clock = Some(clock.clone());
+    PostgresStore::connect_with(url, config)
+        .await
+        .expect("connect and migrate")
+}
+
+async fn acquire(store: &PostgresStore, k: &Key, lease: Duration) -> Lease {
+    match store
+        .claim(k, &ClaimOptions::lease(lease))
+        .await
+        .expect("claim")
+    {
+        Claim::Acquired(lease) => lease,
+        other => panic!("{k}: {other:?}"),
+    }
+}
+
+async fn complete(store: &PostgresStore, k: &Key) {
+    let lease = acquire(store, k, Duration::from_secs(30)).await;
+    store.commit(&lease, None).await.expect("commit");
+}
+
+async fn purge(store: &PostgresStore, retention: Duration) -> dedup_core::PurgeReport {
+    store
+        .purge(&PurgeOptions::older_than(retention).unpaced())
+        .await
+        .expect("purge")
+}
+
+/// Rows of `store`'s table by partition.
+async fn rows_per_slot(store: &PostgresStore) -> Vec<(i16, i64)> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT slot, count(*) FROM {} GROUP BY slot ORDER BY slot",
+        store.table()
+    )))
+    .fetch_all(store.pool())
+    .await
+    .expect("rows per slot")
+}
+
+/// A purge retires each partition whose window ended before the cutoff: its completed
+/// and expired records are removed and counted, a lease still live is moved to the
+/// current partition and can commit; records within retention stay; a second purge
+/// removes nothing.
+#[tokio::test]
+async fn whole_windows_past_retention_are_retired_and_live_leases_kept() {
+    let url = crate::url_or_skip!();
+    let clock = aligned_clock();
+    let store = ring_store(&url, "retire_windows", &clock).await;
+    // Window 0.
+    complete(&store, &key("old-done")).await;
+    acquire(&store, &key("old-expired"), Duration::from_millis(100)).await;
+    let live = acquire(&store, &key("old-live"), Duration::from_secs(3600)).await;
+    // Window 1.
+    clock.advance(Duration::from_millis(1000));
+    complete(&store, &key("mid-done")).await;
+    // Window 3.
+    clock.advance(Duration::from_millis(2000));
+    complete(&store, &key("recent-done")).await;
+    // Window 4, 500 ms in: retention 2 s puts the cutoff in window 2.
+    clock.advance(Duration::from_millis(1500));
+    let t0 = clock.now().as_millis() - 4500;
+    let slot_at = |ms: i64| ((t0 + ms) / WINDOW_MS % 5) as i16;
+    let live_before = store.get(&live.key).await.expect("get");
+    let recent_before = store.get(&key("recent-done")).await.expect("get");
+
+    let report = purge(&store, Duration::from_secs(2)).await;
+    assert_eq!(
+        (report.completed, report.expired),
+        (2, 1),
+        "old-done and mid-done (completed), old-expired (expired): {report:?}"
+    );
+    for gone in ["old-done", "old-expired", "mid-done"] {
+        assert!(
+            store.get(&key(gone)).await.expect("get").is_none(),
+            "{gone}"
+        );
+    }
+    assert_eq!(store.get(&live.key).await.expect("get"), live_before);
+    assert_eq!(
+        store.get(&key("recent-done")).await.expect("get"),
+        recent_before
+    );
+    assert_eq!(
+        rows_per_slot(&store).await,
+        {
+            let mut expected = vec![(slot_at(3000), 1), (slot_at(4500), 1)];
+            expected.sort();
+            expected
+        },
+        "recent-done in window 3's partition, the live lease moved to window 4's"
+    );
+    let again = purge(&store, Duration::from_secs(2)).await;
+    assert_eq!((again.completed, again.expired), (0, 0), "{again:?}");
+    store
+        .commit(&live, Some(b"done"))
+        .await
+        .expect("the moved lease commits");
+    assert!(matches!(
+        store
+            .claim(&live.key, &ClaimOptions::lease(Duration::from_secs(1)))
+            .await,
+        Ok(Claim::Completed { .. })
+    ));
+}
+
+/// A record is kept at least the retention, and at most the retention and one window.
+#[tokio::test]
+async fn a_record_is_kept_between_the_retention_and_one_window_more() {
+    let url = crate::url_or_skip!();
+    let clock = aligned_clock();
+    let store = ring_store(&url, "retire_bounds", &clock).await;
+    let retention = Duration::from_millis(1500);
+    // Completed 999 ms into window 0: its window ends 1 ms later.
+    clock.advance(Duration::from_millis(999));
+    complete(&store, &key("late-in-window")).await;
+    // The retention since the commit has passed; its window's end not yet by the retention.
+    clock.advance(retention);
+    assert_eq!(
+        purge(&store, retention).await.completed,
+        0,
+        "kept: window not over"
+    );
+    assert!(
+        store
+            .get(&key("late-in-window"))
+            .await
+            .expect("get")
+            .is_some()
+    );
+    // The retention after the window's end.
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        purge(&store, retention).await.completed,
+        1,
+        "removed once its window is"
+    );
+    assert!(
+        store
+            .get(&key("late-in-window"))
+            .await
+            .expect("get")
+            .is_none()
+    );
+}
+
+/// A retention the ring cannot keep is refused before anything is removed.
+#[tokio::test]
+async fn a_retention_longer_than_the_ring_keeps_is_refused() {
+    let url = crate::url_or_skip!();
+    let clock = aligned_clock();
+    let store = ring_store(&url, "retire_too_long", &clock).await;
+    complete(&store, &key("kept")).await;
+    // Window 4: window 0 ended 3 s ago, and the ring (5 windows) has not come back to it.
+    clock.advance(Duration::from_secs(4));
+    let refused = store
+        .purge(&PurgeOptions::older_than(Duration::from_millis(3001)).unpaced())
+        .await;
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::InvalidInput {
+                what: "retention",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(store.get(&key("kept")).await.expect("get").is_some());
+    assert_eq!(purge(&store, Duration::from_secs(3)).await.completed, 1);
+}
+
+/// A table is opened only with the layout it was created with.
+#[tokio::test]
+async fn a_table_opens_only_with_its_own_layout() {
+    let url = crate::url_or_skip!();
+    let ring_table = common::unique_table("layout_ring");
+    let plain_table = common::unique_table("layout_plain");
+    let ring = common::config_with(&ring_table, common::ring(1000, 5));
+    PostgresStore::connect_with(&url, ring.clone())
+        .await
+        .expect("create the ring");
+    let mut plain = ring.clone();
+    plain.partitions = None;
+    let mut other = ring.clone();
+    other.partitions = Some(common::ring(2000, 5));
+    let mut fewer = ring.clone();
+    fewer.partitions = Some(common::ring(1000, 4));
+    for (what, config) in [
+        ("plain", plain),
+        ("another window", other),
+        ("another count", fewer),
+    ] {
+        for migrate in [true, false] {
+            let mut config = config.clone();
+            config.migrate = migrate;
+            let opened = PostgresStore::connect_with(&url, config).await;
+            assert!(
+                matches!(&opened, Err(e) if e.to_string().contains("partition")),
+                "{what}, migrate {migrate}: {opened:?}"
+            );
+        }
+    }
+    let mut plain_config = ring.clone();
+    plain_config.partitions = None;
+    plain_config.sql.table = plain_table.clone();
+    PostgresStore::connect_with(&url, plain_config)
+        .await
+        .expect("create a plain table");
+    let ring_on_plain = common::config_with(&plain_table, common::ring(1000, 5));
+    let opened = PostgresStore::connect_with(&url, ring_on_plain).await;
+    assert!(
+        matches!(&opened, Err(e) if e.to_string().contains("plain layout")),
+        "{opened:?}"
+    );
+}
+
+/// Claims of fresh keys run while partitions are retired under them, on the server's
+/// clock with windows of 50 ms: every key is acquired exactly once, and every record
+/// written within the retention is still there after the last purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_racing_retirement_lose_nothing_within_retention() {
+    let url = crate::url_or_skip!();
+    let mut config = common::config_with(&common::unique_table("retire_race"), common::ring(50, 8));
+    config.max_connections = 8;
+    let store = PostgresStore::connect_with(&url, config)
+        .await
+        .expect("connect");
+    let retention = Duration::from_millis(200);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let purger = {
+        let (store, done) = (store.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut removed = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                removed += purge(&store, retention).await.completed;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            removed
+        })
+    };
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let store = store.clone();
+        workers.push(tokio::spawn(async move {
+            let mut keys = Vec::new();
+            for i in 0..150 {
+                let k = key(&format!("w{w}-{i}"));
+                // Each key claimed twice at once: exactly one acquires.
+                let options = ClaimOptions::lease(Duration::from_secs(5));
+                let (a, b) = tokio::join!(store.claim(&k, &options), store.claim(&k, &options));
+                let leases: Vec<Lease> = [a.expect("claim"), b.expect("claim")]
+                    .into_iter()
+                    .filter_map(|c| c.lease().cloned())
+                    .collect();
+                assert_eq!(leases.len(), 1, "{k}: one acquisition");
+                store.commit(&leases[0], None).await.expect("commit");
+                keys.push((k, std::time::Instant::now()));
+            }
+            keys
+        }));
+    }
+    let mut keys = Vec::new();
+    for w in workers {
+        keys.extend(w.await.expect("worker"));
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let removed = purger.await.expect("purger");
+    assert!(removed > 0, "the purges retired nothing during the run");
+    let checked = std::time::Instant::now();
+    let last = purge(&store, retention).await;
+    let mut kept = 0;
+    for (k, committed) in &keys {
+        // Committed (on the server) less than the retention before the last purge.
+        if checked.duration_since(*committed) < retention - Duration::from_millis(20) {
+            assert!(
+                store.get(k).await.expect("get").is_some(),
+                "{k} lost within retention"
+            );
+            kept += 1;
+        }
+    }
+    assert!(kept > 0, "no record was recent enough to check: {last:?}");
+}
