@@ -114,6 +114,9 @@ impl AdminStorage for PostgresStore {
     }
 
     async fn count_purgeable(&self, retention: Duration) -> Result<PurgeCount> {
+        if let Some(partitions) = &self.config().partitions {
+            partitions.check_retention(self.table(), retention)?;
+        }
         let sql = self.statements().count_purgeable.clone();
         admin::purgeable::<Backend>(self.pool(), sql, self.now_param(), retention).await
     }

@@ -28,6 +28,9 @@ impl PostgresStore {
     /// (`ON CONFLICT DO UPDATE` locks the row it inspects); keep such transactions short.
     /// Use READ COMMITTED (the default): under REPEATABLE READ or SERIALIZABLE a claim that
     /// meets a concurrently committed record fails with a retryable serialization error.
+    /// On a partitioned table ([`PostgresConfig::partitions`](crate::PostgresConfig::partitions))
+    /// a claim under REPEATABLE READ is refused: its look-up of the partitions would read
+    /// the transaction's snapshot and could miss a record committed since.
     pub async fn claim_in_tx(
         &self,
         conn: &mut PgConnection,

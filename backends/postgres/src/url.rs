@@ -5,14 +5,14 @@
 use std::sync::Arc;
 
 use dedup_core::backend::url::{
-    BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, count, invalid, on_off,
+    BackendDescriptor, Params, StoreTarget, UrlError, UrlParts, count, duration, invalid, on_off,
 };
 use dedup_core::outbox::OutboxStore;
 use dedup_sql::config::SqlConfig;
 use dedup_sql::target::{SqlTarget, TlsModeParam, UrlStore, finish};
 use dedup_sql::url_params::UrlParams;
 
-use crate::{GroupCommit, PostgresConfig, PostgresStore};
+use crate::{GroupCommit, Partitions, PostgresConfig, PostgresStore};
 
 /// The PostgreSQL backend's part in store URLs (`postgres://`, `postgresql://`), for the
 /// `dedup` facade's registry.
@@ -32,6 +32,8 @@ static PARAMS: UrlParams = UrlParams::new(
         "group_commit",
         "group_commit_rounds",
         "group_commit_max",
+        "partitions",
+        "partition_window",
         "sslmode",
         "sslrootcert",
         "sslcert",
@@ -67,6 +69,7 @@ fn parse(url: &UrlParts<'_>) -> std::result::Result<StoreTarget, UrlError> {
         config.schema = schema;
     }
     config.group_commit = group_commit(&mut params)?;
+    config.partitions = partitions(&mut params)?;
     let sslmode = SSL_MODE.take(&mut params, cfg!(feature = "tls"))?;
     finish::<PostgresStore>(base, params, config, sslmode)
 }
@@ -97,6 +100,41 @@ fn group_commit(params: &mut Params) -> std::result::Result<Option<GroupCommit>,
     Ok(Some(group))
 }
 
+/// `partitions=N&partition_window=D` (both or neither): the partitioned layout
+/// ([`PostgresConfig::partitions`]).
+fn partitions(params: &mut Params) -> std::result::Result<Option<Partitions>, UrlError> {
+    let (count_text, window_text) = (params.take("partitions"), params.take("partition_window"));
+    let (count_text, window_text) = match (count_text, window_text) {
+        (None, None) => return Ok(None),
+        (Some(c), Some(w)) => (c, w),
+        (Some(c), None) => {
+            return Err(invalid(
+                "partitions",
+                &c,
+                "needs partition_window too (the time one partition covers, e.g. 1d)",
+            ));
+        }
+        (None, Some(w)) => {
+            return Err(invalid(
+                "partition_window",
+                &w,
+                "needs partitions too (how many partitions the ring has, e.g. 9)",
+            ));
+        }
+    };
+    let count = count(&count_text).map_err(|e| invalid("partitions", &count_text, &e))?;
+    let window =
+        duration(&window_text).map_err(|e| invalid("partition_window", &window_text, &e))?;
+    let partitions = Partitions {
+        window,
+        count: u16::try_from(count).unwrap_or(u16::MAX),
+    };
+    partitions
+        .validate()
+        .map_err(|e| invalid("partitions", &count_text, &e.to_string()))?;
+    Ok(Some(partitions))
+}
+
 impl UrlStore for PostgresStore {
     const TARGET: &'static str = "PostgresTarget";
 
@@ -114,6 +152,36 @@ mod tests {
 
     fn target(url: &str) -> std::result::Result<PostgresTarget, UrlError> {
         dedup_sql::target::parse_target(&DESCRIPTOR, url)
+    }
+
+    #[test]
+    fn partitions_come_as_a_count_and_a_window() {
+        let t = target("postgres://h/db?partitions=9&partition_window=1d").unwrap();
+        assert_eq!(
+            t.config.partitions,
+            Some(Partitions {
+                window: std::time::Duration::from_secs(86_400),
+                count: 9
+            })
+        );
+        assert_eq!(target("postgres://h/db").unwrap().config.partitions, None);
+        for (url, name) in [
+            ("postgres://h/db?partitions=9", "partitions"),
+            ("postgres://h/db?partition_window=1d", "partition_window"),
+            (
+                "postgres://h/db?partitions=2&partition_window=1d",
+                "partitions",
+            ),
+            (
+                "postgres://h/db?partitions=9&partition_window=soon",
+                "partition_window",
+            ),
+        ] {
+            match target(url) {
+                Err(UrlError::InvalidParameter { name: n, .. }) => assert_eq!(n, name, "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
     }
 
     #[test]

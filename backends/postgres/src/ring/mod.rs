@@ -92,6 +92,24 @@ impl Partitions {
         self.window * u32::from(self.count.saturating_sub(2))
     }
 
+    /// Refuse `retention` when the ring cannot keep it ([`max_retention`](Self::max_retention)):
+    /// a purge, or a count of what one would remove, on `table`.
+    pub(crate) fn check_retention(&self, table: &str, retention: Duration) -> Result<()> {
+        if retention <= self.max_retention() {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "retention",
+            format!(
+                "{table} keeps at most {:?} ({} partitions of {:?}, less two); purge with a \
+                 shorter retention, or create the table with more partitions",
+                self.max_retention(),
+                self.count,
+                self.window
+            ),
+        ))
+    }
+
     /// The window in milliseconds.
     pub(crate) fn window_ms(&self) -> i64 {
         duration_millis(self.window)

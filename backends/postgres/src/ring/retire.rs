@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use dedup_core::backend::{PurgeBatch, PurgeStep};
-use dedup_core::{Error, Result, duration_millis};
+use dedup_core::{Result, duration_millis};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 use super::Partitions;
@@ -70,19 +70,7 @@ impl PostgresStore {
         p: &Partitions,
         step: &PurgeStep,
     ) -> Result<PurgeBatch> {
-        if step.retention > p.max_retention() {
-            return Err(Error::invalid(
-                "retention",
-                format!(
-                    "{} keeps at most {:?} ({} partitions of {:?}, less two); purge with a \
-                     shorter retention, or create the table with more partitions",
-                    self.table(),
-                    p.max_retention(),
-                    p.count,
-                    p.window
-                ),
-            ));
-        }
+        p.check_retention(self.table(), step.retention)?;
         let retention_ms = duration_millis(step.retention);
         let mut conn = self.pool().acquire().await.map_err(backend)?;
         let started = Instant::now();

@@ -60,6 +60,22 @@ fn partitioned(s: &mut Statements, config: &PostgresConfig, p: &Partitions) {
         )
     ));
 
+    // What a purge would retire now: the purgeable rows of the partitions whose latest
+    // window ended at or before the cutoff (see `retire::retirable`), the current one never.
+    s.count_purgeable = sql(format!(
+        "WITH now AS (SELECT {NOW_MS} AS ms), \
+         ring AS (SELECT ms / {window} AS w, ms - $2::bigint AS cutoff FROM now) \
+         SELECT count(*) FILTER (WHERE processed_at IS NOT NULL) AS completed, \
+                count(*) FILTER (WHERE processed_at IS NULL) AS expired \
+         FROM {table} CROSS JOIN ring \
+         WHERE slot <> ring.w % {count} \
+           AND (ring.w - (ring.w - slot) % {count} + 1) * {window} <= ring.cutoff \
+           AND claimed_at < ring.cutoff \
+           AND (processed_at < ring.cutoff \
+                OR (processed_at IS NULL AND expires_at < ring.cutoff))",
+        table = config.qualified_table()
+    ));
+
     // Every update moves the row to the current window's partition (a no-op, and still a
     // HOT update, within the window).
     let now_slot = p.slot_of(NOW_MS);

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::{
-    Claim, ClaimOptions, Clock, DedupStore, Error, Key, Lease, ManualClock, PurgeOptions, Timestamp,
+    Admin, Claim, ClaimOptions, Clock, DedupStore, Error, Key, Lease, ManualClock, PurgeOptions,
+    Timestamp,
 };
 use dedup_postgres::{PostgresStore, sqlx};
 
@@ -97,7 +98,16 @@ async fn whole_windows_past_retention_are_retired_and_live_leases_kept() {
     let live_before = store.get(&live.key).await.expect("get");
     let recent_before = store.get(&key("recent-done")).await.expect("get");
 
+    let counted = store
+        .count_purgeable(Duration::from_secs(2))
+        .await
+        .expect("count");
     let report = purge(&store, Duration::from_secs(2)).await;
+    assert_eq!(
+        (counted.completed, counted.expired),
+        (report.completed, report.expired),
+        "the count says what the purge removes"
+    );
     assert_eq!(
         (report.completed, report.expired),
         (2, 1),
@@ -198,6 +208,17 @@ async fn a_retention_longer_than_the_ring_keeps_is_refused() {
             })
         ),
         "{refused:?}"
+    );
+    let count = store.count_purgeable(Duration::from_millis(3001)).await;
+    assert!(
+        matches!(
+            &count,
+            Err(Error::InvalidInput {
+                what: "retention",
+                ..
+            })
+        ),
+        "{count:?}"
     );
     assert!(store.get(&key("kept")).await.expect("get").is_some());
     assert_eq!(purge(&store, Duration::from_secs(3)).await.completed, 1);
@@ -314,4 +335,30 @@ async fn claims_racing_retirement_lose_nothing_within_retention() {
         }
     }
     assert!(kept > 0, "no record was recent enough to check: {last:?}");
+}
+
+/// A claim inside a REPEATABLE READ transaction is refused: its look-up of the partitions
+/// would read the transaction's old snapshot. READ COMMITTED claims.
+#[tokio::test]
+async fn a_claim_in_a_repeatable_read_transaction_is_refused() {
+    let url = crate::url_or_skip!();
+    let clock = aligned_clock();
+    let store = ring_store(&url, "retire_rr", &clock).await;
+    let mut tx = store.pool().begin().await.expect("begin");
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .expect("isolation");
+    let refused = store.claim_in_tx(&mut tx, &key("rr"), None).await;
+    assert!(
+        matches!(&refused, Err(e) if format!("{e:?}").contains("REPEATABLE READ")),
+        "{refused:?}"
+    );
+    drop(tx);
+    let mut tx = store.pool().begin().await.expect("begin");
+    let claimed = store.claim_in_tx(&mut tx, &key("rr"), None).await;
+    assert!(
+        matches!(claimed, Ok(dedup_core::TxClaim::Claimed { fence: 1 })),
+        "{claimed:?}"
+    );
 }
