@@ -18,7 +18,7 @@ use crate::ddl::fnv1a;
 use crate::error::{BACKEND, Backend, backend};
 use crate::outbox_schema;
 use crate::outbox_statements::OutboxStatements;
-use crate::outbox_table::OutboxTable;
+use crate::outbox_table::{OutboxTable, TRAILING_FIRST, TRAILING_MOST};
 use crate::store::PostgresStore;
 
 /// The transactional outbox of a [`PostgresStore`] ([`PostgresStore::outbox`]), in its own
@@ -43,11 +43,15 @@ pub type PostgresOutbox = SqlOutbox<PostgresOutboxDialect>;
 /// [`wakeups`](dedup_core::outbox::OutboxStore::wakeups) take the rows at once instead of
 /// at their next poll. A transaction that notified takes a database-wide lock while it
 /// commits (PostgreSQL queues notifications in commit order), so notifying commits run one
-/// at a time; to keep concurrent producers from queueing behind it, one store sends at
-/// most one notification per [`NOTIFY_EVERY`](crate::NOTIFY_EVERY) (10 ms). A row whose
-/// notification was skipped is taken by the relay's next look: relays look again
-/// [`RelayConfig::linger`](dedup_core::outbox::RelayConfig::linger) after a round that took
-/// rows, else at their poll interval.
+/// at a time; to keep concurrent producers from queueing behind it, one store notifies
+/// from a producer's transaction at most once per [`NOTIFY_EVERY`](crate::NOTIFY_EVERY)
+/// (10 ms). A producer whose notification was skipped gets a trailing one once its
+/// transaction committed: at the end of the window a statement of the store's own looks
+/// at the skipped transactions (`txid_status`), notifies when any committed, and looks
+/// again at those still open (5 ms later, doubling to 50 ms). So such a row is taken
+/// within tens of ms even when its producer commits after the relay looked again
+/// ([`RelayConfig::linger`](dedup_core::outbox::RelayConfig::linger)), not at the relay's
+/// next poll.
 #[derive(Clone, Debug)]
 pub struct PostgresOutboxDialect {
     store: PostgresStore,
@@ -82,6 +86,64 @@ impl PostgresOutboxDialect {
         let text = format!("dedup-postgres outbox {} {key}", self.state().table.name());
         i64::from_ne_bytes(fnv1a(text.as_bytes()).to_ne_bytes())
     }
+}
+
+impl PostgresOutboxDialect {
+    /// Start the task that sends the trailing notification of the producers whose own was
+    /// skipped: at the end of the [`NOTIFY_EVERY`](crate::NOTIFY_EVERY) window, one
+    /// statement looks at their transactions and notifies when any committed; it looks
+    /// again at those still open, 5 ms later doubling to 50 ms, until none is left.
+    fn spawn_trailing(&self) {
+        /// Forgets the skipped transactions if the task ends before it settled them (its
+        /// runtime shut down), so that the next skip starts another task.
+        struct Abandon(Option<PostgresStore>);
+        impl Drop for Abandon {
+            fn drop(&mut self) {
+                if let Some(store) = self.0.take() {
+                    store.outbox_table().abandon();
+                }
+            }
+        }
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let mut guard = Abandon(Some(store.clone()));
+            let table = store.outbox_table();
+            tokio::time::sleep(table.until_window_ends()).await;
+            let mut wait = TRAILING_FIRST;
+            loop {
+                let looked = table.skipped_xacts();
+                // Failed (the server is away): the rows wait for the relay's poll, as
+                // without notifications.
+                let open = trailing(&store, &looked).await.unwrap_or_default();
+                if !table.settle(&looked, &open) {
+                    guard.0 = None;
+                    return;
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(TRAILING_MOST);
+            }
+        });
+    }
+}
+
+/// One look at the skipped transactions `xacts`: a `NOTIFY` when any committed, and those
+/// still open.
+async fn trailing(store: &PostgresStore, xacts: &[i64]) -> Result<Vec<i64>> {
+    let table = store.outbox_table();
+    let row = sqlx::query(table.sql.trailing.clone())
+        .bind(&table.channel)
+        .bind(xacts)
+        .fetch_one(store.pool())
+        .await
+        .map_err(backend)?;
+    if row
+        .try_get::<Option<String>, _>("notified")
+        .map_err(backend)?
+        .is_some()
+    {
+        table.notified();
+    }
+    row.try_get("open").map_err(backend)
 }
 
 /// One row of the outbox statements' row columns.
@@ -126,6 +188,7 @@ impl OutboxDialect for PostgresOutboxDialect {
                 .await
                 .map_err(backend)?;
         }
+        let turn = self.state().take_notify_turn();
         let row = sqlx::query(self.sql().enqueue.clone())
             .bind(self.store.now_param())
             .bind(messages.iter().map(|m| m.destination()).collect::<Vec<_>>())
@@ -144,11 +207,17 @@ impl OutboxDialect for PostgresOutboxDialect {
                     .map(|m| duration_millis(m.delay()))
                     .collect::<Vec<_>>(),
             )
-            .bind(self.state().take_notify_turn().then(|| self.channel()))
+            .bind(turn.then(|| self.channel()))
             .fetch_one(&mut *conn)
             .await
             .map_err(backend)?;
         let written: i64 = row.try_get("written").map_err(backend)?;
+        let xact: Option<i64> = row.try_get("xact").map_err(backend)?;
+        if let Some(xact) = xact
+            && self.state().skipped(xact)
+        {
+            self.spawn_trailing();
+        }
         Ok(u64::try_from(written).unwrap_or(0))
     }
 

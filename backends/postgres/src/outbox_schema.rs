@@ -35,6 +35,11 @@ CREATE INDEX "{due_idx}" ON {table} (state, due_at);
 CREATE INDEX "{key_idx}" ON {table} (ordering_key, id) WHERE ordering_key IS NOT NULL;
 CREATE INDEX "{sent_idx}" ON {table} (sent_at) WHERE state = 'sent';
 "#,
+    // 2: the due index keeps only the rows a take looks at, in the take's order: a mark
+    // no longer adds an entry for its sent row, and a take reads no more than it locks.
+    r#"DROP INDEX "{schema}"."{due_idx}";
+CREATE INDEX "{active_idx}" ON {table} (state, due_at, id) WHERE state IN ('pending', 'held');
+"#,
 ];
 
 /// The outbox table's schema version this build creates and understands.

@@ -28,6 +28,9 @@ pub(crate) struct OutboxStatements {
     pub(crate) lock_keys: SqlStr,
     /// Insert messages (parallel arrays), notify once when any row was new.
     pub(crate) enqueue: SqlStr,
+    /// The trailing notification of producers whose own was skipped: which of their
+    /// transactions are still open, and a `NOTIFY` when any committed.
+    pub(crate) trailing: SqlStr,
     /// Take due rows under a fresh hold.
     pub(crate) take: SqlStr,
     /// Mark held rows sent.
@@ -62,7 +65,8 @@ impl OutboxStatements {
                 "SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k)".to_owned(),
             ),
             // $2..$7 the messages' columns (delays in ms), $8 the channel (NULL: no notify). Inserted in the
-            // caller's order, so ids follow it.
+            // caller's order, so ids follow it. When rows were new but the notification
+            // was skipped, `xact` is the transaction's id, for its trailing notification.
             enqueue: sql(format!(
                 "WITH now AS (SELECT {NOW_MS} AS ms), \
                  ins AS ( \
@@ -79,9 +83,20 @@ impl OutboxStatements {
                    RETURNING 1), \
                  written AS (SELECT count(*) AS n FROM ins) \
                  SELECT n AS written, \
-                        CASE WHEN n > 0 AND $8::text IS NOT NULL THEN pg_notify($8, '')::text END AS notified \
+                        CASE WHEN n > 0 AND $8::text IS NOT NULL THEN pg_notify($8, '')::text END AS notified, \
+                        CASE WHEN n > 0 AND $8::text IS NULL THEN txid_current() END AS xact \
                  FROM written"
             )),
+            // $1 the channel, $2 the skipped transactions' ids. Its own transaction (the
+            // pool's autocommit) delivers the notification as soon as it returns.
+            trailing: sql(
+                "WITH x AS (SELECT id, txid_status(id) AS status FROM unnest($2::bigint[]) AS u(id)) \
+                 SELECT coalesce((SELECT array_agg(id) FROM x WHERE status = 'in progress'), \
+                                 '{}'::bigint[]) AS open, \
+                        CASE WHEN EXISTS (SELECT 1 FROM x WHERE status = 'committed') \
+                             THEN pg_notify($1, '')::text END AS notified"
+                    .to_owned(),
+            ),
             // $2 token, $3 limit, $4 hold in ms. Due pending rows and held rows whose hold
             // ran out, not while an earlier row of their key is pending or held, locked with
             // SKIP LOCKED (a row another take is holding is passed over; its later rows of

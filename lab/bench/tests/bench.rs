@@ -435,6 +435,10 @@ fn bench_reports_the_outbox_and_broker_groups() {
                 // Every committed message was published by each relay and received.
                 assert_eq!(row["notify_sent"], row["messages"], "{row}");
                 assert_eq!(row["polling_sent"], row["messages"], "{row}");
+                // Issue 55's measure: 1 000 commits/s, a p99 target of 10 ms.
+                assert_eq!(row["commit_every_ms"], 1, "{row}");
+                assert_eq!(number(row, "target_p99_ms", &out), 10.0, "{row}");
+                assert!(number(row, "notify_commits_per_s", &out) > 0.0, "{row}");
             }
             "relay_vs_raw_publish" => {
                 assert_eq!(row["messages"], 150, "{row}");

@@ -21,8 +21,9 @@ use super::probe::Probe;
 use super::relay::{RELAY_BATCH, declare};
 use super::support::lock;
 
-/// How often the latency measure's producer commits a row.
-pub(crate) const LATENCY_TICK: Duration = Duration::from_millis(4);
+/// How often the latency measure's producer commits a row: 1 000 msgs/s, the rate issue
+/// 55's target is set at.
+pub(crate) const LATENCY_TICK: Duration = Duration::from_millis(1);
 
 /// The relay's poll interval with `NOTIFY` (long: wakeups do the work).
 const NOTIFY_POLL: Duration = Duration::from_secs(10);
@@ -30,8 +31,9 @@ const NOTIFY_POLL: Duration = Duration::from_secs(10);
 /// The relay's poll interval without wakeups.
 const POLL_ONLY: Duration = Duration::from_millis(100);
 
-/// The p99 commit-to-publish latency the issue asks for at most, with `NOTIFY`.
-pub(crate) const P99_TARGET_MS: f64 = 50.0;
+/// The p99 commit-to-publish latency issue 55 asks for at most, with `NOTIFY`, at 1 000
+/// msgs/s.
+pub(crate) const P99_TARGET_MS: f64 = 10.0;
 
 /// Arrival times by message id, stamped by the latency measure's consumer.
 type Arrivals = Arc<Mutex<HashMap<String, Instant>>>;
@@ -88,6 +90,7 @@ pub(super) async fn commit_to_publish(
             // Let it LISTEN before the first commit.
             tokio::time::sleep(Duration::from_millis(300)).await;
             let mut commits = Vec::with_capacity(n);
+            let producing = Instant::now();
             let mut tick = tokio::time::interval(LATENCY_TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             for i in 0..n {
@@ -96,6 +99,7 @@ pub(super) async fn commit_to_publish(
                 pg.write(id.clone(), Extra::Enqueue, &destination).await?;
                 commits.push((id, Instant::now()));
             }
+            let rate = n as f64 / producing.elapsed().as_secs_f64();
             let deadline = Instant::now() + Duration::from_secs(30);
             while commits
                 .iter()
@@ -112,7 +116,7 @@ pub(super) async fn commit_to_publish(
                 .iter()
                 .map(|(id, committed)| arrived[id].saturating_duration_since(*committed))
                 .collect();
-            out.push((latencies, round.sent));
+            out.push((latencies, round.sent, rate));
         }
         Ok::<_, crate::bench::BoxError>(out)
     }
@@ -123,8 +127,8 @@ pub(super) async fn commit_to_publish(
         .await?;
     let _ = connection.close(200, "bench done".into()).await;
     let mut measured = measured?;
-    let (mut polling, polling_sent) = measured.pop().ok_or("no polling run")?;
-    let (mut notify, notify_sent) = measured.pop().ok_or("no notify run")?;
+    let (mut polling, polling_sent, polling_rate) = measured.pop().ok_or("no polling run")?;
+    let (mut notify, notify_sent, notify_rate) = measured.pop().ok_or("no notify run")?;
     let mut rows = Vec::new();
     for (measure, q) in [
         ("commit_to_publish_p50", 0.50),
@@ -143,6 +147,9 @@ pub(super) async fn commit_to_publish(
         );
         details.insert("polling_interval_ms".into(), json!(POLL_ONLY.as_millis()));
         details.insert("commit_every_ms".into(), json!(LATENCY_TICK.as_millis()));
+        // The producer commits one row at a time: a slow commit spaces the next ones.
+        details.insert("notify_commits_per_s".into(), json!(notify_rate));
+        details.insert("polling_commits_per_s".into(), json!(polling_rate));
         details.insert("notify_sent".into(), json!(notify_sent));
         details.insert("polling_sent".into(), json!(polling_sent));
         details.insert("target_p99_ms".into(), json!(P99_TARGET_MS));
