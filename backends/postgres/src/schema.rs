@@ -59,7 +59,8 @@ DROP INDEX IF EXISTS "{schema}"."{completed_idx}";
 DROP INDEX IF EXISTS "{schema}"."{expiring_idx}";
 "#,
     // 3: when the key was first claimed (`Record::first_claimed_at`, ms since the Unix
-    // epoch), written by the inserting claim and never updated; NULL for older rows.
+    // epoch); NULL for older rows. Written by takeovers only: a key claimed once reads
+    // its first claim from `claimed_at` (see `statements::first_claim`).
     r#"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS first_claimed_at bigint;
 "#,
     // 4: the latest released failure's cause (`Record::last_failure`: the encoded
