@@ -30,7 +30,7 @@ use sqlx::{AssertSqlSafe, Postgres, Row};
 use crate::PostgresStore;
 use crate::counts;
 use crate::decode::decode_keyed_record;
-use crate::error::{Backend, backend};
+use crate::error::{Backend, again_if_moved, backend};
 use crate::statements::{AdminSql as Dialect, NOW_MS, row_cols};
 use dedup_sql::admin;
 
@@ -130,14 +130,16 @@ impl AdminStorage for PostgresStore {
         // the read after it tells which. Should the read find a record the delete would
         // have removed (its lease expired or was released in between), delete again.
         for _ in 0..FORGET_TRIES {
-            let deleted = sqlx::query(self.statements().forget.clone())
-                .bind(self.now_param())
-                .bind(key.consumer())
-                .bind(key.message_id())
-                .bind(force)
-                .fetch_optional(self.pool())
-                .await
-                .map_err(backend)?;
+            let deleted = again_if_moved(|| {
+                sqlx::query(self.statements().forget.clone())
+                    .bind(self.now_param())
+                    .bind(key.consumer())
+                    .bind(key.message_id())
+                    .bind(force)
+                    .fetch_optional(self.pool())
+            })
+            .await
+            .map_err(backend)?;
             if let Some(row) = deleted {
                 return forgot_of(key, &row);
             }
@@ -182,16 +184,18 @@ impl AdminStorage for PostgresStore {
         force: bool,
         new_token: LeaseToken,
     ) -> Result<bool> {
-        let revoked = sqlx::query(self.statements().revoke.clone())
-            .bind(self.now_param())
-            .bind(key.consumer())
-            .bind(key.message_id())
-            .bind(token.to_string())
-            .bind(new_token.to_string())
-            .bind(force)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(backend)?;
+        let revoked = again_if_moved(|| {
+            sqlx::query(self.statements().revoke.clone())
+                .bind(self.now_param())
+                .bind(key.consumer())
+                .bind(key.message_id())
+                .bind(token.to_string())
+                .bind(new_token.to_string())
+                .bind(force)
+                .fetch_optional(self.pool())
+        })
+        .await
+        .map_err(backend)?;
         Ok(revoked.is_some())
     }
 }

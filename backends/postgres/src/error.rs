@@ -43,6 +43,39 @@ impl SqlBackend for Backend {
     }
 }
 
+/// Tries of one statement that keeps meeting rows moved under it ([`row_moved`]).
+pub(crate) const MOVED_TRIES: usize = 5;
+
+/// The statement met a row that a concurrent update moved to another partition (the
+/// partitioned layout moves a row to the current window's partition on every write):
+/// PostgreSQL refuses it with `40001` instead of following the row. Run again, the
+/// statement sees the row where it is now. The plain layout never moves rows.
+pub(crate) fn row_moved(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("40001")
+                && db.message().contains("moved to another partition")
+        }
+        _ => false,
+    }
+}
+
+/// Run the statement `run` makes, again while it meets a moved row ([`row_moved`]), at
+/// most [`MOVED_TRIES`] times.
+pub(crate) async fn again_if_moved<T, F, Fut>(mut run: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut tries = 1;
+    loop {
+        match run().await {
+            Err(e) if row_moved(&e) && tries < MOVED_TRIES => tries += 1,
+            other => return other,
+        }
+    }
+}
+
 /// sqlx reports a connection closed before the server answered the TLS negotiation
 /// (`SSLRequest`) as a protocol error about a 0x00 answer byte (it read nothing), not as
 /// an I/O error. The connection dropped; another attempt can succeed. Any other answer

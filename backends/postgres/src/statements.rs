@@ -82,7 +82,7 @@ fn record_cols(alias: &str) -> String {
 /// version and then taken over by a process of the previous one, which did not carry the
 /// first claim over. (Rows older than version 2 show the `claimed_at` that migration
 /// filled in: their expiry or processing time.)
-fn first_claim(alias: &str) -> String {
+pub(crate) fn first_claim(alias: &str) -> String {
     format!(
         "coalesce({alias}first_claimed_at, CASE WHEN {alias}fence = 1 THEN {alias}claimed_at END)"
     )

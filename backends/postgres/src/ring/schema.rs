@@ -8,12 +8,14 @@ use super::Partitions;
 use crate::config::PostgresConfig;
 use crate::ddl::{index_name, render_table};
 use crate::error::backend;
-use crate::statements::NOW_MS;
+use crate::statements::{NOW_MS, first_claim};
 
 /// The partitioned layout's migrations, in order, as [`crate::schema`]'s are for the
 /// plain layout. Placeholders: those of [`render_table`], plus `{partitions}` (one
 /// `CREATE TABLE ... PARTITION OF` per slot), `{claim_fn}` (the claim function's
-/// qualified name), `{layout}` (the table comment recording the ring) and `{now_ms}`.
+/// qualified name), `{layout}` (the table comment recording the ring), `{now_ms}` and
+/// `{first_claim}` (the first claim as the plain layout reads it: an insert leaves the
+/// column NULL, a takeover fills it in).
 ///
 /// The columns are the plain layout's at version 5, plus `slot`. The claim function
 /// serves every claim statement: it locks each key (a transaction-scoped advisory lock),
@@ -63,12 +65,12 @@ BEGIN
               FROM {table} x WHERE x.consumer = consumers[i] AND x.message_id = ids[i] LIMIT 1;
             IF NOT FOUND THEN
                 RETURN QUERY INSERT INTO {table} AS x (slot, consumer, message_id, token, fence,
-                    attempt, claimed_at, expires_at, processed_at, fingerprint, first_claimed_at)
+                    attempt, claimed_at, expires_at, processed_at, fingerprint)
                 VALUES (s, consumers[i], ids[i], tokens[i]::uuid, 1, 1, t,
                     CASE WHEN completed THEN NULL ELSE t + leases[i] END,
-                    CASE WHEN completed THEN t END, fingerprints[i], t)
+                    CASE WHEN completed THEN t END, fingerprints[i])
                 RETURNING true, t, x.consumer, x.message_id, x.token::text, x.fence, x.attempt,
-                    x.expires_at, x.processed_at, x.outcome, x.fingerprint, x.first_claimed_at,
+                    x.expires_at, x.processed_at, x.outcome, x.fingerprint, {first_claim},
                     x.last_failure;
                 EXIT;
             END IF;
@@ -78,18 +80,27 @@ BEGIN
                 EXIT; -- not written: the store reads the record
             END IF;
             found_slot := r.slot;
-            RETURN QUERY UPDATE {table} AS x SET slot = s, token = tokens[i]::uuid,
-                fence = x.fence + 1, attempt = x.attempt + 1, claimed_at = t,
-                expires_at = CASE WHEN completed THEN NULL ELSE t + leases[i] END,
-                processed_at = CASE WHEN completed THEN t END,
-                outcome = CASE WHEN completed THEN NULL ELSE x.outcome END,
-                fingerprint = coalesce(fingerprints[i], x.fingerprint)
-              WHERE x.consumer = consumers[i] AND x.message_id = ids[i] AND x.slot = found_slot
-                AND x.processed_at IS NULL AND x.expires_at <= t
-              RETURNING true, t, x.consumer, x.message_id, x.token::text, x.fence, x.attempt,
-                x.expires_at, x.processed_at, x.outcome, x.fingerprint, x.first_claimed_at,
-                x.last_failure;
-            EXIT WHEN FOUND;
+            BEGIN
+                RETURN QUERY UPDATE {table} AS x SET slot = s, token = tokens[i]::uuid,
+                    fence = x.fence + 1, attempt = x.attempt + 1, claimed_at = t,
+                    first_claimed_at = {first_claim},
+                    expires_at = CASE WHEN completed THEN NULL ELSE t + leases[i] END,
+                    processed_at = CASE WHEN completed THEN t END,
+                    outcome = CASE WHEN completed THEN NULL ELSE x.outcome END,
+                    fingerprint = coalesce(fingerprints[i], x.fingerprint)
+                  WHERE x.consumer = consumers[i] AND x.message_id = ids[i] AND x.slot = found_slot
+                    AND x.processed_at IS NULL AND x.expires_at <= t
+                  RETURNING true, t, x.consumer, x.message_id, x.token::text, x.fence, x.attempt,
+                    x.expires_at, x.processed_at, x.outcome, x.fingerprint, {first_claim},
+                    x.last_failure;
+                EXIT WHEN FOUND;
+            EXCEPTION WHEN serialization_failure THEN
+                -- Moved to another partition by a concurrent write (READ COMMITTED
+                -- reports it so): look again. Under SERIALIZABLE it is a real conflict.
+                IF current_setting('transaction_isolation') <> 'read committed' THEN
+                    RAISE;
+                END IF;
+            END;
             -- The record changed or moved since the look-up (a commit, a purge): look again.
         END LOOP;
     END LOOP;
@@ -154,6 +165,7 @@ pub(crate) fn render(migration: &str, config: &PostgresConfig, partitions: &Part
     let migration = migration
         .replace("{partitions}", &ddl)
         .replace("{claim_fn}", &claim_function(config))
+        .replace("{first_claim}", &first_claim("x."))
         .replace("{layout}", &layout_comment(partitions))
         .replace("{now_ms}", &NOW_MS.replace("$1::bigint", "NULL::bigint"));
     render_table(&migration, &config.schema, &config.table)
@@ -229,6 +241,7 @@ mod tests {
             "{claim_fn}",
             "{layout}",
             "{now_ms}",
+            "{first_claim}",
             "{schema}",
         ] {
             assert!(!sql.contains(placeholder), "{placeholder} left in:\n{sql}");

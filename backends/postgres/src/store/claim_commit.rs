@@ -15,7 +15,7 @@ use sqlx::{PgConnection, Row};
 
 use super::PostgresStore;
 use crate::decode::StatementRows;
-use crate::error::backend;
+use crate::error::{MOVED_TRIES, backend, row_moved};
 use crate::rounds::{ClaimOp, CommitOp, CommitRef, Op, Rounds, only};
 
 impl PostgresStore {
@@ -105,15 +105,21 @@ impl PostgresStore {
     /// [`Statements::commit_held`]: crate::statements::Statements::commit_held
     pub(super) async fn commit_one(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
         let mut conn = self.conn().await?;
-        let done = sqlx::query(self.inner.sql.commit_held.clone())
-            .bind(self.now_param())
-            .bind(lease.key.consumer())
-            .bind(lease.key.message_id())
-            .bind(lease.token.to_string())
-            .bind(outcome)
-            .execute(&mut *conn)
-            .await
-            .map_err(backend)?;
+        let mut tries = 1;
+        let done = loop {
+            let done = sqlx::query(self.inner.sql.commit_held.clone())
+                .bind(self.now_param())
+                .bind(lease.key.consumer())
+                .bind(lease.key.message_id())
+                .bind(lease.token.to_string())
+                .bind(outcome)
+                .execute(&mut *conn)
+                .await;
+            match done {
+                Err(e) if row_moved(&e) && tries < MOVED_TRIES => tries += 1,
+                done => break done.map_err(backend)?,
+            }
+        };
         if done.rows_affected() == 1 {
             return Ok(());
         }
@@ -258,12 +264,18 @@ impl PostgresStore {
         rows: std::result::Result<Vec<PgRow>, sqlx::Error>,
         keys: &[&Key],
     ) -> Result<(), Failure> {
-        let rows = rows.map_err(|e| Failure {
-            // The server reports a statement it aborted (rolled back); anything else (a
-            // connection lost mid-statement) leaves what it wrote unknown.
-            unknown: !matches!(e, sqlx::Error::Database(_)),
-            error: backend(e),
-        })?;
+        let rows = match rows {
+            // A row moved under the statement (the partitioned layout): the server rolled
+            // it back, so it wrote nothing. The read below finds each record where it is
+            // now, and the rounds run again what still applies.
+            Err(e) if row_moved(&e) => Vec::new(),
+            rows => rows.map_err(|e| Failure {
+                // The server reports a statement it aborted (rolled back); anything else (a
+                // connection lost mid-statement) leaves what it wrote unknown.
+                unknown: !matches!(e, sqlx::Error::Database(_)),
+                error: backend(e),
+            })?,
+        };
         match self.with_unwritten(conn, &rows, keys).await {
             Ok(read) => rounds.apply(read).map_err(Failure::known),
             Err(error) => match StatementRows::decode(&rows, keys.iter().copied()) {

@@ -16,7 +16,7 @@ use sqlx::Row;
 
 use super::PostgresStore;
 use crate::decode::decode_record;
-use crate::error::{Backend, backend};
+use crate::error::{Backend, again_if_moved, backend};
 use crate::rounds::CommitRef;
 
 #[async_trait]
@@ -48,16 +48,18 @@ impl Storage for PostgresStore {
     }
 
     async fn renew(&self, lease: &Lease, extend_by: Duration) -> Result<Lease> {
-        let row = sqlx::query(self.inner.sql.renew.clone())
-            .bind(self.now_param())
-            .bind(lease.key.consumer())
-            .bind(lease.key.message_id())
-            .bind(lease.token.to_string())
-            .bind(duration_millis(extend_by))
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(backend)?
-            .ok_or_else(|| Error::lease_lost(&lease.key))?;
+        let row = again_if_moved(|| {
+            sqlx::query(self.inner.sql.renew.clone())
+                .bind(self.now_param())
+                .bind(lease.key.consumer())
+                .bind(lease.key.message_id())
+                .bind(lease.token.to_string())
+                .bind(duration_millis(extend_by))
+                .fetch_optional(&self.inner.pool)
+        })
+        .await
+        .map_err(backend)?
+        .ok_or_else(|| Error::lease_lost(&lease.key))?;
         let fence = fence_from(&lease.key, row.try_get("fence").map_err(backend)?)?;
         let attempt = attempt_from(
             &lease.key,
@@ -98,28 +100,33 @@ impl Storage for PostgresStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        sqlx::query(self.inner.sql.release.clone())
-            .bind(self.now_param())
-            .bind(lease.key.consumer())
-            .bind(lease.key.message_id())
-            .bind(lease.token.to_string())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(backend)?
+        again_if_moved(|| {
+            sqlx::query(self.inner.sql.release.clone())
+                .bind(self.now_param())
+                .bind(lease.key.consumer())
+                .bind(lease.key.message_id())
+                .bind(lease.token.to_string())
+                .fetch_optional(&self.inner.pool)
+        })
+        .await
+        .map_err(backend)?
             .map(|_| ())
             .ok_or_else(|| Error::lease_lost(&lease.key))
     }
 
     async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
-        sqlx::query(self.inner.sql.release_failed.clone())
-            .bind(self.now_param())
-            .bind(lease.key.consumer())
-            .bind(lease.key.message_id())
-            .bind(lease.token.to_string())
-            .bind(failure.encode())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(backend)?
+        let encoded = failure.encode();
+        again_if_moved(|| {
+            sqlx::query(self.inner.sql.release_failed.clone())
+                .bind(self.now_param())
+                .bind(lease.key.consumer())
+                .bind(lease.key.message_id())
+                .bind(lease.token.to_string())
+                .bind(encoded.clone())
+                .fetch_optional(&self.inner.pool)
+        })
+        .await
+        .map_err(backend)?
             .map(|_| ())
             .ok_or_else(|| Error::lease_lost(&lease.key))
     }
