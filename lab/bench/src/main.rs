@@ -135,6 +135,11 @@ struct Args {
     /// call on its own statement) [default: the store's default].
     #[arg(long)]
     postgres_group_rounds: Option<usize>,
+    /// PostgreSQL's partitioned layout for the store's tables: `COUNT,WINDOW` (e.g.
+    /// `6,30m`), as the store URL's `partitions` and `partition_window` [default: the
+    /// plain table].
+    #[arg(long)]
+    postgres_partitions: Option<String>,
     /// Also print one `JSON {...}` line per row.
     #[arg(long)]
     json: bool,
@@ -207,6 +212,7 @@ impl Args {
             warmup: self.warmup,
             raw_indexes: self.raw_indexes,
             postgres_group_rounds: self.postgres_group_rounds,
+            postgres_partitions: self.postgres_partitions.clone(),
             only: (!self.only.is_empty()).then(|| self.only.clone()),
             postgres_durability: self
                 .postgres_durability

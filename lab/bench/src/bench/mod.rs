@@ -101,6 +101,9 @@ pub(crate) struct Params {
     /// PostgreSQL group commit rounds (`Some(0)`: off; `None`: the store's default).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) postgres_group_rounds: Option<usize>,
+    /// PostgreSQL's partitioned layout, `COUNT,WINDOW` (`None`: the plain table).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) postgres_partitions: Option<String>,
     /// The PostgreSQL settings to bench on, each in turn.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) postgres_durability: Vec<Durability>,

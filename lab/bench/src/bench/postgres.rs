@@ -186,6 +186,19 @@ pub(crate) static BENCH: Bench = Bench {
     temporary: None,
 };
 
+/// `COUNT,WINDOW` (`--postgres-partitions`) as the store's partitioned layout.
+fn partitions(text: &str) -> Result<dedup_postgres::Partitions> {
+    let (count, window) = text
+        .split_once(',')
+        .ok_or("--postgres-partitions takes COUNT,WINDOW (e.g. 6,30m)")?;
+    let partitions = dedup_postgres::Partitions {
+        count: count.trim().parse()?,
+        window: dedup_core::parse_duration(window.trim())?,
+    };
+    partitions.validate()?;
+    Ok(partitions)
+}
+
 /// Set the server to `durability`, then connect the store, the purge store and the
 /// baseline to `url`.
 pub(crate) async fn open(
@@ -202,6 +215,9 @@ pub(crate) async fn open(
         },
         ..PostgresConfig::default()
     };
+    if let Some(ring) = &params.postgres_partitions {
+        config.partitions = Some(partitions(ring)?);
+    }
     match params.postgres_group_rounds {
         Some(0) => config.group_commit = None,
         Some(rounds) => {

@@ -122,7 +122,12 @@ mod postgres {
                 let mut conn = PgConnection::connect(&self.0).await?;
                 let table = which.table(names);
                 let raw = format!("{table}_min");
-                let size = "SELECT pg_total_relation_size(format('%I.%I', 'public', $1::text)::regclass)::float8";
+                // Table, indexes and TOAST; for a partitioned table, of its partitions
+                // (`pg_partition_tree` lists nothing for a plain table).
+                let size = "SELECT coalesce( \
+                              (SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree(t)), \
+                              pg_total_relation_size(t))::float8 \
+                            FROM (SELECT format('%I.%I', 'public', $1::text)::regclass AS t) x";
                 let (store,): (f64,) = sqlx::query_as(size)
                     .bind(table)
                     .fetch_one(&mut conn)
