@@ -45,7 +45,7 @@ pub type PostgresOutbox = SqlOutbox<PostgresOutboxDialect>;
 /// commits (PostgreSQL queues notifications in commit order), so notifying commits run one
 /// at a time; to keep concurrent producers from queueing behind it, one store notifies
 /// from a producer's transaction at most once per [`NOTIFY_EVERY`](crate::NOTIFY_EVERY)
-/// (10 ms). A producer whose notification was skipped gets a trailing one once its
+/// (5 ms). A producer whose notification was skipped gets a trailing one once its
 /// transaction committed: at the end of the window a statement of the store's own looks
 /// at the skipped transactions (`txid_status`), notifies when any committed, and looks
 /// again at those still open (5 ms later, doubling to 50 ms). So such a row is taken

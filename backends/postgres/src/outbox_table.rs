@@ -16,7 +16,12 @@ use crate::outbox_statements::{OutboxStatements, shared};
 /// At most one `NOTIFY` per this interval per store from the producers' own transactions
 /// (see [`PostgresOutboxDialect`](crate::PostgresOutboxDialect)'s `enqueue`). A producer
 /// whose notification was skipped gets a trailing one once its transaction has committed.
-pub const NOTIFY_EVERY: Duration = Duration::from_millis(10);
+///
+/// 5 ms: the relay is woken at least that often while producers write, which keeps the
+/// commit-to-publish p99 near 10 ms at 1 000 msgs/s (at 10 ms the wait for the next
+/// notification alone was up to 10 ms). Notifying commits still run at most about one per
+/// window, so producers rarely queue behind each other's commit.
+pub const NOTIFY_EVERY: Duration = Duration::from_millis(5);
 
 /// The first wait between two looks at skipped producers' transactions still open; it
 /// doubles up to [`TRAILING_MOST`].

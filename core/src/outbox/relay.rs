@@ -48,7 +48,8 @@ pub struct RelayConfig {
     /// After a round that took rows but not a full batch, look again this soon instead of
     /// waiting for a wake-up or the poll interval (default 20 ms): rows whose producers
     /// committed just after the take, and whose notification a store skipped (PostgreSQL
-    /// sends at most one per 10 ms), go out without waiting for the next poll.
+    /// notifies from producers at most once per 5 ms), go out without waiting for the next
+    /// poll.
     pub linger: Duration,
     /// Rounds one relay runs at once (default 4): while one round waits for the broker's
     /// confirms, the others take and publish further rows. The store never gives one row

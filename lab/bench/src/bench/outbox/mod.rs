@@ -7,8 +7,9 @@
 //!   [`RabbitPublisher`](dedup_brokers::rabbitmq::RabbitPublisher) (batches of 100) publishing pre-enqueued rows until the outbox is
 //!   empty, against the same messages published raw through the same lapin client on a
 //!   confirm channel (publish all, then await every confirm);
-//! - `commit_to_publish_p50` / `_p99` (PostgreSQL + RabbitMQ): a producer commits one row
-//!   every [`LATENCY_TICK`](latency::LATENCY_TICK), a relay publishes, a consumer on the queue stamps each
+//! - `commit_to_publish_p50` / `_p99` (PostgreSQL + RabbitMQ): a producer transaction
+//!   commits one row, one starting every [`LATENCY_TICK`](latency::LATENCY_TICK) (1 000
+//!   msgs/s), a relay publishes, a consumer on the queue stamps each
 //!   message's arrival: latency from the producer's commit returning to the consumer's
 //!   receipt, with `NOTIFY` wakeups (poll interval 10 s) against polling alone (every
 //!   100 ms, no wakeups).
