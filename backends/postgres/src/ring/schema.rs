@@ -51,6 +51,8 @@ LANGUAGE plpgsql AS $claim$
 DECLARE
     t bigint := coalesce(now_in, {now_ms});
     s smallint := ((t / window_ms) % slots)::smallint;
+    n integer := coalesce(array_length(ids, 1), 0);
+    inserted integer;
     found_slot smallint;
     r record;
 BEGIN
@@ -58,12 +60,32 @@ BEGIN
         RAISE EXCEPTION 'a partitioned dedup table claims under READ COMMITTED or SERIALIZABLE, not REPEATABLE READ'
             USING ERRCODE = '0A000';
     END IF;
-    FOR i IN 1 .. coalesce(array_length(ids, 1), 0) LOOP
-        PERFORM pg_advisory_xact_lock(hashtextextended(ids[i], hashtext(consumers[i])));
+    -- Every key's lock, in the order given (callers sort the keys: batches never deadlock).
+    PERFORM pg_advisory_xact_lock(hashtextextended(q.id, hashtext(q.c)))
+      FROM unnest(consumers, ids) WITH ORDINALITY AS q(c, id, i) ORDER BY q.i;
+    -- The keys without a record in any partition, in one insert. Its snapshot is taken
+    -- after the locks: it sees every claim that held one before.
+    RETURN QUERY INSERT INTO {table} AS x (slot, consumer, message_id, token, fence, attempt,
+        claimed_at, expires_at, processed_at, fingerprint)
+    SELECT s, q.c, q.id, tokens[q.i]::uuid, 1, 1, t,
+        CASE WHEN completed THEN NULL ELSE t + leases[q.i] END,
+        CASE WHEN completed THEN t END, fingerprints[q.i]
+      FROM unnest(consumers, ids) WITH ORDINALITY AS q(c, id, i)
+     WHERE NOT EXISTS (SELECT 1 FROM {table} e WHERE e.consumer = q.c AND e.message_id = q.id)
+     ORDER BY q.i
+    RETURNING true, t, x.consumer, x.message_id, x.token::text, x.fence, x.attempt,
+        x.expires_at, x.processed_at, x.outcome, x.fingerprint, {first_claim}, x.last_failure;
+    GET DIAGNOSTICS inserted = ROW_COUNT;
+    IF inserted = n OR NOT takeover THEN
+        RETURN;
+    END IF;
+    -- The keys with a record: taken over one at a time, where the contract says so.
+    FOR i IN 1 .. n LOOP
         LOOP
-            SELECT x.slot, x.processed_at, x.expires_at, x.fingerprint INTO r
+            SELECT x.slot, x.token, x.processed_at, x.expires_at, x.fingerprint INTO r
               FROM {table} x WHERE x.consumer = consumers[i] AND x.message_id = ids[i] LIMIT 1;
             IF NOT FOUND THEN
+                -- Gone since the insert's snapshot (a purge, a forget): insert it now.
                 RETURN QUERY INSERT INTO {table} AS x (slot, consumer, message_id, token, fence,
                     attempt, claimed_at, expires_at, processed_at, fingerprint)
                 VALUES (s, consumers[i], ids[i], tokens[i]::uuid, 1, 1, t,
@@ -74,7 +96,10 @@ BEGIN
                     x.last_failure;
                 EXIT;
             END IF;
-            IF NOT takeover OR r.processed_at IS NOT NULL OR r.expires_at > t
+            IF r.token IS NOT DISTINCT FROM tokens[i]::uuid AND tokens[i] IS NOT NULL THEN
+                EXIT; -- the insert above wrote it
+            END IF;
+            IF r.processed_at IS NOT NULL OR r.expires_at > t
                OR (fingerprints[i] IS NOT NULL AND r.fingerprint IS NOT NULL
                    AND r.fingerprint <> fingerprints[i]) THEN
                 EXIT; -- not written: the store reads the record
