@@ -110,8 +110,8 @@ impl Storage for PostgresStore {
         })
         .await
         .map_err(backend)?
-            .map(|_| ())
-            .ok_or_else(|| Error::lease_lost(&lease.key))
+        .map(|_| ())
+        .ok_or_else(|| Error::lease_lost(&lease.key))
     }
 
     async fn release_failed(&self, lease: &Lease, failure: &dedup_core::Failure) -> Result<()> {
@@ -127,8 +127,8 @@ impl Storage for PostgresStore {
         })
         .await
         .map_err(backend)?
-            .map(|_| ())
-            .ok_or_else(|| Error::lease_lost(&lease.key))
+        .map(|_| ())
+        .ok_or_else(|| Error::lease_lost(&lease.key))
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
