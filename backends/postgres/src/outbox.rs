@@ -2,6 +2,8 @@
 //! [`SqlOutbox`] engine over [`PostgresOutboxDialect`] (PostgreSQL's statements, each
 //! operation one statement, and `NOTIFY` / `LISTEN` wake-ups).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use dedup_core::backend::outbox::RawOutboxRow;
 use dedup_core::outbox::OutboxMessage;
@@ -46,9 +48,11 @@ pub type PostgresOutbox = SqlOutbox<PostgresOutboxDialect>;
 /// at a time; to keep concurrent producers from queueing behind it, one store notifies
 /// from a producer's transaction at most once per [`NOTIFY_EVERY`](crate::NOTIFY_EVERY)
 /// (5 ms). A producer whose notification was skipped gets a trailing one once its
-/// transaction committed: at the end of the window a statement of the store's own looks
-/// at the skipped transactions (`txid_status`), notifies when any committed, and looks
-/// again at those still open (5 ms later, doubling to 50 ms). So such a row is taken
+/// transaction committed: the next producer that notifies looks at the skipped
+/// transactions in its own statement (`txid_status`; those committed are covered by its
+/// notification), and when none notifies in a window, a statement of the store's own does
+/// it at the window's end, notifies when any committed, and looks again at those still
+/// open (5 ms later, doubling to 50 ms). So such a row is taken
 /// within tens of ms even when its producer commits after the relay looked again
 /// ([`RelayConfig::linger`](dedup_core::outbox::RelayConfig::linger)), not at the relay's
 /// next poll.
@@ -90,9 +94,10 @@ impl PostgresOutboxDialect {
 
 impl PostgresOutboxDialect {
     /// Start the task that sends the trailing notification of the producers whose own was
-    /// skipped: at the end of the [`NOTIFY_EVERY`](crate::NOTIFY_EVERY) window, one
-    /// statement looks at their transactions and notifies when any committed; it looks
-    /// again at those still open, 5 ms later doubling to 50 ms, until none is left.
+    /// skipped. At the end of each [`NOTIFY_EVERY`](crate::NOTIFY_EVERY) window whose turn
+    /// no producer took, one statement looks at their transactions and notifies when any
+    /// committed; it looks again at those still open, 5 ms later doubling to 50 ms, until
+    /// none is left. A producer that takes the turn looks at them in its own enqueue.
     fn spawn_trailing(&self) {
         /// Forgets the skipped transactions if the task ends before it settled them (its
         /// runtime shut down), so that the next skip starts another task.
@@ -108,19 +113,22 @@ impl PostgresOutboxDialect {
         tokio::spawn(async move {
             let mut guard = Abandon(Some(store.clone()));
             let table = store.outbox_table();
-            tokio::time::sleep(table.until_window_ends()).await;
-            let mut wait = TRAILING_FIRST;
+            let mut wait = Duration::ZERO;
             loop {
+                tokio::time::sleep(table.until_window_ends().max(wait)).await;
                 let looked = table.skipped_xacts();
-                // Failed (the server is away): the rows wait for the relay's poll, as
-                // without notifications.
-                let open = trailing(&store, &looked).await.unwrap_or_default();
-                if !table.settle(&looked, &open) {
+                // A producer took this window's turn: its enqueue looks at them.
+                if !looked.is_empty() && table.take_notify_turn() {
+                    // Failed (the server is away): the rows wait for the relay's poll,
+                    // as without notifications.
+                    let open = trailing(&store, &looked).await.unwrap_or_default();
+                    table.settle(&looked, &open);
+                    wait = (wait * 2).clamp(TRAILING_FIRST, TRAILING_MOST);
+                }
+                if !table.settle(&[], &[]) {
                     guard.0 = None;
                     return;
                 }
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(TRAILING_MOST);
             }
         });
     }
@@ -136,13 +144,6 @@ async fn trailing(store: &PostgresStore, xacts: &[i64]) -> Result<Vec<i64>> {
         .fetch_one(store.pool())
         .await
         .map_err(backend)?;
-    if row
-        .try_get::<Option<String>, _>("notified")
-        .map_err(backend)?
-        .is_some()
-    {
-        table.notified();
-    }
     row.try_get("open").map_err(backend)
 }
 
@@ -189,6 +190,12 @@ impl OutboxDialect for PostgresOutboxDialect {
                 .map_err(backend)?;
         }
         let turn = self.state().take_notify_turn();
+        // The producer that notifies looks at the skipped transactions for the trailing
+        // task: under steady traffic that task then sends no statement of its own.
+        let looked = match turn {
+            true => self.state().skipped_xacts(),
+            false => Vec::new(),
+        };
         let row = sqlx::query(self.sql().enqueue.clone())
             .bind(self.store.now_param())
             .bind(messages.iter().map(|m| m.destination()).collect::<Vec<_>>())
@@ -208,10 +215,17 @@ impl OutboxDialect for PostgresOutboxDialect {
                     .collect::<Vec<_>>(),
             )
             .bind(turn.then(|| self.channel()))
+            .bind(&looked)
             .fetch_one(&mut *conn)
             .await
             .map_err(backend)?;
         let written: i64 = row.try_get("written").map_err(backend)?;
+        if written > 0 && !looked.is_empty() {
+            // Settled now: should this transaction roll back, its notification is lost with
+            // it, and the rows of those committed wait for the relay's poll.
+            let open: Vec<i64> = row.try_get("still_open").map_err(backend)?;
+            self.state().settle(&looked, &open);
+        }
         let xact: Option<i64> = row.try_get("xact").map_err(backend)?;
         if let Some(xact) = xact
             && self.state().skipped(xact)

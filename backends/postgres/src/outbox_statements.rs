@@ -67,6 +67,9 @@ impl OutboxStatements {
             // $2..$7 the messages' columns (delays in ms), $8 the channel (NULL: no notify). Inserted in the
             // caller's order, so ids follow it. When rows were new but the notification
             // was skipped, `xact` is the transaction's id, for its trailing notification.
+            // $9 the transactions skipped before, when this one notifies: those that
+            // committed are covered by its notification (delivered at its commit, after
+            // this statement saw them committed); `still_open` are the others.
             enqueue: sql(format!(
                 "WITH now AS (SELECT {NOW_MS} AS ms), \
                  ins AS ( \
@@ -84,7 +87,10 @@ impl OutboxStatements {
                  written AS (SELECT count(*) AS n FROM ins) \
                  SELECT n AS written, \
                         CASE WHEN n > 0 AND $8::text IS NOT NULL THEN pg_notify($8, '')::text END AS notified, \
-                        CASE WHEN n > 0 AND $8::text IS NULL THEN txid_current() END AS xact \
+                        CASE WHEN n > 0 AND $8::text IS NULL THEN txid_current() END AS xact, \
+                        (SELECT coalesce(array_agg(x), '{{}}'::bigint[]) \
+                         FROM unnest($9::bigint[]) AS u(x) \
+                         WHERE txid_status(x) = 'in progress') AS still_open \
                  FROM written"
             )),
             // $1 the channel, $2 the skipped transactions' ids. Its own transaction (the

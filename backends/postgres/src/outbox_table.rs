@@ -91,13 +91,6 @@ impl OutboxTable {
                 .is_ok()
     }
 
-    /// A trailing notification was sent now: the producers' next turn is a full
-    /// [`NOTIFY_EVERY`] away.
-    pub(crate) fn notified(&self) {
-        self.last_notify_ms
-            .fetch_max(self.now_ms(), Ordering::Relaxed);
-    }
-
     /// How long until the end of the current [`NOTIFY_EVERY`] window.
     pub(crate) fn until_window_ends(&self) -> Duration {
         let end = self.last_notify_ms.load(Ordering::Relaxed) + NOTIFY_EVERY.as_millis() as u64;
