@@ -133,7 +133,11 @@ async fn whole_windows_past_retention_are_retired_and_live_leases_kept() {
         },
         "recent-done in window 3's partition, the live lease moved to window 4's"
     );
-    let run = store.last_purge().await.expect("last purge").expect("a run kept");
+    let run = store
+        .last_purge()
+        .await
+        .expect("last purge")
+        .expect("a run kept");
     assert_eq!((run.removed, run.stopped_early), (3, false), "{run:?}");
     let again = purge(&store, Duration::from_secs(2)).await;
     assert_eq!((again.completed, again.expired), (0, 0), "{again:?}");
