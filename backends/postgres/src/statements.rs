@@ -116,7 +116,12 @@ const PURGE_CUTOFF: &str = "(SELECT ms FROM now) - $2::bigint";
 /// claimed_at <= expires_at), so every purgeable record has claimed_at before the cutoff.
 /// One text for the purge batch and for counting what a purge would remove.
 fn purgeable() -> String {
-    let cutoff = PURGE_CUTOFF;
+    purgeable_at(PURGE_CUTOFF)
+}
+
+/// [`purgeable`]'s condition at `cutoff` (an SQL expression in ms): also the partitioned
+/// layout's, whose retirement removes exactly these rows of a partition.
+pub(crate) fn purgeable_at(cutoff: &str) -> String {
     format!(
         "claimed_at < {cutoff} \
          AND (processed_at < {cutoff} \

@@ -26,17 +26,11 @@ use super::schema::qualified_partition;
 use crate::PostgresStore;
 use crate::ddl::fnv1a;
 use crate::error::backend;
-use crate::statements::NOW_MS;
+use crate::statements::{NOW_MS, purgeable_at};
 
 /// How long the truncate waits for its lock before the batch gives up (the purge runs
 /// it again later); claims queue behind a waiting truncate, so the wait is kept short.
 const TRUNCATE_LOCK_WAIT: Duration = Duration::from_secs(1);
-
-/// Which records a partition's retirement removes at `$1` (the cutoff): as the plain
-/// layout's purge decides (`claimed_at` before the cutoff, and completed before it or
-/// in flight with a lease that ran out before it).
-const PURGEABLE: &str = "claimed_at < $1 \
-     AND (processed_at < $1 OR (processed_at IS NULL AND expires_at < $1))";
 
 /// The partitions a purge at `now_ms` with `retention_ms` may retire, oldest window
 /// first, each with its latest window (the current one or before), which ended at or
@@ -136,9 +130,11 @@ impl PostgresStore {
         cutoff: i64,
     ) -> Result<Option<(u64, u64)>> {
         let partition = qualified_partition(self.config(), slot);
+        // Which rows the retirement removes at `$1`, the cutoff: the plain purge's rule.
+        let purgeable = purgeable_at("$1");
         let (completed, expired, all): (i64, i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT count(*) FILTER (WHERE {PURGEABLE} AND processed_at IS NOT NULL), \
-                    count(*) FILTER (WHERE {PURGEABLE} AND processed_at IS NULL), count(*) \
+            "SELECT count(*) FILTER (WHERE {purgeable} AND processed_at IS NOT NULL), \
+                    count(*) FILTER (WHERE {purgeable} AND processed_at IS NULL), count(*) \
              FROM {partition}"
         )))
         .bind(cutoff)
@@ -151,7 +147,7 @@ impl PostgresStore {
         if completed + expired < all {
             let now_ms = self.now_ms(conn).await?;
             sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {table} SET slot = $2 WHERE slot = $3 AND NOT coalesce({PURGEABLE}, false)",
+                "UPDATE {table} SET slot = $2 WHERE slot = $3 AND NOT coalesce({purgeable}, false)",
                 table = self.table()
             )))
             .bind(cutoff)

@@ -5,7 +5,7 @@
 use super::Partitions;
 use super::schema::claim_function;
 use crate::config::PostgresConfig;
-use crate::statements::{LAZY_COMMIT, NOW_MS, Statements, sql};
+use crate::statements::{LAZY_COMMIT, NOW_MS, Statements, purgeable_at, sql};
 
 /// The statements of `config`'s table, in its layout.
 pub(crate) fn for_config(config: &PostgresConfig) -> Statements {
@@ -70,10 +70,9 @@ fn partitioned(s: &mut Statements, config: &PostgresConfig, p: &Partitions) {
          FROM {table} CROSS JOIN ring \
          WHERE slot <> ring.w % {count} \
            AND (ring.w - (ring.w - slot) % {count} + 1) * {window} <= ring.cutoff \
-           AND claimed_at < ring.cutoff \
-           AND (processed_at < ring.cutoff \
-                OR (processed_at IS NULL AND expires_at < ring.cutoff))",
-        table = config.qualified_table()
+           AND {purgeable}",
+        table = config.qualified_table(),
+        purgeable = purgeable_at("ring.cutoff")
     ));
 
     // Every update moves the row to the current window's partition (a no-op, and still a
