@@ -111,16 +111,42 @@ galera_cnf() {
 }
 
 # run_galera_node DIR [ARGS...]: start DIR's mariadbd as the mysql user (in the namespace
-# DIR/netns names, if any) and wait until it is a synced member.
+# DIR/netns names, if any) and wait until it is a synced member. A joiner (no ARGS) that is
+# not synced within WAIT_SECONDS is killed and started again, twice at most: on a busy
+# machine its first membership round can end in a view of its own ("no install message
+# received", non-primary) that it does not leave. A second start joins as a fresh process.
+readonly GALERA_JOIN_TRIES=3
 run_galera_node() {
-    local dir=$1 bin run=()
+    local dir=$1 bin run=() try tries=$GALERA_JOIN_TRIES
     shift
+    (($# == 0)) || tries=1
     bin=$(mariadb_server_bin) || die "mariadbd not found"
     if [[ -f $dir/netns ]]; then run=(ip netns exec "$(<"$dir/netns")"); fi
     if is_root; then run+=(runuser -u mysql --); fi
-    spawn "$dir/stdout.log" "${run[@]}" "$bin" --defaults-file="$dir/my.cnf" "$@"
-    retry $((WAIT_SECONDS * 5)) 0.2 galera_synced "$dir" ||
-        { show_log "$dir/error.log"; die "Galera node $dir did not become synced"; }
+    for ((try = 1; try <= tries; try++)); do
+        spawn "$dir/stdout.log" "${run[@]}" "$bin" --defaults-file="$dir/my.cnf" "$@"
+        disown # a restart kills it: no "Killed" line from this shell
+        retry $((WAIT_SECONDS * 5)) 0.2 galera_synced "$dir" && return 0
+        show_log "$dir/error.log"
+        ((try < tries)) || break
+        log "galera: $dir not synced after ${WAIT_SECONDS}s (start $try of $tries); killing it and starting it again"
+        kill_galera_node "$dir"
+    done
+    die "Galera node $dir did not become synced (started $tries times)"
+}
+
+# kill_galera_node DIR: SIGKILL DIR's mariadbd and what its state transfer started (the
+# rsync script and daemon name files in DIR), and wait until they are gone.
+kill_galera_node() {
+    local f cmd pids=()
+    for f in /proc/[0-9]*/cmdline; do
+        cmd=$(tr '\0' ' ' <"$f" 2>/dev/null) || continue
+        if [[ $cmd == *"$1/"* ]]; then
+            f=${f#/proc/}
+            pids+=("${f%/cmdline}")
+        fi
+    done
+    ((${#pids[@]} == 0)) || kill_now "${pids[@]}"
 }
 
 galera_start() {
