@@ -8,7 +8,8 @@
 //! 3. Its purgeable rows are counted, by kind, and the rest (a lease still live at the
 //!    cutoff) are moved to the current window's partition, in a transaction of their own.
 //! 4. In a second transaction, the partition is locked (`ACCESS EXCLUSIVE`: statements
-//!    reading the table finish first, new ones wait), the clock is read again, and the
+//!    reading the table finish first, new ones wait; asked without queueing first, see
+//!    [`lock_for_truncate`]), the clock is read again, and the
 //!    partition is truncated only if the ring has not come back to it meanwhile (its
 //!    latest window is still the one of step 1). The lock is held for a few milliseconds.
 //!
@@ -28,9 +29,62 @@ use crate::ddl::fnv1a;
 use crate::error::backend;
 use crate::statements::{NOW_MS, purgeable_at};
 
-/// How long the truncate waits for its lock before the batch gives up (the purge runs
-/// it again later); claims queue behind a waiting truncate, so the wait is kept short.
+/// How long the truncate asks for its lock without queueing for it, one try every
+/// [`LOCK_RETRY_PAUSE`]: a lock request that waits makes every later claim wait behind it.
+const TRUNCATE_LOCK_TRIES: Duration = Duration::from_millis(500);
+const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(2);
+
+/// How long the truncate then waits in the queue for its lock before the batch gives up
+/// (the purge runs it again later); claims queue behind it meanwhile.
 const TRUNCATE_LOCK_WAIT: Duration = Duration::from_secs(1);
+
+/// A transaction holding `partition` in `ACCESS EXCLUSIVE` mode: asked with `NOWAIT`
+/// while [`TRUNCATE_LOCK_TRIES`] lasts (each refusal rolls back to a savepoint), then
+/// waited for, at most [`TRUNCATE_LOCK_WAIT`].
+async fn lock_for_truncate<'c>(
+    conn: &'c mut PgConnection,
+    partition: &str,
+) -> Result<sqlx::Transaction<'c, sqlx::Postgres>> {
+    let mut tx = conn.begin().await.map_err(backend)?;
+    let tries_end = Instant::now() + TRUNCATE_LOCK_TRIES;
+    while Instant::now() < tries_end {
+        let mut attempt = tx.begin().await.map_err(backend)?;
+        let locked = sqlx::query(AssertSqlSafe(format!(
+            "LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE NOWAIT"
+        )))
+        .execute(&mut *attempt)
+        .await;
+        match locked {
+            Ok(_) => {
+                attempt.commit().await.map_err(backend)?;
+                return Ok(tx);
+            }
+            Err(e) if lock_not_available(&e) => {
+                attempt.rollback().await.map_err(backend)?;
+                tokio::time::sleep(LOCK_RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(backend(e)),
+        }
+    }
+    for statement in [
+        format!(
+            "SET LOCAL lock_timeout = {}",
+            TRUNCATE_LOCK_WAIT.as_millis()
+        ),
+        format!("LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE"),
+    ] {
+        sqlx::query(AssertSqlSafe(statement))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+    }
+    Ok(tx)
+}
+
+/// PostgreSQL refused a lock asked with `NOWAIT` (`55P03`).
+fn lock_not_available(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
 
 /// The partitions a purge at `now_ms` with `retention_ms` may retire, oldest window
 /// first, each with its latest window (the current one or before), which ended at or
@@ -157,19 +211,7 @@ impl PostgresStore {
             .await
             .map_err(backend)?;
         }
-        let mut tx = conn.begin().await.map_err(backend)?;
-        for statement in [
-            format!(
-                "SET LOCAL lock_timeout = {}",
-                TRUNCATE_LOCK_WAIT.as_millis()
-            ),
-            format!("LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE"),
-        ] {
-            sqlx::query(AssertSqlSafe(statement))
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
-        }
+        let mut tx = lock_for_truncate(conn, &partition).await?;
         let now_ms = self.now_ms(&mut tx).await?;
         if !still_latest(p, now_ms, window) {
             return Ok(None); // the ring came back to it: rolled back, retired next time round

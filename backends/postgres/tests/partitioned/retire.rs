@@ -368,3 +368,49 @@ async fn a_claim_in_a_repeatable_read_transaction_is_refused() {
         "{claimed:?}"
     );
 }
+
+/// A retirement whose partition is in use does not queue its lock request in front of
+/// the claims: it asks again and again without waiting, so a claim (which reads every
+/// partition) goes on while a reader holds the partition, and the truncate runs once the
+/// reader is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_do_not_queue_behind_a_truncate_waiting_for_its_lock() {
+    let url = crate::url_or_skip!();
+    let clock = aligned_clock();
+    let store = ring_store(&url, "retire_no_queue", &clock).await;
+    complete(&store, &key("old-done")).await;
+    let [(slot, 1)] = rows_per_slot(&store).await[..] else {
+        panic!("one row in one partition");
+    };
+    // Window 4, 500 ms in: window 0 is past a 2 s retention.
+    clock.advance(Duration::from_millis(4500));
+
+    // A reader holds window 0's partition (ACCESS SHARE) in an open transaction.
+    let mut reader = store.pool().begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} WHERE slot = $1",
+        store.table()
+    )))
+    .bind(slot)
+    .execute(&mut *reader)
+    .await
+    .expect("read the partition");
+    let purging = {
+        let store = store.clone();
+        tokio::spawn(async move { purge(&store, Duration::from_secs(2)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await; // the purge is at its lock
+
+    let started = std::time::Instant::now();
+    complete(&store, &key("new")).await;
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_millis(600),
+        "a claim and commit took {waited:?}: they queued behind the truncate's lock request"
+    );
+    assert!(!purging.is_finished(), "the truncate waits for the reader");
+    reader.commit().await.expect("end the read");
+    let report = purging.await.expect("purge task");
+    assert_eq!((report.completed, report.expired), (1, 0), "{report:?}");
+    assert!(store.get(&key("old-done")).await.expect("get").is_none());
+}
