@@ -222,10 +222,7 @@ impl Source for KafkaConsumer {
             .set("group.id", &self.group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        let context = Rebalancing {
-            offsets: self.offsets.clone(),
-            group: self.group.clone(),
-        };
+        let context = Rebalancing::new(self.offsets.clone(), self.group.clone());
         // Not creating topics on a lookup: a missing copies' topic must be refused, not
         // made (with the broker's default partitions) by the check itself.
         let producer: FutureProducer = producer_config(&self.settings)

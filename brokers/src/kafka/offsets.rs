@@ -2,9 +2,13 @@
 //! consumer context that keeps that straight across a rebalance.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 /// A partition: topic and partition number.
@@ -135,14 +139,66 @@ impl Offsets {
 
 /// The consumer's context: before a revoke, commits what is settled on the revoked
 /// partitions and stops tracking them; on an assignment, starts tracking the new ones.
+///
+/// It applies each rebalance itself, as rdkafka's default does, except that it asks
+/// librdkafka for the rebalance protocol once, at the first rebalance (an assignment), and
+/// keeps the answer. librdkafka answers that question on its group thread: asked again in
+/// the revoke that closing the consumer brings, the call can wait forever (the consumer's
+/// drop then hangs; librdkafka issue 4041).
 pub(crate) struct Rebalancing {
     pub(crate) offsets: Offsets,
     pub(crate) group: String,
+    /// Whether the group rebalances incrementally (cooperative), asked once.
+    cooperative: OnceLock<bool>,
+}
+
+impl Rebalancing {
+    /// A context for a new consumer of `group`, tracking into `offsets`.
+    pub(crate) fn new(offsets: Offsets, group: String) -> Self {
+        Rebalancing {
+            offsets,
+            group,
+            cooperative: OnceLock::new(),
+        }
+    }
+
+    fn cooperative(&self, consumer: &BaseConsumer<Self>) -> bool {
+        *self.cooperative.get_or_init(|| {
+            matches!(
+                consumer.rebalance_protocol(),
+                RebalanceProtocol::Cooperative
+            )
+        })
+    }
 }
 
 impl ClientContext for Rebalancing {}
 
 impl ConsumerContext for Rebalancing {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(partitions),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(partitions),
+            other => Rebalance::Error(KafkaError::Rebalance(other.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let applied = match (&rebalance, self.cooperative(consumer)) {
+            (Rebalance::Assign(p), true) => consumer.incremental_assign(p),
+            (Rebalance::Assign(p), false) => consumer.assign(p),
+            (_, true) => consumer.incremental_unassign(partitions),
+            (_, false) => consumer.unassign(),
+        };
+        if let Err(e) = applied {
+            tracing::warn!(group = %self.group, error = %dedup_core::error_chain(&e), "could not apply a rebalance");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
             let owed = self.offsets.revoke(partitions);
