@@ -20,6 +20,7 @@
 pub(crate) mod retire;
 pub(crate) mod schema;
 pub(crate) mod statements;
+pub(crate) mod swap;
 
 use std::time::Duration;
 

@@ -414,3 +414,217 @@ async fn claims_do_not_queue_behind_a_truncate_waiting_for_its_lock() {
     assert_eq!((report.completed, report.expired), (1, 0), "{report:?}");
     assert!(store.get(&key("old-done")).await.expect("get").is_none());
 }
+
+/// Minute windows, 5 partitions: a slot retired well before the ring returns is swapped.
+const MINUTE_MS: i64 = 60_000;
+
+async fn minute_ring(url: &str, test: &str) -> (PostgresStore, Arc<ManualClock>) {
+    let now = Timestamp::from_system_time(std::time::SystemTime::now()).as_millis();
+    // At the start of a window whose slot is 0.
+    let start = now - now.rem_euclid(5 * MINUTE_MS);
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(start)));
+    let mut config = common::config_with(
+        &common::unique_table(test),
+        common::ring(MINUTE_MS as u64, 5),
+    );
+    config.clock = Some(clock.clone());
+    let store = PostgresStore::connect_with(url, config)
+        .await
+        .expect("connect and migrate");
+    (store, clock)
+}
+
+/// The oid of `store`'s partition for `slot`, if one is attached.
+async fn partition_oid(store: &PostgresStore, slot: i16) -> Option<i64> {
+    sqlx::query_scalar(
+        "SELECT c.oid::bigint FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = $1::regclass AND NOT i.inhdetachpending \
+           AND pg_get_expr(c.relpartbound, c.oid) = format('FOR VALUES IN (''%s'')', $2::int)",
+    )
+    .bind(store.table())
+    .bind(i32::from(slot))
+    .fetch_optional(store.pool())
+    .await
+    .expect("partition oid")
+}
+
+/// A partition retired long before the ring comes back to it is detached and replaced by
+/// an empty table (a new oid), not truncated: its purgeable rows go, a live lease moved
+/// out first commits, and the slot takes rows again when the ring comes back.
+#[tokio::test]
+async fn a_partition_far_from_the_rings_return_is_swapped_for_an_empty_one() {
+    let url = crate::url_or_skip!();
+    let (store, clock) = minute_ring(&url, "retire_swap").await;
+    complete(&store, &key("old-done")).await;
+    let live = acquire(&store, &key("old-live"), Duration::from_secs(3600)).await;
+    let before = partition_oid(&store, 0).await.expect("slot 0 attached");
+    // Window 3, 1 s in: a 2-window retention retires window 0; the ring returns in 119 s.
+    clock.advance(Duration::from_millis(3 * MINUTE_MS as u64 + 1000));
+    let report = purge(&store, Duration::from_millis(2 * MINUTE_MS as u64)).await;
+    assert_eq!((report.completed, report.expired), (1, 0), "{report:?}");
+    let after = partition_oid(&store, 0)
+        .await
+        .expect("slot 0 attached again");
+    assert_ne!(
+        before, after,
+        "slot 0's partition was swapped, not truncated"
+    );
+    assert!(store.get(&key("old-done")).await.expect("get").is_none());
+    store
+        .commit(&live, None)
+        .await
+        .expect("the moved lease commits");
+    // Window 5: the ring is back at slot 0, whose new partition takes the row.
+    clock.advance(Duration::from_millis(2 * MINUTE_MS as u64));
+    complete(&store, &key("new")).await;
+    assert!(
+        rows_per_slot(&store).await.contains(&(0, 1)),
+        "a row in slot 0"
+    );
+}
+
+/// A swap cut short is finished by the next purge: a partition left detached (the purger
+/// died after the detach) and one left detach-pending (the detach was cancelled while it
+/// waited) are replaced by empty ones, so the ring's return to those slots finds a
+/// partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_cut_short_is_finished_by_the_next_purge() {
+    let url = crate::url_or_skip!();
+    let (store, clock) = minute_ring(&url, "retire_repair").await;
+    let table = store.table().to_owned();
+    let partition = |slot: u16| {
+        let (schema, name) = table.split_once('.').expect("qualified");
+        format!("{schema}.\"{}_p{slot}\"", name.trim_matches('"'))
+    };
+    // Slot 0: detached, as if the purger died right after step 1.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {table} DETACH PARTITION {}",
+        partition(0)
+    )))
+    .execute(store.pool())
+    .await
+    .expect("detach slot 0");
+    // Slot 1: detach-pending. A writer's open transaction holds the detach in its wait;
+    // the detach is cancelled there.
+    let mut writer = store.pool().begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {table} SET fence = fence WHERE false"
+    )))
+    .execute(&mut *writer)
+    .await
+    .expect("hold the parent");
+    let mut detacher = store.pool().acquire().await.expect("conn");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *detacher)
+        .await
+        .expect("pid");
+    let detach = tokio::spawn({
+        let statement = format!(
+            "ALTER TABLE {table} DETACH PARTITION {} CONCURRENTLY",
+            partition(1)
+        );
+        async move {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+                .execute(&mut *detacher)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancelled: bool = sqlx::query_scalar("SELECT pg_cancel_backend($1)")
+        .bind(pid)
+        .fetch_one(store.pool())
+        .await
+        .expect("cancel");
+    assert!(cancelled);
+    assert!(
+        detach.await.expect("detach task").is_err(),
+        "the detach was cancelled"
+    );
+    writer.rollback().await.expect("rollback");
+    let pending: bool = sqlx::query_scalar(
+        "SELECT inhdetachpending FROM pg_inherits WHERE inhparent = $1::regclass \
+         AND inhrelid = $2::regclass",
+    )
+    .bind(&table)
+    .bind(partition(1))
+    .fetch_one(store.pool())
+    .await
+    .expect("slot 1's state");
+    assert!(pending, "slot 1 is left detach-pending");
+    assert!(partition_oid(&store, 0).await.is_none());
+
+    purge(&store, Duration::from_millis(2 * MINUTE_MS as u64)).await;
+    assert!(partition_oid(&store, 0).await.is_some(), "slot 0 attached");
+    assert!(partition_oid(&store, 1).await.is_some(), "slot 1 attached");
+    // Rows routed to both slots land.
+    complete(&store, &key("in-0")).await;
+    clock.advance(Duration::from_millis(MINUTE_MS as u64));
+    complete(&store, &key("in-1")).await;
+    assert_eq!(rows_per_slot(&store).await, [(0, 1), (1, 1)]);
+}
+
+/// Claims racing swaps: while the ring turns (a manual clock moved a window at a time)
+/// and each turn's purge swaps the oldest partition out, every key claimed twice at once
+/// is acquired once, no statement fails for a missing partition, and every record
+/// written within the retention of the last purge is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_racing_swaps_lose_nothing_within_retention() {
+    let url = crate::url_or_skip!();
+    let (store, clock) = minute_ring(&url, "retire_swap_race").await;
+    let retention = Duration::from_millis(2 * MINUTE_MS as u64);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let turning = {
+        let (store, clock, done) = (store.clone(), clock.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut removed = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                clock.advance(Duration::from_millis(MINUTE_MS as u64));
+                removed += purge(&store, retention).await.completed;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            removed
+        })
+    };
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let (store, clock) = (store.clone(), clock.clone());
+        workers.push(tokio::spawn(async move {
+            let mut keys = Vec::new();
+            for i in 0..120 {
+                let k = key(&format!("w{w}-{i}"));
+                let before = clock.now().as_millis();
+                // Longer than the run's turns of the clock: a second claim never takes over.
+                let options = ClaimOptions::lease(Duration::from_secs(86_400));
+                let (a, b) = tokio::join!(store.claim(&k, &options), store.claim(&k, &options));
+                let leases: Vec<Lease> = [a.expect("claim"), b.expect("claim")]
+                    .into_iter()
+                    .filter_map(|c| c.lease().cloned())
+                    .collect();
+                assert_eq!(leases.len(), 1, "{k}: one acquisition");
+                store.commit(&leases[0], None).await.expect("commit");
+                keys.push((k, before));
+            }
+            keys
+        }));
+    }
+    let mut keys = Vec::new();
+    for w in workers {
+        keys.extend(w.await.expect("worker"));
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let removed = turning.await.expect("purger");
+    assert!(removed > 0, "the purges retired nothing during the run");
+    let cutoff = clock.now().as_millis() - 2 * MINUTE_MS;
+    purge(&store, retention).await;
+    let mut kept = 0;
+    for (k, written) in &keys {
+        if *written >= cutoff {
+            assert!(
+                store.get(k).await.expect("get").is_some(),
+                "{k} lost within retention"
+            );
+            kept += 1;
+        }
+    }
+    assert!(kept > 0, "no record was recent enough to check");
+}
