@@ -7,14 +7,16 @@
 //!    twice.
 //! 3. Its purgeable rows are counted, by kind, and the rest (a lease still live at the
 //!    cutoff) are moved to the current window's partition, in a transaction of their own.
-//! 4. In a second transaction, the partition is locked (`ACCESS EXCLUSIVE`: statements
+//! 4. When the ring comes back to the slot in [`SWAP_MARGIN`](super::swap::SWAP_MARGIN)
+//!    or more, the partition is swapped for an empty one ([`super::swap`]). Otherwise, in
+//!    a second transaction, the partition is locked (`ACCESS EXCLUSIVE`: statements
 //!    reading the table finish first, new ones wait; asked without queueing first, see
-//!    [`lock_for_truncate`]), the clock is read again, and the
-//!    partition is truncated only if the ring has not come back to it meanwhile (its
-//!    latest window is still the one of step 1). The lock is held for a few milliseconds.
+//!    [`lock_for_truncate`]), the clock is read again, and the partition is truncated
+//!    only if the ring has not come back to it meanwhile (its latest window is still the
+//!    one of step 1). The lock is held until the truncate commits.
 //!
-//! A row a commit moves out of the partition between the count and the truncate is
-//! counted as removed though it was not.
+//! A row a commit moves out of the partition between the count and the truncate (or the
+//! detach) is counted as removed though it was not.
 
 use std::time::{Duration, Instant};
 
