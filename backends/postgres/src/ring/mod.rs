@@ -1,7 +1,6 @@
 //! The partitioned layout ([`Partitions`], opt-in): the records table split into a ring of
 //! time partitions, so a purge retires whole partitions (swapped for empty ones, or
-//! truncated) instead of deleting
-//! rows one by one.
+//! truncated) instead of deleting rows one by one.
 //!
 //! How it stays correct:
 //! - A row sits in the partition of the window of its **last write**. Every statement that
