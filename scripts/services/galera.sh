@@ -125,7 +125,7 @@ run_galera_node() {
     if is_root; then run+=(runuser -u mysql --); fi
     for ((try = 1; try <= tries; try++)); do
         spawn "$dir/stdout.log" "${run[@]}" "$bin" --defaults-file="$dir/my.cnf" "$@"
-        disown # a restart kills it: no "Killed" line from this shell
+        disown 2>/dev/null || true # a restart kills it: no "Killed" line from this shell
         retry $((WAIT_SECONDS * 5)) 0.2 galera_synced "$dir" && return 0
         show_log "$dir/error.log"
         ((try < tries)) || break
