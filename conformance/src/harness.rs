@@ -77,6 +77,15 @@ pub trait StoreFactory: Send + Sync + 'static {
         let _ = (ctx, name);
         None
     }
+
+    /// How many random histories
+    /// [`model_based_histories_match_memory_store`](crate::model::model_based_histories_match_memory_store)
+    /// runs on this factory's stores. Defaults to `None`: proptest's count
+    /// (`PROPTEST_CASES`, 256 when unset). A wrapper whose stores are also run in full
+    /// without it (as [`KeptCounts`](crate::clauses::KeptCounts) is) may ask fewer.
+    fn model_cases(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// How a transaction opened by a test's factory ends ([`TransactionalFactory`], an

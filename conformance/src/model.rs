@@ -170,9 +170,14 @@ pub fn model_config() -> Config {
 /// Random histories of claims, commits, releases, renewals, purges, batches, `get`s and
 /// clock advances from several workers give the same answers and leave the same records
 /// on the store under test as on [`MemoryStore`]. Needs the multi-threaded tokio runtime
-/// (the `suite!` tests use it).
+/// (the `suite!` tests use it). Runs [`StoreFactory::model_cases`] histories when the
+/// factory asks a number.
 pub async fn model_based_histories_match_memory_store<F: StoreFactory>(factory: &F) {
-    check_histories(factory, model_config()).await;
+    let mut config = model_config();
+    if let Some(cases) = factory.model_cases() {
+        config.cases = cases;
+    }
+    check_histories(factory, config).await;
 }
 
 /// [`model_based_histories_match_memory_store`] with an explicit proptest `config`.

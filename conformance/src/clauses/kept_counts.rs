@@ -43,6 +43,17 @@ where
     async fn open_named(&self, ctx: &TestContext, name: &str) -> Option<Result<Self::Store>> {
         self.0.open_named(ctx, name).await
     }
+
+    /// A quarter of the inner factory's histories (at most 64 by default): the same store
+    /// runs them all without counts in its own suite, and each history here makes a fresh
+    /// table with its triggers (over a minute for 256 on MariaDB).
+    fn model_cases(&self) -> Option<u32> {
+        let inner = self
+            .0
+            .model_cases()
+            .unwrap_or_else(|| crate::model::model_config().cases);
+        Some((inner / 4).max(1))
+    }
 }
 
 /// Every record of every consumer, read with `list` one page at a time, counted by
@@ -259,4 +270,43 @@ where
         "the scan after disabling counts what the kept counts said"
     );
     assert_counts_agree(&store, &consumers, "after disabling").await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryFactory;
+    use dedup_core::MemoryStore;
+
+    /// A memory factory that asks a number of model-based histories.
+    struct Asking(u32, MemoryFactory);
+
+    #[async_trait]
+    impl StoreFactory for Asking {
+        type Store = MemoryStore;
+
+        async fn open(&self, ctx: &TestContext) -> MemoryStore {
+            self.1.open(ctx).await
+        }
+
+        fn model_cases(&self) -> Option<u32> {
+            Some(self.0)
+        }
+    }
+
+    #[test]
+    fn counts_kept_run_a_quarter_of_the_model_histories() {
+        let asked = KeptCounts(Asking(100, MemoryFactory::default()));
+        assert_eq!(asked.model_cases(), Some(25));
+        assert_eq!(
+            KeptCounts(Asking(2, MemoryFactory::default())).model_cases(),
+            Some(1),
+            "at least one"
+        );
+        let default = KeptCounts(MemoryFactory::default());
+        assert_eq!(
+            default.model_cases(),
+            Some(crate::model::model_config().cases / 4)
+        );
+    }
 }
