@@ -1,6 +1,6 @@
 //! The partitioned layout ([`Partitions`], opt-in): the records table split into a ring of
-//! time partitions, so a purge retires whole partitions (swapped for empty ones, or
-//! truncated) instead of deleting rows one by one.
+//! time partitions, so a purge retires whole partitions (`TRUNCATE`) instead of deleting
+//! rows one by one.
 //!
 //! How it stays correct:
 //! - A row sits in the partition of the window of its **last write**. Every statement that
@@ -15,13 +15,11 @@
 //! - Retiring a partition ([`retire`]): its window ended before the purge's cutoff, so
 //!   every row in it was last written before the cutoff. The rows still in flight with a
 //!   lease past the cutoff are moved to the current partition first; then the partition
-//!   is swapped for an empty one ([`swap`], no lock that claims wait for) or, close to the
-//!   ring's return to it, truncated under a short lock.
+//!   is truncated under a short lock.
 
 pub(crate) mod retire;
 pub(crate) mod schema;
 pub(crate) mod statements;
-pub(crate) mod swap;
 
 use std::time::Duration;
 
@@ -30,8 +28,7 @@ use dedup_core::{Error, Result, duration_millis};
 /// The partitioned layout of the records table (opt-in,
 /// [`PostgresConfig::partitions`](crate::PostgresConfig::partitions)): a ring of `count`
 /// partitions, each holding the records last written during one `window` of time. A
-/// purge removes whole partitions (swapped for empty ones, or truncated) instead of
-/// deleting rows.
+/// purge removes whole partitions (`TRUNCATE`) instead of deleting rows.
 ///
 /// A purge can only remove a partition whose window ended more than the retention ago,
 /// and the ring must never come back to a partition still within retention. So the

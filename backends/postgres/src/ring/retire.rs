@@ -7,27 +7,23 @@
 //!    twice.
 //! 3. Its purgeable rows are counted, by kind, and the rest (a lease still live at the
 //!    cutoff) are moved to the current window's partition, in a transaction of their own.
-//! 4. When the ring comes back to the slot in [`SWAP_MARGIN`](super::swap::SWAP_MARGIN)
-//!    or more, the partition is swapped for an empty one ([`super::swap`]). Otherwise, in
-//!    a second transaction, the partition is locked (`ACCESS EXCLUSIVE`: statements
+//! 4. In a second transaction, the partition is locked (`ACCESS EXCLUSIVE`: statements
 //!    reading the table finish first, new ones wait; asked without queueing first, see
 //!    [`lock_for_truncate`]), the clock is read again, and the partition is truncated
 //!    only if the ring has not come back to it meanwhile (its latest window is still the
 //!    one of step 1). The lock is held until the truncate commits.
 //!
-//! A row a commit moves out of the partition between the count and the truncate (or the
-//! detach) is counted as removed though it was not.
+//! A row a commit moves out of the partition between the count and the truncate is
+//! counted as removed though it was not.
 
 use std::time::{Duration, Instant};
 
 use dedup_core::backend::{PurgeBatch, PurgeStep};
 use dedup_core::{Result, duration_millis};
-use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Connection, PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 use super::Partitions;
 use super::schema::qualified_partition;
-use super::swap::swap_allowed;
 use crate::PostgresStore;
 use crate::ddl::fnv1a;
 use crate::error::backend;
@@ -109,7 +105,7 @@ pub(crate) fn retirable(p: &Partitions, now_ms: i64, retention_ms: i64) -> Vec<(
 
 /// Whether the ring still has `window` as the latest of its slot at `now_ms`: it has not
 /// come back to that slot since.
-pub(crate) fn still_latest(p: &Partitions, now_ms: i64, window: i64) -> bool {
+fn still_latest(p: &Partitions, now_ms: i64, window: i64) -> bool {
     let current = now_ms.div_euclid(p.window_ms());
     window < current && current < window + i64::from(p.count)
 }
@@ -127,15 +123,30 @@ impl PostgresStore {
         let mut conn = self.pool().acquire().await.map_err(backend)?;
         let started = Instant::now();
         let now_ms = self.now_ms(&mut conn).await?;
-        self.repair_ring(&mut conn, p).await?;
         for (slot, window) in retirable(p, now_ms, retention_ms) {
-            let Some(lock) = self.lock_slot(&mut conn, slot).await? else {
+            // The two-key advisory lock space: (this table's, the slot).
+            let table_key = fnv1a(format!("dedup-postgres retire {}", self.table()).as_bytes());
+            let lock = (table_key as i32, i32::from(slot));
+            let turn: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+                .bind(lock.0)
+                .bind(lock.1)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(backend)?;
+            if !turn {
                 continue; // another purger retires it
-            };
+            }
             let retired = self
                 .retire(&mut conn, p, slot, window, now_ms - retention_ms)
                 .await;
-            self.unlock_slot(&mut conn, lock).await;
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, $2)")
+                .bind(lock.0)
+                .bind(lock.1)
+                .execute(&mut *conn)
+                .await;
+            if unlocked.is_err() {
+                conn.close_on_drop(); // the session, and its lock, end with the connection
+            }
             if let Some((completed, expired)) = retired? {
                 return Ok(PurgeBatch {
                     completed,
@@ -152,39 +163,8 @@ impl PostgresStore {
         })
     }
 
-    /// Take `slot`'s session advisory lock, if free: purgers on many nodes never retire
-    /// or repair one slot at once. The two-key lock space: (this table's, the slot).
-    pub(crate) async fn lock_slot(
-        &self,
-        conn: &mut PoolConnection<Postgres>,
-        slot: u16,
-    ) -> Result<Option<(i32, i32)>> {
-        let table_key = fnv1a(format!("dedup-postgres retire {}", self.table()).as_bytes());
-        let lock = (table_key as i32, i32::from(slot));
-        let turn: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-            .bind(lock.0)
-            .bind(lock.1)
-            .fetch_one(&mut **conn)
-            .await
-            .map_err(backend)?;
-        Ok(turn.then_some(lock))
-    }
-
-    /// Release a lock [`lock_slot`](Self::lock_slot) took. If that fails, the connection
-    /// is closed instead of going back to the pool: the session, and its lock, end with it.
-    pub(crate) async fn unlock_slot(&self, conn: &mut PoolConnection<Postgres>, lock: (i32, i32)) {
-        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, $2)")
-            .bind(lock.0)
-            .bind(lock.1)
-            .execute(&mut **conn)
-            .await;
-        if unlocked.is_err() {
-            conn.close_on_drop();
-        }
-    }
-
     /// The store's "now" in ms.
-    pub(crate) async fn now_ms(&self, conn: &mut PgConnection) -> Result<i64> {
+    async fn now_ms(&self, conn: &mut PgConnection) -> Result<i64> {
         sqlx::query_scalar(AssertSqlSafe(format!("SELECT {NOW_MS}")))
             .bind(self.now_param())
             .fetch_one(&mut *conn)
@@ -230,12 +210,6 @@ impl PostgresStore {
             .execute(&mut *conn)
             .await
             .map_err(backend)?;
-        }
-        if swap_allowed(p, self.now_ms(conn).await?, window) {
-            return Ok(self
-                .swap(conn, p, slot, window)
-                .await?
-                .then_some((completed as u64, expired as u64)));
         }
         let mut tx = lock_for_truncate(conn, &partition).await?;
         let now_ms = self.now_ms(&mut tx).await?;
