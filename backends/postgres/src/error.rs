@@ -76,6 +76,14 @@ where
     }
 }
 
+/// PostgreSQL refused a lock: asked with `NOWAIT`, or past `lock_timeout` (`55P03`).
+pub(crate) fn lock_not_available(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db.code().as_deref() == Some("55P03"),
+        _ => false,
+    }
+}
+
 /// sqlx reports a connection closed before the server answered the TLS negotiation
 /// (`SSLRequest`) as a protocol error about a 0x00 answer byte (it read nothing), not as
 /// an I/O error. The connection dropped; another attempt can succeed. Any other answer

@@ -26,7 +26,7 @@ use super::Partitions;
 use super::schema::qualified_partition;
 use crate::PostgresStore;
 use crate::ddl::fnv1a;
-use crate::error::backend;
+use crate::error::{backend, lock_not_available};
 use crate::statements::{NOW_MS, purgeable_at};
 
 /// How long the truncate asks for its lock without queueing for it, one try every
@@ -79,11 +79,6 @@ async fn lock_for_truncate<'c>(
             .map_err(backend)?;
     }
     Ok(tx)
-}
-
-/// PostgreSQL refused a lock asked with `NOWAIT` (`55P03`).
-fn lock_not_available(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
 /// The partitions a purge at `now_ms` with `retention_ms` may retire, oldest window
