@@ -146,8 +146,8 @@ impl Offsets {
 /// the revoke that closing the consumer brings, the call can wait forever (the consumer's
 /// drop then hangs; librdkafka issue 4041).
 pub(crate) struct Rebalancing {
-    pub(crate) offsets: Offsets,
-    pub(crate) group: String,
+    offsets: Offsets,
+    group: String,
     /// Whether the group rebalances incrementally (cooperative), asked once.
     cooperative: OnceLock<bool>,
 }
