@@ -187,6 +187,10 @@ pub(crate) struct Statements {
     /// Commit of one lease still held by its token, returning nothing: the count of rows
     /// it changed says whether it was.
     pub(crate) commit_held: SqlStr,
+    /// The partitioned layout's [`commit_held`](Self::commit_held) limited to one
+    /// partition, by slot: the slot is a literal, so the planner reads and locks that
+    /// partition alone. Empty for the plain layout.
+    pub(crate) commit_held_in: Vec<SqlStr>,
     /// Commit of many leases on distinct keys (parallel arrays).
     pub(crate) commit_many: SqlStr,
     /// Renew a lease.
@@ -447,6 +451,7 @@ impl Statements {
             claim_fresh: sql(claim_fresh),
             claim_fresh_lazy: sql(claim_fresh_lazy),
             commit_held: sql(commit_held),
+            commit_held_in: Vec::new(),
             claim_many: sql(claim_many),
             claim_in_tx: sql(claim_in_tx),
             commit: sql(commit),

@@ -80,6 +80,18 @@ fn partitioned(s: &mut Statements, config: &PostgresConfig, p: &Partitions) {
     let now_slot = p.slot_of(NOW_MS);
     s.commit = sql(set_slot(s.commit.as_str(), &now_slot));
     s.commit_held = sql(set_slot(s.commit_held.as_str(), &now_slot));
+    // A holder's commit first tries the partition its row is expected in (see
+    // `PostgresStore::commit_one`): one probe instead of one per partition, and no lock
+    // on the others (a retiring partition's truncate does not hold it back).
+    s.commit_held_in = (0..count)
+        .map(|slot| {
+            sql(must_replace(
+                s.commit_held.as_str(),
+                "AND r.processed_at IS NULL",
+                &format!("AND r.slot = {slot} AND r.processed_at IS NULL"),
+            ))
+        })
+        .collect();
     s.renew = sql(set_slot(s.renew.as_str(), &now_slot));
     s.release = sql(set_slot(s.release.as_str(), &now_slot));
     s.release_failed = sql(set_slot(s.release_failed.as_str(), &now_slot));
@@ -145,7 +157,11 @@ mod tests {
         }
         assert!(s.claim_lazy.as_str().ends_with(LAZY_COMMIT));
         assert!(s.commit_many.as_str().contains("r.tableoid = h.part"));
+        assert_eq!(s.commit_held_in.len(), 5);
+        assert!(s.commit_held_in[3].as_str().contains("AND r.slot = 3 AND"));
+        assert!(s.commit_held_in[3].as_str().contains("SET slot = ((("));
         let plain = for_config(&PostgresConfig::default());
         assert!(!plain.commit.as_str().contains("slot"));
+        assert!(plain.commit_held_in.is_empty());
     }
 }

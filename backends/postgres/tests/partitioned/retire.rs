@@ -414,3 +414,56 @@ async fn claims_do_not_queue_behind_a_truncate_waiting_for_its_lock() {
     assert_eq!((report.completed, report.expired), (1, 0), "{report:?}");
     assert!(store.get(&key("old-done")).await.expect("get").is_none());
 }
+
+/// A holder's commit names the partition of its window. While another session holds a
+/// third partition locked (as a truncate locks the partition it retires), a lease claimed
+/// in this window commits without waiting. A lease claimed in the window before misses
+/// that first try and commits through the update over every partition, which moves its
+/// row to the current partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_names_the_partition_of_its_window() {
+    let url = crate::url_or_skip!();
+    let clock = aligned_clock();
+    let store = ring_store(&url, "commit_here", &clock).await;
+    let before = acquire(&store, &key("before"), Duration::from_secs(30)).await;
+    clock.advance(Duration::from_millis(WINDOW_MS as u64));
+    let now = acquire(&store, &key("now"), Duration::from_secs(30)).await;
+    let [(a, 1), (b, 1)] = rows_per_slot(&store).await[..] else {
+        panic!("one row in each of two partitions");
+    };
+    let other = (0..5)
+        .find(|s| ![a, b].contains(s))
+        .expect("a third partition");
+    let mut locker = store.pool().begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {}_p{other}\" IN ACCESS EXCLUSIVE MODE",
+        store.table().trim_end_matches('"')
+    )))
+    .execute(&mut *locker)
+    .await
+    .expect("lock a third partition");
+    let committed = tokio::time::timeout(Duration::from_secs(2), store.commit(&now, None)).await;
+    locker.rollback().await.expect("unlock");
+    committed
+        .expect("a commit in its own window waited for another partition's lock")
+        .expect("commit");
+
+    store
+        .commit(&before, None)
+        .await
+        .expect("commit a lease of the window before");
+    let current = rows_per_slot(&store).await;
+    assert_eq!(
+        current.len(),
+        1,
+        "both rows in the current partition: {current:?}"
+    );
+    assert_eq!(current[0].1, 2, "{current:?}");
+    for k in ["before", "now"] {
+        let record = store.get(&key(k)).await.expect("get").expect("record");
+        assert!(
+            matches!(record.state, dedup_core::RecordState::Completed { .. }),
+            "{k}: {record:?}"
+        );
+    }
+}
