@@ -193,6 +193,10 @@ pub(crate) struct Statements {
     pub(crate) commit_held_in: Vec<SqlStr>,
     /// Commit of many leases on distinct keys (parallel arrays).
     pub(crate) commit_many: SqlStr,
+    /// The partitioned layout's [`commit_many`](Self::commit_many) limited to one
+    /// partition, by slot, as [`commit_held_in`](Self::commit_held_in). Empty for the
+    /// plain layout.
+    pub(crate) commit_many_in: Vec<SqlStr>,
     /// Renew a lease.
     pub(crate) renew: SqlStr,
     /// Release a lease.
@@ -452,6 +456,7 @@ impl Statements {
             claim_fresh_lazy: sql(claim_fresh_lazy),
             commit_held: sql(commit_held),
             commit_held_in: Vec::new(),
+            commit_many_in: Vec::new(),
             claim_many: sql(claim_many),
             claim_in_tx: sql(claim_in_tx),
             commit: sql(commit),

@@ -114,6 +114,21 @@ fn partitioned(s: &mut Statements, config: &PostgresConfig, p: &Partitions) {
         "WHERE r.ctid = h.row_id AND",
         "WHERE r.ctid = h.row_id AND r.tableoid = h.part AND",
     );
+    // The batch commit's first round, limited to one partition as `commit_held_in`.
+    s.commit_many_in = (0..count)
+        .map(|slot| {
+            let text = must_replace(
+                &commit_many,
+                "AND t.processed_at IS NULL",
+                &format!("AND t.slot = {slot} AND t.processed_at IS NULL"),
+            );
+            sql(must_replace(
+                &text,
+                "r.tableoid = h.part AND",
+                &format!("r.tableoid = h.part AND r.slot = {slot} AND"),
+            ))
+        })
+        .collect();
     s.commit_many = sql(commit_many);
 }
 
@@ -160,8 +175,11 @@ mod tests {
         assert_eq!(s.commit_held_in.len(), 5);
         assert!(s.commit_held_in[3].as_str().contains("AND r.slot = 3 AND"));
         assert!(s.commit_held_in[3].as_str().contains("SET slot = ((("));
+        assert_eq!(s.commit_many_in.len(), 5);
+        assert!(s.commit_many_in[2].as_str().contains("AND t.slot = 2 AND"));
+        assert!(s.commit_many_in[2].as_str().contains("AND r.slot = 2 AND"));
         let plain = for_config(&PostgresConfig::default());
         assert!(!plain.commit.as_str().contains("slot"));
-        assert!(plain.commit_held_in.is_empty());
+        assert!(plain.commit_held_in.is_empty() && plain.commit_many_in.is_empty());
     }
 }

@@ -112,7 +112,7 @@ impl PostgresStore {
     /// [`Statements::commit_held_in`]: crate::statements::Statements::commit_held_in
     pub(super) async fn commit_one(&self, lease: &Lease, outcome: Option<&[u8]>) -> Result<()> {
         let mut conn = self.conn().await?;
-        if let Some(first) = self.commit_held_here()
+        if let Some(first) = self.here(&self.inner.sql.commit_held_in)
             && self.commit_held(&mut conn, first, lease, outcome).await?
         {
             return Ok(());
@@ -130,16 +130,16 @@ impl PostgresStore {
         only(rounds.finish())
     }
 
-    /// The partitioned layout's commit limited to the partition of the store's clock now
-    /// (the client's clock when the server's is used: a wrong guess only costs the
+    /// Of a partitioned layout's statements by slot, the one of the store's clock now (the
+    /// client's clock when the store uses the server's: a wrong guess only costs the
     /// fallback); `None` on the plain layout.
-    fn commit_held_here(&self) -> Option<sqlx::SqlStr> {
+    fn here(&self, by_slot: &[sqlx::SqlStr]) -> Option<sqlx::SqlStr> {
         let partitions = self.inner.config.partitions.as_ref()?;
         let now = self.now_param().unwrap_or_else(|| {
             Timestamp::from_system_time(std::time::SystemTime::now()).as_millis()
         });
         let slot = usize::try_from(partitions.slot_at(now)).ok()?;
-        self.inner.sql.commit_held_in.get(slot).cloned()
+        by_slot.get(slot).cloned()
     }
 
     /// Run `statement` (a `commit_held`): whether it completed the lease. A row moved by a
@@ -249,13 +249,18 @@ impl PostgresStore {
     }
 
     /// Run `rounds` of commits to the end, or to the first error (the results decided by
-    /// then stay in `rounds`).
+    /// then stay in `rounds`). On the partitioned layout, a first round of many keys names
+    /// the partition of the store's clock now, as [`commit_one`](Self::commit_one) does;
+    /// the keys it did not write are read, and those still held go in a round over every
+    /// partition.
     pub(super) async fn commit_rounds(
         &self,
         conn: &mut PgConnection,
         rounds: &mut Rounds<'_, CommitOp<'_>>,
     ) -> Result<(), Failure> {
+        let mut first = self.here(&self.inner.sql.commit_many_in);
         while let Some(round) = rounds.next_round() {
+            let here = first.take();
             let keys: Vec<&Key> = round.iter().map(|r| CommitOp::key(r)).collect();
             let rows = match round[..] {
                 [one] => {
@@ -269,7 +274,7 @@ impl PostgresStore {
                         .await
                 }
                 _ => {
-                    sqlx::query(self.inner.sql.commit_many.clone())
+                    sqlx::query(here.unwrap_or_else(|| self.inner.sql.commit_many.clone()))
                         .bind(self.now_param())
                         .bind(consumers(&keys))
                         .bind(message_ids(&keys))

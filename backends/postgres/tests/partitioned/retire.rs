@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedup_core::{
-    Admin, Claim, ClaimOptions, Clock, DedupStore, Error, Key, Lease, ManualClock, PurgeOptions,
-    Timestamp,
+    Admin, Claim, ClaimOptions, Clock, CommitRequest, DedupStore, Error, Key, Lease, ManualClock,
+    PurgeOptions, Timestamp,
 };
 use dedup_postgres::{PostgresStore, sqlx};
 
@@ -460,6 +460,78 @@ async fn a_commit_names_the_partition_of_its_window() {
     );
     assert_eq!(current[0].1, 2, "{current:?}");
     for k in ["before", "now"] {
+        let record = store.get(&key(k)).await.expect("get").expect("record");
+        assert!(
+            matches!(record.state, dedup_core::RecordState::Completed { .. }),
+            "{k}: {record:?}"
+        );
+    }
+}
+
+/// The batch commit's first round names the partition of its window too: with a third
+/// partition locked, two leases of this window commit without waiting. Then a batch with a
+/// lease of this window and one of the window before commits both, the second in a round
+/// over every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_commit_names_the_partition_of_its_window() {
+    let url = crate::url_or_skip!();
+    let clock = aligned_clock();
+    let store = ring_store(&url, "commit_many_here", &clock).await;
+    let before = acquire(&store, &key("before"), Duration::from_secs(30)).await;
+    clock.advance(Duration::from_millis(WINDOW_MS as u64));
+    let leases = [
+        acquire(&store, &key("now-1"), Duration::from_secs(30)).await,
+        acquire(&store, &key("now-2"), Duration::from_secs(30)).await,
+        acquire(&store, &key("now-3"), Duration::from_secs(30)).await,
+    ];
+    let slots = rows_per_slot(&store).await;
+    let (Some(&(a, _)), Some(&(b, _))) = (
+        slots.iter().find(|(_, n)| *n == 1),
+        slots.iter().find(|(_, n)| *n == 3),
+    ) else {
+        panic!("one row in the window before, three in this one: {slots:?}");
+    };
+    let other = (0..5)
+        .find(|s| ![a, b].contains(s))
+        .expect("a third partition");
+    let mut locker = store.pool().begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {}_p{other}\" IN ACCESS EXCLUSIVE MODE",
+        store.table().trim_end_matches('"')
+    )))
+    .execute(&mut *locker)
+    .await
+    .expect("lock a third partition");
+    let requests: Vec<CommitRequest> = leases[..2]
+        .iter()
+        .map(|lease| CommitRequest {
+            lease: lease.clone(),
+            outcome: None,
+        })
+        .collect();
+    let committed =
+        tokio::time::timeout(Duration::from_secs(2), store.commit_many(&requests)).await;
+    locker.rollback().await.expect("unlock");
+    for result in committed
+        .expect("a batch commit in its own window waited for another partition's lock")
+        .expect("commit_many")
+    {
+        result.expect("committed");
+    }
+
+    let requests: Vec<CommitRequest> = [&leases[2], &before]
+        .into_iter()
+        .map(|lease| CommitRequest {
+            lease: lease.clone(),
+            outcome: None,
+        })
+        .collect();
+    for result in store.commit_many(&requests).await.expect("commit_many") {
+        result.expect("committed");
+    }
+    let current = rows_per_slot(&store).await;
+    assert_eq!(current, vec![(b, 4)], "every row in the current partition");
+    for k in ["before", "now-1", "now-2", "now-3"] {
         let record = store.get(&key(k)).await.expect("get").expect("record");
         assert!(
             matches!(record.state, dedup_core::RecordState::Completed { .. }),
