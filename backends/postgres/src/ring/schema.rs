@@ -13,9 +13,10 @@ use crate::statements::{NOW_MS, first_claim};
 /// The partitioned layout's migrations, in order, as [`crate::schema`]'s are for the
 /// plain layout. Placeholders: those of [`render_table`], plus `{partitions}` (one
 /// `CREATE TABLE ... PARTITION OF` per slot), `{claim_fn}` (the claim function's
-/// qualified name), `{layout}` (the table comment recording the ring), `{now_ms}` and
+/// qualified name), `{layout}` (the table comment recording the ring), `{now_ms}`,
 /// `{first_claim}` (the first claim as the plain layout reads it: an insert leaves the
-/// column NULL, a takeover fills it in).
+/// column NULL, a takeover fills it in) and `{returning}` (what the claim function
+/// returns of a row it wrote).
 ///
 /// The columns are the plain layout's at version 5, plus `slot`. The claim function
 /// serves every claim statement: it locks each key (a transaction-scoped advisory lock),
@@ -60,21 +61,35 @@ BEGIN
         RAISE EXCEPTION 'a partitioned dedup table claims under READ COMMITTED or SERIALIZABLE, not REPEATABLE READ'
             USING ERRCODE = '0A000';
     END IF;
-    -- Every key's lock, in the order given (callers sort the keys: batches never deadlock).
-    PERFORM pg_advisory_xact_lock(hashtextextended(q.id, hashtext(q.c)))
-      FROM unnest(consumers, ids) WITH ORDINALITY AS q(c, id, i) ORDER BY q.i;
-    -- The keys without a record in any partition, in one insert. Its snapshot is taken
-    -- after the locks: it sees every claim that held one before.
-    RETURN QUERY INSERT INTO {table} AS x (slot, consumer, message_id, token, fence, attempt,
-        claimed_at, expires_at, processed_at, fingerprint)
-    SELECT s, q.c, q.id, tokens[q.i]::uuid, 1, 1, t,
-        CASE WHEN completed THEN NULL ELSE t + leases[q.i] END,
-        CASE WHEN completed THEN t END, fingerprints[q.i]
-      FROM unnest(consumers, ids) WITH ORDINALITY AS q(c, id, i)
-     WHERE NOT EXISTS (SELECT 1 FROM {table} e WHERE e.consumer = q.c AND e.message_id = q.id)
-     ORDER BY q.i
-    RETURNING true, t, x.consumer, x.message_id, x.token::text, x.fence, x.attempt,
-        x.expires_at, x.processed_at, x.outcome, x.fingerprint, {first_claim}, x.last_failure;
+    -- The keys without a record in any partition are inserted after every key's lock, by
+    -- one statement whose snapshot is taken after the locks: it sees every claim that held
+    -- one before. One key, the common case, has statements of its own: PostgreSQL keeps
+    -- their plans from call to call, index look-ups whatever the table's size, where it
+    -- plans the statements over arrays anew at each call, over every partition.
+    IF n = 1 THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(ids[1], hashtext(consumers[1])));
+        RETURN QUERY INSERT INTO {table} AS x (slot, consumer, message_id, token, fence,
+            attempt, claimed_at, expires_at, processed_at, fingerprint)
+        SELECT s, consumers[1], ids[1], tokens[1]::uuid, 1, 1, t,
+            CASE WHEN completed THEN NULL ELSE t + leases[1] END,
+            CASE WHEN completed THEN t END, fingerprints[1]
+         WHERE NOT EXISTS (SELECT 1 FROM {table} e
+                            WHERE e.consumer = consumers[1] AND e.message_id = ids[1])
+        RETURNING {returning};
+    ELSE
+        -- In the order given (callers sort the keys: batches never deadlock).
+        PERFORM pg_advisory_xact_lock(hashtextextended(q.id, hashtext(q.c)))
+          FROM unnest(consumers, ids) WITH ORDINALITY AS q(c, id, i) ORDER BY q.i;
+        RETURN QUERY INSERT INTO {table} AS x (slot, consumer, message_id, token, fence,
+            attempt, claimed_at, expires_at, processed_at, fingerprint)
+        SELECT s, q.c, q.id, tokens[q.i]::uuid, 1, 1, t,
+            CASE WHEN completed THEN NULL ELSE t + leases[q.i] END,
+            CASE WHEN completed THEN t END, fingerprints[q.i]
+          FROM unnest(consumers, ids) WITH ORDINALITY AS q(c, id, i)
+         WHERE NOT EXISTS (SELECT 1 FROM {table} e WHERE e.consumer = q.c AND e.message_id = q.id)
+         ORDER BY q.i
+        RETURNING {returning};
+    END IF;
     GET DIAGNOSTICS inserted = ROW_COUNT;
     IF inserted = n OR NOT takeover THEN
         RETURN;
@@ -91,9 +106,7 @@ BEGIN
                 VALUES (s, consumers[i], ids[i], tokens[i]::uuid, 1, 1, t,
                     CASE WHEN completed THEN NULL ELSE t + leases[i] END,
                     CASE WHEN completed THEN t END, fingerprints[i])
-                RETURNING true, t, x.consumer, x.message_id, x.token::text, x.fence, x.attempt,
-                    x.expires_at, x.processed_at, x.outcome, x.fingerprint, {first_claim},
-                    x.last_failure;
+                RETURNING {returning};
                 EXIT;
             END IF;
             IF r.token IS NOT DISTINCT FROM tokens[i]::uuid AND tokens[i] IS NOT NULL THEN
@@ -115,9 +128,7 @@ BEGIN
                     fingerprint = coalesce(fingerprints[i], x.fingerprint)
                   WHERE x.consumer = consumers[i] AND x.message_id = ids[i] AND x.slot = found_slot
                     AND x.processed_at IS NULL AND x.expires_at <= t
-                  RETURNING true, t, x.consumer, x.message_id, x.token::text, x.fence, x.attempt,
-                    x.expires_at, x.processed_at, x.outcome, x.fingerprint, {first_claim},
-                    x.last_failure;
+                  RETURNING {returning};
                 EXIT WHEN FOUND;
             EXCEPTION WHEN serialization_failure THEN
                 -- Moved to another partition by a concurrent write (READ COMMITTED
@@ -176,6 +187,11 @@ fn layout_comment(partitions: &Partitions) -> String {
     )
 }
 
+/// What the claim function returns of a row it wrote, in its `RETURNS TABLE` order.
+const RETURNING: &str = "true, t, x.consumer, x.message_id, x.token::text, x.fence, \
+    x.attempt, x.expires_at, x.processed_at, x.outcome, x.fingerprint, {first_claim}, \
+    x.last_failure";
+
 /// `migration` for `config`'s table and `partitions`, every placeholder filled in.
 pub(crate) fn render(migration: &str, config: &PostgresConfig, partitions: &Partitions) -> String {
     let table = config.qualified_table();
@@ -190,6 +206,7 @@ pub(crate) fn render(migration: &str, config: &PostgresConfig, partitions: &Part
     let migration = migration
         .replace("{partitions}", &ddl)
         .replace("{claim_fn}", &claim_function(config))
+        .replace("{returning}", RETURNING)
         .replace("{first_claim}", &first_claim("x."))
         .replace("{layout}", &layout_comment(partitions))
         .replace("{now_ms}", &NOW_MS.replace("$1::bigint", "NULL::bigint"));
@@ -267,6 +284,7 @@ mod tests {
             "{layout}",
             "{now_ms}",
             "{first_claim}",
+            "{returning}",
             "{schema}",
         ] {
             assert!(!sql.contains(placeholder), "{placeholder} left in:\n{sql}");

@@ -369,6 +369,43 @@ async fn a_claim_in_a_repeatable_read_transaction_is_refused() {
     );
 }
 
+/// A claim of one key looks the key up through each partition's index, on a table still
+/// empty too. The claim function's one-key statements keep their plans from call to call:
+/// a plan made for an empty table and kept (as a forced generic plan would be) reads whole
+/// partitions, at a cost that grows with the table.
+#[tokio::test]
+async fn a_claim_looks_its_key_up_through_the_index() {
+    let url = crate::url_or_skip!();
+    let clock = aligned_clock();
+    let store = ring_store(&url, "retire_plans", &clock).await;
+    let table = store.config().sql.table.clone();
+    let mut tx = store.pool().begin().await.expect("begin");
+    for i in 0..20 {
+        let claimed = store
+            .claim_in_tx(&mut tx, &key(&format!("indexed-{i}")), None)
+            .await;
+        assert!(
+            matches!(claimed, Ok(dedup_core::TxClaim::Claimed { fence: 1 })),
+            "{claimed:?}"
+        );
+    }
+    // This transaction's own reads of the partitions, as the server counts them.
+    let (seq_scans, index_scans): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(seq_scan), 0)::bigint, coalesce(sum(idx_scan), 0)::bigint \
+         FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname LIKE $2",
+    )
+    .bind(common::SCHEMA)
+    .bind(format!("{table}\\_p%"))
+    .fetch_one(&mut *tx)
+    .await
+    .expect("the transaction's scans");
+    assert_eq!(seq_scans, 0, "claims read whole partitions");
+    assert!(
+        index_scans >= 20 * 5,
+        "{index_scans} index scans for 20 claims"
+    );
+}
+
 /// A retirement whose partition is in use does not queue its lock request in front of
 /// the claims: it asks again and again without waiting, so a claim (which reads every
 /// partition) goes on while a reader holds the partition, and the truncate runs once the
