@@ -452,6 +452,26 @@ async fn claims_do_not_queue_behind_a_truncate_waiting_for_its_lock() {
     assert!(store.get(&key("old-done")).await.expect("get").is_none());
 }
 
+/// A transaction holding a partition other than `busy` under `ACCESS EXCLUSIVE`, as a
+/// truncate holds the partition it retires.
+async fn lock_a_third_partition(
+    store: &PostgresStore,
+    busy: [i16; 2],
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let other = (0..5)
+        .find(|s| !busy.contains(s))
+        .expect("a third partition");
+    let mut locker = store.pool().begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {}_p{other}\" IN ACCESS EXCLUSIVE MODE",
+        store.table().trim_end_matches('"')
+    )))
+    .execute(&mut *locker)
+    .await
+    .expect("lock a third partition");
+    locker
+}
+
 /// A holder's commit names the partition of its window. While another session holds a
 /// third partition locked (as a truncate locks the partition it retires), a lease claimed
 /// in this window commits without waiting. A lease claimed in the window before misses
@@ -468,17 +488,7 @@ async fn a_commit_names_the_partition_of_its_window() {
     let [(a, 1), (b, 1)] = rows_per_slot(&store).await[..] else {
         panic!("one row in each of two partitions");
     };
-    let other = (0..5)
-        .find(|s| ![a, b].contains(s))
-        .expect("a third partition");
-    let mut locker = store.pool().begin().await.expect("begin");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "LOCK TABLE {}_p{other}\" IN ACCESS EXCLUSIVE MODE",
-        store.table().trim_end_matches('"')
-    )))
-    .execute(&mut *locker)
-    .await
-    .expect("lock a third partition");
+    let locker = lock_a_third_partition(&store, [a, b]).await;
     let committed = tokio::time::timeout(Duration::from_secs(2), store.commit(&now, None)).await;
     locker.rollback().await.expect("unlock");
     committed
@@ -528,17 +538,7 @@ async fn a_batch_commit_names_the_partition_of_its_window() {
     ) else {
         panic!("one row in the window before, three in this one: {slots:?}");
     };
-    let other = (0..5)
-        .find(|s| ![a, b].contains(s))
-        .expect("a third partition");
-    let mut locker = store.pool().begin().await.expect("begin");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "LOCK TABLE {}_p{other}\" IN ACCESS EXCLUSIVE MODE",
-        store.table().trim_end_matches('"')
-    )))
-    .execute(&mut *locker)
-    .await
-    .expect("lock a third partition");
+    let locker = lock_a_third_partition(&store, [a, b]).await;
     let requests: Vec<CommitRequest> = leases[..2]
         .iter()
         .map(|lease| CommitRequest {
