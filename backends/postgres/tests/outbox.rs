@@ -125,26 +125,37 @@ async fn a_skipped_notification_trails_the_commit() {
         .expect("the relay starts");
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The first producer notifies; the second writes within the same window (its
-    // notification is skipped) and keeps its transaction open. Tried again, with fresh
-    // ids, should a loaded machine space the two by a whole window.
+    // notification is skipped) and keeps its transaction open. Both transactions are open
+    // before the first enqueue, so only its statement separates the two turns. Tried again,
+    // with fresh ids, should a loaded machine space the two by a whole window.
     let mut open = None;
-    for attempt in 0..10 {
+    for attempt in 0..50 {
         tokio::time::sleep(dedup_postgres::NOTIFY_EVERY * 2).await;
         let first =
             OutboxMessage::new("orders", format!("first-{attempt}"), b"x".to_vec()).unwrap();
         let second =
             OutboxMessage::new("orders", format!("second-{attempt}"), b"x".to_vec()).unwrap();
-        let started = Instant::now();
-        assert_eq!(enqueue(&store, &[first]).await, 1);
+        let mut notifying = store.pool().begin().await.unwrap();
         let mut tx = store.pool().begin().await.unwrap();
+        let started = Instant::now();
+        assert_eq!(
+            store
+                .outbox()
+                .enqueue(&mut notifying, &[first])
+                .await
+                .unwrap(),
+            1
+        );
         store.outbox().enqueue(&mut tx, &[second]).await.unwrap();
         if started.elapsed() < dedup_postgres::NOTIFY_EVERY {
+            notifying.commit().await.unwrap();
             open = Some((attempt, tx));
             break;
         }
+        notifying.rollback().await.unwrap();
         tx.rollback().await.unwrap();
     }
-    let (attempt, tx) = open.expect("two enqueues within NOTIFY_EVERY in 10 tries");
+    let (attempt, tx) = open.expect("two enqueues within NOTIFY_EVERY in 50 tries");
     let first = format!("first-{attempt}");
     let second = format!("second-{attempt}");
     let started = Instant::now();
