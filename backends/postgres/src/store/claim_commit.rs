@@ -6,8 +6,8 @@
 //! a run stops at its first error, saying whether the last statement's outcome is known.
 
 use dedup_core::{
-    Claim, ClaimOptions, ClaimRequest, Error, Fingerprint, Key, Lease, LeaseToken, Result,
-    Timestamp, duration_millis,
+    Claim, ClaimOptions, ClaimRequest, Clock, Error, Fingerprint, Key, Lease, LeaseToken, Result,
+    SystemClock, Timestamp, duration_millis,
 };
 use dedup_sql::fresh;
 use sqlx::postgres::PgRow;
@@ -135,9 +135,9 @@ impl PostgresStore {
     /// fallback); `None` on the plain layout.
     fn here(&self, by_slot: &[sqlx::SqlStr]) -> Option<sqlx::SqlStr> {
         let partitions = self.inner.config.partitions.as_ref()?;
-        let now = self.now_param().unwrap_or_else(|| {
-            Timestamp::from_system_time(std::time::SystemTime::now()).as_millis()
-        });
+        let now = self
+            .now_param()
+            .unwrap_or_else(|| SystemClock.now().as_millis());
         let slot = usize::try_from(partitions.slot_at(now)).ok()?;
         by_slot.get(slot).cloned()
     }
